@@ -1,0 +1,16 @@
+//! Compiles `proto/` with protox (pure Rust, no protoc binary) and feeds the
+//! same file descriptor set to tonic's code generator and to server reflection.
+
+use std::{env, fs, path::PathBuf};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["proto/echomq/v1/consumer_service.proto", "proto/echomq/v1/stream_service.proto"];
+    for file in files {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let fds = protox::compile(files, ["proto"])?;
+    let out = PathBuf::from(env::var("OUT_DIR")?);
+    fs::write(out.join("echomq_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,59 @@
+//! The admin HTTP port: `/livez` and `/readyz`, nothing else.
+//!
+//! It binds all interfaces by default because the kubelet probes the pod IP;
+//! the gRPC API stays on loopback.
+
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc,
+};
+
+use axum::{extract::State, http::StatusCode, routing::get, Router};
+use tokio::net::TcpListener;
+
+/// What readiness depends on. Cheap to clone; shared with the Redis pinger and
+/// the shutdown sequence.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    redis_up: Arc<AtomicBool>,
+    draining: Arc<AtomicBool>,
+}
+
+impl Readiness {
+    /// Records whether Redis answered the last PING.
+    pub fn set_redis_up(&self, up: bool) {
+        self.redis_up.store(up, Ordering::Relaxed);
+    }
+
+    /// Records that shutdown has begun.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Ready: Redis answers and the sidecar is not shutting down.
+    pub fn is_ready(&self) -> bool {
+        self.redis_up.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// Serves the admin port on `listener` until `shutdown` resolves.
+///
+/// `GET /livez`: 200 while the process serves. `GET /readyz`: 200 when ready
+/// (see [`Readiness::is_ready`]), 503 otherwise.
+pub async fn serve(
+    listener: TcpListener,
+    readiness: Readiness,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app =
+        Router::new().route("/livez", get(|| async { "ok\n" })).route("/readyz", get(ready)).with_state(readiness);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+async fn ready(State(readiness): State<Readiness>) -> (StatusCode, &'static str) {
+    if readiness.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}

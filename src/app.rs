@@ -1,0 +1,290 @@
+//! Start-up order, listeners, and the shutdown sequence.
+//!
+//! Start: bind both ports (fail fast on a taken port), serve the admin port
+//! (live, not ready), connect to Redis (retrying with backoff), then serve gRPC
+//! and report SERVING.
+//!
+//! Shutdown, when the injected `shutdown` future resolves (SIGTERM or SIGINT in
+//! the binary): health NOT_SERVING and `/readyz` 503; workers stop handing out
+//! entries; calls get the grace period to settle what they hold (acks still
+//! work); then calls end with UNAVAILABLE, the server stops, the workers flush
+//! their last acks, and the outcome is logged. What was not acknowledged stays
+//! pending in Redis: nothing is lost.
+
+use std::{future::Future, io, path::Path, time::Duration};
+
+use tokio::{
+    net::{TcpListener, UnixListener},
+    sync::watch,
+    time::{sleep, Instant},
+};
+use tokio_stream::{
+    wrappers::{TcpListenerStream, UnixListenerStream},
+    StreamExt,
+};
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+use tracing::{error, info, warn};
+
+use crate::{
+    admin::{self, Readiness},
+    config::{Config, Listen, LogFormat},
+    consume::Consumers,
+    proto::{consumer_service_server::ConsumerServiceServer, stream_service_server::StreamServiceServer},
+    redis::Redis,
+    stream::Streams,
+};
+
+/// How long the server may take to close connections after calls have ended.
+const SERVER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long group workers may take to flush their last acks.
+const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often Redis is pinged for readiness.
+const READINESS_PING: Duration = Duration::from_secs(1);
+
+/// Why the sidecar could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// A listen address could not be bound (taken, or not allowed).
+    #[error("cannot listen on {what} {address}: {source}")]
+    Bind {
+        /// Which port: `gRPC` or `admin`.
+        what: &'static str,
+        /// The address as configured.
+        address: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The Redis URL cannot be used at all (not a reachability problem).
+    #[error("bad Redis URL: {0}")]
+    RedisUrl(redis::RedisError),
+    /// The gRPC server failed.
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Installs the `tracing` subscriber: `ECHOMQ_LOG` filter (default `info`),
+/// text or JSON lines on standard error.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ECHOMQ_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(e) => {
+                warn!("cannot listen for SIGTERM ({e}); only SIGINT stops the sidecar gracefully");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
+    }
+}
+
+/// Runs the sidecar until `shutdown` resolves, then shuts down in order.
+///
+/// Errors: [`AppError::Bind`] when a port is taken, [`AppError::RedisUrl`] for
+/// an unusable URL, [`AppError::Serve`] when the gRPC server fails.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), AppError> {
+    let consumer = config.consumer_name();
+    let admin_listener = TcpListener::bind(config.admin_listen).await.map_err(|source| AppError::Bind {
+        what: "admin",
+        address: config.admin_listen.to_string(),
+        source,
+    })?;
+    let grpc_listener = bind_grpc(&config.listen).await?;
+
+    let readiness = Readiness::default();
+    let (stopped_tx, stopped) = watch::channel(false);
+    let admin = tokio::spawn(admin::serve(admin_listener, readiness.clone(), wait_true(stopped.clone())));
+    info!(admin = %config.admin_listen, grpc = %config.listen, %consumer, "echomq-sidecar starting");
+
+    tokio::pin!(shutdown);
+    let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
+    let redis = tokio::select! {
+        redis = connect_with_backoff(&config.redis_url, redis_timeout) => redis?,
+        _ = &mut shutdown => {
+            info!("shutdown before Redis was reachable");
+            let _ = stopped_tx.send(true);
+            let _ = admin.await;
+            return Ok(());
+        }
+    };
+    readiness.set_redis_up(true);
+    let pinger = tokio::spawn(ping_loop(redis.clone(), readiness.clone()));
+
+    let (draining_tx, draining) = watch::channel(false);
+    let (closing_tx, closing) = watch::channel(false);
+    let consumers = Consumers::new(redis.clone(), &config, consumer, draining, closing.clone());
+    let streams = Streams::new(redis, config.id_field.clone());
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let services = ["", "echomq.v1.ConsumerService", "echomq.v1.StreamService"];
+    for service in services {
+        health.set_service_status(service, ServingStatus::Serving).await;
+    }
+    // Both versions: grpcurl speaks v1, Python's grpcio-reflection only v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().expect("the embedded descriptors are valid");
+    let reflection_v1alpha = reflection().build_v1alpha().expect("the embedded descriptors are valid");
+
+    let router = Server::builder()
+        // Dead clients are noticed even when they hold entries and send nothing.
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(ConsumerServiceServer::new(consumers.clone()))
+        .add_service(StreamServiceServer::new(streams));
+    let stop_serving = wait_true(closing);
+    let mut server = tokio::spawn(async move {
+        match grpc_listener {
+            GrpcListener::Tcp(listener) => {
+                // Deliveries are small frames where latency matters: no Nagle.
+                let incoming = TcpListenerStream::new(listener).map(|conn| {
+                    conn.inspect(|c| {
+                        let _ = c.set_nodelay(true);
+                    })
+                });
+                router.serve_with_incoming_shutdown(incoming, stop_serving).await
+            }
+            GrpcListener::Unix(listener) => {
+                router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop_serving).await
+            }
+        }
+    });
+    info!("serving");
+
+    tokio::select! {
+        _ = &mut shutdown => {}
+        result = &mut server => {
+            let _ = stopped_tx.send(true);
+            return match result {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(AppError::Serve(e)),
+                Err(e) => {
+                    error!("gRPC server task failed: {e}");
+                    Ok(())
+                }
+            };
+        }
+    }
+
+    // The shutdown sequence.
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    info!(
+        ?grace,
+        held = consumers.held(),
+        "shutting down: not serving, no new deliveries, calls may settle what they hold"
+    );
+    readiness.set_draining();
+    for service in services {
+        health.set_service_status(service, ServingStatus::NotServing).await;
+    }
+    let _ = draining_tx.send(true);
+    let deadline = Instant::now() + grace;
+    while consumers.held() > 0 && Instant::now() < deadline {
+        sleep(Duration::from_millis(20)).await;
+    }
+    let unsettled = consumers.held();
+    let _ = closing_tx.send(true);
+    if tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await.is_err() {
+        warn!("gRPC connections did not close within {SERVER_STOP_TIMEOUT:?}; stopping anyway");
+        server.abort();
+    }
+    consumers.shutdown(WORKER_STOP_TIMEOUT).await;
+    pinger.abort();
+    let _ = stopped_tx.send(true);
+    let _ = admin.await;
+    if unsettled == 0 {
+        info!("shut down: every delivery was settled");
+    } else {
+        warn!(
+            unsettled,
+            "shut down after the grace period: un-settled deliveries stay pending and will be delivered again"
+        );
+    }
+    Ok(())
+}
+
+enum GrpcListener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+async fn bind_grpc(listen: &Listen) -> Result<GrpcListener, AppError> {
+    let bind_error = |source| AppError::Bind { what: "gRPC", address: listen.to_string(), source };
+    match listen {
+        Listen::Tcp(address) => TcpListener::bind(address).await.map(GrpcListener::Tcp).map_err(bind_error),
+        Listen::Unix(path) => {
+            remove_stale_socket(path);
+            UnixListener::bind(path).map(GrpcListener::Unix).map_err(bind_error)
+        }
+    }
+}
+
+/// A socket file left by a previous run (after kill -9) would make bind fail.
+fn remove_stale_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+async fn connect_with_backoff(url: &str, timeout: Duration) -> Result<Redis, AppError> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match Redis::connect(url, timeout).await {
+            Ok(redis) => {
+                info!("connected to Redis");
+                return Ok(redis);
+            }
+            Err(e) if e.kind() == redis::ErrorKind::InvalidClientConfig => return Err(AppError::RedisUrl(e)),
+            Err(e) => {
+                warn!("cannot reach Redis, retrying in {delay:?}: {e}");
+                sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+async fn ping_loop(redis: Redis, readiness: Readiness) {
+    let mut was_up = true;
+    loop {
+        sleep(READINESS_PING).await;
+        let mut conn = redis.conn.clone();
+        let up = redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok();
+        if up != was_up {
+            if up {
+                info!("Redis is reachable again; ready");
+            } else {
+                warn!("Redis does not answer PING; not ready");
+            }
+        }
+        readiness.set_redis_up(up);
+        was_up = up;
+    }
+}
+
+async fn wait_true(mut flag: watch::Receiver<bool>) {
+    let _ = flag.wait_for(|set| *set).await;
+}

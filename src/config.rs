@@ -1,0 +1,278 @@
+//! Configuration: command-line flags, each with an `ECHOMQ_*` environment
+//! variable, defaults as named constants. Parsed in tests with
+//! [`clap::Parser::try_parse_from`], never by setting process variables.
+
+use std::{net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
+
+use clap::{Parser, ValueEnum};
+
+/// Default Redis URL: a local Redis on its standard port.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Default gRPC listen address: loopback, because the sidecar serves its own pod.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// Default admin HTTP address: all interfaces, because the kubelet probes the pod IP.
+pub const DEFAULT_ADMIN_LISTEN: &str = "0.0.0.0:9464";
+/// Default minimum PEL idle time (ms) before the reclaim beat takes an entry over.
+pub const DEFAULT_RECLAIM_MIN_IDLE_MS: u64 = 30_000;
+/// Default period (ms) of the reclaim beat (XAUTOCLAIM).
+pub const DEFAULT_RECLAIM_INTERVAL_MS: u64 = 5_000;
+/// Default `max_in_flight` (entries) for a subscription that sends 0.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
+/// Default upper bound (entries) on a subscription's `max_in_flight`.
+pub const DEFAULT_MAX_IN_FLIGHT_LIMIT: u32 = 10_000;
+/// Default first retry delay (ms) after a Fail without `retry_after`.
+pub const DEFAULT_RETRY_BACKOFF_INITIAL_MS: u64 = 1_000;
+/// Default cap (ms) of the retry delay.
+pub const DEFAULT_RETRY_BACKOFF_MAX_MS: u64 = 60_000;
+/// Default XREADGROUP BLOCK timeout (ms) of a group's reader.
+pub const DEFAULT_READ_BLOCK_MS: u64 = 2_000;
+/// Default time (ms) calls get on shutdown to settle what they hold.
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
+/// Default name of the entry field that carries the branded id.
+pub const DEFAULT_ID_FIELD: &str = "id";
+/// Default response timeout (ms) of a non-blocking Redis command.
+pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 5_000;
+
+/// Where the gRPC API listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// A TCP address, `host:port`.
+    Tcp(SocketAddr),
+    /// A unix socket path, written `unix:/path`.
+    Unix(PathBuf),
+}
+
+impl FromStr for Listen {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.strip_prefix("unix:") {
+            Some("") => Err("a unix socket needs a path: `unix:/path/to/socket`".into()),
+            Some(path) => Ok(Listen::Unix(PathBuf::from(path))),
+            None => text
+                .parse()
+                .map(Listen::Tcp)
+                .map_err(|_| format!("`{text}` is neither `host:port` (an IP address and a port) nor `unix:/path`")),
+        }
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Tcp(addr) => write!(f, "{addr}"),
+            Listen::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// How log lines are written to standard error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// The sidecar's settings. Every flag has an `ECHOMQ_*` environment variable;
+/// a flag given on the command line wins over the variable.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "echomq-sidecar",
+    version,
+    about = "Owns Redis Streams consumer groups and hands deliveries to services in any language over gRPC.",
+    after_help = "Log verbosity follows ECHOMQ_LOG (tracing filter syntax, e.g. `info,echomq=debug`; default `info`)."
+)]
+pub struct Config {
+    /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
+    #[arg(long, env = "ECHOMQ_REDIS_URL", default_value = DEFAULT_REDIS_URL, value_parser = parse_redis_url)]
+    pub redis_url: String,
+
+    /// gRPC listen address: `host:port`, or `unix:/path` for a unix socket.
+    #[arg(long, env = "ECHOMQ_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: Listen,
+
+    /// Admin HTTP address (`host:port`) serving /livez and /readyz.
+    #[arg(long, env = "ECHOMQ_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
+    pub admin_listen: SocketAddr,
+
+    /// This sidecar's consumer name in every group; keep it stable across
+    /// restarts of the same pod so a restart recovers its own pending entries.
+    /// Default: $POD_NAME, else the host name.
+    #[arg(long, env = "ECHOMQ_CONSUMER_NAME", value_parser = parse_consumer_name)]
+    pub consumer_name: Option<String>,
+
+    /// Minimum PEL idle time (milliseconds) after which the reclaim beat
+    /// (XAUTOCLAIM) takes over an entry another consumer left. Held entries are
+    /// kept fresh every third of it.
+    #[arg(long, env = "ECHOMQ_RECLAIM_MIN_IDLE_MS", default_value_t = DEFAULT_RECLAIM_MIN_IDLE_MS, value_parser = clap::value_parser!(u64).range(100..))]
+    pub reclaim_min_idle_ms: u64,
+
+    /// Period of the reclaim beat (milliseconds).
+    #[arg(long, env = "ECHOMQ_RECLAIM_INTERVAL_MS", default_value_t = DEFAULT_RECLAIM_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(10..))]
+    pub reclaim_interval_ms: u64,
+
+    /// `max_in_flight` (entries) of a subscription that sends 0.
+    #[arg(long, env = "ECHOMQ_DEFAULT_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT, value_parser = clap::value_parser!(u32).range(1..))]
+    pub default_max_in_flight: u32,
+
+    /// The largest `max_in_flight` (entries) a subscription may ask for.
+    #[arg(long, env = "ECHOMQ_MAX_IN_FLIGHT_LIMIT", default_value_t = DEFAULT_MAX_IN_FLIGHT_LIMIT, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_in_flight_limit: u32,
+
+    /// First retry delay (milliseconds) after a Fail without `retry_after` or a
+    /// dropped call; doubled per attempt, with jitter, up to the maximum.
+    #[arg(long, env = "ECHOMQ_RETRY_BACKOFF_INITIAL_MS", default_value_t = DEFAULT_RETRY_BACKOFF_INITIAL_MS)]
+    pub retry_backoff_initial_ms: u64,
+
+    /// Cap of the retry delay (milliseconds).
+    #[arg(long, env = "ECHOMQ_RETRY_BACKOFF_MAX_MS", default_value_t = DEFAULT_RETRY_BACKOFF_MAX_MS)]
+    pub retry_backoff_max_ms: u64,
+
+    /// XREADGROUP BLOCK timeout (milliseconds) of a group's reader.
+    #[arg(long, env = "ECHOMQ_READ_BLOCK_MS", default_value_t = DEFAULT_READ_BLOCK_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub read_block_ms: u64,
+
+    /// Time (milliseconds) calls get on SIGTERM to settle what they hold before
+    /// the sidecar ends them and exits. What is still un-settled stays pending.
+    #[arg(long, env = "ECHOMQ_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
+    pub shutdown_grace_ms: u64,
+
+    /// Name of the entry field that carries the branded id.
+    #[arg(long, env = "ECHOMQ_ID_FIELD", default_value = DEFAULT_ID_FIELD, value_parser = parse_non_empty)]
+    pub id_field: String,
+
+    /// Response timeout (milliseconds) of non-blocking Redis commands.
+    #[arg(long, env = "ECHOMQ_REDIS_TIMEOUT_MS", default_value_t = DEFAULT_REDIS_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub redis_timeout_ms: u64,
+
+    /// Log line format on standard error.
+    #[arg(long, env = "ECHOMQ_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// The consumer name: the flag or variable, else `$POD_NAME`, else the host
+    /// name, else `echomq-sidecar`. `pod_name` and `host_name` are passed in so
+    /// tests need not touch the process environment.
+    pub fn consumer_name_or(&self, pod_name: Option<String>, host_name: Option<String>) -> String {
+        [self.consumer_name.clone(), pod_name, host_name]
+            .into_iter()
+            .flatten()
+            .map(|name| name.trim().to_owned())
+            .find(|name| !name.is_empty())
+            .unwrap_or_else(|| "echomq-sidecar".to_owned())
+    }
+
+    /// The consumer name from this process's environment (`$POD_NAME`, then
+    /// `/proc/sys/kernel/hostname`).
+    pub fn consumer_name(&self) -> String {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").ok().or_else(|| std::env::var("HOSTNAME").ok());
+        self.consumer_name_or(std::env::var("POD_NAME").ok(), host)
+    }
+
+    /// The reclaim beat's minimum idle time.
+    pub fn reclaim_min_idle(&self) -> Duration {
+        Duration::from_millis(self.reclaim_min_idle_ms)
+    }
+
+    /// How often held entries' idle time is refreshed: a third of the reclaim
+    /// minimum idle time, so two refreshes can fail before a peer may reclaim.
+    pub fn lease_refresh_interval(&self) -> Duration {
+        Duration::from_millis((self.reclaim_min_idle_ms / 3).max(10))
+    }
+
+    /// Checks relations between settings that one flag's parser cannot see.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.default_max_in_flight > self.max_in_flight_limit {
+            return Err(format!(
+                "--default-max-in-flight ({}) is above --max-in-flight-limit ({})",
+                self.default_max_in_flight, self.max_in_flight_limit
+            ));
+        }
+        if self.retry_backoff_initial_ms > self.retry_backoff_max_ms {
+            return Err(format!(
+                "--retry-backoff-initial-ms ({}) is above --retry-backoff-max-ms ({})",
+                self.retry_backoff_initial_ms, self.retry_backoff_max_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn parse_redis_url(text: &str) -> Result<String, String> {
+    redis::parse_redis_url(text)
+        .filter(|url| matches!(url.scheme(), "redis" | "rediss" | "unix" | "redis+unix"))
+        .map(|_| text.to_owned())
+        .ok_or_else(|| {
+            format!("`{text}` is not a Redis URL: expected redis://host:port, rediss://host:port or unix:///path")
+        })
+}
+
+fn parse_consumer_name(text: &str) -> Result<String, String> {
+    let name = parse_non_empty(text)?;
+    if name.len() > 256 {
+        return Err("a consumer name is at most 256 bytes".into());
+    }
+    Ok(name)
+}
+
+fn parse_non_empty(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(text.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("echomq-sidecar").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn no_flags_means_local_defaults() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.redis_url, DEFAULT_REDIS_URL);
+        assert_eq!(config.listen, Listen::Tcp("127.0.0.1:50051".parse().unwrap()));
+        assert_eq!(config.admin_listen, "0.0.0.0:9464".parse().unwrap());
+        assert_eq!(config.default_max_in_flight, DEFAULT_MAX_IN_FLIGHT);
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn listen_takes_a_unix_socket() {
+        let config = parse(&["--listen", "unix:/run/echomq.sock"]).unwrap();
+        assert_eq!(config.listen, Listen::Unix("/run/echomq.sock".into()));
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_reason() {
+        for args in [
+            &["--listen", "nonsense"][..],
+            &["--listen", "unix:"],
+            &["--redis-url", "http://x"],
+            &["--consumer-name", " "],
+            &["--reclaim-min-idle-ms", "0"],
+            &["--default-max-in-flight", "0"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
+        let config = parse(&["--default-max-in-flight", "20", "--max-in-flight-limit", "10"]).unwrap();
+        assert!(config.validate().unwrap_err().contains("--max-in-flight-limit"));
+    }
+
+    #[test]
+    fn consumer_name_falls_back_to_pod_then_host() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.consumer_name_or(Some("pod-1".into()), Some("host\n".into())), "pod-1");
+        assert_eq!(config.consumer_name_or(None, Some("host\n".into())), "host");
+        assert_eq!(config.consumer_name_or(None, None), "echomq-sidecar");
+        let config = parse(&["--consumer-name", "me"]).unwrap();
+        assert_eq!(config.consumer_name_or(Some("pod-1".into()), None), "me");
+    }
+}

@@ -1,0 +1,121 @@
+//! Turning a Redis entry into a `Delivery` frame.
+
+use std::collections::HashMap;
+
+use prost_types::Timestamp;
+
+use crate::{
+    id::{BrandedId, StreamId},
+    proto::{Delivery, RawField},
+    redis::RawEntry,
+};
+
+/// An entry ready to hand over: its branded id and the frame to send.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    /// The entry's stream id.
+    pub(crate) stream_id: StreamId,
+    /// The entry's branded id (the reserved field, else derived from `stream_id`).
+    pub(crate) branded: BrandedId,
+    /// The frame, `attempts` filled in.
+    pub(crate) delivery: Delivery,
+}
+
+/// Builds the delivery of `fields` (never `None`: deleted entries are handled
+/// before this). `None` when the entry has no branded id: no valid reserved
+/// field and a stream id whose milliseconds do not fit 6 bytes.
+///
+/// Field names that are not valid UTF-8, and repeated names (Redis allows
+/// them; a map cannot hold both), go to `raw_fields` byte for byte, so no
+/// field is ever dropped.
+pub(crate) fn build(
+    stream: &str,
+    group: &str,
+    id_field: &str,
+    stream_id: StreamId,
+    fields: Vec<(Vec<u8>, Vec<u8>)>,
+    attempts: u32,
+) -> Option<Outgoing> {
+    let mut branded = None;
+    let mut payload = HashMap::with_capacity(fields.len());
+    let mut raw_fields = Vec::new();
+    for (name, value) in fields {
+        if branded.is_none() && name == id_field.as_bytes() {
+            if let Some(id) = std::str::from_utf8(&value).ok().and_then(|text| text.parse::<BrandedId>().ok()) {
+                branded = Some(id);
+                continue;
+            }
+        }
+        match String::from_utf8(name) {
+            Ok(name) if !payload.contains_key(&name) => {
+                payload.insert(name, value);
+            }
+            Ok(name) => raw_fields.push(RawField { name: name.into_bytes(), value }),
+            Err(name) => raw_fields.push(RawField { name: name.into_bytes(), value }),
+        }
+    }
+    let branded = branded.or_else(|| BrandedId::from_stream_id(stream_id))?;
+    let minted_ms = branded.minted_at_ms();
+    let delivery = Delivery {
+        id: branded.to_string(),
+        stream_id: stream_id.to_string(),
+        stream: stream.to_owned(),
+        group: group.to_owned(),
+        payload,
+        attempts,
+        minted_at: Some(Timestamp {
+            seconds: (minted_ms / 1000) as i64,
+            nanos: ((minted_ms % 1000) * 1_000_000) as i32,
+        }),
+        traceparent: String::new(),
+        raw_fields,
+    };
+    Some(Outgoing { stream_id, branded, delivery })
+}
+
+/// [`build`] for an entry read from Redis; `None` also for a deleted entry.
+pub(crate) fn from_raw(stream: &str, group: &str, id_field: &str, entry: RawEntry, attempts: u32) -> Option<Outgoing> {
+    build(stream, group, id_field, entry.id, entry.fields?, attempts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sid(ms: u64, seq: u64) -> StreamId {
+        StreamId { ms, seq }
+    }
+
+    #[test]
+    fn reserved_field_gives_the_branded_id_and_leaves_the_payload() {
+        let copy_of = BrandedId::from_stream_id(sid(1_000, 7)).unwrap();
+        let fields = vec![(b"id".to_vec(), copy_of.to_string().into_bytes()), (b"k".to_vec(), b"v".to_vec())];
+        let out = build("s", "g", "id", sid(2_000, 0), fields, 3).unwrap();
+        assert_eq!(out.branded, copy_of);
+        assert_eq!(out.delivery.stream_id, "2000-0");
+        assert_eq!(out.delivery.payload.len(), 1);
+        assert_eq!(out.delivery.attempts, 3);
+        assert_eq!(out.delivery.minted_at.unwrap().seconds, 1);
+    }
+
+    #[test]
+    fn foreign_entries_derive_their_id_and_keep_a_bogus_id_field_as_payload() {
+        let fields = vec![(b"id".to_vec(), b"order-42".to_vec())];
+        let out = build("s", "g", "id", sid(5, 1), fields, 1).unwrap();
+        assert_eq!(out.delivery.id, "0000000000050000000000000001");
+        assert_eq!(out.delivery.payload["id"], b"order-42");
+    }
+
+    #[test]
+    fn non_utf8_and_repeated_names_go_to_raw_fields() {
+        let fields = vec![
+            (b"\xffname".to_vec(), b"\x00\x01".to_vec()),
+            (b"k".to_vec(), b"1".to_vec()),
+            (b"k".to_vec(), b"2".to_vec()),
+        ];
+        let out = build("s", "g", "id", sid(5, 1), fields, 1).unwrap();
+        assert_eq!(out.delivery.payload["k"], b"1");
+        let raw: Vec<_> = out.delivery.raw_fields.iter().map(|f| (f.name.clone(), f.value.clone())).collect();
+        assert_eq!(raw, vec![(b"\xffname".to_vec(), b"\x00\x01".to_vec()), (b"k".to_vec(), b"2".to_vec())]);
+    }
+}

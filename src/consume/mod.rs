@@ -1,0 +1,338 @@
+//! The Consume call: validate the subscribe, open the group door, attach the
+//! call to its group's worker, then relay frames both ways.
+//!
+//! A delivery reads forward: Redis reply → [`worker`] → [`session`] → gRPC
+//! frame; a verdict back: gRPC frame → [`session`] → [`worker`] → XACK.
+
+mod delivery;
+mod session;
+mod worker;
+
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinSet,
+};
+use tokio_stream::{wrappers::ReceiverStream, Stream};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{
+    config::Config,
+    error::Error,
+    id::StreamId,
+    proto::{
+        consume_request::Kind, consumer_service_server::ConsumerService, ConsumeRequest, ConsumeResponse, GroupStart,
+        Subscribe,
+    },
+    redis::Redis,
+};
+use worker::{Command, Policy, Worker};
+
+/// Longest stream key a call may name, in bytes.
+pub const MAX_STREAM_NAME_BYTES: usize = 1024;
+/// Longest group name a call may name, in bytes.
+pub const MAX_GROUP_NAME_BYTES: usize = 256;
+/// Frames buffered toward one client before the sidecar waits for it to read.
+const OUTBOUND_BUFFER: usize = 64;
+
+/// What every worker and call of this sidecar share.
+pub(crate) struct Shared {
+    pub(crate) redis: Redis,
+    pub(crate) consumer: String,
+    pub(crate) id_field: String,
+    pub(crate) read_block: Duration,
+    pub(crate) redis_timeout: Duration,
+    pub(crate) reclaim_min_idle: Duration,
+    pub(crate) reclaim_interval: Duration,
+    pub(crate) lease_refresh: Duration,
+    /// Becomes true on shutdown: hand out nothing new, keep taking verdicts.
+    pub(crate) draining: watch::Receiver<bool>,
+    /// Deliveries held by calls across all workers (entries).
+    pub(crate) held: AtomicUsize,
+    /// Entries acknowledged (XACK answered 1).
+    pub(crate) acked: AtomicU64,
+    /// Entries moved to a dead-letter stream.
+    pub(crate) dead_lettered: AtomicU64,
+    /// Entries taken over by the reclaim beat.
+    pub(crate) reclaimed: AtomicUsize,
+    /// Pending entries found deleted from their stream and dropped from the PEL.
+    pub(crate) trimmed: AtomicU64,
+}
+
+/// The consumer side of the sidecar: the gRPC service and the group workers
+/// behind it. Cheap to clone.
+#[derive(Clone)]
+pub struct Consumers {
+    shared: Arc<Shared>,
+    defaults: Arc<Defaults>,
+    workers: Arc<Mutex<WorkerMap>>,
+    tasks: Arc<Mutex<JoinSet<()>>>,
+    next_session: Arc<AtomicU64>,
+    /// Becomes true when calls must end (after the shutdown grace period).
+    closing: watch::Receiver<bool>,
+}
+
+/// The worker of each (stream, group) this sidecar serves.
+type WorkerMap = HashMap<(String, String), mpsc::Sender<Command>>;
+
+struct Defaults {
+    max_in_flight: u32,
+    max_in_flight_limit: u32,
+    backoff_initial: Duration,
+    backoff_max: Duration,
+}
+
+impl Consumers {
+    /// Builds the consumer side. `draining` turns true when the sidecar stops
+    /// handing out entries; `closing` when calls must end.
+    pub fn new(
+        redis: Redis,
+        config: &Config,
+        consumer: String,
+        draining: watch::Receiver<bool>,
+        closing: watch::Receiver<bool>,
+    ) -> Consumers {
+        let shared = Shared {
+            redis,
+            consumer,
+            id_field: config.id_field.clone(),
+            read_block: Duration::from_millis(config.read_block_ms),
+            redis_timeout: Duration::from_millis(config.redis_timeout_ms),
+            reclaim_min_idle: config.reclaim_min_idle(),
+            reclaim_interval: Duration::from_millis(config.reclaim_interval_ms),
+            lease_refresh: config.lease_refresh_interval(),
+            draining,
+            held: AtomicUsize::new(0),
+            acked: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            reclaimed: AtomicUsize::new(0),
+            trimmed: AtomicU64::new(0),
+        };
+        let defaults = Defaults {
+            max_in_flight: config.default_max_in_flight,
+            max_in_flight_limit: config.max_in_flight_limit,
+            backoff_initial: Duration::from_millis(config.retry_backoff_initial_ms),
+            backoff_max: Duration::from_millis(config.retry_backoff_max_ms),
+        };
+        Consumers {
+            shared: Arc::new(shared),
+            defaults: Arc::new(defaults),
+            workers: Arc::default(),
+            tasks: Arc::default(),
+            next_session: Arc::default(),
+            closing,
+        }
+    }
+
+    /// Deliveries currently held by calls, across all groups (entries).
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::Relaxed)
+    }
+
+    /// Stops every group worker once its calls are gone and waits up to
+    /// `timeout` for them to flush their last acks.
+    pub async fn shutdown(&self, timeout: Duration) {
+        self.workers.lock().expect("workers lock").clear();
+        let mut tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks lock"));
+        let joined = tokio::time::timeout(timeout, async { while tasks.join_next().await.is_some() {} }).await;
+        if joined.is_err() {
+            tracing::warn!(
+                "group workers did not stop within {timeout:?}; aborting them (un-acked entries stay pending)"
+            );
+            tasks.abort_all();
+        }
+    }
+
+    /// The worker of `stream` and `group`, started on first use. One per pair:
+    /// two workers under one consumer name would hand one entry to two calls.
+    fn worker(&self, stream: &str, group: &str) -> mpsc::Sender<Command> {
+        let mut workers = self.workers.lock().expect("workers lock");
+        let key = (stream.to_owned(), group.to_owned());
+        if let Some(worker) = workers.get(&key) {
+            return worker.clone();
+        }
+        let (sender, task) = Worker::spawn(self.shared.clone(), key.0.clone(), key.1.clone());
+        self.tasks.lock().expect("tasks lock").spawn(async move {
+            let _ = task.await;
+        });
+        workers.insert(key, sender.clone());
+        sender
+    }
+
+    fn validate(&self, subscribe: Subscribe) -> Result<(Subscription, Policy), Error> {
+        let stream = checked_name("subscribe.stream", subscribe.stream, MAX_STREAM_NAME_BYTES)?;
+        let group = checked_name("subscribe.group", subscribe.group, MAX_GROUP_NAME_BYTES)?;
+        let start = match GroupStart::try_from(subscribe.group_start) {
+            Ok(GroupStart::New) => "$".to_owned(),
+            Ok(GroupStart::Beginning) => "0".to_owned(),
+            Ok(GroupStart::Id) => subscribe
+                .start_id
+                .parse::<StreamId>()
+                .map_err(|e| Error::invalid("subscribe.start_id", format!("required with GROUP_START_ID: {e}")))?
+                .to_string(),
+            Ok(GroupStart::Instant) => {
+                let at = subscribe.start_time.ok_or_else(|| {
+                    Error::invalid("subscribe.start_time", "required with GROUP_START_INSTANT")
+                })?;
+                if at.seconds < 0 || at.nanos < 0 {
+                    return Err(Error::invalid("subscribe.start_time", "must not be before the unix epoch"));
+                }
+                let ms = (at.seconds as u64).saturating_mul(1000).saturating_add(at.nanos as u64 / 1_000_000);
+                // The group's last-delivered id is exclusive: the last id before `ms`.
+                StreamId { ms, seq: 0 }.predecessor().map_or_else(|| "0".to_owned(), |id| id.to_string())
+            }
+            Ok(GroupStart::Unspecified) | Err(_) => {
+                return Err(Error::invalid(
+                    "subscribe.group_start",
+                    "required: GROUP_START_NEW (only new entries), GROUP_START_BEGINNING (everything the stream holds), GROUP_START_ID or GROUP_START_INSTANT",
+                ))
+            }
+        };
+        let max_in_flight = match subscribe.max_in_flight {
+            0 => self.defaults.max_in_flight,
+            n if n > self.defaults.max_in_flight_limit => {
+                return Err(Error::invalid(
+                    "subscribe.max_in_flight",
+                    format!("{n} is above this sidecar's limit of {}", self.defaults.max_in_flight_limit),
+                ))
+            }
+            n => n,
+        };
+        let ack_deadline = duration("subscribe.ack_deadline", subscribe.ack_deadline)?.filter(|d| !d.is_zero());
+        let backoff_initial = duration("subscribe.retry_backoff_initial", subscribe.retry_backoff_initial)?
+            .unwrap_or(self.defaults.backoff_initial);
+        let backoff_max =
+            duration("subscribe.retry_backoff_max", subscribe.retry_backoff_max)?.unwrap_or(self.defaults.backoff_max);
+        if backoff_initial > backoff_max {
+            return Err(Error::invalid(
+                "subscribe.retry_backoff_initial",
+                format!("{backoff_initial:?} is above retry_backoff_max ({backoff_max:?})"),
+            ));
+        }
+        let dead_letter_stream = match subscribe.dead_letter_stream {
+            name if name.is_empty() => format!("{stream}:dlq"),
+            name => checked_name("subscribe.dead_letter_stream", name, MAX_STREAM_NAME_BYTES)?,
+        };
+        let policy = Policy { max_in_flight, ack_deadline, backoff_initial, backoff_max, dead_letter_stream };
+        Ok((Subscription { stream, group, start }, policy))
+    }
+
+    /// The group door: `XGROUP CREATE <stream> <group> <start> MKSTREAM`. Only
+    /// BUSYGROUP (the group exists; it keeps its position) is not an error.
+    async fn open_group(&self, sub: &Subscription) -> Result<(), Error> {
+        let mut conn = self.shared.redis.conn.clone();
+        let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&sub.stream)
+            .arg(&sub.group)
+            .arg(&sub.start)
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        match created {
+            Ok(()) => {
+                tracing::info!(stream = %sub.stream, group = %sub.group, start = %sub.start, "group created");
+                Ok(())
+            }
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Err(e) => Err(Error::from_redis(e, "creating the group (XGROUP CREATE)", &sub.stream)),
+        }
+    }
+}
+
+/// A validated subscribe.
+struct Subscription {
+    stream: String,
+    group: String,
+    /// The XGROUP CREATE start argument.
+    start: String,
+}
+
+fn checked_name(field: &'static str, name: String, max: usize) -> Result<String, Error> {
+    if name.is_empty() {
+        return Err(Error::invalid(field, "required, must not be empty"));
+    }
+    if name.len() > max {
+        return Err(Error::invalid(field, format!("{} bytes is longer than the limit of {max}", name.len())));
+    }
+    Ok(name)
+}
+
+/// A proto Duration as a std one; `None` when unset. INVALID_ARGUMENT when negative.
+fn duration(field: &'static str, value: Option<prost_types::Duration>) -> Result<Option<Duration>, Error> {
+    let Some(value) = value else { return Ok(None) };
+    Duration::try_from(value).map(Some).map_err(|_| Error::invalid(field, "must not be negative"))
+}
+
+type ConsumeStream = Pin<Box<dyn Stream<Item = Result<ConsumeResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ConsumerService for Consumers {
+    type ConsumeStream = ConsumeStream;
+
+    async fn consume(&self, request: Request<Streaming<ConsumeRequest>>) -> Result<Response<ConsumeStream>, Status> {
+        if *self.shared.draining.borrow() {
+            return Err(Error::ShuttingDown.into());
+        }
+        let mut inbound = request.into_inner();
+        let subscribe = match inbound.message().await? {
+            Some(ConsumeRequest { kind: Some(Kind::Subscribe(subscribe)) }) => subscribe,
+            Some(_) => {
+                return Err(
+                    Error::invalid("subscribe", "the first message of a Consume call must be a subscribe").into()
+                )
+            }
+            None => return Err(Error::invalid("subscribe", "the call closed before its subscribe").into()),
+        };
+        let (sub, policy) = self.validate(subscribe)?;
+        self.open_group(&sub).await?;
+
+        let session = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let max_in_flight = policy.max_in_flight;
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let worker = self.worker(&sub.stream, &sub.group);
+        worker
+            .send(Command::Attach { session, policy, events: events_tx })
+            .await
+            .map_err(|_| Status::from(Error::ShuttingDown))?;
+
+        let (outbound, outbound_rx) = mpsc::channel(OUTBOUND_BUFFER);
+        let subscribed = crate::proto::Subscribed {
+            stream: sub.stream.clone(),
+            group: sub.group.clone(),
+            consumer: self.shared.consumer.clone(),
+            max_in_flight,
+        };
+        let _ = outbound.try_send(Ok(session::response(crate::proto::consume_response::Kind::Subscribed(subscribed))));
+        tracing::info!(stream = %sub.stream, group = %sub.group, session, max_in_flight, "call subscribed");
+        tokio::spawn(session::relay(session, inbound, events, outbound, worker, self.closing.clone()));
+        Ok(Response::new(Box::pin(ReceiverStream::new(outbound_rx))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instant_start_is_exclusive_of_the_millisecond_before() {
+        let id = StreamId { ms: 1000, seq: 0 }.predecessor().unwrap();
+        assert_eq!(id.to_string(), "999-18446744073709551615");
+    }
+
+    #[test]
+    fn negative_durations_are_invalid() {
+        let negative = prost_types::Duration { seconds: -1, nanos: 0 };
+        assert!(duration("f", Some(negative)).is_err());
+        assert_eq!(duration("f", None).unwrap(), None);
+    }
+}

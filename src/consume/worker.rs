@@ -1,0 +1,881 @@
+//! The group worker: one task per (stream, group) in this sidecar, serving
+//! every call subscribed to that pair under the sidecar's one consumer name.
+//!
+//! It owns the Redis side of consuming: the blocking reader, recovery of its own
+//! PEL, the reclaim beat, lease refresh, and the XACK batches. It holds every
+//! entry it knows about in exactly one state:
+//!
+//! - held: handed to a call, waiting for its verdict; idle time kept fresh;
+//! - ready: read from Redis (delivery counted) but not yet handed over, because
+//!   the call it was read for went away meanwhile;
+//! - waiting: pending in this consumer's PEL, due for re-delivery at an instant
+//!   (after a Fail, a disconnect, or found by recovery or the reclaim beat).
+//!
+//! Flow control is credit: the worker never has more entries read, ready or
+//! being claimed than its calls have free `max_in_flight` slots, so its memory
+//! is bounded by its calls' credit whatever the backlog in Redis.
+
+use std::{
+    collections::{BTreeSet, HashMap, VecDeque},
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
+
+use redis::{RedisError, Value};
+use tokio::{
+    sync::mpsc,
+    task::JoinHandle,
+    time::{interval, sleep_until, Instant, MissedTickBehavior},
+};
+use tracing::{debug, info, warn};
+
+use super::{
+    delivery::{self, Outgoing},
+    Shared,
+};
+use crate::{
+    id::{BrandedId, StreamId},
+    proto::{Delivery, VerdictError, VerdictErrorCode},
+    redis::{bytes, parse_entries, parse_read_reply, parse_stream_id},
+};
+
+/// Identifies one Consume call inside the sidecar.
+pub(crate) type SessionId = u64;
+
+/// The most entries one XREADGROUP or claim asks for.
+const BATCH_MAX: usize = 512;
+/// How many XAUTOCLAIM pages one reclaim beat may walk.
+const RECLAIM_PAGES_PER_BEAT: usize = 8;
+/// How often held entries are checked against their ack deadlines.
+const DEADLINE_CHECK: Duration = Duration::from_millis(100);
+/// Bounds of the pause after a failed Redis command.
+const REDIS_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const REDIS_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// A call's subscription settings, validated.
+#[derive(Clone, Debug)]
+pub(crate) struct Policy {
+    /// Most entries the call holds un-settled.
+    pub(crate) max_in_flight: u32,
+    /// How long a delivery may stay un-settled; `None`: as long as the call lives.
+    pub(crate) ack_deadline: Option<Duration>,
+    /// First retry delay; doubled per attempt.
+    pub(crate) backoff_initial: Duration,
+    /// Cap of the retry delay.
+    pub(crate) backoff_max: Duration,
+    /// Where a Fail with `dead_letter` moves the entry.
+    pub(crate) dead_letter_stream: String,
+}
+
+impl Policy {
+    /// The retry delay after `attempts` deliveries: `initial × 2^(attempts-1)`,
+    /// capped, then jittered into its upper half so that entries failed together
+    /// do not come back together.
+    fn retry_delay(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(30);
+        let full = self.backoff_initial.saturating_mul(1 << doublings).min(self.backoff_max);
+        let half = full / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+}
+
+/// What a call tells its worker.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// A new call subscribed; deliveries and verdict errors go to `events`.
+    Attach { session: SessionId, policy: Policy, events: mpsc::UnboundedSender<Event> },
+    /// Acknowledge these deliveries (the client's text and the parsed id).
+    Ack { session: SessionId, ids: Vec<(String, BrandedId)> },
+    /// A delivery failed.
+    Fail {
+        session: SessionId,
+        text: String,
+        id: BrandedId,
+        retry_after: Option<Duration>,
+        dead_letter: bool,
+        reason: String,
+    },
+    /// Push the ack deadline of these deliveries to now + `by`.
+    Extend { session: SessionId, ids: Vec<(String, BrandedId)>, by: Duration },
+    /// The call ended; what it holds goes back to waiting.
+    Detach { session: SessionId },
+}
+
+/// What the worker tells a call. The channel is unbounded, but what flows on it
+/// is bounded: deliveries by the call's credit, verdict errors by the verdicts
+/// the call sent (and a call does not read new verdicts while it is blocked
+/// sending to its client).
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Hand this to the client.
+    Delivery(Delivery),
+    /// A verdict that was not applied.
+    VerdictError(VerdictError),
+}
+
+/// A delivery held by a call.
+#[derive(Debug)]
+struct Held {
+    stream_id: StreamId,
+    attempts: u32,
+    deadline: Option<Instant>,
+    /// The lease was lost to a peer: a later Ack is answered NOT_PENDING.
+    lost: bool,
+}
+
+struct Session {
+    policy: Policy,
+    events: mpsc::UnboundedSender<Event>,
+    held: HashMap<BrandedId, Held>,
+    /// The call's receiver is gone; its Detach is on the way.
+    closed: bool,
+}
+
+impl Session {
+    fn free(&self) -> usize {
+        if self.closed {
+            return 0;
+        }
+        (self.policy.max_in_flight as usize).saturating_sub(self.held.len())
+    }
+
+    fn error(&self, id: &str, code: VerdictErrorCode, message: impl Into<String>) {
+        let _ = self.events.send(Event::VerdictError(VerdictError {
+            id: id.to_owned(),
+            code: code as i32,
+            message: message.into(),
+        }));
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Track {
+    Held(SessionId),
+    Ready,
+    Waiting(Instant),
+}
+
+/// A queued XACK, applied at the end of the current batch of commands.
+struct PendingAck {
+    session: SessionId,
+    text: String,
+    stream_id: StreamId,
+}
+
+/// One group's worker. Built by [`Worker::spawn`].
+pub(crate) struct Worker {
+    stream: String,
+    group: String,
+    shared: Arc<Shared>,
+    sessions: HashMap<SessionId, Session>,
+    entries: HashMap<StreamId, Track>,
+    waiting: BTreeSet<(Instant, StreamId)>,
+    ready: VecDeque<Outgoing>,
+    acks: Vec<PendingAck>,
+    /// While recovering its own PEL: the last id seen (`None`: from the start).
+    recovering: Option<Option<StreamId>>,
+    /// Entries requested from the reader and not yet returned.
+    read_outstanding: usize,
+    read_requests: mpsc::Sender<usize>,
+    read_results: mpsc::Receiver<Result<Value, RedisError>>,
+    reader: JoinHandle<()>,
+    reclaim_cursor: StreamId,
+    /// The group is gone (NOGROUP): re-create it before anything else.
+    group_lost: bool,
+    /// No Redis command from the pump before this instant (backoff after errors).
+    paused_until: Instant,
+    backoff: Duration,
+    draining: bool,
+}
+
+impl Worker {
+    /// Starts the worker and its reader for `stream` and `group`, and returns
+    /// the sender of its commands. The worker ends when every sender is dropped.
+    pub(crate) fn spawn(shared: Arc<Shared>, stream: String, group: String) -> (mpsc::Sender<Command>, JoinHandle<()>) {
+        let (commands_tx, commands) = mpsc::channel(1024);
+        let (read_requests, requests_rx) = mpsc::channel(1);
+        let (results_tx, read_results) = mpsc::channel(1);
+        let reader = tokio::spawn(read_loop(shared.clone(), stream.clone(), group.clone(), requests_rx, results_tx));
+        let draining = *shared.draining.borrow();
+        let worker = Worker {
+            stream,
+            group,
+            shared,
+            sessions: HashMap::new(),
+            entries: HashMap::new(),
+            waiting: BTreeSet::new(),
+            ready: VecDeque::new(),
+            acks: Vec::new(),
+            recovering: Some(None),
+            read_outstanding: 0,
+            read_requests,
+            read_results,
+            reader,
+            reclaim_cursor: StreamId::ZERO,
+            group_lost: false,
+            paused_until: Instant::now(),
+            backoff: REDIS_BACKOFF_MIN,
+            draining,
+        };
+        (commands_tx, tokio::spawn(worker.run(commands)))
+    }
+
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let mut draining = self.shared.draining.clone();
+        let mut refresh = interval(self.shared.lease_refresh);
+        let mut reclaim = interval(self.shared.reclaim_interval);
+        let mut deadlines = interval(DEADLINE_CHECK);
+        for tick in [&mut refresh, &mut reclaim, &mut deadlines] {
+            tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        }
+        info!(stream = %self.stream, group = %self.group, consumer = %self.shared.consumer, "group worker started");
+        loop {
+            if !self.draining {
+                self.pump().await;
+            }
+            let wake = self.next_wake();
+            tokio::select! {
+                command = commands.recv() => {
+                    let Some(command) = command else { break };
+                    self.handle(command).await;
+                    // Take whatever else is queued, so acks go out as one pipeline.
+                    for _ in 0..1024 {
+                        match commands.try_recv() {
+                            Ok(command) => self.handle(command).await,
+                            Err(_) => break,
+                        }
+                    }
+                    self.flush_acks().await;
+                }
+                Some(result) = self.read_results.recv() => self.on_read(result),
+                _ = sleep_until(wake) => {}
+                _ = refresh.tick() => self.refresh_leases().await,
+                _ = reclaim.tick() => self.reclaim().await,
+                _ = deadlines.tick(), if self.has_deadlines() => self.expire_deadlines(),
+                Ok(()) = draining.changed() => self.draining = *draining.borrow(),
+            }
+        }
+        self.flush_acks().await;
+        self.reader.abort();
+        info!(stream = %self.stream, group = %self.group, "group worker stopped");
+    }
+
+    fn next_wake(&self) -> Instant {
+        let far = Instant::now() + Duration::from_secs(3600);
+        if self.draining || self.free() == 0 {
+            return far;
+        }
+        let due = self.waiting.first().map_or(far, |(at, _)| *at);
+        due.max(self.paused_until).min(far)
+    }
+
+    /// Free credit: slots the calls have minus entries already on their way.
+    fn free(&self) -> usize {
+        let slots: usize = self.sessions.values().map(Session::free).sum();
+        slots.saturating_sub(self.ready.len() + self.read_outstanding)
+    }
+
+    fn paused(&self) -> bool {
+        Instant::now() < self.paused_until
+    }
+
+    fn redis_failed(&mut self, what: &str, error: &RedisError) {
+        if is_group_lost(error) {
+            if !self.group_lost {
+                warn!(stream = %self.stream, group = %self.group, "the group is gone ({error}); re-creating it");
+            }
+            self.group_lost = true;
+        } else {
+            warn!(stream = %self.stream, group = %self.group, "{what} failed, retrying in {:?}: {error}", self.backoff);
+        }
+        self.paused_until = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(REDIS_BACKOFF_MAX);
+    }
+
+    fn redis_ok(&mut self) {
+        self.backoff = REDIS_BACKOFF_MIN;
+    }
+
+    /// Moves work forward while there is credit: ready entries first, then due
+    /// re-deliveries, then recovery of the own PEL, then a new read.
+    async fn pump(&mut self) {
+        self.hand_out_ready();
+        if self.paused() {
+            return;
+        }
+        if self.group_lost && !self.recreate_group().await {
+            return;
+        }
+        loop {
+            let free = self.free();
+            if free == 0 || self.paused() {
+                return;
+            }
+            let now = Instant::now();
+            let due: Vec<(Instant, StreamId)> =
+                self.waiting.iter().take_while(|(at, _)| *at <= now).take(free.min(BATCH_MAX)).copied().collect();
+            if !due.is_empty() {
+                self.redeliver(due).await;
+                continue;
+            }
+            if let Some(after) = self.recovering {
+                self.recover_page(after, free.min(BATCH_MAX)).await;
+                continue;
+            }
+            break;
+        }
+        if self.read_outstanding == 0 {
+            let count = self.free().min(BATCH_MAX);
+            if count > 0 && self.read_requests.try_send(count).is_ok() {
+                self.read_outstanding = count;
+            }
+        }
+    }
+
+    /// Re-creates a lost group from the start of what the stream holds now.
+    /// From `0`, not `$`: after a flush or a restart without persistence
+    /// everything in the stream arrived after the group was lost, and skipping
+    /// it would lose entries; re-delivering is the at-least-once side.
+    async fn recreate_group(&mut self) -> bool {
+        let mut conn = self.shared.redis.conn.clone();
+        let result: Result<(), RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        match result {
+            Ok(()) => {
+                info!(stream = %self.stream, group = %self.group, "group re-created from the start of the stream")
+            }
+            Err(e) if e.code() == Some("BUSYGROUP") => {
+                info!(stream = %self.stream, group = %self.group, "group exists again")
+            }
+            Err(e) => {
+                self.redis_failed("re-creating the group", &e);
+                return false;
+            }
+        }
+        self.redis_ok();
+        self.group_lost = false;
+        self.reclaim_cursor = StreamId::ZERO;
+        true
+    }
+
+    fn hand_out_ready(&mut self) {
+        while let Some(out) = self.ready.pop_front() {
+            if let Some(out) = self.hand_out(out) {
+                self.ready.push_front(out);
+                break;
+            }
+        }
+    }
+
+    /// Hands one entry to the call with the most free credit that does not
+    /// already hold an entry with the same branded id (so a verdict by branded
+    /// id is never ambiguous). Gives the entry back when no call can take it.
+    fn hand_out(&mut self, out: Outgoing) -> Option<Outgoing> {
+        let target = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.free() > 0 && !s.held.contains_key(&out.branded))
+            .max_by_key(|(_, s)| s.free())
+            .map(|(id, _)| *id);
+        let Some(session_id) = target else { return Some(out) };
+        let session = self.sessions.get_mut(&session_id).expect("picked from the map");
+        let Outgoing { stream_id, branded, delivery } = out;
+        let attempts = delivery.attempts;
+        if let Err(mpsc::error::SendError(Event::Delivery(delivery))) = session.events.send(Event::Delivery(delivery)) {
+            session.closed = true;
+            return Some(Outgoing { stream_id, branded, delivery });
+        }
+        let deadline = session.policy.ack_deadline.map(|d| Instant::now() + d);
+        session.held.insert(branded, Held { stream_id, attempts, deadline, lost: false });
+        self.entries.insert(stream_id, Track::Held(session_id));
+        self.shared.held.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Takes or re-queues an entry that could not be handed out.
+    fn keep_ready(&mut self, out: Outgoing) {
+        self.entries.insert(out.stream_id, Track::Ready);
+        self.ready.push_back(out);
+    }
+
+    fn wait(&mut self, stream_id: StreamId, at: Instant) {
+        if let Some(Track::Waiting(old)) = self.entries.insert(stream_id, Track::Waiting(at)) {
+            self.waiting.remove(&(old, stream_id));
+        }
+        self.waiting.insert((at, stream_id));
+    }
+
+    /// Claims due entries that are still this consumer's and hands them out.
+    async fn redeliver(&mut self, due: Vec<(Instant, StreamId)>) {
+        for key in &due {
+            self.waiting.remove(key);
+            self.entries.remove(&key.1);
+        }
+        let mut script = self.shared.redis.scripts.claim_own.prepare_invoke();
+        script.key(&self.stream).arg(&self.group).arg(&self.shared.consumer).arg("deliver");
+        for (_, id) in &due {
+            script.arg(id.to_string());
+        }
+        let mut conn = self.shared.redis.conn.clone();
+        let reply: Value = match script.invoke_async(&mut conn).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                self.redis_failed("re-delivering pending entries", &e);
+                let retry_at = self.paused_until;
+                for (_, id) in due {
+                    self.wait(id, retry_at);
+                }
+                return;
+            }
+        };
+        self.redis_ok();
+        for item in as_array(&reply) {
+            let parts = as_array(item);
+            let (Some(id), Some(Value::Int(count))) = (parts.first(), parts.get(1)) else { continue };
+            let Ok(stream_id) = parse_stream_id(id) else { continue };
+            match *count {
+                -1 => debug!(stream = %self.stream, %stream_id, "no longer pending for this consumer; a peer took it"),
+                0 => self.trimmed_while_pending(stream_id),
+                count => {
+                    let fields =
+                        parts.get(2).and_then(|f| parse_entries(&Value::Array(vec![id.clone(), f.clone()])).ok());
+                    let Some(entry) = fields.and_then(|mut e| e.pop()) else { continue };
+                    let attempts = u32::try_from(count).unwrap_or(u32::MAX);
+                    self.dispatch(entry, attempts);
+                }
+            }
+        }
+    }
+
+    fn dispatch(&mut self, entry: crate::redis::RawEntry, attempts: u32) {
+        let stream_id = entry.id;
+        if entry.fields.is_none() {
+            return self.trimmed_while_pending(stream_id);
+        }
+        match delivery::from_raw(&self.stream, &self.group, &self.shared.id_field, entry, attempts) {
+            Some(out) => {
+                if let Some(out) = self.hand_out(out) {
+                    self.keep_ready(out);
+                }
+            }
+            None => warn!(
+                stream = %self.stream, %stream_id,
+                "entry has no branded id (its milliseconds exceed 6 bytes); it stays pending"
+            ),
+        }
+    }
+
+    fn trimmed_while_pending(&mut self, stream_id: StreamId) {
+        self.entries.remove(&stream_id);
+        self.shared.trimmed.fetch_add(1, Ordering::Relaxed);
+        warn!(stream = %self.stream, group = %self.group, %stream_id, "entry was deleted from the stream while pending; dropped from the PEL");
+    }
+
+    /// Reads one page of this consumer's own PEL (XPENDING … consumer) and
+    /// queues the entries for re-delivery, in stream order.
+    async fn recover_page(&mut self, after: Option<StreamId>, count: usize) {
+        let start = after.map_or_else(|| "-".to_owned(), |id| format!("({id}"));
+        let mut conn = self.shared.redis.conn.clone();
+        let reply: Result<Value, RedisError> = redis::cmd("XPENDING")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .arg(start)
+            .arg("+")
+            .arg(count)
+            .arg(&self.shared.consumer)
+            .query_async(&mut conn)
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => return self.redis_failed("recovering own pending entries", &e),
+        };
+        self.redis_ok();
+        let items = as_array(&reply);
+        let now = Instant::now();
+        let mut last = after;
+        for item in items {
+            let Some(Ok(id)) = as_array(item).first().map(parse_stream_id) else { continue };
+            last = Some(id);
+            if !self.entries.contains_key(&id) {
+                self.wait(id, now);
+            }
+        }
+        if items.len() < count {
+            info!(stream = %self.stream, group = %self.group, "recovered own pending entries; reading new ones");
+            self.recovering = None;
+        } else {
+            self.recovering = Some(last);
+        }
+    }
+
+    fn on_read(&mut self, result: Result<Value, RedisError>) {
+        self.read_outstanding = 0;
+        let entries = match result.and_then(|reply| parse_read_reply(&reply)) {
+            Ok(entries) => entries,
+            Err(e) => return self.redis_failed("reading new entries", &e),
+        };
+        self.redis_ok();
+        for entry in entries {
+            // A `>` read hands each entry over for the first time: attempts 1.
+            self.dispatch(entry, 1);
+        }
+    }
+
+    async fn handle(&mut self, command: Command) {
+        match command {
+            Command::Attach { session, policy, events } => {
+                self.sessions.insert(session, Session { policy, events, held: HashMap::new(), closed: false });
+            }
+            Command::Ack { session, ids } => {
+                for (text, id) in ids {
+                    self.ack(session, text, id);
+                }
+            }
+            Command::Fail { session, text, id, retry_after, dead_letter, reason } => {
+                self.fail(session, text, id, retry_after, dead_letter, reason).await;
+            }
+            Command::Extend { session, ids, by } => {
+                let Some(s) = self.sessions.get_mut(&session) else { return };
+                for (text, id) in ids {
+                    match s.held.get_mut(&id) {
+                        Some(held) => held.deadline = s.policy.ack_deadline.map(|_| Instant::now() + by),
+                        None => s.error(&text, VerdictErrorCode::UnknownId, "this call does not hold that id"),
+                    }
+                }
+            }
+            Command::Detach { session } => self.detach(session),
+        }
+    }
+
+    /// Takes the delivery `id` out of the call's hands; answers the verdict
+    /// error itself when the call does not hold it (or no longer holds the lease).
+    fn settle(&mut self, session: SessionId, text: &str, id: BrandedId) -> Option<Held> {
+        let s = self.sessions.get_mut(&session)?;
+        let Some(held) = s.held.remove(&id) else {
+            s.error(text, VerdictErrorCode::UnknownId, "this call does not hold that id: it was never delivered to this call, was already settled, or passed its ack deadline");
+            return None;
+        };
+        self.shared.held.fetch_sub(1, Ordering::Relaxed);
+        if held.lost {
+            s.error(
+                text,
+                VerdictErrorCode::NotPending,
+                "the lease on this entry was lost to a peer, which may be handling it now; nothing was acknowledged",
+            );
+            return None;
+        }
+        self.entries.remove(&held.stream_id);
+        Some(held)
+    }
+
+    fn ack(&mut self, session: SessionId, text: String, id: BrandedId) {
+        if let Some(held) = self.settle(session, &text, id) {
+            self.acks.push(PendingAck { session, text, stream_id: held.stream_id });
+        }
+    }
+
+    /// Sends the queued acks as one pipeline of XACKs (one per id, so the
+    /// reply says which ids were still pending).
+    async fn flush_acks(&mut self) {
+        if self.acks.is_empty() {
+            return;
+        }
+        let acks = std::mem::take(&mut self.acks);
+        let mut pipe = redis::pipe();
+        for ack in &acks {
+            pipe.cmd("XACK").arg(&self.stream).arg(&self.group).arg(ack.stream_id.to_string());
+        }
+        let mut conn = self.shared.redis.conn.clone();
+        match pipe.query_async::<Vec<i64>>(&mut conn).await {
+            Ok(counts) => {
+                self.redis_ok();
+                for (ack, count) in acks.iter().zip(counts) {
+                    if count == 1 {
+                        self.shared.acked.fetch_add(1, Ordering::Relaxed);
+                    } else if let Some(s) = self.sessions.get(&ack.session) {
+                        s.error(&ack.text, VerdictErrorCode::NotPending, "Redis no longer has this entry pending for the group (a peer reclaimed it, or the group was re-created); nothing was acknowledged");
+                    }
+                }
+            }
+            Err(e) => {
+                self.redis_failed("acknowledging", &e);
+                let retry_at = self.paused_until;
+                for ack in acks {
+                    if let Some(s) = self.sessions.get(&ack.session) {
+                        s.error(
+                            &ack.text,
+                            VerdictErrorCode::Unavailable,
+                            format!("XACK failed ({e}); the entry stays pending and will be delivered again"),
+                        );
+                    }
+                    self.wait(ack.stream_id, retry_at);
+                }
+            }
+        }
+    }
+
+    async fn fail(
+        &mut self,
+        session: SessionId,
+        text: String,
+        id: BrandedId,
+        retry_after: Option<Duration>,
+        dead_letter: bool,
+        reason: String,
+    ) {
+        let Some(policy) = self.sessions.get(&session).map(|s| s.policy.clone()) else { return };
+        let Some(held) = self.settle(session, &text, id) else { return };
+        if !dead_letter {
+            let delay = retry_after.unwrap_or_else(|| policy.retry_delay(held.attempts));
+            debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");
+            return self.wait(held.stream_id, Instant::now() + delay);
+        }
+        let mut conn = self.shared.redis.conn.clone();
+        let result: Result<Value, RedisError> = self
+            .shared
+            .redis
+            .scripts
+            .dead_letter
+            .key(&self.stream)
+            .key(&policy.dead_letter_stream)
+            .arg(&self.group)
+            .arg(&self.shared.consumer)
+            .arg(held.stream_id.to_string())
+            .arg(&self.shared.id_field)
+            .arg(id.to_string())
+            .arg(held.attempts)
+            .arg(&reason)
+            .invoke_async(&mut conn)
+            .await;
+        let error = match result {
+            Ok(Value::Int(-1)) => Some((
+                VerdictErrorCode::NotPending,
+                "Redis no longer has this entry pending for this consumer; nothing was dead-lettered".to_owned(),
+            )),
+            Ok(Value::Int(0)) => {
+                self.trimmed_while_pending(held.stream_id);
+                None
+            }
+            Ok(reply) => {
+                self.redis_ok();
+                let dead_id = bytes(&reply).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+                info!(stream = %self.stream, stream_id = %held.stream_id, dead_letter_stream = %policy.dead_letter_stream, %dead_id, %reason, "entry dead-lettered");
+                self.shared.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Err(e) => {
+                self.redis_failed("dead-lettering", &e);
+                let retry_at = self.paused_until;
+                self.wait(held.stream_id, retry_at);
+                Some((
+                    VerdictErrorCode::Unavailable,
+                    format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again"),
+                ))
+            }
+        };
+        if let (Some((code, message)), Some(s)) = (error, self.sessions.get(&session)) {
+            s.error(&text, code, message);
+        }
+    }
+
+    /// A call ended: what it held waits for its backoff, as after a Fail.
+    fn detach(&mut self, session: SessionId) {
+        let Some(s) = self.sessions.remove(&session) else { return };
+        let now = Instant::now();
+        let returned = s.held.len();
+        self.shared.held.fetch_sub(returned, Ordering::Relaxed);
+        for held in s.held.into_values().filter(|h| !h.lost) {
+            self.wait(held.stream_id, now + s.policy.retry_delay(held.attempts));
+        }
+        if returned > 0 {
+            info!(stream = %self.stream, group = %self.group, returned, "call ended holding entries; they stay pending and will be delivered again");
+        }
+    }
+
+    fn has_deadlines(&self) -> bool {
+        self.sessions.values().any(|s| s.policy.ack_deadline.is_some() && !s.held.is_empty())
+    }
+
+    /// Deliveries past their ack deadline are treated as failed.
+    fn expire_deadlines(&mut self) {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        for s in self.sessions.values_mut() {
+            let ids: Vec<BrandedId> =
+                s.held.iter().filter(|(_, h)| h.deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
+            for id in ids {
+                if let Some(held) = s.held.remove(&id) {
+                    let delay = s.policy.retry_delay(held.attempts);
+                    expired.push((held, delay));
+                }
+            }
+        }
+        self.shared.held.fetch_sub(expired.len(), Ordering::Relaxed);
+        for (held, delay) in expired {
+            debug!(stream = %self.stream, stream_id = %held.stream_id, "ack deadline passed; treated as failed");
+            if !held.lost {
+                self.wait(held.stream_id, now + delay);
+            }
+        }
+    }
+
+    /// Keeps held and ready entries' idle time fresh (XCLAIM … JUSTID through
+    /// `claim_own.lua`), so a peer's reclaim beat does not take them from a live
+    /// handler, and learns which ones a peer took anyway.
+    async fn refresh_leases(&mut self) {
+        let ids: Vec<StreamId> = self
+            .entries
+            .iter()
+            .filter(|(_, track)| matches!(track, Track::Held(_) | Track::Ready))
+            .map(|(id, _)| *id)
+            .collect();
+        for chunk in ids.chunks(BATCH_MAX) {
+            let mut script = self.shared.redis.scripts.claim_own.prepare_invoke();
+            script.key(&self.stream).arg(&self.group).arg(&self.shared.consumer).arg("refresh");
+            for id in chunk {
+                script.arg(id.to_string());
+            }
+            let mut conn = self.shared.redis.conn.clone();
+            let lost: Vec<Value> = match script.invoke_async::<Value>(&mut conn).await {
+                Ok(reply) => as_array(&reply).to_vec(),
+                Err(e) => return self.redis_failed("refreshing leases", &e),
+            };
+            for id in lost.iter().filter_map(|v| parse_stream_id(v).ok()) {
+                self.lease_lost(id);
+            }
+        }
+    }
+
+    fn lease_lost(&mut self, stream_id: StreamId) {
+        match self.entries.remove(&stream_id) {
+            Some(Track::Held(session)) => {
+                if let Some(held) =
+                    self.sessions.get_mut(&session).and_then(|s| s.held.values_mut().find(|h| h.stream_id == stream_id))
+                {
+                    held.lost = true;
+                }
+                warn!(stream = %self.stream, group = %self.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
+            }
+            Some(Track::Ready) => self.ready.retain(|out| out.stream_id != stream_id),
+            Some(Track::Waiting(at)) => {
+                self.waiting.remove(&(at, stream_id));
+            }
+            None => {}
+        }
+    }
+
+    /// The reclaim beat: takes over entries idle longer than the minimum in any
+    /// consumer's PEL (XAUTOCLAIM … JUSTID, which does not count a delivery),
+    /// no more than there is credit for, following XAUTOCLAIM's cursor.
+    async fn reclaim(&mut self) {
+        if self.draining || self.group_lost || self.paused() {
+            return;
+        }
+        for _ in 0..RECLAIM_PAGES_PER_BEAT {
+            let count = self.free().saturating_sub(self.waiting.len()).min(BATCH_MAX);
+            if count == 0 {
+                return;
+            }
+            let mut conn = self.shared.redis.conn.clone();
+            let reply: Result<Value, RedisError> = redis::cmd("XAUTOCLAIM")
+                .arg(&self.stream)
+                .arg(&self.group)
+                .arg(&self.shared.consumer)
+                .arg(self.shared.reclaim_min_idle.as_millis() as u64)
+                .arg(self.reclaim_cursor.to_string())
+                .arg("COUNT")
+                .arg(count)
+                .arg("JUSTID")
+                .query_async(&mut conn)
+                .await;
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => return self.redis_failed("reclaiming idle entries", &e),
+            };
+            let parts = as_array(&reply);
+            let Some(Ok(next)) = parts.first().map(parse_stream_id) else { return };
+            let now = Instant::now();
+            let mut taken = 0;
+            for id in parts.get(1).map(as_array).unwrap_or_default().iter().filter_map(|v| parse_stream_id(v).ok()) {
+                if !self.entries.contains_key(&id) {
+                    self.wait(id, now);
+                    taken += 1;
+                }
+            }
+            for id in parts.get(2).map(as_array).unwrap_or_default().iter().filter_map(|v| parse_stream_id(v).ok()) {
+                self.trimmed_while_pending(id);
+            }
+            if taken > 0 {
+                info!(stream = %self.stream, group = %self.group, taken, "reclaimed idle entries");
+                self.shared.reclaimed.fetch_add(taken, Ordering::Relaxed);
+            }
+            self.reclaim_cursor = next;
+            if next == StreamId::ZERO {
+                return;
+            }
+        }
+    }
+}
+
+/// The reader: XREADGROUP `>` with BLOCK on a connection of its own, one request
+/// at a time, for as many entries as the worker has credit for.
+async fn read_loop(
+    shared: Arc<Shared>,
+    stream: String,
+    group: String,
+    mut requests: mpsc::Receiver<usize>,
+    results: mpsc::Sender<Result<Value, RedisError>>,
+) {
+    let mut conn = None;
+    while let Some(count) = requests.recv().await {
+        let result = async {
+            if conn.is_none() {
+                conn = Some(shared.redis.dedicated(shared.redis_timeout).await?);
+            }
+            let c = conn.as_mut().expect("connected above");
+            redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&group)
+                .arg(&shared.consumer)
+                .arg("COUNT")
+                .arg(count)
+                .arg("BLOCK")
+                .arg(shared.read_block.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(&stream)
+                .arg(">")
+                .query_async::<Value>(c)
+                .await
+        }
+        .await;
+        if let Err(e) = &result {
+            if crate::error::is_transient(e) {
+                conn = None;
+            }
+        }
+        if results.send(result).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// NOGROUP, or UNBLOCKED: Redis 7.0 wakes a reader blocked on a stream that was
+/// deleted with UNBLOCKED (7.2 says NOGROUP).
+fn is_group_lost(error: &RedisError) -> bool {
+    matches!(error.code(), Some("NOGROUP" | "UNBLOCKED"))
+        || error.to_string().contains("NOGROUP")
+        || error.to_string().contains("UNBLOCKED")
+}
+
+fn as_array(value: &Value) -> &[Value] {
+    match value {
+        Value::Array(items) => items,
+        _ => &[],
+    }
+}

@@ -1,0 +1,87 @@
+//! The one error type of the API and the one mapping to `tonic::Status`.
+
+use tonic::{Code, Status};
+
+/// What can go wrong while serving a call. Each variant carries the context a
+/// caller needs to fix the request; [`From<Error> for Status`] is the only place
+/// that turns them into gRPC statuses.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed: `field` names the offending field.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The request field, as named in the proto (`subscribe.group_start`).
+        field: &'static str,
+        /// What is wrong and what would be right.
+        reason: String,
+    },
+    /// The key exists with another Redis type (Redis answered WRONGTYPE).
+    #[error("key `{key}` holds another Redis type, not a stream; pick another key or delete it")]
+    WrongType {
+        /// The stream key.
+        key: String,
+    },
+    /// Redis could not be reached or did not answer in time; retrying may help.
+    #[error("Redis is unavailable ({context}): {source}")]
+    Unavailable {
+        /// What the sidecar was doing.
+        context: String,
+        /// The underlying Redis error.
+        source: redis::RedisError,
+    },
+    /// Redis refused a command for a reason the caller cannot fix by retrying.
+    #[error("Redis refused {context}: {source}")]
+    Redis {
+        /// What the sidecar was doing.
+        context: String,
+        /// The underlying Redis error.
+        source: redis::RedisError,
+    },
+    /// The sidecar is shutting down; the client should reconnect (to a peer or
+    /// after the restart).
+    #[error("the sidecar is shutting down; un-settled entries stay pending and will be delivered again")]
+    ShuttingDown,
+}
+
+impl Error {
+    /// An [`Error::InvalidArgument`] for `field`.
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument { field, reason: reason.into() }
+    }
+
+    /// Classifies a Redis error met while doing `context` on `key`:
+    /// WRONGTYPE → [`Error::WrongType`], connection and timeout errors →
+    /// [`Error::Unavailable`], anything else → [`Error::Redis`].
+    pub fn from_redis(source: redis::RedisError, context: impl Into<String>, key: &str) -> Error {
+        let context = context.into();
+        if source.code() == Some("WRONGTYPE") {
+            Error::WrongType { key: key.to_owned() }
+        } else if is_transient(&source) {
+            Error::Unavailable { context, source }
+        } else {
+            Error::Redis { context, source }
+        }
+    }
+}
+
+/// Whether a Redis error is about reaching Redis (retry may help) rather than
+/// about the command.
+pub fn is_transient(error: &redis::RedisError) -> bool {
+    error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || matches!(error.code(), Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
+}
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Status {
+        let code = match &error {
+            Error::InvalidArgument { .. } => Code::InvalidArgument,
+            Error::WrongType { .. } => Code::FailedPrecondition,
+            Error::Unavailable { .. } | Error::ShuttingDown => Code::Unavailable,
+            Error::Redis { .. } => Code::Internal,
+        };
+        Status::new(code, error.to_string())
+    }
+}

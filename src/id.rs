@@ -1,0 +1,188 @@
+//! Stream ids and branded ids.
+//!
+//! A stream id is Redis's `<ms>-<seq>`. A branded id is the same pair packed
+//! into 14 bytes (6 bytes of unix milliseconds, 8 bytes of sequence, both
+//! big-endian) and written as 28 lowercase hex characters, so text order, byte
+//! order and stream order agree. The branded id of an entry is the stream id it
+//! got in the stream it was first appended to; copies keep it.
+
+use std::{fmt, str::FromStr};
+
+/// The largest millisecond value a branded id can hold (6 bytes).
+pub const MAX_BRANDED_MS: u64 = (1 << 48) - 1;
+
+/// Length of a branded id's text form, in characters.
+pub const BRANDED_ID_LEN: usize = 28;
+
+/// A Redis stream id, `<ms>-<seq>`. Ordered as Redis orders entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId {
+    /// Unix milliseconds (or whatever the producer put there with an explicit id).
+    pub ms: u64,
+    /// Sequence within the millisecond.
+    pub seq: u64,
+}
+
+impl StreamId {
+    /// The smallest id, `0-0`.
+    pub const ZERO: StreamId = StreamId { ms: 0, seq: 0 };
+
+    /// The id just before this one, for Redis's inclusive range bounds; `None` for `0-0`.
+    pub fn predecessor(self) -> Option<StreamId> {
+        match (self.ms, self.seq) {
+            (0, 0) => None,
+            (ms, 0) => Some(StreamId { ms: ms - 1, seq: u64::MAX }),
+            (ms, seq) => Some(StreamId { ms, seq: seq - 1 }),
+        }
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// Why a text is not an id. The message is meant for the person who sent it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct IdParseError(String);
+
+impl FromStr for StreamId {
+    type Err = IdParseError;
+
+    /// Parses `<ms>-<seq>`, or `<ms>` alone (sequence 0), as Redis accepts them.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            IdParseError(format!(
+                "`{text}` is not a stream id: expected `<ms>-<seq>` with two unsigned 64-bit integers"
+            ))
+        };
+        let (ms, seq) = match text.split_once('-') {
+            Some((ms, seq)) => (ms, seq),
+            None => (text, "0"),
+        };
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(ms) || !digits(seq) {
+            return Err(bad());
+        }
+        Ok(StreamId { ms: ms.parse().map_err(|_| bad())?, seq: seq.parse().map_err(|_| bad())? })
+    }
+}
+
+/// The 14-byte identity of an entry, stable across copies: the idempotency key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BrandedId(StreamId);
+
+impl BrandedId {
+    /// The branded id of an entry first appended with this stream id; `None` when
+    /// its milliseconds do not fit in 6 bytes (only explicit ids past the year 10889).
+    pub fn from_stream_id(id: StreamId) -> Option<BrandedId> {
+        (id.ms <= MAX_BRANDED_MS).then_some(BrandedId(id))
+    }
+
+    /// The stream id this branded id was minted as.
+    pub fn minted_as(self) -> StreamId {
+        self.0
+    }
+
+    /// The mint time, unix milliseconds.
+    pub fn minted_at_ms(self) -> u64 {
+        self.0.ms
+    }
+
+    /// The 14 bytes: 6 of milliseconds, 8 of sequence, big-endian.
+    pub fn to_bytes(self) -> [u8; 14] {
+        let mut bytes = [0u8; 14];
+        bytes[..6].copy_from_slice(&self.0.ms.to_be_bytes()[2..]);
+        bytes[6..].copy_from_slice(&self.0.seq.to_be_bytes());
+        bytes
+    }
+}
+
+impl fmt::Display for BrandedId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:012x}{:016x}", self.0.ms, self.0.seq)
+    }
+}
+
+impl FromStr for BrandedId {
+    type Err = IdParseError;
+
+    /// Parses exactly 28 lowercase hex characters. Uppercase is refused so that
+    /// one entry has one text form (the key a client deduplicates on).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let valid =
+            text.len() == BRANDED_ID_LEN && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !valid {
+            return Err(IdParseError(format!(
+                "`{}` is not a branded id: expected 28 lowercase hex characters",
+                text.chars().take(64).collect::<String>()
+            )));
+        }
+        let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|e| IdParseError(e.to_string()));
+        Ok(BrandedId(StreamId { ms: hex(&text[..12])?, seq: hex(&text[12..])? }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_form_is_28_hex_and_round_trips() {
+        let id = BrandedId::from_stream_id(StreamId { ms: 1_718_000_000_000, seq: 3 }).unwrap();
+        let text = id.to_string();
+        assert_eq!(text, "019000c79c000000000000000003");
+        assert_eq!(text.parse::<BrandedId>().unwrap(), id);
+    }
+
+    #[test]
+    fn bytes_are_big_endian_ms_then_seq() {
+        let id = BrandedId::from_stream_id(StreamId { ms: 0x0102_0304_0506, seq: 0x0708 }).unwrap();
+        assert_eq!(id.to_bytes(), [1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0, 0, 7, 8]);
+    }
+
+    #[test]
+    fn text_order_equals_stream_order() {
+        let ids = [
+            StreamId { ms: 5, seq: u64::MAX },
+            StreamId { ms: 6, seq: 0 },
+            StreamId { ms: 6, seq: 10 },
+            StreamId { ms: MAX_BRANDED_MS, seq: 0 },
+        ];
+        for pair in ids.windows(2) {
+            let (a, b) = (BrandedId::from_stream_id(pair[0]).unwrap(), BrandedId::from_stream_id(pair[1]).unwrap());
+            assert!(a.to_string() < b.to_string());
+            assert!(a < b);
+        }
+    }
+
+    #[test]
+    fn refuses_uppercase_short_and_non_hex() {
+        for bad in [
+            "",
+            "0",
+            "019000C79C000000000000000003",
+            "019000c79c00000000000000000g",
+            "019000c79c0000000000000000000003",
+        ] {
+            assert!(bad.parse::<BrandedId>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn stream_id_parses_redis_forms() {
+        assert_eq!("5-3".parse::<StreamId>().unwrap(), StreamId { ms: 5, seq: 3 });
+        assert_eq!("5".parse::<StreamId>().unwrap(), StreamId { ms: 5, seq: 0 });
+        for bad in ["", "-", "5-", "a-1", "1-2-3", "+", "$", "18446744073709551616-0"] {
+            assert!(bad.parse::<StreamId>().is_err(), "{bad}");
+        }
+        assert_eq!(StreamId { ms: 5, seq: 0 }.predecessor(), Some(StreamId { ms: 4, seq: u64::MAX }));
+    }
+
+    #[test]
+    fn milliseconds_past_six_bytes_have_no_branded_id() {
+        assert!(BrandedId::from_stream_id(StreamId { ms: MAX_BRANDED_MS + 1, seq: 0 }).is_none());
+    }
+}

@@ -1,0 +1,44 @@
+//! The `echomq-sidecar` binary: parse the configuration, start logging, run
+//! until SIGTERM or SIGINT, and turn failures into exit codes (2 for a bad
+//! setting, 1 for a failure while running).
+
+use std::process::ExitCode;
+
+use clap::{error::ErrorKind, Parser};
+use echomq::{app, config::Config};
+
+fn main() -> ExitCode {
+    let config = match Config::try_parse() {
+        Ok(config) => config,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.to_string();
+            let reason = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("echomq-sidecar: {reason} (see --help)");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(reason) = config.validate() {
+        eprintln!("echomq-sidecar: {reason}");
+        return ExitCode::from(2);
+    }
+    app::init_logging(config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("echomq-sidecar: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(app::run(config, app::shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("echomq-sidecar: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

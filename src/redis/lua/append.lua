@@ -1,0 +1,68 @@
+-- Appends entries to one stream and mints each one's branded id, atomically.
+--
+-- KEYS[1]  the stream
+-- ARGV[1]  the reserved field that carries the branded id
+-- ARGV[2]  max_len: 0 for no trimming, else XADD ... MAXLEN ~ max_len
+-- ARGV[3]  the number of entries; then, per entry, its field count n followed
+--          by n name/value pairs
+-- Returns the stream ids, in order.
+--
+-- Why a script: the branded id is the stream id the entry gets, and it must be
+-- written inside the entry. The script picks the id itself (Redis time, after
+-- the stream's last generated id, as XADD * would) and passes it explicitly to
+-- XADD, so the id and the field agree and no other writer can slip in between.
+
+local stream = KEYS[1]
+local max_branded_ms = 281474976710655 -- 2^48 - 1: the 6 bytes of a branded id
+
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local seq = 0
+
+if redis.call('EXISTS', stream) == 1 then
+  -- Raises WRONGTYPE when the key is not a stream.
+  local info = redis.call('XINFO', 'STREAM', stream)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then
+      local last_ms, last_seq = string.match(info[i + 1], '^(%d+)%-(%d+)$')
+      local last = tonumber(last_ms)
+      if last >= ms then
+        -- Sequences past 2^53 lose precision as Lua numbers: move to the next millisecond.
+        if #last_seq > 15 then
+          ms, seq = last + 1, 0
+        else
+          ms, seq = last, tonumber(last_seq) + 1
+        end
+      end
+      break
+    end
+  end
+end
+
+local trim = tonumber(ARGV[2])
+local ids = {}
+local arg = 4
+for entry = 1, tonumber(ARGV[3]) do
+  if ms > max_branded_ms then
+    return redis.error_reply('ERR echomq: the stream id would exceed the branded id range (milliseconds past 2^48)')
+  end
+  local id = string.format('%d-%d', ms, seq)
+  local command = { 'XADD', stream }
+  if trim > 0 then
+    command[#command + 1] = 'MAXLEN'
+    command[#command + 1] = '~'
+    command[#command + 1] = ARGV[2]
+  end
+  command[#command + 1] = id
+  command[#command + 1] = ARGV[1]
+  command[#command + 1] = string.format('%012x%016x', ms, seq)
+  local fields = tonumber(ARGV[arg])
+  for i = arg + 1, arg + 2 * fields do
+    command[#command + 1] = ARGV[i]
+  end
+  arg = arg + 1 + 2 * fields
+  redis.call(unpack(command))
+  ids[entry] = id
+  seq = seq + 1
+end
+return ids

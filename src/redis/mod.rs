@@ -1,0 +1,196 @@
+//! Redis connections, the server-side scripts, and stream reply parsing.
+//!
+//! Two kinds of connection:
+//! - one shared, multiplexed [`ConnectionManager`] (reconnects by itself) for
+//!   every non-blocking command, with a response timeout;
+//! - one dedicated connection per group reader for `XREADGROUP … BLOCK`, with
+//!   no response timeout, so a blocking read never holds up other commands and
+//!   is never cut short while Redis is handing entries to it.
+
+use std::time::Duration;
+
+use redis::{
+    aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
+    AsyncConnectionConfig, Client, RedisResult, Script, Value,
+};
+
+use crate::id::StreamId;
+
+/// The shared Redis handles.
+#[derive(Clone)]
+pub struct Redis {
+    client: Client,
+    /// The shared multiplexed connection for non-blocking commands.
+    pub conn: ConnectionManager,
+    /// The loaded scripts (EVALSHA, falling back to EVAL after a Redis restart).
+    pub scripts: Scripts,
+}
+
+impl Redis {
+    /// Opens the client and the shared connection. `timeout` bounds connecting
+    /// and each non-blocking command.
+    ///
+    /// Errors: the URL is invalid, or Redis cannot be reached now.
+    pub async fn connect(url: &str, timeout: Duration) -> RedisResult<Redis> {
+        let client = Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(2));
+        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        Ok(Redis { client, conn, scripts: Scripts::new() })
+    }
+
+    /// A new connection of its own for blocking reads: no response timeout
+    /// (the BLOCK argument bounds the wait), `connect_timeout` to connect.
+    pub async fn dedicated(&self, connect_timeout: Duration) -> RedisResult<MultiplexedConnection> {
+        let config =
+            AsyncConnectionConfig::new().set_connection_timeout(Some(connect_timeout)).set_response_timeout(None);
+        self.client.get_multiplexed_async_connection_with_config(&config).await
+    }
+}
+
+/// The server-side scripts, each a Lua file under `src/redis/lua/`.
+#[derive(Clone)]
+pub struct Scripts {
+    /// `append.lua`: mint branded ids and XADD a batch atomically.
+    pub append: Script,
+    /// `claim_own.lua`: XCLAIM only entries still pending for this consumer.
+    pub claim_own: Script,
+    /// `dead_letter.lua`: append to the dead-letter stream, then XACK.
+    pub dead_letter: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        Scripts {
+            append: Script::new(include_str!("lua/append.lua")),
+            claim_own: Script::new(include_str!("lua/claim_own.lua")),
+            dead_letter: Script::new(include_str!("lua/dead_letter.lua")),
+        }
+    }
+}
+
+/// One stream entry as Redis returned it, field names and values as bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawEntry {
+    /// The entry's stream id.
+    pub id: StreamId,
+    /// Field name/value pairs in stream order; `None` when Redis returned the id
+    /// with no body: the entry was deleted (trimmed) while pending.
+    pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+}
+
+/// Parses a list of entries (`[[id, [field, value, …]], …]`, as XRANGE, XCLAIM
+/// and each stream of XREADGROUP return them). Malformed items are an error, not
+/// skipped, so an entry is never silently dropped.
+pub fn parse_entries(value: &Value) -> RedisResult<Vec<RawEntry>> {
+    match value {
+        Value::Nil => Ok(Vec::new()),
+        Value::Array(items) => items.iter().map(parse_entry).collect(),
+        other => Err(unexpected("a list of stream entries", other)),
+    }
+}
+
+/// Parses one `[id, [field, value, …]]` (or `[id, nil]`).
+pub fn parse_entry(value: &Value) -> RedisResult<RawEntry> {
+    let Value::Array(parts) = value else {
+        return Err(unexpected("a stream entry", value));
+    };
+    let (Some(id), body) = (parts.first(), parts.get(1)) else {
+        return Err(unexpected("a stream entry", value));
+    };
+    let id = parse_stream_id(id)?;
+    let fields = match body {
+        None | Some(Value::Nil) => None,
+        Some(Value::Array(flat)) if flat.len() % 2 == 0 => {
+            Some(flat.chunks(2).map(|pair| Ok((bytes(&pair[0])?, bytes(&pair[1])?))).collect::<RedisResult<Vec<_>>>()?)
+        }
+        Some(other) => return Err(unexpected("an entry's field list", other)),
+    };
+    Ok(RawEntry { id, fields })
+}
+
+/// Parses an XREADGROUP reply for a single stream: nil on timeout, else
+/// `[[stream, entries]]`.
+pub fn parse_read_reply(value: &Value) -> RedisResult<Vec<RawEntry>> {
+    match value {
+        Value::Nil => Ok(Vec::new()),
+        Value::Array(streams) => {
+            let mut entries = Vec::new();
+            for stream in streams {
+                match stream {
+                    Value::Array(pair) if pair.len() == 2 => entries.extend(parse_entries(&pair[1])?),
+                    other => return Err(unexpected("[stream, entries]", other)),
+                }
+            }
+            Ok(entries)
+        }
+        Value::Map(streams) => {
+            let mut entries = Vec::new();
+            for (_, list) in streams {
+                entries.extend(parse_entries(list)?);
+            }
+            Ok(entries)
+        }
+        other => Err(unexpected("an XREADGROUP reply", other)),
+    }
+}
+
+/// Parses a stream id given as a bulk or simple string.
+pub fn parse_stream_id(value: &Value) -> RedisResult<StreamId> {
+    let text = String::from_utf8(bytes(value)?).map_err(|_| unexpected("a stream id", value))?;
+    text.parse().map_err(|_| unexpected("a stream id", value))
+}
+
+/// The bytes of a bulk or simple string.
+pub fn bytes(value: &Value) -> RedisResult<Vec<u8>> {
+    match value {
+        Value::BulkString(bytes) => Ok(bytes.clone()),
+        Value::SimpleString(text) => Ok(text.clone().into_bytes()),
+        Value::Okay => Ok(b"OK".to_vec()),
+        Value::Int(n) => Ok(n.to_string().into_bytes()),
+        other => Err(unexpected("a string", other)),
+    }
+}
+
+fn unexpected(what: &str, got: &Value) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected reply from Redis",
+        format!("expected {what}, got {got:?}"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &[u8]) -> Value {
+        Value::BulkString(text.to_vec())
+    }
+
+    #[test]
+    fn parses_entries_with_binary_fields_and_deleted_bodies() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![bulk(b"1-1"), Value::Array(vec![bulk(b"\xff\x00"), bulk(b"v")])]),
+            Value::Array(vec![bulk(b"2-0"), Value::Nil]),
+        ]);
+        let entries = parse_entries(&reply).unwrap();
+        assert_eq!(entries[0].id, StreamId { ms: 1, seq: 1 });
+        assert_eq!(entries[0].fields, Some(vec![(b"\xff\x00".to_vec(), b"v".to_vec())]));
+        assert_eq!(entries[1].fields, None);
+    }
+
+    #[test]
+    fn odd_field_lists_are_an_error_not_a_drop() {
+        let reply = Value::Array(vec![Value::Array(vec![bulk(b"1-1"), Value::Array(vec![bulk(b"k")])])]);
+        assert!(parse_entries(&reply).is_err());
+    }
+
+    #[test]
+    fn read_reply_timeout_is_empty() {
+        assert!(parse_read_reply(&Value::Nil).unwrap().is_empty());
+    }
+}
