@@ -68,7 +68,9 @@ pub enum AppError {
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ECHOMQ_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr);
+    use std::io::IsTerminal;
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).with_ansi(io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

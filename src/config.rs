@@ -20,6 +20,8 @@ pub const DEFAULT_RECLAIM_INTERVAL_MS: u64 = 5_000;
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
 /// Default upper bound (entries) on a subscription's `max_in_flight`.
 pub const DEFAULT_MAX_IN_FLIGHT_LIMIT: u32 = 10_000;
+/// Default `max_deliveries` of a group whose subscription sends 0: no limit.
+pub const DEFAULT_MAX_DELIVERIES: u32 = 0;
 /// Default first retry delay (ms) after a Fail without `retry_after`.
 pub const DEFAULT_RETRY_BACKOFF_INITIAL_MS: u64 = 1_000;
 /// Default cap (ms) of the retry delay.
@@ -120,6 +122,11 @@ pub struct Config {
     /// The largest `max_in_flight` (entries) a subscription may ask for.
     #[arg(long, env = "ECHOMQ_MAX_IN_FLIGHT_LIMIT", default_value_t = DEFAULT_MAX_IN_FLIGHT_LIMIT, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_in_flight_limit: u32,
+
+    /// Deliveries after which an entry is dead-lettered, for subscriptions
+    /// that send `max_deliveries` 0; 0: no limit.
+    #[arg(long, env = "ECHOMQ_DEFAULT_MAX_DELIVERIES", default_value_t = DEFAULT_MAX_DELIVERIES)]
+    pub default_max_deliveries: u32,
 
     /// First retry delay (milliseconds) after a Fail without `retry_after` or a
     /// dropped call; doubled per attempt, with jitter, up to the maximum.

@@ -37,6 +37,12 @@ pub enum Error {
         /// The underlying Redis error.
         source: redis::RedisError,
     },
+    /// The request conflicts with state the sidecar or Redis already has.
+    #[error("{reason}")]
+    Conflict {
+        /// What conflicts, and what to change.
+        reason: String,
+    },
     /// The sidecar is shutting down; the client should reconnect (to a peer or
     /// after the restart).
     #[error("the sidecar is shutting down; un-settled entries stay pending and will be delivered again")]
@@ -78,7 +84,7 @@ impl From<Error> for Status {
     fn from(error: Error) -> Status {
         let code = match &error {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
-            Error::WrongType { .. } => Code::FailedPrecondition,
+            Error::WrongType { .. } | Error::Conflict { .. } => Code::FailedPrecondition,
             Error::Unavailable { .. } | Error::ShuttingDown => Code::Unavailable,
             Error::Redis { .. } => Code::Internal,
         };

@@ -19,7 +19,7 @@ use std::{
 };
 
 use tokio::{
-    sync::{mpsc, watch},
+    sync::{mpsc, oneshot, watch},
     task::JoinSet,
 };
 use tokio_stream::{wrappers::ReceiverStream, Stream};
@@ -35,7 +35,7 @@ use crate::{
     },
     redis::Redis,
 };
-use worker::{Command, Policy, Worker};
+use worker::{Command, GroupPolicy, Policy, Worker};
 
 /// Longest stream key a call may name, in bytes.
 pub const MAX_STREAM_NAME_BYTES: usize = 1024;
@@ -82,9 +82,10 @@ pub struct Consumers {
 }
 
 /// The worker of each (stream, group) this sidecar serves.
-type WorkerMap = HashMap<(String, String), mpsc::Sender<Command>>;
+type WorkerMap = HashMap<(String, String, bool), mpsc::Sender<Command>>;
 
 struct Defaults {
+    max_deliveries: u32,
     max_in_flight: u32,
     max_in_flight_limit: u32,
     backoff_initial: Duration,
@@ -118,6 +119,7 @@ impl Consumers {
             trimmed: AtomicU64::new(0),
         };
         let defaults = Defaults {
+            max_deliveries: config.default_max_deliveries,
             max_in_flight: config.default_max_in_flight,
             max_in_flight_limit: config.max_in_flight_limit,
             backoff_initial: Duration::from_millis(config.retry_backoff_initial_ms),
@@ -152,15 +154,16 @@ impl Consumers {
         }
     }
 
-    /// The worker of `stream` and `group`, started on first use. One per pair:
-    /// two workers under one consumer name would hand one entry to two calls.
-    fn worker(&self, stream: &str, group: &str) -> mpsc::Sender<Command> {
+    /// The worker of `stream` and `group` (and mode), started on first use. One
+    /// per pair: two workers under one consumer name would hand one entry to
+    /// two calls.
+    fn worker(&self, stream: &str, group: &str, no_ack: bool) -> mpsc::Sender<Command> {
         let mut workers = self.workers.lock().expect("workers lock");
-        let key = (stream.to_owned(), group.to_owned());
+        let key = (stream.to_owned(), group.to_owned(), no_ack);
         if let Some(worker) = workers.get(&key) {
             return worker.clone();
         }
-        let (sender, task) = Worker::spawn(self.shared.clone(), key.0.clone(), key.1.clone());
+        let (sender, task) = Worker::spawn(self.shared.clone(), key.0.clone(), key.1.clone(), no_ack);
         self.tasks.lock().expect("tasks lock").spawn(async move {
             let _ = task.await;
         });
@@ -168,7 +171,7 @@ impl Consumers {
         sender
     }
 
-    fn validate(&self, subscribe: Subscribe) -> Result<(Subscription, Policy), Error> {
+    fn validate(&self, subscribe: Subscribe) -> Result<(Subscription, Policy, GroupPolicy), Error> {
         let stream = checked_name("subscribe.stream", subscribe.stream, MAX_STREAM_NAME_BYTES)?;
         let group = checked_name("subscribe.group", subscribe.group, MAX_GROUP_NAME_BYTES)?;
         let start = match GroupStart::try_from(subscribe.group_start) {
@@ -222,8 +225,13 @@ impl Consumers {
             name if name.is_empty() => format!("{stream}:dlq"),
             name => checked_name("subscribe.dead_letter_stream", name, MAX_STREAM_NAME_BYTES)?,
         };
-        let policy = Policy { max_in_flight, ack_deadline, backoff_initial, backoff_max, dead_letter_stream };
-        Ok((Subscription { stream, group, start }, policy))
+        let max_deliveries = match subscribe.max_deliveries {
+            0 => self.defaults.max_deliveries,
+            n => n,
+        };
+        let policy = Policy { max_in_flight, ack_deadline, backoff_initial, backoff_max };
+        let group_policy = GroupPolicy { max_deliveries, dead_letter_stream };
+        Ok((Subscription { stream, group, start, no_ack: subscribe.no_ack }, policy, group_policy))
     }
 
     /// The group door: `XGROUP CREATE <stream> <group> <start> MKSTREAM`. Only
@@ -255,6 +263,8 @@ struct Subscription {
     group: String,
     /// The XGROUP CREATE start argument.
     start: String,
+    /// At-most-once mode.
+    no_ack: bool,
 }
 
 fn checked_name(field: &'static str, name: String, max: usize) -> Result<String, Error> {
@@ -293,17 +303,17 @@ impl ConsumerService for Consumers {
             }
             None => return Err(Error::invalid("subscribe", "the call closed before its subscribe").into()),
         };
-        let (sub, policy) = self.validate(subscribe)?;
+        let (sub, policy, group_policy) = self.validate(subscribe)?;
         self.open_group(&sub).await?;
 
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let max_in_flight = policy.max_in_flight;
         let (events_tx, events) = mpsc::unbounded_channel();
-        let worker = self.worker(&sub.stream, &sub.group);
-        worker
-            .send(Command::Attach { session, policy, events: events_tx })
-            .await
-            .map_err(|_| Status::from(Error::ShuttingDown))?;
+        let worker = self.worker(&sub.stream, &sub.group, sub.no_ack);
+        let (reply, attached) = oneshot::channel();
+        let attach = Command::Attach { session, policy, group: group_policy, events: events_tx, reply };
+        worker.send(attach).await.map_err(|_| Status::from(Error::ShuttingDown))?;
+        attached.await.map_err(|_| Status::from(Error::ShuttingDown))??;
 
         let (outbound, outbound_rx) = mpsc::channel(OUTBOUND_BUFFER);
         let subscribed = crate::proto::Subscribed {

@@ -23,7 +23,7 @@ use std::{
 
 use redis::{RedisError, Value};
 use tokio::{
-    sync::mpsc,
+    sync::{mpsc, oneshot},
     task::JoinHandle,
     time::{interval, sleep_until, Instant, MissedTickBehavior},
 };
@@ -34,9 +34,10 @@ use super::{
     Shared,
 };
 use crate::{
+    error::Error,
     id::{BrandedId, StreamId},
     proto::{Delivery, VerdictError, VerdictErrorCode},
-    redis::{bytes, parse_entries, parse_read_reply, parse_stream_id},
+    redis::{parse_entry, parse_read_reply, parse_stream_id},
 };
 
 /// Identifies one Consume call inside the sidecar.
@@ -63,7 +64,14 @@ pub(crate) struct Policy {
     pub(crate) backoff_initial: Duration,
     /// Cap of the retry delay.
     pub(crate) backoff_max: Duration,
-    /// Where a Fail with `dead_letter` moves the entry.
+}
+
+/// Settings of the whole group on this sidecar: every call on it must agree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GroupPolicy {
+    /// Deliveries after which an entry is dead-lettered instead of handed out; 0: no limit.
+    pub(crate) max_deliveries: u32,
+    /// Where poison entries and Fails with `dead_letter` go.
     pub(crate) dead_letter_stream: String,
 }
 
@@ -83,7 +91,14 @@ impl Policy {
 #[derive(Debug)]
 pub(crate) enum Command {
     /// A new call subscribed; deliveries and verdict errors go to `events`.
-    Attach { session: SessionId, policy: Policy, events: mpsc::UnboundedSender<Event> },
+    /// Answered with an error when `group` conflicts with the group's calls.
+    Attach {
+        session: SessionId,
+        policy: Policy,
+        group: GroupPolicy,
+        events: mpsc::UnboundedSender<Event>,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
     /// Acknowledge these deliveries (the client's text and the parsed id).
     Ack { session: SessionId, ids: Vec<(String, BrandedId)> },
     /// A delivery failed.
@@ -160,6 +175,16 @@ struct PendingAck {
     session: SessionId,
     text: String,
     stream_id: StreamId,
+    /// The entry was delivered before, so the group's retry hash may hold it.
+    redelivered: bool,
+}
+
+/// A queued retry-hash write: when a waiting entry is due and why it failed,
+/// kept in Redis so the delay survives a restart and binds peers too.
+struct RetryWrite {
+    stream_id: StreamId,
+    due_unix_ms: u64,
+    reason: String,
 }
 
 /// One group's worker. Built by [`Worker::spawn`].
@@ -172,6 +197,13 @@ pub(crate) struct Worker {
     waiting: BTreeSet<(Instant, StreamId)>,
     ready: VecDeque<Outgoing>,
     acks: Vec<PendingAck>,
+    retry_writes: Vec<RetryWrite>,
+    /// The group's settings, set by the first call and shared by the others.
+    policy: Option<GroupPolicy>,
+    /// `<stream>:retries:<group>`, the group's retry hash.
+    retries_key: String,
+    /// At-most-once: reads with NOACK, nothing is pending, verdicts only free credit.
+    no_ack: bool,
     /// While recovering its own PEL: the last id seen (`None`: from the start).
     recovering: Option<Option<StreamId>>,
     /// Entries requested from the reader and not yet returned.
@@ -191,12 +223,19 @@ pub(crate) struct Worker {
 impl Worker {
     /// Starts the worker and its reader for `stream` and `group`, and returns
     /// the sender of its commands. The worker ends when every sender is dropped.
-    pub(crate) fn spawn(shared: Arc<Shared>, stream: String, group: String) -> (mpsc::Sender<Command>, JoinHandle<()>) {
+    pub(crate) fn spawn(
+        shared: Arc<Shared>,
+        stream: String,
+        group: String,
+        no_ack: bool,
+    ) -> (mpsc::Sender<Command>, JoinHandle<()>) {
         let (commands_tx, commands) = mpsc::channel(1024);
         let (read_requests, requests_rx) = mpsc::channel(1);
         let (results_tx, read_results) = mpsc::channel(1);
-        let reader = tokio::spawn(read_loop(shared.clone(), stream.clone(), group.clone(), requests_rx, results_tx));
+        let reader =
+            tokio::spawn(read_loop(shared.clone(), stream.clone(), group.clone(), no_ack, requests_rx, results_tx));
         let draining = *shared.draining.borrow();
+        let retries = retries_key(&stream, &group);
         let worker = Worker {
             stream,
             group,
@@ -206,7 +245,12 @@ impl Worker {
             waiting: BTreeSet::new(),
             ready: VecDeque::new(),
             acks: Vec::new(),
-            recovering: Some(None),
+            retry_writes: Vec::new(),
+            policy: None,
+            retries_key: retries,
+            no_ack,
+            // Nothing of an at-most-once reader is ever pending: nothing to recover.
+            recovering: if no_ack { None } else { Some(None) },
             read_outstanding: 0,
             read_requests,
             read_results,
@@ -245,7 +289,7 @@ impl Worker {
                             Err(_) => break,
                         }
                     }
-                    self.flush_acks().await;
+                    self.flush().await;
                 }
                 Some(result) = self.read_results.recv() => self.on_read(result),
                 _ = sleep_until(wake) => {}
@@ -255,7 +299,7 @@ impl Worker {
                 Ok(()) = draining.changed() => self.draining = *draining.borrow(),
             }
         }
-        self.flush_acks().await;
+        self.flush().await;
         self.reader.abort();
         info!(stream = %self.stream, group = %self.group, "group worker stopped");
     }
@@ -411,14 +455,44 @@ impl Worker {
         self.waiting.insert((at, stream_id));
     }
 
-    /// Claims due entries that are still this consumer's and hands them out.
+    /// Schedules a failed entry's re-delivery after `delay`, here and, through
+    /// the group's retry hash, for a peer that reclaims it or for this sidecar
+    /// after a restart.
+    fn retry_later(&mut self, stream_id: StreamId, delay: Duration, reason: String) {
+        if self.no_ack {
+            return;
+        }
+        self.wait(stream_id, Instant::now() + delay);
+        let due_unix_ms = unix_ms().saturating_add(delay.as_millis() as u64);
+        self.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
+    }
+
+    /// `own_pending.lua` prepared for `mode` on this group; the caller adds the ids.
+    fn own_pending(&self, mode: &str, fifth: impl redis::ToRedisArgs) -> redis::ScriptInvocation<'_> {
+        let dead_letter_stream =
+            self.policy.as_ref().map_or_else(|| format!("{}:dlq", self.stream), |p| p.dead_letter_stream.clone());
+        let mut script = self.shared.redis.scripts.own_pending.prepare_invoke();
+        script
+            .key(&self.stream)
+            .key(dead_letter_stream)
+            .key(&self.retries_key)
+            .arg(&self.group)
+            .arg(&self.shared.consumer)
+            .arg(mode)
+            .arg(&self.shared.id_field)
+            .arg(fifth);
+        script
+    }
+
+    /// Claims due entries that are still this consumer's and hands them out;
+    /// dead-letters those that reached `max_deliveries`.
     async fn redeliver(&mut self, due: Vec<(Instant, StreamId)>) {
         for key in &due {
             self.waiting.remove(key);
             self.entries.remove(&key.1);
         }
-        let mut script = self.shared.redis.scripts.claim_own.prepare_invoke();
-        script.key(&self.stream).arg(&self.group).arg(&self.shared.consumer).arg("deliver");
+        let max_deliveries = self.policy.as_ref().map_or(0, |p| p.max_deliveries);
+        let mut script = self.own_pending("deliver", max_deliveries);
         for (_, id) in &due {
             script.arg(id.to_string());
         }
@@ -437,20 +511,39 @@ impl Worker {
         self.redis_ok();
         for item in as_array(&reply) {
             let parts = as_array(item);
-            let (Some(id), Some(Value::Int(count))) = (parts.first(), parts.get(1)) else { continue };
+            let (Some(id), Some(Value::Int(code))) = (parts.first(), parts.get(1)) else { continue };
             let Ok(stream_id) = parse_stream_id(id) else { continue };
-            match *count {
+            match *code {
                 -1 => debug!(stream = %self.stream, %stream_id, "no longer pending for this consumer; a peer took it"),
                 0 => self.trimmed_while_pending(stream_id),
+                -2 => {
+                    let due_unix_ms = match parts.get(2) {
+                        Some(Value::Int(ms)) => *ms as u64,
+                        _ => 0,
+                    };
+                    let delay = Duration::from_millis(due_unix_ms.saturating_sub(unix_ms()));
+                    self.wait(stream_id, Instant::now() + delay);
+                }
+                -3 => self.dead_lettered(stream_id, parts.get(2), parts.get(3), "max deliveries reached"),
                 count => {
-                    let fields =
-                        parts.get(2).and_then(|f| parse_entries(&Value::Array(vec![id.clone(), f.clone()])).ok());
-                    let Some(entry) = fields.and_then(|mut e| e.pop()) else { continue };
-                    let attempts = u32::try_from(count).unwrap_or(u32::MAX);
-                    self.dispatch(entry, attempts);
+                    let entry = parts.get(2).and_then(|f| parse_entry(&Value::Array(vec![id.clone(), f.clone()])).ok());
+                    let Some(entry) = entry else { continue };
+                    self.dispatch(entry, u32::try_from(count).unwrap_or(u32::MAX));
                 }
             }
         }
+    }
+
+    fn dead_lettered(&mut self, stream_id: StreamId, dead_id: Option<&Value>, deliveries: Option<&Value>, why: &str) {
+        self.entries.remove(&stream_id);
+        self.shared.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        let dead_id = dead_id.and_then(|v| parse_stream_id(v).ok()).map(|id| id.to_string()).unwrap_or_default();
+        let deliveries = match deliveries {
+            Some(Value::Int(n)) => *n,
+            _ => 0,
+        };
+        let dead_letter_stream = self.policy.as_ref().map(|p| p.dead_letter_stream.as_str()).unwrap_or_default();
+        warn!(stream = %self.stream, group = %self.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {why}");
     }
 
     fn dispatch(&mut self, entry: crate::redis::RawEntry, attempts: u32) {
@@ -459,6 +552,9 @@ impl Worker {
             return self.trimmed_while_pending(stream_id);
         }
         match delivery::from_raw(&self.stream, &self.group, &self.shared.id_field, entry, attempts) {
+            // While draining, a read that was already under way hands nothing
+            // out: its entries stay pending for the next run or a peer.
+            Some(out) if self.draining => self.keep_ready(out),
             Some(out) => {
                 if let Some(out) = self.hand_out(out) {
                     self.keep_ready(out);
@@ -529,8 +625,8 @@ impl Worker {
 
     async fn handle(&mut self, command: Command) {
         match command {
-            Command::Attach { session, policy, events } => {
-                self.sessions.insert(session, Session { policy, events, held: HashMap::new(), closed: false });
+            Command::Attach { session, policy, group, events, reply } => {
+                let _ = reply.send(self.attach(session, policy, group, events));
             }
             Command::Ack { session, ids } => {
                 for (text, id) in ids {
@@ -551,6 +647,30 @@ impl Worker {
             }
             Command::Detach { session } => self.detach(session),
         }
+    }
+
+    /// Adds a call. The group's settings come from its first call; a later call
+    /// that asks for others is refused rather than silently overruled.
+    fn attach(
+        &mut self,
+        session: SessionId,
+        policy: Policy,
+        group: GroupPolicy,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<(), Error> {
+        match &self.policy {
+            Some(current) if *current != group && !self.sessions.is_empty() => {
+                return Err(Error::Conflict {
+                    reason: format!(
+                        "group `{}` on stream `{}` already runs on this sidecar with max_deliveries {} and dead-letter stream `{}`; subscribe with the same settings",
+                        self.group, self.stream, current.max_deliveries, current.dead_letter_stream
+                    ),
+                })
+            }
+            _ => self.policy = Some(group),
+        }
+        self.sessions.insert(session, Session { policy, events, held: HashMap::new(), closed: false });
+        Ok(())
     }
 
     /// Takes the delivery `id` out of the call's hands; answers the verdict
@@ -575,21 +695,35 @@ impl Worker {
     }
 
     fn ack(&mut self, session: SessionId, text: String, id: BrandedId) {
-        if let Some(held) = self.settle(session, &text, id) {
-            self.acks.push(PendingAck { session, text, stream_id: held.stream_id });
+        let Some(held) = self.settle(session, &text, id) else { return };
+        if !self.no_ack {
+            self.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered: held.attempts > 1 });
         }
     }
 
-    /// Sends the queued acks as one pipeline of XACKs (one per id, so the
-    /// reply says which ids were still pending).
-    async fn flush_acks(&mut self) {
-        if self.acks.is_empty() {
+    /// Sends the queued acks and retry-hash writes as one pipeline: an XACK
+    /// per id (so the reply says which ids were still pending), an HDEL of the
+    /// retry state of re-delivered ones, and the HSETs of new retry states.
+    async fn flush(&mut self) {
+        if self.acks.is_empty() && self.retry_writes.is_empty() {
             return;
         }
         let acks = std::mem::take(&mut self.acks);
+        let writes = std::mem::take(&mut self.retry_writes);
         let mut pipe = redis::pipe();
         for ack in &acks {
             pipe.cmd("XACK").arg(&self.stream).arg(&self.group).arg(ack.stream_id.to_string());
+        }
+        let cleared: Vec<String> = acks.iter().filter(|a| a.redelivered).map(|a| a.stream_id.to_string()).collect();
+        if !cleared.is_empty() {
+            pipe.cmd("HDEL").arg(&self.retries_key).arg(cleared).ignore();
+        }
+        if !writes.is_empty() {
+            pipe.cmd("HSET").arg(&self.retries_key);
+            for write in &writes {
+                pipe.arg(write.stream_id.to_string()).arg(format!("{} {}", write.due_unix_ms, write.reason));
+            }
+            pipe.ignore();
         }
         let mut conn = self.shared.redis.conn.clone();
         match pipe.query_async::<Vec<i64>>(&mut conn).await {
@@ -604,6 +738,8 @@ impl Worker {
                 }
             }
             Err(e) => {
+                // Nothing is known to be applied: the acks are reported as not
+                // applied and their entries come back; the retry delays stay local.
                 self.redis_failed("acknowledging", &e);
                 let retry_at = self.paused_until;
                 for ack in acks {
@@ -631,43 +767,40 @@ impl Worker {
     ) {
         let Some(policy) = self.sessions.get(&session).map(|s| s.policy.clone()) else { return };
         let Some(held) = self.settle(session, &text, id) else { return };
+        if self.no_ack {
+            if let Some(s) = self.sessions.get(&session) {
+                s.error(&text, VerdictErrorCode::InvalidArgument, "this is an at-most-once (no_ack) subscription: the entry is not pending, so it cannot be retried or dead-lettered");
+            }
+            return;
+        }
         if !dead_letter {
             let delay = retry_after.unwrap_or_else(|| policy.retry_delay(held.attempts));
             debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");
-            return self.wait(held.stream_id, Instant::now() + delay);
+            return self.retry_later(held.stream_id, delay, reason);
         }
+        let mut script = self.own_pending("dead_letter", &reason);
+        script.arg(held.stream_id.to_string());
         let mut conn = self.shared.redis.conn.clone();
-        let result: Result<Value, RedisError> = self
-            .shared
-            .redis
-            .scripts
-            .dead_letter
-            .key(&self.stream)
-            .key(&policy.dead_letter_stream)
-            .arg(&self.group)
-            .arg(&self.shared.consumer)
-            .arg(held.stream_id.to_string())
-            .arg(&self.shared.id_field)
-            .arg(id.to_string())
-            .arg(held.attempts)
-            .arg(&reason)
-            .invoke_async(&mut conn)
-            .await;
+        let result: Result<Value, RedisError> = script.invoke_async(&mut conn).await;
         let error = match result {
-            Ok(Value::Int(-1)) => Some((
-                VerdictErrorCode::NotPending,
-                "Redis no longer has this entry pending for this consumer; nothing was dead-lettered".to_owned(),
-            )),
-            Ok(Value::Int(0)) => {
-                self.trimmed_while_pending(held.stream_id);
-                None
-            }
             Ok(reply) => {
                 self.redis_ok();
-                let dead_id = bytes(&reply).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-                info!(stream = %self.stream, stream_id = %held.stream_id, dead_letter_stream = %policy.dead_letter_stream, %dead_id, %reason, "entry dead-lettered");
-                self.shared.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                None
+                let parts = as_array(as_array(&reply).first().unwrap_or(&Value::Nil)).to_vec();
+                match parts.get(1) {
+                    Some(Value::Int(-3)) => {
+                        self.dead_lettered(held.stream_id, parts.get(2), parts.get(3), &reason);
+                        None
+                    }
+                    Some(Value::Int(0)) => {
+                        self.trimmed_while_pending(held.stream_id);
+                        None
+                    }
+                    _ => Some((
+                        VerdictErrorCode::NotPending,
+                        "Redis no longer has this entry pending for this consumer; nothing was dead-lettered"
+                            .to_owned(),
+                    )),
+                }
             }
             Err(e) => {
                 self.redis_failed("dead-lettering", &e);
@@ -687,13 +820,14 @@ impl Worker {
     /// A call ended: what it held waits for its backoff, as after a Fail.
     fn detach(&mut self, session: SessionId) {
         let Some(s) = self.sessions.remove(&session) else { return };
-        let now = Instant::now();
         let returned = s.held.len();
         self.shared.held.fetch_sub(returned, Ordering::Relaxed);
         for held in s.held.into_values().filter(|h| !h.lost) {
-            self.wait(held.stream_id, now + s.policy.retry_delay(held.attempts));
+            self.entries.remove(&held.stream_id);
+            let delay = s.policy.retry_delay(held.attempts);
+            self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned());
         }
-        if returned > 0 {
+        if returned > 0 && !self.no_ack {
             info!(stream = %self.stream, group = %self.group, returned, "call ended holding entries; they stay pending and will be delivered again");
         }
     }
@@ -717,18 +851,20 @@ impl Worker {
             }
         }
         self.shared.held.fetch_sub(expired.len(), Ordering::Relaxed);
-        for (held, delay) in expired {
+        for (held, delay) in expired.into_iter().filter(|(h, _)| !h.lost) {
             debug!(stream = %self.stream, stream_id = %held.stream_id, "ack deadline passed; treated as failed");
-            if !held.lost {
-                self.wait(held.stream_id, now + delay);
-            }
+            self.entries.remove(&held.stream_id);
+            self.retry_later(held.stream_id, delay, "the ack deadline passed".to_owned());
         }
     }
 
     /// Keeps held and ready entries' idle time fresh (XCLAIM … JUSTID through
-    /// `claim_own.lua`), so a peer's reclaim beat does not take them from a live
-    /// handler, and learns which ones a peer took anyway.
+    /// `own_pending.lua`), so a peer's reclaim beat does not take them from a
+    /// live handler, and learns which ones a peer took anyway.
     async fn refresh_leases(&mut self) {
+        if self.no_ack {
+            return;
+        }
         let ids: Vec<StreamId> = self
             .entries
             .iter()
@@ -736,8 +872,7 @@ impl Worker {
             .map(|(id, _)| *id)
             .collect();
         for chunk in ids.chunks(BATCH_MAX) {
-            let mut script = self.shared.redis.scripts.claim_own.prepare_invoke();
-            script.key(&self.stream).arg(&self.group).arg(&self.shared.consumer).arg("refresh");
+            let mut script = self.own_pending("refresh", 0);
             for id in chunk {
                 script.arg(id.to_string());
             }
@@ -752,13 +887,18 @@ impl Worker {
         }
     }
 
+    /// A peer took an entry this sidecar holds: the call is told now, and its
+    /// later verdict is answered NOT_PENDING instead of being applied.
     fn lease_lost(&mut self, stream_id: StreamId) {
         match self.entries.remove(&stream_id) {
             Some(Track::Held(session)) => {
-                if let Some(held) =
-                    self.sessions.get_mut(&session).and_then(|s| s.held.values_mut().find(|h| h.stream_id == stream_id))
-                {
+                let Some(s) = self.sessions.get_mut(&session) else { return };
+                let lost = s.held.iter_mut().find(|(_, h)| h.stream_id == stream_id).map(|(id, held)| {
                     held.lost = true;
+                    *id
+                });
+                if let Some(id) = lost {
+                    s.error(&id.to_string(), VerdictErrorCode::LeaseLost, "the lease on this entry was lost: Redis no longer has it pending for this sidecar (a peer reclaimed it); its verdict will not be applied");
                 }
                 warn!(stream = %self.stream, group = %self.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
             }
@@ -774,7 +914,7 @@ impl Worker {
     /// consumer's PEL (XAUTOCLAIM … JUSTID, which does not count a delivery),
     /// no more than there is credit for, following XAUTOCLAIM's cursor.
     async fn reclaim(&mut self) {
-        if self.draining || self.group_lost || self.paused() {
+        if self.no_ack || self.draining || self.group_lost || self.paused() {
             return;
         }
         for _ in 0..RECLAIM_PAGES_PER_BEAT {
@@ -829,6 +969,7 @@ async fn read_loop(
     shared: Arc<Shared>,
     stream: String,
     group: String,
+    no_ack: bool,
     mut requests: mpsc::Receiver<usize>,
     results: mpsc::Sender<Result<Value, RedisError>>,
 ) {
@@ -847,6 +988,7 @@ async fn read_loop(
                 .arg(count)
                 .arg("BLOCK")
                 .arg(shared.read_block.as_millis() as u64)
+                .arg(no_ack.then_some("NOACK"))
                 .arg("STREAMS")
                 .arg(&stream)
                 .arg(">")
@@ -878,4 +1020,15 @@ fn as_array(value: &Value) -> &[Value] {
         Value::Array(items) => items,
         _ => &[],
     }
+}
+
+/// The group's retry hash: stream id → "<due unix ms> <last failure reason>".
+/// Named after the stream so a `{hash tag}` in the stream name keeps it in the
+/// stream's cluster slot.
+pub(crate) fn retries_key(stream: &str, group: &str) -> String {
+    format!("{stream}:retries:{group}")
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

@@ -56,18 +56,16 @@ impl Redis {
 pub struct Scripts {
     /// `append.lua`: mint branded ids and XADD a batch atomically.
     pub append: Script,
-    /// `claim_own.lua`: XCLAIM only entries still pending for this consumer.
-    pub claim_own: Script,
-    /// `dead_letter.lua`: append to the dead-letter stream, then XACK.
-    pub dead_letter: Script,
+    /// `own_pending.lua`: deliver, refresh or dead-letter entries, only those
+    /// still pending for this consumer.
+    pub own_pending: Script,
 }
 
 impl Scripts {
     fn new() -> Scripts {
         Scripts {
             append: Script::new(include_str!("lua/append.lua")),
-            claim_own: Script::new(include_str!("lua/claim_own.lua")),
-            dead_letter: Script::new(include_str!("lua/dead_letter.lua")),
+            own_pending: Script::new(include_str!("lua/own_pending.lua")),
         }
     }
 }
