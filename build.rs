@@ -4,7 +4,12 @@
 use std::{env, fs, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/echomq/v1/consumer_service.proto", "proto/echomq/v1/stream_service.proto"];
+    let files = [
+        "proto/echomq/v1/consumer_service.proto",
+        "proto/echomq/v1/stream_service.proto",
+        "proto/echomq/v1/admin_service.proto",
+        "proto/echomq/v1/types.proto",
+    ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }

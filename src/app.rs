@@ -27,10 +27,14 @@ use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
 use crate::{
-    admin::{self, Readiness},
+    admin::Admin,
+    admin_http::{self, Readiness},
     config::{Config, Listen, LogFormat},
     consume::Consumers,
-    proto::{consumer_service_server::ConsumerServiceServer, stream_service_server::StreamServiceServer},
+    proto::{
+        admin_service_server::AdminServiceServer, consumer_service_server::ConsumerServiceServer,
+        stream_service_server::StreamServiceServer,
+    },
     redis::Redis,
     stream::Streams,
 };
@@ -111,7 +115,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
 
     let readiness = Readiness::default();
     let (stopped_tx, stopped) = watch::channel(false);
-    let admin = tokio::spawn(admin::serve(admin_listener, readiness.clone(), wait_true(stopped.clone())));
+    let admin = tokio::spawn(admin_http::serve(admin_listener, readiness.clone(), wait_true(stopped.clone())));
     info!(admin = %config.admin_listen, grpc = %config.listen, %consumer, "echomq-sidecar starting");
 
     tokio::pin!(shutdown);
@@ -131,10 +135,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let (draining_tx, draining) = watch::channel(false);
     let (closing_tx, closing) = watch::channel(false);
     let consumers = Consumers::new(redis.clone(), &config, consumer, draining, closing.clone());
-    let streams = Streams::new(redis, config.id_field.clone());
+    let streams = Streams::new(redis.clone(), config.id_field.clone());
+    let admin_api = Admin::new(redis, config.id_field.clone());
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    let services = ["", "echomq.v1.ConsumerService", "echomq.v1.StreamService"];
+    let services = ["", "echomq.v1.ConsumerService", "echomq.v1.StreamService", "echomq.v1.AdminService"];
     for service in services {
         health.set_service_status(service, ServingStatus::Serving).await;
     }
@@ -155,7 +160,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(ConsumerServiceServer::new(consumers.clone()))
-        .add_service(StreamServiceServer::new(streams));
+        .add_service(StreamServiceServer::new(streams))
+        .add_service(AdminServiceServer::new(admin_api));
     let stop_serving = wait_true(closing);
     let mut server = tokio::spawn(async move {
         match grpc_listener {

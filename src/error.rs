@@ -37,6 +37,12 @@ pub enum Error {
         /// The underlying Redis error.
         source: redis::RedisError,
     },
+    /// The named stream or group does not exist.
+    #[error("{what} does not exist")]
+    NotFound {
+        /// What was looked for, e.g. "group `g` of stream `s`".
+        what: String,
+    },
     /// The request conflicts with state the sidecar or Redis already has.
     #[error("{reason}")]
     Conflict {
@@ -87,6 +93,7 @@ impl From<Error> for Status {
             Error::WrongType { .. } | Error::Conflict { .. } => Code::FailedPrecondition,
             Error::Unavailable { .. } | Error::ShuttingDown => Code::Unavailable,
             Error::Redis { .. } => Code::Internal,
+            Error::NotFound { .. } => Code::NotFound,
         };
         Status::new(code, error.to_string())
     }

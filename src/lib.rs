@@ -5,9 +5,11 @@
 //!
 //! - [`config`]: flags and `ECHOMQ_*` variables, defaults as named constants.
 //! - [`app`]: start-up order, listeners, the shutdown sequence.
-//! - [`admin`]: the admin HTTP port (`/livez`, `/readyz`).
+//! - [`admin_http`]: the admin HTTP port (`/livez`, `/readyz`).
+//! - [`admin`]: the AdminService: describe a group, list and replay dead letters.
 //! - [`error`]: the one error enum and its one mapping to `tonic::Status`.
 //! - [`id`]: stream ids and branded ids.
+//! - [`entry`]: entry fields to the wire's payload, raw fields and branded id.
 //! - [`redis`]: connections (shared and dedicated), the Lua scripts, reply parsing.
 //! - [`consume`]: the Consume call: validation, the group door, the group
 //!   worker (reads, recovery, reclaim, leases, XACK batches) and the per-call relay.
@@ -15,9 +17,11 @@
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
 
 pub mod admin;
+pub mod admin_http;
 pub mod app;
 pub mod config;
 pub mod consume;
+pub mod entry;
 pub mod error;
 pub mod id;
 pub mod redis;

@@ -1,12 +1,9 @@
 //! Turning a Redis entry into a `Delivery` frame.
 
-use std::collections::HashMap;
-
-use prost_types::Timestamp;
-
 use crate::{
+    entry,
     id::{BrandedId, StreamId},
-    proto::{Delivery, RawField},
+    proto::Delivery,
     redis::RawEntry,
 };
 
@@ -21,13 +18,9 @@ pub(crate) struct Outgoing {
     pub(crate) delivery: Delivery,
 }
 
-/// Builds the delivery of `fields` (never `None`: deleted entries are handled
-/// before this). `None` when the entry has no branded id: no valid reserved
-/// field and a stream id whose milliseconds do not fit 6 bytes.
-///
-/// Field names that are not valid UTF-8, and repeated names (Redis allows
-/// them; a map cannot hold both), go to `raw_fields` byte for byte, so no
-/// field is ever dropped.
+/// Builds the delivery of `fields` (see [`entry::split`]). `None` when the
+/// entry has no branded id: no valid reserved field and a stream id whose
+/// milliseconds do not fit 6 bytes.
 pub(crate) fn build(
     stream: &str,
     group: &str,
@@ -36,39 +29,18 @@ pub(crate) fn build(
     fields: Vec<(Vec<u8>, Vec<u8>)>,
     attempts: u32,
 ) -> Option<Outgoing> {
-    let mut branded = None;
-    let mut payload = HashMap::with_capacity(fields.len());
-    let mut raw_fields = Vec::new();
-    for (name, value) in fields {
-        if branded.is_none() && name == id_field.as_bytes() {
-            if let Some(id) = std::str::from_utf8(&value).ok().and_then(|text| text.parse::<BrandedId>().ok()) {
-                branded = Some(id);
-                continue;
-            }
-        }
-        match String::from_utf8(name) {
-            Ok(name) if !payload.contains_key(&name) => {
-                payload.insert(name, value);
-            }
-            Ok(name) => raw_fields.push(RawField { name: name.into_bytes(), value }),
-            Err(name) => raw_fields.push(RawField { name: name.into_bytes(), value }),
-        }
-    }
-    let branded = branded.or_else(|| BrandedId::from_stream_id(stream_id))?;
-    let minted_ms = branded.minted_at_ms();
+    let fields = entry::split(fields, id_field, |_| false);
+    let branded = fields.branded.or_else(|| BrandedId::from_stream_id(stream_id))?;
     let delivery = Delivery {
         id: branded.to_string(),
         stream_id: stream_id.to_string(),
         stream: stream.to_owned(),
         group: group.to_owned(),
-        payload,
+        payload: fields.payload,
         attempts,
-        minted_at: Some(Timestamp {
-            seconds: (minted_ms / 1000) as i64,
-            nanos: ((minted_ms % 1000) * 1_000_000) as i32,
-        }),
+        minted_at: Some(entry::timestamp(branded.minted_at_ms())),
         traceparent: String::new(),
-        raw_fields,
+        raw_fields: fields.raw_fields,
     };
     Some(Outgoing { stream_id, branded, delivery })
 }

@@ -37,7 +37,7 @@ use crate::{
     error::Error,
     id::{BrandedId, StreamId},
     proto::{Delivery, VerdictError, VerdictErrorCode},
-    redis::{parse_entry, parse_read_reply, parse_stream_id},
+    redis::{array, parse_entry, parse_read_reply, parse_stream_id},
 };
 
 /// Identifies one Consume call inside the sidecar.
@@ -509,8 +509,8 @@ impl Worker {
             }
         };
         self.redis_ok();
-        for item in as_array(&reply) {
-            let parts = as_array(item);
+        for item in array(&reply) {
+            let parts = array(item);
             let (Some(id), Some(Value::Int(code))) = (parts.first(), parts.get(1)) else { continue };
             let Ok(stream_id) = parse_stream_id(id) else { continue };
             match *code {
@@ -592,11 +592,11 @@ impl Worker {
             Err(e) => return self.redis_failed("recovering own pending entries", &e),
         };
         self.redis_ok();
-        let items = as_array(&reply);
+        let items = array(&reply);
         let now = Instant::now();
         let mut last = after;
         for item in items {
-            let Some(Ok(id)) = as_array(item).first().map(parse_stream_id) else { continue };
+            let Some(Ok(id)) = array(item).first().map(parse_stream_id) else { continue };
             last = Some(id);
             if !self.entries.contains_key(&id) {
                 self.wait(id, now);
@@ -785,7 +785,7 @@ impl Worker {
         let error = match result {
             Ok(reply) => {
                 self.redis_ok();
-                let parts = as_array(as_array(&reply).first().unwrap_or(&Value::Nil)).to_vec();
+                let parts = array(array(&reply).first().unwrap_or(&Value::Nil)).to_vec();
                 match parts.get(1) {
                     Some(Value::Int(-3)) => {
                         self.dead_lettered(held.stream_id, parts.get(2), parts.get(3), &reason);
@@ -878,7 +878,7 @@ impl Worker {
             }
             let mut conn = self.shared.redis.conn.clone();
             let lost: Vec<Value> = match script.invoke_async::<Value>(&mut conn).await {
-                Ok(reply) => as_array(&reply).to_vec(),
+                Ok(reply) => array(&reply).to_vec(),
                 Err(e) => return self.redis_failed("refreshing leases", &e),
             };
             for id in lost.iter().filter_map(|v| parse_stream_id(v).ok()) {
@@ -938,17 +938,17 @@ impl Worker {
                 Ok(reply) => reply,
                 Err(e) => return self.redis_failed("reclaiming idle entries", &e),
             };
-            let parts = as_array(&reply);
+            let parts = array(&reply);
             let Some(Ok(next)) = parts.first().map(parse_stream_id) else { return };
             let now = Instant::now();
             let mut taken = 0;
-            for id in parts.get(1).map(as_array).unwrap_or_default().iter().filter_map(|v| parse_stream_id(v).ok()) {
+            for id in parts.get(1).map(array).unwrap_or_default().iter().filter_map(|v| parse_stream_id(v).ok()) {
                 if !self.entries.contains_key(&id) {
                     self.wait(id, now);
                     taken += 1;
                 }
             }
-            for id in parts.get(2).map(as_array).unwrap_or_default().iter().filter_map(|v| parse_stream_id(v).ok()) {
+            for id in parts.get(2).map(array).unwrap_or_default().iter().filter_map(|v| parse_stream_id(v).ok()) {
                 self.trimmed_while_pending(id);
             }
             if taken > 0 {
@@ -1013,13 +1013,6 @@ fn is_group_lost(error: &RedisError) -> bool {
     matches!(error.code(), Some("NOGROUP" | "UNBLOCKED"))
         || error.to_string().contains("NOGROUP")
         || error.to_string().contains("UNBLOCKED")
-}
-
-fn as_array(value: &Value) -> &[Value] {
-    match value {
-        Value::Array(items) => items,
-        _ => &[],
-    }
 }
 
 /// The group's retry hash: stream id → "<due unix ms> <last failure reason>".

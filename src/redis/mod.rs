@@ -59,6 +59,10 @@ pub struct Scripts {
     /// `own_pending.lua`: deliver, refresh or dead-letter entries, only those
     /// still pending for this consumer.
     pub own_pending: Script,
+    /// `trim.lua`: XTRIM MINID, never past what groups still need (safe mode).
+    pub trim: Script,
+    /// `replay.lua`: move dead letters back to their source stream.
+    pub replay: Script,
 }
 
 impl Scripts {
@@ -66,6 +70,8 @@ impl Scripts {
         Scripts {
             append: Script::new(include_str!("lua/append.lua")),
             own_pending: Script::new(include_str!("lua/own_pending.lua")),
+            trim: Script::new(include_str!("lua/trim.lua")),
+            replay: Script::new(include_str!("lua/replay.lua")),
         }
     }
 }
@@ -133,6 +139,14 @@ pub fn parse_read_reply(value: &Value) -> RedisResult<Vec<RawEntry>> {
             Ok(entries)
         }
         other => Err(unexpected("an XREADGROUP reply", other)),
+    }
+}
+
+/// The items of an array reply; empty for anything else (nil included).
+pub fn array(value: &Value) -> &[Value] {
+    match value {
+        Value::Array(items) => items,
+        _ => &[],
     }
 }
 

@@ -3,16 +3,12 @@
 
 use std::collections::HashMap;
 
-use tonic::{Request, Response, Status};
-
+use super::{checked_stream, Streams};
 use crate::{
-    consume::MAX_STREAM_NAME_BYTES,
     error::Error,
     id::{BrandedId, StreamId},
-    proto::{
-        stream_service_server::StreamService, AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse,
-    },
-    redis::{parse_stream_id, Redis},
+    proto::{AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse},
+    redis::parse_stream_id,
 };
 
 /// Most entries in one AppendBatch.
@@ -20,102 +16,77 @@ pub const MAX_BATCH_ENTRIES: usize = 10_000;
 /// Most fields in one entry (the script passes them as one command's arguments).
 pub const MAX_FIELDS_PER_ENTRY: usize = 1_000;
 
-/// The StreamService implementation.
-#[derive(Clone)]
-pub struct Streams {
-    redis: Redis,
-    id_field: String,
-}
-
-impl Streams {
-    /// Appends with `redis`, storing branded ids in the field `id_field`.
-    pub fn new(redis: Redis, id_field: String) -> Streams {
-        Streams { redis, id_field }
-    }
-
-    /// Appends `entries` to `stream` in one script run and returns their
-    /// (branded id, stream id) pairs in order. `max_len` 0: no trimming.
-    ///
-    /// Errors: [`Error::InvalidArgument`] for a bad stream name, too many
-    /// fields, or a field named like the reserved id field; [`Error::WrongType`]
-    /// when the key is not a stream; [`Error::Unavailable`] when Redis is down.
-    async fn append(
-        &self,
-        stream: &str,
-        entries: &[(&'static str, &HashMap<String, Vec<u8>>)],
-        max_len: u64,
-    ) -> Result<Vec<AppendResponse>, Error> {
-        if stream.is_empty() || stream.len() > MAX_STREAM_NAME_BYTES {
-            return Err(Error::invalid("stream", format!("required, 1 to {MAX_STREAM_NAME_BYTES} bytes")));
-        }
-        let mut script = self.redis.scripts.append.prepare_invoke();
-        script.key(stream).arg(&self.id_field).arg(max_len).arg(entries.len());
-        for (field, fields) in entries {
-            if fields.contains_key(&self.id_field) {
-                return Err(Error::invalid(
-                    field,
-                    format!("`{}` is the reserved field that carries the branded id; rename the field", self.id_field),
-                ));
-            }
-            if fields.len() > MAX_FIELDS_PER_ENTRY {
-                return Err(Error::invalid(
-                    field,
-                    format!("{} fields is more than the limit of {MAX_FIELDS_PER_ENTRY}", fields.len()),
-                ));
-            }
-            // Sorted, so an entry's field order does not depend on hashing.
-            let mut sorted: Vec<_> = fields.iter().collect();
-            sorted.sort_unstable_by_key(|(name, _)| name.as_str());
-            script.arg(sorted.len());
-            for (name, value) in sorted {
-                script.arg(name.as_str()).arg(value.as_slice());
-            }
-        }
-        let mut conn = self.redis.conn.clone();
-        let reply: redis::Value =
-            script.invoke_async(&mut conn).await.map_err(|e| Error::from_redis(e, "appending (append.lua)", stream))?;
-        let redis::Value::Array(ids) = reply else {
-            let unexpected =
-                redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list of ids"));
-            return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
-        };
-        ids.iter()
-            .map(|id| {
-                let stream_id: StreamId =
-                    parse_stream_id(id).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
-                let branded =
-                    BrandedId::from_stream_id(stream_id).expect("append.lua mints ids within the branded range");
-                Ok(AppendResponse { id: branded.to_string(), stream_id: stream_id.to_string() })
-            })
-            .collect()
-    }
-}
-
-#[tonic::async_trait]
-impl StreamService for Streams {
-    async fn append(&self, request: Request<AppendRequest>) -> Result<Response<AppendResponse>, Status> {
-        let request = request.into_inner();
-        let mut written =
-            Streams::append(self, &request.stream, &[("fields", &request.fields)], request.max_len).await?;
-        let written = written.pop().ok_or_else(|| Status::internal("the append script returned no id"))?;
-        tracing::debug!(stream = %request.stream, id = %written.id, "appended");
-        Ok(Response::new(written))
-    }
-
-    async fn append_batch(
-        &self,
-        request: Request<AppendBatchRequest>,
-    ) -> Result<Response<AppendBatchResponse>, Status> {
-        let request = request.into_inner();
-        if request.entries.is_empty() || request.entries.len() > MAX_BATCH_ENTRIES {
+/// Appends `entries` to `stream` in one script run and returns their
+/// (branded id, stream id) pairs in order. `max_len` 0: no trimming.
+///
+/// Errors: [`Error::InvalidArgument`] for a bad stream name, too many fields,
+/// or a field named like the reserved id field; [`Error::WrongType`] when the
+/// key is not a stream; [`Error::Unavailable`] when Redis is down.
+async fn append_entries(
+    streams: &Streams,
+    stream: &str,
+    entries: &[(&'static str, &HashMap<String, Vec<u8>>)],
+    max_len: u64,
+) -> Result<Vec<AppendResponse>, Error> {
+    let stream = checked_stream("stream", stream)?;
+    let id_field = &streams.id_field;
+    let mut script = streams.redis.scripts.append.prepare_invoke();
+    script.key(stream).arg(id_field).arg(max_len).arg(entries.len());
+    for (field, fields) in entries {
+        if fields.contains_key(id_field) {
             return Err(Error::invalid(
-                "entries",
-                format!("1 to {MAX_BATCH_ENTRIES} entries, got {}", request.entries.len()),
-            )
-            .into());
+                field,
+                format!("`{id_field}` is the reserved field that carries the branded id; rename the field"),
+            ));
         }
-        let entries: Vec<_> = request.entries.iter().map(|entry| ("entries.fields", &entry.fields)).collect();
-        let entries = Streams::append(self, &request.stream, &entries, request.max_len).await?;
-        Ok(Response::new(AppendBatchResponse { entries }))
+        if fields.len() > MAX_FIELDS_PER_ENTRY {
+            return Err(Error::invalid(
+                field,
+                format!("{} fields is more than the limit of {MAX_FIELDS_PER_ENTRY}", fields.len()),
+            ));
+        }
+        // Sorted, so an entry's field order does not depend on hashing.
+        let mut sorted: Vec<_> = fields.iter().collect();
+        sorted.sort_unstable_by_key(|(name, _)| name.as_str());
+        script.arg(sorted.len());
+        for (name, value) in sorted {
+            script.arg(name.as_str()).arg(value.as_slice());
+        }
     }
+    let mut conn = streams.redis.conn.clone();
+    let reply: redis::Value =
+        script.invoke_async(&mut conn).await.map_err(|e| Error::from_redis(e, "appending (append.lua)", stream))?;
+    let redis::Value::Array(ids) = reply else {
+        let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list of ids"));
+        return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
+    };
+    ids.iter()
+        .map(|id| {
+            let stream_id: StreamId =
+                parse_stream_id(id).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
+            let branded = BrandedId::from_stream_id(stream_id).expect("append.lua mints ids within the branded range");
+            Ok(AppendResponse { id: branded.to_string(), stream_id: stream_id.to_string() })
+        })
+        .collect()
+}
+
+/// Append: one entry.
+pub(super) async fn append(streams: &Streams, request: AppendRequest) -> Result<AppendResponse, Error> {
+    let mut written = append_entries(streams, &request.stream, &[("fields", &request.fields)], request.max_len).await?;
+    let written = written.pop().expect("append.lua returns one id per entry");
+    tracing::debug!(stream = %request.stream, id = %written.id, "appended");
+    Ok(written)
+}
+
+/// AppendBatch: 1 to [`MAX_BATCH_ENTRIES`] entries, all or none.
+pub(super) async fn append_batch(streams: &Streams, request: AppendBatchRequest) -> Result<AppendBatchResponse, Error> {
+    if request.entries.is_empty() || request.entries.len() > MAX_BATCH_ENTRIES {
+        return Err(Error::invalid(
+            "entries",
+            format!("1 to {MAX_BATCH_ENTRIES} entries, got {}", request.entries.len()),
+        ));
+    }
+    let entries: Vec<_> = request.entries.iter().map(|entry| ("entries.fields", &entry.fields)).collect();
+    let entries = append_entries(streams, &request.stream, &entries, request.max_len).await?;
+    Ok(AppendBatchResponse { entries })
 }

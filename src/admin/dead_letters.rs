@@ -1,0 +1,148 @@
+//! ListDeadLetters (XRANGE on the dead-letter stream) and ReplayDeadLetters
+//! (`replay.lua`: append to the source, then XDEL, atomically).
+
+use redis::Value;
+
+use super::Admin;
+use crate::{
+    entry,
+    error::Error,
+    id::StreamId,
+    proto::{
+        DeadLetter, ListDeadLettersRequest, ListDeadLettersResponse, ReplayDeadLettersRequest,
+        ReplayDeadLettersResponse, Replayed,
+    },
+    redis::{array, bytes, parse_entries, parse_stream_id},
+    stream::{checked_stream, page_size},
+};
+
+/// Dead letters moved back per script run, so one run never blocks Redis long.
+const REPLAY_BATCH: usize = 100;
+
+/// The metadata fields `own_pending.lua` writes into a dead letter.
+fn is_metadata(name: &[u8]) -> bool {
+    name.starts_with(b"echomq.")
+}
+
+/// The dead-letter stream named by a request: given, or `<stream>:dlq`.
+fn dead_letter_stream(stream: &str, given: &str) -> Result<String, Error> {
+    if !given.is_empty() {
+        return Ok(checked_stream("dead_letter_stream", given)?.to_owned());
+    }
+    Ok(format!("{}:dlq", checked_stream("stream", stream)?))
+}
+
+/// ListDeadLetters: a page, oldest first.
+pub(super) async fn list(admin: &Admin, request: ListDeadLettersRequest) -> Result<ListDeadLettersResponse, Error> {
+    let dead_letters = dead_letter_stream(&request.stream, &request.dead_letter_stream)?;
+    let start = match request.start_id.as_str() {
+        "" => "-".to_owned(),
+        id => id.parse::<StreamId>().map_err(|e| Error::invalid("start_id", e.to_string()))?.to_string(),
+    };
+    let count = page_size("count", request.count)?;
+    let mut conn = admin.redis.conn.clone();
+    let reply: Value = redis::cmd("XRANGE")
+        .arg(&dead_letters)
+        .arg(start)
+        .arg("+")
+        .arg("COUNT")
+        .arg(count + 1)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(e, "listing dead letters (XRANGE)", &dead_letters))?;
+    let mut raw = parse_entries(&reply).map_err(|e| Error::from_redis(e, "listing dead letters", &dead_letters))?;
+    let next_start_id = if raw.len() > count { raw.split_off(count)[0].id.to_string() } else { String::new() };
+    let dead_letters = raw
+        .into_iter()
+        .filter_map(|raw| {
+            let meta = |name: &str| {
+                raw.fields
+                    .as_ref()?
+                    .iter()
+                    .find(|(n, _)| n == name.as_bytes())
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            };
+            let (source_stream, source_id, group, attempts, reason, at) = (
+                meta("echomq.source_stream").unwrap_or_default(),
+                meta("echomq.source_id").unwrap_or_default(),
+                meta("echomq.group").unwrap_or_default(),
+                meta("echomq.attempts").and_then(|a| a.parse().ok()).unwrap_or(0),
+                meta("echomq.reason").unwrap_or_default(),
+                meta("echomq.dead_lettered_at_ms").and_then(|a| a.parse().ok()),
+            );
+            Some(DeadLetter {
+                entry: Some(entry::to_entry(raw, &admin.id_field, is_metadata)?),
+                source_stream,
+                source_id,
+                group,
+                attempts,
+                reason,
+                dead_lettered_at: at.map(entry::timestamp),
+            })
+        })
+        .collect();
+    Ok(ListDeadLettersResponse { dead_letters, next_start_id })
+}
+
+/// ReplayDeadLetters: the given ids, or the oldest `count`.
+pub(super) async fn replay(
+    admin: &Admin,
+    request: ReplayDeadLettersRequest,
+) -> Result<ReplayDeadLettersResponse, Error> {
+    let source = checked_stream("stream", &request.stream)?;
+    let dead_letters = dead_letter_stream(source, &request.dead_letter_stream)?;
+    let mut conn = admin.redis.conn.clone();
+    let ids: Vec<String> = if request.ids.is_empty() {
+        let count = page_size("count", request.count)?;
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(&dead_letters)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| Error::from_redis(e, "listing dead letters (XRANGE)", &dead_letters))?;
+        parse_entries(&reply)
+            .map_err(|e| Error::from_redis(e, "listing dead letters", &dead_letters))?
+            .into_iter()
+            .map(|e| e.id.to_string())
+            .collect()
+    } else {
+        request
+            .ids
+            .iter()
+            .map(|id| id.parse::<StreamId>().map(|id| id.to_string()).map_err(|e| Error::invalid("ids", e.to_string())))
+            .collect::<Result<_, _>>()?
+    };
+    let mut replayed = Vec::with_capacity(ids.len());
+    for batch in ids.chunks(REPLAY_BATCH) {
+        let mut script = admin.redis.scripts.replay.prepare_invoke();
+        script.key(source).key(&dead_letters).arg(&admin.id_field);
+        for id in batch {
+            script.arg(id);
+        }
+        let reply: Value = script
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| Error::from_redis(e, "replaying dead letters (replay.lua)", source))?;
+        for item in array(&reply) {
+            let parts = array(item);
+            let (Some(Ok(dead_letter_id)), Some(Ok(stream_id))) =
+                (parts.first().map(parse_stream_id), parts.get(1).map(parse_stream_id))
+            else {
+                continue;
+            };
+            let id = parts.get(2).and_then(|v| bytes(v).ok()).map(|b| String::from_utf8_lossy(&b).into_owned());
+            replayed.push(Replayed {
+                id: id.filter(|id| !id.is_empty()).unwrap_or_else(|| {
+                    crate::id::BrandedId::from_stream_id(dead_letter_id).map(|b| b.to_string()).unwrap_or_default()
+                }),
+                dead_letter_id: dead_letter_id.to_string(),
+                stream_id: stream_id.to_string(),
+            });
+        }
+    }
+    tracing::info!(stream = %source, %dead_letters, replayed = replayed.len(), "dead letters replayed");
+    Ok(ReplayDeadLettersResponse { replayed })
+}

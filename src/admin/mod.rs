@@ -1,0 +1,53 @@
+//! The AdminService: what is stuck, and dead letters back to work. One RPC per
+//! file; this file only routes.
+
+mod dead_letters;
+mod describe;
+
+use tonic::{Request, Response, Status};
+
+use crate::{
+    proto::{
+        admin_service_server::AdminService, DescribeGroupRequest, DescribeGroupResponse, ListDeadLettersRequest,
+        ListDeadLettersResponse, ReplayDeadLettersRequest, ReplayDeadLettersResponse,
+    },
+    redis::Redis,
+};
+
+/// The AdminService implementation.
+#[derive(Clone)]
+pub struct Admin {
+    redis: Redis,
+    id_field: String,
+}
+
+impl Admin {
+    /// Serves the AdminService with `redis`; branded ids live in `id_field`.
+    pub fn new(redis: Redis, id_field: String) -> Admin {
+        Admin { redis, id_field }
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for Admin {
+    async fn describe_group(
+        &self,
+        request: Request<DescribeGroupRequest>,
+    ) -> Result<Response<DescribeGroupResponse>, Status> {
+        Ok(Response::new(describe::describe_group(self, request.into_inner()).await?))
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<ListDeadLettersRequest>,
+    ) -> Result<Response<ListDeadLettersResponse>, Status> {
+        Ok(Response::new(dead_letters::list(self, request.into_inner()).await?))
+    }
+
+    async fn replay_dead_letters(
+        &self,
+        request: Request<ReplayDeadLettersRequest>,
+    ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
+        Ok(Response::new(dead_letters::replay(self, request.into_inner()).await?))
+    }
+}

@@ -1,0 +1,71 @@
+//! Turning an entry's fields, as Redis stores them, into the wire's `payload`,
+//! `raw_fields` and branded id.
+
+use std::collections::HashMap;
+
+use prost_types::Timestamp;
+
+use crate::{
+    id::{BrandedId, StreamId},
+    proto::{Entry, RawField},
+    redis::RawEntry,
+};
+
+/// An entry's fields split for the wire.
+#[derive(Debug, Default, PartialEq)]
+pub struct Fields {
+    /// The branded id from the reserved field, when it holds a valid one.
+    pub branded: Option<BrandedId>,
+    /// Fields with UTF-8 names, first occurrence of each name.
+    pub payload: HashMap<String, Vec<u8>>,
+    /// Fields whose names are not valid UTF-8, and repeated names (Redis allows
+    /// them; a map cannot hold both), byte for byte, in stream order.
+    pub raw_fields: Vec<RawField>,
+}
+
+/// Splits `fields`: the first reserved-name field holding a valid branded id
+/// becomes `branded`; fields for which `skip` is true are dropped (dead-letter
+/// metadata); everything else lands in `payload` or `raw_fields`, so no field
+/// is ever silently lost.
+pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8]) -> bool) -> Fields {
+    let mut out = Fields { payload: HashMap::with_capacity(fields.len()), ..Fields::default() };
+    for (name, value) in fields {
+        if out.branded.is_none() && name == id_field.as_bytes() {
+            if let Some(id) = std::str::from_utf8(&value).ok().and_then(|text| text.parse::<BrandedId>().ok()) {
+                out.branded = Some(id);
+                continue;
+            }
+        }
+        if skip(&name) {
+            continue;
+        }
+        match String::from_utf8(name) {
+            Ok(name) if !out.payload.contains_key(&name) => {
+                out.payload.insert(name, value);
+            }
+            Ok(name) => out.raw_fields.push(RawField { name: name.into_bytes(), value }),
+            Err(name) => out.raw_fields.push(RawField { name: name.into_bytes(), value }),
+        }
+    }
+    out
+}
+
+/// A unix-millisecond instant as a protobuf Timestamp.
+pub fn timestamp(unix_ms: u64) -> Timestamp {
+    Timestamp { seconds: (unix_ms / 1000) as i64, nanos: ((unix_ms % 1000) * 1_000_000) as i32 }
+}
+
+/// The wire `Entry` of a stream entry; `None` for a deleted entry (no body) or
+/// one without a branded id (milliseconds past 6 bytes and no reserved field).
+pub fn to_entry(entry: RawEntry, id_field: &str, skip: impl Fn(&[u8]) -> bool) -> Option<Entry> {
+    let stream_id: StreamId = entry.id;
+    let fields = split(entry.fields?, id_field, skip);
+    let branded = fields.branded.or_else(|| BrandedId::from_stream_id(stream_id))?;
+    Some(Entry {
+        id: branded.to_string(),
+        stream_id: stream_id.to_string(),
+        payload: fields.payload,
+        minted_at: Some(timestamp(branded.minted_at_ms())),
+        raw_fields: fields.raw_fields,
+    })
+}

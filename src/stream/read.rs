@@ -1,0 +1,103 @@
+//! Read: validate the range → XRANGE (one entry more than asked, to know where
+//! the next page starts) → entries.
+
+use prost_types::Timestamp;
+
+use super::{checked_stream, Streams};
+use crate::{
+    entry,
+    error::Error,
+    id::StreamId,
+    proto::{ReadRequest, ReadResponse},
+    redis::parse_entries,
+};
+
+/// Page size when a request sends 0 (entries).
+pub const DEFAULT_PAGE: usize = 100;
+/// Largest page a request may ask for (entries).
+pub const MAX_PAGE: usize = 10_000;
+
+/// Which end of a range a bound is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The start: an instant means its millisecond's first id.
+    Start,
+    /// The end: an instant means its millisecond's last id.
+    End,
+}
+
+/// An XRANGE bound from a stream id or an instant (not both); `-`/`+` when
+/// neither is given. `id_field`/`time_field` name the request fields for errors.
+pub fn parse_bound(
+    id_field: &'static str,
+    id: &str,
+    time_field: &'static str,
+    time: Option<Timestamp>,
+    end: End,
+) -> Result<String, Error> {
+    match (id.is_empty(), time) {
+        (false, Some(_)) => Err(Error::invalid(id_field, format!("give {id_field} or {time_field}, not both"))),
+        (false, None) => Ok(id.parse::<StreamId>().map_err(|e| Error::invalid(id_field, e.to_string()))?.to_string()),
+        (true, Some(at)) => {
+            if at.seconds < 0 || at.nanos < 0 {
+                return Err(Error::invalid(time_field, "must not be before the unix epoch"));
+            }
+            let ms = (at.seconds as u64).saturating_mul(1000).saturating_add(at.nanos as u64 / 1_000_000);
+            let seq = if end == End::Start { 0 } else { u64::MAX };
+            Ok(StreamId { ms, seq }.to_string())
+        }
+        (true, None) => Ok(if end == End::Start { "-" } else { "+" }.to_owned()),
+    }
+}
+
+/// A request's page size: 0 → [`DEFAULT_PAGE`]; above [`MAX_PAGE`] is INVALID_ARGUMENT.
+pub fn page_size(field: &'static str, count: u32) -> Result<usize, Error> {
+    match count as usize {
+        0 => Ok(DEFAULT_PAGE),
+        n if n > MAX_PAGE => Err(Error::invalid(field, format!("{n} is above the limit of {MAX_PAGE}"))),
+        n => Ok(n),
+    }
+}
+
+/// Read: one page of the range, oldest first.
+pub(super) async fn read(streams: &Streams, request: ReadRequest) -> Result<ReadResponse, Error> {
+    let stream = checked_stream("stream", &request.stream)?;
+    let start = parse_bound("start_id", &request.start_id, "start_time", request.start_time, End::Start)?;
+    let end = parse_bound("end_id", &request.end_id, "end_time", request.end_time, End::End)?;
+    let count = page_size("count", request.count)?;
+    let mut conn = streams.redis.conn.clone();
+    let reply: redis::Value = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg(start)
+        .arg(end)
+        .arg("COUNT")
+        .arg(count + 1)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
+    let mut raw = parse_entries(&reply).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
+    let next_start_id = if raw.len() > count { raw.split_off(count)[0].id.to_string() } else { String::new() };
+    let entries = raw.into_iter().filter_map(|e| entry::to_entry(e, &streams.id_field, |_| false)).collect();
+    Ok(ReadResponse { entries, next_start_id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_become_the_first_and_last_id_of_their_millisecond() {
+        let at = Some(Timestamp { seconds: 2, nanos: 5_000_000 });
+        assert_eq!(parse_bound("a", "", "b", at, End::Start).unwrap(), "2005-0");
+        assert_eq!(parse_bound("a", "", "b", at, End::End).unwrap(), "2005-18446744073709551615");
+        assert_eq!(parse_bound("a", "", "b", None, End::End).unwrap(), "+");
+        assert!(parse_bound("a", "1-1", "b", at, End::Start).is_err());
+        assert!(parse_bound("a", "x", "b", None, End::Start).is_err());
+    }
+
+    #[test]
+    fn page_size_defaults_and_caps() {
+        assert_eq!(page_size("count", 0).unwrap(), DEFAULT_PAGE);
+        assert!(page_size("count", 10_001).is_err());
+    }
+}
