@@ -22,6 +22,8 @@ pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
 pub const DEFAULT_MAX_IN_FLIGHT_LIMIT: u32 = 10_000;
 /// Default `max_deliveries` of a group whose subscription sends 0: no limit.
 pub const DEFAULT_MAX_DELIVERIES: u32 = 0;
+/// Default idle time (ms) after which a consumer that holds nothing is removed.
+pub const DEFAULT_CONSUMER_IDLE_LIMIT_MS: u64 = 3_600_000;
 /// Default first retry delay (ms) after a Fail without `retry_after`.
 pub const DEFAULT_RETRY_BACKOFF_INITIAL_MS: u64 = 1_000;
 /// Default cap (ms) of the retry delay.
@@ -122,6 +124,12 @@ pub struct Config {
     /// The largest `max_in_flight` (entries) a subscription may ask for.
     #[arg(long, env = "ECHOMQ_MAX_IN_FLIGHT_LIMIT", default_value_t = DEFAULT_MAX_IN_FLIGHT_LIMIT, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_in_flight_limit: u32,
+
+    /// Idle time (milliseconds) after which another consumer of a group that
+    /// holds no pending entries is removed (XGROUP DELCONSUMER). A consumer
+    /// with pending entries is never removed. 0: never remove.
+    #[arg(long, env = "ECHOMQ_CONSUMER_IDLE_LIMIT_MS", default_value_t = DEFAULT_CONSUMER_IDLE_LIMIT_MS)]
+    pub consumer_idle_limit_ms: u64,
 
     /// Deliveries after which an entry is dead-lettered, for subscriptions
     /// that send `max_deliveries` 0; 0: no limit.

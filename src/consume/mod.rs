@@ -54,6 +54,8 @@ pub(crate) struct Shared {
     pub(crate) reclaim_min_idle: Duration,
     pub(crate) reclaim_interval: Duration,
     pub(crate) lease_refresh: Duration,
+    /// Other consumers idle this long and holding nothing are removed; `None`: never.
+    pub(crate) consumer_idle_limit: Option<Duration>,
     /// Becomes true on shutdown: hand out nothing new, keep taking verdicts.
     pub(crate) draining: watch::Receiver<bool>,
     /// Deliveries held by calls across all workers (entries).
@@ -111,6 +113,8 @@ impl Consumers {
             reclaim_min_idle: config.reclaim_min_idle(),
             reclaim_interval: Duration::from_millis(config.reclaim_interval_ms),
             lease_refresh: config.lease_refresh_interval(),
+            consumer_idle_limit: (config.consumer_idle_limit_ms > 0)
+                .then(|| Duration::from_millis(config.consumer_idle_limit_ms)),
             draining,
             held: AtomicUsize::new(0),
             acked: AtomicU64::new(0),
@@ -236,6 +240,8 @@ impl Consumers {
 
     /// The group door: `XGROUP CREATE <stream> <group> <start> MKSTREAM`. Only
     /// BUSYGROUP (the group exists; it keeps its position) is not an error.
+    /// Then registers this sidecar's consumer (XGROUP CREATECONSUMER), so it
+    /// shows in XINFO CONSUMERS before it first receives anything.
     async fn open_group(&self, sub: &Subscription) -> Result<(), Error> {
         let mut conn = self.shared.redis.conn.clone();
         let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
@@ -247,13 +253,19 @@ impl Consumers {
             .query_async(&mut conn)
             .await;
         match created {
-            Ok(()) => {
-                tracing::info!(stream = %sub.stream, group = %sub.group, start = %sub.start, "group created");
-                Ok(())
-            }
-            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
-            Err(e) => Err(Error::from_redis(e, "creating the group (XGROUP CREATE)", &sub.stream)),
+            Ok(()) => tracing::info!(stream = %sub.stream, group = %sub.group, start = %sub.start, "group created"),
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(Error::from_redis(e, "creating the group (XGROUP CREATE)", &sub.stream)),
         }
+        redis::cmd("XGROUP")
+            .arg("CREATECONSUMER")
+            .arg(&sub.stream)
+            .arg(&sub.group)
+            .arg(&self.shared.consumer)
+            .query_async::<i64>(&mut conn)
+            .await
+            .map_err(|e| Error::from_redis(e, "registering the consumer (XGROUP CREATECONSUMER)", &sub.stream))?;
+        Ok(())
     }
 }
 

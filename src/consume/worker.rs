@@ -269,7 +269,13 @@ impl Worker {
         let mut refresh = interval(self.shared.lease_refresh);
         let mut reclaim = interval(self.shared.reclaim_interval);
         let mut deadlines = interval(DEADLINE_CHECK);
-        for tick in [&mut refresh, &mut reclaim, &mut deadlines] {
+        // Often enough to notice within about a quarter of the limit, rarely enough to cost nothing.
+        let mut hygiene = interval(
+            self.shared
+                .consumer_idle_limit
+                .map_or(Duration::from_secs(3600), |limit| (limit / 4).max(Duration::from_secs(1))),
+        );
+        for tick in [&mut refresh, &mut reclaim, &mut deadlines, &mut hygiene] {
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
         info!(stream = %self.stream, group = %self.group, consumer = %self.shared.consumer, "group worker started");
@@ -296,6 +302,7 @@ impl Worker {
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,
                 _ = deadlines.tick(), if self.has_deadlines() => self.expire_deadlines(),
+                _ = hygiene.tick(), if self.shared.consumer_idle_limit.is_some() => self.forget_dead_consumers().await,
                 Ok(()) = draining.changed() => self.draining = *draining.borrow(),
             }
         }
@@ -907,6 +914,35 @@ impl Worker {
                 self.waiting.remove(&(at, stream_id));
             }
             None => {}
+        }
+    }
+
+    /// Consumer hygiene: removes the group's consumers that have been idle past
+    /// the limit and hold nothing (`forget_consumers.lua`), so XINFO stays
+    /// readable as pods come and go; never one with pending entries.
+    async fn forget_dead_consumers(&mut self) {
+        let Some(limit) = self.shared.consumer_idle_limit else { return };
+        if self.no_ack || self.group_lost || self.paused() {
+            return;
+        }
+        let mut conn = self.shared.redis.conn.clone();
+        let removed: Result<Vec<String>, RedisError> = self
+            .shared
+            .redis
+            .scripts
+            .forget_consumers
+            .key(&self.stream)
+            .arg(&self.group)
+            .arg(&self.shared.consumer)
+            .arg(limit.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await;
+        match removed {
+            Ok(removed) if !removed.is_empty() => {
+                info!(stream = %self.stream, group = %self.group, ?removed, "removed idle consumers that held nothing")
+            }
+            Ok(_) => {}
+            Err(e) => self.redis_failed("removing idle consumers", &e),
         }
     }
 

@@ -59,6 +59,8 @@ pub struct Scripts {
     /// `own_pending.lua`: deliver, refresh or dead-letter entries, only those
     /// still pending for this consumer.
     pub own_pending: Script,
+    /// `forget_consumers.lua`: remove idle consumers that hold nothing.
+    pub forget_consumers: Script,
     /// `trim.lua`: XTRIM MINID, never past what groups still need (safe mode).
     pub trim: Script,
     /// `replay.lua`: move dead letters back to their source stream.
@@ -71,6 +73,7 @@ impl Scripts {
             append: Script::new(include_str!("lua/append.lua")),
             own_pending: Script::new(include_str!("lua/own_pending.lua")),
             trim: Script::new(include_str!("lua/trim.lua")),
+            forget_consumers: Script::new(include_str!("lua/forget_consumers.lua")),
             replay: Script::new(include_str!("lua/replay.lua")),
         }
     }
