@@ -11,7 +11,7 @@
 //! their last acks, and the outcome is logged. What was not acknowledged stays
 //! pending in Redis: nothing is lost.
 
-use std::{future::Future, io, path::Path, time::Duration};
+use std::{future::Future, io, path::Path, sync::Arc, time::Duration};
 
 use tokio::{
     net::{TcpListener, UnixListener},
@@ -31,6 +31,7 @@ use crate::{
     admin_http::{self, Readiness},
     config::{Config, Listen, LogFormat},
     consume::Consumers,
+    metrics::Metrics,
     proto::{
         admin_service_server::AdminServiceServer, consumer_service_server::ConsumerServiceServer,
         stream_service_server::StreamServiceServer,
@@ -114,14 +115,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let grpc_listener = bind_grpc(&config.listen).await?;
 
     let readiness = Readiness::default();
+    let metrics = Arc::new(Metrics::new());
     let (stopped_tx, stopped) = watch::channel(false);
-    let admin = tokio::spawn(admin_http::serve(admin_listener, readiness.clone(), wait_true(stopped.clone())));
+    let admin =
+        tokio::spawn(admin_http::serve(admin_listener, readiness.clone(), metrics.clone(), wait_true(stopped.clone())));
     info!(admin = %config.admin_listen, grpc = %config.listen, %consumer, "echomq-sidecar starting");
 
     tokio::pin!(shutdown);
     let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
     let redis = tokio::select! {
-        redis = connect_with_backoff(&config.redis_url, redis_timeout) => redis?,
+        redis = connect_with_backoff(&config.redis_url, redis_timeout, metrics.clone()) => redis?,
         _ = &mut shutdown => {
             info!("shutdown before Redis was reachable");
             let _ = stopped_tx.send(true);
@@ -134,7 +137,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
 
     let (draining_tx, draining) = watch::channel(false);
     let (closing_tx, closing) = watch::channel(false);
-    let consumers = Consumers::new(redis.clone(), &config, consumer, draining, closing.clone());
+    let consumers = Consumers::new(redis.clone(), metrics.clone(), &config, consumer, draining, closing.clone());
     let streams = Streams::new(redis.clone(), config.id_field.clone());
     let admin_api = Admin::new(redis, config.id_field.clone());
 
@@ -257,10 +260,10 @@ fn remove_stale_socket(path: &Path) {
     }
 }
 
-async fn connect_with_backoff(url: &str, timeout: Duration) -> Result<Redis, AppError> {
+async fn connect_with_backoff(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Result<Redis, AppError> {
     let mut delay = Duration::from_millis(200);
     loop {
-        match Redis::connect(url, timeout).await {
+        match Redis::connect(url, timeout, metrics.clone()).await {
             Ok(redis) => {
                 info!("connected to Redis");
                 return Ok(redis);

@@ -24,6 +24,8 @@ pub const DEFAULT_MAX_IN_FLIGHT_LIMIT: u32 = 10_000;
 pub const DEFAULT_MAX_DELIVERIES: u32 = 0;
 /// Default idle time (ms) after which a consumer that holds nothing is removed.
 pub const DEFAULT_CONSUMER_IDLE_LIMIT_MS: u64 = 3_600_000;
+/// Default period (ms) of polling each group's state into metrics.
+pub const DEFAULT_METRICS_POLL_INTERVAL_MS: u64 = 15_000;
 /// Default first retry delay (ms) after a Fail without `retry_after`.
 pub const DEFAULT_RETRY_BACKOFF_INITIAL_MS: u64 = 1_000;
 /// Default cap (ms) of the retry delay.
@@ -161,6 +163,11 @@ pub struct Config {
     /// Response timeout (milliseconds) of non-blocking Redis commands.
     #[arg(long, env = "ECHOMQ_REDIS_TIMEOUT_MS", default_value_t = DEFAULT_REDIS_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub redis_timeout_ms: u64,
+
+    /// How often (milliseconds) each subscribed group's state (pending, lag,
+    /// oldest pending age, …) is polled into the `/metrics` gauges. 0: never.
+    #[arg(long, env = "ECHOMQ_METRICS_POLL_INTERVAL_MS", default_value_t = DEFAULT_METRICS_POLL_INTERVAL_MS)]
+    pub metrics_poll_interval_ms: u64,
 
     /// Log line format on standard error.
     #[arg(long, env = "ECHOMQ_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

@@ -10,7 +10,7 @@ use crate::{
     error::Error,
     id::StreamId,
     proto::{ConsumerInfo, DescribeGroupRequest, DescribeGroupResponse},
-    redis::{array, bytes, parse_stream_id},
+    redis::{array, bytes, parse_stream_id, Redis},
     stream::checked_stream,
 };
 
@@ -26,14 +26,22 @@ pub(super) async fn describe_group(
     if request.group.is_empty() {
         return Err(Error::invalid("group", "required, must not be empty"));
     }
-    let group = request.group.as_str();
+    describe(&admin.redis, stream, &request.group, DELIVERY_COUNT_SCAN).await
+}
+
+/// A group's state, the highest delivery count taken over the oldest `scan`
+/// pending entries. Also feeds the polled metrics.
+///
+/// Errors: [`Error::NotFound`] when the stream or group is missing;
+/// [`Error::WrongType`]; [`Error::Unavailable`].
+pub async fn describe(redis: &Redis, stream: &str, group: &str, scan: usize) -> Result<DescribeGroupResponse, Error> {
     let mut pipe = redis::pipe();
     pipe.cmd("XINFO").arg("GROUPS").arg(stream);
     pipe.cmd("XINFO").arg("CONSUMERS").arg(stream).arg(group);
     pipe.cmd("XPENDING").arg(stream).arg(group);
-    pipe.cmd("XPENDING").arg(stream).arg(group).arg("-").arg("+").arg(DELIVERY_COUNT_SCAN);
+    pipe.cmd("XPENDING").arg(stream).arg(group).arg("-").arg("+").arg(scan);
     pipe.cmd("XLEN").arg(stream);
-    let mut conn = admin.redis.conn.clone();
+    let mut conn = redis.conn.clone();
     let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(|e| {
         let text = e.to_string();
         if e.code() == Some("NOGROUP") || text.contains("no such key") || text.contains("NOGROUP") {

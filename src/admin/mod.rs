@@ -4,6 +4,8 @@
 mod dead_letters;
 mod describe;
 
+pub use describe::describe;
+
 use tonic::{Request, Response, Status};
 
 use crate::{

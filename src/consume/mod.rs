@@ -29,6 +29,7 @@ use crate::{
     config::Config,
     error::Error,
     id::StreamId,
+    metrics::Metrics,
     proto::{
         consume_request::Kind, consumer_service_server::ConsumerService, ConsumeRequest, ConsumeResponse, GroupStart,
         Subscribe,
@@ -58,16 +59,11 @@ pub(crate) struct Shared {
     pub(crate) consumer_idle_limit: Option<Duration>,
     /// Becomes true on shutdown: hand out nothing new, keep taking verdicts.
     pub(crate) draining: watch::Receiver<bool>,
-    /// Deliveries held by calls across all workers (entries).
+    /// Deliveries held by calls across all workers (entries): what shutdown waits for.
     pub(crate) held: AtomicUsize,
-    /// Entries acknowledged (XACK answered 1).
-    pub(crate) acked: AtomicU64,
-    /// Entries moved to a dead-letter stream.
-    pub(crate) dead_lettered: AtomicU64,
-    /// Entries taken over by the reclaim beat.
-    pub(crate) reclaimed: AtomicUsize,
-    /// Pending entries found deleted from their stream and dropped from the PEL.
-    pub(crate) trimmed: AtomicU64,
+    pub(crate) metrics: Arc<Metrics>,
+    /// How often each group's state is polled into gauges; `None`: never.
+    pub(crate) metrics_poll: Option<Duration>,
 }
 
 /// The consumer side of the sidecar: the gRPC service and the group workers
@@ -99,6 +95,7 @@ impl Consumers {
     /// handing out entries; `closing` when calls must end.
     pub fn new(
         redis: Redis,
+        metrics: Arc<Metrics>,
         config: &Config,
         consumer: String,
         draining: watch::Receiver<bool>,
@@ -117,10 +114,9 @@ impl Consumers {
                 .then(|| Duration::from_millis(config.consumer_idle_limit_ms)),
             draining,
             held: AtomicUsize::new(0),
-            acked: AtomicU64::new(0),
-            dead_lettered: AtomicU64::new(0),
-            reclaimed: AtomicUsize::new(0),
-            trimmed: AtomicU64::new(0),
+            metrics,
+            metrics_poll: (config.metrics_poll_interval_ms > 0)
+                .then(|| Duration::from_millis(config.metrics_poll_interval_ms)),
         };
         let defaults = Defaults {
             max_deliveries: config.default_max_deliveries,

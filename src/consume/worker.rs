@@ -36,6 +36,7 @@ use super::{
 use crate::{
     error::Error,
     id::{BrandedId, StreamId},
+    metrics::GroupMetrics,
     proto::{Delivery, VerdictError, VerdictErrorCode},
     redis::{array, parse_entry, parse_read_reply, parse_stream_id},
 };
@@ -47,6 +48,8 @@ pub(crate) type SessionId = u64;
 const BATCH_MAX: usize = 512;
 /// How many XAUTOCLAIM pages one reclaim beat may walk.
 const RECLAIM_PAGES_PER_BEAT: usize = 8;
+/// Pending entries scanned for the highest delivery count when polling metrics.
+const METRICS_PENDING_SCAN: usize = 1_000;
 /// How often held entries are checked against their ack deadlines.
 const DEADLINE_CHECK: Duration = Duration::from_millis(100);
 /// Bounds of the pause after a failed Redis command.
@@ -134,6 +137,8 @@ struct Held {
     stream_id: StreamId,
     attempts: u32,
     deadline: Option<Instant>,
+    /// When it was handed over, for the handler-time histogram.
+    delivered_at: Instant,
     /// The lease was lost to a peer: a later Ack is answered NOT_PENDING.
     lost: bool,
 }
@@ -192,6 +197,7 @@ pub(crate) struct Worker {
     stream: String,
     group: String,
     shared: Arc<Shared>,
+    metrics: GroupMetrics,
     sessions: HashMap<SessionId, Session>,
     entries: HashMap<StreamId, Track>,
     waiting: BTreeSet<(Instant, StreamId)>,
@@ -237,6 +243,7 @@ impl Worker {
         let draining = *shared.draining.borrow();
         let retries = retries_key(&stream, &group);
         let worker = Worker {
+            metrics: shared.metrics.group(&stream, &group),
             stream,
             group,
             shared,
@@ -270,12 +277,13 @@ impl Worker {
         let mut reclaim = interval(self.shared.reclaim_interval);
         let mut deadlines = interval(DEADLINE_CHECK);
         // Often enough to notice within about a quarter of the limit, rarely enough to cost nothing.
+        let mut poll = interval(self.shared.metrics_poll.unwrap_or(Duration::from_secs(3600)));
         let mut hygiene = interval(
             self.shared
                 .consumer_idle_limit
                 .map_or(Duration::from_secs(3600), |limit| (limit / 4).max(Duration::from_secs(1))),
         );
-        for tick in [&mut refresh, &mut reclaim, &mut deadlines, &mut hygiene] {
+        for tick in [&mut refresh, &mut reclaim, &mut deadlines, &mut hygiene, &mut poll] {
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
         info!(stream = %self.stream, group = %self.group, consumer = %self.shared.consumer, "group worker started");
@@ -302,6 +310,7 @@ impl Worker {
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,
                 _ = deadlines.tick(), if self.has_deadlines() => self.expire_deadlines(),
+                _ = poll.tick(), if self.shared.metrics_poll.is_some() => self.poll_metrics().await,
                 _ = hygiene.tick(), if self.shared.consumer_idle_limit.is_some() => self.forget_dead_consumers().await,
                 Ok(()) = draining.changed() => self.draining = *draining.borrow(),
             }
@@ -331,6 +340,7 @@ impl Worker {
     }
 
     fn redis_failed(&mut self, what: &str, error: &RedisError) {
+        self.shared.metrics.redis_error(what);
         if is_group_lost(error) {
             if !self.group_lost {
                 warn!(stream = %self.stream, group = %self.group, "the group is gone ({error}); re-creating it");
@@ -410,6 +420,7 @@ impl Worker {
             }
         }
         self.redis_ok();
+        self.metrics.group_recreations.inc();
         self.group_lost = false;
         self.reclaim_cursor = StreamId::ZERO;
         true
@@ -443,9 +454,11 @@ impl Worker {
             return Some(Outgoing { stream_id, branded, delivery });
         }
         let deadline = session.policy.ack_deadline.map(|d| Instant::now() + d);
-        session.held.insert(branded, Held { stream_id, attempts, deadline, lost: false });
+        session.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: Instant::now(), lost: false });
         self.entries.insert(stream_id, Track::Held(session_id));
         self.shared.held.fetch_add(1, Ordering::Relaxed);
+        self.metrics.deliveries.inc();
+        self.metrics.in_flight.inc();
         None
     }
 
@@ -469,6 +482,7 @@ impl Worker {
         if self.no_ack {
             return;
         }
+        self.metrics.fails.inc();
         self.wait(stream_id, Instant::now() + delay);
         let due_unix_ms = unix_ms().saturating_add(delay.as_millis() as u64);
         self.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
@@ -543,7 +557,7 @@ impl Worker {
 
     fn dead_lettered(&mut self, stream_id: StreamId, dead_id: Option<&Value>, deliveries: Option<&Value>, why: &str) {
         self.entries.remove(&stream_id);
-        self.shared.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        self.metrics.dead_letters.inc();
         let dead_id = dead_id.and_then(|v| parse_stream_id(v).ok()).map(|id| id.to_string()).unwrap_or_default();
         let deliveries = match deliveries {
             Some(Value::Int(n)) => *n,
@@ -576,7 +590,7 @@ impl Worker {
 
     fn trimmed_while_pending(&mut self, stream_id: StreamId) {
         self.entries.remove(&stream_id);
-        self.shared.trimmed.fetch_add(1, Ordering::Relaxed);
+        self.metrics.trimmed_while_pending.inc();
         warn!(stream = %self.stream, group = %self.group, %stream_id, "entry was deleted from the stream while pending; dropped from the PEL");
     }
 
@@ -689,6 +703,8 @@ impl Worker {
             return None;
         };
         self.shared.held.fetch_sub(1, Ordering::Relaxed);
+        self.metrics.in_flight.dec();
+        self.metrics.handler_seconds.observe(held.delivered_at.elapsed().as_secs_f64());
         if held.lost {
             s.error(
                 text,
@@ -738,8 +754,9 @@ impl Worker {
                 self.redis_ok();
                 for (ack, count) in acks.iter().zip(counts) {
                     if count == 1 {
-                        self.shared.acked.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.acks.inc();
                     } else if let Some(s) = self.sessions.get(&ack.session) {
+                        self.metrics.acks_not_pending.inc();
                         s.error(&ack.text, VerdictErrorCode::NotPending, "Redis no longer has this entry pending for the group (a peer reclaimed it, or the group was re-created); nothing was acknowledged");
                     }
                 }
@@ -829,6 +846,7 @@ impl Worker {
         let Some(s) = self.sessions.remove(&session) else { return };
         let returned = s.held.len();
         self.shared.held.fetch_sub(returned, Ordering::Relaxed);
+        self.metrics.in_flight.dec_by(returned as i64);
         for held in s.held.into_values().filter(|h| !h.lost) {
             self.entries.remove(&held.stream_id);
             let delay = s.policy.retry_delay(held.attempts);
@@ -858,6 +876,7 @@ impl Worker {
             }
         }
         self.shared.held.fetch_sub(expired.len(), Ordering::Relaxed);
+        self.metrics.in_flight.dec_by(expired.len() as i64);
         for (held, delay) in expired.into_iter().filter(|(h, _)| !h.lost) {
             debug!(stream = %self.stream, stream_id = %held.stream_id, "ack deadline passed; treated as failed");
             self.entries.remove(&held.stream_id);
@@ -888,6 +907,7 @@ impl Worker {
                 Ok(reply) => array(&reply).to_vec(),
                 Err(e) => return self.redis_failed("refreshing leases", &e),
             };
+            self.metrics.lease_refreshes.inc_by((chunk.len() - lost.len()) as u64);
             for id in lost.iter().filter_map(|v| parse_stream_id(v).ok()) {
                 self.lease_lost(id);
             }
@@ -900,6 +920,7 @@ impl Worker {
         match self.entries.remove(&stream_id) {
             Some(Track::Held(session)) => {
                 let Some(s) = self.sessions.get_mut(&session) else { return };
+                self.metrics.leases_lost.inc();
                 let lost = s.held.iter_mut().find(|(_, h)| h.stream_id == stream_id).map(|(id, held)| {
                     held.lost = true;
                     *id
@@ -914,6 +935,26 @@ impl Worker {
                 self.waiting.remove(&(at, stream_id));
             }
             None => {}
+        }
+    }
+
+    /// Sets the polled group gauges from the same reading as DescribeGroup.
+    async fn poll_metrics(&mut self) {
+        if self.no_ack || self.group_lost {
+            return;
+        }
+        match crate::admin::describe(&self.shared.redis, &self.stream, &self.group, METRICS_PENDING_SCAN).await {
+            Ok(state) => {
+                let m = &self.metrics;
+                m.pending.set(state.pending as i64);
+                m.set_lag(state.lag);
+                m.oldest_pending_age_seconds
+                    .set(state.oldest_pending_age.map_or(0.0, |age| age.seconds as f64 + f64::from(age.nanos) / 1e9));
+                m.max_delivery_count.set(state.max_delivery_count as i64);
+                m.consumers.set(state.consumers.len() as i64);
+                m.stream_length.set(state.stream_length as i64);
+            }
+            Err(e) => debug!(stream = %self.stream, group = %self.group, "polling the group's state failed: {e}"),
         }
     }
 
@@ -989,7 +1030,7 @@ impl Worker {
             }
             if taken > 0 {
                 info!(stream = %self.stream, group = %self.group, taken, "reclaimed idle entries");
-                self.shared.reclaimed.fetch_add(taken, Ordering::Relaxed);
+                self.metrics.reclaimed.inc_by(taken);
             }
             self.reclaim_cursor = next;
             if next == StreamId::ZERO {

@@ -7,21 +7,25 @@
 //!   no response timeout, so a blocking read never holds up other commands and
 //!   is never cut short while Redis is handing entries to it.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
     AsyncConnectionConfig, Client, RedisResult, Script, Value,
 };
 
-use crate::id::StreamId;
+use crate::{
+    id::StreamId,
+    metrics::{Metrics, TimedConnection},
+};
 
 /// The shared Redis handles.
 #[derive(Clone)]
 pub struct Redis {
     client: Client,
-    /// The shared multiplexed connection for non-blocking commands.
-    pub conn: ConnectionManager,
+    /// The shared multiplexed connection for non-blocking commands, every
+    /// command's latency observed.
+    pub conn: TimedConnection<ConnectionManager>,
     /// The loaded scripts (EVALSHA, falling back to EVAL after a Redis restart).
     pub scripts: Scripts,
 }
@@ -31,7 +35,7 @@ impl Redis {
     /// and each non-blocking command.
     ///
     /// Errors: the URL is invalid, or Redis cannot be reached now.
-    pub async fn connect(url: &str, timeout: Duration) -> RedisResult<Redis> {
+    pub async fn connect(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> RedisResult<Redis> {
         let client = Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -39,7 +43,7 @@ impl Redis {
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(2));
         let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-        Ok(Redis { client, conn, scripts: Scripts::new() })
+        Ok(Redis { client, conn: TimedConnection::new(conn, metrics), scripts: Scripts::new() })
     }
 
     /// A new connection of its own for blocking reads: no response timeout

@@ -1,0 +1,285 @@
+//! Prometheus metrics, served as text on the admin port's `/metrics`.
+//!
+//! Names follow Prometheus conventions: the `echomq_` prefix, base units in
+//! the name (`_seconds`), `_total` on counters (added by the encoder). Labels
+//! are the stream and group (bounded by what the sidecar's clients subscribe
+//! to), the Redis operation, or the Redis command name.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Registry,
+};
+use redis::{aio::ConnectionLike, Cmd, Pipeline, RedisFuture, Value};
+
+/// Labels of per-group series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabels {
+    /// The stream key.
+    pub stream: String,
+    /// The consumer group.
+    pub group: String,
+}
+
+/// Labels of Redis error counts: what the sidecar was doing.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    /// E.g. `reading new entries`, `acknowledging`.
+    pub operation: String,
+}
+
+/// Labels of Redis latency: the command (`XACK`, `EVALSHA`, … or `pipeline`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CommandLabels {
+    /// The command name, upper case.
+    pub command: String,
+}
+
+type GroupCounter = Family<GroupLabels, Counter>;
+type GroupGauge = Family<GroupLabels, Gauge>;
+type GroupGaugeF64 = Family<GroupLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+
+/// Every metric of the sidecar, and the registry that encodes them.
+pub struct Metrics {
+    registry: Registry,
+    deliveries: GroupCounter,
+    acks: GroupCounter,
+    fails: GroupCounter,
+    dead_letters: GroupCounter,
+    reclaimed: GroupCounter,
+    lease_refreshes: GroupCounter,
+    leases_lost: GroupCounter,
+    acks_not_pending: GroupCounter,
+    trimmed_while_pending: GroupCounter,
+    group_recreations: GroupCounter,
+    in_flight: GroupGauge,
+    handler_seconds: Family<GroupLabels, Histogram>,
+    pending: GroupGauge,
+    lag: GroupGauge,
+    oldest_pending_age_seconds: GroupGaugeF64,
+    max_delivery_count: GroupGauge,
+    consumers: GroupGauge,
+    stream_length: GroupGauge,
+    redis_errors: Family<OperationLabels, Counter>,
+    redis_seconds: Family<CommandLabels, Histogram>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs to ~100 s.
+    Histogram::new(exponential_buckets(0.0001, 4.0, 11))
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("echomq");
+        let mut m = Metrics {
+            deliveries: Family::default(),
+            acks: Family::default(),
+            fails: Family::default(),
+            dead_letters: Family::default(),
+            reclaimed: Family::default(),
+            lease_refreshes: Family::default(),
+            leases_lost: Family::default(),
+            acks_not_pending: Family::default(),
+            trimmed_while_pending: Family::default(),
+            group_recreations: Family::default(),
+            in_flight: Family::default(),
+            handler_seconds: Family::new_with_constructor(latency_histogram),
+            pending: Family::default(),
+            lag: Family::default(),
+            oldest_pending_age_seconds: Family::default(),
+            max_delivery_count: Family::default(),
+            consumers: Family::default(),
+            stream_length: Family::default(),
+            redis_errors: Family::default(),
+            redis_seconds: Family::new_with_constructor(latency_histogram),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register("deliveries", "Entries handed to clients (each hand-over counts)", m.deliveries.clone());
+        r.register("acks", "Entries acknowledged (XACK answered 1)", m.acks.clone());
+        r.register("fails", "Fail verdicts, deadlines passed and calls ended holding entries", m.fails.clone());
+        r.register("dead_letters", "Entries moved to a dead-letter stream", m.dead_letters.clone());
+        r.register("reclaimed", "Entries taken over from idle consumers (XAUTOCLAIM)", m.reclaimed.clone());
+        r.register("lease_refreshes", "Held entries whose PEL idle time was refreshed", m.lease_refreshes.clone());
+        r.register("leases_lost", "Held entries a peer reclaimed before their verdict", m.leases_lost.clone());
+        r.register("acks_not_pending", "Acks answered NOT_PENDING (nothing applied)", m.acks_not_pending.clone());
+        r.register(
+            "trimmed_while_pending",
+            "Pending entries found deleted from their stream and dropped from the PEL",
+            m.trimmed_while_pending.clone(),
+        );
+        r.register("group_recreations", "Groups re-created after NOGROUP", m.group_recreations.clone());
+        r.register("in_flight", "Deliveries held by clients, waiting for a verdict", m.in_flight.clone());
+        r.register("handler_duration_seconds", "Time from delivery to verdict", m.handler_seconds.clone());
+        r.register("group_pending", "Entries in the group's PEL (polled)", m.pending.clone());
+        r.register("group_lag", "Entries not yet read by the group (polled; absent when unknown)", m.lag.clone());
+        r.register(
+            "group_oldest_pending_age_seconds",
+            "Age of the group's oldest pending entry (polled)",
+            m.oldest_pending_age_seconds.clone(),
+        );
+        r.register(
+            "group_max_delivery_count",
+            "Highest delivery count among the oldest pending entries (polled)",
+            m.max_delivery_count.clone(),
+        );
+        r.register("group_consumers", "Consumers in the group (polled)", m.consumers.clone());
+        r.register("stream_length", "Entries in the stream (polled)", m.stream_length.clone());
+        r.register("redis_errors", "Failed Redis operations, by operation", m.redis_errors.clone());
+        r.register(
+            "redis_command_duration_seconds",
+            "Latency of commands on the shared Redis connection",
+            m.redis_seconds.clone(),
+        );
+        m.registry = registry;
+        m
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+
+    /// The handles of one group's series, looked up once so the hot path only
+    /// touches atomics.
+    pub fn group(&self, stream: &str, group: &str) -> GroupMetrics {
+        let labels = GroupLabels { stream: stream.to_owned(), group: group.to_owned() };
+        GroupMetrics {
+            deliveries: self.deliveries.get_or_create(&labels).clone(),
+            acks: self.acks.get_or_create(&labels).clone(),
+            fails: self.fails.get_or_create(&labels).clone(),
+            dead_letters: self.dead_letters.get_or_create(&labels).clone(),
+            reclaimed: self.reclaimed.get_or_create(&labels).clone(),
+            lease_refreshes: self.lease_refreshes.get_or_create(&labels).clone(),
+            leases_lost: self.leases_lost.get_or_create(&labels).clone(),
+            acks_not_pending: self.acks_not_pending.get_or_create(&labels).clone(),
+            trimmed_while_pending: self.trimmed_while_pending.get_or_create(&labels).clone(),
+            group_recreations: self.group_recreations.get_or_create(&labels).clone(),
+            in_flight: self.in_flight.get_or_create(&labels).clone(),
+            handler_seconds: self.handler_seconds.get_or_create(&labels).clone(),
+            pending: self.pending.get_or_create(&labels).clone(),
+            oldest_pending_age_seconds: self.oldest_pending_age_seconds.get_or_create(&labels).clone(),
+            max_delivery_count: self.max_delivery_count.get_or_create(&labels).clone(),
+            consumers: self.consumers.get_or_create(&labels).clone(),
+            stream_length: self.stream_length.get_or_create(&labels).clone(),
+            lag_family: self.lag.clone(),
+            labels,
+        }
+    }
+
+    /// Counts a failed Redis operation.
+    pub fn redis_error(&self, operation: &str) {
+        self.redis_errors.get_or_create(&OperationLabels { operation: operation.to_owned() }).inc();
+    }
+
+    fn observe_command(&self, command: &str, elapsed: Duration) {
+        self.redis_seconds.get_or_create(&CommandLabels { command: command.to_owned() }).observe(elapsed.as_secs_f64());
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+/// One group's series (see [`Metrics::group`]). Cheap to clone.
+#[derive(Clone)]
+#[allow(missing_docs)]
+pub struct GroupMetrics {
+    pub deliveries: Counter,
+    pub acks: Counter,
+    pub fails: Counter,
+    pub dead_letters: Counter,
+    pub reclaimed: Counter,
+    pub lease_refreshes: Counter,
+    pub leases_lost: Counter,
+    pub acks_not_pending: Counter,
+    pub trimmed_while_pending: Counter,
+    pub group_recreations: Counter,
+    pub in_flight: Gauge,
+    pub handler_seconds: Histogram,
+    pub pending: Gauge,
+    pub oldest_pending_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub max_delivery_count: Gauge,
+    pub consumers: Gauge,
+    pub stream_length: Gauge,
+    lag_family: GroupGauge,
+    labels: GroupLabels,
+}
+
+impl GroupMetrics {
+    /// Sets the lag, or removes the series when Redis cannot say (so a stale
+    /// value is never shown).
+    pub fn set_lag(&self, lag: Option<u64>) {
+        match lag {
+            Some(lag) => {
+                self.lag_family.get_or_create(&self.labels).set(lag as i64);
+            }
+            None => {
+                self.lag_family.remove(&self.labels);
+            }
+        }
+    }
+}
+
+/// The shared Redis connection with every command's latency observed.
+#[derive(Clone)]
+pub struct TimedConnection<C> {
+    inner: C,
+    metrics: Arc<Metrics>,
+}
+
+impl<C> TimedConnection<C> {
+    /// Wraps `inner`.
+    pub fn new(inner: C, metrics: Arc<Metrics>) -> Self {
+        TimedConnection { inner, metrics }
+    }
+}
+
+impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let command = match cmd.args_iter().next() {
+            Some(redis::Arg::Simple(name)) => String::from_utf8_lossy(name).to_ascii_uppercase(),
+            _ => "unknown".to_owned(),
+        };
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = self.inner.req_packed_command(cmd).await;
+            self.metrics.observe_command(&command, started.elapsed());
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = self.inner.req_packed_commands(pipeline, offset, count).await;
+            self.metrics.observe_command("pipeline", started.elapsed());
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
