@@ -82,61 +82,63 @@ async fn forward(
     outbound: &Outbound,
     worker: &mpsc::Sender<Command>,
 ) -> Result<(), Status> {
-    let command =
-        match request.kind {
-            Some(Kind::Subscribe(_)) => return Err(Error::invalid(
+    let command = match request.kind {
+        Some(Kind::Subscribe(_)) => {
+            return Err(Error::invalid(
                 "subscribe",
                 "this call is already subscribed; a call subscribes once (open another call for another subscription)",
             )
-            .into()),
-            None => return Err(Error::invalid("kind", "a message must set subscribe, ack, fail or extend").into()),
-            Some(Kind::Ack(ack)) => {
-                let ids = parse_ids(ack.ids, outbound).await;
-                if ids.is_empty() {
+            .into())
+        }
+        None => return Err(Error::invalid("kind", "a message must set subscribe, ack, fail, extend or drain").into()),
+        Some(Kind::Ack(ack)) => {
+            let ids = parse_ids(ack.ids, outbound).await;
+            if ids.is_empty() {
+                return Ok(());
+            }
+            Command::Ack { session, ids }
+        }
+        Some(Kind::Fail(fail)) => {
+            let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
+            let retry_after = match fail.retry_after.map(Duration::try_from) {
+                None => None,
+                Some(Ok(delay)) => Some(delay),
+                Some(Err(_)) => {
+                    reject(
+                        outbound,
+                        &fail.id,
+                        VerdictErrorCode::InvalidArgument,
+                        "fail.retry_after must not be negative; the delivery is still held",
+                    )
+                    .await;
                     return Ok(());
                 }
-                Command::Ack { session, ids }
-            }
-            Some(Kind::Fail(fail)) => {
-                let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
-                let retry_after = match fail.retry_after.map(Duration::try_from) {
-                    None => None,
-                    Some(Ok(delay)) => Some(delay),
-                    Some(Err(_)) => {
+            };
+            let mut reason = fail.reason;
+            truncate_utf8(&mut reason, MAX_REASON_BYTES);
+            Command::Fail { session, text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason }
+        }
+        Some(Kind::Drain(_)) => Command::Drain { session },
+        Some(Kind::Extend(extend)) => {
+            let by = match extend.by.map(Duration::try_from) {
+                Some(Ok(by)) if !by.is_zero() => by,
+                _ => {
+                    for id in &extend.ids {
                         reject(
                             outbound,
-                            &fail.id,
+                            id,
                             VerdictErrorCode::InvalidArgument,
-                            "fail.retry_after must not be negative; the delivery is still held",
+                            "extend.by is required and must be greater than zero",
                         )
                         .await;
-                        return Ok(());
                     }
-                };
-                let mut reason = fail.reason;
-                truncate_utf8(&mut reason, MAX_REASON_BYTES);
-                Command::Fail { session, text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason }
-            }
-            Some(Kind::Extend(extend)) => {
-                let by = match extend.by.map(Duration::try_from) {
-                    Some(Ok(by)) if !by.is_zero() => by,
-                    _ => {
-                        for id in &extend.ids {
-                            reject(
-                                outbound,
-                                id,
-                                VerdictErrorCode::InvalidArgument,
-                                "extend.by is required and must be greater than zero",
-                            )
-                            .await;
-                        }
-                        return Ok(());
-                    }
-                };
-                let ids = parse_ids(extend.ids, outbound).await;
-                Command::Extend { session, ids, by }
-            }
-        };
+                    return Ok(());
+                }
+            };
+            let ids = parse_ids(extend.ids, outbound).await;
+            Command::Extend { session, ids, by }
+        }
+    };
     worker.send(command).await.map_err(|_| Status::from(Error::ShuttingDown))
 }
 

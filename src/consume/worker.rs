@@ -115,6 +115,8 @@ pub(crate) enum Command {
     },
     /// Push the ack deadline of these deliveries to now + `by`.
     Extend { session: SessionId, ids: Vec<(String, BrandedId)>, by: Duration },
+    /// The client is stopping: hand this call nothing more.
+    Drain { session: SessionId },
     /// The call ended; what it holds goes back to waiting.
     Detach { session: SessionId },
 }
@@ -147,7 +149,8 @@ struct Session {
     policy: Policy,
     events: mpsc::UnboundedSender<Event>,
     held: HashMap<BrandedId, Held>,
-    /// The call's receiver is gone; its Detach is on the way.
+    /// The call's receiver is gone (its Detach is on the way), or the client
+    /// asked to drain: it takes nothing more.
     closed: bool,
 }
 
@@ -462,8 +465,12 @@ impl Worker {
         None
     }
 
-    /// Takes or re-queues an entry that could not be handed out.
+    /// Keeps an entry that could not be handed out for the next free call; with
+    /// no call at all, releases it to wait in the PEL (see [`Self::release_ready`]).
     fn keep_ready(&mut self, out: Outgoing) {
+        if self.sessions.is_empty() {
+            return self.wait(out.stream_id, Instant::now());
+        }
         self.entries.insert(out.stream_id, Track::Ready);
         self.ready.push_back(out);
     }
@@ -666,6 +673,11 @@ impl Worker {
                     }
                 }
             }
+            Command::Drain { session } => {
+                if let Some(s) = self.sessions.get_mut(&session) {
+                    s.closed = true;
+                }
+            }
             Command::Detach { session } => self.detach(session),
         }
     }
@@ -854,6 +866,21 @@ impl Worker {
         }
         if returned > 0 && !self.no_ack {
             info!(stream = %self.stream, group = %self.group, returned, "call ended holding entries; they stay pending and will be delivered again");
+        }
+        if self.sessions.is_empty() {
+            self.release_ready();
+        }
+    }
+
+    /// With no call left, entries read for a call that went away stop being
+    /// leased: they wait in the PEL like any other, so a peer with clients can
+    /// reclaim them after the minimum idle time instead of this idle sidecar
+    /// sitting on them. If a call comes back first, they are claimed again
+    /// (which checks they are still this consumer's).
+    fn release_ready(&mut self) {
+        let now = Instant::now();
+        while let Some(out) = self.ready.pop_front() {
+            self.wait(out.stream_id, now);
         }
     }
 
