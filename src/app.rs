@@ -22,7 +22,10 @@ use tokio_stream::{
     wrappers::{TcpListenerStream, UnixListenerStream},
     StreamExt,
 };
-use tonic::transport::Server;
+use tonic::{
+    service::interceptor::InterceptedService,
+    transport::{Certificate, Identity, Server, ServerTlsConfig},
+};
 use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
@@ -37,6 +40,7 @@ use crate::{
         stream_service_server::StreamServiceServer,
     },
     redis::Redis,
+    security::{Gate, Guard},
     stream::Streams,
 };
 
@@ -60,6 +64,9 @@ pub enum AppError {
         /// The OS error.
         source: io::Error,
     },
+    /// A setting names a file that cannot be read or used.
+    #[error("{0}")]
+    Config(String),
     /// The Redis URL cannot be used at all (not a reachability problem).
     #[error("bad Redis URL: {0}")]
     RedisUrl(redis::RedisError),
@@ -106,7 +113,20 @@ pub async fn shutdown_signal() {
 /// Errors: [`AppError::Bind`] when a port is taken, [`AppError::RedisUrl`] for
 /// an unusable URL, [`AppError::Serve`] when the gRPC server fails.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), AppError> {
+    // One TLS implementation for gRPC and Redis: rustls on ring. Already
+    // installed when tests run several sidecars in one process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let consumer = config.consumer_name();
+    let files = Files::read(&config)?;
+    let guard = Guard::new(
+        Gate::new(
+            files.auth_token.clone(),
+            config.allow_streams.clone(),
+            config.allow_streams_for.iter().cloned().collect(),
+        ),
+        config.max_name_bytes,
+        config.max_fields_per_entry,
+    );
     let admin_listener = TcpListener::bind(config.admin_listen).await.map_err(|source| AppError::Bind {
         what: "admin",
         address: config.admin_listen.to_string(),
@@ -124,7 +144,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     tokio::pin!(shutdown);
     let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
     let redis = tokio::select! {
-        redis = connect_with_backoff(&config.redis_url, redis_timeout, metrics.clone()) => redis?,
+        redis = connect_with_backoff(&config.redis_url, &files, redis_timeout, metrics.clone()) => redis?,
         _ = &mut shutdown => {
             info!("shutdown before Redis was reachable");
             let _ = stopped_tx.send(true);
@@ -137,9 +157,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
 
     let (draining_tx, draining) = watch::channel(false);
     let (closing_tx, closing) = watch::channel(false);
-    let consumers = Consumers::new(redis.clone(), metrics.clone(), &config, consumer, draining, closing.clone());
-    let streams = Streams::new(redis.clone(), config.id_field.clone());
-    let admin_api = Admin::new(redis, config.id_field.clone());
+    let consumers =
+        Consumers::new(redis.clone(), metrics.clone(), &config, consumer, draining, closing.clone(), guard.clone());
+    let streams = Streams::new(redis.clone(), config.id_field.clone(), guard.clone());
+    let admin_api = Admin::new(redis, config.id_field.clone(), guard.clone());
 
     let (health, health_service) = tonic_health::server::health_reporter();
     let services = ["", "echomq.v1.ConsumerService", "echomq.v1.StreamService", "echomq.v1.AdminService"];
@@ -155,16 +176,36 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let reflection_v1 = reflection().build_v1().expect("the embedded descriptors are valid");
     let reflection_v1alpha = reflection().build_v1alpha().expect("the embedded descriptors are valid");
 
-    let router = Server::builder()
+    let mut builder = Server::builder()
         // Dead clients are noticed even when they hold entries and send nothing.
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+    if let Some(tls) = files.tls {
+        builder = builder.tls_config(tls).map_err(|e| AppError::Config(format!("TLS settings: {e}")))?;
+    }
+    // The gate (bearer token, caller identity) sits in front of the EchoMQ
+    // services only: health and reflection stay open for probes and grpcurl.
+    let admit = {
+        let gate = guard.gate().clone();
+        move |request| gate.admit(request)
+    };
+    let max = config.max_message_bytes;
+    let router = builder
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ConsumerServiceServer::new(consumers.clone()))
-        .add_service(StreamServiceServer::new(streams))
-        .add_service(AdminServiceServer::new(admin_api));
+        .add_service(InterceptedService::new(
+            ConsumerServiceServer::new(consumers.clone()).max_decoding_message_size(max).max_encoding_message_size(max),
+            admit.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            StreamServiceServer::new(streams).max_decoding_message_size(max).max_encoding_message_size(max),
+            admit.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            AdminServiceServer::new(admin_api).max_decoding_message_size(max).max_encoding_message_size(max),
+            admit,
+        ));
     let stop_serving = wait_true(closing);
     let mut server = tokio::spawn(async move {
         match grpc_listener {
@@ -260,10 +301,58 @@ fn remove_stale_socket(path: &Path) {
     }
 }
 
-async fn connect_with_backoff(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Result<Redis, AppError> {
+/// What the settings' files hold, read once at start so a bad path fails fast.
+struct Files {
+    auth_token: Option<String>,
+    tls: Option<ServerTlsConfig>,
+    redis_password: Option<String>,
+    redis_ca: Option<Vec<u8>>,
+}
+
+impl Files {
+    fn read(config: &Config) -> Result<Files, AppError> {
+        let read = |flag: &str, path: &Path| {
+            std::fs::read(path).map_err(|e| AppError::Config(format!("{flag} {}: {e}", path.display())))
+        };
+        let text = |flag: &str, path: &Path| -> Result<String, AppError> {
+            let bytes = read(flag, path)?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| AppError::Config(format!("{flag} {}: not UTF-8 text", path.display())))?;
+            let text = text.trim().to_owned();
+            if text.is_empty() {
+                return Err(AppError::Config(format!("{flag} {}: the file is empty", path.display())));
+            }
+            Ok(text)
+        };
+        let auth_token = config.auth_token_file.as_deref().map(|p| text("--auth-token-file", p)).transpose()?;
+        let redis_password =
+            config.redis_password_file.as_deref().map(|p| text("--redis-password-file", p)).transpose()?;
+        let redis_ca = config.redis_ca_file.as_deref().map(|p| read("--redis-ca-file", p)).transpose()?;
+        let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(cert), Some(key)) => {
+                let identity = Identity::from_pem(read("--tls-cert-file", cert)?, read("--tls-key-file", key)?);
+                let mut tls = ServerTlsConfig::new().identity(identity);
+                if let Some(ca) = &config.tls_client_ca_file {
+                    tls = tls.client_ca_root(Certificate::from_pem(read("--tls-client-ca-file", ca)?));
+                }
+                Some(tls)
+            }
+            _ => None,
+        };
+        Ok(Files { auth_token, tls, redis_password, redis_ca })
+    }
+}
+
+async fn connect_with_backoff(
+    url: &str,
+    files: &Files,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+) -> Result<Redis, AppError> {
     let mut delay = Duration::from_millis(200);
     loop {
-        match Redis::connect(url, timeout, metrics.clone()).await {
+        let password = files.redis_password.as_deref();
+        match Redis::connect(url, password, files.redis_ca.as_deref(), timeout, metrics.clone()).await {
             Ok(redis) => {
                 info!("connected to Redis");
                 return Ok(redis);

@@ -39,6 +39,15 @@ pub const DEFAULT_ID_FIELD: &str = "id";
 /// Default response timeout (ms) of a non-blocking Redis command.
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 5_000;
 
+/// Default largest gRPC message, either way (bytes): 4 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Default most fields in one appended entry.
+pub const DEFAULT_MAX_FIELDS_PER_ENTRY: usize = 1_000;
+/// Default longest stream or group name (bytes).
+pub const DEFAULT_MAX_NAME_BYTES: usize = 1_024;
+/// Default most Consume calls open at once.
+pub const DEFAULT_MAX_CONSUME_CALLS: usize = 1_024;
+
 /// Where the gRPC API listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Listen {
@@ -169,6 +178,64 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_METRICS_POLL_INTERVAL_MS", default_value_t = DEFAULT_METRICS_POLL_INTERVAL_MS)]
     pub metrics_poll_interval_ms: u64,
 
+    /// Serve gRPC over TLS with this PEM certificate chain (with --tls-key-file).
+    #[arg(long, env = "ECHOMQ_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert-file.
+    #[arg(long, env = "ECHOMQ_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// Require client certificates signed by this PEM CA (mTLS). A client's
+    /// identity, for --allow-streams-for, is its certificate's first URI SAN,
+    /// else its first DNS SAN.
+    #[arg(long, env = "ECHOMQ_TLS_CLIENT_CA_FILE", requires = "tls_cert_file")]
+    pub tls_client_ca_file: Option<PathBuf>,
+
+    /// Require `authorization: Bearer <token>` on the EchoMQ services, the
+    /// token read from this file (surrounding whitespace ignored). Health and
+    /// reflection stay open.
+    #[arg(long, env = "ECHOMQ_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+
+    /// Stream patterns every caller may use, comma-separated; `*` matches any
+    /// run of characters (e.g. `orders:*,payments`). Unset, with no
+    /// --allow-streams-for: every stream.
+    #[arg(long, env = "ECHOMQ_ALLOW_STREAMS", value_delimiter = ',')]
+    pub allow_streams: Vec<String>,
+
+    /// Stream patterns one mTLS identity may use besides --allow-streams:
+    /// `IDENTITY=PATTERN,PATTERN`. Repeat the flag for more identities; in the
+    /// variable, separate rules with `;`.
+    #[arg(long, env = "ECHOMQ_ALLOW_STREAMS_FOR", value_delimiter = ';', value_parser = parse_allow_rule)]
+    pub allow_streams_for: Vec<(String, Vec<String>)>,
+
+    /// Read the Redis password from this file (overrides one in the URL); pair
+    /// it with an ACL user in the URL (`redis://user@host:port`).
+    #[arg(long, env = "ECHOMQ_REDIS_PASSWORD_FILE")]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// Trust this PEM CA for `rediss://` instead of the system's roots.
+    #[arg(long, env = "ECHOMQ_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// Largest gRPC message accepted or sent (bytes). A bigger request gets
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "ECHOMQ_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
+    pub max_message_bytes: usize,
+
+    /// Most fields in one appended entry (INVALID_ARGUMENT above).
+    #[arg(long, env = "ECHOMQ_MAX_FIELDS_PER_ENTRY", default_value_t = DEFAULT_MAX_FIELDS_PER_ENTRY, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=3_000))]
+    pub max_fields_per_entry: usize,
+
+    /// Longest stream or group name (bytes; INVALID_ARGUMENT above).
+    #[arg(long, env = "ECHOMQ_MAX_NAME_BYTES", default_value_t = DEFAULT_MAX_NAME_BYTES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_name_bytes: usize,
+
+    /// Most Consume calls open at once (RESOURCE_EXHAUSTED above).
+    #[arg(long, env = "ECHOMQ_MAX_CONSUME_CALLS", default_value_t = DEFAULT_MAX_CONSUME_CALLS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_consume_calls: usize,
+
     /// Log line format on standard error.
     #[arg(long, env = "ECHOMQ_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -221,6 +288,17 @@ impl Config {
         }
         Ok(())
     }
+}
+
+fn parse_allow_rule(text: &str) -> Result<(String, Vec<String>), String> {
+    let (identity, patterns) =
+        text.split_once('=').ok_or_else(|| format!("`{text}` is not IDENTITY=PATTERN,PATTERN"))?;
+    let patterns: Vec<String> =
+        patterns.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned).collect();
+    if identity.trim().is_empty() || patterns.is_empty() {
+        return Err(format!("`{text}` needs an identity and at least one pattern: IDENTITY=PATTERN,PATTERN"));
+    }
+    Ok((identity.trim().to_owned(), patterns))
 }
 
 fn parse_redis_url(text: &str) -> Result<String, String> {
@@ -286,6 +364,15 @@ mod tests {
         }
         let config = parse(&["--default-max-in-flight", "20", "--max-in-flight-limit", "10"]).unwrap();
         assert!(config.validate().unwrap_err().contains("--max-in-flight-limit"));
+    }
+
+    #[test]
+    fn allow_lists_parse() {
+        let config = parse(&["--allow-streams", "a:*,b", "--allow-streams-for", "svc=c:*,d"]).unwrap();
+        assert_eq!(config.allow_streams, vec!["a:*", "b"]);
+        assert_eq!(config.allow_streams_for, vec![("svc".to_owned(), vec!["c:*".to_owned(), "d".to_owned()])]);
+        assert!(parse(&["--allow-streams-for", "svc="]).is_err());
+        assert!(parse(&["--tls-cert-file", "c.pem"]).is_err(), "a certificate needs its key");
     }
 
     #[test]

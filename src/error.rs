@@ -43,6 +43,20 @@ pub enum Error {
         /// What was looked for, e.g. "group `g` of stream `s`".
         what: String,
     },
+    /// The caller may not use this stream (the allow-list).
+    #[error("stream `{stream}` is not in this sidecar's allow-list for {}", identity.as_deref().map_or("callers without a client certificate".to_owned(), |id| format!("`{id}`")))]
+    PermissionDenied {
+        /// The stream asked for.
+        stream: String,
+        /// The caller's mTLS identity, if any.
+        identity: Option<String>,
+    },
+    /// A limit of the sidecar was reached; the message names the setting.
+    #[error("{reason}")]
+    ResourceExhausted {
+        /// Which limit, and what to do.
+        reason: String,
+    },
     /// The request conflicts with state the sidecar or Redis already has.
     #[error("{reason}")]
     Conflict {
@@ -94,6 +108,8 @@ impl From<Error> for Status {
             Error::Unavailable { .. } | Error::ShuttingDown => Code::Unavailable,
             Error::Redis { .. } => Code::Internal,
             Error::NotFound { .. } => Code::NotFound,
+            Error::PermissionDenied { .. } => Code::PermissionDenied,
+            Error::ResourceExhausted { .. } => Code::ResourceExhausted,
         };
         Status::new(code, error.to_string())
     }

@@ -14,6 +14,7 @@
 //! - [`redis`]: connections (shared and dedicated), the Lua scripts, reply parsing.
 //! - [`consume`]: the Consume call: validation, the group door, the group
 //!   worker (reads, recovery, reclaim, leases, XACK batches) and the per-call relay.
+//! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`stream`]: Append and AppendBatch.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
 
@@ -27,6 +28,7 @@ pub mod error;
 pub mod id;
 pub mod metrics;
 pub mod redis;
+pub mod security;
 pub mod stream;
 
 /// The generated `echomq.v1` code: messages, server traits and clients.

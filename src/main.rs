@@ -1,6 +1,6 @@
 //! The `echomq-sidecar` binary: parse the configuration, start logging, run
 //! until SIGTERM or SIGINT, and turn failures into exit codes (2 for a bad
-//! setting, 1 for a failure while running).
+//! setting or file, 1 for a failure while running).
 
 use std::process::ExitCode;
 
@@ -36,9 +36,11 @@ fn main() -> ExitCode {
     match runtime.block_on(app::run(config, app::shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
             eprintln!("echomq-sidecar: {e}");
-            ExitCode::FAILURE
+            match e {
+                app::AppError::Config(_) | app::AppError::RedisUrl(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -53,7 +53,7 @@ impl Gate {
                 ));
             }
         }
-        let identity = request.peer_certs().and_then(|certs| certs.first().and_then(|der| identity_of(der)));
+        let identity = request.peer_certs().and_then(|certs| certs.first().and_then(identity_of));
         request.extensions_mut().insert(Caller { identity });
         Ok(request)
     }
@@ -71,6 +71,59 @@ impl Gate {
             return Ok(());
         }
         Err(Error::PermissionDenied { stream: stream.to_owned(), identity: identity.map(str::to_owned) })
+    }
+}
+
+/// The limits and access checks every RPC applies to the names it is given.
+#[derive(Clone, Debug)]
+pub struct Guard {
+    gate: Gate,
+    /// Longest stream or group name (bytes).
+    pub max_name_bytes: usize,
+    /// Most fields in one appended entry.
+    pub max_fields_per_entry: usize,
+}
+
+impl Guard {
+    /// A guard with `gate` and the given limits.
+    pub fn new(gate: Gate, max_name_bytes: usize, max_fields_per_entry: usize) -> Guard {
+        Guard { gate, max_name_bytes, max_fields_per_entry }
+    }
+
+    /// The gate (authentication and the allow-list).
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// A stream or group name within limits, for request field `field`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when empty or over `max_name_bytes`.
+    pub fn name<'a>(&self, field: &'static str, name: &'a str) -> Result<&'a str, Error> {
+        if name.is_empty() {
+            return Err(Error::invalid(field, "required, must not be empty"));
+        }
+        if name.len() > self.max_name_bytes {
+            return Err(Error::invalid(
+                field,
+                format!("{} bytes is longer than this sidecar's limit of {}", name.len(), self.max_name_bytes),
+            ));
+        }
+        Ok(name)
+    }
+
+    /// A stream name within limits that `caller` may use.
+    ///
+    /// Errors: as [`Guard::name`], and [`Error::PermissionDenied`].
+    pub fn stream<'a>(&self, caller: Option<&Caller>, field: &'static str, name: &'a str) -> Result<&'a str, Error> {
+        let name = self.name(field, name)?;
+        self.gate.authorize(caller, name)?;
+        Ok(name)
+    }
+}
+
+impl Default for Guard {
+    fn default() -> Guard {
+        Guard::new(Gate::default(), crate::config::DEFAULT_MAX_NAME_BYTES, crate::config::DEFAULT_MAX_FIELDS_PER_ENTRY)
     }
 }
 

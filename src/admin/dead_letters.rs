@@ -13,7 +13,8 @@ use crate::{
         ReplayDeadLettersResponse, Replayed,
     },
     redis::{array, bytes, parse_entries, parse_stream_id},
-    stream::{checked_stream, page_size},
+    security::Caller,
+    stream::page_size,
 };
 
 /// Dead letters moved back per script run, so one run never blocks Redis long.
@@ -25,16 +26,21 @@ fn is_metadata(name: &[u8]) -> bool {
 }
 
 /// The dead-letter stream named by a request: given, or `<stream>:dlq`.
-fn dead_letter_stream(stream: &str, given: &str) -> Result<String, Error> {
+fn dead_letter_stream(admin: &Admin, caller: Option<&Caller>, stream: &str, given: &str) -> Result<String, Error> {
     if !given.is_empty() {
-        return Ok(checked_stream("dead_letter_stream", given)?.to_owned());
+        return Ok(admin.guard.stream(caller, "dead_letter_stream", given)?.to_owned());
     }
-    Ok(format!("{}:dlq", checked_stream("stream", stream)?))
+    let stream = admin.guard.name("stream", stream)?;
+    Ok(admin.guard.stream(caller, "stream", &format!("{stream}:dlq"))?.to_owned())
 }
 
 /// ListDeadLetters: a page, oldest first.
-pub(super) async fn list(admin: &Admin, request: ListDeadLettersRequest) -> Result<ListDeadLettersResponse, Error> {
-    let dead_letters = dead_letter_stream(&request.stream, &request.dead_letter_stream)?;
+pub(super) async fn list(
+    admin: &Admin,
+    caller: Option<&Caller>,
+    request: &ListDeadLettersRequest,
+) -> Result<ListDeadLettersResponse, Error> {
+    let dead_letters = dead_letter_stream(admin, caller, &request.stream, &request.dead_letter_stream)?;
     let start = match request.start_id.as_str() {
         "" => "-".to_owned(),
         id => id.parse::<StreamId>().map_err(|e| Error::invalid("start_id", e.to_string()))?.to_string(),
@@ -87,10 +93,11 @@ pub(super) async fn list(admin: &Admin, request: ListDeadLettersRequest) -> Resu
 /// ReplayDeadLetters: the given ids, or the oldest `count`.
 pub(super) async fn replay(
     admin: &Admin,
-    request: ReplayDeadLettersRequest,
+    caller: Option<&Caller>,
+    request: &ReplayDeadLettersRequest,
 ) -> Result<ReplayDeadLettersResponse, Error> {
-    let source = checked_stream("stream", &request.stream)?;
-    let dead_letters = dead_letter_stream(source, &request.dead_letter_stream)?;
+    let source = admin.guard.stream(caller, "stream", &request.stream)?;
+    let dead_letters = dead_letter_stream(admin, caller, source, &request.dead_letter_stream)?;
     let mut conn = admin.redis.conn.clone();
     let ids: Vec<String> = if request.ids.is_empty() {
         let count = page_size("count", request.count)?;

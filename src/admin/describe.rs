@@ -11,7 +11,7 @@ use crate::{
     id::StreamId,
     proto::{ConsumerInfo, DescribeGroupRequest, DescribeGroupResponse},
     redis::{array, bytes, parse_stream_id, Redis},
-    stream::checked_stream,
+    security::Caller,
 };
 
 /// How many of the oldest pending entries are scanned for the highest delivery count.
@@ -20,12 +20,11 @@ const DELIVERY_COUNT_SCAN: usize = 10_000;
 /// DescribeGroup.
 pub(super) async fn describe_group(
     admin: &Admin,
-    request: DescribeGroupRequest,
+    caller: Option<&Caller>,
+    request: &DescribeGroupRequest,
 ) -> Result<DescribeGroupResponse, Error> {
-    let stream = checked_stream("stream", &request.stream)?;
-    if request.group.is_empty() {
-        return Err(Error::invalid("group", "required, must not be empty"));
-    }
+    let stream = admin.guard.stream(caller, "stream", &request.stream)?;
+    admin.guard.name("group", &request.group)?;
     describe(&admin.redis, stream, &request.group, DELIVERY_COUNT_SCAN).await
 }
 

@@ -14,6 +14,7 @@ use crate::{
         ListDeadLettersResponse, ReplayDeadLettersRequest, ReplayDeadLettersResponse,
     },
     redis::Redis,
+    security::Guard,
 };
 
 /// The AdminService implementation.
@@ -21,12 +22,14 @@ use crate::{
 pub struct Admin {
     redis: Redis,
     id_field: String,
+    guard: Guard,
 }
 
 impl Admin {
-    /// Serves the AdminService with `redis`; branded ids live in `id_field`.
-    pub fn new(redis: Redis, id_field: String) -> Admin {
-        Admin { redis, id_field }
+    /// Serves the AdminService with `redis`; branded ids live in `id_field`;
+    /// names are checked by `guard`.
+    pub fn new(redis: Redis, id_field: String, guard: Guard) -> Admin {
+        Admin { redis, id_field, guard }
     }
 }
 
@@ -36,20 +39,20 @@ impl AdminService for Admin {
         &self,
         request: Request<DescribeGroupRequest>,
     ) -> Result<Response<DescribeGroupResponse>, Status> {
-        Ok(Response::new(describe::describe_group(self, request.into_inner()).await?))
+        Ok(Response::new(describe::describe_group(self, request.extensions().get(), request.get_ref()).await?))
     }
 
     async fn list_dead_letters(
         &self,
         request: Request<ListDeadLettersRequest>,
     ) -> Result<Response<ListDeadLettersResponse>, Status> {
-        Ok(Response::new(dead_letters::list(self, request.into_inner()).await?))
+        Ok(Response::new(dead_letters::list(self, request.extensions().get(), request.get_ref()).await?))
     }
 
     async fn replay_dead_letters(
         &self,
         request: Request<ReplayDeadLettersRequest>,
     ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
-        Ok(Response::new(dead_letters::replay(self, request.into_inner()).await?))
+        Ok(Response::new(dead_letters::replay(self, request.extensions().get(), request.get_ref()).await?))
     }
 }

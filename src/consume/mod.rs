@@ -19,7 +19,7 @@ use std::{
 };
 
 use tokio::{
-    sync::{mpsc, oneshot, watch},
+    sync::{mpsc, oneshot, watch, Semaphore},
     task::JoinSet,
 };
 use tokio_stream::{wrappers::ReceiverStream, Stream};
@@ -35,13 +35,10 @@ use crate::{
         Subscribe,
     },
     redis::Redis,
+    security::{Caller, Guard},
 };
 use worker::{Command, GroupPolicy, Policy, Worker};
 
-/// Longest stream key a call may name, in bytes.
-pub const MAX_STREAM_NAME_BYTES: usize = 1024;
-/// Longest group name a call may name, in bytes.
-pub const MAX_GROUP_NAME_BYTES: usize = 256;
 /// Frames buffered toward one client before the sidecar waits for it to read.
 const OUTBOUND_BUFFER: usize = 64;
 
@@ -77,6 +74,10 @@ pub struct Consumers {
     next_session: Arc<AtomicU64>,
     /// Becomes true when calls must end (after the shutdown grace period).
     closing: watch::Receiver<bool>,
+    guard: Guard,
+    /// One permit per open Consume call (`--max-consume-calls`).
+    calls: Arc<Semaphore>,
+    max_calls: usize,
 }
 
 /// The worker of each (stream, group) this sidecar serves.
@@ -100,6 +101,7 @@ impl Consumers {
         consumer: String,
         draining: watch::Receiver<bool>,
         closing: watch::Receiver<bool>,
+        guard: Guard,
     ) -> Consumers {
         let shared = Shared {
             redis,
@@ -132,6 +134,9 @@ impl Consumers {
             tasks: Arc::default(),
             next_session: Arc::default(),
             closing,
+            guard,
+            calls: Arc::new(Semaphore::new(config.max_consume_calls)),
+            max_calls: config.max_consume_calls,
         }
     }
 
@@ -171,9 +176,13 @@ impl Consumers {
         sender
     }
 
-    fn validate(&self, subscribe: Subscribe) -> Result<(Subscription, Policy, GroupPolicy), Error> {
-        let stream = checked_name("subscribe.stream", subscribe.stream, MAX_STREAM_NAME_BYTES)?;
-        let group = checked_name("subscribe.group", subscribe.group, MAX_GROUP_NAME_BYTES)?;
+    fn validate(
+        &self,
+        caller: Option<&Caller>,
+        subscribe: Subscribe,
+    ) -> Result<(Subscription, Policy, GroupPolicy), Error> {
+        let stream = self.guard.stream(caller, "subscribe.stream", &subscribe.stream)?.to_owned();
+        let group = self.guard.name("subscribe.group", &subscribe.group)?.to_owned();
         let start = match GroupStart::try_from(subscribe.group_start) {
             Ok(GroupStart::New) => "$".to_owned(),
             Ok(GroupStart::Beginning) => "0".to_owned(),
@@ -223,7 +232,7 @@ impl Consumers {
         }
         let dead_letter_stream = match subscribe.dead_letter_stream {
             name if name.is_empty() => format!("{stream}:dlq"),
-            name => checked_name("subscribe.dead_letter_stream", name, MAX_STREAM_NAME_BYTES)?,
+            name => self.guard.stream(caller, "subscribe.dead_letter_stream", &name)?.to_owned(),
         };
         let max_deliveries = match subscribe.max_deliveries {
             0 => self.defaults.max_deliveries,
@@ -275,16 +284,6 @@ struct Subscription {
     no_ack: bool,
 }
 
-fn checked_name(field: &'static str, name: String, max: usize) -> Result<String, Error> {
-    if name.is_empty() {
-        return Err(Error::invalid(field, "required, must not be empty"));
-    }
-    if name.len() > max {
-        return Err(Error::invalid(field, format!("{} bytes is longer than the limit of {max}", name.len())));
-    }
-    Ok(name)
-}
-
 /// A proto Duration as a std one; `None` when unset. INVALID_ARGUMENT when negative.
 fn duration(field: &'static str, value: Option<prost_types::Duration>) -> Result<Option<Duration>, Error> {
     let Some(value) = value else { return Ok(None) };
@@ -301,6 +300,14 @@ impl ConsumerService for Consumers {
         if *self.shared.draining.borrow() {
             return Err(Error::ShuttingDown.into());
         }
+        // Held for the life of the call.
+        let permit = self.calls.clone().try_acquire_owned().map_err(|_| Error::ResourceExhausted {
+            reason: format!(
+                "this sidecar already serves its limit of {} Consume calls (--max-consume-calls)",
+                self.max_calls
+            ),
+        })?;
+        let caller = request.extensions().get::<Caller>().cloned();
         let mut inbound = request.into_inner();
         let subscribe = match inbound.message().await? {
             Some(ConsumeRequest { kind: Some(Kind::Subscribe(subscribe)) }) => subscribe,
@@ -311,7 +318,7 @@ impl ConsumerService for Consumers {
             }
             None => return Err(Error::invalid("subscribe", "the call closed before its subscribe").into()),
         };
-        let (sub, policy, group_policy) = self.validate(subscribe)?;
+        let (sub, policy, group_policy) = self.validate(caller.as_ref(), subscribe)?;
         self.open_group(&sub).await?;
 
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
@@ -332,7 +339,11 @@ impl ConsumerService for Consumers {
         };
         let _ = outbound.try_send(Ok(session::response(crate::proto::consume_response::Kind::Subscribed(subscribed))));
         tracing::info!(stream = %sub.stream, group = %sub.group, session, max_in_flight, "call subscribed");
-        tokio::spawn(session::relay(session, inbound, events, outbound, worker, self.closing.clone()));
+        let closing = self.closing.clone();
+        tokio::spawn(async move {
+            session::relay(session, inbound, events, outbound, worker, closing).await;
+            drop(permit);
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(outbound_rx))))
     }
 }

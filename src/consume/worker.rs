@@ -315,12 +315,24 @@ impl Worker {
                 _ = deadlines.tick(), if self.has_deadlines() => self.expire_deadlines(),
                 _ = poll.tick(), if self.shared.metrics_poll.is_some() => self.poll_metrics().await,
                 _ = hygiene.tick(), if self.shared.consumer_idle_limit.is_some() => self.forget_dead_consumers().await,
-                Ok(()) = draining.changed() => self.draining = *draining.borrow(),
+                Ok(()) = draining.changed() => {
+                    self.draining = *draining.borrow();
+                    if self.draining {
+                        self.stop_reading();
+                    }
+                }
             }
         }
         self.flush().await;
         self.reader.abort();
         info!(stream = %self.stream, group = %self.group, "group worker stopped");
+    }
+
+    /// Shutdown: the blocked XREADGROUP is cut off (its connection dropped), so
+    /// no entry appended during the grace period is taken by this sidecar.
+    fn stop_reading(&mut self) {
+        self.reader.abort();
+        self.read_outstanding = 0;
     }
 
     fn next_wake(&self) -> Instant {
@@ -801,14 +813,14 @@ impl Worker {
         dead_letter: bool,
         reason: String,
     ) {
-        let Some(policy) = self.sessions.get(&session).map(|s| s.policy.clone()) else { return };
-        let Some(held) = self.settle(session, &text, id) else { return };
+        let Some(s) = self.sessions.get(&session) else { return };
         if self.no_ack {
-            if let Some(s) = self.sessions.get(&session) {
-                s.error(&text, VerdictErrorCode::InvalidArgument, "this is an at-most-once (no_ack) subscription: the entry is not pending, so it cannot be retried or dead-lettered");
-            }
+            // Refused, so nothing changes: the delivery stays held.
+            s.error(&text, VerdictErrorCode::InvalidArgument, "this is an at-most-once (no_ack) subscription: the entry is not pending, so it cannot be retried or dead-lettered; ack it");
             return;
         }
+        let policy = s.policy.clone();
+        let Some(held) = self.settle(session, &text, id) else { return };
         if !dead_letter {
             let delay = retry_after.unwrap_or_else(|| policy.retry_delay(held.attempts));
             debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");
@@ -1022,7 +1034,12 @@ impl Worker {
             return;
         }
         for _ in 0..RECLAIM_PAGES_PER_BEAT {
-            let count = self.free().saturating_sub(self.waiting.len()).min(BATCH_MAX);
+            // Credit not yet spoken for by entries on hand. The blocking read
+            // usually holds all free credit, so it is left out here: entries
+            // taken now are handed out as soon as that read returns (BLOCK
+            // bounds the wait), and memory stays bounded by twice the credit.
+            let slots: usize = self.sessions.values().map(Session::free).sum();
+            let count = slots.saturating_sub(self.ready.len() + self.waiting.len()).min(BATCH_MAX);
             if count == 0 {
                 return;
             }

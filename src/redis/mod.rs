@@ -11,7 +11,7 @@ use std::{sync::Arc, time::Duration};
 
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
-    AsyncConnectionConfig, Client, RedisResult, Script, Value,
+    AsyncConnectionConfig, Client, IntoConnectionInfo, RedisResult, Script, Value,
 };
 
 use crate::{
@@ -31,12 +31,29 @@ pub struct Redis {
 }
 
 impl Redis {
-    /// Opens the client and the shared connection. `timeout` bounds connecting
-    /// and each non-blocking command.
+    /// Opens the client and the shared connection. `password` overrides the
+    /// URL's; `ca_pem` replaces the system roots for `rediss://`. `timeout`
+    /// bounds connecting and each non-blocking command.
     ///
     /// Errors: the URL is invalid, or Redis cannot be reached now.
-    pub async fn connect(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> RedisResult<Redis> {
-        let client = Client::open(url)?;
+    pub async fn connect(
+        url: &str,
+        password: Option<&str>,
+        ca_pem: Option<&[u8]>,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> RedisResult<Redis> {
+        let mut info = url.into_connection_info()?;
+        if let Some(password) = password {
+            let settings = info.redis_settings().clone().set_password(password);
+            info = info.set_redis_settings(settings);
+        }
+        let client = match ca_pem {
+            Some(ca) => {
+                Client::build_with_tls(info, redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) })?
+            }
+            None => Client::open(info)?,
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))

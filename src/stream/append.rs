@@ -3,18 +3,17 @@
 
 use std::collections::HashMap;
 
-use super::{checked_stream, Streams};
+use super::Streams;
 use crate::{
     error::Error,
     id::{BrandedId, StreamId},
     proto::{AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse},
     redis::parse_stream_id,
+    security::Caller,
 };
 
 /// Most entries in one AppendBatch.
 pub const MAX_BATCH_ENTRIES: usize = 10_000;
-/// Most fields in one entry (the script passes them as one command's arguments).
-pub const MAX_FIELDS_PER_ENTRY: usize = 1_000;
 
 /// Appends `entries` to `stream` in one script run and returns their
 /// (branded id, stream id) pairs in order. `max_len` 0: no trimming.
@@ -24,11 +23,13 @@ pub const MAX_FIELDS_PER_ENTRY: usize = 1_000;
 /// key is not a stream; [`Error::Unavailable`] when Redis is down.
 async fn append_entries(
     streams: &Streams,
+    caller: Option<&Caller>,
     stream: &str,
     entries: &[(&'static str, &HashMap<String, Vec<u8>>)],
     max_len: u64,
 ) -> Result<Vec<AppendResponse>, Error> {
-    let stream = checked_stream("stream", stream)?;
+    let stream = streams.guard.stream(caller, "stream", stream)?;
+    let max_fields = streams.guard.max_fields_per_entry;
     let id_field = &streams.id_field;
     let mut script = streams.redis.scripts.append.prepare_invoke();
     script.key(stream).arg(id_field).arg(max_len).arg(entries.len());
@@ -39,10 +40,10 @@ async fn append_entries(
                 format!("`{id_field}` is the reserved field that carries the branded id; rename the field"),
             ));
         }
-        if fields.len() > MAX_FIELDS_PER_ENTRY {
+        if fields.len() > max_fields {
             return Err(Error::invalid(
                 field,
-                format!("{} fields is more than the limit of {MAX_FIELDS_PER_ENTRY}", fields.len()),
+                format!("{} fields is more than this sidecar's limit of {max_fields}", fields.len()),
             ));
         }
         // Sorted, so an entry's field order does not depend on hashing.
@@ -71,15 +72,24 @@ async fn append_entries(
 }
 
 /// Append: one entry.
-pub(super) async fn append(streams: &Streams, request: AppendRequest) -> Result<AppendResponse, Error> {
-    let mut written = append_entries(streams, &request.stream, &[("fields", &request.fields)], request.max_len).await?;
+pub(super) async fn append(
+    streams: &Streams,
+    caller: Option<&Caller>,
+    request: &AppendRequest,
+) -> Result<AppendResponse, Error> {
+    let mut written =
+        append_entries(streams, caller, &request.stream, &[("fields", &request.fields)], request.max_len).await?;
     let written = written.pop().expect("append.lua returns one id per entry");
     tracing::debug!(stream = %request.stream, id = %written.id, "appended");
     Ok(written)
 }
 
 /// AppendBatch: 1 to [`MAX_BATCH_ENTRIES`] entries, all or none.
-pub(super) async fn append_batch(streams: &Streams, request: AppendBatchRequest) -> Result<AppendBatchResponse, Error> {
+pub(super) async fn append_batch(
+    streams: &Streams,
+    caller: Option<&Caller>,
+    request: &AppendBatchRequest,
+) -> Result<AppendBatchResponse, Error> {
     if request.entries.is_empty() || request.entries.len() > MAX_BATCH_ENTRIES {
         return Err(Error::invalid(
             "entries",
@@ -87,6 +97,6 @@ pub(super) async fn append_batch(streams: &Streams, request: AppendBatchRequest)
         ));
     }
     let entries: Vec<_> = request.entries.iter().map(|entry| ("entries.fields", &entry.fields)).collect();
-    let entries = append_entries(streams, &request.stream, &entries, request.max_len).await?;
+    let entries = append_entries(streams, caller, &request.stream, &entries, request.max_len).await?;
     Ok(AppendBatchResponse { entries })
 }

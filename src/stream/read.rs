@@ -3,13 +3,14 @@
 
 use prost_types::Timestamp;
 
-use super::{checked_stream, Streams};
+use super::Streams;
 use crate::{
     entry,
     error::Error,
     id::StreamId,
     proto::{ReadRequest, ReadResponse},
     redis::parse_entries,
+    security::Caller,
 };
 
 /// Page size when a request sends 0 (entries).
@@ -60,8 +61,12 @@ pub fn page_size(field: &'static str, count: u32) -> Result<usize, Error> {
 }
 
 /// Read: one page of the range, oldest first.
-pub(super) async fn read(streams: &Streams, request: ReadRequest) -> Result<ReadResponse, Error> {
-    let stream = checked_stream("stream", &request.stream)?;
+pub(super) async fn read(
+    streams: &Streams,
+    caller: Option<&Caller>,
+    request: &ReadRequest,
+) -> Result<ReadResponse, Error> {
+    let stream = streams.guard.stream(caller, "stream", &request.stream)?;
     let start = parse_bound("start_id", &request.start_id, "start_time", request.start_time, End::Start)?;
     let end = parse_bound("end_id", &request.end_id, "end_time", request.end_time, End::End)?;
     let count = page_size("count", request.count)?;

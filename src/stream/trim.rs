@@ -1,17 +1,22 @@
 //! Trim: validate exactly one bound → `trim.lua` (safe bound and XTRIM MINID,
 //! atomically) → what was removed.
 
-use super::{checked_stream, Streams};
+use super::Streams;
 use crate::{
     error::Error,
     id::StreamId,
     proto::{TrimRequest, TrimResponse},
     redis::bytes,
+    security::Caller,
 };
 
 /// Trim: by length, by id, or before an instant; safe unless `ignore_groups`.
-pub(super) async fn trim(streams: &Streams, request: TrimRequest) -> Result<TrimResponse, Error> {
-    let stream = checked_stream("stream", &request.stream)?;
+pub(super) async fn trim(
+    streams: &Streams,
+    caller: Option<&Caller>,
+    request: &TrimRequest,
+) -> Result<TrimResponse, Error> {
+    let stream = streams.guard.stream(caller, "stream", &request.stream)?;
     let bounds = [request.max_len > 0, !request.min_id.is_empty(), request.before.is_some()];
     if bounds.iter().filter(|set| **set).count() != 1 {
         return Err(Error::invalid("max_len", "give exactly one of max_len, min_id and before"));
