@@ -1,0 +1,131 @@
+//! AdminService: describing a group, listing and replaying dead letters.
+
+// Tests fail loudly by design; `..Default::default()` on proto messages keeps them
+// compiling when the contract gains fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
+mod support;
+
+use std::time::Duration;
+
+use echomq::proto::{DescribeGroupRequest, GroupStart, ListDeadLettersRequest, ReplayDeadLettersRequest};
+use support::*;
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_group_reports_pending_lag_and_consumers() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::named("pod-d")).await;
+    let mut appended = Vec::new();
+    for i in 0..5 {
+        appended.push(sidecar.append("s", &[("n", i.to_string().as_bytes())]).await);
+    }
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 2).await;
+    call.deliveries(2, EVENT_TIMEOUT).await;
+    call.assert_quiet(Duration::from_millis(300), "max_in_flight 2").await;
+
+    let resp = sidecar
+        .admin_client()
+        .await
+        .describe_group(DescribeGroupRequest { stream: "s".into(), group: "g".into(), ..Default::default() })
+        .await
+        .expect("describe")
+        .into_inner();
+
+    assert_eq!((resp.stream.as_str(), resp.group.as_str()), ("s", "g"));
+    assert_eq!(resp.pending, 2);
+    assert_eq!(resp.lag, Some(3), "three entries not yet read");
+    assert_eq!(resp.last_delivered_id, appended[1].stream_id);
+    assert_eq!(resp.oldest_pending_id, appended[0].stream_id);
+    assert!(resp.oldest_pending_age.is_some());
+    assert_eq!(resp.max_delivery_count, 1);
+    assert_eq!(resp.stream_length, 5);
+    let consumers: Vec<(&str, u64)> = resp.consumers.iter().map(|c| (c.name.as_str(), c.pending)).collect();
+    assert_eq!(consumers, vec![("pod-d", 2)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_missing_group_is_not_found() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+
+    let err = sidecar
+        .admin_client()
+        .await
+        .describe_group(DescribeGroupRequest { stream: "s".into(), group: "nope".into(), ..Default::default() })
+        .await
+        .expect_err("no such group");
+
+    assert_code(&err, Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_listed_with_their_origin() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+    call.dead_letter(&d.id, "cannot parse").await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+
+    let resp = sidecar
+        .admin_client()
+        .await
+        .list_dead_letters(ListDeadLettersRequest { stream: "s".into(), ..Default::default() })
+        .await
+        .expect("list")
+        .into_inner();
+
+    assert_eq!(resp.dead_letters.len(), 1);
+    let dl = &resp.dead_letters[0];
+    let entry = dl.entry.as_ref().expect("entry");
+    assert_eq!(entry.id, e.id, "the branded id survives the copy");
+    assert_ne!(entry.stream_id, e.stream_id);
+    assert_eq!(entry.payload, [("k".to_owned(), b"v".to_vec())].into_iter().collect(), "metadata is not payload");
+    assert_eq!(dl.source_stream, "s");
+    assert_eq!(dl.source_id, e.stream_id);
+    assert_eq!(dl.group, "g");
+    assert_eq!(dl.attempts, 1);
+    assert_eq!(dl.reason, "cannot parse");
+    assert!(dl.dead_lettered_at.is_some());
+    assert_eq!(resp.next_start_id, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_dead_letter_is_delivered_again_with_its_branded_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+    call.dead_letter(&d.id, "bug, fixed later").await;
+    assert!(
+        eventually(EVENT_TIMEOUT, || {
+            let mut c = con.clone();
+            async move { xlen(&mut c, "s:dlq").await == 1 }
+        })
+        .await
+    );
+
+    let resp = sidecar
+        .admin_client()
+        .await
+        .replay_dead_letters(ReplayDeadLettersRequest { stream: "s".into(), ..Default::default() })
+        .await
+        .expect("replay")
+        .into_inner();
+
+    assert_eq!(resp.replayed.len(), 1);
+    assert_eq!(resp.replayed[0].id, e.id);
+    assert_eq!(xlen(&mut con, "s:dlq").await, 0, "moved, not copied");
+    let again = call.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(again.id, e.id, "same branded id: the idempotency key");
+    assert_eq!(again.stream_id, resp.replayed[0].stream_id);
+    assert_ne!(again.stream_id, e.stream_id, "a new stream id");
+    assert_eq!(again.payload, d.payload);
+    assert_eq!(again.attempts, 1);
+}

@@ -1,0 +1,872 @@
+//! ConsumerService.Consume: subscribing, deliveries, verdicts, flow control and
+//! sharing, against a real redis-server and the real sidecar binary.
+
+// Tests fail loudly by design; `..Default::default()` on proto messages keeps them
+// compiling when the contract gains fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use echomq::proto::consume_request::Kind;
+use echomq::proto::{Ack, AppendBatchRequest, BatchEntry, Fail, GroupStart, RawField, VerdictErrorCode};
+use support::*;
+use tonic::Code;
+
+const SHORT: Duration = Duration::from_millis(1500);
+
+async fn append_n(sidecar: &Sidecar, stream: &str, n: usize) -> Vec<String> {
+    let entries = (0..n)
+        .map(|i| BatchEntry {
+            fields: [("n".to_owned(), i.to_string().into_bytes())].into_iter().collect(),
+            ..Default::default()
+        })
+        .collect();
+    let resp = sidecar
+        .stream_client()
+        .await
+        .append_batch(AppendBatchRequest { stream: stream.to_owned(), entries, ..Default::default() })
+        .await
+        .expect("append batch")
+        .into_inner();
+    resp.entries.into_iter().map(|e| e.id).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Subscribing
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_without_group_start_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let err = Consumer::try_subscribe(&sidecar, subscribe_msg("s", "g", GroupStart::Unspecified))
+        .await
+        .err()
+        .expect("GROUP_START_UNSPECIFIED must be refused");
+
+    assert_code(&err, Code::InvalidArgument);
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "s").await, "a refused subscribe must not create the stream or group");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_subscribe_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+
+    consumer.send(req(Kind::Subscribe(subscribe_msg("s", "g", GroupStart::New)))).await;
+
+    match consumer.next_event(EVENT_TIMEOUT).await {
+        Event::Ended(Some(status)) => assert_code(&status, Code::InvalidArgument),
+        other => panic!("a second Subscribe must end the call with INVALID_ARGUMENT, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_before_subscribe_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let ack = req(Kind::Ack(Ack { ids: vec!["0000000000010000000000000000".into()] }));
+
+    let status = match Consumer::open(&sidecar, ack).await {
+        Err(status) => status,
+        Ok(mut call) => match call.next_event(EVENT_TIMEOUT).await {
+            Event::Ended(Some(status)) => status,
+            other => panic!("an Ack as first message must end the call, got {other:?}"),
+        },
+    };
+
+    assert_code(&status, Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_creates_group_with_mkstream() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::named("pod-7")).await;
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "fresh").await);
+
+    let consumer = Consumer::start(&sidecar, "fresh", "workers", GroupStart::New, 0).await;
+
+    let subscribed = consumer.subscribed.clone().unwrap();
+    assert_eq!(subscribed.stream, "fresh");
+    assert_eq!(subscribed.group, "workers");
+    assert_eq!(subscribed.consumer, "pod-7", "Subscribed names the sidecar's --consumer-name");
+    assert_eq!(subscribed.max_in_flight, 64, "the default max_in_flight is reported");
+    let groups = groups(&mut con, "fresh").await;
+    assert!(groups.contains_key("workers"), "XINFO GROUPS must show the group: {groups:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_reuses_existing_group_and_keeps_its_position() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let old = sidecar.append("s", &[("k", b"old")]).await;
+    create_group(&mut con, "s", "g", "$").await; // positioned after `old`
+    let new = sidecar.append("s", &[("k", b"new")]).await;
+
+    // BEGINNING only applies to a group that does not exist yet.
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(d.id, new.id, "the existing group's position must be kept (old entry was {})", old.id);
+    consumer.assert_quiet(SHORT, "the entry before the group's position is not delivered").await;
+    assert_eq!(groups(&mut con, "s").await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_start_new_skips_earlier_entries() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    sidecar.append("s", &[("k", b"before")]).await;
+
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let after = sidecar.append("s", &[("k", b"after")]).await;
+
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(d.id, after.id);
+    assert_eq!(d.payload.get("k").map(Vec::as_slice), Some(&b"after"[..]));
+    consumer.assert_quiet(SHORT, "nothing else").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_start_beginning_delivers_earlier_entries() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let a = sidecar.append("s", &[("k", b"a")]).await;
+    let b = sidecar.append("s", &[("k", b"b")]).await;
+
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+
+    let got = consumer.deliveries(2, EVENT_TIMEOUT).await;
+    assert_eq!(ids(&got), vec![a.id, b.id], "oldest first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_start_id_starts_after_the_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let a = sidecar.append("s", &[("k", b"a")]).await;
+    let b = sidecar.append("s", &[("k", b"b")]).await;
+    let c = sidecar.append("s", &[("k", b"c")]).await;
+
+    let mut sub = subscribe_msg("s", "g", GroupStart::Id);
+    sub.start_id = a.stream_id.clone();
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+
+    let got = consumer.deliveries(2, EVENT_TIMEOUT).await;
+    assert_eq!(ids(&got), vec![b.id, c.id], "entries after {} (exclusive)", a.stream_id);
+    consumer.assert_quiet(SHORT, "nothing else").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_start_id_that_is_not_a_stream_id_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let mut sub = subscribe_msg("s", "g", GroupStart::Id);
+    sub.start_id = "yesterday".into();
+    let err = Consumer::try_subscribe(&sidecar, sub).await.err().expect("a bad start_id must be refused");
+
+    assert_code(&err, Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_start_instant_starts_at_the_instant() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    for id in ["1000-0", "1999-7", "2000-0", "2000-1", "3000-0"] {
+        xadd_raw_at(&mut con, "s", id, &[(b"at", id.as_bytes())]).await;
+    }
+
+    let mut sub = subscribe_msg("s", "g", GroupStart::Instant);
+    sub.start_time = Some(timestamp_of_ms(2000));
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+
+    let got = consumer.deliveries(3, EVENT_TIMEOUT).await;
+    let stream_ids: Vec<&str> = got.iter().map(|d| d.stream_id.as_str()).collect();
+    assert_eq!(stream_ids, vec!["2000-0", "2000-1", "3000-0"], "entries at or after 2000 ms only");
+    consumer.assert_quiet(SHORT, "nothing before the instant").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_to_wrongtype_key_is_failed_precondition() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let _: () = redis::cmd("SET").arg("plain").arg("string").query_async(&mut con).await.unwrap();
+
+    let err = Consumer::try_subscribe(&sidecar, subscribe_msg("plain", "g", GroupStart::New))
+        .await
+        .err()
+        .expect("subscribing to a string key must fail");
+
+    assert_code(&err, Code::FailedPrecondition);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_in_flight_above_limit_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--max-in-flight-limit").arg("100")).await;
+
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.max_in_flight = 101;
+    let err = Consumer::try_subscribe(&sidecar, sub).await.err().expect("max_in_flight over the limit must be refused");
+
+    assert_code(&err, Code::InvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// Deliveries
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_carries_id_stream_id_payload_attempts_and_minted_at() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut consumer = Consumer::start(&sidecar, "orders", "billing", GroupStart::New, 0).await;
+
+    let appended = sidecar.append("orders", &[("k", b"v"), ("bin", &[0u8, 159, 146, 150])]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!(d.id, appended.id);
+    assert_eq!(d.stream_id, appended.stream_id);
+    assert_eq!(d.stream, "orders");
+    assert_eq!(d.group, "billing");
+    let expected: HashMap<String, Vec<u8>> =
+        [("k".to_owned(), b"v".to_vec()), ("bin".to_owned(), vec![0u8, 159, 146, 150])].into_iter().collect();
+    assert_eq!(d.payload, expected, "payload is the fields without the reserved `id`");
+    assert!(d.raw_fields.is_empty());
+    assert_eq!(d.attempts, 1);
+    assert_eq!(d.minted_at, Some(timestamp_of_ms(branded_ms(&appended.id))), "minted_at is the id's milliseconds");
+    assert_eq!(d.traceparent, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_entry_is_delivered_with_derived_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let mut con = redis.conn().await;
+
+    let stream_id = xadd_raw(&mut con, "s", &[(b"k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!(d.stream_id, stream_id);
+    assert_eq!(
+        d.id,
+        branded_from_stream_id(&stream_id),
+        "the branded id of a plain XADD entry is derived from its stream id"
+    );
+    assert_eq!(d.payload, [("k".to_owned(), b"v".to_vec())].into_iter().collect::<HashMap<_, _>>());
+    assert_eq!(d.attempts, 1);
+    assert_eq!(d.minted_at, Some(timestamp_of_ms(parse_stream_id(&stream_id).0)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_field_that_is_not_a_branded_id_is_payload() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let mut con = redis.conn().await;
+
+    let stream_id = xadd_raw(&mut con, "s", &[(b"id", b"order-17"), (b"k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!(d.id, branded_from_stream_id(&stream_id));
+    assert_eq!(
+        d.payload.get("id").map(Vec::as_slice),
+        Some(&b"order-17"[..]),
+        "DESIGN: an invalid `id` value is ordinary payload"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_utf8_field_name_arrives_in_raw_fields() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let mut con = redis.conn().await;
+    let bad_name: &[u8] = &[0xff, 0xfe, b'x', 0x80];
+    let value: &[u8] = &[0, 1, 2, 0xff];
+
+    xadd_raw(&mut con, "s", &[(b"ok", b"fine"), (bad_name, value), (&[0xc3, 0x28], b"v2")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!(d.payload, [("ok".to_owned(), b"fine".to_vec())].into_iter().collect::<HashMap<_, _>>());
+    assert_eq!(
+        d.raw_fields,
+        vec![
+            RawField { name: bad_name.to_vec(), value: value.to_vec() },
+            RawField { name: vec![0xc3, 0x28], value: b"v2".to_vec() },
+        ],
+        "non-UTF-8 field names arrive byte for byte, in stream order"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Verdicts
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_removes_entry_from_pel_and_it_is_not_delivered_again() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100)).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(pending_count(&mut con, "s", "g").await, 1);
+
+    consumer.ack(&[&d.id]).await;
+
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "XACK must reach Redis");
+    consumer.assert_quiet(SHORT, "an acked entry produces no verdict error and no redelivery").await;
+    drop(consumer);
+    // A new call starts by re-delivering the consumer's own pending entries: there are none.
+    let mut again = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    again.assert_quiet(SHORT, &format!("{} was acked", e.id)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_of_several_ids_in_one_message() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    append_n(&sidecar, "s", 3).await;
+    let got = consumer.deliveries(3, EVENT_TIMEOUT).await;
+
+    let all = ids(&got);
+    consumer.ack(&all.iter().map(String::as_str).collect::<Vec<_>>()).await;
+
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    consumer.assert_quiet(SHORT, "no verdict errors").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_redelivers_with_attempts_2_after_retry_after() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+    let first = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(first.attempts, 1);
+
+    let failed_at = Instant::now();
+    consumer.fail(&first.id, Some(Duration::from_millis(2000))).await;
+
+    consumer.assert_quiet(Duration::from_millis(1400), "not redelivered before retry_after").await;
+    assert_eq!(pending_count(&mut con, "s", "g").await, 1, "a failed entry stays pending");
+    let again = consumer.next_delivery(EVENT_TIMEOUT).await;
+    let waited = failed_at.elapsed();
+    assert_eq!(again.id, e.id);
+    assert_eq!(again.attempts, 2, "attempts is the PEL delivery count");
+    let pending = pending_entries(&mut con, "s", "g").await;
+    assert_eq!(pending[0].deliveries, i64::from(again.attempts), "attempts == XPENDING's delivery count: {pending:?}");
+    assert!(waited >= Duration::from_millis(1800), "redelivered after {waited:?}, retry_after was 2 s");
+    assert_eq!(again.payload, first.payload);
+
+    consumer.ack(&[&again.id]).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_without_retry_after_uses_subscription_backoff() {
+    let redis = RedisServer::start().await;
+    // A sidecar default of 10 s, so a quick redelivery proves the subscription's own backoff applies.
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(10_000)).await;
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.retry_backoff_initial = Some(duration_ms(200));
+    sub.retry_backoff_max = Some(duration_ms(400));
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    let failed_at = Instant::now();
+    consumer.fail(&d.id, None).await;
+
+    let again = consumer.next_delivery(Duration::from_millis(5000)).await;
+    assert_eq!(again.id, d.id);
+    assert_eq!(again.attempts, 2);
+    let waited = failed_at.elapsed();
+    assert!(waited < Duration::from_millis(3000), "backoff capped at 400 ms, redelivered after {waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_with_dead_letter_moves_entry_to_dlq() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    consumer.dead_letter(&d.id, "poison").await;
+
+    assert!(
+        eventually(EVENT_TIMEOUT, || {
+            let mut c = con.clone();
+            async move { xlen(&mut c, "s:dlq").await == 1 }
+        })
+        .await,
+        "the entry must be appended to s:dlq"
+    );
+    let dlq = xrange(&mut con, "s:dlq").await;
+    assert_eq!(dlq[0].field("id"), Some(e.id.as_bytes()), "the dead letter carries the branded id: {:?}", dlq[0]);
+    assert_eq!(dlq[0].field("k"), Some(&b"v"[..]), "and the payload: {:?}", dlq[0]);
+    assert_ne!(dlq[0].stream_id, e.stream_id);
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "acknowledged on the source");
+    consumer.assert_quiet(SHORT, "a dead-lettered entry is not redelivered").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_for_another_calls_id_is_unknown_id_and_not_applied() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut holder = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+    let held = holder.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(held.id, e.id);
+    let mut thief = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+
+    thief.ack(&[&e.id]).await;
+    let err = thief.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(err.id, e.id);
+    assert_eq!(err.code, VerdictErrorCode::UnknownId as i32, "{err:?}");
+    thief.fail(&e.id, Some(Duration::from_millis(1))).await;
+    let err = thief.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(err.code, VerdictErrorCode::UnknownId as i32, "a Fail for a foreign id is refused too: {err:?}");
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pending = pending_entries(&mut con, "s", "g").await;
+    assert_eq!(pending.len(), 1, "one call can never ack another call's entries");
+    assert_eq!(pending[0].stream_id, e.stream_id);
+    assert_eq!(pending[0].deliveries, 1, "the foreign Fail did not release it either");
+    thief.assert_quiet(SHORT, "the entry stays with its holder").await;
+
+    holder.ack(&[&held.id]).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    holder.assert_quiet(Duration::from_millis(500), "the holder's ack succeeds").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_for_never_delivered_id_is_unknown_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let id = "000000000001000000000000002a";
+
+    consumer.ack(&[id]).await;
+
+    let err = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(err.id, id);
+    assert_eq!(err.code, VerdictErrorCode::UnknownId as i32, "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_id_is_invalid_argument_and_call_survives() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let d = {
+        sidecar.append("s", &[("k", b"v")]).await;
+        consumer.next_delivery(EVENT_TIMEOUT).await
+    };
+
+    consumer.ack(&["not-an-id"]).await;
+    let err = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(err.id, "not-an-id");
+    assert_eq!(err.code, VerdictErrorCode::InvalidArgument as i32, "{err:?}");
+    // Upper-case hex is not the canonical text form either.
+    let upper = d.id.to_uppercase();
+    consumer.ack(&[&upper]).await;
+    let err = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(err.code, VerdictErrorCode::InvalidArgument as i32, "{err:?}");
+    assert_eq!(pending_count(&mut con, "s", "g").await, 1, "nothing was applied");
+
+    // The call goes on: it still acks and still receives.
+    consumer.ack(&[&d.id]).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    let next = sidecar.append("s", &[("k", b"next")]).await;
+    assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.id, next.id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_with_negative_retry_after_is_invalid_argument_and_keeps_delivery_held() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    consumer
+        .send(req(Kind::Fail(Fail {
+            id: d.id.clone(),
+            reason: String::new(),
+            retry_after: Some(prost_types::Duration { seconds: -1, nanos: 0 }),
+            dead_letter: false,
+            ..Default::default()
+        })))
+        .await;
+
+    let err = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(err.code, VerdictErrorCode::InvalidArgument as i32, "{err:?}");
+    consumer.ack(&[&d.id]).await; // still held: the ack applies
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    consumer.assert_quiet(Duration::from_millis(500), "the ack got no verdict error").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_returns_held_entries_for_redelivery() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100)).await;
+    let mut con = redis.conn().await;
+    let mut first = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let appended = append_n(&sidecar, "s", 2).await;
+    let held = first.deliveries(2, EVENT_TIMEOUT).await;
+    assert_eq!(ids(&held), appended);
+
+    drop(first);
+
+    let mut second = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let again = second.deliveries(2, EVENT_TIMEOUT).await;
+    let got: BTreeSet<String> = ids(&again).into_iter().collect();
+    assert_eq!(got, appended.iter().cloned().collect::<BTreeSet<_>>(), "the dropped call's entries come back");
+    assert!(again.iter().all(|d| d.attempts == 2), "second hand-over: {again:?}");
+    second.ack(&ids(&again).iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
+// ---------------------------------------------------------------------------
+// Flow control
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_in_flight_limits_deliveries_and_reads() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let appended = append_n(&sidecar, "s", 100).await;
+
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 5).await;
+    assert_eq!(consumer.subscribed.as_ref().unwrap().max_in_flight, 5);
+    let first5 = consumer.deliveries(5, EVENT_TIMEOUT).await;
+    assert_eq!(ids(&first5), appended[..5].to_vec());
+    consumer.assert_quiet(SHORT, "no 6th delivery while 5 are held").await;
+    let pending = pending_entries(&mut con, "s", "g").await;
+    assert!(pending.len() <= 5, "the sidecar read ahead of the call's capacity: {} pending", pending.len());
+
+    consumer.ack(&[&first5[0].id]).await;
+    let sixth = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(sixth.id, appended[5]);
+    consumer.assert_quiet(SHORT, "one ack frees exactly one slot").await;
+    let pending = pending_count(&mut con, "s", "g").await;
+    assert!(pending <= 5, "{pending} pending with max_in_flight 5");
+
+    // Draining the rest keeps the bound and delivers everything once.
+    let mut held: Vec<String> = ids(&first5[1..]);
+    held.push(sixth.id);
+    let mut seen: Vec<String> = ids(&first5);
+    seen.push(appended[5].clone());
+    while seen.len() < 100 {
+        let id = held.remove(0);
+        consumer.ack(&[&id]).await;
+        let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+        assert_eq!(d.attempts, 1);
+        seen.push(d.id.clone());
+        held.push(d.id);
+    }
+    assert_eq!(seen, appended);
+    assert!(pending_count(&mut con, "s", "g").await <= 5);
+}
+
+// ---------------------------------------------------------------------------
+// Sharing
+// ---------------------------------------------------------------------------
+
+/// (call label, branded id, attempts) of every delivery.
+type Seen = Arc<Mutex<Vec<(&'static str, String, u32)>>>;
+
+/// Receives and acks until `done`; records every delivery in `seen`.
+fn spawn_acker(
+    mut consumer: Consumer,
+    label: &'static str,
+    seen: Seen,
+    done: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Result<(), String>> {
+    tokio::spawn(async move {
+        while !done.load(Ordering::SeqCst) {
+            match consumer.next_event(Duration::from_millis(200)).await {
+                Event::Delivery(d) => {
+                    consumer.ack(&[&d.id]).await;
+                    seen.lock().unwrap().push((label, d.id, d.attempts));
+                }
+                Event::Timeout => {}
+                other => return Err(format!("{label}: unexpected {other:?}")),
+            }
+        }
+        Ok(())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_and_sidecars_share_entries_each_delivered_once() {
+    let redis = RedisServer::start().await;
+    let left = Sidecar::start(&redis, SidecarOptions::named("left")).await;
+    let right = Sidecar::start(&redis, SidecarOptions::named("right")).await;
+    let mut con = redis.conn().await;
+    let a = Consumer::start(&left, "s", "g", GroupStart::New, 10).await;
+    let b = Consumer::start(&left, "s", "g", GroupStart::New, 10).await;
+    let c = Consumer::start(&right, "s", "g", GroupStart::New, 10).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let tasks = vec![
+        spawn_acker(a, "left-a", seen.clone(), done.clone()),
+        spawn_acker(b, "left-b", seen.clone(), done.clone()),
+        spawn_acker(c, "right-c", seen.clone(), done.clone()),
+    ];
+
+    let mut appended = append_n(&left, "s", 100).await;
+    appended.extend(append_n(&right, "s", 100).await);
+
+    let all_seen = eventually(Duration::from_secs(30), || {
+        let seen = seen.clone();
+        async move { seen.lock().unwrap().len() >= 200 }
+    })
+    .await;
+    // Give a duplicate time to show up before stopping.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    done.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+
+    let seen = seen.lock().unwrap().clone();
+    let mut per_call: HashMap<&str, usize> = HashMap::new();
+    for (label, _, _) in &seen {
+        *per_call.entry(label).or_default() += 1;
+    }
+    eprintln!("deliveries per call: {per_call:?}");
+    assert!(all_seen, "only {} of 200 entries delivered: {per_call:?}", seen.len());
+    let unique: BTreeSet<&String> = seen.iter().map(|(_, id, _)| id).collect();
+    assert_eq!(seen.len(), 200, "each entry is delivered once overall when all are acked: {per_call:?}");
+    assert_eq!(unique, appended.iter().collect::<BTreeSet<_>>(), "the union is every appended entry");
+    assert!(seen.iter().all(|(_, _, attempts)| *attempts == 1));
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
+// ---------------------------------------------------------------------------
+// Ack deadlines, extensions, policy fields
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_deadline_passed_redelivers_and_late_ack_is_unknown_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100)).await;
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.ack_deadline = Some(duration_ms(1000));
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let first = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    // No verdict: after the 1 s deadline (+ 100 ms backoff) it comes back.
+    let again = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(again.id, first.id);
+    assert_eq!(again.attempts, 2, "a passed deadline is a failed attempt");
+    consumer.ack(&[&again.id]).await;
+    let mut con = redis.conn().await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    consumer.assert_quiet(Duration::from_millis(500), "the ack of the re-delivery applies").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_after_deadline_is_unknown_id() {
+    let redis = RedisServer::start().await;
+    // A long backoff keeps the expired entry away, so the late ack meets nothing held.
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(30_000)).await;
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.ack_deadline = Some(duration_ms(500));
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    consumer.ack(&[&d.id]).await;
+
+    let err = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(err.code, VerdictErrorCode::UnknownId as i32, "{err:?}");
+    let mut con = redis.conn().await;
+    assert_eq!(pending_count(&mut con, "s", "g").await, 1, "the late ack is not applied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_pushes_the_ack_deadline_back() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100)).await;
+    let mut con = redis.conn().await;
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.ack_deadline = Some(duration_ms(800));
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    consumer
+        .send(req(Kind::Extend(echomq::proto::Extend {
+            ids: vec![d.id.clone()],
+            by: Some(duration_ms(5000)),
+            ..Default::default()
+        })))
+        .await;
+
+    consumer.assert_quiet(Duration::from_millis(2000), "extended: no expiry, no re-delivery").await;
+    consumer.ack(&[&d.id]).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    consumer.assert_quiet(Duration::from_millis(500), "the ack within the extension applies").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_of_unknown_id_is_unknown_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let id = "000000000001000000000000002a";
+
+    consumer
+        .send(req(Kind::Extend(echomq::proto::Extend {
+            ids: vec![id.into()],
+            by: Some(duration_ms(1000)),
+            ..Default::default()
+        })))
+        .await;
+
+    let err = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!((err.id.as_str(), err.code), (id, VerdictErrorCode::UnknownId as i32), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_goes_to_the_subscriptions_dead_letter_stream() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.dead_letter_stream = "graveyard".into();
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    consumer.dead_letter(&d.id, "poison").await;
+
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    let dead = xrange(&mut con, "graveyard").await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].field("id"), Some(e.id.as_bytes()));
+    assert!(!exists(&mut con, "s:dlq").await, "not the default dead-letter stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_with_empty_group_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let err = Consumer::try_subscribe(&sidecar, subscribe_msg("s", "", GroupStart::New)).await.err().expect("refused");
+
+    assert_code(&err, Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_start_instant_without_start_time_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let err =
+        Consumer::try_subscribe(&sidecar, subscribe_msg("s", "g", GroupStart::Instant)).await.err().expect("refused");
+
+    assert_code(&err, Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_id_field_carries_the_branded_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--id-field").arg("_eid")).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+
+    // With another reserved name, `id` is an ordinary field.
+    let e = sidecar.append("s", &[("id", b"order-1")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!(xrange(&mut con, "s").await[0].field("_eid"), Some(e.id.as_bytes()));
+    assert_eq!(d.id, e.id);
+    assert_eq!(d.payload, [("id".to_owned(), b"order-1".to_vec())].into_iter().collect::<HashMap<_, _>>());
+}
+
+// ---------------------------------------------------------------------------
+// Poison entries and at-most-once
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_entry_moves_to_dead_letter_stream_after_max_deliveries() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.max_deliveries = 2;
+    sub.retry_backoff_initial = Some(duration_ms(100));
+    sub.retry_backoff_max = Some(duration_ms(200));
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+
+    let first = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(first.attempts, 1);
+    consumer.fail(&first.id, None).await;
+    let second = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!((second.id.as_str(), second.attempts), (e.id.as_str(), 2));
+    consumer.fail(&second.id, None).await;
+
+    consumer.assert_quiet(Duration::from_millis(2000), "a third delivery would exceed max_deliveries 2").await;
+    let dlq = xrange(&mut con, "s:dlq").await;
+    assert_eq!(dlq.len(), 1, "the poison entry is dead-lettered");
+    assert_eq!(dlq[0].field("id"), Some(e.id.as_bytes()));
+    assert_eq!(dlq[0].field("k"), Some(&b"v"[..]));
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "and acknowledged on the source");
+    // New entries keep flowing.
+    let next = sidecar.append("s", &[("k", b"next")]).await;
+    assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.id, next.id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_ack_entries_are_never_pending_and_fail_is_refused() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.no_ack = true;
+    sub.max_in_flight = 1;
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    let a = sidecar.append("s", &[("k", b"a")]).await;
+    let b = sidecar.append("s", &[("k", b"b")]).await;
+
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(d.id, a.id);
+    assert_eq!(pending_count(&mut con, "s", "g").await, 0, "NOACK reads leave nothing pending");
+    consumer.fail(&d.id, None).await;
+    let err = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(err.code, VerdictErrorCode::InvalidArgument as i32, "{err:?}");
+    consumer.assert_quiet(Duration::from_millis(500), "max_in_flight 1 still applies").await;
+    consumer.ack(&[&d.id]).await;
+    assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.id, b.id, "an ack frees the slot");
+}

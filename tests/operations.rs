@@ -1,0 +1,357 @@
+//! Operating the sidecar: admin HTTP, gRPC health and reflection, SIGTERM,
+//! configuration by flags and environment.
+
+// Tests fail loudly by design; `..Default::default()` on proto messages keeps them
+// compiling when the contract gains fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use echomq::proto::GroupStart;
+use support::*;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::HealthCheckRequest;
+
+/// Runs the sidecar binary to completion (killing it after `timeout`).
+fn run_sidecar(args: &[&str], timeout: Duration) -> Output {
+    let mut child = sidecar_command()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sidecar");
+    let deadline = Instant::now() + timeout;
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait");
+            panic!(
+                "`echomq-sidecar {}` still ran after {timeout:?}; stderr:\n{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("wait")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn livez_is_200() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    assert_eq!(sidecar.livez().await, Some(200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_while_redis_is_down_and_200_again_after() {
+    let mut redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    assert_eq!(sidecar.readyz().await, Some(200));
+
+    redis.kill9();
+
+    let not_ready = eventually(Duration::from_secs(15), || async { sidecar.readyz().await == Some(503) }).await;
+    assert!(not_ready, "/readyz must turn 503 while Redis is unreachable (last: {:?})", sidecar.readyz().await);
+    assert_eq!(sidecar.livez().await, Some(200), "liveness does not depend on Redis");
+    redis.restart().await;
+    let ready = eventually(Duration::from_secs(15), || async { sidecar.readyz().await == Some(200) }).await;
+    assert!(ready, "/readyz must be 200 again once Redis is back (last: {:?})", sidecar.readyz().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_reports_serving() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut health = sidecar.health_client().await;
+
+    let resp = health.check(HealthCheckRequest { service: String::new() }).await.expect("health check").into_inner();
+
+    assert_eq!(resp.status, ServingStatus::Serving as i32);
+    for service in ["echomq.v1.ConsumerService", "echomq.v1.StreamService"] {
+        let resp = health.check(HealthCheckRequest { service: service.into() }).await;
+        eprintln!("health of {service}: {resp:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_calls_settle_then_exits_0_keeping_unacked_pending() {
+    let redis = RedisServer::start().await;
+    let grace = Duration::from_millis(3000);
+    let mut sidecar = Sidecar::start(&redis, SidecarOptions::default().grace(3000)).await;
+    let mut con = redis.conn().await;
+    let mut health = sidecar.health_client().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let acked = sidecar.append("s", &[("k", b"acked")]).await;
+    let kept = sidecar.append("s", &[("k", b"kept")]).await;
+    let held = call.deliveries(2, EVENT_TIMEOUT).await;
+    assert_eq!(ids(&held), vec![acked.id.clone(), kept.id.clone()]);
+
+    sidecar.sigterm();
+    let signalled = Instant::now();
+
+    let not_ready = eventually(Duration::from_secs(2), || async { sidecar.readyz().await == Some(503) }).await;
+    assert!(not_ready, "/readyz must answer 503 during the grace period (last: {:?})", sidecar.readyz().await);
+    let status = health.check(HealthCheckRequest { service: String::new() }).await.map(|r| r.into_inner().status);
+    assert_ne!(status.as_ref().ok(), Some(&(ServingStatus::Serving as i32)), "health must leave SERVING: {status:?}");
+    // An ack sent during the grace period is applied.
+    call.ack(&[&acked.id]).await;
+    assert_eq!(
+        wait_pending(&mut con, "s", "g", 1, Duration::from_secs(2)).await,
+        1,
+        "the grace-period ack reached Redis"
+    );
+    // Nothing new is handed out while shutting down.
+    let late = xadd_raw(&mut con, "s", &[(b"k", b"late")]).await;
+    let end = match call.next_event(grace + Duration::from_secs(5)).await {
+        Event::Ended(status) => status,
+        Event::VerdictError(e) => panic!("the grace-period ack was refused: {e:?}"),
+        other => panic!("expected no delivery after SIGTERM, only the end of the call; got {other:?}"),
+    };
+    let ended_after = signalled.elapsed();
+    let end = end.expect("the call must end with UNAVAILABLE, not OK");
+    assert_code(&end, Code::Unavailable);
+    assert!(
+        ended_after >= grace - Duration::from_millis(500),
+        "the call ended {ended_after:?} after SIGTERM, grace is {grace:?}"
+    );
+
+    let exit =
+        sidecar.wait_exit(grace + Duration::from_secs(5)).await.expect("the sidecar must exit after the grace period");
+    assert!(exit.success(), "exit status {exit}");
+    let pending: Vec<String> = pending_entries(&mut con, "s", "g").await.into_iter().map(|p| p.stream_id).collect();
+    assert!(pending.contains(&kept.stream_id), "the un-acked entry stays pending: {pending:?}");
+    assert!(!pending.contains(&acked.stream_id), "the grace-period ack stays applied: {pending:?}");
+    eprintln!("late entry {late} pending after shutdown: {}", pending.contains(&late));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_reading_new_entries() {
+    let redis = RedisServer::start().await;
+    let mut sidecar = Sidecar::start(&redis, SidecarOptions::default().grace(2000)).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let held = sidecar.append("s", &[("k", b"held")]).await;
+    assert_eq!(call.next_delivery(EVENT_TIMEOUT).await.id, held.id);
+
+    sidecar.sigterm();
+    assert!(eventually(Duration::from_secs(2), || async { sidecar.readyz().await == Some(503) }).await);
+    let late = xadd_raw(&mut con, "s", &[(b"k", b"late")]).await;
+
+    let end = call.wait_end(Duration::from_secs(10)).await;
+    assert_code(&end.expect("UNAVAILABLE"), Code::Unavailable);
+    let exit = sidecar.wait_exit(Duration::from_secs(10)).await.expect("the sidecar must exit");
+    assert!(exit.success(), "exit status {exit}");
+    // "Reading stops": an entry appended after SIGTERM is left in the stream for
+    // the next reader, not taken into this consumer's PEL (where only a reclaim
+    // after min-idle, with an extra delivery counted, would free it).
+    let pending: Vec<String> = pending_entries(&mut con, "s", "g").await.into_iter().map(|p| p.stream_id).collect();
+    assert_eq!(pending, vec![held.stream_id.clone()], "entry {late} was read after SIGTERM");
+    let last = last_delivered_id(&mut con, "s", "g").await;
+    assert_eq!(last, held.stream_id, "the group's position must not move past what was handed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_without_calls_exits_0_promptly() {
+    let redis = RedisServer::start().await;
+    let mut sidecar = Sidecar::start(&redis, SidecarOptions::default().grace(10_000)).await;
+
+    sidecar.sigterm();
+
+    // With no call to wait for, there is nothing to drain.
+    let exit =
+        sidecar.wait_exit(Duration::from_secs(8)).await.expect("exit without calls should not wait the full grace");
+    assert!(exit.success(), "exit status {exit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_name_comes_from_the_environment() {
+    let redis = RedisServer::start().await;
+    let mut options = SidecarOptions::default().env("ECHOMQ_CONSUMER_NAME", "from-env").env("POD_NAME", "from-pod");
+    options.omit_consumer_name = true;
+    let sidecar = Sidecar::start(&redis, options).await;
+
+    let call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+
+    assert_eq!(call.subscribed.as_ref().unwrap().consumer, "from-env");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_name_defaults_to_pod_name() {
+    let redis = RedisServer::start().await;
+    let mut options = SidecarOptions::default().env("POD_NAME", "pod-xyz-0");
+    options.omit_consumer_name = true;
+    let sidecar = Sidecar::start(&redis, options).await;
+
+    let call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+
+    assert_eq!(call.subscribed.as_ref().unwrap().consumer, "pod-xyz-0");
+}
+
+#[test]
+fn help_exits_0_and_names_the_documented_env_vars() {
+    let out = run_sidecar(&["--help"], Duration::from_secs(10));
+
+    assert!(out.status.success(), "--help exit status {}", out.status);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for var in ["ECHOMQ_REDIS_URL", "ECHOMQ_LISTEN", "ECHOMQ_ADMIN_LISTEN", "ECHOMQ_CONSUMER_NAME"] {
+        assert!(help.contains(var), "--help must mention {var}:\n{help}");
+    }
+}
+
+#[test]
+fn help_names_an_env_var_for_every_flag() {
+    let out = run_sidecar(&["--help"], Duration::from_secs(10));
+
+    let help = String::from_utf8_lossy(&out.stdout);
+    let flags = [
+        "redis-url",
+        "listen",
+        "admin-listen",
+        "consumer-name",
+        "reclaim-min-idle-ms",
+        "reclaim-interval-ms",
+        "default-max-in-flight",
+        "max-in-flight-limit",
+        "retry-backoff-initial-ms",
+        "retry-backoff-max-ms",
+        "read-block-ms",
+        "shutdown-grace-ms",
+        "id-field",
+        "redis-timeout-ms",
+        "log-format",
+    ];
+    let missing: Vec<String> = flags
+        .iter()
+        .flat_map(|flag| {
+            let var = format!("ECHOMQ_{}", flag.to_uppercase().replace('-', "_"));
+            let mut gaps = Vec::new();
+            if !help.contains(&format!("--{flag}")) {
+                gaps.push(format!("--{flag}"));
+            }
+            if !help.contains(&var) {
+                gaps.push(var);
+            }
+            gaps
+        })
+        .collect();
+    assert!(missing.is_empty(), "--help lacks {missing:?}:\n{help}");
+}
+
+#[test]
+fn bad_listen_value_exits_nonzero_with_a_one_line_reason() {
+    let out = run_sidecar(
+        &["--listen", "nonsense", "--redis-url", "redis://127.0.0.1:1", "--admin-listen", "127.0.0.1:0"],
+        Duration::from_secs(15),
+    );
+
+    assert!(!out.status.success(), "a bad --listen must fail, got {}", out.status);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "a bad flag is a clean error, not a panic:\n{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("nonsense") && l.to_lowercase().contains("listen")),
+        "one line must name the flag and the bad value:\n{stderr}"
+    );
+}
+
+#[test]
+fn bad_number_flag_exits_nonzero() {
+    let out =
+        run_sidecar(&["--reclaim-min-idle-ms", "soon", "--redis-url", "redis://127.0.0.1:1"], Duration::from_secs(15));
+
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.lines().any(|l| l.contains("soon")), "the reason names the bad value:\n{stderr}");
+}
+
+/// `grpcurl` on PATH or at `.tmp/bin/grpcurl`.
+fn find_grpcurl() -> Option<PathBuf> {
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tmp/bin/grpcurl");
+    if local.is_file() {
+        return Some(local);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join("grpcurl")).find(|p| p.is_file())
+}
+
+/// The string value of `"key": "value"` in grpcurl's JSON output.
+fn json_string(json: &str, key: &str) -> Option<String> {
+    let at = json.find(&format!("\"{key}\""))?;
+    let rest = &json[at + key.len() + 2..];
+    let start = rest.find('"')? + 1;
+    let end = start + rest[start..].find('"')?;
+    Some(rest[start..end].to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcurl_lists_services_and_appends_with_json() {
+    let Some(grpcurl) = find_grpcurl() else {
+        eprintln!("SKIPPED: no grpcurl on PATH or at .tmp/bin/grpcurl");
+        return;
+    };
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let target = format!("127.0.0.1:{}", sidecar.grpc_port());
+
+    let list = Command::new(&grpcurl).args(["-plaintext", &target, "list"]).output().expect("run grpcurl");
+    let services = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success(), "grpcurl list: {}", String::from_utf8_lossy(&list.stderr));
+    for service in ["echomq.v1.ConsumerService", "echomq.v1.StreamService", "grpc.health.v1.Health"] {
+        assert!(services.lines().any(|l| l.trim() == service), "reflection must list {service}:\n{services}");
+    }
+
+    let append = Command::new(&grpcurl)
+        .args([
+            "-plaintext",
+            "-d",
+            r#"{"stream":"s","fields":{"k":"dmFsdWU="}}"#,
+            &target,
+            "echomq.v1.StreamService/Append",
+        ])
+        .output()
+        .expect("run grpcurl");
+    let body = String::from_utf8_lossy(&append.stdout);
+    assert!(append.status.success(), "grpcurl Append: {}", String::from_utf8_lossy(&append.stderr));
+    let id = json_string(&body, "id").unwrap_or_else(|| panic!("no id in {body}"));
+    let stream_id = json_string(&body, "streamId").unwrap_or_else(|| panic!("no streamId in {body}"));
+    assert_eq!(id, branded_from_stream_id(&stream_id));
+    let mut con = redis.conn().await;
+    let entries = xrange(&mut con, "s").await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].field("k"), Some(&b"value"[..]), "base64 `dmFsdWU=` is the bytes `value`");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_socket_listen_serves_grpc() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions { unix_socket: true, ..SidecarOptions::default() }).await;
+    let path = sidecar.unix_path().unwrap();
+
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .expect("connect over the unix socket");
+    let resp = echomq::proto::stream_service_client::StreamServiceClient::new(channel)
+        .append(echomq::proto::AppendRequest {
+            stream: "s".into(),
+            fields: [("k".to_owned(), b"v".to_vec())].into_iter().collect(),
+            ..Default::default()
+        })
+        .await
+        .expect("append over the unix socket")
+        .into_inner();
+
+    let mut con = redis.conn().await;
+    assert_eq!(xrange(&mut con, "s").await[0].stream_id, resp.stream_id);
+}

@@ -1,0 +1,244 @@
+//! Crash recovery with real processes: a SIGKILLed sidecar, a dead peer, a slow
+//! client, a destroyed group, a flushed or restarted Redis.
+
+// Tests fail loudly by design; `..Default::default()` on proto messages keeps them
+// compiling when the contract gains fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use echomq::proto::{AppendRequest, GroupStart};
+use support::*;
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_then_restart_redelivers_own_pending_with_attempts_2() {
+    let redis = RedisServer::start().await;
+    let mut sidecar = Sidecar::start(&redis, SidecarOptions::named("pod-a")).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 3).await;
+    let mut appended = Vec::new();
+    for i in 0..10 {
+        appended.push(sidecar.append("s", &[("n", i.to_string().as_bytes())]).await.id);
+    }
+    let held = call.deliveries(3, EVENT_TIMEOUT).await;
+
+    sidecar.kill9();
+
+    // kill -9 settles nothing: the entries stay pending on the sidecar's consumer.
+    let pending = pending_entries(&mut con, "s", "g").await;
+    assert_eq!(pending.len(), 3, "{pending:?}");
+    assert!(pending.iter().all(|p| p.consumer == "pod-a" && p.deliveries == 1), "{pending:?}");
+    assert!(matches!(call.next_event(EVENT_TIMEOUT).await, Event::Ended(Some(_))), "the call breaks with the process");
+
+    sidecar.restart().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let got = call.deliveries(10, EVENT_TIMEOUT).await;
+
+    let (recovered, fresh) = got.split_at(3);
+    assert_eq!(ids(recovered), ids(&held), "own pending entries are re-delivered first");
+    assert!(recovered.iter().all(|d| d.attempts == 2), "second hand-over: {recovered:?}");
+    assert!(fresh.iter().all(|d| d.attempts == 1), "{fresh:?}");
+    assert_eq!(ids(&got), appended, "nothing lost, nothing duplicated, in order");
+    call.ack(&appended.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    call.assert_quiet(Duration::from_millis(1500), "everything acked, nothing comes back").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_reclaims_dead_sidecars_entries_after_min_idle() {
+    let redis = RedisServer::start().await;
+    let mut dead = Sidecar::start(&redis, SidecarOptions::named("dead").reclaim(1000, 200)).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&dead, "s", "g", GroupStart::New, 0).await;
+    let a = dead.append("s", &[("k", b"a")]).await;
+    let b = dead.append("s", &[("k", b"b")]).await;
+    call.deliveries(2, EVENT_TIMEOUT).await;
+    let delivered_at = Instant::now();
+    dead.kill9();
+
+    let peer = Sidecar::start(&redis, SidecarOptions::named("peer").reclaim(1000, 200)).await;
+    let mut peer_call = Consumer::start(&peer, "s", "g", GroupStart::New, 0).await;
+    let got = peer_call.deliveries(2, Duration::from_secs(15)).await;
+
+    let waited = delivered_at.elapsed();
+    assert!(waited >= Duration::from_millis(900), "reclaimed {waited:?} after delivery, before min-idle 1000 ms");
+    assert_eq!(ids(&got).into_iter().collect::<BTreeSet<_>>(), [a.id, b.id].into_iter().collect());
+    assert!(got.iter().all(|d| d.attempts == 2), "a reclaim is a second hand-over: {got:?}");
+    let pending = pending_entries(&mut con, "s", "g").await;
+    assert!(pending.iter().all(|p| p.consumer == "peer"), "the peer owns them now: {pending:?}");
+    peer_call.ack(&ids(&got).iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_client_keeps_its_entry_from_peer_reclaim() {
+    let redis = RedisServer::start().await;
+    let slow_side = Sidecar::start(&redis, SidecarOptions::named("slow").reclaim(1000, 200)).await;
+    let mut dead = Sidecar::start(&redis, SidecarOptions::named("dead").reclaim(1000, 200)).await;
+    let mut con = redis.conn().await;
+    // max_in_flight 1: once it holds `e`, the slow side reads nothing more.
+    let mut slow = Consumer::start(&slow_side, "s", "g", GroupStart::New, 1).await;
+    let e = slow_side.append("s", &[("k", b"slow")]).await;
+    let held = slow.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(held.id, e.id);
+    // A control entry, left behind by a dead sidecar: proves the peer's reclaim beat runs.
+    let mut doomed = Consumer::start(&dead, "s", "g", GroupStart::New, 1).await;
+    let control = dead.append("s", &[("k", b"control")]).await;
+    assert_eq!(doomed.next_delivery(EVENT_TIMEOUT).await.id, control.id);
+    dead.kill9();
+    let peer = Sidecar::start(&redis, SidecarOptions::named("peer").reclaim(1000, 200)).await;
+    let mut other = Consumer::start(&peer, "s", "g", GroupStart::New, 0).await;
+
+    // Hold `e` for 3.5 x min-idle while the peer's reclaim beat runs every 200 ms.
+    let held_until = Instant::now() + Duration::from_millis(3500);
+    let mut reclaimed = Vec::new();
+    while Instant::now() < held_until {
+        match other.next_event(held_until.saturating_duration_since(Instant::now())).await {
+            Event::Delivery(d) => reclaimed.push(d),
+            Event::Timeout => break,
+            other => panic!("peer call: {other:?}"),
+        }
+    }
+
+    assert!(reclaimed.iter().all(|d| d.id != e.id), "a live holder's entry was reclaimed: {reclaimed:?}");
+    assert_eq!(ids(&reclaimed), vec![control.id.clone()], "the peer reclaims the dead sidecar's entry (control)");
+    let slow_pending: Vec<PendingEntry> =
+        pending_entries(&mut con, "s", "g").await.into_iter().filter(|p| p.stream_id == e.stream_id).collect();
+    assert_eq!(slow_pending.len(), 1);
+    assert_eq!(slow_pending[0].consumer, "slow", "{slow_pending:?}");
+    assert_eq!(slow_pending[0].deliveries, 1, "keeping the idle time fresh is not a delivery: {slow_pending:?}");
+    assert!(slow_pending[0].idle_ms < 1000, "idle time must be kept fresh: {slow_pending:?}");
+    slow.ack(&[&held.id]).await;
+    other.ack(&[&control.id]).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    slow.assert_quiet(Duration::from_millis(1000), "the late ack succeeds without a verdict error").await;
+}
+
+/// Receives until `id` arrives, acking whatever comes; panics if the call ends.
+async fn ack_until(call: &mut Consumer, id: &str, timeout: Duration) -> echomq::proto::Delivery {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match call.next_event(left).await {
+            Event::Delivery(d) => {
+                call.ack(&[&d.id]).await;
+                if d.id == id {
+                    return d;
+                }
+            }
+            Event::VerdictError(e) => eprintln!("verdict error while waiting (tolerated): {e:?}"),
+            other => panic!("waiting for {id}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroyed_group_is_recreated_under_a_live_subscription() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100)).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let first = sidecar.append("s", &[("k", b"first")]).await;
+    ack_until(&mut call, &first.id, EVENT_TIMEOUT).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+
+    let destroyed: i64 = redis::cmd("XGROUP").arg("DESTROY").arg("s").arg("g").query_async(&mut con).await.unwrap();
+    assert_eq!(destroyed, 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = sidecar.append("s", &[("k", b"after")]).await;
+
+    // The group comes back from `0`, so `first` may be delivered again (at-least-once).
+    let d = ack_until(&mut call, &after.id, Duration::from_secs(20)).await;
+    assert_eq!(d.payload.get("k").map(Vec::as_slice), Some(&b"after"[..]));
+    assert!(groups(&mut con, "s").await.contains_key("g"), "the sidecar re-created the group");
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "acks apply to the new group");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_under_a_live_subscription_recovers() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100)).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let first = sidecar.append("s", &[("k", b"first")]).await;
+    ack_until(&mut call, &first.id, EVENT_TIMEOUT).await;
+
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = sidecar.append("s", &[("k", b"after")]).await;
+
+    ack_until(&mut call, &after.id, Duration::from_secs(20)).await;
+    assert!(groups(&mut con, "s").await.contains_key("g"));
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_during_subscription_then_new_entries_are_delivered() {
+    let mut redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100)).await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let first = sidecar.append("s", &[("k", b"first")]).await;
+    ack_until(&mut call, &first.id, EVENT_TIMEOUT).await;
+    let mut con = redis.conn().await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+
+    redis.kill9();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    redis.restart().await; // empty: nothing was persisted
+
+    // Append through the sidecar once its connections are back.
+    let mut client = sidecar.stream_client().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let request = AppendRequest {
+            stream: "s".into(),
+            fields: [("k".to_owned(), b"after".to_vec())].into_iter().collect(),
+            ..Default::default()
+        };
+        match client.append(request).await {
+            Ok(resp) => break resp.into_inner(),
+            Err(status) if Instant::now() < deadline => {
+                assert_code(&status, Code::Unavailable);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => panic!("append never recovered after the Redis restart: {status:?}"),
+        }
+    };
+
+    // The call may survive (the sidecar re-creates the group) or end with UNAVAILABLE.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut observed = "the call survived the restart";
+    loop {
+        match call.next_event(deadline.saturating_duration_since(Instant::now())).await {
+            Event::Delivery(d) => {
+                call.ack(&[&d.id]).await;
+                if d.id == after.id {
+                    break;
+                }
+            }
+            Event::VerdictError(e) => eprintln!("verdict error (tolerated): {e:?}"),
+            Event::Ended(status) => {
+                let status = status.expect("the call ended with OK although the client did not close it");
+                assert_code(&status, Code::Unavailable);
+                observed = "the call ended with UNAVAILABLE; a new subscription got the entry";
+                call = loop {
+                    match Consumer::try_subscribe(&sidecar, subscribe_msg("s", "g", GroupStart::Beginning)).await {
+                        Ok(c) => break c,
+                        Err(s) if Instant::now() < deadline => {
+                            assert_code(&s, Code::Unavailable);
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        Err(s) => panic!("could not resubscribe: {s:?}"),
+                    }
+                };
+            }
+            other => panic!("waiting for {} after the Redis restart: {other:?}", after.id),
+        }
+    }
+    eprintln!("observed: {observed}");
+    assert_eq!(sidecar.readyz().await, Some(200));
+}

@@ -1,0 +1,502 @@
+//! StreamService: Append, AppendBatch, Read and Trim against a real redis-server.
+
+// Tests fail loudly by design; `..Default::default()` on proto messages keeps them
+// compiling when the contract gains fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
+mod support;
+
+use echomq::proto::{AppendBatchRequest, AppendRequest, BatchEntry, ReadRequest, TrimRequest};
+use support::*;
+use tonic::Code;
+
+fn fields(pairs: &[(&str, &[u8])]) -> std::collections::HashMap<String, Vec<u8>> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_returns_branded_id_equal_to_stream_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let before_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+
+    let resp = sidecar.append("orders", &[("k", b"v")]).await;
+
+    assert!(is_branded(&resp.id), "branded id must be 28 lowercase hex, got {:?}", resp.id);
+    assert_eq!(resp.id, branded_from_stream_id(&resp.stream_id), "branded id must encode the stream id");
+    let (ms, _) = parse_stream_id(&resp.stream_id);
+    assert!(ms + 5_000 >= before_ms && ms <= before_ms + 60_000, "stream id ms {ms} is not now ({before_ms})");
+    let mut con = redis.conn().await;
+    let entries = xrange(&mut con, "orders").await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].stream_id, resp.stream_id, "the returned stream id is the one Redis holds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_stores_branded_id_in_id_field() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let resp = sidecar.append("orders", &[("k", b"v"), ("bin", &[0u8, 255, 10])]).await;
+
+    let mut con = redis.conn().await;
+    let entries = xrange(&mut con, "orders").await;
+    assert_eq!(entries.len(), 1);
+    let entry = &entries[0];
+    assert_eq!(entry.field("id"), Some(resp.id.as_bytes()), "reserved field `id` must hold the branded id: {entry:?}");
+    assert_eq!(entry.field("k"), Some(&b"v"[..]));
+    assert_eq!(entry.field("bin"), Some(&[0u8, 255, 10][..]), "values are stored byte for byte");
+    assert_eq!(entry.fields.len(), 3, "exactly the user fields plus `id`: {entry:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_refuses_user_field_named_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .append(AppendRequest {
+            stream: "orders".into(),
+            fields: fields(&[("id", b"mine"), ("k", b"v")]),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a user field named `id` must be refused");
+
+    assert_code(&err, Code::InvalidArgument);
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "orders").await, "nothing may be written for a refused append");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_batch_ids_are_consecutive_and_ordered() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let entries: Vec<BatchEntry> = (0..50)
+        .map(|i| BatchEntry { fields: fields(&[("n", i.to_string().as_bytes())]), ..Default::default() })
+        .collect();
+    let resp = sidecar
+        .stream_client()
+        .await
+        .append_batch(AppendBatchRequest { stream: "batch".into(), entries, ..Default::default() })
+        .await
+        .expect("append batch")
+        .into_inner();
+
+    assert_eq!(resp.entries.len(), 50);
+    for r in &resp.entries {
+        assert!(is_branded(&r.id), "{r:?}");
+        assert_eq!(r.id, branded_from_stream_id(&r.stream_id), "{r:?}");
+    }
+    for pair in resp.entries.windows(2) {
+        let (a_ms, a_seq) = parse_stream_id(&pair[0].stream_id);
+        let (b_ms, b_seq) = parse_stream_id(&pair[1].stream_id);
+        let consecutive = (b_ms == a_ms && b_seq == a_seq + 1) || (b_ms > a_ms && b_seq == 0);
+        assert!(consecutive, "ids not consecutive: {:?} then {:?}", pair[0], pair[1]);
+        assert!(pair[0].id < pair[1].id, "branded ids must order like the entries");
+    }
+    // Request order is stream order, and Redis holds exactly these entries.
+    let mut con = redis.conn().await;
+    let stored = xrange(&mut con, "batch").await;
+    let stored_ids: Vec<&str> = stored.iter().map(|e| e.stream_id.as_str()).collect();
+    let returned_ids: Vec<&str> = resp.entries.iter().map(|e| e.stream_id.as_str()).collect();
+    assert_eq!(stored_ids, returned_ids);
+    for (i, e) in stored.iter().enumerate() {
+        assert_eq!(e.field("n"), Some(i.to_string().as_bytes()), "entry {i} out of request order");
+        assert_eq!(e.field("id"), Some(resp.entries[i].id.as_bytes()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_batch_with_reserved_field_writes_nothing() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let entries = vec![
+        BatchEntry { fields: fields(&[("k", b"ok")]), ..Default::default() },
+        BatchEntry { fields: fields(&[("id", b"not allowed")]), ..Default::default() },
+    ];
+    let err = sidecar
+        .stream_client()
+        .await
+        .append_batch(AppendBatchRequest { stream: "batch".into(), entries, ..Default::default() })
+        .await
+        .expect_err("a batch with a reserved field must be refused");
+
+    assert_code(&err, Code::InvalidArgument);
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "batch").await, "a batch is all or nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_batch_empty_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .append_batch(AppendBatchRequest { stream: "batch".into(), entries: vec![], ..Default::default() })
+        .await
+        .expect_err("an empty batch must be refused");
+
+    assert_code(&err, Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_max_len_trims_approximately() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut client = sidecar.stream_client().await;
+
+    for i in 0..1000 {
+        client
+            .append(AppendRequest {
+                stream: "trimmed".into(),
+                fields: fields(&[("n", i.to_string().as_bytes())]),
+                max_len: 100,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|s| panic!("append {i}: {s:?}"));
+    }
+
+    let mut con = redis.conn().await;
+    let len = xlen(&mut con, "trimmed").await;
+    // `MAXLEN ~ 100` trims whole radix-tree nodes (100 entries each by default):
+    // at least 100 stay, and far fewer than the 1000 appended.
+    assert!((100..400).contains(&len), "XLEN after 1000 appends with max_len 100 is {len}");
+    let entries = xrange(&mut con, "trimmed").await;
+    assert_eq!(entries.last().and_then(|e| e.field("n")), Some(&b"999"[..]), "the newest entries are kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_empty_stream_name_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .append(AppendRequest { stream: String::new(), fields: fields(&[("k", b"v")]), ..Default::default() })
+        .await
+        .expect_err("an empty stream name must be refused");
+
+    assert_code(&err, Code::InvalidArgument);
+    let mut con = redis.conn().await;
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut con).await.unwrap();
+    assert!(keys.is_empty(), "nothing may be written: {keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_too_long_stream_name_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .append(AppendRequest { stream: "s".repeat(1025), fields: fields(&[("k", b"v")]), ..Default::default() })
+        .await
+        .expect_err("a stream name over 1024 bytes must be refused");
+
+    assert_code(&err, Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_to_wrongtype_key_is_failed_precondition() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let _: () = redis::cmd("SET").arg("plain").arg("string").query_async(&mut con).await.unwrap();
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .append(AppendRequest { stream: "plain".into(), fields: fields(&[("k", b"v")]), ..Default::default() })
+        .await
+        .expect_err("appending to a string key must fail");
+
+    assert_code(&err, Code::FailedPrecondition);
+    let value: String = redis::cmd("GET").arg("plain").query_async(&mut con).await.unwrap();
+    assert_eq!(value, "string", "the key is untouched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_with_no_fields_stores_only_the_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let resp = sidecar.append("empty-fields", &[]).await;
+
+    let mut con = redis.conn().await;
+    let entries = xrange(&mut con, "empty-fields").await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].fields, vec![(b"id".to_vec(), resp.id.into_bytes())]);
+}
+
+// ---------------------------------------------------------------------------
+// Read
+// ---------------------------------------------------------------------------
+
+async fn append_numbered(sidecar: &Sidecar, stream: &str, n: usize) -> Vec<echomq::proto::AppendResponse> {
+    let entries = (0..n)
+        .map(|i| BatchEntry { fields: fields(&[("n", i.to_string().as_bytes())]), ..Default::default() })
+        .collect();
+    sidecar
+        .stream_client()
+        .await
+        .append_batch(AppendBatchRequest { stream: stream.into(), entries, ..Default::default() })
+        .await
+        .expect("append batch")
+        .into_inner()
+        .entries
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_replays_a_range_by_stream_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let appended = append_numbered(&sidecar, "s", 5).await;
+
+    let page = sidecar
+        .stream_client()
+        .await
+        .read(ReadRequest {
+            stream: "s".into(),
+            start_id: appended[1].stream_id.clone(),
+            end_id: appended[3].stream_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("read")
+        .into_inner();
+
+    let got: Vec<(&str, &str)> = page.entries.iter().map(|e| (e.id.as_str(), e.stream_id.as_str())).collect();
+    let want: Vec<(&str, &str)> = appended[1..4].iter().map(|a| (a.id.as_str(), a.stream_id.as_str())).collect();
+    assert_eq!(got, want, "bounds are inclusive, oldest first");
+    assert_eq!(page.entries[0].payload, fields(&[("n", b"1")]), "payload without the reserved field");
+    assert_eq!(page.entries[0].minted_at, Some(timestamp_of_ms(branded_ms(&appended[1].id))));
+    assert_eq!(page.next_start_id, "", "the page reached the end of the range");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_pages_with_next_start_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let appended = append_numbered(&sidecar, "s", 5).await;
+    let mut client = sidecar.stream_client().await;
+
+    let mut seen = Vec::new();
+    let mut start_id = String::new();
+    for _ in 0..10 {
+        let page = client
+            .read(ReadRequest { stream: "s".into(), start_id: start_id.clone(), count: 2, ..Default::default() })
+            .await
+            .expect("read")
+            .into_inner();
+        assert!(page.entries.len() <= 2, "count bounds a page");
+        seen.extend(page.entries.into_iter().map(|e| e.id));
+        if page.next_start_id.is_empty() {
+            break;
+        }
+        start_id = page.next_start_id;
+    }
+
+    assert_eq!(seen, appended.iter().map(|a| a.id.clone()).collect::<Vec<_>>(), "every entry once, in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_by_instant_uses_the_milliseconds_as_bounds() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    for id in ["1000-0", "1999-9", "2000-0", "2000-1", "2001-0"] {
+        xadd_raw_at(&mut con, "s", id, &[(b"at", id.as_bytes())]).await;
+    }
+
+    let page = sidecar
+        .stream_client()
+        .await
+        .read(ReadRequest {
+            stream: "s".into(),
+            start_time: Some(timestamp_of_ms(2000)),
+            end_time: Some(timestamp_of_ms(2000)),
+            ..Default::default()
+        })
+        .await
+        .expect("read")
+        .into_inner();
+
+    let got: Vec<&str> = page.entries.iter().map(|e| e.stream_id.as_str()).collect();
+    assert_eq!(got, vec!["2000-0", "2000-1"]);
+    assert_eq!(page.entries[0].id, branded_from_stream_id("2000-0"), "foreign entries get derived ids");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_with_both_id_and_instant_for_a_bound_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .read(ReadRequest {
+            stream: "s".into(),
+            start_id: "1-0".into(),
+            start_time: Some(timestamp_of_ms(1)),
+            ..Default::default()
+        })
+        .await
+        .expect_err("refused");
+
+    assert_code(&err, Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_of_wrongtype_key_is_failed_precondition() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let _: () = redis::cmd("SET").arg("plain").arg("string").query_async(&mut con).await.unwrap();
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .read(ReadRequest { stream: "plain".into(), ..Default::default() })
+        .await
+        .expect_err("refused");
+
+    assert_code(&err, Code::FailedPrecondition);
+}
+
+// ---------------------------------------------------------------------------
+// Trim
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trim_by_max_len_keeps_the_newest() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let appended = append_numbered(&sidecar, "s", 10).await;
+
+    let resp = sidecar
+        .stream_client()
+        .await
+        .trim(TrimRequest { stream: "s".into(), max_len: 3, ..Default::default() })
+        .await
+        .expect("trim")
+        .into_inner();
+
+    let mut con = redis.conn().await;
+    let left: Vec<String> = xrange(&mut con, "s").await.into_iter().map(|e| e.stream_id).collect();
+    assert_eq!(left, appended[7..].iter().map(|a| a.stream_id.clone()).collect::<Vec<_>>());
+    assert_eq!(resp.trimmed, 7);
+    assert_eq!(resp.applied_min_id, appended[7].stream_id);
+    assert!(!resp.held_back_by_groups);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trim_safe_mode_keeps_entries_a_group_has_pending() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let appended = append_numbered(&sidecar, "s", 10).await;
+    let mut con = redis.conn().await;
+    create_group(&mut con, "s", "g", "0").await;
+    // The group reads 0..=2 and acks 0: 1 and 2 are pending, 3.. undelivered.
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("g")
+        .arg("c")
+        .arg("COUNT")
+        .arg(3)
+        .arg("STREAMS")
+        .arg("s")
+        .arg(">")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("XACK").arg("s").arg("g").arg(&appended[0].stream_id).query_async(&mut con).await.unwrap();
+
+    let resp = sidecar
+        .stream_client()
+        .await
+        .trim(TrimRequest { stream: "s".into(), max_len: 1, ..Default::default() })
+        .await
+        .expect("trim")
+        .into_inner();
+
+    let left: Vec<String> = xrange(&mut con, "s").await.into_iter().map(|e| e.stream_id).collect();
+    assert_eq!(left.first(), Some(&appended[1].stream_id), "nothing a group still needs is trimmed: {left:?}");
+    assert_eq!(left.len(), 9);
+    assert_eq!(resp.trimmed, 1);
+    assert_eq!(resp.applied_min_id, appended[1].stream_id);
+    assert!(resp.held_back_by_groups);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trim_safe_mode_keeps_entries_a_group_has_not_read() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let appended = append_numbered(&sidecar, "s", 10).await;
+    let mut con = redis.conn().await;
+    // Positioned after entry 4: entries 5.. are not yet delivered to it.
+    create_group(&mut con, "s", "g", &appended[4].stream_id).await;
+
+    let resp = sidecar
+        .stream_client()
+        .await
+        .trim(TrimRequest {
+            stream: "s".into(),
+            max_len: 0,
+            min_id: appended[8].stream_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("trim")
+        .into_inner();
+
+    let left: Vec<String> = xrange(&mut con, "s").await.into_iter().map(|e| e.stream_id).collect();
+    assert_eq!(left.first(), Some(&appended[5].stream_id), "{left:?}");
+    assert!(resp.held_back_by_groups);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trim_ignoring_groups_trims_as_asked() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let appended = append_numbered(&sidecar, "s", 10).await;
+    let mut con = redis.conn().await;
+    create_group(&mut con, "s", "g", "0").await;
+
+    sidecar
+        .stream_client()
+        .await
+        .trim(TrimRequest { stream: "s".into(), max_len: 2, ignore_groups: true, ..Default::default() })
+        .await
+        .expect("trim");
+
+    let left: Vec<String> = xrange(&mut con, "s").await.into_iter().map(|e| e.stream_id).collect();
+    assert_eq!(left, appended[8..].iter().map(|a| a.stream_id.clone()).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trim_without_a_bound_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    append_numbered(&sidecar, "s", 3).await;
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .trim(TrimRequest { stream: "s".into(), ..Default::default() })
+        .await
+        .expect_err("refused");
+
+    assert_code(&err, Code::InvalidArgument);
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "s").await, 3);
+}
