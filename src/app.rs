@@ -32,7 +32,7 @@ use tracing::{error, info, warn};
 use crate::{
     admin::Admin,
     admin_http::{self, Readiness},
-    config::{Config, Listen, LogFormat},
+    config::{Config, Listen},
     consume::Consumers,
     metrics::Metrics,
     proto::{
@@ -73,20 +73,6 @@ pub enum AppError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
-}
-
-/// Installs the `tracing` subscriber: `ECHOMQ_LOG` filter (default `info`),
-/// text or JSON lines on standard error.
-pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ECHOMQ_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).with_ansi(io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -9,6 +9,7 @@ use crate::{
     id::{BrandedId, StreamId},
     proto::{Entry, RawField},
     redis::RawEntry,
+    telemetry::TRACE_FIELD,
 };
 
 /// An entry's fields split for the wire.
@@ -21,10 +22,12 @@ pub struct Fields {
     /// Fields whose names are not valid UTF-8, and repeated names (Redis allows
     /// them; a map cannot hold both), byte for byte, in stream order.
     pub raw_fields: Vec<RawField>,
+    /// The W3C trace context from the [`TRACE_FIELD`] field.
+    pub traceparent: Option<String>,
 }
 
 /// Splits `fields`: the first reserved-name field holding a valid branded id
-/// becomes `branded`; fields for which `skip` is true are dropped (dead-letter
+/// becomes `branded`; the first [`TRACE_FIELD`] becomes `traceparent`; fields for which `skip` is true are dropped (dead-letter
 /// metadata); everything else lands in `payload` or `raw_fields`, so no field
 /// is ever silently lost.
 pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8]) -> bool) -> Fields {
@@ -33,6 +36,12 @@ pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8
         if out.branded.is_none() && name == id_field.as_bytes() {
             if let Some(id) = std::str::from_utf8(&value).ok().and_then(|text| text.parse::<BrandedId>().ok()) {
                 out.branded = Some(id);
+                continue;
+            }
+        }
+        if out.traceparent.is_none() && name == TRACE_FIELD.as_bytes() {
+            if let Ok(text) = String::from_utf8(value.clone()) {
+                out.traceparent = Some(text);
                 continue;
             }
         }
@@ -67,5 +76,6 @@ pub fn to_entry(entry: RawEntry, id_field: &str, skip: impl Fn(&[u8]) -> bool) -
         payload: fields.payload,
         minted_at: Some(timestamp(branded.minted_at_ms())),
         raw_fields: fields.raw_fields,
+        traceparent: fields.traceparent.unwrap_or_default(),
     })
 }

@@ -16,6 +16,7 @@
 //!   worker (reads, recovery, reclaim, leases, XACK batches) and the per-call relay.
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`stream`]: Append and AppendBatch.
+//! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
 
 pub mod admin;
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod redis;
 pub mod security;
 pub mod stream;
+pub mod telemetry;
 
 /// The generated `echomq.v1` code: messages, server traits and clients.
 #[allow(missing_docs, unreachable_pub, clippy::all)]

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::{error::ErrorKind, Parser};
-use echomq::{app, config::Config};
+use echomq::{app, config::Config, telemetry};
 
 fn main() -> ExitCode {
     let config = match Config::try_parse() {
@@ -25,7 +25,6 @@ fn main() -> ExitCode {
         eprintln!("echomq-sidecar: {reason}");
         return ExitCode::from(2);
     }
-    app::init_logging(config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -33,7 +32,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(app::run(config, app::shutdown_signal())) {
+    let result = runtime.block_on(async {
+        let telemetry = telemetry::init(config.log_format);
+        let result = app::run(config, app::shutdown_signal()).await;
+        telemetry.shutdown();
+        result
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("echomq-sidecar: {e}");

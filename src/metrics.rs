@@ -21,6 +21,7 @@ use prometheus_client::{
     registry::Registry,
 };
 use redis::{aio::ConnectionLike, Cmd, Pipeline, RedisFuture, Value};
+use tracing::Instrument;
 
 /// Labels of per-group series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -257,12 +258,21 @@ impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
             Some(redis::Arg::Simple(name)) => String::from_utf8_lossy(name).to_ascii_uppercase(),
             _ => "unknown".to_owned(),
         };
-        Box::pin(async move {
-            let started = Instant::now();
-            let result = self.inner.req_packed_command(cmd).await;
-            self.metrics.observe_command(&command, started.elapsed());
-            result
-        })
+        // A span per command only while traces are exported.
+        let span = if crate::telemetry::exporting() {
+            tracing::info_span!("echomq.redis", command = %command)
+        } else {
+            tracing::Span::none()
+        };
+        Box::pin(
+            async move {
+                let started = Instant::now();
+                let result = self.inner.req_packed_command(cmd).await;
+                self.metrics.observe_command(&command, started.elapsed());
+                result
+            }
+            .instrument(span),
+        )
     }
 
     fn req_packed_commands<'a>(

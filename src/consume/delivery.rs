@@ -39,7 +39,7 @@ pub(crate) fn build(
         payload: fields.payload,
         attempts,
         minted_at: Some(entry::timestamp(branded.minted_at_ms())),
-        traceparent: String::new(),
+        traceparent: fields.traceparent.unwrap_or_default(),
         raw_fields: fields.raw_fields,
     };
     Some(Outgoing { stream_id, branded, delivery })

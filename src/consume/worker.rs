@@ -39,6 +39,7 @@ use crate::{
     metrics::GroupMetrics,
     proto::{Delivery, VerdictError, VerdictErrorCode},
     redis::{array, parse_entry, parse_read_reply, parse_stream_id},
+    telemetry,
 };
 
 /// Identifies one Consume call inside the sidecar.
@@ -141,6 +142,9 @@ struct Held {
     deadline: Option<Instant>,
     /// When it was handed over, for the handler-time histogram.
     delivered_at: Instant,
+    /// The delivery's span, from hand-over to verdict (only while traces are
+    /// exported); it ends when this is dropped.
+    span: Option<tracing::Span>,
     /// The lease was lost to a peer: a later Ack is answered NOT_PENDING.
     lost: bool,
 }
@@ -152,6 +156,14 @@ struct Session {
     /// The call's receiver is gone (its Detach is on the way), or the client
     /// asked to drain: it takes nothing more.
     closed: bool,
+}
+
+impl Held {
+    fn record_verdict(&self, verdict: &str) {
+        if let Some(span) = &self.span {
+            span.record("verdict", verdict);
+        }
+    }
 }
 
 impl Session {
@@ -462,14 +474,32 @@ impl Worker {
             .map(|(id, _)| *id);
         let Some(session_id) = target else { return Some(out) };
         let session = self.sessions.get_mut(&session_id).expect("picked from the map");
-        let Outgoing { stream_id, branded, delivery } = out;
+        let Outgoing { stream_id, branded, mut delivery } = out;
         let attempts = delivery.attempts;
+        let span = telemetry::exporting().then(|| {
+            let span = tracing::info_span!(
+                "echomq.deliver",
+                stream = %self.stream,
+                group = %self.group,
+                stream_id = %stream_id,
+                id = %branded,
+                attempts,
+                verdict = tracing::field::Empty,
+            );
+            telemetry::set_parent(&span, Some(&delivery.traceparent).filter(|t| !t.is_empty()).map(String::as_str));
+            if let Some(traceparent) = telemetry::traceparent_of(&span) {
+                delivery.traceparent = traceparent;
+            }
+            span
+        });
         if let Err(mpsc::error::SendError(Event::Delivery(delivery))) = session.events.send(Event::Delivery(delivery)) {
             session.closed = true;
             return Some(Outgoing { stream_id, branded, delivery });
         }
         let deadline = session.policy.ack_deadline.map(|d| Instant::now() + d);
-        session.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: Instant::now(), lost: false });
+        session
+            .held
+            .insert(branded, Held { stream_id, attempts, deadline, delivered_at: Instant::now(), span, lost: false });
         self.entries.insert(stream_id, Track::Held(session_id));
         self.shared.held.fetch_add(1, Ordering::Relaxed);
         self.metrics.deliveries.inc();
@@ -743,6 +773,7 @@ impl Worker {
 
     fn ack(&mut self, session: SessionId, text: String, id: BrandedId) {
         let Some(held) = self.settle(session, &text, id) else { return };
+        held.record_verdict("ack");
         if !self.no_ack {
             self.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered: held.attempts > 1 });
         }
@@ -821,6 +852,7 @@ impl Worker {
         }
         let policy = s.policy.clone();
         let Some(held) = self.settle(session, &text, id) else { return };
+        held.record_verdict(if dead_letter { "dead_letter" } else { "fail" });
         if !dead_letter {
             let delay = retry_after.unwrap_or_else(|| policy.retry_delay(held.attempts));
             debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");

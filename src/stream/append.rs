@@ -10,7 +10,9 @@ use crate::{
     proto::{AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse},
     redis::parse_stream_id,
     security::Caller,
+    telemetry::{self, TRACE_FIELD},
 };
+use tracing::Instrument;
 
 /// Most entries in one AppendBatch.
 pub const MAX_BATCH_ENTRIES: usize = 10_000;
@@ -24,11 +26,17 @@ pub const MAX_BATCH_ENTRIES: usize = 10_000;
 async fn append_entries(
     streams: &Streams,
     caller: Option<&Caller>,
+    traceparent: Option<&str>,
     stream: &str,
     entries: &[(&'static str, &HashMap<String, Vec<u8>>)],
     max_len: u64,
 ) -> Result<Vec<AppendResponse>, Error> {
     let stream = streams.guard.stream(caller, "stream", stream)?;
+    let span = tracing::info_span!("echomq.append", stream = %stream, entries = entries.len());
+    telemetry::set_parent(&span, traceparent);
+    // The context consumers continue: this append's span when traces are
+    // exported, else the caller's own, so it still crosses the stream.
+    let stored = telemetry::traceparent_of(&span).or_else(|| traceparent.map(str::to_owned));
     let max_fields = streams.guard.max_fields_per_entry;
     let id_field = &streams.id_field;
     let mut script = streams.redis.scripts.append.prepare_invoke();
@@ -49,14 +57,21 @@ async fn append_entries(
         // Sorted, so an entry's field order does not depend on hashing.
         let mut sorted: Vec<_> = fields.iter().collect();
         sorted.sort_unstable_by_key(|(name, _)| name.as_str());
-        script.arg(sorted.len());
+        let trace = stored.as_deref().filter(|_| !fields.contains_key(TRACE_FIELD));
+        script.arg(sorted.len() + usize::from(trace.is_some()));
         for (name, value) in sorted {
             script.arg(name.as_str()).arg(value.as_slice());
         }
+        if let Some(trace) = trace {
+            script.arg(TRACE_FIELD).arg(trace);
+        }
     }
     let mut conn = streams.redis.conn.clone();
-    let reply: redis::Value =
-        script.invoke_async(&mut conn).await.map_err(|e| Error::from_redis(e, "appending (append.lua)", stream))?;
+    let reply: redis::Value = script
+        .invoke_async(&mut conn)
+        .instrument(span)
+        .await
+        .map_err(|e| Error::from_redis(e, "appending (append.lua)", stream))?;
     let redis::Value::Array(ids) = reply else {
         let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list of ids"));
         return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
@@ -75,10 +90,12 @@ async fn append_entries(
 pub(super) async fn append(
     streams: &Streams,
     caller: Option<&Caller>,
+    traceparent: Option<&str>,
     request: &AppendRequest,
 ) -> Result<AppendResponse, Error> {
     let mut written =
-        append_entries(streams, caller, &request.stream, &[("fields", &request.fields)], request.max_len).await?;
+        append_entries(streams, caller, traceparent, &request.stream, &[("fields", &request.fields)], request.max_len)
+            .await?;
     let written = written.pop().expect("append.lua returns one id per entry");
     tracing::debug!(stream = %request.stream, id = %written.id, "appended");
     Ok(written)
@@ -88,6 +105,7 @@ pub(super) async fn append(
 pub(super) async fn append_batch(
     streams: &Streams,
     caller: Option<&Caller>,
+    traceparent: Option<&str>,
     request: &AppendBatchRequest,
 ) -> Result<AppendBatchResponse, Error> {
     if request.entries.is_empty() || request.entries.len() > MAX_BATCH_ENTRIES {
@@ -97,6 +115,6 @@ pub(super) async fn append_batch(
         ));
     }
     let entries: Vec<_> = request.entries.iter().map(|entry| ("entries.fields", &entry.fields)).collect();
-    let entries = append_entries(streams, caller, &request.stream, &entries, request.max_len).await?;
+    let entries = append_entries(streams, caller, traceparent, &request.stream, &entries, request.max_len).await?;
     Ok(AppendBatchResponse { entries })
 }

@@ -38,14 +38,18 @@ impl Streams {
 #[tonic::async_trait]
 impl StreamService for Streams {
     async fn append(&self, request: Request<AppendRequest>) -> Result<Response<AppendResponse>, Status> {
-        Ok(Response::new(append::append(self, request.extensions().get(), request.get_ref()).await?))
+        Ok(Response::new(
+            append::append(self, request.extensions().get(), traceparent(&request), request.get_ref()).await?,
+        ))
     }
 
     async fn append_batch(
         &self,
         request: Request<AppendBatchRequest>,
     ) -> Result<Response<AppendBatchResponse>, Status> {
-        Ok(Response::new(append::append_batch(self, request.extensions().get(), request.get_ref()).await?))
+        Ok(Response::new(
+            append::append_batch(self, request.extensions().get(), traceparent(&request), request.get_ref()).await?,
+        ))
     }
 
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
@@ -55,4 +59,9 @@ impl StreamService for Streams {
     async fn trim(&self, request: Request<TrimRequest>) -> Result<Response<TrimResponse>, Status> {
         Ok(Response::new(trim::trim(self, request.extensions().get(), request.get_ref()).await?))
     }
+}
+
+/// The caller's W3C trace context, from the gRPC `traceparent` header.
+fn traceparent<T>(request: &Request<T>) -> Option<&str> {
+    request.metadata().get(crate::telemetry::TRACE_FIELD).and_then(|value| value.to_str().ok())
 }
