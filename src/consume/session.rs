@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Status, Streaming};
 use tracing::debug;
 
@@ -19,6 +19,8 @@ use crate::{
     proto::{consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, VerdictError, VerdictErrorCode},
 };
 
+/// How long an ending call waits for its last verdicts to reach Redis.
+const DETACH_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// A Fail reason is cut to this many bytes.
 const MAX_REASON_BYTES: usize = 4096;
 
@@ -67,10 +69,15 @@ pub(super) async fn relay(
             true = async { closing.wait_for(|closing| *closing).await.is_ok() } => break Some(Error::ShuttingDown.into()),
         }
     };
+    // The call ends only once its verdicts have reached Redis (bounded, should
+    // Redis be down), so a client that sees it end can count on its acks.
+    let (flushed, applied) = oneshot::channel();
+    if worker.send(Command::Detach { session, flushed }).await.is_ok() {
+        let _ = tokio::time::timeout(DETACH_FLUSH_TIMEOUT, applied).await;
+    }
     if let Some(status) = ending {
         let _ = outbound.send(Err(status)).await;
     }
-    let _ = worker.send(Command::Detach { session }).await;
     debug!(session, "call ended");
 }
 

@@ -119,7 +119,9 @@ pub(crate) enum Command {
     /// The client is stopping: hand this call nothing more.
     Drain { session: SessionId },
     /// The call ended; what it holds goes back to waiting.
-    Detach { session: SessionId },
+    /// `flushed` is answered once the call's verdicts have reached Redis, so
+    /// a call that ends OK has had its acks applied.
+    Detach { session: SessionId, flushed: oneshot::Sender<()> },
 }
 
 /// What the worker tells a call. The channel is unbounded, but what flows on it
@@ -219,6 +221,8 @@ pub(crate) struct Worker {
     ready: VecDeque<Outgoing>,
     acks: Vec<PendingAck>,
     retry_writes: Vec<RetryWrite>,
+    /// Calls waiting for the next flush before they end.
+    flushed: Vec<oneshot::Sender<()>>,
     /// The group's settings, set by the first call and shared by the others.
     policy: Option<GroupPolicy>,
     /// `<stream>:retries:<group>`, the group's retry hash.
@@ -268,6 +272,7 @@ impl Worker {
             ready: VecDeque::new(),
             acks: Vec::new(),
             retry_writes: Vec::new(),
+            flushed: Vec::new(),
             policy: None,
             retries_key: retries,
             no_ack,
@@ -720,7 +725,10 @@ impl Worker {
                     s.closed = true;
                 }
             }
-            Command::Detach { session } => self.detach(session),
+            Command::Detach { session, flushed } => {
+                self.detach(session);
+                self.flushed.push(flushed);
+            }
         }
     }
 
@@ -783,6 +791,13 @@ impl Worker {
     /// per id (so the reply says which ids were still pending), an HDEL of the
     /// retry state of re-delivered ones, and the HSETs of new retry states.
     async fn flush(&mut self) {
+        self.flush_verdicts().await;
+        for call in self.flushed.drain(..) {
+            let _ = call.send(());
+        }
+    }
+
+    async fn flush_verdicts(&mut self) {
         if self.acks.is_empty() && self.retry_writes.is_empty() {
             return;
         }
