@@ -1,0 +1,801 @@
+package echomq_test
+
+// The conformance runner: every scenario of ../../tests/conformance/scenarios.json
+// against the real sidecar and redis-server of the fixture. A key, step or
+// action this runner does not know fails the scenario instead of skipping it.
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	echomq "github.com/echomq/echomq-sidecar/clients/go"
+	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
+)
+
+const (
+	conformanceGroup = "conformance"
+	stepLimit        = 30 * time.Second
+	finalStopLimit   = 15 * time.Second
+)
+
+// conformanceRuns counts TestConformance runs in this process.
+var conformanceRuns int
+
+type scenarioFile struct {
+	Version     int               `json:"version"`
+	About       string            `json:"about"`
+	SidecarArgs []string          `json:"sidecar_args"`
+	Scenarios   []json.RawMessage `json:"scenarios"`
+}
+
+type scenario struct {
+	Name               string      `json:"name"`
+	Description        string      `json:"description"`
+	Append             []entrySpec `json:"append"`
+	AppendAfterRestart []entrySpec `json:"append_after_restart"`
+	AppendGenerated    *struct {
+		Count int    `json:"count"`
+		Field string `json:"field"`
+	} `json:"append_generated"`
+	Consumer struct {
+		MaxInFlight uint32 `json:"max_in_flight"`
+		Concurrency int    `json:"concurrency"`
+	} `json:"consumer"`
+	Handler struct {
+		Default   *action           `json:"default"`
+		ByAttempt map[string]action `json:"by_attempt"`
+	} `json:"handler"`
+	Steps  []string                   `json:"steps"`
+	Expect map[string]json.RawMessage `json:"expect"`
+}
+
+type entrySpec struct {
+	Fields map[string]valueSpec `json:"fields"`
+}
+
+type valueSpec struct {
+	UTF8   *string `json:"utf8"`
+	Base64 *string `json:"base64"`
+	Repeat *struct {
+		Byte  int `json:"byte"`
+		Count int `json:"count"`
+	} `json:"repeat"`
+	AllBytes *bool `json:"all_bytes"`
+}
+
+type action struct {
+	Action       string `json:"action"`
+	Message      string `json:"message"`
+	RetryAfterMs int    `json:"retry_after_ms"`
+	Reason       string `json:"reason"`
+	Ms           int    `json:"ms"`
+	MsRandomMax  *int   `json:"ms_random_max"`
+}
+
+func (v valueSpec) bytes() ([]byte, error) {
+	switch {
+	case v.UTF8 != nil:
+		return []byte(*v.UTF8), nil
+	case v.Base64 != nil:
+		return base64.StdEncoding.DecodeString(*v.Base64)
+	case v.Repeat != nil:
+		return bytes.Repeat([]byte{byte(v.Repeat.Byte)}, v.Repeat.Count), nil
+	case v.AllBytes != nil && *v.AllBytes:
+		all := make([]byte, 256)
+		for i := range all {
+			all[i] = byte(i)
+		}
+		return all, nil
+	}
+	return nil, errors.New("a field value needs utf8, base64, repeat or all_bytes")
+}
+
+func (e entrySpec) fields() (map[string][]byte, error) {
+	out := make(map[string][]byte, len(e.Fields))
+	for name, v := range e.Fields {
+		b, err := v.bytes()
+		if err != nil {
+			return nil, fmt.Errorf("field %q: %w", name, err)
+		}
+		out[name] = b
+	}
+	return out, nil
+}
+
+func (s *scenario) actionFor(attempts uint32) (action, bool) {
+	if a, ok := s.Handler.ByAttempt[strconv.Itoa(int(attempts))]; ok {
+		return a, true
+	}
+	if s.Handler.Default != nil {
+		return *s.Handler.Default, true
+	}
+	return action{}, false
+}
+
+func TestConformance(t *testing.T) {
+	var file scenarioFile
+	path := filepath.Join(repoRoot(), "tests", "conformance", "scenarios.json")
+	if err := readJSON(path, &file); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if file.Version != 1 {
+		t.Fatalf("scenarios.json version %d: this runner knows version 1", file.Version)
+	}
+	if len(file.Scenarios) == 0 {
+		t.Fatal("scenarios.json has no scenarios")
+	}
+	cl := fixture(t)
+	// Streams are conf:go:<scenario>, as the suite says; a repeated run in the
+	// same process (go test -count=N) appends :<run> so it starts clean.
+	conformanceRuns++
+	suffix := ""
+	if conformanceRuns > 1 {
+		suffix = ":" + strconv.Itoa(conformanceRuns)
+	}
+	for i, raw := range file.Scenarios {
+		var sc scenario
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&sc); err != nil {
+			t.Errorf("scenario %d: this runner cannot read it: %v", i, err)
+			continue
+		}
+		t.Run(sc.Name, func(t *testing.T) {
+			r := &run{t: t, sc: &sc, cl: cl, stream: "conf:go:" + sc.Name + suffix, appended: map[string]map[string][]byte{},
+				acks: map[string]int{}, release: make(chan struct{})}
+			defer r.cleanup()
+			r.execute()
+		})
+	}
+}
+
+// call is one handler call as the handler recorded it.
+type call struct {
+	id, streamID string
+	attempts     uint32
+	payload      map[string][]byte
+	started      time.Time
+}
+
+// consumerRun is one running consumer of a scenario.
+type consumerRun struct {
+	consumer *echomq.Consumer
+	conn     *grpc.ClientConn
+	cancel   context.CancelFunc
+	done     chan error
+	// ended: Run returned because the runner stopped or dropped it.
+	ended bool
+}
+
+// run is one scenario's state.
+type run struct {
+	t        *testing.T
+	sc       *scenario
+	cl       *cluster
+	stream   string
+	producer *echomq.Producer
+	pconn    *grpc.ClientConn
+
+	mu            sync.Mutex
+	appended      map[string]map[string][]byte // branded id → fields
+	calls         []call
+	finished      int
+	finishedIDs   map[string]bool
+	running       int
+	maxRunning    int
+	verdictErrors []string
+	acks          map[string]int // ids the clients sent in Ack messages
+	badAction     string
+	stopTook      time.Duration
+	stopped       bool
+
+	consumers []*consumerRun
+	// release ends "hang" handlers when the scenario is over.
+	release chan struct{}
+}
+
+func (r *run) execute() {
+	t := r.t
+	var err error
+	if r.pconn, err = echomq.Dial(r.cl.listen); err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	r.producer = echomq.NewProducer(r.pconn)
+	r.finishedIDs = map[string]bool{}
+
+	var initial []map[string][]byte
+	for i, e := range r.sc.Append {
+		fields, err := e.fields()
+		if err != nil {
+			t.Fatalf("append[%d]: %v", i, err)
+		}
+		initial = append(initial, fields)
+	}
+	if g := r.sc.AppendGenerated; g != nil {
+		for i := range g.Count {
+			initial = append(initial, map[string][]byte{g.Field: []byte(strconv.Itoa(i))})
+		}
+	}
+	if len(initial) > 0 {
+		r.append(initial, false)
+	}
+
+	steps := r.sc.Steps
+	if steps == nil {
+		n, ok := r.expectInt("handled")
+		if !ok {
+			n, ok = r.expectInt("distinct_handled")
+		}
+		if !ok {
+			t.Fatal("a scenario without steps needs expect.handled or expect.distinct_handled")
+		}
+		steps = []string{"start_consumer", "wait_handled:" + strconv.Itoa(n)}
+	}
+	for _, step := range steps {
+		r.step(step)
+		if t.Failed() {
+			return
+		}
+	}
+	r.stopAll()
+	r.check()
+}
+
+func (r *run) step(step string) {
+	t := r.t
+	name, arg, _ := strings.Cut(step, ":")
+	num := func() int {
+		n, err := strconv.Atoi(arg)
+		if err != nil {
+			t.Fatalf("step %q: %q is not a number", step, arg)
+		}
+		return n
+	}
+	switch name {
+	case "start_consumer", "start_second_consumer":
+		r.startConsumer()
+	case "wait_handled":
+		n := num()
+		r.waitUntil(step, func() bool {
+			if _, distinct := r.sc.Expect["distinct_handled"]; distinct && r.sc.Expect["handled"] == nil {
+				return len(r.finishedIDs) >= n
+			}
+			return r.finished >= n
+		})
+	case "wait_started":
+		n := num()
+		r.waitUntil(step, func() bool { return len(r.calls) >= n })
+	case "drop_connection":
+		c := r.current()
+		c.cancel()
+		_ = c.conn.Close()
+		select {
+		case err := <-c.done:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("after drop_connection Run returned %v, want context.Canceled", err)
+			}
+		case <-time.After(stepLimit):
+			t.Fatal("Run did not return after its context was cancelled")
+		}
+		c.ended = true
+	case "stop":
+		ms := num()
+		c := r.current()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(ms)*time.Millisecond)
+		begin := time.Now()
+		err := c.consumer.Stop(ctx)
+		took := time.Since(begin)
+		cancel()
+		if err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		r.awaitRun(c)
+		r.mu.Lock()
+		r.stopTook, r.stopped = took, true
+		r.mu.Unlock()
+	case "kill_sidecar":
+		r.cl.killSidecar()
+	case "restart_sidecar":
+		if err := r.cl.startSidecar(); err != nil {
+			t.Fatalf("restart_sidecar: %v", err)
+		}
+	case "append_after_restart":
+		var entries []map[string][]byte
+		for i, e := range r.sc.AppendAfterRestart {
+			fields, err := e.fields()
+			if err != nil {
+				t.Fatalf("append_after_restart[%d]: %v", i, err)
+			}
+			entries = append(entries, fields)
+		}
+		r.append(entries, true)
+	case "append_more":
+		n := num()
+		var entries []map[string][]byte
+		for i := range n {
+			entries = append(entries, map[string][]byte{"n": []byte(strconv.Itoa(i))})
+		}
+		r.append(entries, false)
+	case "ack_unknown":
+		req := &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Ack{Ack: &pb.Ack{Ids: []string{arg}}}}
+		if err := r.current().consumer.Send(withTimeout(t, stepLimit), req); err != nil {
+			t.Fatalf("raw ack: %v", err)
+		}
+	case "wait_verdict_error":
+		r.waitUntil(step, func() bool { return slices.Contains(r.verdictErrors, arg) })
+	default:
+		t.Fatalf("unknown step %q: this runner cannot run it", step)
+	}
+}
+
+// append writes entries with the producer: Append for one, AppendBatch for
+// several. retry: keep trying while the sidecar comes back.
+func (r *run) append(entries []map[string][]byte, retry bool) {
+	t := r.t
+	deadline := time.Now().Add(stepLimit)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var got []echomq.Appended
+		var err error
+		if len(entries) == 1 {
+			var one echomq.Appended
+			one, err = r.producer.Append(ctx, r.stream, entries[0])
+			got = []echomq.Appended{one}
+		} else {
+			got, err = r.producer.AppendBatch(ctx, r.stream, entries)
+		}
+		cancel()
+		if err == nil {
+			if len(got) != len(entries) {
+				t.Fatalf("append: %d results for %d entries", len(got), len(entries))
+			}
+			r.mu.Lock()
+			for i, a := range got {
+				if len(a.ID) != 28 || a.StreamID == "" {
+					t.Errorf("append returned id %q stream id %q", a.ID, a.StreamID)
+				}
+				r.appended[a.ID] = entries[i]
+			}
+			r.mu.Unlock()
+			return
+		}
+		if !retry || time.Now().After(deadline) {
+			t.Fatalf("append: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (r *run) startConsumer() {
+	t := r.t
+	conn, err := echomq.Dial(r.cl.listen, grpc.WithStreamInterceptor(r.countAcks))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
+		Conn:        conn,
+		Stream:      r.stream,
+		Group:       conformanceGroup,
+		Start:       echomq.StartBeginning(),
+		MaxInFlight: r.sc.Consumer.MaxInFlight,
+		Concurrency: r.sc.Consumer.Concurrency,
+		OnVerdictError: func(e echomq.VerdictError) {
+			r.mu.Lock()
+			r.verdictErrors = append(r.verdictErrors, echomq.CodeName(e.Code))
+			r.mu.Unlock()
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &consumerRun{consumer: consumer, conn: conn, cancel: cancel, done: make(chan error, 1)}
+	go func() { c.done <- consumer.Run(ctx, r.handle) }()
+	r.consumers = append(r.consumers, c)
+}
+
+// current is the latest consumer still running.
+func (r *run) current() *consumerRun {
+	for i := len(r.consumers) - 1; i >= 0; i-- {
+		if !r.consumers[i].ended {
+			return r.consumers[i]
+		}
+	}
+	r.t.Fatal("no consumer is running")
+	return nil
+}
+
+func (r *run) awaitRun(c *consumerRun) {
+	select {
+	case err := <-c.done:
+		if err != nil {
+			r.t.Errorf("Run returned %v after a graceful stop, want nil", err)
+		}
+	case <-time.After(stepLimit):
+		r.t.Fatal("Run did not return after Stop")
+	}
+	c.ended = true
+	_ = c.conn.Close()
+	c.cancel()
+}
+
+// stopAll gracefully stops every consumer still running.
+func (r *run) stopAll() {
+	for _, c := range r.consumers {
+		if c.ended {
+			continue
+		}
+		select {
+		case err := <-c.done:
+			r.t.Errorf("a consumer's Run returned early: %v", err)
+			c.ended = true
+			continue
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), finalStopLimit)
+		if err := c.consumer.Stop(ctx); err != nil {
+			r.t.Errorf("final stop: %v", err)
+		}
+		cancel()
+		r.awaitRun(c)
+	}
+}
+
+func (r *run) cleanup() {
+	close(r.release)
+	for _, c := range r.consumers {
+		if !c.ended {
+			c.cancel()
+			<-c.done
+			_ = c.conn.Close()
+		}
+	}
+	if r.pconn != nil {
+		_ = r.pconn.Close()
+	}
+	if r.t.Failed() {
+		r.t.Logf("sidecar log (tail):\n%s", r.cl.logTail())
+	}
+}
+
+func (r *run) waitUntil(what string, ok func() bool) {
+	err := waitFor(stepLimit, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return ok()
+	})
+	if err != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.t.Fatalf("%s: not reached within %v (calls %d, finished %d, verdict errors %v)",
+			what, stepLimit, len(r.calls), r.finished, r.verdictErrors)
+	}
+}
+
+// handle is the scenario's handler: it records the call, then acts as the
+// scenario says for the delivery's attempts.
+func (r *run) handle(ctx context.Context, d *echomq.Delivery) error {
+	r.mu.Lock()
+	r.calls = append(r.calls, call{id: d.ID, streamID: d.StreamID, attempts: d.Attempts, payload: d.Payload, started: time.Now()})
+	r.running++
+	r.maxRunning = max(r.maxRunning, r.running)
+	r.mu.Unlock()
+	finished := false
+	finish := func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !finished {
+			finished = true
+			r.finished++
+			r.finishedIDs[d.ID] = true
+		}
+	}
+	defer func() {
+		finish()
+		r.mu.Lock()
+		r.running--
+		r.mu.Unlock()
+	}()
+
+	a, ok := r.sc.actionFor(d.Attempts)
+	if !ok {
+		r.unknownAction(fmt.Sprintf("no action for attempts %d", d.Attempts))
+		return errors.New("no action")
+	}
+	switch a.Action {
+	case "return":
+		return nil
+	case "raise":
+		return errors.New(a.Message)
+	case "fail":
+		return d.Fail(a.Reason, time.Duration(a.RetryAfterMs)*time.Millisecond)
+	case "dead_letter":
+		return d.DeadLetter(a.Reason)
+	case "sleep":
+		ms := a.Ms
+		if a.MsRandomMax != nil {
+			ms = rand.IntN(*a.MsRandomMax + 1)
+		}
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	case "hang":
+		// A hanging call never finishes by itself; it counts as handled once
+		// it hangs, so that wait_handled can see it.
+		finish()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.release:
+			return errors.New("scenario over")
+		}
+	}
+	r.unknownAction(a.Action)
+	return errors.New("unknown action")
+}
+
+func (r *run) unknownAction(what string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.badAction = what
+}
+
+// countAcks counts every id the client sends in an Ack, per id.
+func (r *run) countAcks(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &ackCountingStream{ClientStream: s, r: r}, nil
+}
+
+type ackCountingStream struct {
+	grpc.ClientStream
+	r *run
+}
+
+func (s *ackCountingStream) SendMsg(m any) error {
+	err := s.ClientStream.SendMsg(m)
+	if req, ok := m.(*pb.ConsumeRequest); ok && err == nil {
+		s.r.mu.Lock()
+		for _, id := range req.GetAck().GetIds() {
+			s.r.acks[id]++
+		}
+		s.r.mu.Unlock()
+	}
+	return err
+}
+
+func (r *run) expectInt(key string) (int, bool) {
+	raw, ok := r.sc.Expect[key]
+	if !ok {
+		return 0, false
+	}
+	var n int
+	if err := json.Unmarshal(raw, &n); err != nil {
+		r.t.Fatalf("expect.%s: %v", key, err)
+	}
+	return n, true
+}
+
+// check verifies every expectation; an unknown key is a failure.
+func (r *run) check() {
+	t := r.t
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.badAction != "" {
+		t.Errorf("handler: unknown action %q", r.badAction)
+	}
+	distinct := map[string][]call{}
+	for _, c := range r.calls {
+		distinct[c.id] = append(distinct[c.id], c)
+	}
+	keys := make([]string, 0, len(r.sc.Expect))
+	for k := range r.sc.Expect {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, key := range keys {
+		raw := r.sc.Expect[key]
+		decode := func(into any) {
+			if err := json.Unmarshal(raw, into); err != nil {
+				t.Fatalf("expect.%s: %v", key, err)
+			}
+		}
+		switch key {
+		case "handled":
+			var n int
+			decode(&n)
+			if len(r.calls) != n {
+				t.Errorf("handled: %d handler calls, want %d", len(r.calls), n)
+			}
+		case "distinct_handled":
+			var n int
+			decode(&n)
+			if len(distinct) != n {
+				t.Errorf("distinct_handled: %d distinct ids, want %d", len(distinct), n)
+			}
+		case "attempts":
+			var want map[string]int
+			decode(&want)
+			got := map[string]int{}
+			for _, c := range r.calls {
+				got[strconv.Itoa(int(c.attempts))]++
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("attempts: %v, want %v", got, want)
+			}
+		case "min_redelivery_gap_ms":
+			var ms int
+			decode(&ms)
+			seen := false
+			for id, cs := range distinct {
+				if len(cs) < 2 {
+					continue
+				}
+				seen = true
+				if gap := cs[1].started.Sub(cs[0].started); gap < time.Duration(ms)*time.Millisecond {
+					t.Errorf("min_redelivery_gap_ms: %s came back after %v, want at least %d ms", id, gap, ms)
+				}
+			}
+			if !seen {
+				t.Errorf("min_redelivery_gap_ms: no entry was delivered twice")
+			}
+		case "pending_after":
+			var n int64
+			decode(&n)
+			r.eventually(key, n, "XPENDING", r.stream, conformanceGroup)
+		case "dead_letters":
+			var n int64
+			decode(&n)
+			r.eventually(key, n, "XLEN", r.stream+":dlq")
+		case "dead_letter_fields":
+			var want map[string]string
+			decode(&want)
+			fields := r.deadLetterFields()
+			for k, v := range want {
+				if fields[k] != v {
+					t.Errorf("dead_letter_fields: %q = %q, want %q (entry %v)", k, fields[k], v, fields)
+				}
+			}
+		case "dead_letter_keeps_branded_id":
+			var want bool
+			decode(&want)
+			if want {
+				fields := r.deadLetterFields()
+				if len(r.calls) == 0 || fields["id"] != r.calls[0].id {
+					t.Errorf("dead_letter_keeps_branded_id: dead letter id %q, handled %v", fields["id"], r.calls)
+				}
+			}
+		case "each_acked_once":
+			var want bool
+			decode(&want)
+			if want {
+				for id := range distinct {
+					if r.acks[id] != 1 {
+						t.Errorf("each_acked_once: %s acked %d times", id, r.acks[id])
+					}
+				}
+				if len(r.acks) != len(distinct) {
+					t.Errorf("each_acked_once: acks for %d ids, %d ids handled", len(r.acks), len(distinct))
+				}
+			}
+		case "payload_equals_appended":
+			var want bool
+			decode(&want)
+			if want {
+				if len(r.calls) == 0 {
+					t.Errorf("payload_equals_appended: nothing handled")
+				}
+				for _, c := range r.calls {
+					appended, ok := r.appended[c.id]
+					if !ok {
+						t.Errorf("payload_equals_appended: handled %s was not appended by this run", c.id)
+					} else if !reflect.DeepEqual(c.payload, appended) {
+						t.Errorf("payload_equals_appended: %s differs (%s)", c.id, describeDiff(c.payload, appended))
+					}
+				}
+			}
+		case "verdict_errors":
+			var want []string
+			decode(&want)
+			if !slices.Equal(r.verdictErrors, want) {
+				t.Errorf("verdict_errors: %v, want %v", r.verdictErrors, want)
+			}
+		case "max_concurrent_handlers":
+			var n int
+			decode(&n)
+			if r.maxRunning > n {
+				t.Errorf("max_concurrent_handlers: %d ran at once, want at most %d", r.maxRunning, n)
+			}
+		case "stop_returned_within_ms":
+			var ms int
+			decode(&ms)
+			if !r.stopped {
+				t.Errorf("stop_returned_within_ms: the scenario has no stop step")
+			} else if r.stopTook > time.Duration(ms)*time.Millisecond {
+				t.Errorf("stop_returned_within_ms: stop took %v, want at most %d ms", r.stopTook, ms)
+			}
+		default:
+			t.Errorf("unknown expect key %q: this runner cannot check it", key)
+		}
+	}
+}
+
+// eventually reads an integer from Redis until it equals want (acks the
+// sidecar received are applied in its next XACK batch), for up to 5 s.
+func (r *run) eventually(key string, want int64, args ...string) {
+	var got int64
+	begin := time.Now()
+	for reads := 1; ; reads++ {
+		got = redisInt(r.t, r.cl.redisAddr, args...)
+		if got == want && reads > 1 {
+			r.t.Logf("%s: reached after %v", key, time.Since(begin).Round(time.Millisecond))
+		}
+		if got == want || time.Since(begin) > 5*time.Second {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got != want {
+		r.t.Errorf("%s: %s is %d, want %d", key, strings.Join(args, " "), got, want)
+	}
+}
+
+// deadLetterFields reads the first entry of the dead-letter stream.
+func (r *run) deadLetterFields() map[string]string {
+	reply, err := redisDo(r.cl.redisAddr, "XRANGE", r.stream+":dlq", "-", "+", "COUNT", "1")
+	if err != nil {
+		r.t.Fatalf("XRANGE: %v", err)
+	}
+	fields := map[string]string{}
+	entries, _ := reply.([]any)
+	if len(entries) == 0 {
+		return fields
+	}
+	entry, _ := entries[0].([]any)
+	if len(entry) < 2 {
+		return fields
+	}
+	flat, _ := entry[1].([]any)
+	for i := 0; i+1 < len(flat); i += 2 {
+		k, _ := flat[i].(string)
+		v, _ := flat[i+1].(string)
+		fields[k] = v
+	}
+	return fields
+}
+
+func describeDiff(got, want map[string][]byte) string {
+	var out []string
+	for k, w := range want {
+		g, ok := got[k]
+		switch {
+		case !ok:
+			out = append(out, fmt.Sprintf("%q missing", k))
+		case !bytes.Equal(g, w):
+			out = append(out, fmt.Sprintf("%q: %d bytes, want %d", k, len(g), len(w)))
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			out = append(out, fmt.Sprintf("unexpected field %q", k))
+		}
+	}
+	return strings.Join(out, "; ")
+}

@@ -1,0 +1,470 @@
+package echomq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
+)
+
+// DefaultMaxInFlight mirrors the sidecar's `--default-max-in-flight` (64): the
+// handler concurrency used when neither [ConsumerConfig.Concurrency] nor
+// [ConsumerConfig.MaxInFlight] is set and the sidecar does not report its own.
+const DefaultMaxInFlight = 64
+
+// ConsumerConfig is a subscription and how to run its handler. Stream, Group,
+// Start and one of Target or Conn are required; every other field has a
+// default.
+type ConsumerConfig struct {
+	// Target is the sidecar's address, `host:port` or `unix:/path` (as its
+	// `--listen`, ECHOMQ_LISTEN). The consumer dials it with [Dial] and closes
+	// the connection when Run returns. Ignored when Conn is set.
+	Target string
+	// Conn is a connection to share (from [Dial], or a grpc.ClientConn of your
+	// own, e.g. with TLS). The consumer does not close it.
+	Conn grpc.ClientConnInterface
+
+	// Stream is the stream key. Required.
+	Stream string
+	// Group is the consumer group. Required.
+	Group string
+	// Start is where the group begins if the subscription creates it.
+	// Required: the zero Start is refused.
+	Start Start
+
+	// MaxInFlight is flow control: the most deliveries the call holds
+	// un-settled (running or queued for a handler). 0: the sidecar's default
+	// (`--default-max-in-flight`, 64). Above the sidecar's limit (10000 by
+	// default) the subscription fails with INVALID_ARGUMENT.
+	MaxInFlight uint32
+	// Concurrency is the most handlers running at once. 0: the effective
+	// MaxInFlight. More than MaxInFlight is never used.
+	Concurrency int
+
+	// AckDeadline is how long a delivery may stay un-settled before the
+	// sidecar treats it as failed. 0: no deadline while the call lives.
+	AckDeadline time.Duration
+	// RetryBackoffInitial is the first redelivery delay after a Fail without
+	// a delay (or a dropped call), doubled per attempt. 0: the sidecar's
+	// default (`--retry-backoff-initial-ms`, 1 s).
+	RetryBackoffInitial time.Duration
+	// RetryBackoffMax caps that delay. 0: the sidecar's default
+	// (`--retry-backoff-max-ms`, 60 s).
+	RetryBackoffMax time.Duration
+	// DeadLetterStream is where [Delivery.DeadLetter] and poison entries go.
+	// "": `<stream>:dlq`. A group setting: every consumer of the group on one
+	// sidecar must name the same (FAILED_PRECONDITION otherwise).
+	DeadLetterStream string
+	// MaxDeliveries makes poison entries dead letters: an entry delivered this
+	// many times is moved to the dead-letter stream instead of being handed
+	// out again. 0: the sidecar's default (`--default-max-deliveries`, itself
+	// 0: no limit). A group setting, like DeadLetterStream.
+	MaxDeliveries uint32
+	// NoAck is the at-most-once mode (XREADGROUP … NOACK): entries are never
+	// pending, so an entry whose handler fails, panics or never returns is
+	// LOST — no retry, no reclaim, no dead letter, and Fail is refused with a
+	// verdict error. Off by default; turn it on only where losing entries is
+	// acceptable.
+	NoAck bool
+
+	// Reconnect paces the attempts to re-open the call after it broke.
+	// Zero: 100 ms doubling to 5 s, jittered (see [Backoff]).
+	Reconnect Backoff
+	// OnVerdictError receives every verdict the sidecar did not apply (an
+	// unknown id, an entry no longer pending, …). It runs on the receiving
+	// goroutine: keep it short and do not block. nil: logged at warning level.
+	OnVerdictError func(VerdictError)
+	// Logger receives reconnects and dropped verdicts. nil: [slog.Default].
+	Logger *slog.Logger
+}
+
+func (cfg *ConsumerConfig) validate() error {
+	var problems []string
+	if cfg.Conn == nil && cfg.Target == "" {
+		problems = append(problems, "Target or Conn is required")
+	}
+	if cfg.Stream == "" {
+		problems = append(problems, "Stream is required")
+	}
+	if cfg.Group == "" {
+		problems = append(problems, "Group is required")
+	}
+	if cfg.Start.IsZero() {
+		problems = append(problems, "Start is required (StartNew, StartBeginning, StartAfter or StartAt): there is no default")
+	} else if cfg.Start.kind == pb.GroupStart_GROUP_START_ID && cfg.Start.id == "" {
+		problems = append(problems, "StartAfter needs a stream id")
+	}
+	if cfg.Concurrency < 0 {
+		problems = append(problems, "Concurrency must not be negative")
+	}
+	if cfg.AckDeadline < 0 || cfg.RetryBackoffInitial < 0 || cfg.RetryBackoffMax < 0 {
+		problems = append(problems, "durations must not be negative")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, problems)
+	}
+	return nil
+}
+
+func (cfg *ConsumerConfig) subscribe() *pb.ConsumeRequest {
+	sub := &pb.Subscribe{
+		Stream:           cfg.Stream,
+		Group:            cfg.Group,
+		MaxInFlight:      cfg.MaxInFlight,
+		DeadLetterStream: cfg.DeadLetterStream,
+		MaxDeliveries:    cfg.MaxDeliveries,
+		NoAck:            cfg.NoAck,
+	}
+	cfg.Start.apply(sub)
+	if cfg.AckDeadline > 0 {
+		sub.AckDeadline = durationpb.New(cfg.AckDeadline)
+	}
+	if cfg.RetryBackoffInitial > 0 {
+		sub.RetryBackoffInitial = durationpb.New(cfg.RetryBackoffInitial)
+	}
+	if cfg.RetryBackoffMax > 0 {
+		sub.RetryBackoffMax = durationpb.New(cfg.RetryBackoffMax)
+	}
+	return &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Subscribe{Subscribe: sub}}
+}
+
+// Consumer runs a handler over one subscription, one Consume call at a time,
+// re-opening the call when it breaks. Create it with [NewConsumer]; it runs
+// once.
+type Consumer struct {
+	cfg ConsumerConfig
+	log *slog.Logger
+
+	// stopping is closed by Stop: take no new work.
+	stopping chan struct{}
+	stopOnce sync.Once
+	// done is closed when Run returns.
+	done chan struct{}
+
+	mu sync.Mutex
+	// ran is set by the first Run; abort cancels everything Run started.
+	ran   bool
+	abort context.CancelFunc
+	// current is the subscribed call, nil between calls; changed is closed
+	// and replaced whenever current changes.
+	current *call
+	changed chan struct{}
+	// slots bounds the running handlers across calls (a handler of a broken
+	// call may still run while the next call delivers). Sized on the first
+	// subscribe.
+	slots chan struct{}
+
+	// handlers counts running handler goroutines of every call.
+	handlers sync.WaitGroup
+}
+
+// NewConsumer returns a consumer for cfg. It does not connect: [Consumer.Run]
+// checks cfg and opens the call.
+func NewConsumer(cfg ConsumerConfig) *Consumer {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Consumer{
+		cfg:      cfg,
+		log:      log.With("stream", cfg.Stream, "group", cfg.Group),
+		stopping: make(chan struct{}),
+		done:     make(chan struct{}),
+		changed:  make(chan struct{}),
+	}
+}
+
+// Run subscribes and runs h on every delivery, at most Concurrency at once,
+// until one of:
+//
+//   - [Consumer.Stop] was called: Run returns nil once the stop is done;
+//   - ctx is cancelled: an abrupt end, like a crash. Handlers' contexts are
+//     cancelled, no verdict is sent for what they hold (it stays pending and is
+//     delivered again), and Run returns ctx.Err();
+//   - the sidecar refused the subscription with a permanent code: Run returns a
+//     [*SubscriptionError] (INVALID_ARGUMENT, PERMISSION_DENIED,
+//     UNAUTHENTICATED, FAILED_PRECONDITION, …; see [IsPermanent]);
+//   - cfg is invalid: an error wrapping [ErrInvalidConfig].
+//
+// Every other end of the call (UNAVAILABLE, a refused connection, a sidecar
+// restart) is retried with [ConsumerConfig.Reconnect] backoff, re-subscribing
+// with the same settings. Deliveries of a broken call are never settled on the
+// next one: their verdicts are dropped ([ErrCallEnded]) and the sidecar
+// delivers the entries again.
+//
+// When Run returns, no handler is running, except after an abrupt end, where
+// handlers that ignore their context may still be returning.
+func (c *Consumer) Run(ctx context.Context, h Handler) error {
+	c.mu.Lock()
+	if c.ran {
+		c.mu.Unlock()
+		return ErrRunTwice
+	}
+	c.ran = true
+	runCtx, abort := context.WithCancel(ctx)
+	c.abort = abort
+	c.mu.Unlock()
+	defer close(c.done)
+	defer abort()
+
+	if h == nil {
+		return fmt.Errorf("%w: the handler is nil", ErrInvalidConfig)
+	}
+	if err := c.cfg.validate(); err != nil {
+		return err
+	}
+	conn := c.cfg.Conn
+	if conn == nil {
+		cc, err := Dial(c.cfg.Target)
+		if err != nil {
+			return fmt.Errorf("%w: target %q: %v", ErrInvalidConfig, c.cfg.Target, err)
+		}
+		defer cc.Close()
+		conn = cc
+	}
+	err := c.loop(ctx, runCtx, pb.NewConsumerServiceClient(conn), h)
+	c.waitHandlers(runCtx)
+	return err
+}
+
+// Stop ends Run gracefully: no new delivery is handed to a handler; running
+// handlers finish and their verdicts are sent; then the call is closed and
+// Run returns. Deliveries that had arrived but not yet started are not
+// handled: the call's end returns them to the group, and they are delivered
+// again after the retry backoff.
+//
+// If ctx ends first, Stop cancels the handlers' contexts, drops the call
+// without their verdicts (their entries stay pending and come back), and
+// returns an error wrapping ctx.Err(). Stop before Run makes Run return nil at
+// once. Stop may be called more than once and from any goroutine.
+func (c *Consumer) Stop(ctx context.Context) error {
+	c.stopOnce.Do(func() { close(c.stopping) })
+	c.mu.Lock()
+	ran, abort := c.ran, c.abort
+	c.mu.Unlock()
+	if !ran {
+		return nil
+	}
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		abort()
+		<-c.done
+		return fmt.Errorf("echomq: stop: handlers still running at the deadline; what they held stays pending and will be delivered again: %w", ctx.Err())
+	}
+}
+
+// Send is the low-level escape hatch: it sends a raw Ack, Fail or Extend on
+// the current call, with no bookkeeping (a delivery settled this way is still
+// settled again by its handler's return). It waits until a call is
+// subscribed, or ctx ends. An id the call does not hold is answered with a
+// [VerdictError] (UNKNOWN_ID) through [ConsumerConfig.OnVerdictError]; the call
+// goes on.
+func (c *Consumer) Send(ctx context.Context, req *pb.ConsumeRequest) error {
+	switch req.GetKind().(type) {
+	case *pb.ConsumeRequest_Ack, *pb.ConsumeRequest_Fail, *pb.ConsumeRequest_Extend:
+	default:
+		return errors.New("echomq: Send takes an Ack, Fail or Extend; the consumer sends its Subscribe itself")
+	}
+	for {
+		c.mu.Lock()
+		current, changed := c.current, c.changed
+		c.mu.Unlock()
+		if current != nil {
+			return current.send(req)
+		}
+		select {
+		case <-changed:
+		case <-c.done:
+			return ErrNotRunning
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// loop opens calls until a graceful stop, a permanent error or ctx's end.
+// parent is Run's context; ctx is also cancelled by a Stop past its deadline.
+func (c *Consumer) loop(parent, ctx context.Context, client pb.ConsumerServiceClient, h Handler) error {
+	backoff := c.cfg.Reconnect.withDefaults()
+	for attempt := 0; ; {
+		if c.isStopping() {
+			return nil
+		}
+		k, err := c.open(ctx, client)
+		if err == nil {
+			attempt = 0
+			c.setCurrent(k)
+			err = k.serve(h)
+			c.setCurrent(nil)
+			if err == nil {
+				return nil
+			}
+		}
+		if parent.Err() != nil {
+			return parent.Err()
+		}
+		if c.isStopping() {
+			return nil
+		}
+		var refused *SubscriptionError
+		if errors.As(err, &refused) {
+			return err
+		}
+		delay := backoff.Delay(attempt)
+		attempt++
+		c.log.Warn("echomq: consume call ended; reconnecting", "error", err, "retry_in", delay, "attempt", attempt)
+		timer := time.NewTimer(delay)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+		case <-c.stopping:
+			timer.Stop()
+		}
+	}
+}
+
+// open starts a call, subscribes and waits for Subscribed.
+func (c *Consumer) open(ctx context.Context, client pb.ConsumerServiceClient) (*call, error) {
+	callCtx, cancel := context.WithCancel(ctx)
+	// A Stop while the subscribe is on its way abandons it: no work was taken.
+	opened := make(chan struct{})
+	go func() {
+		select {
+		case <-c.stopping:
+			cancel()
+		case <-opened:
+		}
+	}()
+	defer close(opened)
+
+	stream, err := client.Consume(callCtx)
+	if err != nil {
+		cancel()
+		return nil, c.callError(err)
+	}
+	if err := stream.Send(c.cfg.subscribe()); err != nil {
+		// Send reports only that the call is over; Recv says why.
+		_, err = stream.Recv()
+		cancel()
+		return nil, c.callError(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		cancel()
+		return nil, c.callError(err)
+	}
+	subscribed := first.GetSubscribed()
+	if subscribed == nil {
+		cancel()
+		return nil, fmt.Errorf("echomq: the sidecar answered the subscribe with %T instead of Subscribed", first.GetKind())
+	}
+	effective := int(subscribed.GetMaxInFlight())
+	if effective == 0 {
+		effective = int(c.cfg.MaxInFlight)
+	}
+	if effective == 0 {
+		effective = DefaultMaxInFlight
+	}
+	c.log.Debug("echomq: subscribed", "consumer", subscribed.GetConsumer(), "max_in_flight", effective)
+	return newCall(c, stream, callCtx, cancel, effective), nil
+}
+
+// callError turns the end of a call into Run's error: a permanent code becomes
+// a SubscriptionError, anything else is retried.
+func (c *Consumer) callError(err error) error {
+	if st, ok := status.FromError(err); ok && IsPermanent(st.Code()) {
+		return &SubscriptionError{Stream: c.cfg.Stream, Group: c.cfg.Group, Status: st}
+	}
+	return err
+}
+
+func (c *Consumer) setCurrent(k *call) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.current = k
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// handlerSlots returns the semaphore bounding running handlers, sizing it on
+// first use from Concurrency, else the call's effective max_in_flight.
+func (c *Consumer) handlerSlots(effective int) chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.slots == nil {
+		n := c.cfg.Concurrency
+		if n <= 0 || n > effective {
+			n = effective
+		}
+		c.slots = make(chan struct{}, max(n, 1))
+	}
+	return c.slots
+}
+
+func (c *Consumer) isStopping() bool {
+	select {
+	case <-c.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitHandlers waits for running handlers unless ctx ended (an abrupt end
+// does not wait for handlers that ignore their context).
+func (c *Consumer) waitHandlers(ctx context.Context) {
+	idle := make(chan struct{})
+	go func() {
+		c.handlers.Wait()
+		close(idle)
+	}()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+	}
+}
+
+func (c *Consumer) verdictError(e VerdictError) {
+	if c.cfg.OnVerdictError != nil {
+		c.cfg.OnVerdictError(e)
+		return
+	}
+	c.log.Warn("echomq: verdict not applied", "id", e.ID, "code", CodeName(e.Code), "message", e.Message)
+}
+
+// handle runs h on d and settles d by h's result unless h settled it.
+func (c *Consumer) handle(ctx context.Context, d *Delivery, h Handler) {
+	err := runHandler(ctx, h, d)
+	if d.Settled() {
+		return
+	}
+	var sendErr error
+	if err == nil {
+		sendErr = d.Ack()
+	} else {
+		sendErr = d.Fail(err.Error(), 0)
+	}
+	if sendErr != nil {
+		c.log.Debug("echomq: verdict dropped", "id", d.ID, "error", sendErr)
+	}
+}
+
+func runHandler(ctx context.Context, h Handler, d *Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return h(ctx, d)
+}

@@ -1,0 +1,161 @@
+package echomq
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
+)
+
+// Handler handles one delivery. Returning nil acknowledges it; returning an
+// error fails it with err.Error() as the reason, and the sidecar delivers it
+// again after the subscription's retry backoff. A handler that settles the
+// delivery itself ([Delivery.Ack], [Delivery.Fail], [Delivery.DeadLetter]) is
+// not settled again, whatever it returns. A panic is recovered and fails the
+// entry like an error.
+//
+// ctx is cancelled when the delivery can no longer be settled: its call ended
+// (the entry will come back), the sidecar reported its lease lost to a peer
+// ([CodeLeaseLost]), Run's context was cancelled, or the Stop deadline passed.
+type Handler func(ctx context.Context, d *Delivery) error
+
+// RawField is an entry field whose name is not valid UTF-8 (a proto map key
+// must be), byte for byte.
+type RawField struct {
+	Name, Value []byte
+}
+
+// verdict is how a delivery was settled.
+type verdict int32
+
+const (
+	unsettled verdict = iota
+	acked
+	failed
+	deadLettered
+)
+
+// verdictSender is the Consume call a delivery came on; only that call may
+// carry its verdict.
+type verdictSender interface {
+	send(*pb.ConsumeRequest) error
+}
+
+// Delivery is one hand-over of a stream entry to this consumer. Settle it at
+// most once; the handler's return value settles it otherwise.
+type Delivery struct {
+	// ID is the branded id: 28 lowercase hex characters, stable across copies
+	// (dead letters, replays). The idempotency key; ordering the text orders
+	// the entries.
+	ID string
+	// StreamID is the entry's id in this stream, `<ms>-<seq>`.
+	StreamID string
+	// Stream is the stream key.
+	Stream string
+	// Group is the consumer group.
+	Group string
+	// Payload maps field names to values, without the reserved branded-id field.
+	Payload map[string][]byte
+	// RawFields holds the fields whose names are not valid UTF-8, in stream
+	// order. Usually empty.
+	RawFields []RawField
+	// Attempts is the entry's delivery count in the group (1 on the first
+	// delivery, one more on each hand-over since), not a count of handler errors.
+	Attempts uint32
+	// MintedAt is when the branded id was minted (millisecond precision).
+	MintedAt time.Time
+	// Traceparent is the W3C trace context stored with the entry, or "".
+	Traceparent string
+
+	call    verdictSender
+	settled atomic.Int32
+	// ctx is the handler's context: the call's, also cancelled when the
+	// lease is lost.
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newDelivery(call verdictSender, m *pb.Delivery) *Delivery {
+	d := &Delivery{
+		ID:          m.GetId(),
+		StreamID:    m.GetStreamId(),
+		Stream:      m.GetStream(),
+		Group:       m.GetGroup(),
+		Payload:     m.GetPayload(),
+		Attempts:    m.GetAttempts(),
+		Traceparent: m.GetTraceparent(),
+		call:        call,
+	}
+	if d.Payload == nil {
+		d.Payload = map[string][]byte{}
+	}
+	if m.GetMintedAt() != nil {
+		d.MintedAt = m.GetMintedAt().AsTime()
+	}
+	for _, f := range m.GetRawFields() {
+		d.RawFields = append(d.RawFields, RawField{Name: f.GetName(), Value: f.GetValue()})
+	}
+	return d
+}
+
+// Ack acknowledges the delivery: the sidecar XACKs it and it is gone for good.
+// It returns [ErrAlreadySettled] after an earlier verdict and [ErrCallEnded]
+// when the call it came on has ended (nothing is sent; it will come back).
+// The sidecar reports a verdict it could not apply through
+// [ConsumerConfig.OnVerdictError].
+func (d *Delivery) Ack() error {
+	if !d.settle(acked) {
+		return ErrAlreadySettled
+	}
+	return d.call.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Ack{Ack: &pb.Ack{Ids: []string{d.ID}}}})
+}
+
+// Fail reports that the delivery could not be handled: the entry stays pending
+// and is delivered again after retryAfter, or after the subscription's
+// exponential backoff when retryAfter is zero (a negative value counts as
+// zero). reason (at most 4096 bytes kept) is logged by the sidecar and kept
+// for a later dead letter. Errors as for [Delivery.Ack].
+func (d *Delivery) Fail(reason string, retryAfter time.Duration) error {
+	if !d.settle(failed) {
+		return ErrAlreadySettled
+	}
+	f := &pb.Fail{Id: d.ID, Reason: reason}
+	if retryAfter > 0 {
+		f.RetryAfter = durationpb.New(retryAfter)
+	}
+	return d.call.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Fail{Fail: f}})
+}
+
+// DeadLetter moves the entry to the subscription's dead-letter stream now
+// (default `<stream>:dlq`), with its branded id, payload and reason, and
+// acknowledges it on the source. Errors as for [Delivery.Ack].
+func (d *Delivery) DeadLetter(reason string) error {
+	if !d.settle(deadLettered) {
+		return ErrAlreadySettled
+	}
+	f := &pb.Fail{Id: d.ID, Reason: reason, DeadLetter: true}
+	return d.call.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Fail{Fail: f}})
+}
+
+// Extend pushes the delivery's ack deadline ([ConsumerConfig.AckDeadline]) to
+// now + by. Without an ack deadline it is not needed: while the call holds a
+// delivery the sidecar keeps it from being reclaimed by peers.
+func (d *Delivery) Extend(by time.Duration) error {
+	if d.settled.Load() != int32(unsettled) {
+		return ErrAlreadySettled
+	}
+	e := &pb.Extend{Ids: []string{d.ID}, By: durationpb.New(by)}
+	return d.call.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Extend{Extend: e}})
+}
+
+// Settled reports whether a verdict has been given for d.
+func (d *Delivery) Settled() bool { return d.settled.Load() != int32(unsettled) }
+
+func (d *Delivery) settle(v verdict) bool {
+	return d.settled.CompareAndSwap(int32(unsettled), int32(v))
+}
+
+func (d *Delivery) verdict() verdict { return verdict(d.settled.Load()) }

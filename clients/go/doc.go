@@ -1,0 +1,26 @@
+// Package echomq is the Go client of the EchoMQ sidecar: a thin, idiomatic
+// wrapper over the generated gRPC stubs in [echomqv1].
+//
+// The sidecar owns the Redis Streams consumer groups; this package opens the
+// one bidirectional Consume call per subscription, runs your [Handler] with
+// bounded concurrency, answers every delivery with a verdict, and re-opens the
+// call with jittered exponential backoff when it breaks.
+//
+// Delivery is at-least-once: an entry may be handed to a handler more than once
+// (after a Fail, a dropped call, a sidecar restart or a peer's reclaim). The
+// branded id ([Delivery.ID]) is the idempotency key; [SkipSeen] and
+// [NewerWins] are small handler middlewares built on it.
+//
+// # Layout
+//
+//   - dial.go: [Dial], a connection to the sidecar (TCP `host:port` or `unix:/path`).
+//   - consumer.go: [Consumer] and [ConsumerConfig]: Run, Stop, the reconnect loop, the raw escape hatch.
+//   - call.go: one Consume call: receive loop, bounded dispatch to handlers, the verdict sender.
+//   - delivery.go: [Delivery] and its explicit settlement (Ack, Fail, DeadLetter, Extend).
+//   - start.go: [Start], where a new group begins reading (required, no default).
+//   - errors.go: [SubscriptionError], which gRPC codes are permanent, [VerdictError].
+//   - backoff.go: [Backoff], the jittered exponential reconnect delay.
+//   - producer.go: [Producer]: Append and AppendBatch.
+//   - idempotency.go: [SkipSeen], [NewerWins] and their in-memory stores.
+//   - echomqv1/: generated code (buf + protoc-gen-go + protoc-gen-go-grpc), never edited by hand.
+package echomq

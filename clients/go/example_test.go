@@ -1,0 +1,68 @@
+package echomq_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	echomq "github.com/echomq/echomq-sidecar/clients/go"
+)
+
+// The README's opening example, kept compiling here.
+func Example() {
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Target: "127.0.0.1:50051", Stream: "orders", Group: "billing", Start: echomq.StartBeginning()})
+	handle := func(ctx context.Context, d *echomq.Delivery) error { log.Printf("%s %q", d.ID, d.Payload); return nil }
+	log.Fatal(consumer.Run(context.Background(), handle)) // returning nil acks; an error fails the entry
+}
+
+func ExampleProducer() {
+	conn, err := echomq.Dial("127.0.0.1:50051")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	producer := echomq.NewProducer(conn)
+	appended, err := producer.Append(context.Background(), "orders", map[string][]byte{"total": []byte("42.00")}, echomq.WithMaxLen(100_000))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(appended.ID, appended.StreamID)
+}
+
+func ExampleConsumer_Stop() {
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Target: "127.0.0.1:50051", Stream: "orders", Group: "billing", Start: echomq.StartNew(), Concurrency: 8})
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// … on SIGTERM: no new deliveries; running handlers get 10 s to finish.
+		if err := consumer.Stop(ctx); err != nil {
+			log.Print(err)
+		}
+	}()
+	if err := consumer.Run(context.Background(), func(ctx context.Context, d *echomq.Delivery) error {
+		if len(d.Payload["total"]) == 0 {
+			return d.DeadLetter("no total") // poison: no point retrying
+		}
+		if busy() {
+			return d.Fail("downstream busy", 5*time.Second)
+		}
+		return nil
+	}); err != nil {
+		log.Fatal(err) // a permanent error, e.g. INVALID_ARGUMENT
+	}
+}
+
+func ExampleNewerWins() {
+	versions := echomq.NewMemoryVersions() // or a VersionStore on your database
+	handler := echomq.NewerWins(versions,
+		func(d *echomq.Delivery) string { return string(d.Payload["order_id"]) },
+		func(ctx context.Context, d *echomq.Delivery) error {
+			return saveOrderState(ctx, d.Payload) // runs only for a newer update of this order
+		})
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Target: "127.0.0.1:50051", Stream: "orders", Group: "state", Start: echomq.StartBeginning(), Concurrency: 1})
+	log.Fatal(consumer.Run(context.Background(), handler))
+}
+
+func busy() bool                                              { return false }
+func saveOrderState(context.Context, map[string][]byte) error { return nil }

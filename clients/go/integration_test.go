@@ -1,0 +1,269 @@
+package echomq_test
+
+// Behaviours beyond the shared conformance suite, against the same fixture.
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	echomq "github.com/echomq/echomq-sidecar/clients/go"
+	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
+)
+
+// uniqueStream names a fresh stream, so repeated runs (-count=N) start clean.
+func uniqueStream(prefix string) string {
+	return prefix + ":" + strconv.FormatInt(time.Now().UnixNano(), 36)
+}
+
+func TestRefusedSubscriptionIsReturnedAndNotRetried(t *testing.T) {
+	cl := fixture(t)
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
+		Target:      cl.listen,
+		Stream:      "go:refused",
+		Group:       "g",
+		Start:       echomq.StartBeginning(),
+		MaxInFlight: 1_000_000, // above the sidecar's --max-in-flight-limit
+	})
+	begin := time.Now()
+	err := consumer.Run(withTimeout(t, 20*time.Second), func(context.Context, *echomq.Delivery) error { return nil })
+	var refused *echomq.SubscriptionError
+	if !errors.As(err, &refused) || refused.Code() != codes.InvalidArgument || status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Run returned %v, want a SubscriptionError with INVALID_ARGUMENT", err)
+	}
+	if took := time.Since(begin); took > 2*time.Second {
+		t.Fatalf("Run took %v: a permanent error must not be retried", took)
+	}
+}
+
+func TestProducerRefusalCarriesTheStatus(t *testing.T) {
+	cl := fixture(t)
+	conn, err := echomq.Dial(cl.listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = echomq.NewProducer(conn).Append(withTimeout(t, 10*time.Second), "go:reserved", map[string][]byte{"id": []byte("x")})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("appending the reserved field: %v, want INVALID_ARGUMENT", err)
+	}
+}
+
+func TestStopPastItsDeadlineLeavesTheEntryPending(t *testing.T) {
+	cl := fixture(t)
+	stream := uniqueStream("go:stop-deadline")
+	conn, err := echomq.Dial(cl.listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := echomq.NewProducer(conn).Append(withTimeout(t, 10*time.Second), stream, map[string][]byte{"n": []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Conn: conn, Stream: stream, Group: "g", Start: echomq.StartBeginning()})
+	started := make(chan struct{})
+	handlerEnd := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- consumer.Run(context.Background(), func(ctx context.Context, d *echomq.Delivery) error {
+			close(started)
+			<-ctx.Done() // slower than the deadline; honours cancellation
+			handlerEnd <- ctx.Err()
+			return ctx.Err()
+		})
+	}()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	begin := time.Now()
+	err = consumer.Stop(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want DeadlineExceeded", err)
+	}
+	if took := time.Since(begin); took > 2*time.Second {
+		t.Fatalf("Stop took %v past a 200 ms deadline", took)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Run after Stop: %v", err)
+	}
+	if err := <-handlerEnd; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the handler's context ended with %v, want Canceled", err)
+	}
+	if n := redisInt(t, cl.redisAddr, "XPENDING", stream, "g"); n != 1 {
+		t.Fatalf("XPENDING %d, want 1: an unfinished delivery stays pending", n)
+	}
+}
+
+func TestUnixSocketTarget(t *testing.T) {
+	fixture(t) // the suite's sidecar_args and a check that the binary exists
+	socket := filepath.Join(t.TempDir(), "echomq.sock")
+	cl, err := startCluster("unix:"+socket, nil)
+	t.Cleanup(func() {
+		if cl != nil {
+			cl.close()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := echomq.Dial("unix:" + socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream := uniqueStream("go:unix")
+	appended, err := echomq.NewProducer(conn).AppendBatch(withTimeout(t, 10*time.Second), stream,
+		[]map[string][]byte{{"n": []byte("1")}, {"n": []byte("2")}}, echomq.WithMaxLen(100))
+	if err != nil || len(appended) != 2 || !echomq.IsNewer(appended[1].ID, appended[0].ID) {
+		t.Fatalf("AppendBatch: %v %v", appended, err)
+	}
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Target: "unix:" + socket, Stream: stream, Group: "g", Start: echomq.StartBeginning(), Concurrency: 1})
+	got := make(chan string, 2)
+	done := make(chan error, 1)
+	go func() {
+		done <- consumer.Run(context.Background(), func(_ context.Context, d *echomq.Delivery) error {
+			got <- d.ID + "/" + string(d.Payload["n"]) + "/" + strconv.Itoa(int(d.Attempts))
+			return nil
+		})
+	}()
+	for i, a := range appended {
+		select {
+		case s := <-got:
+			if want := a.ID + "/" + strconv.Itoa(i+1) + "/1"; s != want {
+				t.Errorf("delivery %d: %s, want %s", i, s, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no delivery over the unix socket")
+		}
+	}
+	if err := consumer.Stop(withTimeout(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// The sidecar applies acks in its next XACK batch, which may come a few
+	// milliseconds after the call ended.
+	if err := waitFor(5*time.Second, func() bool { return redisInt(t, cl.redisAddr, "XPENDING", stream, "g") == 0 }); err != nil {
+		t.Fatalf("XPENDING %d after acks, want 0", redisInt(t, cl.redisAddr, "XPENDING", stream, "g"))
+	}
+}
+
+// subscribeCounter counts the Subscribe and Ack messages a connection sends.
+type subscribeCounter struct {
+	mu         sync.Mutex
+	subscribes int
+	acks       map[string]int
+}
+
+func (s *subscribeCounter) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &countingClientStream{ClientStream: cs, s: s}, nil
+}
+
+type countingClientStream struct {
+	grpc.ClientStream
+	s *subscribeCounter
+}
+
+func (c *countingClientStream) SendMsg(m any) error {
+	err := c.ClientStream.SendMsg(m)
+	if req, ok := m.(*pb.ConsumeRequest); ok && err == nil {
+		c.s.mu.Lock()
+		if req.GetSubscribe() != nil {
+			c.s.subscribes++
+		}
+		for _, id := range req.GetAck().GetIds() {
+			c.s.acks[id]++
+		}
+		c.s.mu.Unlock()
+	}
+	return err
+}
+
+func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
+	fixture(t)
+	var file scenarioFile
+	if err := readJSON(filepath.Join(repoRoot(), "tests", "conformance", "scenarios.json"), &file); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := startCluster("127.0.0.1:"+strconv.Itoa(freePort()), file.SidecarArgs)
+	t.Cleanup(func() {
+		if cl != nil {
+			cl.close()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := &subscribeCounter{acks: map[string]int{}}
+	conn, err := echomq.Dial(cl.listen, grpc.WithStreamInterceptor(counter.intercept))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream := uniqueStream("go:old-call")
+	appended, err := echomq.NewProducer(conn).Append(withTimeout(t, 10*time.Second), stream, map[string][]byte{"n": []byte("1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	started, release := make(chan struct{}), make(chan struct{})
+	var attempts []uint32
+	var mu sync.Mutex
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Conn: conn, Stream: stream, Group: "g", Start: echomq.StartBeginning(), Concurrency: 1})
+	done := make(chan error, 1)
+	go func() {
+		done <- consumer.Run(context.Background(), func(ctx context.Context, d *echomq.Delivery) error {
+			mu.Lock()
+			attempts = append(attempts, d.Attempts)
+			first := len(attempts) == 1
+			mu.Unlock()
+			if first {
+				close(started)
+				<-release // ignores ctx: returns, and "acks", after the call broke
+			}
+			return nil
+		})
+	}()
+	<-started
+	cl.killSidecar()
+	if err := cl.startSidecar(); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(20*time.Second, func() bool { counter.mu.Lock(); defer counter.mu.Unlock(); return counter.subscribes >= 2 }); err != nil {
+		t.Fatal("the consumer did not re-subscribe after the sidecar restart")
+	}
+	close(release)
+	if err := waitFor(20*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) >= 2 }); err != nil {
+		t.Fatal("the entry was not delivered again on the new call")
+	}
+	if err := consumer.Stop(withTimeout(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	counter.mu.Lock()
+	defer counter.mu.Unlock()
+	if counter.acks[appended.ID] != 1 {
+		t.Fatalf("%s acked %d times; the old call's verdict must be dropped, the new call's sent once", appended.ID, counter.acks[appended.ID])
+	}
+	if len(attempts) != 2 || attempts[1] < 2 {
+		t.Fatalf("attempts %v, want the redelivery to count a second attempt", attempts)
+	}
+	if err := waitFor(5*time.Second, func() bool { return redisInt(t, cl.redisAddr, "XPENDING", stream, "g") == 0 }); err != nil {
+		t.Fatal("the entry is still pending")
+	}
+}

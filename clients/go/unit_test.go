@@ -1,0 +1,345 @@
+package echomq
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
+)
+
+// recordingSender is a verdictSender that keeps what it was given.
+type recordingSender struct {
+	mu   sync.Mutex
+	sent []*pb.ConsumeRequest
+	err  error
+}
+
+func (r *recordingSender) send(req *pb.ConsumeRequest) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
+	r.sent = append(r.sent, req)
+	return nil
+}
+
+func delivery(s verdictSender, id string) *Delivery {
+	return newDelivery(s, &pb.Delivery{Id: id, StreamId: "1-0", Stream: "s", Group: "g", Attempts: 1})
+}
+
+func TestBackoffStaysInTheUpperHalfOfItsCeiling(t *testing.T) {
+	b := Backoff{Initial: 100 * time.Millisecond, Max: time.Second}
+	for attempt, ceiling := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+		ceiling *= time.Millisecond
+		if attempt == 5 {
+			attempt = 100 // far past the cap must not overflow
+		}
+		for range 50 {
+			d := b.Delay(attempt)
+			if d < ceiling/2 || d > ceiling {
+				t.Fatalf("attempt %d: delay %v outside [%v, %v]", attempt, d, ceiling/2, ceiling)
+			}
+		}
+	}
+	if d := (Backoff{}).Delay(0); d < DefaultReconnectInitial/2 || d > DefaultReconnectInitial {
+		t.Fatalf("zero Backoff uses the defaults: got %v", d)
+	}
+}
+
+func TestConfigWithoutStartIsRefused(t *testing.T) {
+	cfg := ConsumerConfig{Target: "127.0.0.1:1", Stream: "s", Group: "g"}
+	err := cfg.validate()
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "Start is required") {
+		t.Fatalf("got %v", err)
+	}
+	cfg.Start = StartBeginning()
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Run refuses it too, before dialling.
+	err = NewConsumer(ConsumerConfig{Target: "127.0.0.1:1", Stream: "s", Group: "g"}).Run(context.Background(), func(context.Context, *Delivery) error { return nil })
+	if !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("Run: got %v", err)
+	}
+}
+
+func TestStartFillsTheSubscribe(t *testing.T) {
+	at := time.Unix(1718000000, 0)
+	for _, tc := range []struct {
+		start Start
+		check func(*pb.Subscribe) bool
+	}{
+		{StartNew(), func(s *pb.Subscribe) bool { return s.GroupStart == pb.GroupStart_GROUP_START_NEW }},
+		{StartBeginning(), func(s *pb.Subscribe) bool { return s.GroupStart == pb.GroupStart_GROUP_START_BEGINNING }},
+		{StartAfter("5-1"), func(s *pb.Subscribe) bool {
+			return s.GroupStart == pb.GroupStart_GROUP_START_ID && s.StartId == "5-1"
+		}},
+		{StartAt(at), func(s *pb.Subscribe) bool {
+			return s.GroupStart == pb.GroupStart_GROUP_START_INSTANT && s.StartTime.AsTime().Equal(at)
+		}},
+	} {
+		cfg := ConsumerConfig{Stream: "s", Group: "g", Start: tc.start, MaxInFlight: 7, AckDeadline: time.Second}
+		sub := cfg.subscribe().GetSubscribe()
+		if !tc.check(sub) || sub.MaxInFlight != 7 || sub.AckDeadline.AsDuration() != time.Second {
+			t.Errorf("%v: subscribe %v", tc.start, sub)
+		}
+	}
+}
+
+func TestPermanentCodesAreNotRetried(t *testing.T) {
+	for _, code := range []codes.Code{codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition} {
+		if !IsPermanent(code) {
+			t.Errorf("%v should be permanent", code)
+		}
+	}
+	for _, code := range []codes.Code{codes.Unavailable, codes.Canceled, codes.Internal, codes.Unknown, codes.DeadlineExceeded} {
+		if IsPermanent(code) {
+			t.Errorf("%v should be retried", code)
+		}
+	}
+	c := NewConsumer(ConsumerConfig{Stream: "s", Group: "g"})
+	err := c.callError(status.Error(codes.PermissionDenied, "no"))
+	var refused *SubscriptionError
+	if !errors.As(err, &refused) || status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `stream "s"`) {
+		t.Fatalf("got %v", err)
+	}
+	if errors.As(c.callError(status.Error(codes.Unavailable, "down")), &refused) {
+		t.Fatal("UNAVAILABLE must be retried")
+	}
+}
+
+func TestHandlerResultSettlesOnceAndExplicitSettlementWins(t *testing.T) {
+	c := NewConsumer(ConsumerConfig{})
+	for _, tc := range []struct {
+		name    string
+		handler Handler
+		want    string
+	}{
+		{"nil acks", func(context.Context, *Delivery) error { return nil }, "ack"},
+		{"error fails with its message", func(context.Context, *Delivery) error { return errors.New("boom") }, "fail:boom"},
+		{"panic fails", func(context.Context, *Delivery) error { panic("oops") }, "fail:handler panicked: oops"},
+		{"explicit fail then nil", func(_ context.Context, d *Delivery) error { return d.Fail("later", time.Second) }, "fail:later"},
+		{"explicit dead letter then error", func(_ context.Context, d *Delivery) error {
+			_ = d.DeadLetter("poison")
+			return errors.New("ignored")
+		}, "dead:poison"},
+		{"second settlement refused", func(_ context.Context, d *Delivery) error {
+			_ = d.Ack()
+			if err := d.Fail("x", 0); !errors.Is(err, ErrAlreadySettled) {
+				return errors.New("second settlement was accepted")
+			}
+			return nil
+		}, "ack"},
+	} {
+		rec := &recordingSender{}
+		c.handle(context.Background(), delivery(rec, "0000000000010000000000000001"), tc.handler)
+		if len(rec.sent) != 1 {
+			t.Errorf("%s: %d verdicts sent, want 1", tc.name, len(rec.sent))
+			continue
+		}
+		var got string
+		switch m := rec.sent[0].GetKind().(type) {
+		case *pb.ConsumeRequest_Ack:
+			got = "ack"
+		case *pb.ConsumeRequest_Fail:
+			got = "fail:" + m.Fail.Reason
+			if m.Fail.DeadLetter {
+				got = "dead:" + m.Fail.Reason
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%s: sent %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestFailWithoutDelayLeavesRetryAfterUnset(t *testing.T) {
+	rec := &recordingSender{}
+	_ = delivery(rec, "a").Fail("r", 0)
+	_ = delivery(rec, "b").Fail("r", 300*time.Millisecond)
+	if rec.sent[0].GetFail().RetryAfter != nil {
+		t.Error("Fail(…, 0) must leave retry_after unset (the subscription's backoff)")
+	}
+	if rec.sent[1].GetFail().RetryAfter.AsDuration() != 300*time.Millisecond {
+		t.Error("Fail(…, 300ms) must send retry_after 300ms")
+	}
+}
+
+// fakeStream is the client side of a Consume call that records what is sent.
+type fakeStream struct {
+	grpc.ClientStream
+	mu         sync.Mutex
+	sent       []*pb.ConsumeRequest
+	halfClosed bool
+}
+
+func (f *fakeStream) Send(m *pb.ConsumeRequest) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sent = append(f.sent, m)
+	return nil
+}
+
+func (f *fakeStream) CloseSend() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.halfClosed = true
+	return nil
+}
+
+func (f *fakeStream) Recv() (*pb.ConsumeResponse, error) { select {} }
+
+func TestSenderFoldsQueuedAcksAndHalfClosesLast(t *testing.T) {
+	c := NewConsumer(ConsumerConfig{Concurrency: 1})
+	stream := &fakeStream{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	k := newCall(c, stream, ctx, cancel, 8)
+	for _, id := range []string{"a", "b", "c"} {
+		_ = delivery(k, id).Ack()
+	}
+	_ = delivery(k, "d").Fail("x", 0)
+	_ = delivery(k, "e").Ack()
+	k.sendClosed.Store(true)
+	k.sendq <- closeMarker
+	k.sendLoop()
+	if len(stream.sent) != 3 || !stream.halfClosed {
+		t.Fatalf("sent %v, half-closed %v", stream.sent, stream.halfClosed)
+	}
+	if ids := stream.sent[0].GetAck().GetIds(); strings.Join(ids, ",") != "a,b,c" {
+		t.Errorf("first message acks %v, want a,b,c", ids)
+	}
+	if stream.sent[1].GetFail().GetId() != "d" || stream.sent[2].GetAck().GetIds()[0] != "e" {
+		t.Errorf("order lost: %v", stream.sent)
+	}
+	if err := delivery(k, "f").Ack(); !errors.Is(err, ErrCallEnded) {
+		t.Errorf("a verdict after the half-close: %v, want ErrCallEnded", err)
+	}
+}
+
+func TestVerdictOfAnEndedCallIsDropped(t *testing.T) {
+	c := NewConsumer(ConsumerConfig{Concurrency: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	k := newCall(c, &fakeStream{}, ctx, cancel, 1)
+	d := delivery(k, "a")
+	cancel() // the call broke; a reconnect opens a new call
+	if err := d.Ack(); !errors.Is(err, ErrCallEnded) {
+		t.Fatalf("got %v, want ErrCallEnded", err)
+	}
+	if len(k.sendq) != 0 {
+		t.Fatal("a verdict of an ended call was queued")
+	}
+}
+
+func TestStopBeforeRunMakesRunReturnAtOnce(t *testing.T) {
+	c := NewConsumer(ConsumerConfig{Target: "127.0.0.1:1", Stream: "s", Group: "g", Start: StartNew()})
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background(), func(context.Context, *Delivery) error { return nil }) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	if err := c.Run(context.Background(), func(context.Context, *Delivery) error { return nil }); !errors.Is(err, ErrRunTwice) {
+		t.Fatalf("second Run: %v", err)
+	}
+}
+
+func TestSkipSeenHandlesEachIDOnce(t *testing.T) {
+	store := NewMemorySeen(0)
+	calls := 0
+	h := SkipSeen(store, func(context.Context, *Delivery) error { calls++; return nil })
+	rec := &recordingSender{}
+	for range 3 {
+		if err := h(context.Background(), delivery(rec, "0000000000010000000000000001")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls != 1 {
+		t.Fatalf("handled %d times, want 1", calls)
+	}
+	// A failed delivery is not recorded: its retry is handled.
+	failing := SkipSeen(store, func(_ context.Context, d *Delivery) error { return d.Fail("no", 0) })
+	_ = failing(context.Background(), delivery(rec, "0000000000020000000000000001"))
+	if seen, _ := store.Seen(context.Background(), "0000000000020000000000000001"); seen {
+		t.Fatal("a failed delivery was recorded as seen")
+	}
+}
+
+func TestMemorySeenForgetsTheOldestBeyondItsLimit(t *testing.T) {
+	ctx := context.Background()
+	s := NewMemorySeen(2)
+	for _, id := range []string{"a", "b", "c"} {
+		_ = s.Record(ctx, id)
+	}
+	for id, want := range map[string]bool{"a": false, "b": true, "c": true} {
+		if got, _ := s.Seen(ctx, id); got != want {
+			t.Errorf("Seen(%s) = %v, want %v", id, got, want)
+		}
+	}
+}
+
+func TestNewerWinsSkipsOlderAndEqualIDs(t *testing.T) {
+	store := NewMemoryVersions()
+	var applied []string
+	h := NewerWins(store, func(d *Delivery) string { return string(d.Payload["key"]) },
+		func(_ context.Context, d *Delivery) error { applied = append(applied, d.ID); return nil })
+	rec := &recordingSender{}
+	for _, id := range []string{
+		"0000000000020000000000000000", // applied
+		"0000000000010000000000000005", // older: skipped (a stale replay)
+		"0000000000020000000000000000", // equal: skipped (a redelivery)
+		"0000000000020000000000000001", // newer: applied
+	} {
+		d := delivery(rec, id)
+		d.Payload = map[string][]byte{"key": []byte("order-1")}
+		if err := h(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Join(applied, ",") != "0000000000020000000000000000,0000000000020000000000000001" {
+		t.Fatalf("applied %v", applied)
+	}
+}
+
+func TestBrandedIDsParseAndOrderLikeTheStream(t *testing.T) {
+	ms, seq, err := ParseBrandedID("0190000000000000000000000003")
+	if err != nil || ms != 0x019000000000 || seq != 3 {
+		t.Fatalf("got %x %d %v", ms, seq, err)
+	}
+	for _, bad := range []string{
+		"",
+		"01900000000000000000000000",     // 26 characters
+		"019000000000000000000000000g",   // not hex
+		"019000000000000000000000000A",   // uppercase
+		"01900000000000000000000000000a", // 30 characters
+	} {
+		if _, _, err := ParseBrandedID(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if !IsNewer("0000000000010000000000000000", "0000000000000fffffffffffffff") || !IsNewer("0000000000000000000000000000", "") {
+		t.Error("IsNewer does not follow stream order")
+	}
+}
+
+func TestCodeNameIsTheShortName(t *testing.T) {
+	if CodeName(CodeUnknownID) != "UNKNOWN_ID" || CodeName(CodeNotPending) != "NOT_PENDING" {
+		t.Fatal(CodeName(CodeUnknownID))
+	}
+}
