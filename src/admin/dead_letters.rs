@@ -12,9 +12,9 @@ use crate::{
         DeadLetter, ListDeadLettersRequest, ListDeadLettersResponse, ReplayDeadLettersRequest,
         ReplayDeadLettersResponse, Replayed,
     },
-    redis::{array, bytes, parse_entries, parse_stream_id},
+    redis::{array, bytes, parse_stream_id},
     security::Caller,
-    stream::page_size,
+    stream::{page, page_size},
 };
 
 /// Dead letters moved back per script run, so one run never blocks Redis long.
@@ -46,18 +46,7 @@ pub(super) async fn list(
         id => id.parse::<StreamId>().map_err(|e| Error::invalid("start_id", e.to_string()))?.to_string(),
     };
     let count = page_size("count", request.count)?;
-    let mut conn = admin.redis.conn.clone();
-    let reply: Value = redis::cmd("XRANGE")
-        .arg(&dead_letters)
-        .arg(start)
-        .arg("+")
-        .arg("COUNT")
-        .arg(count + 1)
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| Error::from_redis(e, "listing dead letters (XRANGE)", &dead_letters))?;
-    let mut raw = parse_entries(&reply).map_err(|e| Error::from_redis(e, "listing dead letters", &dead_letters))?;
-    let next_start_id = if raw.len() > count { raw.split_off(count)[0].id.to_string() } else { String::new() };
+    let (raw, next_start_id) = page(&admin.redis, &dead_letters, &start, "+", count).await?;
     let dead_letters = raw
         .into_iter()
         .filter_map(|raw| {
@@ -101,20 +90,8 @@ pub(super) async fn replay(
     let mut conn = admin.redis.conn.clone();
     let ids: Vec<String> = if request.ids.is_empty() {
         let count = page_size("count", request.count)?;
-        let reply: Value = redis::cmd("XRANGE")
-            .arg(&dead_letters)
-            .arg("-")
-            .arg("+")
-            .arg("COUNT")
-            .arg(count)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| Error::from_redis(e, "listing dead letters (XRANGE)", &dead_letters))?;
-        parse_entries(&reply)
-            .map_err(|e| Error::from_redis(e, "listing dead letters", &dead_letters))?
-            .into_iter()
-            .map(|e| e.id.to_string())
-            .collect()
+        let (oldest, _) = page(&admin.redis, &dead_letters, "-", "+", count).await?;
+        oldest.into_iter().map(|e| e.id.to_string()).collect()
     } else {
         request
             .ids

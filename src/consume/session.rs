@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Status, Streaming};
 use tracing::debug;
 
-use super::worker::{Command, Event, SessionId};
+use super::worker::{Command, Event, FailVerdict, SessionId};
 use crate::{
     error::Error,
     id::BrandedId,
@@ -123,7 +123,10 @@ async fn forward(
             };
             let mut reason = fail.reason;
             truncate_utf8(&mut reason, MAX_REASON_BYTES);
-            Command::Fail { session, text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason }
+            Command::Fail {
+                session,
+                fail: FailVerdict { text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason },
+            }
         }
         Some(Kind::Drain(_)) => Command::Drain { session },
         Some(Kind::Extend(extend)) => {

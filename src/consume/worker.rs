@@ -106,14 +106,7 @@ pub(crate) enum Command {
     /// Acknowledge these deliveries (the client's text and the parsed id).
     Ack { session: SessionId, ids: Vec<(String, BrandedId)> },
     /// A delivery failed.
-    Fail {
-        session: SessionId,
-        text: String,
-        id: BrandedId,
-        retry_after: Option<Duration>,
-        dead_letter: bool,
-        reason: String,
-    },
+    Fail { session: SessionId, fail: FailVerdict },
     /// Push the ack deadline of these deliveries to now + `by`.
     Extend { session: SessionId, ids: Vec<(String, BrandedId)>, by: Duration },
     /// The client is stopping: hand this call nothing more.
@@ -122,6 +115,20 @@ pub(crate) enum Command {
     /// `flushed` is answered once the call's verdicts have reached Redis, so
     /// a call that ends OK has had its acks applied.
     Detach { session: SessionId, flushed: oneshot::Sender<()> },
+}
+
+/// A Fail, validated.
+#[derive(Debug)]
+pub(crate) struct FailVerdict {
+    /// The id as the client sent it, for verdict errors.
+    pub(crate) text: String,
+    pub(crate) id: BrandedId,
+    /// Overrides the subscription's backoff.
+    pub(crate) retry_after: Option<Duration>,
+    /// Move to the dead-letter stream now.
+    pub(crate) dead_letter: bool,
+    /// Kept as the entry's last failure reason.
+    pub(crate) reason: String,
 }
 
 /// What the worker tells a call. The channel is unbounded, but what flows on it
@@ -708,9 +715,7 @@ impl Worker {
                     self.ack(session, text, id);
                 }
             }
-            Command::Fail { session, text, id, retry_after, dead_letter, reason } => {
-                self.fail(session, text, id, retry_after, dead_letter, reason).await;
-            }
+            Command::Fail { session, fail } => self.fail(session, fail).await,
             Command::Extend { session, ids, by } => {
                 let Some(s) = self.sessions.get_mut(&session) else { return };
                 for (text, id) in ids {
@@ -850,15 +855,8 @@ impl Worker {
         }
     }
 
-    async fn fail(
-        &mut self,
-        session: SessionId,
-        text: String,
-        id: BrandedId,
-        retry_after: Option<Duration>,
-        dead_letter: bool,
-        reason: String,
-    ) {
+    async fn fail(&mut self, session: SessionId, fail: FailVerdict) {
+        let FailVerdict { text, id, retry_after, dead_letter, reason } = fail;
         let Some(s) = self.sessions.get(&session) else { return };
         if self.no_ack {
             // Refused, so nothing changes: the delivery stays held.

@@ -9,7 +9,7 @@ use crate::{
     error::Error,
     id::StreamId,
     proto::{ReadRequest, ReadResponse},
-    redis::parse_entries,
+    redis::{parse_entries, RawEntry, Redis},
     security::Caller,
 };
 
@@ -70,7 +70,24 @@ pub(super) async fn read(
     let start = parse_bound("start_id", &request.start_id, "start_time", request.start_time, End::Start)?;
     let end = parse_bound("end_id", &request.end_id, "end_time", request.end_time, End::End)?;
     let count = page_size("count", request.count)?;
-    let mut conn = streams.redis.conn.clone();
+    let (raw, next_start_id) = page(&streams.redis, stream, &start, &end, count).await?;
+    let entries = raw.into_iter().filter_map(|e| entry::to_entry(e, &streams.id_field, |_| false)).collect();
+    Ok(ReadResponse { entries, next_start_id })
+}
+
+/// One page of `stream` between the XRANGE bounds `start` and `end`: up to
+/// `count` entries, and the id the next page starts at (empty at the end).
+/// Asks for one entry more than it returns, to know whether there is a next.
+///
+/// Errors: [`Error::WrongType`], [`Error::Unavailable`].
+pub async fn page(
+    redis: &Redis,
+    stream: &str,
+    start: &str,
+    end: &str,
+    count: usize,
+) -> Result<(Vec<RawEntry>, String), Error> {
+    let mut conn = redis.conn.clone();
     let reply: redis::Value = redis::cmd("XRANGE")
         .arg(stream)
         .arg(start)
@@ -81,9 +98,8 @@ pub(super) async fn read(
         .await
         .map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
     let mut raw = parse_entries(&reply).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
-    let next_start_id = if raw.len() > count { raw.split_off(count)[0].id.to_string() } else { String::new() };
-    let entries = raw.into_iter().filter_map(|e| entry::to_entry(e, &streams.id_field, |_| false)).collect();
-    Ok(ReadResponse { entries, next_start_id })
+    let next = if raw.len() > count { raw.split_off(count)[0].id.to_string() } else { String::new() };
+    Ok((raw, next))
 }
 
 #[cfg(test)]
