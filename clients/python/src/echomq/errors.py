@@ -1,0 +1,54 @@
+"""The client's exceptions, and the one place that maps a gRPC status to them."""
+
+from __future__ import annotations
+
+import grpc
+
+#: Status codes that no retry can fix: the request or the setup is wrong.
+#: The consumer raises these instead of reconnecting.
+PERMANENT_CODES: frozenset[grpc.StatusCode] = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+class EchoMQError(Exception):
+    """Base class of every error this package raises."""
+
+
+class RpcError(EchoMQError):
+    """A call to the sidecar ended with a non-OK gRPC status.
+
+    `code` is the `grpc.StatusCode`, `details` the sidecar's message (it says
+    what to fix), `operation` what the client was doing.
+    """
+
+    def __init__(self, operation: str, code: grpc.StatusCode, details: str) -> None:
+        self.operation = operation
+        self.code = code
+        self.details = details
+        super().__init__(f"{operation}: {code.name}: {details}")
+
+    @property
+    def permanent(self) -> bool:
+        """True when retrying the same request cannot succeed."""
+        return self.code in PERMANENT_CODES
+
+
+class PermanentError(RpcError):
+    """An `RpcError` with a code in `PERMANENT_CODES`: fix the request or the setup."""
+
+
+def from_rpc_error(operation: str, error: grpc.RpcError) -> RpcError:
+    """Maps a grpc error (sync or asyncio) to `RpcError` or `PermanentError`."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = (error.details() if hasattr(error, "details") else None) or str(error)
+    if not isinstance(code, grpc.StatusCode):
+        code = grpc.StatusCode.UNKNOWN
+    cls = PermanentError if code in PERMANENT_CODES else RpcError
+    return cls(operation, code, details)

@@ -1,0 +1,116 @@
+"""The asyncio producer: Append and AppendBatch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import NamedTuple
+
+import grpc
+
+from ._channel import ChannelOptions, aio_channel
+from .errors import from_rpc_error
+from .options import Backoff, Seconds, seconds
+from .v1 import stream_service_pb2 as pb
+from .v1 import stream_service_pb2_grpc as pb_grpc
+
+#: Field values: bytes, or text (sent as UTF-8).
+Fields = Mapping[str, bytes | bytearray | memoryview | str]
+
+
+class Appended(NamedTuple):
+    """Where an entry landed."""
+
+    #: The branded id, 28 lowercase hex characters: the entry's idempotency key.
+    id: str
+    #: The stream id the entry got, `<ms>-<seq>`.
+    stream_id: str
+
+
+def encode_fields(fields: Fields) -> dict[str, bytes]:
+    """Field values as bytes; text is encoded as UTF-8."""
+    encoded: dict[str, bytes] = {}
+    for name, value in fields.items():
+        if not isinstance(name, str):
+            raise TypeError(f"field names are text, got {type(name).__name__}")
+        encoded[name] = value.encode() if isinstance(value, str) else bytes(value)
+    return encoded
+
+
+def append_request(stream: str, fields: Fields, max_len: int) -> pb.AppendRequest:
+    return pb.AppendRequest(stream=stream, fields=encode_fields(fields), max_len=max_len)
+
+
+def append_batch_request(stream: str, entries: Iterable[Fields], max_len: int) -> pb.AppendBatchRequest:
+    return pb.AppendBatchRequest(
+        stream=stream, entries=[pb.BatchEntry(fields=encode_fields(e)) for e in entries], max_len=max_len
+    )
+
+
+class Producer:
+    """Appends entries to streams through the sidecar.
+
+    ::
+
+        async with Producer("127.0.0.1:50051") as producer:
+            appended = await producer.append("orders", {"sku": b"42", "note": "text is UTF-8"})
+
+    `target` is `host:port`, `unix:/path`, or a `grpc.aio.Channel` you own.
+    `timeout` (seconds, default none) bounds each call. Appends are not retried
+    by the client: an UNAVAILABLE append may or may not have been written, and
+    only the caller knows whether a duplicate is acceptable. Errors raise
+    `RpcError` (`PermanentError` for INVALID_ARGUMENT and the like).
+    """
+
+    def __init__(
+        self,
+        target: str | grpc.aio.Channel,
+        *,
+        timeout: Seconds | None = None,
+        channel_options: ChannelOptions = (),
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> None:
+        if isinstance(target, str):
+            self._channel = aio_channel(target, Backoff(), channel_options, interceptors)
+            self._owns_channel = True
+        else:
+            self._channel = target
+            self._owns_channel = False
+        self._stub = pb_grpc.StreamServiceStub(self._channel)
+        self._timeout = None if timeout is None else seconds(timeout)
+
+    async def append(self, stream: str, fields: Fields, *, max_len: int = 0) -> Appended:
+        """Appends one entry; with `max_len` > 0 the stream is trimmed to about
+        that many entries (`MAXLEN ~`). A field named like the reserved
+        branded-id field (`id` by default) is refused (`PermanentError`)."""
+        try:
+            response = await self._stub.Append(append_request(stream, fields, max_len), timeout=self._timeout)
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(f"Append(stream={stream!r})", error) from None
+        return Appended(response.id, response.stream_id)
+
+    async def append_batch(self, stream: str, entries: Iterable[Fields], *, max_len: int = 0) -> list[Appended]:
+        """Appends 1 to 10,000 entries to one stream atomically, in order; the
+        results are in the same order."""
+        request = append_batch_request(stream, entries, max_len)
+        try:
+            response = await self._stub.AppendBatch(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(f"AppendBatch(stream={stream!r}, entries={len(request.entries)})", error) from None
+        return [Appended(e.id, e.stream_id) for e in response.entries]
+
+    async def close(self) -> None:
+        """Closes the channel if the producer created it."""
+        if self._owns_channel:
+            await self._channel.close()
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()

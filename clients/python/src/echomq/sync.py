@@ -1,0 +1,242 @@
+"""A small blocking facade for scripts: `Producer` on gRPC's blocking stubs,
+and `Consumer`, which runs the asyncio consumer on its own event loop and calls
+a plain function per delivery on a thread pool.
+
+::
+
+    from echomq import Start
+    from echomq.sync import Consumer, Producer
+
+    with Producer("127.0.0.1:50051") as producer:
+        producer.append("orders", {"sku": b"42"})
+
+    def handle(delivery):          # return: ack; raise: fail with the message
+        print(delivery.id, delivery.payload)
+
+    Consumer("127.0.0.1:50051", "orders", "billing", handle, start=Start.BEGINNING).run()
+    # blocks until SIGINT / SIGTERM (graceful stop) or consumer.stop() from another thread
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import signal
+import threading
+from collections.abc import Callable, Coroutine, Iterable
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from . import consumer as aio
+from ._channel import MAX_MESSAGE_BYTES, ChannelOptions, authority_options, merge
+from .delivery import Delivery, RawField, VerdictError
+from .errors import EchoMQError, from_rpc_error
+from .options import Backoff, Seconds, Start, seconds
+from .producer import Appended, Fields, append_batch_request, append_request
+from .v1 import stream_service_pb2_grpc as stream_grpc
+
+__all__ = ["Consumer", "Producer", "SyncDelivery"]
+
+T = TypeVar("T")
+
+
+class Producer:
+    """The blocking twin of `echomq.Producer` (same methods, same errors)."""
+
+    def __init__(
+        self, target: str | grpc.Channel, *, timeout: Seconds | None = None, channel_options: ChannelOptions = ()
+    ) -> None:
+        if isinstance(target, str):
+            defaults = [
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ]
+            defaults += authority_options(target)
+            self._channel = grpc.insecure_channel(target, options=merge(defaults, channel_options))
+            self._owns_channel = True
+        else:
+            self._channel = target
+            self._owns_channel = False
+        self._stub = stream_grpc.StreamServiceStub(self._channel)
+        self._timeout = None if timeout is None else seconds(timeout)
+
+    def append(self, stream: str, fields: Fields, *, max_len: int = 0) -> Appended:
+        """Appends one entry; see `echomq.Producer.append`."""
+        try:
+            response = self._stub.Append(append_request(stream, fields, max_len), timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(f"Append(stream={stream!r})", error) from None
+        return Appended(response.id, response.stream_id)
+
+    def append_batch(self, stream: str, entries: Iterable[Fields], *, max_len: int = 0) -> list[Appended]:
+        """Appends a batch atomically; see `echomq.Producer.append_batch`."""
+        request = append_batch_request(stream, entries, max_len)
+        try:
+            response = self._stub.AppendBatch(request, timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(f"AppendBatch(stream={stream!r}, entries={len(request.entries)})", error) from None
+        return [Appended(e.id, e.stream_id) for e in response.entries]
+
+    def close(self) -> None:
+        if self._owns_channel:
+            self._channel.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class SyncDelivery:
+    """A `Delivery` for a blocking handler: the same attributes, blocking
+    `ack()`, `fail()`, `dead_letter()` and `extend()` (safe from the handler's
+    worker thread)."""
+
+    def __init__(self, delivery: Delivery, loop: asyncio.AbstractEventLoop) -> None:
+        self._delivery = delivery
+        self._loop = loop
+        self.id: str = delivery.id
+        self.stream_id: str = delivery.stream_id
+        self.stream: str = delivery.stream
+        self.group: str = delivery.group
+        self.payload: dict[str, bytes] = delivery.payload
+        self.raw_fields: list[RawField] = delivery.raw_fields
+        self.attempts: int = delivery.attempts
+        self.minted_at: datetime = delivery.minted_at
+        self.traceparent: str = delivery.traceparent
+
+    @property
+    def settled(self) -> bool:
+        return self._delivery.settled
+
+    def _on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def ack(self) -> bool:
+        return self._on_loop(self._delivery.ack())
+
+    def fail(self, reason: str = "", *, retry_after: Seconds | None = None) -> bool:
+        return self._on_loop(self._delivery.fail(reason, retry_after=retry_after))
+
+    def dead_letter(self, reason: str = "") -> bool:
+        return self._on_loop(self._delivery.dead_letter(reason))
+
+    def extend(self, by: Seconds) -> bool:
+        return self._on_loop(self._delivery.extend(by))
+
+    def __repr__(self) -> str:
+        return f"Sync{self._delivery!r}"
+
+
+class Consumer:
+    """The blocking twin of `echomq.Consumer`: same arguments, but `handler`
+    and `on_verdict_error` are plain functions. Handlers run on a pool of
+    `concurrency` threads. `run()` blocks until `stop()` (from another thread,
+    or SIGINT/SIGTERM when `run()` is on the main thread) and raises
+    `PermanentError` like the asyncio consumer. A thread cannot be cancelled:
+    a handler still running at the stop deadline finishes in the background,
+    its verdict dropped (the entry is delivered again).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        stream: str,
+        group: str,
+        handler: Callable[[SyncDelivery], object],
+        *,
+        start: Start,
+        max_in_flight: int = aio.DEFAULT_MAX_IN_FLIGHT,
+        concurrency: int | None = None,
+        ack_deadline: Seconds | None = None,
+        retry_backoff_initial: Seconds | None = None,
+        retry_backoff_max: Seconds | None = None,
+        dead_letter_stream: str | None = None,
+        max_deliveries: int | None = None,
+        no_ack: bool = False,
+        reconnect: Backoff = Backoff(),
+        on_verdict_error: Callable[[VerdictError], object] | None = None,
+        channel_options: ChannelOptions = (),
+        stop_deadline: Seconds = aio.DEFAULT_STOP_DEADLINE,
+    ) -> None:
+        self._handler = handler
+        self._stop_deadline = stop_deadline
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=concurrency or max_in_flight, thread_name_prefix="echomq-handler"
+        )
+        self._consumer = aio.Consumer(
+            target,
+            stream,
+            group,
+            self._run_handler,
+            start=start,
+            max_in_flight=max_in_flight,
+            concurrency=concurrency,
+            ack_deadline=ack_deadline,
+            retry_backoff_initial=retry_backoff_initial,
+            retry_backoff_max=retry_backoff_max,
+            dead_letter_stream=dead_letter_stream,
+            max_deliveries=max_deliveries,
+            no_ack=no_ack,
+            reconnect=reconnect,
+            on_verdict_error=on_verdict_error,
+            channel_options=channel_options,
+        )
+
+    async def _run_handler(self, delivery: Delivery) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self._handler, SyncDelivery(delivery, loop))
+
+    def run(self) -> None:
+        """Consumes until stopped; raises `PermanentError` on a permanent failure."""
+        try:
+            asyncio.run(self._main())
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._loop.add_signal_handler(signum, self._stop_soon)
+        await self._consumer.start()
+        self._ready.set()
+        await self._consumer.wait()
+
+    def _stop_soon(self) -> None:
+        asyncio.ensure_future(self._consumer.stop(self._stop_deadline))
+
+    def wait_subscribed(self, timeout: Seconds | None = 30.0) -> aio.Subscription:
+        """Blocks until subscribed (call from another thread than `run()`)."""
+        if not self._ready.wait(None if timeout is None else seconds(timeout)) or self._loop is None:
+            raise EchoMQError("the consumer is not running")
+        future = asyncio.run_coroutine_threadsafe(self._consumer.wait_subscribed(timeout), self._loop)
+        return future.result()
+
+    def stop(self, deadline: Seconds | None = None) -> None:
+        """Graceful stop (see `echomq.Consumer.stop`); call it from another
+        thread than `run()`. Returns when the consumer has stopped."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        if threading.get_ident() == getattr(loop, "_thread_id", None):
+            self._stop_soon()
+            return
+        deadline = self._stop_deadline if deadline is None else deadline
+        asyncio.run_coroutine_threadsafe(self._consumer.stop(deadline), loop).result()
+
+    def send_ack(self, *ids: str) -> bool:
+        """The raw escape hatch; see `echomq.Consumer.send_ack`."""
+        if self._loop is None:
+            return False
+        return asyncio.run_coroutine_threadsafe(self._consumer.send_ack(*ids), self._loop).result()
+
+

@@ -1,0 +1,115 @@
+import datetime
+
+from echomq.v1 import types_pb2 as _types_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReadRequest(_message.Message):
+    __slots__ = ("stream", "start_id", "start_time", "end_id", "end_time", "count")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    START_ID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_ID_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    start_id: str
+    start_time: _timestamp_pb2.Timestamp
+    end_id: str
+    end_time: _timestamp_pb2.Timestamp
+    count: int
+    def __init__(self, stream: _Optional[str] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_id: _Optional[str] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ReadResponse(_message.Message):
+    __slots__ = ("entries", "next_start_id")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_START_ID_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[_types_pb2.Entry]
+    next_start_id: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[_types_pb2.Entry, _Mapping]]] = ..., next_start_id: _Optional[str] = ...) -> None: ...
+
+class TrimRequest(_message.Message):
+    __slots__ = ("stream", "max_len", "min_id", "before", "approximate", "ignore_groups")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    MIN_ID_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    APPROXIMATE_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    max_len: int
+    min_id: str
+    before: _timestamp_pb2.Timestamp
+    approximate: bool
+    ignore_groups: bool
+    def __init__(self, stream: _Optional[str] = ..., max_len: _Optional[int] = ..., min_id: _Optional[str] = ..., before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., approximate: _Optional[bool] = ..., ignore_groups: _Optional[bool] = ...) -> None: ...
+
+class TrimResponse(_message.Message):
+    __slots__ = ("trimmed", "applied_min_id", "held_back_by_groups")
+    TRIMMED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_MIN_ID_FIELD_NUMBER: _ClassVar[int]
+    HELD_BACK_BY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    trimmed: int
+    applied_min_id: str
+    held_back_by_groups: bool
+    def __init__(self, trimmed: _Optional[int] = ..., applied_min_id: _Optional[str] = ..., held_back_by_groups: _Optional[bool] = ...) -> None: ...
+
+class AppendRequest(_message.Message):
+    __slots__ = ("stream", "fields", "max_len")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    fields: _containers.ScalarMap[str, bytes]
+    max_len: int
+    def __init__(self, stream: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ..., max_len: _Optional[int] = ...) -> None: ...
+
+class AppendResponse(_message.Message):
+    __slots__ = ("id", "stream_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    stream_id: str
+    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ...) -> None: ...
+
+class AppendBatchRequest(_message.Message):
+    __slots__ = ("stream", "entries", "max_len")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    entries: _containers.RepeatedCompositeFieldContainer[BatchEntry]
+    max_len: int
+    def __init__(self, stream: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[BatchEntry, _Mapping]]] = ..., max_len: _Optional[int] = ...) -> None: ...
+
+class BatchEntry(_message.Message):
+    __slots__ = ("fields",)
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    fields: _containers.ScalarMap[str, bytes]
+    def __init__(self, fields: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class AppendBatchResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AppendResponse]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AppendResponse, _Mapping]]] = ...) -> None: ...

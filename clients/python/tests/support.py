@@ -1,0 +1,203 @@
+"""Fixtures' machinery: a real redis-server and the real echomq-sidecar, each
+on free loopback ports, owned by the test session and always cleaned up.
+
+On a failure the tail of the sidecar's log is attached to the test report
+(see conftest.py), so the server's side of the story comes with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from echomq.v1 import consumer_service_pb2 as pb
+
+#: The repository root (clients/python/tests → three levels up).
+REPO = Path(__file__).resolve().parents[3]
+#: How long a process gets to come up.
+START_TIMEOUT = 30.0
+
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago, never the same one twice."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+
+
+def sidecar_binary() -> Path:
+    path = Path(os.environ.get("ECHOMQ_SIDECAR_BIN", REPO / "target" / "debug" / "echomq-sidecar"))
+    if not path.is_file():
+        raise RuntimeError(f"sidecar binary {path} is missing: run `cargo build --bin echomq-sidecar` at {REPO}")
+    return path
+
+
+def _stop(process: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+class RedisServer:
+    """redis-server on a free loopback port, no persistence, its own directory."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="echomq-py-redis-"))
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.dir / "redis.log", "wb")
+        self.process = subprocess.Popen(
+            [
+                shutil.which("redis-server") or "/usr/bin/redis-server",
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.dir),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited: {(self.dir / 'redis.log').read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not answer PING in time")
+
+    def close(self) -> None:
+        _stop(self.process)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Sidecar:
+    """The echomq-sidecar binary on free loopback ports (or a unix socket).
+
+    `kill()` is SIGKILL; `start()` again reuses the same addresses, consumer
+    name and arguments, as a restarted pod would.
+    """
+
+    def __init__(self, redis_url: str, consumer_name: str, args: list[str], *, unix_socket: bool = False) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="echomq-py-sidecar-"))
+        if unix_socket:
+            self.listen = f"unix:{self.dir / 'echomq.sock'}"
+        else:
+            self.listen = f"127.0.0.1:{free_port()}"
+        self.admin = f"127.0.0.1:{free_port()}"
+        self.redis_url = redis_url
+        self.consumer_name = consumer_name
+        self.args = list(args)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.dir / "sidecar.log"
+        self.starts = 0
+
+    @property
+    def target(self) -> str:
+        """The gRPC target a client dials: `host:port` or `unix:/path`."""
+        return self.listen
+
+    def start(self) -> None:
+        if self.listen.startswith("unix:"):
+            Path(self.listen[5:]).unlink(missing_ok=True)
+        log = open(self.log_path, "ab")
+        self.starts += 1
+        log.write(f"\n===== start #{self.starts} =====\n".encode())
+        log.flush()
+        self.process = subprocess.Popen(
+            [
+                str(sidecar_binary()),
+                "--redis-url", self.redis_url,
+                "--listen", self.listen,
+                "--admin-listen", self.admin,
+                "--consumer-name", self.consumer_name,
+                *self.args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "ECHOMQ_LOG": os.environ.get("ECHOMQ_LOG", "info")},
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the sidecar exited at start:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://{self.admin}/readyz", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"the sidecar was not ready in {START_TIMEOUT} s:\n{self.log_tail()}")
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no grace, no goodbye."""
+        _stop(self.process, signal.SIGKILL)
+
+    def terminate(self) -> None:
+        """SIGTERM: the sidecar's graceful shutdown."""
+        _stop(self.process, signal.SIGTERM, timeout=30.0)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def close(self) -> None:
+        _stop(self.process)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    """Counts, per branded id, the Ack ids the client really sends on the wire."""
+
+    def __init__(self) -> None:
+        self.acks: Counter[str] = Counter()
+
+    async def intercept_stream_stream(
+        self, continuation: Callable[..., Any], client_call_details: Any, request_iterator: Any
+    ) -> Any:
+        async def counted() -> AsyncIterator[pb.ConsumeRequest]:
+            async for request in request_iterator:
+                if request.WhichOneof("kind") == "ack":
+                    self.acks.update(request.ack.ids)
+                yield request
+
+        return await continuation(client_call_details, counted())

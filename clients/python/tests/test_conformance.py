@@ -1,0 +1,314 @@
+"""The conformance runner: every scenario of tests/conformance/scenarios.json,
+against the real sidecar and redis-server (see tests/conformance/README.md).
+
+A scenario, step, action or expectation this runner does not know fails the
+test: nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+import redis
+
+from conftest import load_scenarios
+from echomq import Backoff, Consumer, Delivery, Producer, RpcError, Start, VerdictError
+from echomq.v1 import consumer_service_pb2 as pb
+from support import AckCounter, Sidecar
+
+SUITE = load_scenarios()
+LANGUAGE = "python"
+GROUP = "conformance"
+WAIT_TIMEOUT = 30.0
+#: Reconnect quickly in tests: the suite restarts the sidecar.
+RECONNECT = Backoff(initial=0.05, maximum=0.5)
+
+
+def decode_value(spec: dict[str, Any]) -> bytes:
+    if "utf8" in spec:
+        return str(spec["utf8"]).encode()
+    if "base64" in spec:
+        return base64.b64decode(spec["base64"])
+    if "repeat" in spec:
+        return bytes([spec["repeat"]["byte"]]) * spec["repeat"]["count"]
+    if spec.get("all_bytes"):
+        return bytes(range(256))
+    raise AssertionError(f"unknown field value spec {spec!r}")
+
+
+def decode_entries(entries: list[dict[str, Any]]) -> list[dict[str, bytes]]:
+    return [{name: decode_value(value) for name, value in e["fields"].items()} for e in entries]
+
+
+@dataclass
+class HandlerCall:
+    id: str
+    stream_id: str
+    attempts: int
+    payload: dict[str, bytes]
+    started: float
+    finished: float | None = None
+
+
+@dataclass
+class Run:
+    """What one scenario observed."""
+
+    calls: list[HandlerCall] = field(default_factory=list)
+    running: int = 0
+    max_running: int = 0
+    verdict_errors: list[str] = field(default_factory=list)
+    stop_ms: float | None = None
+    appended: dict[str, dict[str, bytes]] = field(default_factory=dict)  # stream id → fields
+
+    def handled(self) -> int:
+        return sum(1 for c in self.calls if c.finished is not None)
+
+    def distinct_handled(self) -> int:
+        return len({c.id for c in self.calls if c.finished is not None})
+
+
+async def until(what: str, predicate: Callable[[], bool], timeout: float = WAIT_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class ScenarioRunner:
+    def __init__(self, scenario: dict[str, Any], sidecar: Sidecar, redis_client: redis.Redis) -> None:
+        self.scenario = scenario
+        self.sidecar = sidecar
+        self.redis = redis_client
+        self.stream = f"conf:{LANGUAGE}:{scenario['name']}"
+        self.dlq = f"{self.stream}:dlq"
+        self.expect: dict[str, Any] = scenario.get("expect", {})
+        self.run = Run()
+        self.acks = AckCounter()
+        self.consumers: list[Consumer] = []
+        self.stopped: set[int] = set()
+        self.producer: Producer | None = None
+
+    # -- the handler -------------------------------------------------------------
+
+    def action_for(self, attempts: int) -> dict[str, Any]:
+        handler = self.scenario["handler"]
+        by_attempt = handler.get("by_attempt", {})
+        return by_attempt.get(str(attempts), handler.get("default", {"action": "return"}))  # type: ignore[no-any-return]
+
+    async def handle(self, delivery: Delivery) -> None:
+        call = HandlerCall(delivery.id, delivery.stream_id, delivery.attempts, dict(delivery.payload), time.monotonic())
+        self.run.calls.append(call)
+        self.run.running += 1
+        self.run.max_running = max(self.run.max_running, self.run.running)
+        try:
+            action = self.action_for(delivery.attempts)
+            kind = action["action"]
+            if kind == "return":
+                pass
+            elif kind == "raise":
+                raise RuntimeError(action["message"])
+            elif kind == "fail":
+                await delivery.fail(action.get("reason", ""), retry_after=action["retry_after_ms"] / 1000)
+            elif kind == "dead_letter":
+                await delivery.dead_letter(action.get("reason", ""))
+            elif kind == "sleep":
+                ms = action["ms"] if "ms" in action else random.randint(0, action["ms_random_max"])
+                await asyncio.sleep(ms / 1000)
+            elif kind == "hang":
+                # A hanging handler never finishes by design; it counts as
+                # handled once it hangs, so that `wait_handled` can see it.
+                call.finished = time.monotonic()
+                await asyncio.Event().wait()
+            else:
+                raise AssertionError(f"unknown handler action {kind!r}")
+        finally:
+            self.run.running -= 1
+            if call.finished is None:
+                call.finished = time.monotonic()
+
+    def on_verdict_error(self, error: VerdictError) -> None:
+        self.run.verdict_errors.append(error.code.name)
+
+    def new_consumer(self) -> Consumer:
+        settings = self.scenario["consumer"]
+        consumer = Consumer(
+            self.sidecar.target,
+            self.stream,
+            GROUP,
+            self.handle,
+            start=Start.BEGINNING,
+            max_in_flight=settings["max_in_flight"],
+            concurrency=settings["concurrency"],
+            reconnect=RECONNECT,
+            on_verdict_error=self.on_verdict_error,
+            interceptors=[self.acks],
+        )
+        self.consumers.append(consumer)
+        return consumer
+
+    # -- appends -----------------------------------------------------------------
+
+    async def append(self, entries: list[dict[str, bytes]], *, retry: bool = False) -> None:
+        assert self.producer is not None
+        deadline = time.monotonic() + WAIT_TIMEOUT
+        while True:
+            try:
+                if len(entries) == 1:
+                    results = [await self.producer.append(self.stream, entries[0])]
+                else:
+                    results = await self.producer.append_batch(self.stream, entries)
+                break
+            except RpcError as error:
+                if not retry or error.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+        for result, fields in zip(results, entries, strict=True):
+            self.run.appended[result.stream_id] = fields
+
+    # -- steps -------------------------------------------------------------------
+
+    def default_steps(self) -> list[str]:
+        n = self.expect.get("handled", self.expect.get("distinct_handled"))
+        assert n is not None, "a scenario without steps needs expect.handled or expect.distinct_handled"
+        return ["start_consumer", f"wait_handled:{n}"]
+
+    def handled_for_wait(self) -> int:
+        # With only `distinct_handled` expected, redeliveries are allowed (a
+        # restart may redeliver an ack in flight), so count distinct ids.
+        if "handled" not in self.expect and "distinct_handled" in self.expect:
+            return self.run.distinct_handled()
+        return self.run.handled()
+
+    async def step(self, text: str) -> None:
+        name, _, arg = text.partition(":")
+        if name == "start_consumer":
+            await self.new_consumer().start()
+        elif name == "start_second_consumer":
+            await self.new_consumer().start()
+        elif name == "wait_handled":
+            n = int(arg)
+            await until(f"{n} handled", lambda: self.handled_for_wait() >= n)
+        elif name == "wait_started":
+            n = int(arg)
+            await until(f"{n} started", lambda: len(self.run.calls) >= n)
+        elif name == "drop_connection":
+            await self.consumers[-1].abort()
+            self.stopped.add(len(self.consumers) - 1)
+        elif name == "stop":
+            began = time.monotonic()
+            await self.stop_all(int(arg) / 1000)
+            self.run.stop_ms = (time.monotonic() - began) * 1000
+        elif name == "kill_sidecar":
+            self.sidecar.kill()
+        elif name == "restart_sidecar":
+            await asyncio.to_thread(self.sidecar.start)
+        elif name == "append_after_restart":
+            await self.append(decode_entries(self.scenario["append_after_restart"]), retry=True)
+        elif name == "append_more":
+            await self.append([{"n": str(i).encode()} for i in range(int(arg))])
+        elif name == "ack_unknown":
+            consumer = self.consumers[-1]
+            await consumer.wait_subscribed(WAIT_TIMEOUT)
+            assert await consumer.send_ack(arg), "no open call to send the raw ack on"
+        elif name == "wait_verdict_error":
+            await until(f"verdict error {arg}", lambda: arg in self.run.verdict_errors)
+        else:
+            raise AssertionError(f"unknown step {text!r}")
+
+    async def stop_all(self, deadline: float) -> None:
+        live = [i for i in range(len(self.consumers)) if i not in self.stopped]
+        self.stopped.update(live)
+        await asyncio.gather(*(self.consumers[i].stop(deadline) for i in live))
+        for i in live:
+            await self.consumers[i].wait()  # raises a consumer's permanent error
+
+    # -- the run -----------------------------------------------------------------
+
+    async def execute(self) -> None:
+        self.redis.delete(self.stream, self.dlq)
+        self.producer = Producer(self.sidecar.target)
+        try:
+            if "append" in self.scenario:
+                await self.append(decode_entries(self.scenario["append"]))
+            if "append_generated" in self.scenario:
+                generated = self.scenario["append_generated"]
+                await self.append([{generated["field"]: str(i).encode()} for i in range(generated["count"])])
+            for text in self.scenario.get("steps") or self.default_steps():
+                await self.step(text)
+            await self.stop_all(10.0)
+            self.check()
+        finally:
+            for consumer in self.consumers:
+                await consumer.abort()
+            await self.producer.close()
+
+    def pending(self) -> int:
+        return int(self.redis.xpending(self.stream, GROUP)["pending"])
+
+    def check(self) -> None:
+        run, expect = self.run, self.expect
+        for key, want in expect.items():
+            if key == "handled":
+                assert len(run.calls) == want, f"handler calls: {len(run.calls)}, want {want}"
+            elif key == "distinct_handled":
+                got = len({c.id for c in run.calls})
+                assert got == want, f"distinct ids handled: {got}, want {want}"
+            elif key == "attempts":
+                got = dict(Counter(c.attempts for c in run.calls))
+                assert got == {int(k): v for k, v in want.items()}, f"attempts histogram {got}, want {want}"
+            elif key == "min_redelivery_gap_ms":
+                by_id: dict[str, list[float]] = {}
+                for c in run.calls:
+                    by_id.setdefault(c.id, []).append(c.started)
+                gaps = [(s[1] - s[0]) * 1000 for s in by_id.values() if len(s) > 1]
+                assert gaps, "no redelivery happened"
+                assert min(gaps) >= want, f"redelivery gap {min(gaps):.0f} ms < {want} ms"
+            elif key == "pending_after":
+                got = self.pending()
+                assert got == want, f"XPENDING count {got}, want {want}"
+            elif key == "dead_letters":
+                got = self.redis.xlen(self.dlq)
+                assert got == want, f"XLEN {self.dlq} = {got}, want {want}"
+            elif key == "dead_letter_fields":
+                [(_, fields)] = self.redis.xrange(self.dlq)
+                for name, value in want.items():
+                    assert fields.get(name.encode()) == value.encode(), (
+                        f"dead letter field {name!r} = {fields.get(name.encode())!r}, want {value!r}; all: {fields}"
+                    )
+            elif key == "dead_letter_keeps_branded_id":
+                [(_, fields)] = self.redis.xrange(self.dlq)
+                ids = {c.id for c in run.calls}
+                assert (fields.get(b"id", b"").decode() in ids) == want, f"dead letter id {fields.get(b'id')!r}, handled {ids}"
+            elif key == "each_acked_once":
+                ids = {c.id for c in run.calls}
+                wrong = {i: self.acks.acks[i] for i in ids if self.acks.acks[i] != 1}
+                extra = set(self.acks.acks) - ids
+                assert (not wrong and not extra) == want, f"ack counts off: {wrong}, acks of unhandled ids: {extra}"
+            elif key == "payload_equals_appended":
+                for c in run.calls:
+                    assert (c.payload == run.appended[c.stream_id]) == want, f"payload of {c.stream_id} differs"
+            elif key == "verdict_errors":
+                assert run.verdict_errors == want, f"verdict errors {run.verdict_errors}, want {want}"
+            elif key == "max_concurrent_handlers":
+                assert run.max_running <= want, f"{run.max_running} handlers ran at once, limit {want}"
+            elif key == "stop_returned_within_ms":
+                assert run.stop_ms is not None, "the scenario has no stop step"
+                assert run.stop_ms <= want, f"stop took {run.stop_ms:.0f} ms, limit {want}"
+            else:
+                raise AssertionError(f"unknown expectation {key!r}")
+
+
+@pytest.mark.parametrize("scenario", SUITE["scenarios"], ids=[s["name"] for s in SUITE["scenarios"]])
+async def test_conformance(scenario: dict[str, Any], live_sidecar: Sidecar, redis_client: redis.Redis) -> None:
+    await ScenarioRunner(scenario, live_sidecar, redis_client).execute()

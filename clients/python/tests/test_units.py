@@ -1,0 +1,160 @@
+"""Unit tests of the pieces that need no sidecar."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import datetime, timedelta, timezone
+
+import grpc
+import pytest
+
+from echomq import Backoff, Consumer, PermanentError, RpcError, Start, StartKind, VerdictErrorCode
+from echomq.consumer import _Call
+from echomq.delivery import Delivery, VerdictError
+from echomq.errors import from_rpc_error
+from echomq.options import to_duration
+from echomq.producer import encode_fields
+from echomq.v1 import consumer_service_pb2 as pb
+
+
+async def _noop(delivery: Delivery) -> None:
+    pass
+
+
+def test_backoff_is_jittered_exponential_and_capped() -> None:
+    backoff = Backoff(initial=0.1, maximum=2.0, multiplier=2.0)
+    rng = random.Random(7)
+    for failures, ceiling in [(0, 0.1), (1, 0.2), (2, 0.4), (5, 2.0), (50, 2.0)]:
+        delays = [backoff.delay(failures, rng) for _ in range(200)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert max(delays) - min(delays) > ceiling / 10  # jittered, not constant
+
+
+def test_backoff_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        Backoff(initial=0)
+    with pytest.raises(ValueError):
+        Backoff(initial=2, maximum=1)
+
+
+def test_durations_convert_seconds_and_timedeltas() -> None:
+    assert to_duration(1.5) == to_duration(timedelta(milliseconds=1500))
+    d = to_duration(0.3)
+    assert (d.seconds, d.nanos) == (0, 300_000_000)
+
+
+def test_start_has_no_default_and_fills_the_subscribe() -> None:
+    with pytest.raises(TypeError):
+        Consumer("127.0.0.1:1", "s", "g", _noop, start=None)  # type: ignore[arg-type]
+    for start, kind in [(Start.NEW, pb.GROUP_START_NEW), (Start.BEGINNING, pb.GROUP_START_BEGINNING)]:
+        sub = pb.Subscribe()
+        start.apply(sub)
+        assert sub.group_start == kind
+    sub = pb.Subscribe()
+    Start.after("1718000000000-3").apply(sub)
+    assert (sub.group_start, sub.start_id) == (pb.GROUP_START_ID, "1718000000000-3")
+    sub = pb.Subscribe()
+    Start.at(datetime(2024, 6, 10, tzinfo=timezone.utc)).apply(sub)
+    assert sub.group_start == pb.GROUP_START_INSTANT and sub.start_time.seconds == 1717977600
+    assert Start.at(datetime(2024, 6, 10)).kind is StartKind.INSTANT
+
+
+def test_concurrency_is_bounded_by_max_in_flight() -> None:
+    with pytest.raises(ValueError):
+        Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=4, concurrency=5)
+    assert Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=4).concurrency == 4
+
+
+class _FakeError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return "what to fix"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ],
+)
+def test_permanent_codes_map_to_permanent_error(code: grpc.StatusCode) -> None:
+    error = from_rpc_error("Consume", _FakeError(code))
+    assert isinstance(error, PermanentError) and error.permanent
+    assert "what to fix" in str(error) and code.name in str(error)
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN])
+def test_transient_codes_are_retryable(code: grpc.StatusCode) -> None:
+    error = from_rpc_error("Consume", _FakeError(code))
+    assert type(error) is RpcError and not error.permanent
+
+
+def test_field_values_accept_text_and_bytes() -> None:
+    assert encode_fields({"a": "é", "b": b"\xff", "c": bytearray(b"x")}) == {"a": "é".encode(), "b": b"\xff", "c": b"x"}
+
+
+def test_unknown_verdict_error_codes_do_not_crash() -> None:
+    assert VerdictErrorCode.of(99) is VerdictErrorCode.UNSPECIFIED
+    error = VerdictError.from_proto(pb.VerdictError(id="x", code=pb.VERDICT_ERROR_CODE_UNKNOWN_ID, message="m"))
+    assert error.code is VerdictErrorCode.UNKNOWN_ID
+
+
+def _delivery(call: _Call, id: str = "01" * 14) -> Delivery:
+    message = pb.Delivery(id=id, stream_id="1-0", stream="s", group="g", attempts=1)
+    message.payload["k"] = b"v"
+    return Delivery.from_proto(message, call)
+
+
+async def _drain(call: _Call) -> list[pb.ConsumeRequest]:
+    call.finish()
+    return [m async for m in call.requests(pb.ConsumeRequest())][1:]
+
+
+async def test_a_delivery_is_settled_once() -> None:
+    call = _Call()
+    delivery = _delivery(call)
+    assert await delivery.fail("nope", retry_after=0.25)
+    assert not await delivery.ack()
+    assert delivery.settled
+    [sent] = await _drain(call)
+    assert sent.fail.id == delivery.id and sent.fail.reason == "nope" and sent.fail.retry_after.nanos == 250_000_000
+
+
+async def test_verdicts_for_an_ended_call_are_dropped() -> None:
+    call = _Call()
+    delivery = _delivery(call)
+    call.end()
+    assert not await delivery.ack()
+    assert call._outbox.empty()
+
+
+async def test_queued_acks_travel_together_in_order() -> None:
+    call = _Call()
+    a, b, c = (_delivery(call, f"{i:028x}") for i in range(3))
+    await a.ack()
+    await b.ack()
+    await c.dead_letter("bad")
+    await _delivery(call, f"{9:028x}").ack()
+    sent = await _drain(call)
+    assert [m.WhichOneof("kind") for m in sent] == ["ack", "fail", "ack"]
+    assert list(sent[0].ack.ids) == [a.id, b.id] and sent[1].fail.dead_letter
+
+
+async def test_the_payload_and_times_are_converted() -> None:
+    call = _Call()
+    message = pb.Delivery(id="ab" * 14, stream_id="5-1", stream="s", group="g", attempts=3, traceparent="tp")
+    message.minted_at.FromMilliseconds(1718000000123)
+    message.raw_fields.add(name=b"\xff", value=b"v")
+    delivery = Delivery.from_proto(message, call)
+    assert delivery.minted_at == datetime(2024, 6, 10, 6, 13, 20, 123000, tzinfo=timezone.utc)
+    assert delivery.raw_fields == [(b"\xff", b"v")] and delivery.attempts == 3
+    await asyncio.sleep(0)

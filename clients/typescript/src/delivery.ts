@@ -1,0 +1,81 @@
+import type { BrandedId } from './branded-id.js';
+
+/** A field whose name is not valid UTF-8 (a proto map key must be), byte for byte. */
+export interface RawField {
+  readonly name: Buffer;
+  readonly value: Buffer;
+}
+
+/** Options of {@link Delivery.fail}. */
+export interface FailOptions {
+  /**
+   * Deliver the entry again after this many milliseconds. Default: the
+   * subscription's exponential backoff by attempts.
+   */
+  retryAfterMs?: number;
+}
+
+/**
+ * One hand-over of an entry to this consumer.
+ *
+ * Settle it once: return from the handler (ack), throw (fail with the error's
+ * message), or call {@link ack}, {@link fail} or {@link deadLetter} yourself.
+ * The first settlement wins; later ones, and the automatic one after the handler
+ * returns, do nothing.
+ */
+export interface Delivery {
+  /** The branded id, 28 lowercase hex characters: the idempotency key. */
+  readonly id: BrandedId;
+  /** The entry's id in this stream, `<ms>-<seq>`. */
+  readonly streamId: string;
+  /** The stream key. */
+  readonly stream: string;
+  /** The consumer group. */
+  readonly group: string;
+  /**
+   * The entry's fields without the reserved branded-id field: name → bytes.
+   * Fields whose names are not valid UTF-8 are in {@link rawFields} instead.
+   */
+  readonly payload: Readonly<Record<string, Buffer>>;
+  /** Fields whose names are not valid UTF-8, in stream order. Usually empty. */
+  readonly rawFields: readonly RawField[];
+  /** The entry's delivery count in the group (XPENDING): 1 on the first delivery. */
+  readonly attempts: number;
+  /** When the branded id was minted. */
+  readonly mintedAt: Date;
+  /** The W3C trace context stored with the entry; empty when none. */
+  readonly traceparent: string;
+  /**
+   * Aborted when a verdict for this delivery can no longer be applied: the call
+   * that delivered it broke or was closed, or a graceful stop's deadline passed.
+   * The sidecar delivers the entry again; a long handler may give up early.
+   */
+  readonly signal: AbortSignal;
+  /** Whether this delivery was settled (by the handler, or automatically). */
+  readonly settled: boolean;
+
+  /** The field `name` decoded as UTF-8 text, or `undefined` when absent. */
+  text(name: string): string | undefined;
+  /**
+   * Acknowledges the entry (XACK). Returns false when it was already settled or
+   * its call is gone (then the sidecar delivers it again).
+   */
+  ack(): boolean;
+  /**
+   * Fails the entry: it stays pending and is delivered again after
+   * `retryAfterMs` (or the subscription's backoff). `reason` is logged and kept
+   * for a later dead letter. Returns false when already settled or the call is gone.
+   */
+  fail(reason?: string, options?: FailOptions): boolean;
+  /**
+   * Moves the entry to the dead-letter stream now (with its branded id, payload,
+   * attempts and `reason`) instead of retrying it. Returns false when already
+   * settled or the call is gone.
+   */
+  deadLetter(reason: string): boolean;
+  /**
+   * Pushes this delivery's ack deadline to `byMs` from now (only meaningful
+   * with `ackDeadlineMs`). Returns false when settled or the call is gone.
+   */
+  extend(byMs: number): boolean;
+}

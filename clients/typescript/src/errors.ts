@@ -1,0 +1,51 @@
+import { status as Status, type ServiceError } from '@grpc/grpc-js';
+
+/**
+ * gRPC status codes that retrying cannot fix: the request itself is wrong
+ * (INVALID_ARGUMENT), the caller may not do it (PERMISSION_DENIED,
+ * UNAUTHENTICATED), the data is in a state that forbids it (FAILED_PRECONDITION,
+ * for example a stream key that holds another Redis type), or the server is not
+ * an EchoMQ sidecar of a compatible version (UNIMPLEMENTED). A consumer stops
+ * and rejects `run()` on these; every other status is retried with backoff.
+ */
+export const PERMANENT_CODES: ReadonlySet<Status> = new Set([
+  Status.INVALID_ARGUMENT,
+  Status.PERMISSION_DENIED,
+  Status.UNAUTHENTICATED,
+  Status.FAILED_PRECONDITION,
+  Status.UNIMPLEMENTED,
+]);
+
+/** An error the sidecar answered (or the gRPC channel raised), with what was being done. */
+export class EchoMQError extends Error {
+  override readonly name = 'EchoMQError';
+  /** The gRPC status code (`@grpc/grpc-js`'s `status` enum). */
+  readonly code: Status;
+  /** The status code's name, for example `INVALID_ARGUMENT`. */
+  readonly codeName: string;
+  /** The sidecar's own message: which field or key is wrong and how to fix it. */
+  readonly details: string;
+  /** True when retrying cannot help (see {@link PERMANENT_CODES}). */
+  readonly permanent: boolean;
+
+  constructor(what: string, code: Status, details: string, options?: { cause?: unknown }) {
+    const codeName = Status[code] ?? `code ${code}`;
+    super(`${what}: ${codeName}: ${details}`, options);
+    this.code = code;
+    this.codeName = codeName;
+    this.details = details;
+    this.permanent = PERMANENT_CODES.has(code);
+  }
+
+  /** Wraps a `@grpc/grpc-js` error; keeps it as `cause`. */
+  static from(what: string, error: unknown): EchoMQError {
+    if (error instanceof EchoMQError) return error;
+    const service = error as Partial<ServiceError>;
+    if (typeof service?.code === 'number') {
+      return new EchoMQError(what, service.code, service.details ?? service.message ?? '', { cause: error });
+    }
+    return new EchoMQError(what, Status.UNKNOWN, error instanceof Error ? error.message : String(error), {
+      cause: error,
+    });
+  }
+}

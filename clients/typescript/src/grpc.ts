@@ -1,0 +1,119 @@
+// The one place that loads the proto contract and builds gRPC clients, so the
+// proto-loader options and channel defaults are written once.
+import { readdirSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import * as grpc from '@grpc/grpc-js';
+import * as protoLoader from '@grpc/proto-loader';
+import type { ProtoGrpcType as ConsumerProto } from './gen/consumer_service.js';
+import type { ProtoGrpcType as StreamProto } from './gen/stream_service.js';
+import type { ConsumerServiceClient } from './gen/echomq/v1/ConsumerService.js';
+import type { StreamServiceClient } from './gen/echomq/v1/StreamService.js';
+
+/** The sidecar's default gRPC listen address (`--listen`). */
+export const DEFAULT_TARGET = '127.0.0.1:50051';
+
+/**
+ * How proto-loader turns messages into objects. These must match the flags of
+ * `scripts/generate.mjs`, which generates the types in `src/gen/` for exactly
+ * these objects: camelCase fields, 64-bit integers as decimal strings, enums as
+ * their names, defaults filled in, and a `kind` property naming the set oneof.
+ */
+const PROTO_LOADER_OPTIONS: protoLoader.Options = {
+  keepCase: false,
+  longs: String,
+  enums: String,
+  defaults: true,
+  oneofs: true,
+};
+
+/** The `.proto` files, copied next to `dist/` from the repository's `proto/` by the build. */
+const PROTO_DIR = fileURLToPath(new URL('../proto/', import.meta.url));
+
+type Proto = ConsumerProto & StreamProto;
+let loaded: Proto | undefined;
+
+function proto(): Proto {
+  if (!loaded) {
+    // Every file of the contract, so the services' imports resolve whatever their layout.
+    const files = readdirSync(PROTO_DIR, { recursive: true, encoding: 'utf8' })
+      .filter((name) => name.endsWith('.proto'))
+      .map((name) => name.split('\\').join('/'))
+      .sort();
+    loaded = grpc.loadPackageDefinition(
+      protoLoader.loadSync(files, { ...PROTO_LOADER_OPTIONS, includeDirs: [PROTO_DIR] }),
+    ) as unknown as Proto;
+  }
+  return loaded;
+}
+
+/** How to reach the sidecar. Shared by {@link Consumer} and {@link Producer}. */
+export interface ConnectionOptions {
+  /**
+   * The sidecar's address: `host:port`, or `unix:/path/to/socket` for a unix
+   * socket (the sidecar's `--listen`). Default: `127.0.0.1:50051`, the
+   * sidecar's default.
+   */
+  target?: string;
+  /** Channel credentials. Default: plaintext (`credentials.createInsecure()`), for a pod-local sidecar. */
+  credentials?: grpc.ChannelCredentials;
+  /** `@grpc/grpc-js` channel options, merged over this client's defaults. */
+  channelOptions?: grpc.ChannelOptions;
+  /** Client interceptors for every call (tracing, metrics, tests that observe frames). */
+  interceptors?: grpc.Interceptor[];
+}
+
+/**
+ * Channel defaults. Deliveries are as large as producers made them (Redis takes
+ * entries far above gRPC's 4 MiB default), and refusing one would wedge it in
+ * the PEL, so receiving is unlimited. The sidecar is local and restarts fast, so
+ * the channel retries connecting sooner than gRPC's 1 s → 120 s default.
+ */
+const CHANNEL_DEFAULTS: grpc.ChannelOptions = {
+  'grpc.max_receive_message_length': -1,
+  'grpc.max_send_message_length': -1,
+  'grpc.initial_reconnect_backoff_ms': 100,
+  'grpc.max_reconnect_backoff_ms': 2_000,
+};
+
+function clientOptions(options: ConnectionOptions): grpc.ClientOptions {
+  return { ...CHANNEL_DEFAULTS, ...options.channelOptions, interceptors: options.interceptors ?? [] };
+}
+
+export function consumerClient(options: ConnectionOptions): ConsumerServiceClient {
+  const Client = proto().echomq.v1.ConsumerService;
+  return new Client(
+    options.target ?? DEFAULT_TARGET,
+    options.credentials ?? grpc.credentials.createInsecure(),
+    clientOptions(options),
+  );
+}
+
+export function streamClient(options: ConnectionOptions): StreamServiceClient {
+  const Client = proto().echomq.v1.StreamService;
+  return new Client(
+    options.target ?? DEFAULT_TARGET,
+    options.credentials ?? grpc.credentials.createInsecure(),
+    clientOptions(options),
+  );
+}
+
+/** Milliseconds as a `google.protobuf.Duration`. */
+export function durationOf(ms: number): { seconds: string; nanos: number } {
+  if (!Number.isFinite(ms) || ms < 0) throw new RangeError(`a duration must be a finite number of ms >= 0, got ${ms}`);
+  const whole = Math.floor(ms);
+  return { seconds: String(Math.floor(whole / 1000)), nanos: (whole % 1000) * 1_000_000 + Math.round((ms - whole) * 1e6) };
+}
+
+/** A `google.protobuf.Timestamp` as a `Date` (millisecond precision). */
+export function dateOf(ts: { seconds: string; nanos: number } | null | undefined): Date {
+  if (!ts) return new Date(0);
+  return new Date(Number(ts.seconds) * 1000 + Math.floor(ts.nanos / 1_000_000));
+}
+
+/** A `Date` as a `google.protobuf.Timestamp`. */
+export function timestampOf(date: Date): { seconds: string; nanos: number } {
+  const ms = date.getTime();
+  if (!Number.isFinite(ms)) throw new RangeError('invalid Date');
+  const seconds = Math.floor(ms / 1000);
+  return { seconds: String(seconds), nanos: (ms - seconds * 1000) * 1_000_000 };
+}

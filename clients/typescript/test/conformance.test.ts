@@ -1,0 +1,380 @@
+// The conformance runner: reads ../../tests/conformance/scenarios.json and runs
+// every scenario (see tests/conformance/README.md) against a real redis-server
+// and sidecar. A scenario with a key, step or action this runner does not know
+// fails; nothing is skipped.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { InterceptingCall, type Interceptor } from '@grpc/grpc-js';
+import { Consumer, Producer, type AppendResult, type Delivery, type VerdictError } from '@echomq/client';
+import { eventually, Fixture, REPO_ROOT } from './support/fixture.js';
+
+const LANGUAGE = 'typescript';
+const GROUP = 'conformance';
+const WAIT_MS = 30_000;
+
+type FieldSpec =
+  | { utf8: string }
+  | { base64: string }
+  | { repeat: { byte: number; count: number } }
+  | { all_bytes: true };
+
+interface Action {
+  action: 'return' | 'raise' | 'fail' | 'dead_letter' | 'sleep' | 'hang';
+  message?: string;
+  reason?: string;
+  retry_after_ms?: number;
+  ms?: number;
+  ms_random_max?: number;
+}
+
+interface Scenario {
+  name: string;
+  description: string;
+  append?: { fields: Record<string, FieldSpec> }[];
+  append_after_restart?: { fields: Record<string, FieldSpec> }[];
+  append_generated?: { count: number; field: string };
+  consumer: { max_in_flight: number; concurrency: number };
+  handler: { default?: Action; by_attempt?: Record<string, Action> };
+  steps?: string[];
+  expect: Record<string, unknown>;
+}
+
+interface Suite {
+  version: number;
+  sidecar_args: string[];
+  scenarios: Scenario[];
+}
+
+const KNOWN_SCENARIO_KEYS = new Set([
+  'name', 'description', 'append', 'append_after_restart', 'append_generated', 'consumer', 'handler', 'steps', 'expect',
+]);
+const KNOWN_EXPECT_KEYS = new Set([
+  'handled', 'distinct_handled', 'attempts', 'min_redelivery_gap_ms', 'pending_after', 'dead_letters',
+  'dead_letter_fields', 'dead_letter_keeps_branded_id', 'each_acked_once', 'payload_equals_appended',
+  'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms',
+]);
+
+const suite = JSON.parse(readFileSync(join(REPO_ROOT, 'tests', 'conformance', 'scenarios.json'), 'utf8')) as Suite;
+
+function fieldValue(spec: FieldSpec): Buffer {
+  if ('utf8' in spec) return Buffer.from(spec.utf8, 'utf8');
+  if ('base64' in spec) return Buffer.from(spec.base64, 'base64');
+  if ('repeat' in spec) return Buffer.alloc(spec.repeat.count, spec.repeat.byte);
+  if ('all_bytes' in spec && spec.all_bytes) return Buffer.from(Array.from({ length: 256 }, (_, i) => i));
+  throw new Error(`unknown field value ${JSON.stringify(spec)}`);
+}
+
+function fieldsOf(entry: { fields: Record<string, FieldSpec> }): Map<string, Buffer> {
+  return new Map(Object.entries(entry.fields).map(([name, spec]) => [name, fieldValue(spec)]));
+}
+
+/** One handler call, as the README asks the handler to record it. */
+interface Call {
+  id: string;
+  streamId: string;
+  attempts: number;
+  payload: Readonly<Record<string, Buffer>>;
+  startedAt: number;
+}
+
+/** Everything one scenario run observes. */
+class Run {
+  readonly calls: Call[] = [];
+  /** Calls that finished (for `hang`: that reached the hang, which by design never finishes). */
+  finished = 0;
+  running = 0;
+  maxRunning = 0;
+  readonly verdictErrors: VerdictError[] = [];
+  /** Ack ids the client sent, counted in an interceptor on the wire side. */
+  readonly acksSent = new Map<string, number>();
+  subscribedCalls = 0;
+  stopMs: number | undefined;
+  /** Appended entries by branded id. */
+  readonly appended = new Map<string, Map<string, Buffer>>();
+  /** Ends hanging handlers when the scenario is over. */
+  readonly over = new AbortController();
+
+  readonly interceptor: Interceptor = (options, nextCall) =>
+    new InterceptingCall(nextCall(options), {
+      sendMessage: (message: { ack?: { ids: string[] } | null }, next) => {
+        for (const id of message.ack?.ids ?? []) this.acksSent.set(id, (this.acksSent.get(id) ?? 0) + 1);
+        next(message);
+      },
+    });
+
+  constructor(readonly scenario: Scenario) {}
+
+  action(attempts: number): Action {
+    const action = this.scenario.handler.by_attempt?.[String(attempts)] ?? this.scenario.handler.default;
+    if (!action) throw new Error(`scenario ${this.scenario.name} has no handler action for attempts ${attempts}`);
+    return action;
+  }
+
+  readonly handler = async (delivery: Delivery): Promise<void> => {
+    this.calls.push({
+      id: delivery.id,
+      streamId: delivery.streamId,
+      attempts: delivery.attempts,
+      payload: delivery.payload,
+      startedAt: Date.now(),
+    });
+    this.running += 1;
+    this.maxRunning = Math.max(this.maxRunning, this.running);
+    let hung = false;
+    try {
+      const action = this.action(delivery.attempts);
+      switch (action.action) {
+        case 'return':
+          return;
+        case 'raise':
+          throw new Error(action.message ?? 'raised');
+        case 'fail':
+          delivery.fail(action.reason ?? '', action.retry_after_ms === undefined ? {} : { retryAfterMs: action.retry_after_ms });
+          return;
+        case 'dead_letter':
+          delivery.deadLetter(action.reason ?? '');
+          return;
+        case 'sleep': {
+          const ms = action.ms ?? Math.floor(Math.random() * ((action.ms_random_max ?? 0) + 1));
+          await sleep(ms);
+          return;
+        }
+        case 'hang': {
+          hung = true;
+          this.finished += 1;
+          const signal = AbortSignal.any([delivery.signal, this.over.signal]);
+          await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+          throw new Error('hung handler released');
+        }
+        default:
+          throw new Error(`unknown handler action ${JSON.stringify(action)}`);
+      }
+    } finally {
+      this.running -= 1;
+      if (!hung) this.finished += 1;
+    }
+  };
+}
+
+function histogram(values: number[]): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const value of values) out[String(value)] = (out[String(value)] ?? 0) + 1;
+  return out;
+}
+
+describe(`conformance (${suite.scenarios.length} scenarios from tests/conformance/scenarios.json)`, () => {
+  let fixture: Fixture;
+
+  before(async () => {
+    assert.equal(suite.version, 1, 'this runner knows scenarios.json version 1');
+    fixture = await Fixture.start({ consumerName: `conformance-${LANGUAGE}`, args: suite.sidecar_args });
+  });
+
+  after(async () => {
+    await fixture?.stop();
+  });
+
+  for (const scenario of suite.scenarios) {
+    test(scenario.name, { timeout: 120_000 }, async (t) => {
+      t.diagnostic(scenario.description);
+      for (const key of Object.keys(scenario)) assert.ok(KNOWN_SCENARIO_KEYS.has(key), `unknown scenario key ${key}`);
+      for (const key of Object.keys(scenario.expect)) assert.ok(KNOWN_EXPECT_KEYS.has(key), `unknown expect key ${key}`);
+      await runScenario(fixture, scenario);
+    });
+  }
+});
+
+async function appendAll(producer: Producer, stream: string, entries: Map<string, Buffer>[], run: Run, options = {}): Promise<void> {
+  if (entries.length === 0) return;
+  const results: AppendResult[] =
+    entries.length === 1
+      ? [await producer.append(stream, entries[0]!, options)]
+      : await producer.appendBatch(stream, entries, options);
+  results.forEach((result, i) => run.appended.set(result.id, entries[i]!));
+}
+
+async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> {
+  const stream = `conf:${LANGUAGE}:${scenario.name}`;
+  const run = new Run(scenario);
+  const producer = new Producer({ target: fixture.target });
+  const consumers: { consumer: Consumer; done: Promise<unknown> }[] = [];
+
+  const startConsumer = () => {
+    const consumer = new Consumer({
+      target: fixture.target,
+      stream,
+      group: GROUP,
+      start: 'beginning',
+      maxInFlight: scenario.consumer.max_in_flight,
+      concurrency: scenario.consumer.concurrency,
+      interceptors: [run.interceptor],
+      onVerdictError: (error) => run.verdictErrors.push(error),
+      onSubscribed: () => {
+        run.subscribedCalls += 1;
+      },
+    });
+    const done = consumer.run(run.handler).then(
+      () => undefined,
+      (error: unknown) => error,
+    );
+    consumers.push({ consumer, done });
+  };
+
+  const waitFor = async (what: string, check: () => boolean) => {
+    assert.ok(await eventually(check, WAIT_MS), `timed out waiting for ${what}`);
+  };
+
+  try {
+    const initial = [
+      ...(scenario.append ?? []).map(fieldsOf),
+      ...Array.from({ length: scenario.append_generated?.count ?? 0 }, (_, i) => new Map([[scenario.append_generated!.field, Buffer.from(String(i))]])),
+    ];
+    await appendAll(producer, stream, initial, run);
+
+    const target = (scenario.expect.handled ?? scenario.expect.distinct_handled) as number | undefined;
+    const steps = scenario.steps ?? ['start_consumer', `wait_handled:${target}`];
+    for (const step of steps) {
+      const [name, arg = ''] = step.split(/:(.*)/s) as [string, string?];
+      switch (name) {
+        case 'start_consumer':
+        case 'start_second_consumer':
+          startConsumer();
+          break;
+        case 'wait_handled':
+          await waitFor(`${arg} finished handler calls (have ${run.finished})`, () => run.finished >= Number(arg));
+          break;
+        case 'wait_started':
+          await waitFor(`${arg} started handler calls`, () => run.calls.length >= Number(arg));
+          break;
+        case 'drop_connection':
+          consumers[0]!.consumer.close();
+          await consumers[0]!.done;
+          break;
+        case 'stop': {
+          const started = Date.now();
+          await consumers[0]!.consumer.stop({ deadlineMs: Number(arg) });
+          run.stopMs = Date.now() - started;
+          break;
+        }
+        case 'kill_sidecar':
+          await fixture.killSidecar();
+          break;
+        case 'restart_sidecar':
+          await fixture.startSidecar();
+          break;
+        case 'append_after_restart': {
+          const entries = (scenario.append_after_restart ?? []).map(fieldsOf);
+          const until = Date.now() + WAIT_MS;
+          for (;;) {
+            try {
+              await appendAll(producer, stream, entries, run, { waitForReady: true, deadlineMs: 5_000 });
+              break;
+            } catch (error) {
+              if (Date.now() > until) throw error;
+              await sleep(100);
+            }
+          }
+          break;
+        }
+        case 'append_more': {
+          const entries = Array.from({ length: Number(arg) }, (_, i) => new Map([['n', Buffer.from(String(i))]]));
+          await appendAll(producer, stream, entries, run);
+          break;
+        }
+        case 'ack_unknown':
+          await waitFor('the consumer to subscribe', () => run.subscribedCalls > 0);
+          assert.ok(consumers[0]!.consumer.rawAck([arg]), 'rawAck found no open call');
+          break;
+        case 'wait_verdict_error':
+          await waitFor(`a verdict error ${arg}`, () => run.verdictErrors.some((e) => e.code === arg));
+          break;
+        default:
+          assert.fail(`unknown step ${JSON.stringify(step)}`);
+      }
+    }
+
+    // A graceful stop of whatever still runs, then the checks.
+    for (const { consumer } of consumers) await consumer.stop({ deadlineMs: 10_000 });
+    for (const { done } of consumers) {
+      const outcome = await done;
+      assert.equal(outcome, undefined, `a consumer's run() rejected: ${String(outcome)}`);
+    }
+    await check(fixture, scenario, stream, run);
+  } finally {
+    run.over.abort();
+    for (const { consumer } of consumers) consumer.close();
+    producer.close();
+  }
+}
+
+async function check(fixture: Fixture, scenario: Scenario, stream: string, run: Run): Promise<void> {
+  const expect = scenario.expect;
+  const ids = run.calls.map((call) => call.id);
+  const distinct = new Set(ids);
+
+  if (expect.handled !== undefined) assert.equal(run.calls.length, expect.handled, 'handled');
+  if (expect.distinct_handled !== undefined) assert.equal(distinct.size, expect.distinct_handled, 'distinct_handled');
+  if (expect.attempts !== undefined) {
+    assert.deepEqual(histogram(run.calls.map((call) => call.attempts)), expect.attempts, 'attempts histogram');
+  }
+  if (expect.min_redelivery_gap_ms !== undefined) {
+    let checked = 0;
+    for (const id of distinct) {
+      const calls = run.calls.filter((call) => call.id === id);
+      if (calls.length < 2) continue;
+      checked += 1;
+      const gap = calls[1]!.startedAt - calls[0]!.startedAt;
+      assert.ok(gap >= (expect.min_redelivery_gap_ms as number), `redelivery of ${id} after ${gap} ms`);
+    }
+    assert.ok(checked > 0, 'min_redelivery_gap_ms: no entry was delivered twice');
+  }
+  if (expect.pending_after !== undefined) {
+    const want = expect.pending_after as number;
+    await eventually(async () => (await fixture.pending(stream, GROUP)) === want, 5_000, 50);
+    assert.equal(await fixture.pending(stream, GROUP), want, 'pending_after (XPENDING count)');
+  }
+  const dlq = `${stream}:dlq`;
+  if (expect.dead_letters !== undefined) {
+    const want = expect.dead_letters as number;
+    await eventually(async () => (await fixture.xlen(dlq)) === want, 5_000, 50);
+    assert.equal(await fixture.xlen(dlq), want, 'dead_letters (XLEN of the dead-letter stream)');
+  }
+  if (expect.dead_letter_fields !== undefined || expect.dead_letter_keeps_branded_id) {
+    const [dead] = await fixture.entries(dlq);
+    assert.ok(dead, 'a dead-letter entry');
+    for (const [name, value] of Object.entries((expect.dead_letter_fields ?? {}) as Record<string, string>)) {
+      assert.equal(dead.fields.get(name)?.toString('utf8'), value, `dead-letter field ${name}`);
+    }
+    if (expect.dead_letter_keeps_branded_id) {
+      assert.equal(dead.fields.get('id')?.toString('utf8'), run.calls[0]?.id, 'dead letter keeps the branded id');
+    }
+  }
+  if (expect.each_acked_once) {
+    for (const id of distinct) assert.equal(run.acksSent.get(id) ?? 0, 1, `acks sent for ${id}`);
+    assert.equal(run.acksSent.size, distinct.size, 'acks sent only for handled ids');
+  }
+  if (expect.payload_equals_appended) {
+    assert.ok(run.calls.length > 0, 'payload_equals_appended: nothing handled');
+    for (const call of run.calls) {
+      const appended = run.appended.get(call.id);
+      assert.ok(appended, `handled ${call.id}, which this run did not append`);
+      assert.deepEqual(Object.keys(call.payload).sort(), [...appended.keys()].sort(), 'payload field names');
+      for (const [name, value] of appended) {
+        assert.ok(Buffer.compare(call.payload[name]!, value) === 0, `payload field ${name} differs (${call.payload[name]!.length} vs ${value.length} bytes)`);
+      }
+    }
+  }
+  if (expect.verdict_errors !== undefined) {
+    assert.deepEqual(run.verdictErrors.map((e) => e.code), expect.verdict_errors, 'verdict errors surfaced');
+  }
+  if (expect.max_concurrent_handlers !== undefined) {
+    assert.ok(run.maxRunning <= (expect.max_concurrent_handlers as number), `${run.maxRunning} handlers ran at once`);
+  }
+  if (expect.stop_returned_within_ms !== undefined) {
+    assert.ok(run.stopMs !== undefined, 'stop_returned_within_ms without a stop step');
+    assert.ok(run.stopMs <= (expect.stop_returned_within_ms as number), `stop took ${run.stopMs} ms`);
+  }
+}

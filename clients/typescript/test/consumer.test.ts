@@ -1,0 +1,274 @@
+// Behaviours of the client beyond the shared conformance scenarios, each
+// against a real redis-server and sidecar.
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { InterceptingCall, status, type Interceptor } from '@grpc/grpc-js';
+import { Consumer, EchoMQError, Producer, type Delivery, type ReconnectInfo } from '@echomq/client';
+import { eventually, Fixture } from './support/fixture.js';
+
+const GROUP = 'g';
+let unique = 0;
+const streamName = (what: string) => `ts:${what}:${process.pid}:${++unique}`;
+
+/** Counts the Ack ids and Fail frames a consumer sends, and logs the kind of every frame in order. */
+function frameCounter() {
+  const acks = new Map<string, number>();
+  const fails: { id: string; reason: string; deadLetter: boolean }[] = [];
+  const kinds: string[] = [];
+  const interceptor: Interceptor = (options, nextCall) =>
+    new InterceptingCall(nextCall(options), {
+      sendMessage: (message: { ack?: { ids: string[] } | null; fail?: { id: string; reason: string; deadLetter: boolean } | null }, next) => {
+        kinds.push(Object.entries(message).find(([, value]) => value != null)?.[0] ?? '?');
+        for (const id of message.ack?.ids ?? []) acks.set(id, (acks.get(id) ?? 0) + 1);
+        if (message.fail) fails.push({ id: message.fail.id, reason: message.fail.reason, deadLetter: message.fail.deadLetter });
+        next(message);
+      },
+    });
+  return { acks, fails, kinds, interceptor };
+}
+
+/** XINFO GROUPS <stream>, the named group's fields (`last-delivered-id`, `entries-read`, …). */
+async function groupInfo(fixture: Fixture, stream: string, group: string): Promise<Map<string, unknown>> {
+  const groups = (await fixture.redis.command('XINFO', 'GROUPS', stream)) as unknown[][];
+  for (const flat of groups) {
+    const info = new Map<string, unknown>();
+    for (let i = 0; i + 1 < flat.length; i += 2) {
+      const value = flat[i + 1];
+      info.set(String(flat[i]), Buffer.isBuffer(value) ? value.toString('utf8') : value);
+    }
+    if (info.get('name') === group) return info;
+  }
+  throw new Error(`no group ${group} on ${stream}`);
+}
+
+describe('consumer and producer against a sidecar', () => {
+  let fixture: Fixture;
+  let producer: Producer;
+
+  before(async () => {
+    fixture = await Fixture.start({
+      consumerName: 'ts-client-tests',
+      args: ['--retry-backoff-initial-ms', '100', '--retry-backoff-max-ms', '1000', '--shutdown-grace-ms', '1000'],
+    });
+    producer = new Producer({ target: fixture.target });
+  });
+
+  after(async () => {
+    producer?.close();
+    await fixture?.stop();
+  });
+
+  test('a group start is required, checked before any call', () => {
+    assert.throws(
+      () => new Consumer({ target: fixture.target, stream: 's', group: GROUP } as never),
+      /start is required/,
+    );
+  });
+
+  test('a subscribe the sidecar refuses rejects run() with INVALID_ARGUMENT and is not retried', async () => {
+    const reconnects: ReconnectInfo[] = [];
+    const consumer = new Consumer({
+      target: fixture.target,
+      stream: streamName('invalid'),
+      group: GROUP,
+      start: 'beginning',
+      maxInFlight: 1_000_000,
+      onReconnect: (info) => reconnects.push(info),
+    });
+    const error = await consumer.run(() => undefined).then(
+      () => assert.fail('run() resolved'),
+      (e: unknown) => e,
+    );
+    assert.ok(error instanceof EchoMQError, String(error));
+    assert.equal(error.code, status.INVALID_ARGUMENT);
+    assert.equal(error.permanent, true);
+    assert.match(error.message, /max_in_flight/);
+    assert.equal(reconnects.length, 0);
+  });
+
+  test('a stream key holding another type rejects run() with FAILED_PRECONDITION', async () => {
+    const stream = streamName('wrongtype');
+    await fixture.redis.command('SET', stream, 'not a stream');
+    const consumer = new Consumer({ target: fixture.target, stream, group: GROUP, start: 'new' });
+    await assert.rejects(consumer.run(() => undefined), (e: unknown) => e instanceof EchoMQError && e.code === status.FAILED_PRECONDITION);
+  });
+
+  test('an append naming the reserved field is INVALID_ARGUMENT; a batch keeps request order', async () => {
+    const stream = streamName('append');
+    await assert.rejects(producer.append(stream, { id: 'mine' }), (e: unknown) => e instanceof EchoMQError && e.code === status.INVALID_ARGUMENT);
+    const results = await producer.appendBatch(stream, [{ n: '1' }, { n: '2' }, new Map([['n', Buffer.from('3')]])], { maxLen: 1000 });
+    assert.equal(results.length, 3);
+    assert.deepEqual([...results].sort((a, b) => (a.id < b.id ? -1 : 1)), results, 'ids ascend in request order');
+    const stored = await fixture.entries(stream);
+    assert.deepEqual(stored.map((e) => e.streamId), results.map((r) => r.streamId));
+    assert.deepEqual(stored.map((e) => e.fields.get('n')?.toString()), ['1', '2', '3']);
+  });
+
+  test('an explicit fail wins over the handler throwing afterwards: one Fail, then one Ack on redelivery', async () => {
+    const stream = streamName('explicit');
+    const { id } = await producer.append(stream, { n: '1' });
+    const frames = frameCounter();
+    const attempts: number[] = [];
+    const consumer = new Consumer({ target: fixture.target, stream, group: GROUP, start: 'beginning', interceptors: [frames.interceptor] });
+    const running = consumer.run((d) => {
+      attempts.push(d.attempts);
+      if (d.attempts === 1) {
+        assert.equal(d.fail('explicit', { retryAfterMs: 50 }), true);
+        assert.equal(d.ack(), false, 'a settled delivery is not settled again');
+        throw new Error('thrown after settling');
+      }
+    });
+    assert.ok(await eventually(() => attempts.length >= 2, 10_000));
+    await consumer.stop({ deadlineMs: 5_000 });
+    await running;
+    assert.deepEqual(frames.fails, [{ id, reason: 'explicit', deadLetter: false }]);
+    assert.equal(frames.acks.get(id), 1);
+    assert.ok(await eventually(async () => (await fixture.pending(stream, GROUP)) === 0, 5_000));
+  });
+
+  test('stop past its deadline abandons a hanging handler: its signal aborts and the entry stays pending', async () => {
+    const stream = streamName('deadline');
+    await producer.append(stream, { n: '1' });
+    let held: Delivery | undefined;
+    const consumer = new Consumer({ target: fixture.target, stream, group: GROUP, start: 'beginning' });
+    const running = consumer.run(async (d) => {
+      held = d;
+      await new Promise((resolve) => d.signal.addEventListener('abort', resolve, { once: true }));
+    });
+    assert.ok(await eventually(() => held !== undefined, 10_000));
+    const started = Date.now();
+    await consumer.stop({ deadlineMs: 300 });
+    const took = Date.now() - started;
+    await running;
+    assert.ok(took >= 280 && took < 2_000, `stop took ${took} ms`);
+    assert.equal(held!.signal.aborted, true);
+    assert.equal(held!.ack(), false, 'the call is gone: nothing to ack on');
+    assert.equal(await fixture.pending(stream, GROUP), 1, 'the entry stays pending for redelivery');
+  });
+
+  test('a consumer runs once; stop() and close() before run() are harmless', async () => {
+    const idle = new Consumer({ target: fixture.target, stream: streamName('idle'), group: GROUP, start: 'new' });
+    await idle.stop();
+    idle.close();
+    await assert.rejects(idle.run(() => undefined), /runs once/);
+  });
+
+  test('run({ signal }) stops gracefully when the signal aborts', async () => {
+    const stream = streamName('signal');
+    const controller = new AbortController();
+    let subscribed = false;
+    const consumer = new Consumer({ target: fixture.target, stream, group: GROUP, start: 'new', onSubscribed: () => (subscribed = true) });
+    const running = consumer.run(() => undefined, { signal: controller.signal });
+    assert.ok(await eventually(() => subscribed, 10_000));
+    controller.abort();
+    await running;
+  });
+
+  test('stop() drains first: the credit its last ack frees reads nothing more into the PEL', async () => {
+    // Without a Drain, the ack of the running handler frees credit and the
+    // sidecar reads the next entry (XREADGROUP >) before the call closes: it
+    // then stays pending, never handed to a handler. The handler acks
+    // explicitly and returns a little later, so the ack travels well before
+    // the half-close (an automatic ack goes out in the same tick as the
+    // half-close, which narrows the window but does not close it).
+    const stream = streamName('drain');
+    const appended = await producer.appendBatch(stream, [{ n: '1' }, { n: '2' }, { n: '3' }]);
+    const frames = frameCounter();
+    const calls: string[] = [];
+    const consumer = new Consumer({
+      target: fixture.target,
+      stream,
+      group: GROUP,
+      start: 'beginning',
+      maxInFlight: 1,
+      interceptors: [frames.interceptor],
+    });
+    const running = consumer.run(async (d) => {
+      calls.push(d.streamId);
+      await sleep(300);
+      d.ack();
+      await sleep(200);
+    });
+    assert.ok(await eventually(() => calls.length === 1, 10_000));
+    await consumer.stop({ deadlineMs: 5_000 });
+    await running;
+    await sleep(300); // a read the last ack would have started has landed by now
+    assert.deepEqual(calls, [appended[0]!.streamId], 'exactly one handler call');
+    assert.deepEqual(frames.kinds, ['subscribe', 'drain', 'ack'], 'Drain goes out before the verdict');
+    assert.ok(await eventually(async () => (await fixture.pending(stream, GROUP)) === 0, 5_000), 'XPENDING 0');
+    const info = await groupInfo(fixture, stream, GROUP);
+    assert.equal(info.get('last-delivered-id'), appended[0]!.streamId, 'the other entries were never read');
+    assert.equal(info.get('entries-read'), 1);
+  });
+
+  // Last in this suite: it kills and restarts the sidecar.
+  test('after a reconnect, a delivery of the broken call is not acked on the new call; its redelivery is', async () => {
+    const stream = streamName('reconnect');
+    const { id } = await producer.append(stream, { n: '1' });
+    const frames = frameCounter();
+    let subscriptions = 0;
+    const reconnects: ReconnectInfo[] = [];
+    const seen: { attempts: number; ackSent: boolean; aborted: boolean }[] = [];
+    const consumer = new Consumer({
+      target: fixture.target,
+      stream,
+      group: GROUP,
+      start: 'beginning',
+      concurrency: 2,
+      interceptors: [frames.interceptor],
+      onSubscribed: () => void subscriptions++,
+      onReconnect: (info) => reconnects.push(info),
+    });
+    const running = consumer.run(async (d) => {
+      if (d.attempts === 1) {
+        // Hold the first delivery across the sidecar's restart, then try to settle it.
+        await eventually(() => subscriptions >= 2, 30_000);
+        seen.push({ attempts: d.attempts, aborted: d.signal.aborted, ackSent: d.ack() });
+        return;
+      }
+      seen.push({ attempts: d.attempts, aborted: d.signal.aborted, ackSent: true });
+    });
+    assert.ok(await eventually(() => subscriptions === 1, 10_000));
+    assert.ok(await eventually(async () => (await fixture.pending(stream, GROUP)) === 1, 10_000));
+    await fixture.killSidecar();
+    await fixture.startSidecar();
+    assert.ok(await eventually(() => seen.length >= 2, 30_000), JSON.stringify(seen));
+    await consumer.stop({ deadlineMs: 5_000 });
+    await running;
+    const first = seen.find((s) => s.attempts === 1)!;
+    assert.deepEqual(first, { attempts: 1, aborted: true, ackSent: false });
+    assert.ok(seen.some((s) => s.attempts === 2), 'redelivered with attempts 2');
+    assert.equal(frames.acks.get(id), 1, 'exactly one ack: the redelivery on the new call');
+    assert.ok(reconnects.length >= 1);
+    assert.equal(reconnects[0]!.error.code, status.UNAVAILABLE);
+    assert.ok(await eventually(async () => (await fixture.pending(stream, GROUP)) === 0, 5_000));
+  });
+});
+
+describe('a sidecar on a unix socket', () => {
+  let fixture: Fixture;
+
+  before(async () => {
+    fixture = await Fixture.start({ consumerName: 'ts-unix', unixSocket: true });
+  });
+
+  after(async () => {
+    await fixture?.stop();
+  });
+
+  test('producer and consumer connect with a unix:/path target', async () => {
+    assert.match(fixture.target, /^unix:\//);
+    const producer = new Producer({ target: fixture.target });
+    const stream = streamName('unix');
+    const { id } = await producer.append(stream, { greeting: 'hello' });
+    const got: string[] = [];
+    const consumer = new Consumer({ target: fixture.target, stream, group: GROUP, start: 'beginning' });
+    const running = consumer.run((d) => void got.push(`${d.id} ${d.text('greeting')}`));
+    assert.ok(await eventually(() => got.length === 1, 10_000));
+    await consumer.stop({ deadlineMs: 5_000 });
+    await running;
+    producer.close();
+    assert.deepEqual(got, [`${id} hello`]);
+  });
+});
