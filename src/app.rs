@@ -13,6 +13,7 @@
 
 use std::{future::Future, io, path::Path, sync::Arc, time::Duration};
 
+use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use tokio::{
     net::{TcpListener, UnixListener},
     sync::watch,
@@ -120,6 +121,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     })?;
     let grpc_listener = bind_grpc(&config.listen).await?;
 
+    // Built before connecting to Redis, so unusable TLS files fail the start at once.
+    let mut builder = Server::builder()
+        // Dead clients are noticed even when they hold entries and send nothing.
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+    if let Some(tls) = files.tls.clone() {
+        builder = builder.tls_config(tls).map_err(|e| {
+            AppError::Config(format!("--tls-cert-file/--tls-key-file/--tls-client-ca-file: {}", error_chain(&e)))
+        })?;
+    }
+    // tonic answers an oversized request OUT_OF_RANGE; gRPC's code is RESOURCE_EXHAUSTED.
+    let mut builder = builder.layer(tower::util::MapResponseLayer::new(crate::error::oversized_as_resource_exhausted));
     let readiness = Readiness::default();
     let metrics = Arc::new(Metrics::new());
     let (stopped_tx, stopped) = watch::channel(false);
@@ -162,13 +175,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let reflection_v1 = reflection().build_v1().expect("the embedded descriptors are valid");
     let reflection_v1alpha = reflection().build_v1alpha().expect("the embedded descriptors are valid");
 
-    let mut builder = Server::builder()
-        // Dead clients are noticed even when they hold entries and send nothing.
-        .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
-    if let Some(tls) = files.tls {
-        builder = builder.tls_config(tls).map_err(|e| AppError::Config(format!("TLS settings: {e}")))?;
-    }
     // The gate (bearer token, caller identity) sits in front of the EchoMQ
     // services only: health and reflection stay open for probes and grpcurl.
     let admit = {
@@ -314,12 +320,27 @@ impl Files {
         let redis_password =
             config.redis_password_file.as_deref().map(|p| text("--redis-password-file", p)).transpose()?;
         let redis_ca = config.redis_ca_file.as_deref().map(|p| read("--redis-ca-file", p)).transpose()?;
+        let certificates = |flag: &str, path: &Path| -> Result<Vec<u8>, AppError> {
+            let pem = read(flag, path)?;
+            let found = CertificateDer::pem_slice_iter(&pem).filter(Result::is_ok).count();
+            if found == 0 {
+                return Err(AppError::Config(format!("{flag} {}: no PEM certificate found", path.display())));
+            }
+            Ok(pem)
+        };
         let tls = match (&config.tls_cert_file, &config.tls_key_file) {
             (Some(cert), Some(key)) => {
-                let identity = Identity::from_pem(read("--tls-cert-file", cert)?, read("--tls-key-file", key)?);
-                let mut tls = ServerTlsConfig::new().identity(identity);
+                let cert = certificates("--tls-cert-file", cert)?;
+                let key_pem = read("--tls-key-file", key)?;
+                if PrivateKeyDer::from_pem_slice(&key_pem).is_err() {
+                    return Err(AppError::Config(format!(
+                        "--tls-key-file {}: no PEM private key found",
+                        key.display()
+                    )));
+                }
+                let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key_pem));
                 if let Some(ca) = &config.tls_client_ca_file {
-                    tls = tls.client_ca_root(Certificate::from_pem(read("--tls-client-ca-file", ca)?));
+                    tls = tls.client_ca_root(Certificate::from_pem(certificates("--tls-client-ca-file", ca)?));
                 }
                 Some(tls)
             }
@@ -345,7 +366,7 @@ async fn connect_with_backoff(
             }
             Err(e) if e.kind() == redis::ErrorKind::InvalidClientConfig => return Err(AppError::RedisUrl(e)),
             Err(e) => {
-                warn!("cannot reach Redis, retrying in {delay:?}: {e}");
+                warn!("Redis is not usable yet (unreachable, or refusing the credentials), retrying in {delay:?}: {e}");
                 sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
@@ -369,6 +390,19 @@ async fn ping_loop(redis: Redis, readiness: Readiness) {
         readiness.set_redis_up(up);
         was_up = up;
     }
+}
+
+/// An error and its sources, `: `-separated (tonic's transport errors say
+/// little at the top).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 async fn wait_true(mut flag: watch::Receiver<bool>) {

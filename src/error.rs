@@ -100,6 +100,40 @@ pub fn is_transient(error: &redis::RedisError) -> bool {
         || matches!(error.code(), Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
 }
 
+/// Whether `status` is tonic's answer to a message over the size limit.
+/// tonic says OUT_OF_RANGE; gRPC's code for it is RESOURCE_EXHAUSTED, which
+/// is what [`oversized_as_resource_exhausted`] and the Consume relay send.
+pub fn is_oversized(status: &Status) -> bool {
+    status.code() == Code::OutOfRange && status.message().contains("message length too large")
+}
+
+/// RESOURCE_EXHAUSTED for an oversized message, naming the setting; any other status unchanged.
+pub fn resource_exhausted_if_oversized(status: Status) -> Status {
+    if is_oversized(&status) {
+        Status::resource_exhausted(format!("{} (the sidecar's --max-message-bytes)", status.message()))
+    } else {
+        status
+    }
+}
+
+/// Rewrites a trailers-only response that carries tonic's OUT_OF_RANGE for an
+/// oversized request (the request is decoded before any handler runs) to
+/// RESOURCE_EXHAUSTED. Used as a `tower` response map on the server.
+pub fn oversized_as_resource_exhausted<B>(
+    mut response: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    let headers = response.headers();
+    let oversized = headers.get("grpc-status").is_some_and(|code| code == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| m.contains("message%20length%20too%20large") || m.contains("message length too large"));
+    if oversized {
+        response.headers_mut().insert("grpc-status", tonic::codegen::http::HeaderValue::from_static("8"));
+    }
+    response
+}
+
 impl From<Error> for Status {
     fn from(error: Error) -> Status {
         let code = match &error {

@@ -309,7 +309,7 @@ impl ConsumerService for Consumers {
         })?;
         let caller = request.extensions().get::<Caller>().cloned();
         let mut inbound = request.into_inner();
-        let subscribe = match inbound.message().await? {
+        let subscribe = match inbound.message().await.map_err(crate::error::resource_exhausted_if_oversized)? {
             Some(ConsumeRequest { kind: Some(Kind::Subscribe(subscribe)) }) => subscribe,
             Some(_) => {
                 return Err(

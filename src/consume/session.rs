@@ -51,6 +51,9 @@ pub(super) async fn relay(
                     }
                 }
                 Ok(None) => break None,
+                Err(status) if crate::error::is_oversized(&status) => {
+                    break Some(crate::error::resource_exhausted_if_oversized(status));
+                }
                 Err(status) => {
                     debug!(session, %status, "call broke");
                     break None;

@@ -59,7 +59,10 @@ impl Redis {
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(2));
-        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        // Connecting does not prove the credentials: without a password Redis
+        // accepts the connection and refuses every command (NOAUTH).
+        redis::cmd("PING").query_async::<String>(&mut conn).await?;
         Ok(Redis { client, conn: TimedConnection::new(conn, metrics), scripts: Scripts::new() })
     }
 

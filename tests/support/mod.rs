@@ -173,6 +173,52 @@ pub async fn http_status(port: u16, path: &str) -> Option<u16> {
     tokio::time::timeout(Duration::from_secs(5), probe).await.ok().flatten()
 }
 
+/// An HTTP response read to its end: status, header block and body.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    pub status: u16,
+    /// The header lines, as sent (without the status line).
+    pub headers: String,
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The value of header `name` (case-insensitive), if sent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+        })
+    }
+}
+
+/// `GET <path>` on a loopback port with a plain HTTP/1.0 request over TCP, read
+/// until the server closes the connection. `None` when nothing answers.
+pub async fn http_get(port: u16, path: &str) -> Option<HttpResponse> {
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let (status_line, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+        let status = status_line.split_whitespace().nth(1)?.parse::<u16>().ok()?;
+        Some(HttpResponse { status, headers: headers.replace("\r\n", "\n"), body: body.to_owned() })
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch).await.ok().flatten()
+}
+
+/// `message` as a request carrying `authorization: Bearer <token>` when `token` is set.
+pub fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().expect("a token that fits in a header");
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
 async fn tcp_accepts(port: u16) -> bool {
     matches!(
         tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(("127.0.0.1", port))).await,
@@ -225,19 +271,37 @@ pub struct RedisServer {
     port: u16,
     child: Option<Child>,
     log: PathBuf,
+    options: RedisOptions,
     // Dropped last (fields drop in order): the process is gone before its dir.
     dir: TempDir,
+}
+
+/// How to start a [`RedisServer`] beyond the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct RedisOptions {
+    /// Further redis-server arguments (`--requirepass`, `--tls-cert-file`, …), passed last.
+    pub args: Vec<String>,
+    /// Serve TLS only: the port is `--tls-port` and the plain port is off
+    /// (`--port 0`); give the `--tls-*` files in `args`. Readiness is then
+    /// checked by a TCP connect instead of PING.
+    pub tls: bool,
 }
 
 impl RedisServer {
     /// Starts redis-server and waits until it answers PING.
     pub async fn start() -> RedisServer {
+        RedisServer::start_with(RedisOptions::default()).await
+    }
+
+    /// Starts redis-server with `options` and waits until it answers (PING
+    /// answered `+PONG` or `-NOAUTH`; with TLS, a TCP connect).
+    pub async fn start_with(options: RedisOptions) -> RedisServer {
         let mut dir = TempDir::new("redis");
         let log = dir.path().join("redis.log");
         let mut last_log = String::new();
         for _ in 0..5 {
             let port = free_port();
-            let mut server = RedisServer { port, child: None, log: log.clone(), dir };
+            let mut server = RedisServer { port, child: None, log: log.clone(), options: options.clone(), dir };
             if server.spawn().await {
                 return server;
             }
@@ -252,12 +316,17 @@ impl RedisServer {
     async fn spawn(&mut self) -> bool {
         let out = OpenOptions::new().create(true).append(true).open(&self.log).expect("redis log");
         let err = out.try_clone().expect("redis log");
+        let ports = if self.options.tls {
+            vec!["--port".to_owned(), "0".to_owned(), "--tls-port".to_owned(), self.port.to_string()]
+        } else {
+            vec!["--port".to_owned(), self.port.to_string()]
+        };
         let child = Command::new("redis-server")
-            .arg("--port")
-            .arg(self.port.to_string())
+            .args(&ports)
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.options.args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
@@ -281,12 +350,16 @@ impl RedisServer {
     }
 
     async fn ping(&self) -> bool {
+        if self.options.tls {
+            return tcp_accepts(self.port).await;
+        }
         let probe = async {
             let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.ok()?;
             s.write_all(b"PING\r\n").await.ok()?;
             let mut buf = [0u8; 64];
             let n = s.read(&mut buf).await.ok()?;
-            Some(buf[..n].starts_with(b"+PONG"))
+            // `-NOAUTH`: up, and asking for the password it was started with.
+            Some(buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
         };
         matches!(tokio::time::timeout(Duration::from_secs(1), probe).await, Ok(Some(true)))
     }
@@ -297,6 +370,18 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `redis://[user]:password@127.0.0.1:<port>`, for a server started with
+    /// `--requirepass` or ACL users.
+    pub fn url_with_auth(&self, user: Option<&str>, password: &str) -> String {
+        format!("redis://{}:{password}@127.0.0.1:{}", user.unwrap_or(""), self.port)
+    }
+
+    /// A fresh multiplexed connection authenticated as `user` (the default user when `None`).
+    pub async fn conn_with_auth(&self, user: Option<&str>, password: &str) -> MultiplexedConnection {
+        let client = redis::Client::open(self.url_with_auth(user, password)).expect("redis url");
+        client.get_multiplexed_async_connection().await.expect("connect to redis with a password")
     }
 
     /// A fresh multiplexed connection for inspecting and seeding data.
@@ -358,6 +443,9 @@ pub struct SidecarOptions {
     pub omit_consumer_name: bool,
     /// Listen on a unix socket in the sidecar's temp dir instead of a TCP port.
     pub unix_socket: bool,
+    /// `--redis-url` instead of the [`RedisServer`]'s plain URL (a password, a
+    /// user, `rediss://`).
+    pub redis_url: Option<String>,
 }
 
 impl SidecarOptions {
@@ -427,19 +515,7 @@ impl Sidecar {
     /// Starts the sidecar on free ports and waits until `/readyz` is 200 and the
     /// gRPC port accepts connections.
     pub async fn start(redis: &RedisServer, options: SidecarOptions) -> Sidecar {
-        let dir = TempDir::new("sidecar");
-        let log = dir.path().join("sidecar.log");
-        let consumer_name = options.consumer_name.clone().unwrap_or_else(|| unique("consumer"));
-        let mut sidecar = Sidecar {
-            child: None,
-            grpc_port: free_port(),
-            admin_port: free_port(),
-            redis_url: redis.url(),
-            consumer_name,
-            options,
-            log,
-            dir,
-        };
+        let mut sidecar = Sidecar::new(redis, options);
         for attempt in 0..3 {
             match sidecar.spawn_and_wait().await {
                 Ok(()) => return sidecar,
@@ -456,6 +532,51 @@ impl Sidecar {
             }
         }
         unreachable!()
+    }
+
+    fn new(redis: &RedisServer, options: SidecarOptions) -> Sidecar {
+        let dir = TempDir::new("sidecar");
+        let log = dir.path().join("sidecar.log");
+        let consumer_name = options.consumer_name.clone().unwrap_or_else(|| unique("consumer"));
+        Sidecar {
+            child: None,
+            grpc_port: free_port(),
+            admin_port: free_port(),
+            redis_url: options.redis_url.clone().unwrap_or_else(|| redis.url()),
+            consumer_name,
+            options,
+            log,
+            dir,
+        }
+    }
+
+    /// Starts the sidecar on free ports without waiting for readiness: returns
+    /// once `/livez` answers 200 or the process has exited (see
+    /// [`Sidecar::exit_status`]), for tests of a sidecar that must not become
+    /// ready. Panics if neither happens within [`START_TIMEOUT`].
+    pub async fn launch(redis: &RedisServer, options: SidecarOptions) -> Sidecar {
+        let mut sidecar = Sidecar::new(redis, options);
+        sidecar.spawn_process().unwrap_or_else(|e| panic!("{e}"));
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if sidecar.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_some()) {
+                return sidecar;
+            }
+            if http_status(sidecar.admin_port, "/livez").await == Some(200) {
+                return sidecar;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sidecar neither served /livez nor exited within {START_TIMEOUT:?}\n----- sidecar log -----\n{}",
+                sidecar.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The exit status, if the process has exited (without waiting).
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 
     fn args(&self) -> Vec<String> {
@@ -491,18 +612,7 @@ impl Sidecar {
     }
 
     async fn spawn_and_wait(&mut self) -> Result<(), String> {
-        let mut out = OpenOptions::new().create(true).append(true).open(&self.log).expect("sidecar log");
-        let args = self.args();
-        let _ = writeln!(out, "===== test fixture: starting {} {}", sidecar_bin(), args.join(" "));
-        let err = out.try_clone().expect("sidecar log");
-        let mut cmd = sidecar_command();
-        cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(err));
-        cmd.env("NO_COLOR", "1");
-        cmd.envs(self.options.env.iter().map(|(k, v)| (k, v)));
-        // The sidecar's log filter (tracing syntax); ECHOMQ_TEST_LOG overrides the tests' default.
-        let filter = std::env::var("ECHOMQ_TEST_LOG").unwrap_or_else(|_| "info,echomq=debug".to_owned());
-        cmd.env("ECHOMQ_LOG", filter);
-        self.child = Some(cmd.spawn().map_err(|e| format!("spawn {}: {e}", sidecar_bin()))?);
+        self.spawn_process()?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
@@ -524,6 +634,23 @@ impl Sidecar {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Spawns the process (its output appended to the log), without waiting.
+    fn spawn_process(&mut self) -> Result<(), String> {
+        let mut out = OpenOptions::new().create(true).append(true).open(&self.log).expect("sidecar log");
+        let args = self.args();
+        let _ = writeln!(out, "===== test fixture: starting {} {}", sidecar_bin(), args.join(" "));
+        let err = out.try_clone().expect("sidecar log");
+        let mut cmd = sidecar_command();
+        cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(err));
+        cmd.env("NO_COLOR", "1");
+        cmd.envs(self.options.env.iter().map(|(k, v)| (k, v)));
+        // The sidecar's log filter (tracing syntax); ECHOMQ_TEST_LOG overrides the tests' default.
+        let filter = std::env::var("ECHOMQ_TEST_LOG").unwrap_or_else(|_| "info,echomq=debug".to_owned());
+        cmd.env("ECHOMQ_LOG", filter);
+        self.child = Some(cmd.spawn().map_err(|e| format!("spawn {}: {e}", sidecar_bin()))?);
+        Ok(())
     }
 
     /// `http://127.0.0.1:<grpc port>`.
@@ -564,6 +691,38 @@ impl Sidecar {
             .connect()
             .await
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.endpoint()))
+    }
+
+    /// A new plaintext HTTP/2 channel to the gRPC port; `Err` instead of a panic
+    /// (for a TLS-only sidecar, where it must fail).
+    pub async fn try_channel(&self) -> Result<Channel, tonic::transport::Error> {
+        tonic::transport::Endpoint::from_shared(self.endpoint())
+            .expect("endpoint")
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+    }
+
+    /// `https://127.0.0.1:<grpc port>`.
+    pub fn https_endpoint(&self) -> String {
+        format!("https://127.0.0.1:{}", self.grpc_port)
+    }
+
+    /// A new TLS channel to the gRPC port with `tls` (see [`TestPki::client_tls`]).
+    /// `Err` when the handshake fails (with TLS 1.3 a refused client
+    /// certificate may only show on the first call).
+    pub async fn try_tls_channel(
+        &self,
+        tls: tonic::transport::ClientTlsConfig,
+    ) -> Result<Channel, tonic::transport::Error> {
+        tonic::transport::Endpoint::from_shared(self.https_endpoint())
+            .expect("endpoint")
+            .tls_config(tls)?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
     }
 
     pub async fn consumer_client(&self) -> ConsumerServiceClient<Channel> {
@@ -703,17 +862,42 @@ impl Consumer {
     /// Opens a Consume call whose first message is `first`, without waiting for
     /// any answer. `Err` when the server refuses the call before its first message.
     pub async fn open(sidecar: &Sidecar, first: ConsumeRequest) -> Result<Consumer, Status> {
-        let mut client = sidecar.consumer_client().await;
+        Consumer::open_on(sidecar.consumer_client().await, None, first).await
+    }
+
+    /// As [`Consumer::open`], on a client of the caller's making (TLS, say),
+    /// with `authorization: Bearer <token>` when `token` is set.
+    pub async fn open_on(
+        mut client: ConsumerServiceClient<Channel>,
+        token: Option<&str>,
+        first: ConsumeRequest,
+    ) -> Result<Consumer, Status> {
         let (tx, rx) = mpsc::channel(64);
         tx.send(first).await.expect("queue the first message");
-        let response = client.consume(ReceiverStream::new(rx)).await?;
+        let response = client.consume(with_token(ReceiverStream::new(rx), token)).await?;
         Ok(Consumer { tx: Some(tx), rx: response.into_inner(), ended: false, subscribed: None })
+    }
+
+    /// As [`Consumer::try_subscribe`], on a client of the caller's making.
+    pub async fn try_subscribe_on(
+        client: ConsumerServiceClient<Channel>,
+        token: Option<&str>,
+        subscribe: Subscribe,
+    ) -> Result<Consumer, Status> {
+        let consumer = Consumer::open_on(client, token, req(Kind::Subscribe(subscribe))).await?;
+        consumer.confirm().await
     }
 
     /// Opens a call, subscribes and waits for `Subscribed`. `Err` carries the
     /// status the call ended with instead.
     pub async fn try_subscribe(sidecar: &Sidecar, subscribe: Subscribe) -> Result<Consumer, Status> {
-        let mut consumer = Consumer::open(sidecar, req(Kind::Subscribe(subscribe))).await?;
+        let consumer = Consumer::open(sidecar, req(Kind::Subscribe(subscribe))).await?;
+        consumer.confirm().await
+    }
+
+    /// Waits for `Subscribed`; `Err` carries the status the call ended with instead.
+    async fn confirm(self) -> Result<Consumer, Status> {
+        let mut consumer = self;
         match consumer.next_event(Duration::from_secs(20)).await {
             Event::Subscribed(s) => {
                 consumer.subscribed = Some(s);
@@ -1056,5 +1240,256 @@ pub async fn wait_pending(
             return n;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Certificates
+// ---------------------------------------------------------------------------
+
+/// A certificate and its private key, PEM files.
+#[derive(Clone, Debug)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl CertFiles {
+    /// A tonic identity (for a client certificate).
+    pub fn identity(&self) -> tonic::transport::Identity {
+        tonic::transport::Identity::from_pem(
+            fs::read(&self.cert).expect("read certificate"),
+            fs::read(&self.key).expect("read key"),
+        )
+    }
+}
+
+static SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// A throw-away certificate authority made with the `openssl` CLI in a temp dir:
+/// EC P-256 keys, X.509 v3, valid for two days. Issues server and client
+/// certificates with the SANs a test asks for.
+pub struct TestPki {
+    name: String,
+    ca: CertFiles,
+    dir: TempDir,
+}
+
+fn openssl(args: &[&str], dir: &Path) {
+    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl (is it installed?)");
+    assert!(
+        out.status.success(),
+        "openssl {} failed: {}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestPki {
+    /// A new CA named `name` (its subject CN).
+    pub fn new(name: &str) -> TestPki {
+        let dir = TempDir::new("pki");
+        let (cert, key) = (dir.path().join(format!("{name}-ca.pem")), dir.path().join(format!("{name}-ca.key")));
+        openssl(
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                key.to_str().expect("utf-8 path"),
+                "-out",
+                cert.to_str().expect("utf-8 path"),
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN={name} test CA"),
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+                "-addext",
+                "subjectKeyIdentifier=hash",
+            ],
+            dir.path(),
+        );
+        TestPki { name: name.to_owned(), ca: CertFiles { cert, key }, dir }
+    }
+
+    /// The CA certificate (PEM file).
+    pub fn ca_cert(&self) -> &Path {
+        &self.ca.cert
+    }
+
+    /// The CA certificate's PEM text.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        fs::read(&self.ca.cert).expect("read CA certificate")
+    }
+
+    /// A directory for the test's other files, removed with the PKI.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Issues a certificate named `file` (files `<file>.pem`, `<file>.key`) with
+    /// subject CN `cn`, the given SANs in openssl syntax (`DNS:localhost`,
+    /// `IP:127.0.0.1`, `URI:spiffe://echomq/billing`) and the extended key usage
+    /// `eku` (`serverAuth`, `clientAuth`).
+    pub fn issue(&self, file: &str, cn: &str, sans: &[&str], eku: &str) -> CertFiles {
+        let dir = self.dir.path();
+        let (cert, key, csr, ext) = (
+            dir.join(format!("{file}.pem")),
+            dir.join(format!("{file}.key")),
+            dir.join(format!("{file}.csr")),
+            dir.join(format!("{file}.ext")),
+        );
+        let path = |p: &PathBuf| p.to_str().expect("utf-8 path").to_owned();
+        openssl(
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &path(&key),
+                "-out",
+                &path(&csr),
+                "-subj",
+                &format!("/CN={cn}"),
+            ],
+            dir,
+        );
+        let mut extensions = vec![
+            "basicConstraints=critical,CA:FALSE".to_owned(),
+            "keyUsage=critical,digitalSignature".to_owned(),
+            format!("extendedKeyUsage={eku}"),
+            "subjectKeyIdentifier=hash".to_owned(),
+            "authorityKeyIdentifier=keyid".to_owned(),
+        ];
+        if !sans.is_empty() {
+            extensions.push(format!("subjectAltName={}", sans.join(",")));
+        }
+        fs::write(&ext, extensions.join("\n") + "\n").expect("write extensions file");
+        let serial = format!("{}{:06}", std::process::id(), SERIAL.fetch_add(1, Ordering::Relaxed));
+        openssl(
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &path(&csr),
+                "-CA",
+                &path(&self.ca.cert),
+                "-CAkey",
+                &path(&self.ca.key),
+                "-set_serial",
+                &serial,
+                "-days",
+                "2",
+                "-out",
+                &path(&cert),
+                "-extfile",
+                &path(&ext),
+            ],
+            dir,
+        );
+        CertFiles { cert, key }
+    }
+
+    /// A server certificate for `localhost` and `127.0.0.1`.
+    pub fn server_cert(&self) -> CertFiles {
+        self.issue(&format!("{}-server", self.name), "localhost", &["DNS:localhost", "IP:127.0.0.1"], "serverAuth")
+    }
+
+    /// A client certificate with the given SANs.
+    pub fn client_cert(&self, file: &str, sans: &[&str]) -> CertFiles {
+        self.issue(file, file, sans, "clientAuth")
+    }
+
+    /// A client TLS config trusting this CA for the server name `localhost`,
+    /// presenting `identity` when given.
+    pub fn client_tls(&self, identity: Option<&CertFiles>) -> tonic::transport::ClientTlsConfig {
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(self.ca_pem()))
+            .domain_name("localhost");
+        match identity {
+            Some(files) => tls.identity(files.identity()),
+            None => tls,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Durable Redis and graceful Redis restarts (the chaos suite)
+// ---------------------------------------------------------------------------
+
+impl RedisOptions {
+    /// Persistence on: `--appendonly yes --appendfsync always`, so every write
+    /// is in the append-only file before Redis answers it and a graceful
+    /// restart ([`RedisServer::restart_gracefully`]) reloads all of it.
+    pub fn append_only() -> RedisOptions {
+        let args = ["--appendonly", "yes", "--appendfsync", "always"];
+        RedisOptions { args: args.iter().map(|a| (*a).to_owned()).collect(), ..RedisOptions::default() }
+    }
+}
+
+/// How [`RedisServer::stop_gracefully`] asks Redis to stop. Either way Redis
+/// flushes and fsyncs its append-only file before it exits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RedisStop {
+    /// The `SHUTDOWN` command, sent over a connection of its own.
+    ShutdownCommand,
+    /// SIGTERM, through `kill -TERM <pid>`.
+    Sigterm,
+}
+
+impl RedisServer {
+    /// The redis-server process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Stops Redis gracefully and waits (up to [`START_TIMEOUT`]) for the
+    /// process to exit. Panics if it does not.
+    pub async fn stop_gracefully(&mut self, how: RedisStop) {
+        let Some(pid) = self.pid() else { return };
+        match how {
+            RedisStop::ShutdownCommand => {
+                // Redis closes the connection without a reply when it stops;
+                // `-ERR Errors trying to SHUTDOWN` comes back when it refuses.
+                let send = async {
+                    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.ok()?;
+                    s.write_all(b"SHUTDOWN\r\n").await.ok()?;
+                    let mut buf = [0u8; 256];
+                    let n = s.read(&mut buf).await.ok()?;
+                    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+                };
+                if let Ok(Some(reply)) = tokio::time::timeout(Duration::from_secs(10), send).await {
+                    assert!(!reply.starts_with('-'), "redis-server :{} refused SHUTDOWN: {reply}", self.port);
+                }
+            }
+            RedisStop::Sigterm => {
+                let status = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().expect("run kill");
+                assert!(status.success(), "kill -TERM {pid} (redis-server) failed: {status}");
+            }
+        }
+        let child = self.child.as_mut().expect("checked above");
+        if wait_child(child, START_TIMEOUT).await.is_none() {
+            panic!("redis-server :{} did not exit within {START_TIMEOUT:?} after {how:?}", self.port);
+        }
+        self.child = None;
+    }
+
+    /// [`RedisServer::stop_gracefully`], then starts Redis again on the same
+    /// port and directory and waits until it answers PING (which it does only
+    /// once the append-only file is loaded).
+    pub async fn restart_gracefully(&mut self, how: RedisStop) {
+        self.stop_gracefully(how).await;
+        self.restart().await;
     }
 }

@@ -1,0 +1,590 @@
+//! Prometheus metrics on the admin port: `/metrics` is scraped over plain TCP
+//! while entries flow, and the counters, gauges and histograms must move.
+
+// Tests fail loudly by design; `..Default::default()` on proto messages keeps them
+// compiling when the contract gains fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use echomq::proto::GroupStart;
+use redis::Value;
+use support::*;
+
+/// One sample line of the exposition.
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// One scrape of `/metrics`.
+struct Scrape {
+    text: String,
+    samples: Vec<Sample>,
+}
+
+/// Parses `name{a="x",b="y"} value [timestamp]`; `None` for other lines.
+fn parse_sample(line: &str) -> Option<Sample> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let (name, rest) = match line.find('{') {
+        Some(brace) => (&line[..brace], &line[brace..]),
+        None => {
+            let (name, rest) = line.split_once(' ')?;
+            return Some(Sample { name: name.to_owned(), labels: BTreeMap::new(), value: parse_value(rest)? });
+        }
+    };
+    let mut labels = BTreeMap::new();
+    let mut chars = rest[1..].char_indices().peekable();
+    let mut end = None;
+    loop {
+        // A label: key="value" (value with \" \\ \n escapes), then `,` or `}`.
+        while chars.peek().is_some_and(|(_, c)| *c == ',' || *c == ' ') {
+            chars.next();
+        }
+        match chars.peek() {
+            Some((i, '}')) => {
+                end = Some(*i);
+                break;
+            }
+            None => break,
+            _ => {}
+        }
+        let mut key = String::new();
+        for (_, c) in chars.by_ref() {
+            if c == '=' {
+                break;
+            }
+            key.push(c);
+        }
+        if chars.next().map(|(_, c)| c) != Some('"') {
+            return None;
+        }
+        let mut value = String::new();
+        let mut escaped = false;
+        for (_, c) in chars.by_ref() {
+            match (escaped, c) {
+                (true, 'n') => {
+                    value.push('\n');
+                    escaped = false;
+                }
+                (true, c) => {
+                    value.push(c);
+                    escaped = false;
+                }
+                (false, '\\') => escaped = true,
+                (false, '"') => break,
+                (false, c) => value.push(c),
+            }
+        }
+        labels.insert(key.trim().to_owned(), value);
+    }
+    let end = end? + 1;
+    Some(Sample { name: name.to_owned(), labels, value: parse_value(&rest[1 + end..])? })
+}
+
+fn parse_value(text: &str) -> Option<f64> {
+    match text.split_whitespace().next()? {
+        "+Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        other => other.parse().ok(),
+    }
+}
+
+impl Scrape {
+    async fn fetch(sidecar: &Sidecar) -> Scrape {
+        let response = http_get(sidecar.admin_port(), "/metrics").await.expect("GET /metrics answers");
+        assert_eq!(response.status, 200, "GET /metrics: {response:?}");
+        let samples = response.body.lines().filter_map(parse_sample).collect();
+        Scrape { text: response.body, samples }
+    }
+
+    /// The value of the sample `name` whose labels include every pair of `labels`.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.find(name, labels).map(|s| s.value)
+    }
+
+    fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<&Sample> {
+        self.samples
+            .iter()
+            .find(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
+    }
+
+    /// The `# TYPE` of `family`: `counter`, `gauge`, `histogram`, …
+    fn type_of(&self, family: &str) -> Option<&str> {
+        self.text.lines().find_map(|line| {
+            let mut parts = line.strip_prefix("# TYPE ")?.split_whitespace();
+            (parts.next()? == family).then(|| parts.next()).flatten()
+        })
+    }
+
+    /// Every family with a `# TYPE` line and its type.
+    fn types(&self) -> BTreeMap<String, String> {
+        self.text
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.strip_prefix("# TYPE ")?.split_whitespace();
+                Some((parts.next()?.to_owned(), parts.next()?.to_owned()))
+            })
+            .collect()
+    }
+
+    /// The lines mentioning `name`, for failure messages.
+    fn lines_of(&self, name: &str) -> String {
+        self.text.lines().filter(|l| l.contains(name)).collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// Scrapes until the sample `name` with `labels` satisfies `check`; its value.
+/// Panics with the relevant lines of the last scrape otherwise.
+async fn wait_metric(
+    sidecar: &Sidecar,
+    name: &str,
+    labels: &[(&str, &str)],
+    what: &str,
+    check: impl Fn(f64) -> bool,
+) -> f64 {
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        let scrape = Scrape::fetch(sidecar).await;
+        let value = scrape.value(name, labels);
+        if let Some(value) = value.filter(|v| check(*v)) {
+            return value;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "{name}{labels:?} should be {what} within {EVENT_TIMEOUT:?}; last value {value:?}; its lines:\n{}",
+                scrape.lines_of(name)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits for `name` with `labels` to equal `expected`.
+async fn wait_eq(sidecar: &Sidecar, name: &str, labels: &[(&str, &str)], expected: f64) {
+    wait_metric(sidecar, name, labels, &format!("{expected}"), |v| v == expected).await;
+}
+
+fn group<'a>(stream: &'a str, group: &'a str) -> [(&'static str, &'a str); 2] {
+    [("stream", stream), ("group", group)]
+}
+
+async fn append_n(sidecar: &Sidecar, stream: &str, n: usize) {
+    for i in 0..n {
+        sidecar.append(stream, &[("n", i.to_string().as_bytes())]).await;
+    }
+}
+
+/// The summed `_count` of the Redis latency histogram for the commands acks go
+/// through: `XACK` alone or a `pipeline` (0 when neither series exists yet).
+fn ack_command_count(scrape: &Scrape) -> f64 {
+    ["XACK", "pipeline"]
+        .iter()
+        .filter_map(|c| scrape.value("echomq_redis_command_duration_seconds_count", &[("command", c)]))
+        .sum()
+}
+
+// ---------------------------------------------------------------------------
+// The exposition
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_serves_the_text_exposition() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let _call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+
+    let response = http_get(sidecar.admin_port(), "/metrics").await.expect("GET /metrics answers");
+
+    assert_eq!(response.status, 200);
+    let content_type = response.header("content-type").unwrap_or_default();
+    assert!(
+        content_type.starts_with("application/openmetrics-text") || content_type.starts_with("text/plain"),
+        "a Prometheus content type: {content_type:?}"
+    );
+    if content_type.starts_with("application/openmetrics-text") {
+        assert!(response.body.ends_with("# EOF\n"), "OpenMetrics text ends with `# EOF`:\n{}", response.body);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_families_have_prometheus_types_and_names() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    // A subscription creates the per-group series; an append and an ack give the
+    // Redis histogram series.
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+    call.ack_one(&d.id).await;
+    wait_eq(&sidecar, "echomq_acks_total", &group("s", "g"), 1.0).await;
+
+    let scrape = Scrape::fetch(&sidecar).await;
+
+    let counters = [
+        "deliveries",
+        "acks",
+        "fails",
+        "dead_letters",
+        "reclaimed",
+        "lease_refreshes",
+        "leases_lost",
+        "acks_not_pending",
+        "trimmed_while_pending",
+        "group_recreations",
+    ];
+    let gauges = [
+        "in_flight",
+        "group_pending",
+        "group_lag",
+        "group_oldest_pending_age_seconds",
+        "group_max_delivery_count",
+        "group_consumers",
+        "stream_length",
+    ];
+    let histograms = ["handler_duration_seconds", "redis_command_duration_seconds"];
+    let mut problems = Vec::new();
+    for name in counters {
+        // OpenMetrics names the counter family without `_total`; the Prometheus
+        // text format names it with. The samples end in `_total` either way.
+        let family = format!("echomq_{name}");
+        let typed = scrape.type_of(&family).or_else(|| scrape.type_of(&format!("{family}_total")));
+        if typed != Some("counter") {
+            problems.push(format!("{family}: TYPE {typed:?}, want counter"));
+        }
+    }
+    for name in gauges {
+        let family = format!("echomq_{name}");
+        let typed = scrape.type_of(&family);
+        if typed != Some("gauge") {
+            problems.push(format!("{family}: TYPE {typed:?}, want gauge"));
+        }
+    }
+    for name in histograms {
+        let family = format!("echomq_{name}");
+        let typed = scrape.type_of(&family);
+        if typed != Some("histogram") {
+            problems.push(format!("{family}: TYPE {typed:?}, want histogram"));
+        }
+    }
+    // Every sample belongs to a typed family by the naming rules of its type.
+    let types = scrape.types();
+    for sample in scrape.samples.iter().filter(|s| s.name.starts_with("echomq_")) {
+        let fits = types.iter().any(|(family, kind)| {
+            let base = family.trim_end_matches("_total");
+            match kind.as_str() {
+                "counter" => sample.name == format!("{base}_total") || sample.name == format!("{base}_created"),
+                "gauge" => &sample.name == family,
+                "histogram" => ["_bucket", "_sum", "_count", "_created"]
+                    .iter()
+                    .any(|suffix| sample.name == format!("{family}{suffix}")),
+                _ => false,
+            }
+        });
+        if !fits {
+            problems.push(format!("sample {} fits no family by its # TYPE", sample.name));
+        }
+    }
+    for (family, kind) in types.iter().filter(|(f, _)| f.starts_with("echomq_")) {
+        if kind == "gauge" && family.ends_with("_total") {
+            problems.push(format!("gauge {family} ends in _total, a counter suffix"));
+        }
+        if kind == "histogram" && !family.ends_with("_seconds") && !family.ends_with("_bytes") {
+            problems.push(format!("histogram {family} has no base unit in its name"));
+        }
+    }
+    let inf_bucket = scrape.samples.iter().any(|s| {
+        s.name == "echomq_handler_duration_seconds_bucket" && s.labels.get("le").map(String::as_str) == Some("+Inf")
+    });
+    if !inf_bucket {
+        problems.push("echomq_handler_duration_seconds has no le=\"+Inf\" bucket".to_owned());
+    }
+    assert!(problems.is_empty(), "{problems:#?}\n----- /metrics -----\n{}", scrape.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_group_series_are_labelled_by_stream_and_group() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let _a = Consumer::start(&sidecar, "orders", "billing", GroupStart::New, 0).await;
+    let _b = Consumer::start(&sidecar, "orders", "shipping", GroupStart::New, 0).await;
+
+    let scrape = Scrape::fetch(&sidecar).await;
+
+    for name in ["echomq_deliveries_total", "echomq_acks_total", "echomq_in_flight"] {
+        let mut label_sets: Vec<BTreeMap<String, String>> =
+            scrape.samples.iter().filter(|s| s.name == name).map(|s| s.labels.clone()).collect();
+        label_sets.sort();
+        let want: Vec<BTreeMap<String, String>> = ["billing", "shipping"]
+            .iter()
+            .map(|g| [("group".to_owned(), (*g).to_owned()), ("stream".to_owned(), "orders".to_owned())].into())
+            .collect();
+        assert_eq!(label_sets, want, "{name}: one series per stream and group:\n{}", scrape.lines_of(name));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Counters as entries flow
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_deliveries_count_deliveries_acks_and_handler_time() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    append_n(&sidecar, "s", 3).await;
+    let deliveries = call.deliveries(3, EVENT_TIMEOUT).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    for d in &deliveries {
+        call.ack_one(&d.id).await;
+    }
+
+    wait_eq(&sidecar, "echomq_acks_total", &labels, 3.0).await;
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("echomq_deliveries_total", &labels), Some(3.0));
+    assert_eq!(scrape.value("echomq_handler_duration_seconds_count", &labels), Some(3.0));
+    let sum = scrape.value("echomq_handler_duration_seconds_sum", &labels).unwrap();
+    assert!(sum >= 0.15, "three handlers each held their entry ≥ 50 ms: sum {sum}");
+    let inf = [("stream", "s"), ("group", "g"), ("le", "+Inf")];
+    assert_eq!(scrape.value("echomq_handler_duration_seconds_bucket", &inf), Some(3.0));
+    assert_eq!(scrape.value("echomq_in_flight", &labels), Some(0.0));
+    assert_eq!(scrape.value("echomq_fails_total", &labels), Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_deliveries_count_in_flight_until_their_verdict() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    append_n(&sidecar, "s", 2).await;
+    let deliveries = call.deliveries(2, EVENT_TIMEOUT).await;
+
+    wait_eq(&sidecar, "echomq_in_flight", &labels, 2.0).await;
+    call.ack_one(&deliveries[0].id).await;
+    wait_eq(&sidecar, "echomq_in_flight", &labels, 1.0).await;
+    call.ack_one(&deliveries[1].id).await;
+    wait_eq(&sidecar, "echomq_in_flight", &labels, 0.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_verdict_counts_a_fail_and_the_redelivery() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let first = call.next_delivery(EVENT_TIMEOUT).await;
+
+    call.fail(&first.id, Some(Duration::from_millis(100))).await;
+    let again = call.next_delivery(EVENT_TIMEOUT).await;
+    call.ack_one(&again.id).await;
+
+    assert_eq!(again.id, first.id);
+    wait_eq(&sidecar, "echomq_acks_total", &labels, 1.0).await;
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("echomq_fails_total", &labels), Some(1.0));
+    assert_eq!(scrape.value("echomq_deliveries_total", &labels), Some(2.0), "the re-delivery counts");
+    assert_eq!(scrape.value("echomq_handler_duration_seconds_count", &labels), Some(2.0), "two verdicts");
+    assert_eq!(scrape.value("echomq_in_flight", &labels), Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_verdict_counts_a_dead_letter() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+
+    call.dead_letter(&d.id, "cannot parse").await;
+
+    wait_eq(&sidecar, "echomq_dead_letters_total", &labels, 1.0).await;
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("echomq_in_flight", &labels), Some(0.0));
+    assert_eq!(scrape.value("echomq_acks_total", &labels), Some(0.0), "a dead letter is not an ack");
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "s:dlq").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_entry_counts_a_dead_letter() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let mut sub = subscribe_msg("s", "g", GroupStart::Beginning);
+    sub.max_deliveries = 1;
+    let mut call = Consumer::subscribe(&sidecar, sub).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+
+    // The re-delivery would be the second: over max_deliveries, so dead-lettered.
+    call.fail(&d.id, Some(Duration::from_millis(50))).await;
+
+    wait_eq(&sidecar, "echomq_dead_letters_total", &labels, 1.0).await;
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("echomq_fails_total", &labels), Some(1.0));
+    assert_eq!(scrape.value("echomq_deliveries_total", &labels), Some(1.0), "the poison entry is not handed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_holding_an_entry_counts_a_fail_and_empties_in_flight() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    call.next_delivery(EVENT_TIMEOUT).await;
+    wait_eq(&sidecar, "echomq_in_flight", &labels, 1.0).await;
+
+    drop(call);
+
+    wait_eq(&sidecar, "echomq_fails_total", &labels, 1.0).await;
+    wait_eq(&sidecar, "echomq_in_flight", &labels, 0.0).await;
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("echomq_acks_total", &labels), Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_reclaim_counts_reclaimed_entries() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(300, 100)).await;
+    let labels = group("s", "g");
+    let mut con = redis.conn().await;
+    let appended = sidecar.append("s", &[("k", b"v")]).await;
+    create_group(&mut con, "s", "g", "0").await;
+    // A peer reads the entry and dies holding it.
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg(&["GROUP", "g", "dead-peer", "COUNT", "1", "STREAMS", "s", ">"])
+        .query_async(&mut con)
+        .await
+        .expect("XREADGROUP as the dead peer");
+
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!(d.id, appended.id);
+    wait_eq(&sidecar, "echomq_reclaimed_total", &labels, 1.0).await;
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("echomq_deliveries_total", &labels), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holding_an_entry_counts_lease_refreshes() {
+    let redis = RedisServer::start().await;
+    // Leases are refreshed every third of the reclaim minimum idle time: 100 ms.
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(300, 100)).await;
+    let labels = group("s", "g");
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    call.next_delivery(EVENT_TIMEOUT).await;
+
+    wait_metric(&sidecar, "echomq_lease_refreshes_total", &labels, "at least 2", |v| v >= 2.0).await;
+
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("echomq_leases_lost_total", &labels), Some(0.0));
+}
+
+// ---------------------------------------------------------------------------
+// Polled gauges
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polled_gauges_follow_the_group_state() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--metrics-poll-interval-ms").arg("100")).await;
+    let labels = group("s", "g");
+    append_n(&sidecar, "s", 5).await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 2).await;
+    let held = call.deliveries(2, EVENT_TIMEOUT).await;
+
+    wait_eq(&sidecar, "echomq_group_pending", &labels, 2.0).await;
+    wait_eq(&sidecar, "echomq_group_lag", &labels, 3.0).await;
+    wait_eq(&sidecar, "echomq_stream_length", &labels, 5.0).await;
+    wait_eq(&sidecar, "echomq_group_consumers", &labels, 1.0).await;
+    wait_eq(&sidecar, "echomq_group_max_delivery_count", &labels, 1.0).await;
+    wait_metric(&sidecar, "echomq_group_oldest_pending_age_seconds", &labels, "≥ 0.3 s", |v| v >= 0.3).await;
+
+    // Settle everything: the gauges come back down.
+    for d in &held {
+        call.ack_one(&d.id).await;
+    }
+    for d in call.deliveries(2, EVENT_TIMEOUT).await {
+        call.ack_one(&d.id).await;
+    }
+    let last = call.next_delivery(EVENT_TIMEOUT).await;
+    call.ack_one(&last.id).await;
+    wait_eq(&sidecar, "echomq_group_pending", &labels, 0.0).await;
+    wait_eq(&sidecar, "echomq_group_lag", &labels, 0.0).await;
+    wait_eq(&sidecar, "echomq_group_oldest_pending_age_seconds", &labels, 0.0).await;
+    wait_eq(&sidecar, "echomq_stream_length", &labels, 5.0).await;
+}
+
+// ---------------------------------------------------------------------------
+// Redis latency
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_command_latency_is_observed_and_grows_with_acks() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    append_n(&sidecar, "s", 2).await;
+    let deliveries = call.deliveries(2, EVENT_TIMEOUT).await;
+    let before = Scrape::fetch(&sidecar).await;
+
+    for d in &deliveries {
+        call.ack_one(&d.id).await;
+        wait_metric(&sidecar, "echomq_acks_total", &labels, "counting this ack", |v| v >= 1.0).await;
+    }
+    wait_eq(&sidecar, "echomq_acks_total", &labels, 2.0).await;
+    let after = Scrape::fetch(&sidecar).await;
+
+    assert!(
+        ack_command_count(&after) > ack_command_count(&before),
+        "XACK (alone or in a pipeline) must be timed: before {}, after {}:\n{}",
+        ack_command_count(&before),
+        ack_command_count(&after),
+        after.lines_of("echomq_redis_command_duration_seconds_count")
+    );
+    let commands: Vec<&str> = after
+        .samples
+        .iter()
+        .filter(|s| s.name == "echomq_redis_command_duration_seconds_count")
+        .filter_map(|s| s.labels.get("command").map(String::as_str))
+        .collect();
+    assert!(!commands.is_empty() && commands.iter().all(|c| !c.is_empty()), "labelled by command: {commands:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_errors_are_counted_by_operation() {
+    let mut redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(300, 100)).await;
+    let _call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+
+    redis.kill9();
+
+    wait_metric(&sidecar, "echomq_redis_errors_total", &[], "at least 1", |v| v >= 1.0).await;
+    let scrape = Scrape::fetch(&sidecar).await;
+    let typed = scrape.type_of("echomq_redis_errors").or_else(|| scrape.type_of("echomq_redis_errors_total"));
+    assert_eq!(typed, Some("counter"));
+    let operations: Vec<&str> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.name == "echomq_redis_errors_total")
+        .map(|s| s.labels.get("operation").map_or("", String::as_str))
+        .collect();
+    assert!(operations.iter().all(|op| !op.is_empty()), "each error series names its operation: {operations:?}");
+}

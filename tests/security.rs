@@ -1,0 +1,974 @@
+//! Security: TLS and mTLS on the gRPC port, the bearer token, the stream
+//! allow-list (for everyone and per mTLS identity), the limits, Redis
+//! authentication (password file, ACL user, `rediss://`), and start-up refusal
+//! of unusable security files. Certificates are made in each test with the
+//! `openssl` CLI ([`TestPki`]).
+
+// Tests fail loudly by design; `..Default::default()` on proto messages keeps them
+// compiling when the contract gains fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use echomq::proto::admin_service_client::AdminServiceClient;
+use echomq::proto::consumer_service_client::ConsumerServiceClient;
+use echomq::proto::stream_service_client::StreamServiceClient;
+use echomq::proto::{
+    AppendBatchRequest, AppendRequest, AppendResponse, BatchEntry, DescribeGroupRequest, GroupStart,
+    ListDeadLettersRequest, ReadRequest, TrimRequest,
+};
+use support::*;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+/// The URI SAN of the "billing" client certificate (its mTLS identity).
+const BILLING_URI: &str = "spiffe://echomq/billing";
+/// The DNS SAN the "billing" certificate also carries (not its identity: a URI SAN wins).
+const BILLING_DNS: &str = "billing.echomq.test";
+/// The only SAN of the "orders" client certificate (its identity: no URI SAN).
+const ORDERS_DNS: &str = "orders.echomq.test";
+
+fn fields(pairs: &[(&str, &[u8])]) -> HashMap<String, Vec<u8>> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect()
+}
+
+fn append_request(stream: &str) -> AppendRequest {
+    AppendRequest { stream: stream.to_owned(), fields: fields(&[("k", b"v")]), ..Default::default() }
+}
+
+/// Appends one entry on `channel`, with `token` when set.
+async fn append_on(channel: Channel, token: Option<&str>, stream: &str) -> Result<AppendResponse, Status> {
+    StreamServiceClient::new(channel).append(with_token(append_request(stream), token)).await.map(|r| r.into_inner())
+}
+
+/// Appends one entry through a plaintext channel (no token).
+async fn try_append(sidecar: &Sidecar, stream: &str) -> Result<AppendResponse, Status> {
+    append_on(sidecar.channel().await, None, stream).await
+}
+
+/// Writes `text` to a file in `dir`; its path.
+fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    fs::write(&path, text).expect("write test file");
+    path
+}
+
+fn path_str(path: &Path) -> String {
+    path.to_str().expect("utf-8 path").to_owned()
+}
+
+/// Options for a sidecar serving TLS with `server` (and requiring client
+/// certificates from `client_ca` when set).
+fn tls_options(server: &CertFiles, client_ca: Option<&Path>) -> SidecarOptions {
+    let mut options = SidecarOptions::default()
+        .arg("--tls-cert-file")
+        .arg(&path_str(&server.cert))
+        .arg("--tls-key-file")
+        .arg(&path_str(&server.key));
+    if let Some(ca) = client_ca {
+        options = options.arg("--tls-client-ca-file").arg(&path_str(ca));
+    }
+    options
+}
+
+/// Waits up to `within` for `/readyz` to turn 200 (true), polling.
+async fn becomes_ready(sidecar: &Sidecar, within: Duration) -> bool {
+    eventually(within, || async { sidecar.readyz().await == Some(200) }).await
+}
+
+/// Asserts `/readyz` is never 200 for `during` while the process keeps running
+/// (or has exited). Polls often, so a brief moment of readiness is caught.
+async fn assert_never_ready(sidecar: &Sidecar, during: Duration, why: &str) {
+    let deadline = Instant::now() + during;
+    while Instant::now() < deadline {
+        let ready = sidecar.readyz().await;
+        assert_ne!(ready, Some(200), "{why}; sidecar log:\n{}", sidecar.log());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The sidecar binary run to its end (killed after 15 s) with `args`.
+fn run_to_exit(args: &[String]) -> Output {
+    let mut child = sidecar_command()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sidecar");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait");
+            panic!(
+                "`echomq-sidecar {}` still ran after 15s (it must exit at once); stderr:\n{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("wait")
+}
+
+/// Arguments for a sidecar that would otherwise start: free ports and a Redis
+/// that does not exist (so a sidecar that does not fail at once keeps retrying).
+fn base_args() -> Vec<String> {
+    [
+        "--redis-url",
+        "redis://127.0.0.1:1",
+        "--listen",
+        &format!("127.0.0.1:{}", free_port()),
+        "--admin-listen",
+        &format!("127.0.0.1:{}", free_port()),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+/// Asserts exit code 2 and exactly one non-empty stderr line that names `flag`
+/// and `mentions`.
+#[track_caller]
+fn assert_exit_2_with_one_line(out: &Output, flag: &str, mentions: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit status {} (want 2); stderr:\n{stderr}", out.status);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "the reason must be one line, got:\n{stderr}");
+    assert!(
+        lines[0].contains(flag) && lines[0].contains(mentions),
+        "the line must name {flag} and {mentions}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "a clean error, not a panic:\n{stderr}");
+}
+
+// ---------------------------------------------------------------------------
+// TLS and mTLS
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_client_appends_and_consumes() {
+    let pki = TestPki::new("tls");
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, tls_options(&pki.server_cert(), None)).await;
+    let channel = sidecar.try_tls_channel(pki.client_tls(None)).await.expect("TLS handshake");
+
+    let appended = append_on(channel.clone(), None, "s").await.expect("append over TLS");
+    let sub = subscribe_msg("s", "g", GroupStart::Beginning);
+    let mut call =
+        Consumer::try_subscribe_on(ConsumerServiceClient::new(channel), None, sub).await.expect("subscribe over TLS");
+    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    call.ack_one(&delivery.id).await;
+
+    assert_eq!(delivery.id, appended.id);
+    let mut con = redis.conn().await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "the ack went through over TLS");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_client_is_not_served_when_tls_is_on() {
+    let pki = TestPki::new("tls");
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, tls_options(&pki.server_cert(), None)).await;
+
+    let result = match sidecar.try_channel().await {
+        Ok(channel) => append_on(channel, None, "s").await.map(|_| ()),
+        Err(connect_error) => Err(Status::unavailable(connect_error.to_string())),
+    };
+
+    assert!(result.is_err(), "a plaintext call to a TLS port must fail");
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "s").await, "nothing may be appended over plaintext");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_accepts_a_client_certificate_signed_by_the_client_ca() {
+    let pki = TestPki::new("mtls");
+    let client = pki.client_cert("orders", &[&format!("DNS:{ORDERS_DNS}")]);
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, tls_options(&pki.server_cert(), Some(pki.ca_cert()))).await;
+
+    let channel = sidecar.try_tls_channel(pki.client_tls(Some(&client))).await.expect("mTLS handshake");
+    let appended = append_on(channel, None, "s").await.expect("append with a client certificate");
+
+    let mut con = redis.conn().await;
+    assert_eq!(xrange(&mut con, "s").await[0].stream_id, appended.stream_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_refuses_a_client_without_a_certificate() {
+    let pki = TestPki::new("mtls");
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, tls_options(&pki.server_cert(), Some(pki.ca_cert()))).await;
+
+    // With TLS 1.3 the client may finish its side of the handshake before the
+    // server checks the (missing) certificate: the refusal then shows on the call.
+    let result = match sidecar.try_tls_channel(pki.client_tls(None)).await {
+        Ok(channel) => append_on(channel, None, "s").await.map(|_| ()),
+        Err(handshake_error) => Err(Status::unavailable(handshake_error.to_string())),
+    };
+
+    assert!(result.is_err(), "a client without a certificate must be refused");
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "s").await, "nothing may be appended without a client certificate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_refuses_a_client_certificate_from_another_ca() {
+    let pki = TestPki::new("mtls");
+    let stranger = TestPki::new("stranger");
+    let foreign = stranger.client_cert("intruder", &[&format!("DNS:{ORDERS_DNS}")]);
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, tls_options(&pki.server_cert(), Some(pki.ca_cert()))).await;
+
+    // The client trusts the right server CA but presents a certificate the
+    // sidecar's client CA never signed.
+    let result = match sidecar.try_tls_channel(pki.client_tls(Some(&foreign))).await {
+        Ok(channel) => append_on(channel, None, "s").await.map(|_| ()),
+        Err(handshake_error) => Err(Status::unavailable(handshake_error.to_string())),
+    };
+
+    assert!(result.is_err(), "a certificate from another CA must be refused");
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "s").await, "nothing may be appended with a foreign certificate");
+}
+
+// ---------------------------------------------------------------------------
+// Bearer token
+// ---------------------------------------------------------------------------
+
+const TOKEN: &str = "s3cret-token";
+
+/// A sidecar requiring [`TOKEN`]; the file ends with a newline, which is ignored.
+async fn token_sidecar(redis: &RedisServer, dir: &TempDir) -> Sidecar {
+    let file = write_file(dir.path(), "token", &format!("{TOKEN}\n"));
+    Sidecar::start(redis, SidecarOptions::default().arg("--auth-token-file").arg(&path_str(&file))).await
+}
+
+/// Append, Consume and DescribeGroup with `token`; their statuses (OK as `None`).
+async fn calls_with_token(sidecar: &Sidecar, token: Option<&str>) -> [(&'static str, Option<Status>); 3] {
+    let append = append_on(sidecar.channel().await, token, "s").await.err();
+    let subscribe = subscribe_msg("s", "g", GroupStart::Beginning);
+    let consume = Consumer::try_subscribe_on(sidecar.consumer_client().await, token, subscribe).await.err();
+    let describe = DescribeGroupRequest { stream: "s".into(), group: "g".into(), ..Default::default() };
+    let admin =
+        AdminServiceClient::new(sidecar.channel().await).describe_group(with_token(describe, token)).await.err();
+    [("Append", append), ("Consume", consume), ("DescribeGroup", admin)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_token_is_unauthenticated_on_append_consume_and_admin() {
+    let dir = TempDir::new("token");
+    let redis = RedisServer::start().await;
+    let sidecar = token_sidecar(&redis, &dir).await;
+
+    for (rpc, status) in calls_with_token(&sidecar, None).await {
+        let status = status.unwrap_or_else(|| panic!("{rpc} without a token must be refused"));
+        assert_code(&status, Code::Unauthenticated);
+    }
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "s").await, "a refused call must not touch Redis");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_token_is_unauthenticated_on_append_consume_and_admin() {
+    let dir = TempDir::new("token");
+    let redis = RedisServer::start().await;
+    let sidecar = token_sidecar(&redis, &dir).await;
+
+    for token in ["s3cret-tokeN", "s3cret-token-and-more", "s3cret"] {
+        for (rpc, status) in calls_with_token(&sidecar, Some(token)).await {
+            let status = status.unwrap_or_else(|| panic!("{rpc} with token {token:?} must be refused"));
+            assert_code(&status, Code::Unauthenticated);
+        }
+    }
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "s").await, "a refused call must not touch Redis");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn right_token_is_accepted_on_append_consume_and_admin() {
+    let dir = TempDir::new("token");
+    let redis = RedisServer::start().await;
+    let sidecar = token_sidecar(&redis, &dir).await;
+
+    for (rpc, status) in calls_with_token(&sidecar, Some(TOKEN)).await {
+        assert!(status.is_none(), "{rpc} with the right token must succeed: {status:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_need_no_token() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let dir = TempDir::new("token");
+    let redis = RedisServer::start().await;
+    let sidecar = token_sidecar(&redis, &dir).await;
+
+    let health = HealthClient::new(sidecar.channel().await)
+        .check(HealthCheckRequest { service: String::new() })
+        .await
+        .expect("health without a token")
+        .into_inner();
+    let list = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut replies = ServerReflectionClient::new(sidecar.channel().await)
+        .server_reflection_info(tokio_stream::iter(vec![list]))
+        .await
+        .expect("reflection without a token")
+        .into_inner();
+    let reply = replies.message().await.expect("reflection reply").expect("one reply");
+
+    assert_eq!(health.status, ServingStatus::Serving as i32);
+    let Some(MessageResponse::ListServicesResponse(services)) = reply.message_response else {
+        panic!("expected a service list, got {reply:?}");
+    };
+    let names: Vec<&str> = services.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(names.contains(&"echomq.v1.StreamService"), "reflection lists the API: {names:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Allow-list for everyone
+// ---------------------------------------------------------------------------
+
+/// A sidecar allowing only `orders:*` to everyone.
+async fn allow_list_sidecar(redis: &RedisServer) -> Sidecar {
+    Sidecar::start(redis, SidecarOptions::default().arg("--allow-streams").arg("orders:*")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_inside_the_allow_list_work() {
+    let redis = RedisServer::start().await;
+    let sidecar = allow_list_sidecar(&redis).await;
+
+    let appended = try_append(&sidecar, "orders:eu").await.expect("append inside the allow-list");
+    // The default dead-letter stream (`orders:eu:dlq`) is inside the list too.
+    let mut call = Consumer::start(&sidecar, "orders:eu", "g", GroupStart::Beginning, 0).await;
+    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    let read = sidecar
+        .stream_client()
+        .await
+        .read(ReadRequest { stream: "orders:eu".into(), ..Default::default() })
+        .await
+        .expect("read inside the allow-list")
+        .into_inner();
+
+    assert_eq!(delivery.id, appended.id);
+    assert_eq!(read.entries.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_outside_the_allow_list_is_permission_denied() {
+    let redis = RedisServer::start().await;
+    let sidecar = allow_list_sidecar(&redis).await;
+
+    let err = try_append(&sidecar, "payments:eu").await.expect_err("outside the allow-list");
+
+    assert_code(&err, Code::PermissionDenied);
+    assert!(err.message().contains("payments:eu"), "the message names the stream: {err:?}");
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "payments:eu").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_batch_outside_the_allow_list_is_permission_denied() {
+    let redis = RedisServer::start().await;
+    let sidecar = allow_list_sidecar(&redis).await;
+
+    let batch = AppendBatchRequest {
+        stream: "payments:eu".into(),
+        entries: vec![BatchEntry { fields: fields(&[("k", b"v")]), ..Default::default() }],
+        ..Default::default()
+    };
+    let err = sidecar.stream_client().await.append_batch(batch).await.expect_err("outside the allow-list");
+
+    assert_code(&err, Code::PermissionDenied);
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "payments:eu").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_outside_the_allow_list_is_permission_denied() {
+    let redis = RedisServer::start().await;
+    let sidecar = allow_list_sidecar(&redis).await;
+
+    let err = Consumer::try_subscribe(&sidecar, subscribe_msg("payments:eu", "g", GroupStart::New))
+        .await
+        .err()
+        .expect("outside the allow-list");
+
+    assert_code(&err, Code::PermissionDenied);
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "payments:eu").await, "no group door may be opened");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_outside_the_allow_list_is_permission_denied() {
+    let redis = RedisServer::start().await;
+    let mut con = redis.conn().await;
+    xadd_raw(&mut con, "payments:eu", &[(b"k", b"v")]).await;
+    let sidecar = allow_list_sidecar(&redis).await;
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .read(ReadRequest { stream: "payments:eu".into(), ..Default::default() })
+        .await
+        .expect_err("outside the allow-list");
+
+    assert_code(&err, Code::PermissionDenied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trim_outside_the_allow_list_is_permission_denied() {
+    let redis = RedisServer::start().await;
+    let mut con = redis.conn().await;
+    for _ in 0..3 {
+        xadd_raw(&mut con, "payments:eu", &[(b"k", b"v")]).await;
+    }
+    let sidecar = allow_list_sidecar(&redis).await;
+
+    let err = sidecar
+        .stream_client()
+        .await
+        .trim(TrimRequest { stream: "payments:eu".into(), max_len: 1, ..Default::default() })
+        .await
+        .expect_err("outside the allow-list");
+
+    assert_code(&err, Code::PermissionDenied);
+    assert_eq!(xlen(&mut con, "payments:eu").await, 3, "nothing trimmed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_group_outside_the_allow_list_is_permission_denied() {
+    let redis = RedisServer::start().await;
+    let mut con = redis.conn().await;
+    create_group(&mut con, "payments:eu", "g", "0").await;
+    let sidecar = allow_list_sidecar(&redis).await;
+
+    let err = sidecar
+        .admin_client()
+        .await
+        .describe_group(DescribeGroupRequest { stream: "payments:eu".into(), group: "g".into(), ..Default::default() })
+        .await
+        .expect_err("outside the allow-list");
+
+    assert_code(&err, Code::PermissionDenied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_dead_letters_outside_the_allow_list_is_permission_denied() {
+    let redis = RedisServer::start().await;
+    let sidecar = allow_list_sidecar(&redis).await;
+
+    let err = sidecar
+        .admin_client()
+        .await
+        .list_dead_letters(ListDeadLettersRequest {
+            stream: "orders:eu".into(),
+            dead_letter_stream: "payments:dlq".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a dead-letter stream outside the allow-list");
+
+    assert_code(&err, Code::PermissionDenied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_stream_outside_the_allow_list_is_permission_denied_on_subscribe() {
+    let redis = RedisServer::start().await;
+    let sidecar = allow_list_sidecar(&redis).await;
+    let mut sub = subscribe_msg("orders:eu", "g", GroupStart::New);
+    sub.dead_letter_stream = "graveyard".into();
+
+    let err = Consumer::try_subscribe(&sidecar, sub).await.err().expect("dead-letter stream outside the allow-list");
+
+    assert_code(&err, Code::PermissionDenied);
+    assert!(err.message().contains("graveyard"), "the message names the dead-letter stream: {err:?}");
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "orders:eu").await, "a refused subscribe opens no group door");
+}
+
+// ---------------------------------------------------------------------------
+// Allow-list per mTLS identity
+// ---------------------------------------------------------------------------
+
+/// A sidecar with mTLS: `public:*` for everyone, `invoices:*` for the billing
+/// URI identity, `orders:*` for the orders DNS identity, and `ledger:*` for the
+/// billing certificate's DNS SAN (which is not its identity).
+struct IdentityFixture {
+    // Dropped in this order: the processes before the certificates' directory.
+    sidecar: Sidecar,
+    redis: RedisServer,
+    billing: CertFiles,
+    orders: CertFiles,
+    pki: TestPki,
+}
+
+impl IdentityFixture {
+    async fn start() -> IdentityFixture {
+        let pki = TestPki::new("ident");
+        let billing = pki.client_cert("billing", &[&format!("URI:{BILLING_URI}"), &format!("DNS:{BILLING_DNS}")]);
+        let orders = pki.client_cert("orders", &[&format!("DNS:{ORDERS_DNS}")]);
+        let redis = RedisServer::start().await;
+        let options = tls_options(&pki.server_cert(), Some(pki.ca_cert()))
+            .arg("--allow-streams")
+            .arg("public:*")
+            .arg("--allow-streams-for")
+            .arg(&format!("{BILLING_URI}=invoices:*"))
+            .arg("--allow-streams-for")
+            .arg(&format!("{ORDERS_DNS}=orders:*"))
+            .arg("--allow-streams-for")
+            .arg(&format!("{BILLING_DNS}=ledger:*"));
+        let sidecar = Sidecar::start(&redis, options).await;
+        IdentityFixture { pki, billing, orders, sidecar, redis }
+    }
+
+    async fn channel(&self, cert: &CertFiles) -> Channel {
+        self.sidecar.try_tls_channel(self.pki.client_tls(Some(cert))).await.expect("mTLS handshake")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_streams_for_grants_extra_streams_to_the_uri_san_identity() {
+    let f = IdentityFixture::start().await;
+    let channel = f.channel(&f.billing).await;
+
+    let appended = append_on(channel.clone(), None, "invoices:2024").await.expect("billing may append to invoices:*");
+    let sub = subscribe_msg("invoices:2024", "g", GroupStart::Beginning);
+    let mut call = Consumer::try_subscribe_on(ConsumerServiceClient::new(channel.clone()), None, sub)
+        .await
+        .expect("billing may consume invoices:*");
+    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    let public = append_on(channel, None, "public:news").await;
+
+    assert_eq!(delivery.id, appended.id);
+    assert!(public.is_ok(), "the everyone list still applies: {public:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_streams_for_grants_extra_streams_to_the_dns_san_identity() {
+    let f = IdentityFixture::start().await;
+
+    let appended = append_on(f.channel(&f.orders).await, None, "orders:eu").await;
+
+    assert!(appended.is_ok(), "a certificate with only a DNS SAN is identified by it: {appended:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_streams_for_does_not_grant_to_other_identities() {
+    let f = IdentityFixture::start().await;
+
+    let orders_to_invoices = append_on(f.channel(&f.orders).await, None, "invoices:2024").await;
+    let billing_to_orders = append_on(f.channel(&f.billing).await, None, "orders:eu").await;
+    let sub = subscribe_msg("invoices:2024", "g", GroupStart::New);
+    let orders_consumes_invoices =
+        Consumer::try_subscribe_on(ConsumerServiceClient::new(f.channel(&f.orders).await), None, sub).await;
+
+    assert_code(&orders_to_invoices.expect_err("orders may not append to invoices:*"), Code::PermissionDenied);
+    assert_code(&billing_to_orders.expect_err("billing may not append to orders:*"), Code::PermissionDenied);
+    assert_code(&orders_consumes_invoices.err().expect("orders may not consume invoices:*"), Code::PermissionDenied);
+    let mut con = f.redis.conn().await;
+    assert!(!exists(&mut con, "invoices:2024").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_is_the_uri_san_even_when_a_dns_san_is_present() {
+    let f = IdentityFixture::start().await;
+
+    // `ledger:*` is granted to the billing certificate's DNS SAN, which is not
+    // its identity: the URI SAN is.
+    let err = append_on(f.channel(&f.billing).await, None, "ledger:1").await.expect_err("ledger:* is not billing's");
+
+    assert_code(&err, Code::PermissionDenied);
+    assert!(err.message().contains(BILLING_URI), "the message names the caller's identity: {err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_identity_streams_are_denied_to_callers_without_a_certificate() {
+    let redis = RedisServer::start().await;
+    let options = SidecarOptions::default()
+        .arg("--allow-streams")
+        .arg("public:*")
+        .arg("--allow-streams-for")
+        .arg(&format!("{BILLING_URI}=invoices:*"));
+    let sidecar = Sidecar::start(&redis, options).await;
+
+    let err = try_append(&sidecar, "invoices:2024").await.expect_err("no identity, no per-identity streams");
+    let public = try_append(&sidecar, "public:news").await;
+
+    assert_code(&err, Code::PermissionDenied);
+    assert!(public.is_ok(), "{public:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Limits
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_over_max_message_bytes_is_resource_exhausted() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--max-message-bytes").arg("2048")).await;
+    let small = vec![b'x'; 1000];
+    let big = vec![b'x'; 4000];
+    let mut client = sidecar.stream_client().await;
+
+    let fits = client
+        .append(AppendRequest { stream: "s".into(), fields: fields(&[("body", &small)]), ..Default::default() })
+        .await;
+    let err = client
+        .append(AppendRequest { stream: "s".into(), fields: fields(&[("body", &big)]), ..Default::default() })
+        .await
+        .expect_err("a 4000-byte message is over a 2048-byte limit");
+
+    assert!(fits.is_ok(), "a message under the limit is accepted: {fits:?}");
+    assert_code(&err, Code::ResourceExhausted);
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "s").await, 1, "only the small entry was appended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_over_max_fields_per_entry_are_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--max-fields-per-entry").arg("3")).await;
+    let three = fields(&[("a", b"1"), ("b", b"2"), ("c", b"3")]);
+    let mut four = three.clone();
+    four.insert("d".into(), b"4".to_vec());
+
+    let fits = sidecar
+        .stream_client()
+        .await
+        .append(AppendRequest { stream: "s".into(), fields: three, ..Default::default() })
+        .await;
+    let err = sidecar
+        .stream_client()
+        .await
+        .append(AppendRequest { stream: "s".into(), fields: four, ..Default::default() })
+        .await
+        .expect_err("four fields is over a limit of three");
+
+    assert!(fits.is_ok(), "exactly the limit is accepted: {fits:?}");
+    assert_code(&err, Code::InvalidArgument);
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "s").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_name_over_max_name_bytes_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--max-name-bytes").arg("16")).await;
+    let at_limit = "s".repeat(16);
+    let over = "s".repeat(17);
+
+    let fits = try_append(&sidecar, &at_limit).await;
+    let err = try_append(&sidecar, &over).await.expect_err("17 bytes is over a 16-byte limit");
+    let subscribe_err =
+        Consumer::try_subscribe(&sidecar, subscribe_msg(&over, "g", GroupStart::New)).await.err().expect("too long");
+
+    assert!(fits.is_ok(), "exactly the limit is accepted: {fits:?}");
+    assert_code(&err, Code::InvalidArgument);
+    assert_code(&subscribe_err, Code::InvalidArgument);
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, &over).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_name_over_max_name_bytes_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--max-name-bytes").arg("16")).await;
+
+    let err = Consumer::try_subscribe(&sidecar, subscribe_msg("s", &"g".repeat(17), GroupStart::New))
+        .await
+        .err()
+        .expect("a 17-byte group name is over a 16-byte limit");
+
+    assert_code(&err, Code::InvalidArgument);
+    let mut con = redis.conn().await;
+    assert!(!exists(&mut con, "s").await, "no group door may be opened");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_calls_over_max_consume_calls_are_resource_exhausted() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--max-consume-calls").arg("2")).await;
+    let _first = Consumer::start(&sidecar, "s", "g1", GroupStart::New, 0).await;
+    let _second = Consumer::start(&sidecar, "s", "g2", GroupStart::New, 0).await;
+
+    let err = Consumer::try_subscribe(&sidecar, subscribe_msg("s", "g3", GroupStart::New))
+        .await
+        .err()
+        .expect("a third call is over a limit of two");
+
+    assert_code(&err, Code::ResourceExhausted);
+    assert!(err.message().contains("--max-consume-calls"), "the message names the setting: {err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ending_a_consume_call_frees_its_slot() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--max-consume-calls").arg("1")).await;
+    let first = Consumer::start(&sidecar, "s", "g1", GroupStart::New, 0).await;
+    let refused = Consumer::try_subscribe(&sidecar, subscribe_msg("s", "g2", GroupStart::New)).await;
+    assert_code(&refused.err().expect("the limit is one call"), Code::ResourceExhausted);
+
+    drop(first);
+
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    let (mut freed, mut last) = (false, None);
+    while !freed && Instant::now() < deadline {
+        match Consumer::try_subscribe(&sidecar, subscribe_msg("s", "g2", GroupStart::New)).await {
+            Ok(_call) => freed = true,
+            Err(status) => {
+                last = Some(status);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert!(freed, "the slot of an ended call must be freed; last refusal: {last:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Redis authentication and TLS
+// ---------------------------------------------------------------------------
+
+const REDIS_PASSWORD: &str = "redis-pa55word";
+
+async fn password_redis() -> RedisServer {
+    RedisServer::start_with(RedisOptions {
+        args: vec!["--requirepass".into(), REDIS_PASSWORD.into()],
+        ..RedisOptions::default()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_password_file_authenticates_to_redis() {
+    let dir = TempDir::new("redis-auth");
+    let redis = password_redis().await;
+    let file = write_file(dir.path(), "redis-password", &format!("{REDIS_PASSWORD}\n"));
+
+    let sidecar =
+        Sidecar::start(&redis, SidecarOptions::default().arg("--redis-password-file").arg(&path_str(&file))).await;
+    let appended = try_append(&sidecar, "s").await.expect("append through an authenticated connection");
+
+    let mut con = redis.conn_with_auth(None, REDIS_PASSWORD).await;
+    assert_eq!(xrange(&mut con, "s").await[0].stream_id, appended.stream_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_redis_password_keeps_the_sidecar_unready() {
+    let dir = TempDir::new("redis-auth");
+    let redis = password_redis().await;
+    let file = write_file(dir.path(), "redis-password", "not-the-password\n");
+
+    let sidecar =
+        Sidecar::launch(&redis, SidecarOptions::default().arg("--redis-password-file").arg(&path_str(&file))).await;
+
+    assert_never_ready(&sidecar, Duration::from_secs(4), "a wrong Redis password must keep /readyz at 503").await;
+    assert_eq!(sidecar.livez().await, Some(200), "still live: it keeps retrying");
+    let log = sidecar.log().to_lowercase();
+    assert!(
+        log.contains("wrongpass") || log.contains("password") || log.contains("auth"),
+        "the log says why Redis refused:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_redis_password_keeps_the_sidecar_unready() {
+    let redis = password_redis().await;
+
+    let sidecar = Sidecar::launch(&redis, SidecarOptions::default()).await;
+
+    assert_never_ready(&sidecar, Duration::from_secs(4), "without the password Redis answers NOAUTH: not ready").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_password_file_overrides_the_url_password() {
+    let dir = TempDir::new("redis-auth");
+    let redis = password_redis().await;
+    let file = write_file(dir.path(), "redis-password", REDIS_PASSWORD);
+    let options =
+        SidecarOptions { redis_url: Some(redis.url_with_auth(None, "stale-password")), ..SidecarOptions::default() }
+            .arg("--redis-password-file")
+            .arg(&path_str(&file));
+
+    let sidecar = Sidecar::launch(&redis, options).await;
+
+    assert!(becomes_ready(&sidecar, START_TIMEOUT).await, "the file's password wins:\n{}", sidecar.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_acl_user_with_password_file_connects_as_that_user() {
+    let dir = TempDir::new("redis-acl");
+    let redis = password_redis().await;
+    let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
+    let _: redis::Value = redis::cmd("ACL")
+        .arg(&["SETUSER", "echomq", "on", ">user-pa55", "~*", "&*", "+@all"])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let file = write_file(dir.path(), "redis-password", "user-pa55\n");
+    let options = SidecarOptions {
+        redis_url: Some(format!("redis://echomq@127.0.0.1:{}", redis.port())),
+        ..SidecarOptions::default()
+    }
+    .arg("--redis-password-file")
+    .arg(&path_str(&file));
+
+    let sidecar = Sidecar::start(&redis, options).await;
+    let appended = try_append(&sidecar, "s").await.expect("append as the ACL user");
+
+    assert_eq!(xrange(&mut admin, "s").await[0].stream_id, appended.stream_id);
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut admin).await.expect("CLIENT LIST");
+    assert!(clients.lines().any(|l| l.contains("user=echomq")), "the sidecar is connected as `echomq`:\n{clients}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_for_the_acl_user_keeps_the_sidecar_unready() {
+    let dir = TempDir::new("redis-acl");
+    let redis = password_redis().await;
+    let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
+    let _: redis::Value = redis::cmd("ACL")
+        .arg(&["SETUSER", "echomq", "on", ">user-pa55", "~*", "&*", "+@all"])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    // The default user's password is not the ACL user's.
+    let file = write_file(dir.path(), "redis-password", REDIS_PASSWORD);
+    let options = SidecarOptions {
+        redis_url: Some(format!("redis://echomq@127.0.0.1:{}", redis.port())),
+        ..SidecarOptions::default()
+    }
+    .arg("--redis-password-file")
+    .arg(&path_str(&file));
+
+    let sidecar = Sidecar::launch(&redis, options).await;
+
+    assert_never_ready(&sidecar, Duration::from_secs(4), "the ACL user's password is wrong").await;
+}
+
+/// A redis-server serving TLS only, with a certificate of `pki` for 127.0.0.1.
+async fn tls_redis(pki: &TestPki) -> RedisServer {
+    let server = pki.server_cert();
+    RedisServer::start_with(RedisOptions {
+        args: vec![
+            "--tls-cert-file".into(),
+            path_str(&server.cert),
+            "--tls-key-file".into(),
+            path_str(&server.key),
+            "--tls-ca-cert-file".into(),
+            path_str(pki.ca_cert()),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ],
+        tls: true,
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_with_redis_ca_file_appends_and_consumes_over_tls() {
+    let pki = TestPki::new("redis-tls");
+    let redis = tls_redis(&pki).await;
+    let options =
+        SidecarOptions { redis_url: Some(format!("rediss://127.0.0.1:{}", redis.port())), ..SidecarOptions::default() }
+            .arg("--redis-ca-file")
+            .arg(&path_str(pki.ca_cert()));
+
+    let sidecar = Sidecar::start(&redis, options).await;
+    let appended = try_append(&sidecar, "s").await.expect("append over rediss://");
+    // The blocking read has a connection of its own: it must speak TLS too.
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!(delivery.id, appended.id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_with_an_untrusted_certificate_is_never_ready() {
+    let pki = TestPki::new("redis-tls");
+    let other = TestPki::new("other");
+    let redis = tls_redis(&pki).await;
+    let options =
+        SidecarOptions { redis_url: Some(format!("rediss://127.0.0.1:{}", redis.port())), ..SidecarOptions::default() }
+            .arg("--redis-ca-file")
+            .arg(&path_str(other.ca_cert()));
+
+    let sidecar = Sidecar::launch(&redis, options).await;
+
+    assert_never_ready(&sidecar, Duration::from_secs(4), "Redis' certificate is not signed by --redis-ca-file").await;
+}
+
+// ---------------------------------------------------------------------------
+// Unusable security files at start-up
+// ---------------------------------------------------------------------------
+
+#[test]
+fn missing_auth_token_file_exits_2_with_a_one_line_reason() {
+    let mut args = base_args();
+    args.extend(["--auth-token-file".into(), "/nonexistent/echomq/token".into()]);
+
+    let out = run_to_exit(&args);
+
+    assert_exit_2_with_one_line(&out, "--auth-token-file", "/nonexistent/echomq/token");
+}
+
+#[test]
+fn empty_auth_token_file_exits_2_with_a_one_line_reason() {
+    let dir = TempDir::new("token");
+    let file = write_file(dir.path(), "token", " \n");
+    let mut args = base_args();
+    args.extend(["--auth-token-file".into(), path_str(&file)]);
+
+    let out = run_to_exit(&args);
+
+    assert_exit_2_with_one_line(&out, "--auth-token-file", &path_str(&file));
+}
+
+#[test]
+fn missing_tls_cert_file_exits_2_with_a_one_line_reason() {
+    let pki = TestPki::new("tls");
+    let server = pki.server_cert();
+    let mut args = base_args();
+    args.extend([
+        "--tls-cert-file".into(),
+        "/nonexistent/echomq/cert.pem".into(),
+        "--tls-key-file".into(),
+        path_str(&server.key),
+    ]);
+
+    let out = run_to_exit(&args);
+
+    assert_exit_2_with_one_line(&out, "--tls-cert-file", "/nonexistent/echomq/cert.pem");
+}
+
+#[test]
+fn tls_cert_file_that_is_not_a_certificate_exits_2_without_waiting_for_redis() {
+    let pki = TestPki::new("tls");
+    let server = pki.server_cert();
+    let garbage = write_file(pki.dir(), "garbage.pem", "this is not a certificate\n");
+    let mut args = base_args();
+    args.extend(["--tls-cert-file".into(), path_str(&garbage), "--tls-key-file".into(), path_str(&server.key)]);
+
+    // Redis (127.0.0.1:1) is unreachable: a sidecar that checks its
+    // certificate only after connecting would retry forever.
+    let out = run_to_exit(&args);
+
+    assert_exit_2_with_one_line(&out, "--tls-cert-file", &path_str(&garbage));
+}
