@@ -1,0 +1,197 @@
+package io.echomq.client;
+
+import io.echomq.v1.Ack;
+import io.echomq.v1.ConsumeRequest;
+import io.echomq.v1.Extend;
+import io.echomq.v1.Fail;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.time.Instant;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Objects;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+/**
+ * One hand-over of a stream entry to this consumer. Settle it once: return from the handler (ack),
+ * throw (fail), or call {@link #ack()}, {@link #fail(String, Duration)} or {@link #deadLetter(String)}
+ * yourself. Only the first settlement counts; later ones return false and send nothing.
+ *
+ * <p>A verdict travels on the call that delivered the entry. If that call has broken in the
+ * meantime (the consumer reconnected), the verdict is dropped: the new call does not hold the id,
+ * and the sidecar delivers the entry again.
+ */
+public final class Delivery {
+  private final io.echomq.v1.Delivery proto;
+  private final VerdictSink sink;
+  private final Map<String, byte[]> payload;
+  private final List<RawField> rawFields;
+  private final AtomicBoolean settled = new AtomicBoolean();
+
+  /**
+   * A field whose name is not valid UTF-8, byte for byte.
+   *
+   * @param name the field name as Redis stores it
+   * @param value the field value
+   */
+  public record RawField(byte[] name, byte[] value) {}
+
+  Delivery(io.echomq.v1.Delivery proto, VerdictSink sink) {
+    this.proto = proto;
+    this.sink = sink;
+    Map<String, byte[]> fields = new LinkedHashMap<>();
+    proto.getPayloadMap().forEach((name, value) -> fields.put(name, value.toByteArray()));
+    this.payload = Collections.unmodifiableMap(fields);
+    List<RawField> raw = new ArrayList<>(proto.getRawFieldsCount());
+    proto.getRawFieldsList().forEach(f -> raw.add(new RawField(f.getName().toByteArray(), f.getValue().toByteArray())));
+    this.rawFields = Collections.unmodifiableList(raw);
+  }
+
+  /** The branded id: 28 lowercase hex characters, the entry's idempotency key. */
+  public String id() {
+    return proto.getId();
+  }
+
+  /** The entry's id in this stream, {@code <ms>-<seq>}. */
+  public String streamId() {
+    return proto.getStreamId();
+  }
+
+  /** The stream key. */
+  public String stream() {
+    return proto.getStream();
+  }
+
+  /** The consumer group. */
+  public String group() {
+    return proto.getGroup();
+  }
+
+  /**
+   * The entry's fields, name to value bytes, without the reserved branded-id field. Fields whose
+   * names are not valid UTF-8 are in {@link #rawFields()} instead.
+   */
+  public Map<String, byte[]> payload() {
+    return payload;
+  }
+
+  /** A payload field decoded as UTF-8, or null when absent. */
+  public String payloadText(String name) {
+    byte[] value = payload.get(name);
+    return value == null ? null : new String(value, StandardCharsets.UTF_8);
+  }
+
+  /** Fields whose names are not valid UTF-8, in stream order. Usually empty. */
+  public List<RawField> rawFields() {
+    return rawFields;
+  }
+
+  /** The entry's delivery count in the group: 1 on the first delivery, one more per hand-over. */
+  public int attempts() {
+    return proto.getAttempts();
+  }
+
+  /** When the branded id was minted. */
+  public Instant mintedAt() {
+    return Instant.ofEpochSecond(proto.getMintedAt().getSeconds(), proto.getMintedAt().getNanos());
+  }
+
+  /** The W3C trace context stored with the entry, or empty. */
+  public String traceparent() {
+    return proto.getTraceparent();
+  }
+
+  /** The delivery as it came off the wire. */
+  public io.echomq.v1.Delivery proto() {
+    return proto;
+  }
+
+  /** True once a verdict was given (explicitly or by the consumer after the handler). */
+  public boolean isSettled() {
+    return settled.get();
+  }
+
+  /**
+   * Acknowledges the entry (XACK): it leaves the group's pending list for good.
+   *
+   * @return true when this call settled the delivery and the verdict was sent
+   */
+  public boolean ack() {
+    return settle(ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addIds(id())).build());
+  }
+
+  /**
+   * Fails the entry; it is delivered again after the subscription's backoff.
+   *
+   * @return true when this call settled the delivery and the verdict was sent
+   */
+  public boolean fail(String reason) {
+    return settle(failRequest(id(), reason, null, false));
+  }
+
+  /**
+   * Fails the entry; it is delivered again after {@code retryAfter}.
+   *
+   * @return true when this call settled the delivery and the verdict was sent
+   */
+  public boolean fail(String reason, Duration retryAfter) {
+    return settle(failRequest(id(), reason, Objects.requireNonNull(retryAfter, "retryAfter"), false));
+  }
+
+  /**
+   * Moves the entry to the dead-letter stream now (default {@code <stream>:dlq}), keeping its
+   * branded id and payload, with {@code reason}.
+   *
+   * @return true when this call settled the delivery and the verdict was sent
+   */
+  public boolean deadLetter(String reason) {
+    return settle(failRequest(id(), reason, null, true));
+  }
+
+  /**
+   * Pushes the ack deadline back to {@code by} from now (only meaningful with an ack deadline set
+   * on the subscription). Does not settle the delivery.
+   *
+   * @return false when the delivery is settled or its call has ended
+   */
+  public boolean extend(Duration by) {
+    if (settled.get()) {
+      return false;
+    }
+    return sink.send(
+        ConsumeRequest.newBuilder()
+            .setExtend(Extend.newBuilder().addIds(id()).setBy(toProto(by)))
+            .build());
+  }
+
+  /** Sends the verdict unless one was given already. */
+  private boolean settle(ConsumeRequest verdict) {
+    if (!settled.compareAndSet(false, true)) {
+      return false;
+    }
+    return sink.send(verdict);
+  }
+
+  static ConsumeRequest failRequest(String id, String reason, Duration retryAfter, boolean deadLetter) {
+    Fail.Builder fail = Fail.newBuilder().setId(id).setReason(reason == null ? "" : reason).setDeadLetter(deadLetter);
+    if (retryAfter != null) {
+      fail.setRetryAfter(toProto(retryAfter));
+    }
+    return ConsumeRequest.newBuilder().setFail(fail).build();
+  }
+
+  static com.google.protobuf.Duration toProto(Duration duration) {
+    return com.google.protobuf.Duration.newBuilder()
+        .setSeconds(duration.getSeconds())
+        .setNanos(duration.getNano())
+        .build();
+  }
+
+  @Override
+  public String toString() {
+    return "Delivery{id=" + id() + ", stream=" + stream() + ", streamId=" + streamId() + ", attempts=" + attempts() + "}";
+  }
+}

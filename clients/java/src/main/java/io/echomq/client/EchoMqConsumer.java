@@ -1,0 +1,677 @@
+package io.echomq.client;
+
+import io.echomq.v1.Ack;
+import io.echomq.v1.ConsumeRequest;
+import io.echomq.v1.ConsumerServiceGrpc;
+import io.echomq.v1.Subscribe;
+import io.grpc.Channel;
+import io.grpc.ClientInterceptor;
+import io.grpc.ClientInterceptors;
+import io.grpc.ManagedChannel;
+import io.grpc.Status;
+import java.lang.System.Logger.Level;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Objects;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Executors;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ThreadFactory;
+import java.util.concurrent.ThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.Consumer;
+
+/**
+ * Consumes one stream through one consumer group of the EchoMQ sidecar, handing each delivery to a
+ * {@link DeliveryHandler} on a pool of at most {@code concurrency} threads.
+ *
+ * <pre>{@code
+ * try (var consumer = EchoMqConsumer.builder()
+ *     .target("127.0.0.1:50051").stream("orders").group("billing")
+ *     .startPosition(StartPosition.beginning())
+ *     .handler(delivery -> bill(delivery.payloadText("order")))
+ *     .build()) {
+ *   consumer.start().join();      // subscribed
+ *   consumer.terminated().join(); // runs until stop(), close() or a permanent error
+ * }
+ * }</pre>
+ *
+ * <h2>Lifecycle</h2>
+ * <ul>
+ *   <li>{@link #start()} opens the Consume call and subscribes; the future completes on the first
+ *       {@code Subscribed}, or fails with a permanent {@link EchoMqException}.</li>
+ *   <li>When the call breaks (the sidecar restarts, {@code UNAVAILABLE}, connection refused) the
+ *       consumer opens a new one after a jittered exponential backoff and subscribes with the same
+ *       settings. Handlers still running for the broken call finish, but their verdicts are
+ *       dropped: the new call does not hold those ids, and the sidecar delivers them again.</li>
+ *   <li>A permanent error (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED,
+ *       FAILED_PRECONDITION, UNIMPLEMENTED) is not retried: {@link #terminated()} fails with it.</li>
+ *   <li>{@link #stop(Duration)} sends {@code Drain} (the sidecar hands the call nothing more),
+ *       stops taking work, lets running handlers finish within the deadline, sends their
+ *       verdicts, then closes the call. Deliveries that were received but
+ *       not yet handed to a handler stay pending and come back after the sidecar's backoff.</li>
+ *   <li>{@link #abort()} drops the call at once, with no verdicts.</li>
+ * </ul>
+ */
+public final class EchoMqConsumer implements AutoCloseable {
+  private static final System.Logger LOG = System.getLogger(EchoMqConsumer.class.getName());
+
+  private enum State { NEW, RUNNING, STOPPING, STOPPED }
+
+  private final String stream;
+  private final String group;
+  private final ConsumeRequest subscribe;
+  private final DeliveryHandler handler;
+  private final Consumer<VerdictError> verdictErrors;
+  private final Duration closeTimeout;
+  /** The channel this consumer built and closes; null when the caller supplied one. */
+  private final ManagedChannel ownedChannel;
+  private final ConsumerServiceGrpc.ConsumerServiceStub stub;
+  /** Runs handlers: exactly {@code concurrency} threads, so never more handlers at once. */
+  private final ThreadPoolExecutor handlers;
+  /** Runs reconnect attempts after their backoff delay. */
+  private final ScheduledExecutorService scheduler;
+  private final Backoff backoff;
+  private final CompletableFuture<Void> subscribed = new CompletableFuture<>();
+  private final CompletableFuture<Void> terminated = new CompletableFuture<>();
+  private final ConsumerCall.Listener listener = new CallListener();
+
+  private final Object lock = new Object();
+  private volatile State state = State.NEW;
+  /** The live call, or null between calls. Guarded by {@code lock}. */
+  private ConsumerCall current;
+  private long generations;
+  private ScheduledFuture<?> pendingReconnect;
+  private CompletableFuture<Boolean> stopping;
+
+  private EchoMqConsumer(Builder b) {
+    this.stream = b.stream;
+    this.group = b.group;
+    this.handler = b.handler;
+    this.verdictErrors = b.verdictErrors;
+    this.closeTimeout = b.closeTimeout;
+    this.backoff = new Backoff(b.reconnectBackoffInitial, b.reconnectBackoffMax);
+
+    Subscribe.Builder sub =
+        Subscribe.newBuilder().setStream(b.stream).setGroup(b.group).setMaxInFlight(b.effectiveMaxInFlight());
+    b.startPosition.applyTo(sub);
+    if (b.ackDeadline != null) {
+      sub.setAckDeadline(Delivery.toProto(b.ackDeadline));
+    }
+    if (b.retryBackoffInitial != null) {
+      sub.setRetryBackoffInitial(Delivery.toProto(b.retryBackoffInitial));
+    }
+    if (b.retryBackoffMax != null) {
+      sub.setRetryBackoffMax(Delivery.toProto(b.retryBackoffMax));
+    }
+    if (b.deadLetterStream != null) {
+      sub.setDeadLetterStream(b.deadLetterStream);
+    }
+    this.subscribe = ConsumeRequest.newBuilder().setSubscribe(sub).build();
+
+    Channel channel;
+    if (b.channel != null) {
+      this.ownedChannel = null;
+      channel = b.channel;
+    } else {
+      this.ownedChannel = Targets.open(b.target);
+      channel = ownedChannel;
+    }
+    this.stub = ConsumerServiceGrpc.newStub(ClientInterceptors.intercept(channel, b.interceptors));
+    this.handlers =
+        new ThreadPoolExecutor(
+            b.concurrency, b.concurrency, 0, TimeUnit.MILLISECONDS, new LinkedBlockingQueue<>(),
+            threads("echomq-handler-" + b.stream + "-"));
+    this.scheduler = Executors.newSingleThreadScheduledExecutor(threads("echomq-reconnect-"));
+  }
+
+  /** A builder; {@code target} (or {@code channel}), stream, group, start position and handler are required. */
+  public static Builder builder() {
+    return new Builder();
+  }
+
+  /**
+   * Opens the call and subscribes. Call once.
+   *
+   * @return completes when the sidecar confirmed the first subscription; fails with a permanent
+   *     {@link EchoMqException}; stays pending while the sidecar is unreachable (the consumer keeps
+   *     trying)
+   */
+  public CompletableFuture<Void> start() {
+    synchronized (lock) {
+      if (state != State.NEW) {
+        throw new IllegalStateException("a consumer starts once (state: " + state + ")");
+      }
+      state = State.RUNNING;
+      connectLocked();
+    }
+    return subscribed.copy();
+  }
+
+  /**
+   * Completes when the consumer has stopped ({@link #stop}, {@link #close}, {@link #abort}), or
+   * fails with the permanent {@link EchoMqException} that ended it.
+   */
+  public CompletableFuture<Void> terminated() {
+    return terminated.copy();
+  }
+
+  /** True while a call is open and subscribed-to (false while reconnecting or stopped). */
+  public boolean isConnected() {
+    synchronized (lock) {
+      return current != null && current.isOpen() && state == State.RUNNING;
+    }
+  }
+
+  /**
+   * Stops gracefully: first sends {@code Drain} on the call, so the sidecar hands it nothing more
+   * and reads nothing more from Redis on its behalf; hands no new delivery to a handler, lets
+   * running handlers finish within {@code deadline}, sends their verdicts, then closes the call.
+   * What was received but not started (including deliveries that were already on the wire when
+   * the sidecar got the Drain) stays pending in the group and is delivered again after the
+   * sidecar's backoff. Handlers
+   * still running at the deadline are interrupted and their entries stay pending. Safe to call more
+   * than once (later calls return the first call's future).
+   *
+   * @return completes with true when every running handler finished and the call closed cleanly
+   *     within the deadline, false otherwise; it completes no later than about {@code deadline}
+   */
+  public CompletableFuture<Boolean> stop(Duration deadline) {
+    Objects.requireNonNull(deadline, "deadline");
+    CompletableFuture<Boolean> result;
+    ConsumerCall call;
+    synchronized (lock) {
+      if (stopping != null) {
+        return stopping.copy();
+      }
+      stopping = result = new CompletableFuture<>();
+      if (state == State.NEW || state == State.STOPPED) {
+        state = State.STOPPED;
+        handlers.shutdown();
+        releaseResources(false);
+        subscribed.cancel(false);
+        terminated.complete(null);
+        result.complete(true);
+        return result.copy();
+      }
+      state = State.STOPPING;
+      if (pendingReconnect != null) {
+        pendingReconnect.cancel(false);
+      }
+      // From here on no handler starts and no reconnect opens a call, so this is the call to drain.
+      call = current;
+    }
+    // First step, before waiting for the running handlers: Drain, so the credit their acks free
+    // cannot pull another entry into this call (and the group's PEL) just before it closes.
+    // Deliveries already on the wire still arrive; onDelivery leaves them un-settled.
+    if (call != null) {
+      call.drain();
+    }
+    Thread stopper = new Thread(() -> finishStop(deadline, result), "echomq-stop-" + stream);
+    stopper.setDaemon(true);
+    stopper.start();
+    return result.copy();
+  }
+
+  /**
+   * Drops the call at once: no graceful stop and no verdicts. Running handlers are interrupted and
+   * whatever the call held stays pending (delivered again after the backoff).
+   */
+  public void abort() {
+    ConsumerCall call;
+    synchronized (lock) {
+      if (state == State.STOPPED) {
+        return;
+      }
+      state = State.STOPPED;
+      call = current;
+      current = null;
+      if (pendingReconnect != null) {
+        pendingReconnect.cancel(false);
+      }
+    }
+    if (call != null) {
+      call.cancel("consumer aborted");
+    }
+    handlers.shutdownNow();
+    releaseResources(true);
+    subscribed.cancel(false);
+    terminated.complete(null);
+    synchronized (lock) {
+      if (stopping != null) {
+        stopping.complete(false);
+      }
+    }
+  }
+
+  /** {@link #stop(Duration)} with the builder's {@code closeTimeout} (default 30 s), waiting for it. */
+  @Override
+  public void close() {
+    stop(closeTimeout).join();
+  }
+
+  /**
+   * Low-level: sends a raw Ack of any ids on the current call, bypassing delivery bookkeeping. An id
+   * the call does not hold gets a {@link VerdictError} ({@code UNKNOWN_ID}). Prefer
+   * {@link Delivery#ack()}.
+   *
+   * @return false when no call is open (reconnecting or stopped): nothing was sent
+   */
+  public boolean rawAck(String... ids) {
+    if (ids.length == 0) {
+      throw new IllegalArgumentException("rawAck needs at least one id");
+    }
+    ConsumerCall call = currentCall();
+    return call != null && call.send(ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addAllIds(Arrays.asList(ids))).build());
+  }
+
+  /**
+   * Low-level: sends a raw Fail of any id on the current call. Prefer {@link Delivery#fail}.
+   *
+   * @param retryAfter null for the subscription's backoff
+   * @return false when no call is open: nothing was sent
+   */
+  public boolean rawFail(String id, String reason, Duration retryAfter, boolean deadLetter) {
+    ConsumerCall call = currentCall();
+    return call != null && call.send(Delivery.failRequest(id, reason, retryAfter, deadLetter));
+  }
+
+  private ConsumerCall currentCall() {
+    synchronized (lock) {
+      return current;
+    }
+  }
+
+  /** Opens a new call and sends the subscribe. Holds {@code lock}. */
+  private void connectLocked() {
+    ConsumerCall call = new ConsumerCall(++generations, listener);
+    current = call;
+    try {
+      stub.consume(call);
+      call.send(subscribe);
+    } catch (RuntimeException e) {
+      // The channel refused to start a call (for example it is shutting down): retry like a broken call.
+      LOG.log(Level.WARNING, "could not open the Consume call: " + e);
+      current = null;
+      scheduleReconnectLocked(Status.fromThrowable(e));
+    }
+  }
+
+  private void scheduleReconnectLocked(Status why) {
+    Duration delay = backoff.next();
+    LOG.log(
+        Level.INFO,
+        "Consume call on stream {0} group {1} ended ({2}); reconnecting in {3} ms",
+        stream, group, describe(why), delay.toMillis());
+    try {
+      pendingReconnect = scheduler.schedule(this::reconnect, delay.toNanos(), TimeUnit.NANOSECONDS);
+    } catch (RejectedExecutionException e) {
+      // Stopped meanwhile.
+    }
+  }
+
+  private void reconnect() {
+    synchronized (lock) {
+      if (state != State.RUNNING) {
+        return;
+      }
+      if (ownedChannel != null) {
+        // The channel has its own, slower connect backoff; ours decides when to try.
+        ownedChannel.resetConnectBackoff();
+      }
+      connectLocked();
+    }
+  }
+
+  private void runHandler(ConsumerCall call, Delivery delivery) {
+    if (state != State.RUNNING || !call.isOpen()) {
+      // Stopping, or the call broke while the delivery waited: leave it to come back.
+      return;
+    }
+    try {
+      handler.handle(delivery);
+      if (!delivery.isSettled()) {
+        delivery.ack();
+      }
+    } catch (Throwable t) {
+      if (!delivery.isSettled()) {
+        delivery.fail(reasonOf(t));
+      }
+      if (t instanceof Error) {
+        LOG.log(Level.WARNING, "handler threw on " + delivery + "; failed it", t);
+      }
+    }
+  }
+
+  /** The rest of a graceful stop, after the Drain: on its own thread. */
+  private void finishStop(Duration deadline, CompletableFuture<Boolean> result) {
+    long start = System.nanoTime();
+    long total = deadline.toNanos();
+    // Keep a tenth of the deadline (at most 1 s) to close the call after the handlers.
+    long closeReserve = Math.min(total / 10, TimeUnit.SECONDS.toNanos(1));
+    handlers.shutdown();
+    boolean drained;
+    try {
+      drained = handlers.awaitTermination(Math.max(0, total - closeReserve), TimeUnit.NANOSECONDS);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      drained = false;
+    }
+    ConsumerCall call;
+    synchronized (lock) {
+      call = current;
+    }
+    boolean closed = true;
+    if (call != null) {
+      if (drained) {
+        call.halfClose();
+        long left = total - (System.nanoTime() - start);
+        closed = awaitQuietly(call.ended(), left);
+        if (!closed) {
+          call.cancel("stop deadline passed before the sidecar closed the call");
+        }
+      } else {
+        call.cancel("stop deadline passed before running handlers finished");
+      }
+    }
+    if (!drained) {
+      handlers.shutdownNow();
+      LOG.log(Level.WARNING, "stop deadline {0} passed with handlers still running; their entries stay pending", deadline);
+    }
+    synchronized (lock) {
+      state = State.STOPPED;
+      current = null;
+    }
+    releaseResources(false);
+    subscribed.cancel(false);
+    terminated.complete(null);
+    result.complete(drained && closed);
+  }
+
+  private void releaseResources(boolean now) {
+    scheduler.shutdownNow();
+    if (ownedChannel != null) {
+      if (now) {
+        ownedChannel.shutdownNow();
+      } else {
+        ownedChannel.shutdown();
+      }
+    }
+  }
+
+  private void failPermanently(ConsumerCall call, Status status) {
+    EchoMqException error =
+        new EchoMqException(
+            status.getCode(),
+            "the sidecar refused the subscription to stream \"" + stream + "\" group \"" + group + "\""
+                + (status.getDescription() == null ? "" : ": " + status.getDescription())
+                + " (not retried: fix the request or the setup)",
+            status.asRuntimeException());
+    LOG.log(Level.ERROR, error.getMessage());
+    handlers.shutdown();
+    releaseResources(false);
+    subscribed.completeExceptionally(error);
+    terminated.completeExceptionally(error);
+  }
+
+  private final class CallListener implements ConsumerCall.Listener {
+    @Override
+    public void onSubscribed(ConsumerCall call, io.echomq.v1.Subscribed confirmed) {
+      synchronized (lock) {
+        if (call != current) {
+          return;
+        }
+        backoff.reset();
+      }
+      LOG.log(
+          Level.DEBUG, "subscribed to stream {0} group {1} as consumer {2} (max_in_flight {3})",
+          confirmed.getStream(), confirmed.getGroup(), confirmed.getConsumer(), confirmed.getMaxInFlight());
+      subscribed.complete(null);
+    }
+
+    @Override
+    public void onDelivery(ConsumerCall call, Delivery delivery) {
+      if (state != State.RUNNING) {
+        // Stopping (Drain sent; this one was already on the wire): not handed to a handler and not
+        // settled; it stays pending and comes back after the backoff.
+        return;
+      }
+      try {
+        handlers.execute(() -> runHandler(call, delivery));
+      } catch (RejectedExecutionException e) {
+        // Stopped meanwhile: same as above.
+      }
+    }
+
+    @Override
+    public void onVerdictError(ConsumerCall call, VerdictError error) {
+      try {
+        verdictErrors.accept(error);
+      } catch (RuntimeException e) {
+        LOG.log(Level.WARNING, "verdict error listener threw", e);
+      }
+    }
+
+    @Override
+    public void onEnded(ConsumerCall call, Status status) {
+      synchronized (lock) {
+        if (call != current || state != State.RUNNING) {
+          return; // An older call, or stop()/abort() is in charge.
+        }
+        current = null;
+        if (!EchoMqException.isPermanent(status.getCode())) {
+          scheduleReconnectLocked(status);
+          return;
+        }
+        state = State.STOPPED;
+      }
+      failPermanently(call, status);
+    }
+  }
+
+  private static String describe(Status status) {
+    return status.getCode() + (status.getDescription() == null ? "" : ": " + status.getDescription());
+  }
+
+  private static String reasonOf(Throwable t) {
+    return t.getMessage() != null ? t.getMessage() : t.getClass().getName();
+  }
+
+  private static boolean awaitQuietly(CompletableFuture<?> future, long nanos) {
+    try {
+      future.get(Math.max(0, nanos), TimeUnit.NANOSECONDS);
+      return true;
+    } catch (TimeoutException | ExecutionException e) {
+      return future.isDone();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      return false;
+    }
+  }
+
+  private static ThreadFactory threads(String prefix) {
+    AtomicInteger n = new AtomicInteger();
+    return runnable -> {
+      Thread thread = new Thread(runnable, prefix + n.incrementAndGet());
+      thread.setDaemon(true);
+      return thread;
+    };
+  }
+
+  /** Settings of a consumer. Every setting's default is named in its method's doc. */
+  public static final class Builder {
+    private String target;
+    private Channel channel;
+    private String stream;
+    private String group;
+    private StartPosition startPosition;
+    private int maxInFlight = -1;
+    private int concurrency = 1;
+    private DeliveryHandler handler;
+    private Consumer<VerdictError> verdictErrors =
+        error -> LOG.log(Level.WARNING, "verdict not applied: {0} {1}: {2}", error.code(), error.id(), error.message());
+    private Duration ackDeadline;
+    private Duration retryBackoffInitial;
+    private Duration retryBackoffMax;
+    private String deadLetterStream;
+    private Duration reconnectBackoffInitial = Duration.ofMillis(100);
+    private Duration reconnectBackoffMax = Duration.ofSeconds(5);
+    private Duration closeTimeout = Duration.ofSeconds(30);
+    private final List<ClientInterceptor> interceptors = new ArrayList<>();
+
+    private Builder() {}
+
+    /** The sidecar's address: {@code host:port} or {@code unix:/path}. Required unless {@link #channel} is set. */
+    public Builder target(String target) {
+      this.target = target;
+      return this;
+    }
+
+    /** A channel to use instead of {@link #target}; the caller owns it and closes it. */
+    public Builder channel(Channel channel) {
+      this.channel = channel;
+      return this;
+    }
+
+    /** The stream key. Required. */
+    public Builder stream(String stream) {
+      this.stream = stream;
+      return this;
+    }
+
+    /** The consumer group. Required. */
+    public Builder group(String group) {
+      this.group = group;
+      return this;
+    }
+
+    /** Where the group starts if the sidecar has to create it. Required: there is no default. */
+    public Builder startPosition(StartPosition startPosition) {
+      this.startPosition = startPosition;
+      return this;
+    }
+
+    /**
+     * Flow control: the most deliveries the call holds un-settled (sent in Subscribe). Default
+     * {@code 2 × concurrency}, so a handler finds the next delivery waiting. 0 takes the sidecar's
+     * default ({@code --default-max-in-flight}).
+     */
+    public Builder maxInFlight(int maxInFlight) {
+      this.maxInFlight = maxInFlight;
+      return this;
+    }
+
+    /** The most handlers running at once (threads of the handler pool). Default 1. */
+    public Builder concurrency(int concurrency) {
+      this.concurrency = concurrency;
+      return this;
+    }
+
+    /** The handler. Required. */
+    public Builder handler(DeliveryHandler handler) {
+      this.handler = handler;
+      return this;
+    }
+
+    /**
+     * Called with each verdict the sidecar did not apply (on a gRPC thread: do not block). Default:
+     * a WARNING log line.
+     */
+    public Builder onVerdictError(Consumer<VerdictError> listener) {
+      this.verdictErrors = Objects.requireNonNull(listener, "listener");
+      return this;
+    }
+
+    /** How long a delivery may stay un-settled before the sidecar fails it. Default: no deadline. */
+    public Builder ackDeadline(Duration ackDeadline) {
+      this.ackDeadline = ackDeadline;
+      return this;
+    }
+
+    /** First retry delay after a Fail without a delay. Default: the sidecar's ({@code --retry-backoff-initial-ms}). */
+    public Builder retryBackoffInitial(Duration delay) {
+      this.retryBackoffInitial = delay;
+      return this;
+    }
+
+    /** Cap of the retry delay. Default: the sidecar's ({@code --retry-backoff-max-ms}). */
+    public Builder retryBackoffMax(Duration delay) {
+      this.retryBackoffMax = delay;
+      return this;
+    }
+
+    /** The dead-letter stream. Default: the sidecar's, {@code <stream>:dlq}. */
+    public Builder deadLetterStream(String deadLetterStream) {
+      this.deadLetterStream = deadLetterStream;
+      return this;
+    }
+
+    /** Reconnect backoff: first delay (default 100 ms) and cap (default 5 s), jittered, doubling. */
+    public Builder reconnectBackoff(Duration initial, Duration max) {
+      this.reconnectBackoffInitial = Objects.requireNonNull(initial, "initial");
+      this.reconnectBackoffMax = Objects.requireNonNull(max, "max");
+      return this;
+    }
+
+    /** The deadline {@link EchoMqConsumer#close()} gives {@link EchoMqConsumer#stop}. Default 30 s. */
+    public Builder closeTimeout(Duration closeTimeout) {
+      this.closeTimeout = Objects.requireNonNull(closeTimeout, "closeTimeout");
+      return this;
+    }
+
+    /** gRPC interceptors for the Consume call (metadata, metrics, tests). */
+    public Builder intercept(ClientInterceptor... interceptors) {
+      this.interceptors.addAll(Arrays.asList(interceptors));
+      return this;
+    }
+
+    private int effectiveMaxInFlight() {
+      return maxInFlight >= 0 ? maxInFlight : 2 * concurrency;
+    }
+
+    /**
+     * Checks the settings and builds the consumer (not started).
+     *
+     * @throws IllegalStateException when a required setting is missing
+     * @throws IllegalArgumentException when a setting is out of range
+     */
+    public EchoMqConsumer build() {
+      if (target == null && channel == null) {
+        throw new IllegalStateException("target (host:port or unix:/path) or channel is required");
+      }
+      if (stream == null || stream.isEmpty()) {
+        throw new IllegalStateException("stream is required");
+      }
+      if (group == null || group.isEmpty()) {
+        throw new IllegalStateException("group is required");
+      }
+      if (startPosition == null) {
+        throw new IllegalStateException(
+            "startPosition is required: StartPosition.newEntries(), beginning(), afterId(id) or at(instant)");
+      }
+      if (handler == null) {
+        throw new IllegalStateException("handler is required");
+      }
+      if (concurrency < 1) {
+        throw new IllegalArgumentException("concurrency must be at least 1, got " + concurrency);
+      }
+      if (maxInFlight < -1 || (maxInFlight > 0 && maxInFlight < concurrency)) {
+        throw new IllegalArgumentException(
+            "maxInFlight (" + maxInFlight + ") must be 0 (sidecar default) or at least concurrency ("
+                + concurrency + "): handlers can only run on deliveries the call holds");
+      }
+      if (channel == null) {
+        Targets.grpcTarget(target);
+      }
+      return new EchoMqConsumer(this);
+    }
+  }
+}

@@ -1,0 +1,16 @@
+/**
+ * The Java client of the EchoMQ sidecar.
+ *
+ * <h2>Layout</h2>
+ * <ul>
+ *   <li>{@link io.echomq.client.EchoMqConsumer}: one subscription (stream + group) served by a
+ *       handler on a bounded pool; reconnects by itself, stops gracefully.</li>
+ *   <li>{@link io.echomq.client.Delivery}: one hand-over of an entry, with its explicit verdicts.</li>
+ *   <li>{@link io.echomq.client.EchoMqProducer}: {@code Append} and {@code AppendBatch}.</li>
+ *   <li>{@link io.echomq.client.StartPosition}: where a new consumer group starts (no default).</li>
+ *   <li>{@link io.echomq.client.BrandedIds}: the 28-hex branded id: check, compare, mint time.</li>
+ *   <li>{@link io.echomq.client.idempotency}: seen-set and newer-wins helpers keyed by branded id.</li>
+ *   <li>{@code io.echomq.v1}: the stubs, generated at build time from {@code proto/echomq/v1}.</li>
+ * </ul>
+ */
+package io.echomq.client;

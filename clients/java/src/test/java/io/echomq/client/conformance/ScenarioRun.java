@@ -1,0 +1,519 @@
+package io.echomq.client.conformance;
+
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import io.echomq.client.AppendResult;
+import io.echomq.client.DeliveryHandler;
+import io.echomq.client.EchoMqConsumer;
+import io.echomq.client.EchoMqException;
+import io.echomq.client.EchoMqProducer;
+import io.echomq.client.StartPosition;
+import io.echomq.client.testing.Resp;
+import io.echomq.client.testing.SidecarFixture;
+import io.echomq.v1.ConsumeRequest;
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ClientCall;
+import io.grpc.ClientInterceptor;
+import io.grpc.ForwardingClientCall;
+import io.grpc.MethodDescriptor;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Base64;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeMap;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.IntSupplier;
+import java.util.function.Supplier;
+
+import static org.junit.jupiter.api.Assertions.fail;
+
+/** One scenario of scenarios.json, run from start to expectations. */
+final class ScenarioRun {
+  private static final Duration WAIT = Duration.ofSeconds(30);
+  private static final Duration FINAL_STOP = Duration.ofSeconds(10);
+  private static final String GROUP = "conformance";
+
+  private static final Set<String> SCENARIO_KEYS =
+      Set.of("name", "description", "append", "append_after_restart", "append_generated", "consumer", "handler", "steps", "expect");
+
+  /** One handler call, as recorded when it started. */
+  record Call(String id, String streamId, int attempts, Map<String, byte[]> payload, long startedNanos) {}
+
+  private final JsonObject scenario;
+  private final SidecarFixture fixture;
+  private final EchoMqProducer producer;
+  private final String name;
+  private final String stream;
+  private final String deadLetters;
+
+  private final List<Call> calls = Collections.synchronizedList(new ArrayList<>());
+  private final AtomicInteger started = new AtomicInteger();
+  private final AtomicInteger finished = new AtomicInteger();
+  private final Set<String> finishedIds = ConcurrentHashMap.newKeySet();
+  private final AtomicInteger running = new AtomicInteger();
+  private final AtomicInteger maxRunning = new AtomicInteger();
+  /** Released when the scenario ends: the only way a `hang` handler returns on its own. */
+  private final CountDownLatch scenarioOver = new CountDownLatch(1);
+  /** Acks the client sent, per id, counted on the wire by an interceptor. */
+  private final Map<String, Integer> acksSent = new ConcurrentHashMap<>();
+  private final List<String> verdictErrors = Collections.synchronizedList(new ArrayList<>());
+  /** Appended fields by stream id, for payload_equals_appended. */
+  private final Map<String, Map<String, byte[]>> appended = new ConcurrentHashMap<>();
+  private final List<EchoMqConsumer> consumers = new ArrayList<>();
+  private final List<String> problems = Collections.synchronizedList(new ArrayList<>());
+  private Long stopMillis;
+
+  ScenarioRun(JsonObject scenario, SidecarFixture fixture, EchoMqProducer producer, String language) {
+    this.scenario = scenario;
+    this.fixture = fixture;
+    this.producer = producer;
+    this.name = scenario.get("name").getAsString();
+    this.stream = "conf:" + language + ":" + name;
+    this.deadLetters = stream + ":dlq";
+  }
+
+  void run() throws Exception {
+    for (String key : scenario.keySet()) {
+      if (!SCENARIO_KEYS.contains(key)) {
+        fail("scenario " + name + ": unknown key `" + key + "` (this runner must be taught it)");
+      }
+    }
+    try (Resp redis = fixture.redis()) {
+      redis.call("DEL", stream, deadLetters);
+      appendInitial();
+      for (String step : steps()) {
+        runStep(step);
+      }
+      for (EchoMqConsumer consumer : consumers) {
+        consumer.stop(FINAL_STOP).get(FINAL_STOP.toSeconds() + 5, TimeUnit.SECONDS);
+      }
+      scenarioOver.countDown();
+      check(redis);
+    } finally {
+      scenarioOver.countDown();
+      consumers.forEach(EchoMqConsumer::abort);
+    }
+    if (!problems.isEmpty()) {
+      fail("scenario " + name + ":\n  - " + String.join("\n  - ", problems) + "\n--- sidecar log (tail) ---\n" + fixture.sidecarLog());
+    }
+  }
+
+  // ---- appending ----
+
+  private void appendInitial() {
+    if (scenario.has("append")) {
+      appendEntries(scenario.get("append"), false);
+    }
+    if (scenario.has("append_generated")) {
+      JsonObject gen = scenario.getAsJsonObject("append_generated");
+      String field = gen.get("field").getAsString();
+      int count = gen.get("count").getAsInt();
+      List<Map<String, byte[]>> entries = new ArrayList<>();
+      for (int i = 0; i < count; i++) {
+        entries.add(Map.of(field, String.valueOf(i).getBytes(StandardCharsets.UTF_8)));
+      }
+      record(entries, producer.appendBatch(stream, entries));
+    }
+  }
+
+  private void appendEntries(JsonElement spec, boolean retryWhileUnavailable) {
+    List<Map<String, byte[]>> entries = new ArrayList<>();
+    for (JsonElement e : spec.getAsJsonArray()) {
+      JsonObject entry = e.getAsJsonObject();
+      for (String key : entry.keySet()) {
+        if (!key.equals("fields")) {
+          problems.add("unknown append entry key `" + key + "`");
+        }
+      }
+      Map<String, byte[]> fields = new LinkedHashMap<>();
+      entry.getAsJsonObject("fields").entrySet().forEach(f -> fields.put(f.getKey(), value(f.getValue().getAsJsonObject())));
+      entries.add(fields);
+    }
+    Supplier<List<AppendResult>> append =
+        entries.size() == 1
+            ? () -> List.of(producer.append(stream, entries.get(0)))
+            : () -> producer.appendBatch(stream, entries);
+    record(entries, retryWhileUnavailable ? retrying(append) : append.get());
+  }
+
+  private List<AppendResult> retrying(Supplier<List<AppendResult>> append) {
+    long until = System.nanoTime() + WAIT.toNanos();
+    while (true) {
+      try {
+        return append.get();
+      } catch (EchoMqException e) {
+        if (e.isPermanent() || System.nanoTime() > until) {
+          throw e;
+        }
+        sleep(100);
+      }
+    }
+  }
+
+  private void record(List<Map<String, byte[]>> entries, List<AppendResult> results) {
+    for (int i = 0; i < entries.size(); i++) {
+      appended.put(results.get(i).streamId(), entries.get(i));
+    }
+  }
+
+  /** A field value spec: utf8, base64, repeat {byte, count}, all_bytes. */
+  private byte[] value(JsonObject spec) {
+    if (spec.has("utf8")) {
+      return spec.get("utf8").getAsString().getBytes(StandardCharsets.UTF_8);
+    }
+    if (spec.has("base64")) {
+      return Base64.getDecoder().decode(spec.get("base64").getAsString());
+    }
+    if (spec.has("repeat")) {
+      JsonObject r = spec.getAsJsonObject("repeat");
+      byte[] out = new byte[r.get("count").getAsInt()];
+      Arrays.fill(out, (byte) r.get("byte").getAsInt());
+      return out;
+    }
+    if (spec.has("all_bytes") && spec.get("all_bytes").getAsBoolean()) {
+      byte[] out = new byte[256];
+      for (int i = 0; i < 256; i++) {
+        out[i] = (byte) i;
+      }
+      return out;
+    }
+    throw new IllegalArgumentException("unknown field value spec " + spec);
+  }
+
+  // ---- the consumer and its handler ----
+
+  private EchoMqConsumer startConsumer() {
+    JsonObject spec = scenario.getAsJsonObject("consumer");
+    for (String key : spec.keySet()) {
+      if (!Set.of("max_in_flight", "concurrency").contains(key)) {
+        problems.add("unknown consumer key `" + key + "`");
+      }
+    }
+    EchoMqConsumer consumer =
+        EchoMqConsumer.builder()
+            .target(fixture.target())
+            .stream(stream)
+            .group(GROUP)
+            .startPosition(StartPosition.beginning())
+            .maxInFlight(spec.get("max_in_flight").getAsInt())
+            .concurrency(spec.get("concurrency").getAsInt())
+            .handler(handler())
+            .onVerdictError(error -> verdictErrors.add(error.code().name()))
+            .intercept(new AckCounter())
+            // Sidecar restarts in tests take well under a second: keep reconnects brisk.
+            .reconnectBackoff(Duration.ofMillis(50), Duration.ofSeconds(1))
+            .build();
+    consumers.add(consumer);
+    consumer.start();
+    return consumer;
+  }
+
+  private DeliveryHandler handler() {
+    JsonObject spec = scenario.getAsJsonObject("handler");
+    return delivery -> {
+      calls.add(new Call(delivery.id(), delivery.streamId(), delivery.attempts(), delivery.payload(), System.nanoTime()));
+      started.incrementAndGet();
+      maxRunning.accumulateAndGet(running.incrementAndGet(), Math::max);
+      boolean hang = false;
+      try {
+        JsonObject action = actionFor(spec, delivery.attempts());
+        switch (action.get("action").getAsString()) {
+          case "return" -> { }
+          case "raise" -> throw new RuntimeException(action.get("message").getAsString());
+          case "fail" -> delivery.fail(action.get("reason").getAsString(), Duration.ofMillis(action.get("retry_after_ms").getAsLong()));
+          case "dead_letter" -> delivery.deadLetter(action.get("reason").getAsString());
+          case "sleep" -> Thread.sleep(
+              action.has("ms")
+                  ? action.get("ms").getAsLong()
+                  : ThreadLocalRandom.current().nextLong(action.get("ms_random_max").getAsLong() + 1));
+          case "hang" -> {
+            // A hanging call counts as handled once it hangs: it never finishes on its own,
+            // and the scenarios wait for it (wait_handled) before dropping the connection.
+            hang = true;
+            finishedIds.add(delivery.id());
+            finished.incrementAndGet();
+            scenarioOver.await();
+          }
+          default -> {
+            problems.add("unknown handler action " + action);
+            throw new IllegalStateException("unknown handler action " + action);
+          }
+        }
+      } finally {
+        running.decrementAndGet();
+        if (!hang) {
+          finishedIds.add(delivery.id());
+          finished.incrementAndGet();
+        }
+      }
+    };
+  }
+
+  private static JsonObject actionFor(JsonObject spec, int attempts) {
+    if (spec.has("by_attempt")) {
+      JsonObject byAttempt = spec.getAsJsonObject("by_attempt");
+      if (byAttempt.has(String.valueOf(attempts))) {
+        return byAttempt.getAsJsonObject(String.valueOf(attempts));
+      }
+    }
+    return spec.getAsJsonObject("default");
+  }
+
+  /** Counts the Ack ids the client puts on the wire. */
+  private final class AckCounter implements ClientInterceptor {
+    @Override
+    public <ReqT, RespT> ClientCall<ReqT, RespT> interceptCall(
+        MethodDescriptor<ReqT, RespT> method, CallOptions options, Channel next) {
+      return new ForwardingClientCall.SimpleForwardingClientCall<>(next.newCall(method, options)) {
+        @Override
+        public void sendMessage(ReqT message) {
+          if (message instanceof ConsumeRequest request && request.hasAck()) {
+            request.getAck().getIdsList().forEach(id -> acksSent.merge(id, 1, Integer::sum));
+          }
+          super.sendMessage(message);
+        }
+      };
+    }
+  }
+
+  // ---- steps ----
+
+  private List<String> steps() {
+    if (scenario.has("steps")) {
+      List<String> steps = new ArrayList<>();
+      scenario.getAsJsonArray("steps").forEach(s -> steps.add(s.getAsString()));
+      return steps;
+    }
+    JsonObject expect = scenario.getAsJsonObject("expect");
+    int n = expect.has("handled") ? expect.get("handled").getAsInt() : expect.get("distinct_handled").getAsInt();
+    return List.of("start_consumer", "wait_handled:" + n);
+  }
+
+  private void runStep(String step) throws Exception {
+    String[] parts = step.split(":", 2);
+    String arg = parts.length > 1 ? parts[1] : null;
+    switch (parts[0]) {
+      case "start_consumer", "start_second_consumer" -> startConsumer();
+      case "wait_handled" -> waitFor(step, handledCount(), Integer.parseInt(arg));
+      case "wait_started" -> waitFor(step, () -> started.get(), Integer.parseInt(arg));
+      case "drop_connection" -> consumers.get(consumers.size() - 1).abort();
+      case "stop" -> {
+        long t0 = System.nanoTime();
+        for (EchoMqConsumer consumer : consumers) {
+          consumer.stop(Duration.ofMillis(Long.parseLong(arg))).get(Long.parseLong(arg) + 5000, TimeUnit.MILLISECONDS);
+        }
+        stopMillis = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t0);
+      }
+      case "kill_sidecar" -> fixture.killSidecar();
+      case "restart_sidecar" -> fixture.restartSidecar();
+      case "append_after_restart" -> appendEntries(scenario.get("append_after_restart"), true);
+      case "append_more" -> {
+        int n = Integer.parseInt(arg);
+        List<Map<String, byte[]>> entries = new ArrayList<>();
+        for (int i = 0; i < n; i++) {
+          entries.add(Map.of("n", String.valueOf(i).getBytes(StandardCharsets.UTF_8)));
+        }
+        record(entries, n == 1 ? List.of(producer.append(stream, entries.get(0))) : producer.appendBatch(stream, entries));
+      }
+      case "ack_unknown" -> {
+        EchoMqConsumer consumer = consumers.get(consumers.size() - 1);
+        waitFor("a subscribed call for " + step, () -> consumer.isConnected() ? 1 : 0, 1);
+        if (!consumer.rawAck(arg)) {
+          problems.add(step + ": the raw ack was not sent (no open call)");
+        }
+      }
+      case "wait_verdict_error" -> waitFor(step, () -> verdictErrors.contains(arg) ? 1 : 0, 1);
+      default -> fail("scenario " + name + ": unknown step `" + step + "` (this runner must be taught it)");
+    }
+  }
+
+  /**
+   * What wait_handled counts: finished handler calls; or, in a scenario whose expectation is
+   * `distinct_handled` (not `handled`), distinct ids whose handler call finished, because there a
+   * redelivery (an ack lost to a killed sidecar) is allowed and must not end the wait early.
+   */
+  private IntSupplier handledCount() {
+    JsonObject expect = scenario.getAsJsonObject("expect");
+    if (expect.has("distinct_handled") && !expect.has("handled")) {
+      return () -> finishedIds.size();
+    }
+    return finished::get;
+  }
+
+  private void waitFor(String what, IntSupplier value, int atLeast) {
+    long until = System.nanoTime() + WAIT.toNanos();
+    while (value.getAsInt() < atLeast) {
+      if (System.nanoTime() > until) {
+        fail("scenario " + name + ": " + what + " not reached within " + WAIT.toSeconds() + " s (at " + value.getAsInt()
+            + "); handler calls: " + calls.size() + ", verdict errors: " + verdictErrors
+            + "\n--- sidecar log (tail) ---\n" + fixture.sidecarLog());
+      }
+      sleep(10);
+    }
+  }
+
+  // ---- expectations ----
+
+  private void check(Resp redis) throws Exception {
+    JsonObject expect = scenario.getAsJsonObject("expect");
+    List<Call> calls = List.copyOf(this.calls);
+    for (Map.Entry<String, JsonElement> e : expect.entrySet()) {
+      JsonElement want = e.getValue();
+      switch (e.getKey()) {
+        case "handled" -> same("handled", want.getAsInt(), calls.size());
+        case "distinct_handled" -> same("distinct_handled", want.getAsInt(), (int) calls.stream().map(Call::id).distinct().count());
+        case "attempts" -> {
+          Map<String, Integer> wanted = new TreeMap<>();
+          want.getAsJsonObject().entrySet().forEach(a -> wanted.put(a.getKey(), a.getValue().getAsInt()));
+          Map<String, Integer> got = new TreeMap<>();
+          calls.forEach(c -> got.merge(String.valueOf(c.attempts()), 1, Integer::sum));
+          same("attempts histogram", wanted, got);
+        }
+        case "min_redelivery_gap_ms" -> {
+          Map<String, List<Call>> byId = new HashMap<>();
+          calls.forEach(c -> byId.computeIfAbsent(c.id(), k -> new ArrayList<>()).add(c));
+          boolean any = false;
+          for (List<Call> list : byId.values()) {
+            if (list.size() >= 2) {
+              any = true;
+              long gap = TimeUnit.NANOSECONDS.toMillis(list.get(1).startedNanos() - list.get(0).startedNanos());
+              if (gap < want.getAsLong()) {
+                problems.add("redelivery gap " + gap + " ms < " + want.getAsLong() + " ms");
+              }
+            }
+          }
+          if (!any) {
+            problems.add("min_redelivery_gap_ms: no id was delivered twice");
+          }
+        }
+        case "pending_after" -> {
+          List<?> summary = (List<?>) redis.call("XPENDING", stream, GROUP);
+          if (want.getAsLong() != (Long) summary.get(0)) {
+            problems.add("pending_after (XPENDING count): expected " + want.getAsLong() + ", got " + summary.get(0)
+                + "; pending entries [stream id, consumer, idle ms, deliveries]: " + pendingDetail(redis));
+          }
+        }
+        case "dead_letters" -> same("dead_letters (XLEN " + deadLetters + ")", want.getAsLong(), redis.callLong("XLEN", deadLetters));
+        case "dead_letter_fields" -> {
+          Map<String, String> fields = firstDeadLetter(redis);
+          want.getAsJsonObject().entrySet().forEach(f -> same("dead letter field " + f.getKey(), f.getValue().getAsString(), fields.get(f.getKey())));
+        }
+        case "dead_letter_keeps_branded_id" -> {
+          if (want.getAsBoolean()) {
+            Map<String, String> fields = firstDeadLetter(redis);
+            same("dead letter `id` field", calls.isEmpty() ? null : calls.get(0).id(), fields.get("id"));
+          }
+        }
+        case "each_acked_once" -> {
+          if (want.getAsBoolean()) {
+            Map<String, Integer> expected = new HashMap<>();
+            calls.forEach(c -> expected.put(c.id(), 1));
+            if (!expected.equals(acksSent)) {
+              Map<String, Integer> wrong = new TreeMap<>();
+              expected.keySet().forEach(id -> { if (acksSent.getOrDefault(id, 0) != 1) wrong.put(id, acksSent.getOrDefault(id, 0)); });
+              acksSent.keySet().forEach(id -> { if (!expected.containsKey(id)) wrong.put(id, acksSent.get(id)); });
+              problems.add("each_acked_once: acks sent per id differ for " + wrong.size() + " ids: " + first(wrong, 10));
+            }
+          }
+        }
+        case "payload_equals_appended" -> {
+          if (want.getAsBoolean()) {
+            if (calls.isEmpty()) {
+              problems.add("payload_equals_appended: no handler call");
+            }
+            for (Call c : calls) {
+              Map<String, byte[]> sent = appended.get(c.streamId());
+              if (sent == null) {
+                problems.add("payload_equals_appended: no appended entry with stream id " + c.streamId());
+              } else if (!sent.keySet().equals(c.payload().keySet())
+                  || sent.keySet().stream().anyMatch(k -> !Arrays.equals(sent.get(k), c.payload().get(k)))) {
+                problems.add("payload_equals_appended: delivered fields " + describe(c.payload()) + " != appended " + describe(sent));
+              }
+            }
+          }
+        }
+        case "verdict_errors" -> {
+          List<String> wanted = new ArrayList<>();
+          want.getAsJsonArray().forEach(v -> wanted.add(v.getAsString()));
+          same("verdict_errors", wanted, List.copyOf(verdictErrors));
+        }
+        case "max_concurrent_handlers" -> {
+          if (maxRunning.get() > want.getAsInt()) {
+            problems.add("max_concurrent_handlers: " + maxRunning.get() + " > " + want.getAsInt());
+          }
+        }
+        case "stop_returned_within_ms" -> {
+          if (stopMillis == null) {
+            problems.add("stop_returned_within_ms: no stop step ran");
+          } else if (stopMillis > want.getAsLong()) {
+            problems.add("stop returned after " + stopMillis + " ms > " + want.getAsLong() + " ms");
+          }
+        }
+        default -> problems.add("unknown expectation `" + e.getKey() + "` (this runner must be taught it)");
+      }
+    }
+  }
+
+  private String pendingDetail(Resp redis) throws Exception {
+    List<String> out = new ArrayList<>();
+    for (Object row : (List<?>) redis.call("XPENDING", stream, GROUP, "-", "+", "10")) {
+      List<?> r = (List<?>) row;
+      out.add("[" + new String((byte[]) r.get(0), StandardCharsets.UTF_8) + ", " + new String((byte[]) r.get(1), StandardCharsets.UTF_8)
+          + ", " + r.get(2) + ", " + r.get(3) + "]");
+    }
+    return out + "; handler calls (stream id, attempts): "
+        + calls.stream().map(c -> c.streamId() + "/" + c.attempts()).toList() + "; acks sent: " + acksSent;
+  }
+
+  private Map<String, String> firstDeadLetter(Resp redis) throws Exception {
+    List<?> entries = (List<?>) redis.call("XRANGE", deadLetters, "-", "+");
+    Map<String, String> fields = new HashMap<>();
+    if (entries.isEmpty()) {
+      problems.add("no entry in " + deadLetters);
+      return fields;
+    }
+    List<?> kv = (List<?>) ((List<?>) entries.get(0)).get(1);
+    for (int i = 0; i + 1 < kv.size(); i += 2) {
+      fields.put(new String((byte[]) kv.get(i), StandardCharsets.UTF_8), new String((byte[]) kv.get(i + 1), StandardCharsets.UTF_8));
+    }
+    return fields;
+  }
+
+  private void same(String what, Object want, Object got) {
+    if (!java.util.Objects.equals(want, got)) {
+      problems.add(what + ": expected " + want + ", got " + got);
+    }
+  }
+
+  private static String describe(Map<String, byte[]> fields) {
+    Map<String, String> out = new TreeMap<>();
+    fields.forEach((k, v) -> out.put(k, v.length > 32 ? v.length + " bytes" : Arrays.toString(v)));
+    return out.toString();
+  }
+
+  private static <K, V> String first(Map<K, V> map, int n) {
+    return map.entrySet().stream().limit(n).toList().toString();
+  }
+
+  private static void sleep(long ms) {
+    try {
+      Thread.sleep(ms);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException(e);
+    }
+  }
+
+}
