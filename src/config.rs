@@ -108,7 +108,7 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: Listen,
 
-    /// Admin HTTP address (`host:port`) serving /livez and /readyz.
+    /// Admin HTTP address (`host:port`) serving /livez, /readyz and /metrics.
     #[arg(long, env = "ECHOMQ_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
 

@@ -6,6 +6,7 @@
 //! to), the Redis operation, or the Redis command name.
 
 use std::{
+    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -243,21 +244,37 @@ impl GroupMetrics {
 pub struct TimedConnection<C> {
     inner: C,
     metrics: Arc<Metrics>,
+    /// Script SHA1 → file name, so EVALSHA is labelled `script:<name>`.
+    scripts: Arc<HashMap<String, &'static str>>,
 }
 
 impl<C> TimedConnection<C> {
-    /// Wraps `inner`.
-    pub fn new(inner: C, metrics: Arc<Metrics>) -> Self {
-        TimedConnection { inner, metrics }
+    /// Wraps `inner`; `scripts` names the scripts it runs by their SHA1.
+    pub fn new(inner: C, metrics: Arc<Metrics>, scripts: HashMap<String, &'static str>) -> Self {
+        TimedConnection { inner, metrics, scripts: Arc::new(scripts) }
+    }
+
+    /// The `command` label: the command name, or `script:<name>` for a script.
+    fn label(&self, cmd: &Cmd) -> String {
+        let mut args = cmd.args_iter();
+        let name = match args.next() {
+            Some(redis::Arg::Simple(name)) => String::from_utf8_lossy(name).to_ascii_uppercase(),
+            _ => return "unknown".to_owned(),
+        };
+        if name == "EVALSHA" || name == "EVAL" {
+            if let Some(redis::Arg::Simple(sha)) = args.next() {
+                if let Some(script) = std::str::from_utf8(sha).ok().and_then(|sha| self.scripts.get(sha)) {
+                    return format!("script:{script}");
+                }
+            }
+        }
+        name
     }
 }
 
 impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let command = match cmd.args_iter().next() {
-            Some(redis::Arg::Simple(name)) => String::from_utf8_lossy(name).to_ascii_uppercase(),
-            _ => "unknown".to_owned(),
-        };
+        let command = self.label(cmd);
         // A span per command only while traces are exported.
         let span = if crate::telemetry::exporting() {
             tracing::info_span!("echomq.redis", command = %command)

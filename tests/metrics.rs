@@ -184,9 +184,10 @@ async fn append_n(sidecar: &Sidecar, stream: &str, n: usize) {
 }
 
 /// The summed `_count` of the Redis latency histogram for the commands acks go
-/// through: `XACK` alone or a `pipeline` (0 when neither series exists yet).
+/// through: `XACK` alone, a `pipeline`, or the `settle.lua` script (0 when no
+/// such series exists yet).
 fn ack_command_count(scrape: &Scrape) -> f64 {
-    ["XACK", "pipeline"]
+    ["XACK", "pipeline", "script:settle"]
         .iter()
         .filter_map(|c| scrape.value("echomq_redis_command_duration_seconds_count", &[("command", c)]))
         .sum()

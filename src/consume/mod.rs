@@ -284,10 +284,26 @@ struct Subscription {
     no_ack: bool,
 }
 
-/// A proto Duration as a std one; `None` when unset. INVALID_ARGUMENT when negative.
-fn duration(field: &'static str, value: Option<prost_types::Duration>) -> Result<Option<Duration>, Error> {
+/// The longest delay or deadline a request may name: far beyond any sane
+/// retry, and far from the overflow of `Instant` arithmetic.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A proto Duration as a std one; `None` when unset. INVALID_ARGUMENT when
+/// negative, malformed (nanos outside 0..1e9) or over [`MAX_DURATION`]. Checked
+/// by hand: prost's conversion negates, which overflows on `i64::MIN`.
+pub(crate) fn duration(field: &'static str, value: Option<prost_types::Duration>) -> Result<Option<Duration>, Error> {
     let Some(value) = value else { return Ok(None) };
-    Duration::try_from(value).map(Some).map_err(|_| Error::invalid(field, "must not be negative"))
+    if value.seconds < 0 || value.nanos < 0 {
+        return Err(Error::invalid(field, "must not be negative"));
+    }
+    if value.nanos >= 1_000_000_000 {
+        return Err(Error::invalid(field, "nanos must be below 1,000,000,000"));
+    }
+    let duration = Duration::new(value.seconds as u64, value.nanos as u32);
+    if duration > MAX_DURATION {
+        return Err(Error::invalid(field, "must be at most 365 days"));
+    }
+    Ok(Some(duration))
 }
 
 type ConsumeStream = Pin<Box<dyn Stream<Item = Result<ConsumeResponse, Status>> + Send>>;
@@ -359,9 +375,14 @@ mod tests {
     }
 
     #[test]
-    fn negative_durations_are_invalid() {
-        let negative = prost_types::Duration { seconds: -1, nanos: 0 };
-        assert!(duration("f", Some(negative)).is_err());
+    fn durations_are_checked_without_overflow() {
+        let d = |seconds, nanos| duration("f", Some(prost_types::Duration { seconds, nanos }));
+        assert!(d(-1, 0).is_err());
+        assert!(d(i64::MIN, 0).is_err());
+        assert!(d(0, i32::MIN).is_err());
+        assert!(d(i64::MAX, 999_999_999).is_err());
+        assert!(d(0, 1_000_000_000).is_err());
+        assert_eq!(d(1, 5).unwrap(), Some(Duration::new(1, 5)));
         assert_eq!(duration("f", None).unwrap(), None);
     }
 }

@@ -110,17 +110,11 @@ async fn forward(
         }
         Some(Kind::Fail(fail)) => {
             let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
-            let retry_after = match fail.retry_after.map(Duration::try_from) {
-                None => None,
-                Some(Ok(delay)) => Some(delay),
-                Some(Err(_)) => {
-                    reject(
-                        outbound,
-                        &fail.id,
-                        VerdictErrorCode::InvalidArgument,
-                        "fail.retry_after must not be negative; the delivery is still held",
-                    )
-                    .await;
+            let retry_after = match super::duration("fail.retry_after", fail.retry_after) {
+                Ok(delay) => delay,
+                Err(e) => {
+                    let message = format!("{e}; the delivery is still held");
+                    reject(outbound, &fail.id, VerdictErrorCode::InvalidArgument, message).await;
                     return Ok(());
                 }
             };
@@ -133,17 +127,12 @@ async fn forward(
         }
         Some(Kind::Drain(_)) => Command::Drain { session },
         Some(Kind::Extend(extend)) => {
-            let by = match extend.by.map(Duration::try_from) {
-                Some(Ok(by)) if !by.is_zero() => by,
+            let by = match super::duration("extend.by", extend.by) {
+                Ok(Some(by)) if !by.is_zero() => by,
                 _ => {
                     for id in &extend.ids {
-                        reject(
-                            outbound,
-                            id,
-                            VerdictErrorCode::InvalidArgument,
-                            "extend.by is required and must be greater than zero",
-                        )
-                        .await;
+                        let message = "extend.by is required, greater than zero and at most 365 days";
+                        reject(outbound, id, VerdictErrorCode::InvalidArgument, message).await;
                     }
                     return Ok(());
                 }

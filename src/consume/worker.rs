@@ -240,9 +240,8 @@ pub(crate) struct Worker {
     recovering: Option<Option<StreamId>>,
     /// Entries requested from the reader and not yet returned.
     read_outstanding: usize,
-    read_requests: mpsc::Sender<usize>,
-    read_results: mpsc::Receiver<Result<Value, RedisError>>,
-    reader: JoinHandle<()>,
+    /// The blocking reader, while there are calls to read for.
+    reader: Option<Reader>,
     reclaim_cursor: StreamId,
     /// The group is gone (NOGROUP): re-create it before anything else.
     group_lost: bool,
@@ -262,10 +261,6 @@ impl Worker {
         no_ack: bool,
     ) -> (mpsc::Sender<Command>, JoinHandle<()>) {
         let (commands_tx, commands) = mpsc::channel(1024);
-        let (read_requests, requests_rx) = mpsc::channel(1);
-        let (results_tx, read_results) = mpsc::channel(1);
-        let reader =
-            tokio::spawn(read_loop(shared.clone(), stream.clone(), group.clone(), no_ack, requests_rx, results_tx));
         let draining = *shared.draining.borrow();
         let retries = retries_key(&stream, &group);
         let worker = Worker {
@@ -286,9 +281,7 @@ impl Worker {
             // Nothing of an at-most-once reader is ever pending: nothing to recover.
             recovering: if no_ack { None } else { Some(None) },
             read_outstanding: 0,
-            read_requests,
-            read_results,
-            reader,
+            reader: None,
             reclaim_cursor: StreamId::ZERO,
             group_lost: false,
             paused_until: Instant::now(),
@@ -332,7 +325,7 @@ impl Worker {
                     }
                     self.flush().await;
                 }
-                Some(result) = self.read_results.recv() => self.on_read(result),
+                result = next_read(&mut self.reader) => self.on_read(result),
                 _ = sleep_until(wake) => {}
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,
@@ -348,24 +341,43 @@ impl Worker {
             }
         }
         self.flush().await;
-        self.reader.abort();
+        self.stop_reading();
         info!(stream = %self.stream, group = %self.group, "group worker stopped");
     }
 
-    /// Shutdown: the blocked XREADGROUP is cut off (its connection dropped), so
-    /// no entry appended during the grace period is taken by this sidecar.
+    /// Cuts off the blocked XREADGROUP (its connection is dropped), so no
+    /// entry appended meanwhile is taken with no call to hand it to: on
+    /// shutdown, and when the last call leaves.
     fn stop_reading(&mut self) {
-        self.reader.abort();
+        if let Some(reader) = self.reader.take() {
+            reader.task.abort();
+        }
         self.read_outstanding = 0;
+    }
+
+    /// Asks the reader (started if need be) for `count` new entries.
+    fn read(&mut self, count: usize) {
+        let reader = self.reader.get_or_insert_with(|| {
+            Reader::spawn(self.shared.clone(), self.stream.clone(), self.group.clone(), self.no_ack)
+        });
+        if reader.requests.try_send(count).is_ok() {
+            self.read_outstanding = count;
+        }
     }
 
     fn next_wake(&self) -> Instant {
         let far = Instant::now() + Duration::from_secs(3600);
-        if self.draining || self.free() == 0 {
+        if self.draining {
             return far;
         }
-        let due = self.waiting.first().map_or(far, |(at, _)| *at);
-        due.max(self.paused_until).min(far)
+        // After a failed command, the pump retries at the end of the pause.
+        if self.paused() && (self.free() > 0 || self.group_lost) {
+            return self.paused_until;
+        }
+        if self.free() == 0 {
+            return far;
+        }
+        self.waiting.first().map_or(far, |(at, _)| *at).min(far)
     }
 
     /// Free credit: slots the calls have minus entries already on their way.
@@ -426,8 +438,8 @@ impl Worker {
         }
         if self.read_outstanding == 0 {
             let count = self.free().min(BATCH_MAX);
-            if count > 0 && self.read_requests.try_send(count).is_ok() {
-                self.read_outstanding = count;
+            if count > 0 {
+                self.read(count);
             }
         }
     }
@@ -802,29 +814,32 @@ impl Worker {
         }
     }
 
+    /// Sends the queued acks and retry-state writes as one `settle.lua` run:
+    /// an XACK per id (so the reply says which ids were still pending), an
+    /// HDEL of the retry state of re-delivered ones, the HSETs of new retry
+    /// states. One command instead of a pipeline of many: Redis parses and
+    /// dispatches one request per batch.
     async fn flush_verdicts(&mut self) {
         if self.acks.is_empty() && self.retry_writes.is_empty() {
             return;
         }
         let acks = std::mem::take(&mut self.acks);
         let writes = std::mem::take(&mut self.retry_writes);
-        let mut pipe = redis::pipe();
+        let mut script = self.shared.redis.scripts.settle.prepare_invoke();
+        script.key(&self.stream).key(&self.retries_key).arg(&self.group).arg(acks.len());
         for ack in &acks {
-            pipe.cmd("XACK").arg(&self.stream).arg(&self.group).arg(ack.stream_id.to_string());
+            script.arg(ack.stream_id.to_string());
         }
-        let cleared: Vec<String> = acks.iter().filter(|a| a.redelivered).map(|a| a.stream_id.to_string()).collect();
-        if !cleared.is_empty() {
-            pipe.cmd("HDEL").arg(&self.retries_key).arg(cleared).ignore();
+        script.arg(acks.iter().filter(|a| a.redelivered).count());
+        for ack in acks.iter().filter(|a| a.redelivered) {
+            script.arg(ack.stream_id.to_string());
         }
-        if !writes.is_empty() {
-            pipe.cmd("HSET").arg(&self.retries_key);
-            for write in &writes {
-                pipe.arg(write.stream_id.to_string()).arg(format!("{} {}", write.due_unix_ms, write.reason));
-            }
-            pipe.ignore();
+        script.arg(writes.len());
+        for write in &writes {
+            script.arg(write.stream_id.to_string()).arg(format!("{} {}", write.due_unix_ms, write.reason));
         }
         let mut conn = self.shared.redis.conn.clone();
-        match pipe.query_async::<Vec<i64>>(&mut conn).await {
+        match script.invoke_async::<Vec<i64>>(&mut conn).await {
             Ok(counts) => {
                 self.redis_ok();
                 for (ack, count) in acks.iter().zip(counts) {
@@ -925,6 +940,7 @@ impl Worker {
             info!(stream = %self.stream, group = %self.group, returned, "call ended holding entries; they stay pending and will be delivered again");
         }
         if self.sessions.is_empty() {
+            self.stop_reading();
             self.release_ready();
         }
     }
@@ -1127,6 +1143,32 @@ impl Worker {
             }
         }
     }
+}
+
+/// The reader task and its channels.
+struct Reader {
+    requests: mpsc::Sender<usize>,
+    results: mpsc::Receiver<Result<Value, RedisError>>,
+    task: JoinHandle<()>,
+}
+
+impl Reader {
+    fn spawn(shared: Arc<Shared>, stream: String, group: String, no_ack: bool) -> Reader {
+        let (requests, requests_rx) = mpsc::channel(1);
+        let (results_tx, results) = mpsc::channel(1);
+        let task = tokio::spawn(read_loop(shared, stream, group, no_ack, requests_rx, results_tx));
+        Reader { requests, results, task }
+    }
+}
+
+/// The next reply of the reader; never resolves while there is none.
+async fn next_read(reader: &mut Option<Reader>) -> Result<Value, RedisError> {
+    if let Some(reader) = reader {
+        if let Some(result) = reader.results.recv().await {
+            return result;
+        }
+    }
+    std::future::pending().await
 }
 
 /// The reader: XREADGROUP `>` with BLOCK on a connection of its own, one request

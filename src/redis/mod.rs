@@ -63,7 +63,8 @@ impl Redis {
         // Connecting does not prove the credentials: without a password Redis
         // accepts the connection and refuses every command (NOAUTH).
         redis::cmd("PING").query_async::<String>(&mut conn).await?;
-        Ok(Redis { client, conn: TimedConnection::new(conn, metrics), scripts: Scripts::new() })
+        let scripts = Scripts::new();
+        Ok(Redis { client, conn: TimedConnection::new(conn, metrics, scripts.names()), scripts })
     }
 
     /// A new connection of its own for blocking reads: no response timeout
@@ -85,6 +86,8 @@ pub struct Scripts {
     pub own_pending: Script,
     /// `forget_consumers.lua`: remove idle consumers that hold nothing.
     pub forget_consumers: Script,
+    /// `settle.lua`: a batch of XACKs and retry-state writes in one command.
+    pub settle: Script,
     /// `trim.lua`: XTRIM MINID, never past what groups still need (safe mode).
     pub trim: Script,
     /// `replay.lua`: move dead letters back to their source stream.
@@ -92,11 +95,27 @@ pub struct Scripts {
 }
 
 impl Scripts {
+    /// SHA1 → file name of every script, for labelling EVALSHA in metrics.
+    fn names(&self) -> std::collections::HashMap<String, &'static str> {
+        [
+            (&self.append, "append"),
+            (&self.own_pending, "own_pending"),
+            (&self.trim, "trim"),
+            (&self.settle, "settle"),
+            (&self.forget_consumers, "forget_consumers"),
+            (&self.replay, "replay"),
+        ]
+        .into_iter()
+        .map(|(script, name)| (script.get_hash().to_owned(), name))
+        .collect()
+    }
+
     fn new() -> Scripts {
         Scripts {
             append: Script::new(include_str!("lua/append.lua")),
             own_pending: Script::new(include_str!("lua/own_pending.lua")),
             trim: Script::new(include_str!("lua/trim.lua")),
+            settle: Script::new(include_str!("lua/settle.lua")),
             forget_consumers: Script::new(include_str!("lua/forget_consumers.lua")),
             replay: Script::new(include_str!("lua/replay.lua")),
         }

@@ -1,0 +1,31 @@
+-- Applies a batch of verdicts in one round trip and one command: XACK each
+-- acknowledged entry (one by one, so the reply says which were still
+-- pending), drop the retry state of those that had any, and record the retry
+-- state of newly failed ones.
+--
+-- KEYS[1]  the stream
+-- KEYS[2]  the group's retry hash: stream id → "<due unix ms> <reason>"
+-- ARGV[1]  the group
+-- ARGV[2]  a, the number of entries to acknowledge; then a stream ids
+-- then     c, the number of retry states to drop; then c stream ids
+-- then     w, the number of retry states to write; then w (stream id, state) pairs
+-- Returns, per acknowledged id in order, 1 when it was pending, else 0.
+
+local stream, retries, group = KEYS[1], KEYS[2], ARGV[1]
+local i = 2
+local acks = tonumber(ARGV[i])
+local out = {}
+for k = 1, acks do
+  out[k] = redis.call('XACK', stream, group, ARGV[i + k])
+end
+i = i + acks + 1
+local clears = tonumber(ARGV[i])
+for k = 1, clears do
+  redis.call('HDEL', retries, ARGV[i + k])
+end
+i = i + clears + 1
+local writes = tonumber(ARGV[i])
+for k = 1, writes do
+  redis.call('HSET', retries, ARGV[i + 2 * k - 1], ARGV[i + 2 * k])
+end
+return out
