@@ -1,1 +1,607 @@
-fn main() {}
+//! Consume benchmark: the sidecar against a direct Redis consumer, on the same
+//! machine and the same Redis, in one run.
+//!
+//! ```text
+//! cargo bench --bench consume                        # or scripts/bench
+//! ECHOMQ_BENCH_ENTRIES=200000 cargo bench --bench consume
+//! ```
+//!
+//! It starts its own `redis-server` (free loopback port, no persistence) and the
+//! sidecar binary cargo built for it (`cargo bench` builds it with the release
+//! profile), then:
+//!
+//! 1. appends N entries (default 50,000; `ECHOMQ_BENCH_ENTRIES`) to each of two
+//!    streams with `AppendBatch` (1,000 per call);
+//! 2. throughput: (a) consumes stream A through the sidecar with one Consume
+//!    call (`max_in_flight` 256), the client sending one `Ack` message with one
+//!    id per delivery as it arrives; (b) consumes stream B with the redis crate
+//!    directly: `XREADGROUP … COUNT 256 BLOCK 2000` then one `XACK` with all the
+//!    ids of the read. Each time runs from the group's creation until Redis has
+//!    every entry acknowledged (for the sidecar, until `XPENDING` says 0);
+//! 3. latency: a producer appends with a plain `XADD` at a fixed rate (1,000
+//!    entries/s for 5 s), writing the send time (unix µs) into the entry, while
+//!    (a) the sidecar's consumer and then (b) the direct one runs; latency is
+//!    the receive time minus the send time, so it includes the XADD itself.
+//!
+//! Under `cargo test` (`--bench consume` or `--all-targets`: no `--bench` argument) it runs as a quick
+//! smoke test with small counts against the debug build, and says so.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitCode, Stdio},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use echomq::proto::{
+    consume_request::Kind, consume_response::Kind as Event, consumer_service_client::ConsumerServiceClient,
+    stream_service_client::StreamServiceClient, Ack, AppendBatchRequest, BatchEntry, ConsumeRequest, GroupStart,
+    Subscribe,
+};
+use redis::{aio::MultiplexedConnection, AsyncConnectionConfig, Value};
+use tokio::{io::AsyncReadExt, io::AsyncWriteExt, sync::mpsc, time::MissedTickBehavior};
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Entries per stream unless `ECHOMQ_BENCH_ENTRIES` says otherwise.
+const DEFAULT_ENTRIES: usize = 50_000;
+/// Entries per stream in the smoke run under `cargo test`.
+const SMOKE_ENTRIES: usize = 2_000;
+/// Entries per AppendBatch call.
+const APPEND_BATCH: usize = 1_000;
+/// The sidecar consumer's `max_in_flight`, and the direct consumer's COUNT.
+const WINDOW: usize = 256;
+/// The direct consumer's XREADGROUP BLOCK (ms), as the sidecar's default.
+const BLOCK_MS: u64 = 2_000;
+/// Bytes of the `body` field of every entry.
+const BODY_BYTES: usize = 100;
+/// The latency phase's producer rate (entries per second).
+const LATENCY_RATE: u64 = 1_000;
+/// How long the latency phase's producer runs, full run and smoke run.
+const LATENCY_TIME: Duration = Duration::from_secs(5);
+const SMOKE_LATENCY_TIME: Duration = Duration::from_millis(500);
+/// No phase may take longer than this.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long processes may take to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> ExitCode {
+    let full = std::env::args().any(|arg| arg == "--bench");
+    let entries = match std::env::var("ECHOMQ_BENCH_ENTRIES") {
+        Ok(text) => match text.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("consume bench: ECHOMQ_BENCH_ENTRIES must be a positive integer, got `{text}`");
+                return ExitCode::from(2);
+            }
+        },
+        Err(_) if full => DEFAULT_ENTRIES,
+        Err(_) => SMOKE_ENTRIES,
+    };
+    let latency_time = if full { LATENCY_TIME } else { SMOKE_LATENCY_TIME };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("consume bench: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(full, entries, latency_time)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("consume bench: FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), Error> {
+    let sidecar_bin = PathBuf::from(env!("CARGO_BIN_EXE_echomq-sidecar"));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("echomq-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let redis_server = RedisServer::start(&dir).await?;
+    let sidecar = Sidecar::start(&sidecar_bin, &redis_server, &dir).await?;
+    let endpoint = format!("http://127.0.0.1:{}", sidecar.grpc_port);
+    let mut redis = redis_server.connection().await?;
+    let info: String = redis::cmd("INFO").arg("server").query_async(&mut redis).await?;
+    let version = info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned();
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    // Other work on the machine skews every figure: say how busy it was.
+    let load =
+        std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split_whitespace().next().map(str::to_owned));
+
+    println!(
+        "EchoMQ consume benchmark{}",
+        if full {
+            ""
+        } else {
+            " (smoke run under `cargo test`: small counts, debug build; the figures mean nothing, run `cargo bench --bench consume`)"
+        }
+    );
+    println!(
+        "  machine  {cpus} CPUs, load average {} at start; Redis {version} and the sidecar on loopback, no persistence",
+        load.as_deref().unwrap_or("?")
+    );
+    println!("  sidecar  {}", sidecar_bin.display());
+    println!(
+        "  entries  {entries} per stream, fields `n` and a {BODY_BYTES}-byte `body` (plus the branded id the sidecar adds)"
+    );
+    println!();
+
+    // 1. Two streams of N entries each, through AppendBatch.
+    let mut streams = StreamServiceClient::connect(endpoint.clone()).await?;
+    let started = Instant::now();
+    for stream in ["bench-a", "bench-b"] {
+        let body = vec![b'x'; BODY_BYTES];
+        for first in (0..entries).step_by(APPEND_BATCH) {
+            let batch = (first..(first + APPEND_BATCH).min(entries))
+                .map(|n| BatchEntry {
+                    fields: HashMap::from([
+                        ("n".to_owned(), n.to_string().into_bytes()),
+                        ("body".to_owned(), body.clone()),
+                    ]),
+                })
+                .collect();
+            streams.append_batch(AppendBatchRequest { stream: stream.to_owned(), entries: batch, max_len: 0 }).await?;
+        }
+    }
+    let took = started.elapsed();
+    println!(
+        "setup       AppendBatch ({APPEND_BATCH} per call) through the sidecar: {} entries in {:.3} s = {} entries/s",
+        2 * entries,
+        took.as_secs_f64(),
+        thousands(rate(2 * entries, took))
+    );
+    println!();
+
+    // 2. Throughput.
+    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
+    let sidecar_took =
+        phase("sidecar throughput", sidecar_throughput(&endpoint, &mut redis, "bench-a", entries)).await?;
+    let sidecar_calls = command_calls(&mut redis).await?;
+    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
+    let direct_took = phase("direct throughput", direct_throughput(&redis_server, "bench-b", entries)).await?;
+    let direct_calls = command_calls(&mut redis).await?;
+    let (sidecar_rate, direct_rate) = (rate(entries, sidecar_took), rate(entries, direct_took));
+    println!("throughput  {entries} entries each, from group creation until Redis has every entry acknowledged");
+    println!(
+        "  (a) sidecar  one Consume call, max_in_flight {WINDOW}, one Ack message (one id) per delivery:  {:.3} s = {:>9} entries/s",
+        sidecar_took.as_secs_f64(),
+        thousands(sidecar_rate)
+    );
+    println!(
+        "  (b) direct   redis crate, XREADGROUP COUNT {WINDOW} BLOCK {BLOCK_MS}, one XACK of all ids per read:  {:.3} s = {:>9} entries/s",
+        direct_took.as_secs_f64(),
+        thousands(direct_rate)
+    );
+    println!("  ratio sidecar/direct: {:.2}", sidecar_rate / direct_rate);
+    println!("  Redis commands (INFO commandstats; the sidecar's include its XPENDING polls):");
+    println!("    (a) sidecar  {sidecar_calls}");
+    println!("    (b) direct   {direct_calls}");
+    println!();
+
+    // 3. Latency.
+    let samples = (LATENCY_RATE as f64 * latency_time.as_secs_f64()) as usize;
+    let sidecar_lat = phase("sidecar latency", sidecar_latency(&endpoint, &redis_server, "lat-a", samples)).await?;
+    let direct_lat = phase("direct latency", direct_latency(&redis_server, "lat-b", samples)).await?;
+    println!(
+        "latency     producer: plain XADD at {LATENCY_RATE} entries/s for {:.1} s with the send time in the entry; latency = receive time - send time",
+        latency_time.as_secs_f64()
+    );
+    for (label, mut lat) in [("(a) sidecar", sidecar_lat), ("(b) direct ", direct_lat)] {
+        lat.sort_unstable();
+        println!(
+            "  {label}  p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms   ({} samples)",
+            percentile(&lat, 50) as f64 / 1000.0,
+            percentile(&lat, 99) as f64 / 1000.0,
+            lat.last().copied().unwrap_or(0) as f64 / 1000.0,
+            lat.len()
+        );
+    }
+
+    drop(sidecar);
+    drop(redis_server);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Runs one phase under [`PHASE_TIMEOUT`].
+async fn phase<T>(name: &str, work: impl std::future::Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    tokio::time::timeout(PHASE_TIMEOUT, work).await.map_err(|_| format!("{name}: not done within {PHASE_TIMEOUT:?}"))?
+}
+
+fn rate(entries: usize, took: Duration) -> f64 {
+    entries as f64 / took.as_secs_f64()
+}
+
+/// `12345.6` as `12,346`.
+fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value);
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The `p`th percentile of sorted samples (nearest rank).
+fn percentile(sorted: &[u64], p: usize) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (sorted.len() * p).div_ceil(100).max(1);
+    sorted[rank - 1]
+}
+
+fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+fn subscribe(stream: &str, group: &str, start: GroupStart) -> ConsumeRequest {
+    ConsumeRequest {
+        kind: Some(Kind::Subscribe(Subscribe {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+            group_start: start as i32,
+            max_in_flight: WINDOW as u32,
+            ..Subscribe::default()
+        })),
+    }
+}
+
+fn ack(id: String) -> ConsumeRequest {
+    ConsumeRequest { kind: Some(Kind::Ack(Ack { ids: vec![id] })) }
+}
+
+/// The group's pending count (`XPENDING <stream> <group>`, summary form).
+async fn pending(redis: &mut MultiplexedConnection, stream: &str, group: &str) -> Result<i64, Error> {
+    let reply: Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(redis).await?;
+    match reply {
+        Value::Array(parts) => match parts.first() {
+            Some(Value::Int(n)) => Ok(*n),
+            other => Err(format!("unexpected XPENDING reply: {other:?}").into()),
+        },
+        other => Err(format!("unexpected XPENDING reply: {other:?}").into()),
+    }
+}
+
+/// What Redis ran since the last `CONFIG RESETSTAT`: calls per command, most
+/// called first, and the average entries per XREADGROUP.
+async fn command_calls(redis: &mut MultiplexedConnection) -> Result<String, Error> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(redis).await?;
+    let mut calls: Vec<(String, u64)> = info
+        .lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let n = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_uppercase(), n))
+        })
+        .filter(|(name, _)| !name.starts_with("CONFIG") && !name.starts_with("INFO"))
+        .collect();
+    calls.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    Ok(calls.iter().map(|(name, n)| format!("{name} {n}")).collect::<Vec<_>>().join(", "))
+}
+
+/// (a) throughput: one Consume call acking each delivery as it arrives.
+async fn sidecar_throughput(
+    endpoint: &str,
+    redis: &mut MultiplexedConnection,
+    stream: &str,
+    entries: usize,
+) -> Result<Duration, Error> {
+    let group = "bench";
+    let mut client = ConsumerServiceClient::connect(endpoint.to_owned()).await?;
+    let (verdicts, outbound) = mpsc::channel(4 * WINDOW);
+    verdicts.send(subscribe(stream, group, GroupStart::Beginning)).await?;
+    let started = Instant::now();
+    let mut inbound = client.consume(ReceiverStream::new(outbound)).await?.into_inner();
+    let mut seen = HashSet::with_capacity(entries);
+    while seen.len() < entries {
+        let message = inbound.message().await?.ok_or("the sidecar ended the call early")?;
+        match message.kind {
+            Some(Event::Delivery(delivery)) => {
+                if !delivery.payload.contains_key("n") {
+                    return Err(format!("delivery {} has no field `n`", delivery.id).into());
+                }
+                if !seen.insert(delivery.id.clone()) {
+                    return Err(format!("entry {} was delivered twice", delivery.id).into());
+                }
+                verdicts.send(ack(delivery.id)).await?;
+            }
+            Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
+            Some(Event::Subscribed(_)) | None => {}
+        }
+    }
+    // Acks are applied by the sidecar in batches: done when Redis agrees.
+    while pending(redis, stream, group).await? > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = started.elapsed();
+    drop(verdicts);
+    while inbound.message().await?.is_some() {}
+    Ok(took)
+}
+
+/// (b) throughput: XREADGROUP COUNT 256 BLOCK, then one XACK per read.
+async fn direct_throughput(redis_server: &RedisServer, stream: &str, entries: usize) -> Result<Duration, Error> {
+    let group = "bench";
+    let mut conn = redis_server.connection().await?;
+    let started = Instant::now();
+    create_group(&mut conn, stream, group, "0").await?;
+    let mut got = 0;
+    while got < entries {
+        let read = read_group(&mut conn, stream, group).await?;
+        for entry in &read {
+            if entry.fields.as_ref().is_none_or(|fields| !fields.iter().any(|(name, _)| name == b"n")) {
+                return Err(format!("entry {} has no field `n`", entry.id).into());
+            }
+        }
+        got += read.len();
+        ack_all(&mut conn, stream, group, &read).await?;
+    }
+    Ok(started.elapsed())
+}
+
+async fn create_group(conn: &mut MultiplexedConnection, stream: &str, group: &str, start: &str) -> Result<(), Error> {
+    redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(group)
+        .arg(start)
+        .arg("MKSTREAM")
+        .query_async::<()>(conn)
+        .await?;
+    Ok(())
+}
+
+async fn read_group(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+) -> Result<Vec<echomq::redis::RawEntry>, Error> {
+    let reply: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg("direct")
+        .arg("COUNT")
+        .arg(WINDOW)
+        .arg("BLOCK")
+        .arg(BLOCK_MS)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(">")
+        .query_async(conn)
+        .await?;
+    Ok(echomq::redis::parse_read_reply(&reply)?)
+}
+
+async fn ack_all(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    read: &[echomq::redis::RawEntry],
+) -> Result<(), Error> {
+    if read.is_empty() {
+        return Ok(());
+    }
+    let mut xack = redis::cmd("XACK");
+    xack.arg(stream).arg(group);
+    for entry in read {
+        xack.arg(entry.id.to_string());
+    }
+    let acked: usize = xack.query_async(conn).await?;
+    if acked != read.len() {
+        return Err(format!("XACK acknowledged {acked} of {} entries", read.len()).into());
+    }
+    Ok(())
+}
+
+/// The latency phase's producer: `samples` plain XADDs at [`LATENCY_RATE`],
+/// each with its send time (unix µs) in the field `t`.
+fn spawn_producer(
+    mut conn: MultiplexedConnection,
+    stream: String,
+    samples: usize,
+) -> tokio::task::JoinHandle<Result<(), redis::RedisError>> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / LATENCY_RATE));
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let body = vec![b'x'; BODY_BYTES];
+        for _ in 0..samples {
+            tick.tick().await;
+            redis::cmd("XADD")
+                .arg(&stream)
+                .arg("*")
+                .arg("t")
+                .arg(now_us())
+                .arg("body")
+                .arg(&body)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        Ok(())
+    })
+}
+
+fn latency_of(sent: Option<&Vec<u8>>, received: u64) -> Result<u64, Error> {
+    let sent: u64 = std::str::from_utf8(sent.ok_or("an entry without its send time")?)?.parse()?;
+    Ok(received.saturating_sub(sent))
+}
+
+/// (a) latency: the sidecar's consumer while the producer runs.
+async fn sidecar_latency(
+    endpoint: &str,
+    redis_server: &RedisServer,
+    stream: &str,
+    samples: usize,
+) -> Result<Vec<u64>, Error> {
+    let mut client = ConsumerServiceClient::connect(endpoint.to_owned()).await?;
+    let (verdicts, outbound) = mpsc::channel(4 * WINDOW);
+    verdicts.send(subscribe(stream, "latency", GroupStart::New)).await?;
+    let mut inbound = client.consume(ReceiverStream::new(outbound)).await?.into_inner();
+    // The group exists once the call is subscribed: start producing then.
+    match inbound.message().await?.and_then(|m| m.kind) {
+        Some(Event::Subscribed(_)) => {}
+        other => return Err(format!("expected Subscribed, got {other:?}").into()),
+    }
+    let producer = spawn_producer(redis_server.connection().await?, stream.to_owned(), samples);
+    let mut latencies = Vec::with_capacity(samples);
+    while latencies.len() < samples {
+        let message = inbound.message().await?.ok_or("the sidecar ended the call early")?;
+        let received = now_us();
+        match message.kind {
+            Some(Event::Delivery(delivery)) => {
+                latencies.push(latency_of(delivery.payload.get("t"), received)?);
+                verdicts.send(ack(delivery.id)).await?;
+            }
+            Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
+            Some(Event::Subscribed(_)) | None => {}
+        }
+    }
+    producer.await??;
+    drop(verdicts);
+    while inbound.message().await?.is_some() {}
+    Ok(latencies)
+}
+
+/// (b) latency: the direct consumer while the producer runs.
+async fn direct_latency(redis_server: &RedisServer, stream: &str, samples: usize) -> Result<Vec<u64>, Error> {
+    let group = "latency";
+    let mut conn = redis_server.connection().await?;
+    create_group(&mut conn, stream, group, "$").await?;
+    let producer = spawn_producer(redis_server.connection().await?, stream.to_owned(), samples);
+    let mut latencies = Vec::with_capacity(samples);
+    while latencies.len() < samples {
+        let read = read_group(&mut conn, stream, group).await?;
+        let received = now_us();
+        for entry in &read {
+            let sent = entry.fields.as_ref().and_then(|f| f.iter().find(|(name, _)| name == b"t").map(|(_, v)| v));
+            latencies.push(latency_of(sent, received)?);
+        }
+        ack_all(&mut conn, stream, group, &read).await?;
+    }
+    producer.await??;
+    Ok(latencies)
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------
+
+/// A loopback port that was free a moment ago.
+fn free_port() -> Result<u16, Error> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A child process, SIGKILLed and reaped on drop.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A throwaway `redis-server`: loopback, free port, no persistence.
+struct RedisServer {
+    port: u16,
+    _process: Process,
+}
+
+impl RedisServer {
+    async fn start(dir: &Path) -> Result<RedisServer, Error> {
+        let port = free_port()?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                format!("cannot start redis-server ({e}); install it (Debian: apt-get install redis-server)")
+            })?;
+        let server = RedisServer { port, _process: Process(child) };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(mut conn) = server.connection().await {
+                if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
+                    return Ok(server);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!("redis-server on port {port} did not answer PING").into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A new connection with no response timeout (the consumers block).
+    async fn connection(&self) -> Result<MultiplexedConnection, Error> {
+        let config = AsyncConnectionConfig::new().set_response_timeout(None);
+        Ok(redis::Client::open(self.url())?.get_multiplexed_async_connection_with_config(&config).await?)
+    }
+}
+
+/// The sidecar binary on free loopback ports, logging to `sidecar.log`.
+struct Sidecar {
+    grpc_port: u16,
+    _process: Process,
+}
+
+impl Sidecar {
+    async fn start(bin: &Path, redis: &RedisServer, dir: &Path) -> Result<Sidecar, Error> {
+        let (grpc_port, admin_port) = (free_port()?, free_port()?);
+        let log = std::fs::File::create(dir.join("sidecar.log"))?;
+        let mut command = Command::new(bin);
+        for (key, _) in std::env::vars() {
+            if key.starts_with("ECHOMQ_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command
+            .arg("--redis-url")
+            .arg(redis.url())
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{grpc_port}"))
+            .arg("--admin-listen")
+            .arg(format!("127.0.0.1:{admin_port}"))
+            .args(["--consumer-name", "bench"])
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let sidecar = Sidecar { grpc_port, _process: Process(child) };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while http_status(admin_port, "/readyz").await != Some(200) {
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(dir.join("sidecar.log")).unwrap_or_default();
+                return Err(format!("the sidecar did not become ready; its log:\n{log}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(sidecar)
+    }
+}
+
+/// The status code of `GET <path>` on a loopback port (plain HTTP/1.0).
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await.ok()?;
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut reply)).await.ok()?.ok()?;
+    String::from_utf8_lossy(&reply).split_whitespace().nth(1)?.parse().ok()
+}
