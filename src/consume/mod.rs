@@ -357,7 +357,15 @@ impl ConsumerService for Consumers {
         tracing::info!(stream = %sub.stream, group = %sub.group, session, max_in_flight, "call subscribed");
         let closing = self.closing.clone();
         tokio::spawn(async move {
-            session::relay(session, inbound, events, outbound, worker, closing).await;
+            // Should the relay ever panic, its call's entries must not stay
+            // held: the worker is told the call ended, as on any other end.
+            let detach = worker.clone();
+            let relay = tokio::spawn(session::relay(session, inbound, events, outbound, worker, closing));
+            if let Err(e) = relay.await {
+                tracing::error!(session, "a call's relay failed: {e}; its entries go back to the PEL");
+                let (flushed, _) = oneshot::channel();
+                let _ = detach.send(Command::Detach { session, flushed }).await;
+            }
             drop(permit);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(outbound_rx))))

@@ -1493,3 +1493,19 @@ impl RedisServer {
         self.restart().await;
     }
 }
+
+impl Sidecar {
+    /// The log from byte `offset` on, and the offset of its end: a test that
+    /// checks the log after every step reads each line once.
+    pub fn log_from(&self, offset: u64) -> (String, u64) {
+        use std::io::{Seek as _, SeekFrom};
+        let mut bytes = Vec::new();
+        if let Ok(mut f) = File::open(&self.log) {
+            if f.seek(SeekFrom::Start(offset)).is_ok() {
+                let _ = f.read_to_end(&mut bytes);
+            }
+        }
+        let end = offset + bytes.len() as u64;
+        (String::from_utf8_lossy(&bytes).into_owned(), end)
+    }
+}

@@ -305,11 +305,12 @@ func (*ConsumeRequest_Drain) isConsumeRequest_Kind() {}
 // entries its own consumer still has pending, then reads new ones (`>`).
 type Subscribe struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The stream key. Required, 1 to 1024 bytes of UTF-8. INVALID_ARGUMENT when
-	// empty or longer.
+	// The stream key. Required, 1 to `--max-name-bytes` (1024 by default)
+	// bytes of UTF-8. INVALID_ARGUMENT when empty or longer; PERMISSION_DENIED
+	// outside the sidecar's allow-list.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	// The consumer group name. Required, 1 to 256 bytes. INVALID_ARGUMENT when
-	// empty or longer.
+	// The consumer group name. Required, 1 to `--max-name-bytes` (1024 by
+	// default) bytes. INVALID_ARGUMENT when empty or longer.
 	Group string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
 	// Where the group starts if it has to be created. Required: INVALID_ARGUMENT
 	// when GROUP_START_UNSPECIFIED.

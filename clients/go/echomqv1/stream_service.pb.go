@@ -336,7 +336,8 @@ func (x *TrimResponse) GetHeldBackByGroups() bool {
 // One entry to append.
 type AppendRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The stream key. Required, 1 to 1024 bytes. Created if absent.
+	// The stream key. Required, 1 to `--max-name-bytes` (1024 by default) bytes.
+	// Created if absent.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// The entry's fields: name to value bytes. May be empty. A field named like
 	// the reserved branded-id field (`id` by default) is refused with
@@ -462,7 +463,8 @@ func (x *AppendResponse) GetStreamId() string {
 // Several entries to append to one stream.
 type AppendBatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The stream key. Required, 1 to 1024 bytes. Created if absent.
+	// The stream key. Required, 1 to `--max-name-bytes` (1024 by default) bytes.
+	// Created if absent.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// The entries, appended in this order. 1 to 10,000.
 	Entries []*BatchEntry `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
