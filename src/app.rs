@@ -133,12 +133,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     }
     // tonic answers an oversized request OUT_OF_RANGE; gRPC's code is RESOURCE_EXHAUSTED.
     let mut builder = builder.layer(tower::util::MapResponseLayer::new(crate::error::oversized_as_resource_exhausted));
+    let admin_address = admin_listener.local_addr().map_or_else(|_| config.admin_listen.to_string(), |a| a.to_string());
     let readiness = Readiness::default();
     let metrics = Arc::new(Metrics::new());
     let (stopped_tx, stopped) = watch::channel(false);
     let admin =
         tokio::spawn(admin_http::serve(admin_listener, readiness.clone(), metrics.clone(), wait_true(stopped.clone())));
-    info!(admin = %config.admin_listen, grpc = %config.listen, %consumer, "echomq-sidecar starting");
+    let grpc_address = match &grpc_listener {
+        GrpcListener::Tcp(listener) => {
+            listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string())
+        }
+        GrpcListener::Unix(_) => config.listen.to_string(),
+    };
+    info!(admin = %admin_address, grpc = %grpc_address, %consumer, "echomq-sidecar starting");
 
     tokio::pin!(shutdown);
     let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
@@ -248,7 +255,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     while consumers.held() > 0 && Instant::now() < deadline {
         sleep(Duration::from_millis(20)).await;
     }
-    let unsettled = consumers.held();
     let _ = closing_tx.send(true);
     if tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await.is_err() {
         warn!("gRPC connections did not close within {SERVER_STOP_TIMEOUT:?}; stopping anyway");
@@ -258,13 +264,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     pinger.abort();
     let _ = stopped_tx.send(true);
     let _ = admin.await;
+    // Held when the grace ran out, or returned by calls that ended without a verdict.
+    let unsettled = consumers.returned_while_draining();
     if unsettled == 0 {
         info!("shut down: every delivery was settled");
     } else {
-        warn!(
-            unsettled,
-            "shut down after the grace period: un-settled deliveries stay pending and will be delivered again"
-        );
+        warn!(unsettled, "shut down: un-settled deliveries stay pending and will be delivered again");
     }
     Ok(())
 }

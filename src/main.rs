@@ -15,9 +15,18 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
+            // clap's message, usage hint left out, on one line: it names the
+            // flag and, for a choice, the possible values.
             let text = e.to_string();
-            let reason = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
-            eprintln!("echomq-sidecar: {reason} (see --help)");
+            let reason: Vec<&str> = text
+                .split("\n\nUsage:")
+                .next()
+                .unwrap_or_default()
+                .lines()
+                .map(|line| line.trim().trim_start_matches("error: "))
+                .filter(|line| !line.is_empty() && !line.starts_with("For more information"))
+                .collect();
+            eprintln!("echomq-sidecar: {} (see --help)", reason.join(" "));
             return ExitCode::from(2);
         }
     };

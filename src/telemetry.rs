@@ -56,7 +56,11 @@ impl Telemetry {
 /// Installs logging and, when configured, the OTLP trace exporter. Call inside
 /// the tokio runtime (the exporter's gRPC channel needs it).
 pub fn init(format: LogFormat) -> Telemetry {
-    let filter = EnvFilter::try_from_env("ECHOMQ_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, bad_filter) = match EnvFilter::try_from_env("ECHOMQ_LOG") {
+        Ok(filter) => (filter, None),
+        Err(e) if std::env::var_os("ECHOMQ_LOG").is_some() => (EnvFilter::new("info"), Some(e.to_string())),
+        Err(_) => (EnvFilter::new("info"), None),
+    };
     let ansi = io::stderr().is_terminal();
     let logs = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(io::stderr).with_ansi(ansi).boxed(),
@@ -81,6 +85,9 @@ pub fn init(format: LogFormat) -> Telemetry {
     let traces = provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("echomq")));
     tracing_subscriber::registry().with(filter).with(logs).with(traces).init();
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    if let Some(e) = bad_filter {
+        tracing::warn!("ECHOMQ_LOG is not a valid filter ({e}); logging at info");
+    }
     if let Some(e) = export_error {
         tracing::warn!("traces are off: the OTLP exporter could not be built: {e}");
     }

@@ -870,3 +870,24 @@ async fn no_ack_entries_are_never_pending_and_fail_is_refused() {
     consumer.ack(&[&d.id]).await;
     assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.id, b.id, "an ack frees the slot");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_too_large_to_deliver_is_dead_lettered_and_the_call_survives() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--max-message-bytes").arg("65536")).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::subscribe(&sidecar, subscribe_msg("s", "g", GroupStart::New)).await;
+    // A foreign producer writes what no client could receive through the sidecar.
+    let big = vec![b'x'; 100_000];
+    let big_id = xadd_raw(&mut con, "s", &[(b"blob", &big)]).await;
+    let small = sidecar.append("s", &[("k", b"small")]).await;
+
+    let delivered = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(delivered.id, small.id, "the next entry still arrives on the same call");
+    consumer.ack(&[&delivered.id]).await;
+    let dlq = xrange(&mut con, "s:dlq").await;
+    assert_eq!(dlq.len(), 1, "the oversized entry is dead-lettered");
+    assert_eq!(dlq[0].field("echomq.source_id"), Some(big_id.as_bytes()));
+    assert!(String::from_utf8_lossy(dlq[0].field("echomq.reason").unwrap_or_default()).contains("--max-message-bytes"));
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}

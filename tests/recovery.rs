@@ -242,3 +242,30 @@ async fn redis_restart_during_subscription_then_new_entries_are_delivered() {
     eprintln!("observed: {observed}");
     assert_eq!(sidecar.readyz().await, Some(200));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_while_an_entry_is_held_recovers_promptly_with_short_leases() {
+    // Lease refreshes every ~0.7 s fail with NOGROUP after the restart; they must
+    // not keep postponing the group's re-creation.
+    let mut redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100).reclaim(2000, 500)).await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let first = sidecar.append("s", &[("k", b"first")]).await;
+    assert_eq!(call.next_delivery(EVENT_TIMEOUT).await.id, first.id, "held, never acked");
+
+    redis.kill9();
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    redis.restart().await; // empty: the group is gone
+    tokio::time::sleep(Duration::from_millis(6000)).await;
+
+    let mut con = redis.conn().await;
+    let after = xadd_raw(&mut con, "s", &[(b"k", b"after")]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match call.next_event(deadline.saturating_duration_since(Instant::now())).await {
+            Event::Delivery(d) if d.stream_id == after => break,
+            Event::Delivery(_) | Event::VerdictError(_) => {}
+            other => panic!("the entry appended after the restart did not arrive on the live call: {other:?}"),
+        }
+    }
+}

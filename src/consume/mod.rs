@@ -39,6 +39,8 @@ use crate::{
 };
 use worker::{Command, GroupPolicy, Policy, Worker};
 
+/// How long a new Consume call may take to send its subscribe.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Frames buffered toward one client before the sidecar waits for it to read.
 const OUTBOUND_BUFFER: usize = 64;
 
@@ -52,12 +54,16 @@ pub(crate) struct Shared {
     pub(crate) reclaim_min_idle: Duration,
     pub(crate) reclaim_interval: Duration,
     pub(crate) lease_refresh: Duration,
+    /// The largest frame a client accepts (bytes): larger entries are dead-lettered.
+    pub(crate) max_message_bytes: usize,
     /// Other consumers idle this long and holding nothing are removed; `None`: never.
     pub(crate) consumer_idle_limit: Option<Duration>,
     /// Becomes true on shutdown: hand out nothing new, keep taking verdicts.
     pub(crate) draining: watch::Receiver<bool>,
     /// Deliveries held by calls across all workers (entries): what shutdown waits for.
     pub(crate) held: AtomicUsize,
+    /// Deliveries that calls ended holding since shutdown began.
+    pub(crate) returned_while_draining: AtomicUsize,
     pub(crate) metrics: Arc<Metrics>,
     /// How often each group's state is polled into gauges; `None`: never.
     pub(crate) metrics_poll: Option<Duration>,
@@ -112,10 +118,12 @@ impl Consumers {
             reclaim_min_idle: config.reclaim_min_idle(),
             reclaim_interval: Duration::from_millis(config.reclaim_interval_ms),
             lease_refresh: config.lease_refresh_interval(),
+            max_message_bytes: config.max_message_bytes,
             consumer_idle_limit: (config.consumer_idle_limit_ms > 0)
                 .then(|| Duration::from_millis(config.consumer_idle_limit_ms)),
             draining,
             held: AtomicUsize::new(0),
+            returned_while_draining: AtomicUsize::new(0),
             metrics,
             metrics_poll: (config.metrics_poll_interval_ms > 0)
                 .then(|| Duration::from_millis(config.metrics_poll_interval_ms)),
@@ -143,6 +151,12 @@ impl Consumers {
     /// Deliveries currently held by calls, across all groups (entries).
     pub fn held(&self) -> usize {
         self.shared.held.load(Ordering::Relaxed)
+    }
+
+    /// Deliveries that calls ended holding, without a verdict, since shutdown
+    /// began (entries): they stay pending.
+    pub fn returned_while_draining(&self) -> usize {
+        self.shared.returned_while_draining.load(Ordering::Relaxed)
     }
 
     /// Stops every group worker once its calls are gone and waits up to
@@ -316,16 +330,13 @@ impl ConsumerService for Consumers {
         if *self.shared.draining.borrow() {
             return Err(Error::ShuttingDown.into());
         }
-        // Held for the life of the call.
-        let permit = self.calls.clone().try_acquire_owned().map_err(|_| Error::ResourceExhausted {
-            reason: format!(
-                "this sidecar already serves its limit of {} Consume calls (--max-consume-calls)",
-                self.max_calls
-            ),
-        })?;
         let caller = request.extensions().get::<Caller>().cloned();
         let mut inbound = request.into_inner();
-        let subscribe = match inbound.message().await.map_err(crate::error::resource_exhausted_if_oversized)? {
+        // A call that never subscribes must not hold a slot for ever.
+        let first = tokio::time::timeout(SUBSCRIBE_TIMEOUT, inbound.message()).await.map_err(|_| {
+            Error::invalid("subscribe", format!("no subscribe within {SUBSCRIBE_TIMEOUT:?} of opening the call"))
+        })?;
+        let subscribe = match first.map_err(crate::error::resource_exhausted_if_oversized)? {
             Some(ConsumeRequest { kind: Some(Kind::Subscribe(subscribe)) }) => subscribe,
             Some(_) => {
                 return Err(
@@ -335,6 +346,13 @@ impl ConsumerService for Consumers {
             None => return Err(Error::invalid("subscribe", "the call closed before its subscribe").into()),
         };
         let (sub, policy, group_policy) = self.validate(caller.as_ref(), subscribe)?;
+        // Held for the life of the call.
+        let permit = self.calls.clone().try_acquire_owned().map_err(|_| Error::ResourceExhausted {
+            reason: format!(
+                "this sidecar already serves its limit of {} Consume calls (--max-consume-calls)",
+                self.max_calls
+            ),
+        })?;
         self.open_group(&sub).await?;
 
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);

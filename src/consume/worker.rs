@@ -21,6 +21,7 @@ use std::{
     time::Duration,
 };
 
+use prost::Message;
 use redis::{RedisError, Value};
 use tokio::{
     sync::{mpsc, oneshot},
@@ -49,6 +50,8 @@ pub(crate) type SessionId = u64;
 const BATCH_MAX: usize = 512;
 /// How many XAUTOCLAIM pages one reclaim beat may walk.
 const RECLAIM_PAGES_PER_BEAT: usize = 8;
+/// Room left in a frame for the ConsumeResponse wrapper around a Delivery (bytes).
+const FRAME_OVERHEAD: usize = 16;
 /// Pending entries scanned for the highest delivery count when polling metrics.
 const METRICS_PENDING_SCAN: usize = 1_000;
 /// How often held entries are checked against their ack deadlines.
@@ -325,7 +328,7 @@ impl Worker {
                     }
                     self.flush().await;
                 }
-                result = next_read(&mut self.reader) => self.on_read(result),
+                result = next_read(&mut self.reader) => self.on_read(result).await,
                 _ = sleep_until(wake) => {}
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,
@@ -622,7 +625,7 @@ impl Worker {
                 count => {
                     let entry = parts.get(2).and_then(|f| parse_entry(&Value::Array(vec![id.clone(), f.clone()])).ok());
                     let Some(entry) = entry else { continue };
-                    self.dispatch(entry, u32::try_from(count).unwrap_or(u32::MAX));
+                    self.dispatch(entry, u32::try_from(count).unwrap_or(u32::MAX)).await;
                 }
             }
         }
@@ -640,12 +643,27 @@ impl Worker {
         warn!(stream = %self.stream, group = %self.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {why}");
     }
 
-    fn dispatch(&mut self, entry: crate::redis::RawEntry, attempts: u32) {
+    async fn dispatch(&mut self, entry: crate::redis::RawEntry, attempts: u32) {
         let stream_id = entry.id;
         if entry.fields.is_none() {
             return self.trimmed_while_pending(stream_id);
         }
+        if matches!(self.entries.get(&stream_id), Some(Track::Held(_))) {
+            // A re-created group (after NOGROUP) reads again what a call still
+            // holds: the call's verdict settles it, it is not handed out twice.
+            return;
+        }
         match delivery::from_raw(&self.stream, &self.group, &self.shared.id_field, entry, attempts) {
+            // A frame the client could not receive would end its call (and the
+            // next, and the next): such an entry goes to the dead-letter stream.
+            Some(out) if out.delivery.encoded_len() + FRAME_OVERHEAD > self.shared.max_message_bytes => {
+                let reason = format!(
+                    "the entry is {} bytes, over the sidecar's --max-message-bytes ({})",
+                    out.delivery.encoded_len(),
+                    self.shared.max_message_bytes
+                );
+                self.dead_letter_now(stream_id, reason).await;
+            }
             // While draining, a read that was already under way hands nothing
             // out: its entries stay pending for the next run or a peer.
             Some(out) if self.draining => self.keep_ready(out),
@@ -704,7 +722,7 @@ impl Worker {
         }
     }
 
-    fn on_read(&mut self, result: Result<Value, RedisError>) {
+    async fn on_read(&mut self, result: Result<Value, RedisError>) {
         self.read_outstanding = 0;
         let entries = match result.and_then(|reply| parse_read_reply(&reply)) {
             Ok(entries) => entries,
@@ -713,7 +731,7 @@ impl Worker {
         self.redis_ok();
         for entry in entries {
             // A `>` read hands each entry over for the first time: attempts 1.
-            self.dispatch(entry, 1);
+            self.dispatch(entry, 1).await;
         }
     }
 
@@ -925,11 +943,35 @@ impl Worker {
         }
     }
 
+    /// Moves an entry this consumer holds to the dead-letter stream at once
+    /// (`own_pending.lua`, dead-letter mode); on failure it waits and comes back.
+    async fn dead_letter_now(&mut self, stream_id: StreamId, reason: String) {
+        let mut script = self.own_pending("dead_letter", &reason);
+        script.arg(stream_id.to_string());
+        let mut conn = self.shared.redis.conn.clone();
+        match script.invoke_async::<Value>(&mut conn).await {
+            Ok(reply) => {
+                let parts = array(array(&reply).first().unwrap_or(&Value::Nil)).to_vec();
+                if let Some(Value::Int(-3)) = parts.get(1) {
+                    self.dead_lettered(stream_id, parts.get(2), parts.get(3), &reason);
+                }
+            }
+            Err(e) => {
+                self.redis_failed("dead-lettering", &e);
+                let retry_at = self.paused_until;
+                self.wait(stream_id, retry_at);
+            }
+        }
+    }
+
     /// A call ended: what it held waits for its backoff, as after a Fail.
     fn detach(&mut self, session: SessionId) {
         let Some(s) = self.sessions.remove(&session) else { return };
         let returned = s.held.len();
         self.shared.held.fetch_sub(returned, Ordering::Relaxed);
+        if self.draining {
+            self.shared.returned_while_draining.fetch_add(returned, Ordering::Relaxed);
+        }
         self.metrics.in_flight.dec_by(returned as i64);
         for held in s.held.into_values().filter(|h| !h.lost) {
             self.entries.remove(&held.stream_id);
@@ -988,7 +1030,9 @@ impl Worker {
     /// `own_pending.lua`), so a peer's reclaim beat does not take them from a
     /// live handler, and learns which ones a peer took anyway.
     async fn refresh_leases(&mut self) {
-        if self.no_ack {
+        // While paused or without a group, a refresh can only fail again and
+        // push the pause out, starving the pump that re-creates the group.
+        if self.no_ack || self.group_lost || self.paused() {
             return;
         }
         let ids: Vec<StreamId> = self
@@ -1040,7 +1084,7 @@ impl Worker {
 
     /// Sets the polled group gauges from the same reading as DescribeGroup.
     async fn poll_metrics(&mut self) {
-        if self.no_ack || self.group_lost {
+        if self.no_ack || self.group_lost || self.paused() {
             return;
         }
         match crate::admin::describe(&self.shared.redis, &self.stream, &self.group, METRICS_PENDING_SCAN).await {
