@@ -97,7 +97,7 @@ pub enum LogFormat {
     name = "echomq-sidecar",
     version,
     about = "Owns Redis Streams consumer groups and hands deliveries to services in any language over gRPC.",
-    after_help = "Log verbosity follows ECHOMQ_LOG (tracing filter syntax, e.g. `info,echomq=debug`; default `info`)."
+    after_help = "Log verbosity follows ECHOMQ_LOG (tracing filter syntax, e.g. `info,echomq=debug`; default `info`).\nTraces are exported over OTLP gRPC when OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set; the other standard OTEL_* variables apply."
 )]
 pub struct Config {
     /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
