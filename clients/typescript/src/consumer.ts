@@ -379,7 +379,13 @@ export class Consumer {
 
   #start(delivery: DeliveryImpl): void {
     const handler = this.#handler!;
-    const run = (async () => {
+    // In flight before the handler runs: a handler may call stop() (or abort
+    // run's signal) synchronously, before its first await, and stop() must
+    // then wait for it and send its verdict before the half-close.
+    let finished!: () => void;
+    const run = new Promise<void>((resolve) => (finished = resolve));
+    this.#inFlight.add(run);
+    void (async () => {
       try {
         await handler(delivery);
         delivery.ack();
@@ -388,10 +394,10 @@ export class Consumer {
       }
     })().finally(() => {
       this.#inFlight.delete(run);
+      finished();
       this.#pump();
       this.#changed();
     });
-    this.#inFlight.add(run);
   }
 }
 

@@ -202,6 +202,43 @@ describe('consumer and producer against a sidecar', () => {
     assert.equal(info.get('entries-read'), 1);
   });
 
+  for (const how of ['stop()', "run's signal"] as const) {
+    test(`a handler that triggers a stop via ${how} before its first await still has its ack sent`, async () => {
+      // The handler must count as in flight before it is called: otherwise
+      // stop() finds nothing running, half-closes at once, and the ack queued
+      // when the handler returns is refused, leaving the entry pending.
+      const stream = streamName('stop-in-handler');
+      const appended = await producer.appendBatch(stream, [{ n: '1' }, { n: '2' }, { n: '3' }]);
+      const frames = frameCounter();
+      const calls: string[] = [];
+      const controller = new AbortController();
+      const consumer = new Consumer({
+        target: fixture.target,
+        stream,
+        group: GROUP,
+        start: 'beginning',
+        maxInFlight: 1,
+        concurrency: 1,
+        stopDeadlineMs: 5_000,
+        interceptors: [frames.interceptor],
+      });
+      const running = consumer.run(
+        (d) => {
+          calls.push(d.streamId);
+          if (calls.length === 1) {
+            if (how === 'stop()') void consumer.stop({ deadlineMs: 5_000 });
+            else controller.abort();
+          }
+        },
+        { signal: controller.signal },
+      );
+      await running;
+      assert.deepEqual(calls, [appended[0]!.streamId], 'exactly one handler call');
+      assert.equal(frames.acks.get(appended[0]!.id), 1, 'the ack went out');
+      assert.ok(await eventually(async () => (await fixture.pending(stream, GROUP)) === 0, 2_000), 'XPENDING 0');
+    });
+  }
+
   // Last in this suite: it kills and restarts the sidecar.
   test('after a reconnect, a delivery of the broken call is not acked on the new call; its redelivery is', async () => {
     const stream = streamName('reconnect');
