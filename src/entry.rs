@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use prost_types::Timestamp;
 
 use crate::{
+    error::Error,
     id::{BrandedId, StreamId},
     proto::{Entry, RawField},
     redis::RawEntry,
@@ -57,6 +58,22 @@ pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8
         }
     }
     out
+}
+
+/// A protobuf Timestamp as unix milliseconds, for request field `field`.
+///
+/// Errors: [`Error::InvalidArgument`] for an instant before the unix epoch
+/// (or negative nanos).
+pub fn unix_ms_of(field: &'static str, at: Timestamp) -> Result<u64, Error> {
+    if at.seconds < 0 || at.nanos < 0 {
+        return Err(Error::invalid(field, "must not be before the unix epoch"));
+    }
+    Ok((at.seconds as u64).saturating_mul(1000).saturating_add(at.nanos as u64 / 1_000_000))
+}
+
+/// The current wall-clock time, unix milliseconds (0 before the epoch).
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A unix-millisecond instant as a protobuf Timestamp.

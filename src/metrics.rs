@@ -199,26 +199,43 @@ impl Default for Metrics {
     }
 }
 
-/// One group's series (see [`Metrics::group`]). Cheap to clone.
+/// One group's series (see [`Metrics::group`]). Cheap to clone: every handle
+/// is an `Arc` around an atomic, so the hot path never hashes labels.
 #[derive(Clone)]
-#[allow(missing_docs)]
 pub struct GroupMetrics {
+    /// `echomq_deliveries_total`: hand-overs to clients (entries).
     pub deliveries: Counter,
+    /// `echomq_acks_total`: entries XACK confirmed (entries).
     pub acks: Counter,
+    /// `echomq_fails_total`: Fail verdicts, passed deadlines, calls ended holding entries.
     pub fails: Counter,
+    /// `echomq_dead_letters_total`: entries moved to the dead-letter stream.
     pub dead_letters: Counter,
+    /// `echomq_reclaimed_total`: entries taken over by XAUTOCLAIM.
     pub reclaimed: Counter,
+    /// `echomq_lease_refreshes_total`: held entries whose idle time was reset.
     pub lease_refreshes: Counter,
+    /// `echomq_leases_lost_total`: held entries a peer reclaimed.
     pub leases_lost: Counter,
+    /// `echomq_acks_not_pending_total`: acks XACK answered 0 for.
     pub acks_not_pending: Counter,
+    /// `echomq_trimmed_while_pending_total`: pending entries found deleted.
     pub trimmed_while_pending: Counter,
+    /// `echomq_group_recreations_total`: groups re-created after NOGROUP.
     pub group_recreations: Counter,
+    /// `echomq_in_flight`: deliveries held by calls now (entries).
     pub in_flight: Gauge,
+    /// `echomq_handler_duration_seconds`: hand-over to verdict (seconds).
     pub handler_seconds: Histogram,
+    /// `echomq_group_pending` (polled): the PEL's size (entries).
     pub pending: Gauge,
+    /// `echomq_group_oldest_pending_age_seconds` (polled, seconds).
     pub oldest_pending_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// `echomq_group_max_delivery_count` (polled).
     pub max_delivery_count: Gauge,
+    /// `echomq_group_consumers` (polled).
     pub consumers: Gauge,
+    /// `echomq_stream_length` (polled, entries).
     pub stream_length: Gauge,
     lag_family: GroupGauge,
     labels: GroupLabels,

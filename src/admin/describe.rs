@@ -70,8 +70,7 @@ pub async fn describe(redis: &Redis, stream: &str, group: &str, scan: usize) -> 
     let oldest_pending_id = summary.get(1).and_then(|v| parse_stream_id(v).ok());
     let max_delivery_count = array(&oldest).iter().filter_map(|e| array(e).get(3).and_then(int)).max().unwrap_or(0);
     let oldest_pending_age = oldest_pending_id.map(|id: StreamId| {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        now.saturating_sub(Duration::from_millis(id.ms)).try_into().unwrap_or_default()
+        Duration::from_millis(crate::entry::now_unix_ms().saturating_sub(id.ms)).try_into().unwrap_or_default()
     });
     Ok(DescribeGroupResponse {
         stream: stream.to_owned(),

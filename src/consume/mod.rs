@@ -209,10 +209,7 @@ impl Consumers {
                 let at = subscribe.start_time.ok_or_else(|| {
                     Error::invalid("subscribe.start_time", "required with GROUP_START_INSTANT")
                 })?;
-                if at.seconds < 0 || at.nanos < 0 {
-                    return Err(Error::invalid("subscribe.start_time", "must not be before the unix epoch"));
-                }
-                let ms = (at.seconds as u64).saturating_mul(1000).saturating_add(at.nanos as u64 / 1_000_000);
+                let ms = crate::entry::unix_ms_of("subscribe.start_time", at)?;
                 // The group's last-delivered id is exclusive: the last id before `ms`.
                 StreamId { ms, seq: 0 }.predecessor().map_or_else(|| "0".to_owned(), |id| id.to_string())
             }

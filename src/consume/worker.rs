@@ -560,7 +560,7 @@ impl Worker {
         }
         self.metrics.fails.inc();
         self.wait(stream_id, Instant::now() + delay);
-        let due_unix_ms = unix_ms().saturating_add(delay.as_millis() as u64);
+        let due_unix_ms = crate::entry::now_unix_ms().saturating_add(delay.as_millis() as u64);
         self.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
     }
 
@@ -618,7 +618,7 @@ impl Worker {
                         Some(Value::Int(ms)) => *ms as u64,
                         _ => 0,
                     };
-                    let delay = Duration::from_millis(due_unix_ms.saturating_sub(unix_ms()));
+                    let delay = Duration::from_millis(due_unix_ms.saturating_sub(crate::entry::now_unix_ms()));
                     self.wait(stream_id, Instant::now() + delay);
                 }
                 -3 => self.dead_lettered(stream_id, parts.get(2), parts.get(3), "max deliveries reached"),
@@ -1272,8 +1272,4 @@ fn is_group_lost(error: &RedisError) -> bool {
 /// stream's cluster slot.
 pub(crate) fn retries_key(stream: &str, group: &str) -> String {
     format!("{stream}:retries:{group}")
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

@@ -40,10 +40,7 @@ pub fn parse_bound(
         (false, Some(_)) => Err(Error::invalid(id_field, format!("give {id_field} or {time_field}, not both"))),
         (false, None) => Ok(id.parse::<StreamId>().map_err(|e| Error::invalid(id_field, e.to_string()))?.to_string()),
         (true, Some(at)) => {
-            if at.seconds < 0 || at.nanos < 0 {
-                return Err(Error::invalid(time_field, "must not be before the unix epoch"));
-            }
-            let ms = (at.seconds as u64).saturating_mul(1000).saturating_add(at.nanos as u64 / 1_000_000);
+            let ms = entry::unix_ms_of(time_field, at)?;
             let seq = if end == End::Start { 0 } else { u64::MAX };
             Ok(StreamId { ms, seq }.to_string())
         }

@@ -24,10 +24,7 @@ pub(super) async fn trim(
     let (mode, value) = if request.max_len > 0 {
         ("maxlen", request.max_len.to_string())
     } else if let Some(before) = request.before {
-        if before.seconds < 0 || before.nanos < 0 {
-            return Err(Error::invalid("before", "must not be before the unix epoch"));
-        }
-        let ms = (before.seconds as u64).saturating_mul(1000).saturating_add(before.nanos as u64 / 1_000_000);
+        let ms = crate::entry::unix_ms_of("before", before)?;
         ("minid", StreamId { ms, seq: 0 }.to_string())
     } else {
         ("minid", request.min_id.parse::<StreamId>().map_err(|e| Error::invalid("min_id", e.to_string()))?.to_string())
