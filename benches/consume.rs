@@ -144,7 +144,9 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
                     ]),
                 })
                 .collect();
-            streams.append_batch(AppendBatchRequest { stream: stream.to_owned(), entries: batch, max_len: 0 }).await?;
+            streams
+                .append_batch(AppendBatchRequest { stream: stream.to_owned(), entries: batch, ..Default::default() })
+                .await?;
         }
     }
     let took = started.elapsed();

@@ -147,7 +147,7 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
             ("item".to_owned(), item.as_bytes().to_vec()),
         ]);
         let written = streams
-            .append(AppendRequest { stream: args.stream.clone(), fields: fields.clone(), max_len: 0 })
+            .append(AppendRequest { stream: args.stream.clone(), fields: fields.clone(), ..Default::default() })
             .await?
             .into_inner();
         println!("{} append     id={} stream_id={}  {}", t(), written.id, written.stream_id, show(&fields));

@@ -150,7 +150,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     tokio::pin!(shutdown);
     let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
     let redis = tokio::select! {
-        redis = connect_with_backoff(&config.redis_url, &files, redis_timeout, metrics.clone()) => redis?,
+        redis = connect_with_backoff(&config, &files, redis_timeout, metrics.clone()) => redis?,
         _ = &mut shutdown => {
             info!("shutdown before Redis was reachable");
             let _ = stopped_tx.send(true);
@@ -356,7 +356,7 @@ impl Files {
 }
 
 async fn connect_with_backoff(
-    url: &str,
+    config: &Config,
     files: &Files,
     timeout: Duration,
     metrics: Arc<Metrics>,
@@ -364,9 +364,11 @@ async fn connect_with_backoff(
     let mut delay = Duration::from_millis(200);
     loop {
         let password = files.redis_password.as_deref();
-        match Redis::connect(url, password, files.redis_ca.as_deref(), timeout, metrics.clone()).await {
+        let (url, ca, sharded) = (&config.redis_url, files.redis_ca.as_deref(), config.sharded_streams.clone());
+        match Redis::connect(url, password, ca, timeout, metrics.clone(), sharded).await {
             Ok(redis) => {
-                info!("connected to Redis");
+                let kind = if redis.keys.is_cluster() { "a Redis Cluster" } else { "Redis" };
+                info!("connected to {kind}");
                 return Ok(redis);
             }
             Err(e) if e.kind() == redis::ErrorKind::InvalidClientConfig => return Err(AppError::RedisUrl(e)),

@@ -100,9 +100,18 @@ pub enum LogFormat {
     after_help = "Log verbosity follows ECHOMQ_LOG (tracing filter syntax, e.g. `info,echomq=debug`; default `info`).\nTraces are exported over OTLP gRPC when OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set; the other standard OTEL_* variables apply."
 )]
 pub struct Config {
-    /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
+    /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS. For a Redis Cluster,
+    /// one node's URL or a comma-separated seed list (`redis://10.0.0.1:6379,redis://10.0.0.2:6379`):
+    /// cluster mode is detected from the server (INFO cluster).
     #[arg(long, env = "ECHOMQ_REDIS_URL", default_value = DEFAULT_REDIS_URL, value_parser = parse_redis_url)]
     pub redis_url: String,
+
+    /// Sharded streams: `name=shards[,name=shards…]`, e.g. `orders=4`. A sharded stream is that many stream
+    /// keys, `<name>:{<name>:<k>}`; Append spreads entries over them (by partition key), Consume and
+    /// DescribeGroup on `<name>` cover them all. Every sidecar that appends to or consumes a sharded stream
+    /// must name it with the same count.
+    #[arg(long, env = "ECHOMQ_SHARDED_STREAMS", default_value = "", value_parser = crate::keys::parse_sharded)]
+    pub sharded_streams: std::collections::BTreeMap<String, u32>,
 
     /// gRPC listen address: `host:port`, or `unix:/path` for a unix socket.
     #[arg(long, env = "ECHOMQ_LISTEN", default_value = DEFAULT_LISTEN)]
@@ -301,13 +310,24 @@ fn parse_allow_rule(text: &str) -> Result<(String, Vec<String>), String> {
     Ok((identity.trim().to_owned(), patterns))
 }
 
+/// One Redis URL, or a comma-separated seed list of cluster nodes.
 fn parse_redis_url(text: &str) -> Result<String, String> {
-    redis::parse_redis_url(text)
-        .filter(|url| matches!(url.scheme(), "redis" | "rediss" | "unix" | "redis+unix"))
-        .map(|_| text.to_owned())
-        .ok_or_else(|| {
-            format!("`{text}` is not a Redis URL: expected redis://host:port, rediss://host:port or unix:///path")
-        })
+    let urls: Vec<&str> = text.split(',').map(str::trim).filter(|url| !url.is_empty()).collect();
+    if urls.is_empty() {
+        return Err("expected a Redis URL (redis://host:port), or a comma-separated list of cluster nodes".to_owned());
+    }
+    for url in &urls {
+        redis::parse_redis_url(url)
+            .filter(|parsed| matches!(parsed.scheme(), "redis" | "rediss" | "unix" | "redis+unix"))
+            .filter(|parsed| urls.len() == 1 || matches!(parsed.scheme(), "redis" | "rediss"))
+            .ok_or_else(|| {
+                format!(
+                    "`{url}` is not a Redis URL: expected redis://host:port, rediss://host:port or unix:///path \
+                     (a cluster seed list takes redis:// or rediss:// URLs, comma-separated)"
+                )
+            })?;
+    }
+    Ok(text.to_owned())
 }
 
 fn parse_consumer_name(text: &str) -> Result<String, String> {

@@ -10,6 +10,7 @@
 //! - [`error`]: the one error enum and its one mapping to `tonic::Status`.
 //! - [`id`]: stream ids and branded ids.
 //! - [`entry`]: entry fields to the wire's payload, raw fields and branded id.
+//! - [`keys`]: derived key names (dead-letter stream, retry hash) and shard keys.
 //! - [`metrics`]: Prometheus metrics and the timed Redis connection.
 //! - [`redis`]: connections (shared and dedicated), the Lua scripts, reply parsing.
 //! - [`consume`]: the Consume call: validation, the group door, the group
@@ -27,6 +28,7 @@ pub mod consume;
 pub mod entry;
 pub mod error;
 pub mod id;
+pub mod keys;
 pub mod metrics;
 pub mod redis;
 pub mod security;

@@ -27,8 +27,11 @@ use tracing::Instrument;
 /// Labels of per-group series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupLabels {
-    /// The stream key.
+    /// The stream key (a shard's key, for a sharded stream).
     pub stream: String,
+    /// The stream as subscribed: a sharded stream's name, else the stream
+    /// key again; `sum by (sharded_stream, group)` adds up a sharded stream.
+    pub sharded_stream: String,
     /// The consumer group.
     pub group: String,
 }
@@ -158,8 +161,12 @@ impl Metrics {
 
     /// The handles of one group's series, looked up once so the hot path only
     /// touches atomics.
-    pub fn group(&self, stream: &str, group: &str) -> GroupMetrics {
-        let labels = GroupLabels { stream: stream.to_owned(), group: group.to_owned() };
+    pub fn group(&self, stream: &str, sharded_stream: &str, group: &str) -> GroupMetrics {
+        let labels = GroupLabels {
+            stream: stream.to_owned(),
+            sharded_stream: sharded_stream.to_owned(),
+            group: group.to_owned(),
+        };
         GroupMetrics {
             deliveries: self.deliveries.get_or_create(&labels).clone(),
             acks: self.acks.get_or_create(&labels).clone(),

@@ -326,7 +326,11 @@ async fn per_group_series_are_labelled_by_stream_and_group() {
         label_sets.sort();
         let want: Vec<BTreeMap<String, String>> = ["billing", "shipping"]
             .iter()
-            .map(|g| [("group".to_owned(), (*g).to_owned()), ("stream".to_owned(), "orders".to_owned())].into())
+            .map(|g| {
+                [("group", *g), ("stream", "orders"), ("sharded_stream", "orders")]
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .into()
+            })
             .collect();
         assert_eq!(label_sets, want, "{name}: one series per stream and group:\n{}", scrape.lines_of(name));
     }

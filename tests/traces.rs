@@ -86,7 +86,7 @@ async fn consumer_joins_the_producers_trace_across_the_stream() {
     let mut append = tonic::Request::new(AppendRequest {
         stream: stream.clone(),
         fields: [("k".to_owned(), b"v".to_vec())].into(),
-        max_len: 0,
+        ..Default::default()
     });
     append.metadata_mut().insert("traceparent", format!("00-{producer_trace}-{producer_span}-01").parse().unwrap());
     let appended = sidecar.stream_client().await.append(append).await.unwrap().into_inner();
@@ -130,7 +130,7 @@ async fn without_a_collector_the_callers_trace_context_still_crosses_the_stream(
     let mut append = tonic::Request::new(AppendRequest {
         stream: stream.clone(),
         fields: [("k".to_owned(), b"v".to_vec())].into(),
-        max_len: 0,
+        ..Default::default()
     });
     append.metadata_mut().insert("traceparent", traceparent.parse().unwrap());
     sidecar.stream_client().await.append(append).await.unwrap();

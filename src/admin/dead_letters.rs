@@ -25,13 +25,16 @@ fn is_metadata(name: &[u8]) -> bool {
     name.starts_with(b"echomq.")
 }
 
-/// The dead-letter stream named by a request: given, or `<stream>:dlq`.
+/// The dead-letter stream named by a request: given, or the stream's default
+/// (`<stream>:dlq`, tagged on a cluster). A sharded stream's name is refused:
+/// each shard has its own.
 fn dead_letter_stream(admin: &Admin, caller: Option<&Caller>, stream: &str, given: &str) -> Result<String, Error> {
     if !given.is_empty() {
         return Ok(admin.guard.stream(caller, "dead_letter_stream", given)?.to_owned());
     }
     let stream = admin.guard.name("stream", stream)?;
-    Ok(admin.guard.stream(caller, "stream", &format!("{stream}:dlq"))?.to_owned())
+    crate::stream::not_sharded(&admin.redis, "stream", stream)?;
+    Ok(admin.guard.stream(caller, "stream", &admin.redis.keys.dead_letter_stream(stream))?.to_owned())
 }
 
 /// ListDeadLetters: a page, oldest first.
@@ -86,7 +89,9 @@ pub(super) async fn replay(
     request: &ReplayDeadLettersRequest,
 ) -> Result<ReplayDeadLettersResponse, Error> {
     let source = admin.guard.stream(caller, "stream", &request.stream)?;
+    crate::stream::not_sharded(&admin.redis, "stream", source)?;
     let dead_letters = dead_letter_stream(admin, caller, source, &request.dead_letter_stream)?;
+    admin.redis.keys.same_slot("dead_letter_stream", source, &dead_letters)?;
     let mut conn = admin.redis.conn.clone();
     let ids: Vec<String> = if request.ids.is_empty() {
         let count = page_size("count", request.count)?;

@@ -25,7 +25,52 @@ pub(super) async fn describe_group(
 ) -> Result<DescribeGroupResponse, Error> {
     let stream = admin.guard.stream(caller, "stream", &request.stream)?;
     admin.guard.name("group", &request.group)?;
-    describe(&admin.redis, stream, &request.group, DELIVERY_COUNT_SCAN).await
+    let Some(shard_keys) = admin.redis.keys.shards(stream) else {
+        return describe(&admin.redis, stream, &request.group, DELIVERY_COUNT_SCAN).await;
+    };
+    let mut shards = Vec::with_capacity(shard_keys.len());
+    for key in &shard_keys {
+        shards.push(describe(&admin.redis, key, &request.group, DELIVERY_COUNT_SCAN).await?);
+    }
+    Ok(sum_shards(stream, &request.group, shards))
+}
+
+/// A sharded stream's state: the shards' states added up, each kept in `shards`.
+fn sum_shards(stream: &str, group: &str, shards: Vec<DescribeGroupResponse>) -> DescribeGroupResponse {
+    let mut consumers: Vec<ConsumerInfo> = Vec::new();
+    for consumer in shards.iter().flat_map(|s| &s.consumers) {
+        match consumers.iter_mut().find(|c| c.name == consumer.name) {
+            Some(seen) => {
+                seen.pending += consumer.pending;
+                let shorter =
+                    |a: &prost_types::Duration, b: &prost_types::Duration| (a.seconds, a.nanos) < (b.seconds, b.nanos);
+                if let (Some(idle), Some(seen_idle)) = (&consumer.idle, &seen.idle) {
+                    if shorter(idle, seen_idle) {
+                        seen.idle = Some(*idle);
+                    }
+                }
+            }
+            None => consumers.push(consumer.clone()),
+        }
+    }
+    let oldest = shards
+        .iter()
+        .filter_map(|s| Some((s.oldest_pending_id.parse::<StreamId>().ok()?, s)))
+        .min_by_key(|(id, _)| *id)
+        .map(|(_, s)| s);
+    DescribeGroupResponse {
+        stream: stream.to_owned(),
+        group: group.to_owned(),
+        pending: shards.iter().map(|s| s.pending).sum(),
+        lag: shards.iter().map(|s| s.lag).sum(),
+        last_delivered_id: String::new(),
+        consumers,
+        oldest_pending_id: oldest.map(|s| s.oldest_pending_id.clone()).unwrap_or_default(),
+        oldest_pending_age: oldest.and_then(|s| s.oldest_pending_age),
+        max_delivery_count: shards.iter().map(|s| s.max_delivery_count).max().unwrap_or(0),
+        stream_length: shards.iter().map(|s| s.stream_length).sum(),
+        shards,
+    }
 }
 
 /// A group's state, the highest delivery count taken over the oldest `scan`
@@ -84,6 +129,7 @@ pub async fn describe(redis: &Redis, stream: &str, group: &str, scan: usize) -> 
         oldest_pending_age,
         max_delivery_count,
         stream_length: int(&length).unwrap_or(0),
+        shards: Vec::new(),
     })
 }
 

@@ -190,12 +190,10 @@ impl Consumers {
         sender
     }
 
-    fn validate(
-        &self,
-        caller: Option<&Caller>,
-        subscribe: Subscribe,
-    ) -> Result<(Subscription, Policy, GroupPolicy), Error> {
+    fn validate(&self, caller: Option<&Caller>, subscribe: Subscribe) -> Result<(Subscription, Policy), Error> {
         let stream = self.guard.stream(caller, "subscribe.stream", &subscribe.stream)?.to_owned();
+        let keys = &self.shared.redis.keys;
+        let shards = keys.shards(&stream).unwrap_or_else(|| vec![stream.clone()]);
         let group = self.guard.name("subscribe.group", &subscribe.group)?.to_owned();
         let start = match GroupStart::try_from(subscribe.group_start) {
             Ok(GroupStart::New) => "$".to_owned(),
@@ -229,7 +227,9 @@ impl Consumers {
                 ))
             }
             n => n,
-        };
+        }
+        // Each shard gets a share of the credit, at least one entry.
+        .max(shards.len() as u32);
         let ack_deadline = duration("subscribe.ack_deadline", subscribe.ack_deadline)?.filter(|d| !d.is_zero());
         let backoff_initial = duration("subscribe.retry_backoff_initial", subscribe.retry_backoff_initial)?
             .unwrap_or(self.defaults.backoff_initial);
@@ -242,52 +242,75 @@ impl Consumers {
             ));
         }
         let dead_letter_stream = match subscribe.dead_letter_stream {
-            name if name.is_empty() => format!("{stream}:dlq"),
-            name => self.guard.stream(caller, "subscribe.dead_letter_stream", &name)?.to_owned(),
+            name if name.is_empty() => None,
+            name => Some(self.guard.stream(caller, "subscribe.dead_letter_stream", &name)?.to_owned()),
         };
+        let mut dead_letter_streams = Vec::with_capacity(shards.len());
+        for shard in &shards {
+            let dead_letters = dead_letter_stream.clone().unwrap_or_else(|| keys.dead_letter_stream(shard));
+            keys.same_slot("subscribe.dead_letter_stream", shard, &dead_letters)?;
+            keys.same_slot("subscribe.stream", shard, &keys.retries(shard, &group))?;
+            dead_letter_streams.push(dead_letters);
+        }
         let max_deliveries = match subscribe.max_deliveries {
             0 => self.defaults.max_deliveries,
             n => n,
         };
         let policy = Policy { max_in_flight, ack_deadline, backoff_initial, backoff_max };
-        let group_policy = GroupPolicy { max_deliveries, dead_letter_stream };
-        Ok((Subscription { stream, group, start, no_ack: subscribe.no_ack }, policy, group_policy))
+        let shards = shards
+            .into_iter()
+            .zip(dead_letter_streams)
+            .map(|(key, dead_letter_stream)| (key, GroupPolicy { max_deliveries, dead_letter_stream }))
+            .collect();
+        Ok((Subscription { stream, shards, group, start, no_ack: subscribe.no_ack }, policy))
     }
 
-    /// The group door: `XGROUP CREATE <stream> <group> <start> MKSTREAM`. Only
-    /// BUSYGROUP (the group exists; it keeps its position) is not an error.
-    /// Then registers this sidecar's consumer (XGROUP CREATECONSUMER), so it
-    /// shows in XINFO CONSUMERS before it first receives anything.
-    async fn open_group(&self, sub: &Subscription) -> Result<(), Error> {
+    /// The group door, on each shard: `XGROUP CREATE <stream> <group> <start>
+    /// MKSTREAM`. Only BUSYGROUP (the group exists; it keeps its position) is
+    /// not an error. Then registers this sidecar's consumer (XGROUP
+    /// CREATECONSUMER), so it shows in XINFO CONSUMERS before it first
+    /// receives anything.
+    async fn open_groups(&self, sub: &Subscription) -> Result<(), Error> {
+        for (stream, _) in &sub.shards {
+            self.open_group(sub, stream).await?;
+        }
+        Ok(())
+    }
+
+    async fn open_group(&self, sub: &Subscription, stream: &str) -> Result<(), Error> {
         let mut conn = self.shared.redis.conn.clone();
         let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
             .arg("CREATE")
-            .arg(&sub.stream)
+            .arg(stream)
             .arg(&sub.group)
             .arg(&sub.start)
             .arg("MKSTREAM")
             .query_async(&mut conn)
             .await;
         match created {
-            Ok(()) => tracing::info!(stream = %sub.stream, group = %sub.group, start = %sub.start, "group created"),
+            Ok(()) => tracing::info!(stream, group = %sub.group, start = %sub.start, "group created"),
             Err(e) if e.code() == Some("BUSYGROUP") => {}
-            Err(e) => return Err(Error::from_redis(e, "creating the group (XGROUP CREATE)", &sub.stream)),
+            Err(e) => return Err(Error::from_redis(e, "creating the group (XGROUP CREATE)", stream)),
         }
         redis::cmd("XGROUP")
             .arg("CREATECONSUMER")
-            .arg(&sub.stream)
+            .arg(stream)
             .arg(&sub.group)
             .arg(&self.shared.consumer)
             .query_async::<i64>(&mut conn)
             .await
-            .map_err(|e| Error::from_redis(e, "registering the consumer (XGROUP CREATECONSUMER)", &sub.stream))?;
+            .map_err(|e| Error::from_redis(e, "registering the consumer (XGROUP CREATECONSUMER)", stream))?;
         Ok(())
     }
 }
 
 /// A validated subscribe.
 struct Subscription {
+    /// The stream as subscribed: a stream key, or a sharded stream's name.
     stream: String,
+    /// The stream keys consumed (the shards of a sharded stream, else the
+    /// stream itself), each with its group settings.
+    shards: Vec<(String, GroupPolicy)>,
     group: String,
     /// The XGROUP CREATE start argument.
     start: String,
@@ -342,7 +365,7 @@ impl ConsumerService for Consumers {
             }
             None => return Err(Error::invalid("subscribe", "the call closed before its subscribe").into()),
         };
-        let (sub, policy, group_policy) = self.validate(caller.as_ref(), subscribe)?;
+        let (sub, policy) = self.validate(caller.as_ref(), subscribe)?;
         // Held for the life of the call.
         let permit = self.calls.clone().try_acquire_owned().map_err(|_| Error::ResourceExhausted {
             reason: format!(
@@ -350,16 +373,41 @@ impl ConsumerService for Consumers {
                 self.max_calls
             ),
         })?;
-        self.open_group(&sub).await?;
+        self.open_groups(&sub).await?;
 
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let max_in_flight = policy.max_in_flight;
         let (events_tx, events) = mpsc::unbounded_channel();
-        let worker = self.worker(&sub.stream, &sub.group, sub.no_ack);
-        let (reply, attached) = oneshot::channel();
-        let attach = Command::Attach { session, policy, group: group_policy, events: events_tx, reply };
-        worker.send(attach).await.map_err(|_| Status::from(Error::ShuttingDown))?;
-        attached.await.map_err(|_| Status::from(Error::ShuttingDown))??;
+        let mut workers = Vec::with_capacity(sub.shards.len());
+        let shard_count = sub.shards.len() as u32;
+        for (shard, (stream, group_policy)) in sub.shards.iter().enumerate() {
+            // The call's credit, shared out evenly: a busy shard cannot starve the others.
+            let share = max_in_flight / shard_count + u32::from((shard as u32) < max_in_flight % shard_count);
+            let policy = Policy { max_in_flight: share, ..policy.clone() };
+            let worker = self.worker(stream, &sub.group, sub.no_ack);
+            let (reply, attached) = oneshot::channel();
+            let attach = Command::Attach {
+                session,
+                shard,
+                policy,
+                group: group_policy.clone(),
+                events: events_tx.clone(),
+                reply,
+            };
+            let result = match worker.send(attach).await {
+                Ok(()) => attached.await.unwrap_or(Err(Error::ShuttingDown)),
+                Err(_) => Err(Error::ShuttingDown),
+            };
+            if let Err(e) = result {
+                for attached in &workers {
+                    let (flushed, _) = oneshot::channel();
+                    let _ = mpsc::Sender::send(attached, Command::Detach { session, flushed }).await;
+                }
+                return Err(e.into());
+            }
+            workers.push(worker);
+        }
+        drop(events_tx);
 
         let (outbound, outbound_rx) = mpsc::channel(OUTBOUND_BUFFER);
         let subscribed = crate::proto::Subscribed {
@@ -374,12 +422,15 @@ impl ConsumerService for Consumers {
         tokio::spawn(async move {
             // Should the relay ever panic, its call's entries must not stay
             // held: the worker is told the call ended, as on any other end.
-            let detach = worker.clone();
-            let relay = tokio::spawn(session::relay(session, inbound, events, outbound, worker, closing));
+            let detach = workers.clone();
+            let shards = session::Shards::new(workers);
+            let relay = tokio::spawn(session::relay(session, inbound, events, outbound, shards, closing));
             if let Err(e) = relay.await {
                 tracing::error!(session, "a call's relay failed: {e}; its entries go back to the PEL");
-                let (flushed, _) = oneshot::channel();
-                let _ = detach.send(Command::Detach { session, flushed }).await;
+                for worker in detach {
+                    let (flushed, _) = oneshot::channel();
+                    let _ = worker.send(Command::Detach { session, flushed }).await;
+                }
             }
             drop(permit);
         });

@@ -1,22 +1,29 @@
 //! One Consume call after its subscribe: relays the client's verdicts to the
 //! group worker and the worker's deliveries and verdict errors to the client.
 //!
+//! A call on a sharded stream is served by one worker per shard: the relay
+//! remembers which shard each delivery it holds came from and sends each
+//! verdict there.
+//!
 //! Malformed verdicts are answered here, without a trip to the worker. While
 //! the client does not read, the relay waits on the outbound channel and reads
 //! no new verdicts either, so gRPC flow control pushes back on the client and
 //! nothing grows without bound.
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Status, Streaming};
 use tracing::debug;
 
-use super::worker::{Command, Event, FailVerdict, SessionId};
+use super::worker::{Command, Event, FailVerdict, SessionId, UNKNOWN_ID};
 use crate::{
     error::Error,
     id::BrandedId,
-    proto::{consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, VerdictError, VerdictErrorCode},
+    proto::{
+        consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, Delivery, VerdictError,
+        VerdictErrorCode,
+    },
 };
 
 /// How long an ending call waits for its last verdicts to reach Redis.
@@ -31,22 +38,83 @@ pub(super) fn response(kind: consume_response::Kind) -> ConsumeResponse {
     ConsumeResponse { kind: Some(kind) }
 }
 
+/// The workers behind one call, one per shard of its stream (one for a plain
+/// stream), and which of them holds each delivery the call holds.
+pub(super) struct Shards {
+    workers: Vec<mpsc::Sender<Command>>,
+    /// Branded id → the shard its delivery came from (sharded calls only).
+    holders: HashMap<BrandedId, usize>,
+    /// Deliveries whose branded id the call already holds from another shard
+    /// (only entries written around Append can collide): handed over once
+    /// that one is settled, so a verdict by branded id is never ambiguous.
+    parked: Vec<(usize, BrandedId, Delivery)>,
+}
+
+impl Shards {
+    /// The workers, in shard order.
+    pub(super) fn new(workers: Vec<mpsc::Sender<Command>>) -> Shards {
+        Shards { workers, holders: HashMap::new(), parked: Vec::new() }
+    }
+
+    fn sharded(&self) -> bool {
+        self.workers.len() > 1
+    }
+
+    /// The delivery to send now, or `None` when it is parked.
+    fn deliver(&mut self, shard: usize, id: BrandedId, delivery: Delivery) -> Option<Delivery> {
+        if !self.sharded() {
+            return Some(delivery);
+        }
+        match self.holders.get(&id) {
+            Some(&holder) if holder != shard => {
+                self.parked.push((shard, id, delivery));
+                None
+            }
+            _ => {
+                self.holders.insert(id, shard);
+                Some(delivery)
+            }
+        }
+    }
+
+    /// The shard holding `id`, which the verdict now settles; `None` when the
+    /// call does not hold it (answered UNKNOWN_ID here).
+    fn settle(&mut self, id: &BrandedId) -> Option<usize> {
+        if !self.sharded() {
+            return Some(0);
+        }
+        self.holders.remove(id)
+    }
+
+    /// The parked delivery of `id`, if any, now that its namesake is settled.
+    fn unpark(&mut self, id: &BrandedId) -> Option<Delivery> {
+        let at = self.parked.iter().position(|(_, parked, _)| parked == id)?;
+        let (shard, id, delivery) = self.parked.remove(at);
+        self.holders.insert(id, shard);
+        Some(delivery)
+    }
+
+    async fn send(&self, shard: usize, command: Command) -> Result<(), Status> {
+        self.workers[shard].send(command).await.map_err(|_| Status::from(Error::ShuttingDown))
+    }
+}
+
 /// Runs until the client closes its side, the call breaks, a second subscribe
 /// arrives, or the sidecar closes calls on shutdown; then detaches the call
-/// from its worker, which returns what the call held to the PEL's waiting set.
+/// from its workers, which return what the call held to the PEL's waiting set.
 pub(super) async fn relay(
     session: SessionId,
     mut inbound: Streaming<ConsumeRequest>,
     mut events: mpsc::UnboundedReceiver<Event>,
     outbound: Outbound,
-    worker: mpsc::Sender<Command>,
+    mut shards: Shards,
     mut closing: watch::Receiver<bool>,
 ) {
     let ending = loop {
         tokio::select! {
             message = inbound.message() => match message {
                 Ok(Some(request)) => {
-                    if let Err(status) = forward(session, request, &outbound, &worker).await {
+                    if let Err(status) = forward(session, request, &outbound, &mut shards).await {
                         break Some(status);
                     }
                 }
@@ -61,7 +129,10 @@ pub(super) async fn relay(
             },
             event = events.recv() => {
                 let frame = match event {
-                    Some(Event::Delivery(delivery)) => response(consume_response::Kind::Delivery(delivery)),
+                    Some(Event::Delivery { shard, id, delivery }) => match shards.deliver(shard, id, delivery) {
+                        Some(delivery) => response(consume_response::Kind::Delivery(delivery)),
+                        None => continue,
+                    },
                     Some(Event::VerdictError(error)) => response(consume_response::Kind::VerdictError(error)),
                     None => break Some(Error::ShuttingDown.into()),
                 };
@@ -74,39 +145,57 @@ pub(super) async fn relay(
     };
     // The call ends only once its verdicts have reached Redis (bounded, should
     // Redis be down), so a client that sees it end can count on its acks.
-    let (flushed, applied) = oneshot::channel();
-    if worker.send(Command::Detach { session, flushed }).await.is_ok() {
-        let _ = tokio::time::timeout(DETACH_FLUSH_TIMEOUT, applied).await;
+    let mut applied = Vec::with_capacity(shards.workers.len());
+    for worker in &shards.workers {
+        let (flushed, done) = oneshot::channel();
+        if worker.send(Command::Detach { session, flushed }).await.is_ok() {
+            applied.push(done);
+        }
     }
+    let _ = tokio::time::timeout(DETACH_FLUSH_TIMEOUT, async {
+        for done in applied {
+            let _ = done.await;
+        }
+    })
+    .await;
     if let Some(status) = ending {
         let _ = outbound.send(Err(status)).await;
     }
     debug!(session, "call ended");
 }
 
-/// Validates one client message and passes it to the worker. An error status
-/// ends the call; a bad verdict only gets a verdict error.
+/// Validates one client message and passes it to the worker that holds its
+/// entry. An error status ends the call; a bad verdict only gets a verdict error.
 async fn forward(
     session: SessionId,
     request: ConsumeRequest,
     outbound: &Outbound,
-    worker: &mpsc::Sender<Command>,
+    shards: &mut Shards,
 ) -> Result<(), Status> {
-    let command = match request.kind {
-        Some(Kind::Subscribe(_)) => {
-            return Err(Error::invalid(
-                "subscribe",
-                "this call is already subscribed; a call subscribes once (open another call for another subscription)",
-            )
-            .into())
-        }
-        None => return Err(Error::invalid("kind", "a message must set subscribe, ack, fail, extend or drain").into()),
+    match request.kind {
+        Some(Kind::Subscribe(_)) => Err(Error::invalid(
+            "subscribe",
+            "this call is already subscribed; a call subscribes once (open another call for another subscription)",
+        )
+        .into()),
+        None => Err(Error::invalid("kind", "a message must set subscribe, ack, fail, extend or drain").into()),
         Some(Kind::Ack(ack)) => {
-            let ids = parse_ids(ack.ids, outbound).await;
-            if ids.is_empty() {
-                return Ok(());
+            let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
+            let mut unparked = Vec::new();
+            for (text, id) in parse_ids(ack.ids, outbound).await {
+                match shards.settle(&id) {
+                    Some(shard) => {
+                        unparked.extend(shards.unpark(&id));
+                        by_shard[shard].push((text, id));
+                    }
+                    None => reject(outbound, &text, VerdictErrorCode::UnknownId, UNKNOWN_ID).await,
+                }
             }
-            Command::Ack { session, ids }
+            for (shard, ids) in by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()) {
+                shards.send(shard, Command::Ack { session, ids }).await?;
+            }
+            send_unparked(outbound, unparked).await;
+            Ok(())
         }
         Some(Kind::Fail(fail)) => {
             let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
@@ -118,14 +207,24 @@ async fn forward(
                     return Ok(());
                 }
             };
+            let Some(shard) = shards.settle(&id) else {
+                reject(outbound, &fail.id, VerdictErrorCode::UnknownId, UNKNOWN_ID).await;
+                return Ok(());
+            };
+            let unparked = shards.unpark(&id);
             let mut reason = fail.reason;
             truncate_utf8(&mut reason, MAX_REASON_BYTES);
-            Command::Fail {
-                session,
-                fail: FailVerdict { text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason },
-            }
+            let fail = FailVerdict { text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason };
+            shards.send(shard, Command::Fail { session, fail }).await?;
+            send_unparked(outbound, unparked).await;
+            Ok(())
         }
-        Some(Kind::Drain(_)) => Command::Drain { session },
+        Some(Kind::Drain(_)) => {
+            for shard in 0..shards.workers.len() {
+                shards.send(shard, Command::Drain { session }).await?;
+            }
+            Ok(())
+        }
         Some(Kind::Extend(extend)) => {
             let by = match super::duration("extend.by", extend.by) {
                 Ok(Some(by)) if !by.is_zero() => by,
@@ -137,11 +236,25 @@ async fn forward(
                     return Ok(());
                 }
             };
-            let ids = parse_ids(extend.ids, outbound).await;
-            Command::Extend { session, ids, by }
+            let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
+            for (text, id) in parse_ids(extend.ids, outbound).await {
+                match if shards.sharded() { shards.holders.get(&id).copied() } else { Some(0) } {
+                    Some(shard) => by_shard[shard].push((text, id)),
+                    None => reject(outbound, &text, VerdictErrorCode::UnknownId, UNKNOWN_ID).await,
+                }
+            }
+            for (shard, ids) in by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()) {
+                shards.send(shard, Command::Extend { session, ids, by }).await?;
+            }
+            Ok(())
         }
-    };
-    worker.send(command).await.map_err(|_| Status::from(Error::ShuttingDown))
+    }
+}
+
+async fn send_unparked(outbound: &Outbound, deliveries: impl IntoIterator<Item = Delivery>) {
+    for delivery in deliveries {
+        let _ = outbound.send(Ok(response(consume_response::Kind::Delivery(delivery)))).await;
+    }
 }
 
 async fn parse_ids(texts: Vec<String>, outbound: &Outbound) -> Vec<(String, BrandedId)> {

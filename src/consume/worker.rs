@@ -43,6 +43,9 @@ use crate::{
     telemetry,
 };
 
+/// The verdict error for an id the call does not hold.
+pub(crate) const UNKNOWN_ID: &str = "this call does not hold that id: it was never delivered to this call, was already settled, or passed its ack deadline";
+
 /// Identifies one Consume call inside the sidecar.
 pub(crate) type SessionId = u64;
 
@@ -97,10 +100,13 @@ impl Policy {
 /// What a call tells its worker.
 #[derive(Debug)]
 pub(crate) enum Command {
-    /// A new call subscribed; deliveries and verdict errors go to `events`.
-    /// Answered with an error when `group` conflicts with the group's calls.
+    /// A new call subscribed; deliveries and verdict errors go to `events`,
+    /// deliveries marked with `shard` (the index of this worker's stream among
+    /// the call's shards; 0 for a plain stream). Answered with an error when
+    /// `group` conflicts with the group's calls.
     Attach {
         session: SessionId,
+        shard: usize,
         policy: Policy,
         group: GroupPolicy,
         events: mpsc::UnboundedSender<Event>,
@@ -140,8 +146,8 @@ pub(crate) struct FailVerdict {
 /// sending to its client).
 #[derive(Debug)]
 pub(crate) enum Event {
-    /// Hand this to the client.
-    Delivery(Delivery),
+    /// Hand this to the client: the delivery of `id` from the call's shard `shard`.
+    Delivery { shard: usize, id: BrandedId, delivery: Delivery },
     /// A verdict that was not applied.
     VerdictError(VerdictError),
 }
@@ -162,6 +168,8 @@ struct Held {
 }
 
 struct Session {
+    /// This worker's stream's index among the call's shards.
+    shard: usize,
     policy: Policy,
     events: mpsc::UnboundedSender<Event>,
     held: HashMap<BrandedId, Held>,
@@ -265,9 +273,9 @@ impl Worker {
     ) -> (mpsc::Sender<Command>, JoinHandle<()>) {
         let (commands_tx, commands) = mpsc::channel(1024);
         let draining = *shared.draining.borrow();
-        let retries = retries_key(&stream, &group);
+        let retries = shared.redis.keys.retries(&stream, &group);
         let worker = Worker {
-            metrics: shared.metrics.group(&stream, &group),
+            metrics: shared.metrics.group(&stream, shared.redis.keys.sharded_stream_of(&stream), &group),
             stream,
             group,
             shared,
@@ -519,7 +527,8 @@ impl Worker {
             }
             span
         });
-        if let Err(mpsc::error::SendError(Event::Delivery(delivery))) = session.events.send(Event::Delivery(delivery)) {
+        let event = Event::Delivery { shard: session.shard, id: branded, delivery };
+        if let Err(mpsc::error::SendError(Event::Delivery { delivery, .. })) = session.events.send(event) {
             session.closed = true;
             return Some(Outgoing { stream_id, branded, delivery });
         }
@@ -566,8 +575,10 @@ impl Worker {
 
     /// `own_pending.lua` prepared for `mode` on this group; the caller adds the ids.
     fn own_pending(&self, mode: &str, fifth: impl redis::ToRedisArgs) -> redis::ScriptInvocation<'_> {
-        let dead_letter_stream =
-            self.policy.as_ref().map_or_else(|| format!("{}:dlq", self.stream), |p| p.dead_letter_stream.clone());
+        let dead_letter_stream = self
+            .policy
+            .as_ref()
+            .map_or_else(|| self.shared.redis.keys.dead_letter_stream(&self.stream), |p| p.dead_letter_stream.clone());
         let mut script = self.shared.redis.scripts.own_pending.prepare_invoke();
         script
             .key(&self.stream)
@@ -737,8 +748,8 @@ impl Worker {
 
     async fn handle(&mut self, command: Command) {
         match command {
-            Command::Attach { session, policy, group, events, reply } => {
-                let _ = reply.send(self.attach(session, policy, group, events));
+            Command::Attach { session, shard, policy, group, events, reply } => {
+                let _ = reply.send(self.attach(session, shard, policy, group, events));
             }
             Command::Ack { session, ids } => {
                 for (text, id) in ids {
@@ -772,6 +783,7 @@ impl Worker {
     fn attach(
         &mut self,
         session: SessionId,
+        shard: usize,
         policy: Policy,
         group: GroupPolicy,
         events: mpsc::UnboundedSender<Event>,
@@ -787,7 +799,7 @@ impl Worker {
             }
             _ => self.policy = Some(group),
         }
-        self.sessions.insert(session, Session { policy, events, held: HashMap::new(), closed: false });
+        self.sessions.insert(session, Session { shard, policy, events, held: HashMap::new(), closed: false });
         Ok(())
     }
 
@@ -796,7 +808,7 @@ impl Worker {
     fn settle(&mut self, session: SessionId, text: &str, id: BrandedId) -> Option<Held> {
         let s = self.sessions.get_mut(&session)?;
         let Some(held) = s.held.remove(&id) else {
-            s.error(text, VerdictErrorCode::UnknownId, "this call does not hold that id: it was never delivered to this call, was already settled, or passed its ack deadline");
+            s.error(text, VerdictErrorCode::UnknownId, UNKNOWN_ID);
             return None;
         };
         self.shared.held.fetch_sub(1, Ordering::Relaxed);
@@ -1265,11 +1277,4 @@ fn is_group_lost(error: &RedisError) -> bool {
     matches!(error.code(), Some("NOGROUP" | "UNBLOCKED"))
         || error.to_string().contains("NOGROUP")
         || error.to_string().contains("UNBLOCKED")
-}
-
-/// The group's retry hash: stream id → "<due unix ms> <last failure reason>".
-/// Named after the stream so a `{hash tag}` in the stream name keeps it in the
-/// stream's cluster slot.
-pub(crate) fn retries_key(stream: &str, group: &str) -> String {
-    format!("{stream}:retries:{group}")
 }

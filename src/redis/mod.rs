@@ -1,79 +1,206 @@
 //! Redis connections, the server-side scripts, and stream reply parsing.
 //!
-//! Two kinds of connection:
-//! - one shared, multiplexed [`ConnectionManager`] (reconnects by itself) for
-//!   every non-blocking command, with a response timeout;
+//! Two kinds of connection, to a single Redis server or to a Redis Cluster:
+//! - one shared, multiplexed connection (it reconnects by itself; on a cluster
+//!   it follows MOVED/ASK and topology changes) for every non-blocking command,
+//!   with a response timeout;
 //! - one dedicated connection per group reader for `XREADGROUP … BLOCK`, with
 //!   no response timeout, so a blocking read never holds up other commands and
-//!   is never cut short while Redis is handing entries to it.
+//!   is never cut short while Redis is handing entries to it. On a cluster it
+//!   is a cluster connection of its own, routed to the node that owns the
+//!   stream's slot.
 
 use std::{sync::Arc, time::Duration};
 
 use redis::{
-    aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
-    AsyncConnectionConfig, Client, IntoConnectionInfo, RedisResult, Script, Value,
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
+    cluster::{ClusterClient, ClusterClientBuilder},
+    cluster_async::ClusterConnection,
+    AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, RedisFuture, RedisResult, Script, Value,
 };
 
 use crate::{
     id::StreamId,
+    keys::Keyspace,
     metrics::{Metrics, TimedConnection},
 };
+
+/// A connection to a single Redis server or to a Redis Cluster.
+#[derive(Clone)]
+pub enum Connection {
+    /// The shared connection to a single server: reconnects by itself.
+    Managed(ConnectionManager),
+    /// A reader's own connection to a single server.
+    Dedicated(MultiplexedConnection),
+    /// A connection to a cluster: routes each command to the node that owns
+    /// its key's slot, following MOVED/ASK and topology changes.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Managed(c) => c.req_packed_command(cmd),
+            Connection::Dedicated(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Managed(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Dedicated(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Managed(c) => c.get_db(),
+            Connection::Dedicated(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// How new connections are made. One per sidecar, so its size does not matter.
+#[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
+enum Target {
+    Single(Client),
+    /// The readers' client (no response timeout).
+    Cluster(ClusterClient),
+}
 
 /// The shared Redis handles.
 #[derive(Clone)]
 pub struct Redis {
-    client: Client,
+    target: Target,
     /// The shared multiplexed connection for non-blocking commands, every
     /// command's latency observed.
-    pub conn: TimedConnection<ConnectionManager>,
+    pub conn: TimedConnection<Connection>,
     /// The loaded scripts (EVALSHA, falling back to EVAL after a Redis restart).
     pub scripts: Scripts,
+    /// Key names: derived keys, shard keys.
+    pub keys: Arc<Keyspace>,
 }
 
 impl Redis {
-    /// Opens the client and the shared connection. `password` overrides the
-    /// URL's; `ca_pem` replaces the system roots for `rediss://`. `timeout`
-    /// bounds connecting and each non-blocking command.
+    /// Opens the shared connection. `urls` is one URL, or a comma-separated
+    /// seed list of cluster nodes; a single URL whose server has cluster mode
+    /// on (`INFO cluster`: `cluster_enabled:1`) is used as the seed of a
+    /// cluster, so the sidecar runs on a cluster unchanged. `password`
+    /// overrides the URLs'; `ca_pem` replaces the system roots for `rediss://`.
+    /// `timeout` bounds connecting and each non-blocking command. `sharded`
+    /// names the sharded streams (name → shard count).
     ///
-    /// Errors: the URL is invalid, or Redis cannot be reached now.
+    /// Errors: an invalid URL (`InvalidClientConfig`), or Redis cannot be
+    /// reached or refuses the credentials now.
     pub async fn connect(
-        url: &str,
+        urls: &str,
         password: Option<&str>,
         ca_pem: Option<&[u8]>,
         timeout: Duration,
         metrics: Arc<Metrics>,
+        sharded: std::collections::BTreeMap<String, u32>,
     ) -> RedisResult<Redis> {
-        let mut info = url.into_connection_info()?;
-        if let Some(password) = password {
-            let settings = info.redis_settings().clone().set_password(password);
-            info = info.set_redis_settings(settings);
-        }
-        let client = match ca_pem {
-            Some(ca) => {
-                Client::build_with_tls(info, redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) })?
-            }
-            None => Client::open(info)?,
+        let seeds = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .map(|url| with_password(url.into_connection_info()?, password))
+            .collect::<RedisResult<Vec<ConnectionInfo>>>()?;
+        let Some(first) = seeds.first().cloned() else {
+            return Err((redis::ErrorKind::InvalidClientConfig, "no Redis URL given").into());
         };
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(2));
-        let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-        // Connecting does not prove the credentials: without a password Redis
-        // accepts the connection and refuses every command (NOAUTH).
-        redis::cmd("PING").query_async::<String>(&mut conn).await?;
         let scripts = Scripts::new();
-        Ok(Redis { client, conn: TimedConnection::new(conn, metrics, scripts.names()), scripts })
+        let client = match ca_pem {
+            Some(ca) => Client::build_with_tls(
+                first,
+                redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) },
+            )?,
+            None => Client::open(first)?,
+        };
+        let (conn, target) = if seeds.len() == 1 && !cluster_enabled(&client, timeout).await? {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_secs(2));
+            let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+            // Connecting does not prove the credentials: without a password Redis
+            // accepts the connection and refuses every command (NOAUTH).
+            redis::cmd("PING").query_async::<String>(&mut conn).await?;
+            (Connection::Managed(conn), Target::Single(client))
+        } else {
+            let builder = |response_timeout: Option<Duration>| {
+                let mut builder = ClusterClientBuilder::new(seeds.clone())
+                    .connection_timeout(timeout)
+                    .retries(6)
+                    .max_retry_wait(1_000);
+                if let Some(ca) = ca_pem {
+                    builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) });
+                }
+                match response_timeout {
+                    // Retries through a failover take longer than one command.
+                    Some(t) => builder.response_timeout(t).overall_response_timeout(Some(t * 4)),
+                    None => builder,
+                }
+                .build()
+            };
+            let mut conn = builder(Some(timeout))?.get_async_connection().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await?;
+            (Connection::Cluster(conn), Target::Cluster(builder(None)?))
+        };
+        let cluster = matches!(target, Target::Cluster(_));
+        Ok(Redis {
+            target,
+            conn: TimedConnection::new(conn, metrics, scripts.names()),
+            scripts,
+            keys: Arc::new(Keyspace::new(cluster, sharded)),
+        })
     }
 
     /// A new connection of its own for blocking reads: no response timeout
     /// (the BLOCK argument bounds the wait), `connect_timeout` to connect.
-    pub async fn dedicated(&self, connect_timeout: Duration) -> RedisResult<MultiplexedConnection> {
-        let config =
-            AsyncConnectionConfig::new().set_connection_timeout(Some(connect_timeout)).set_response_timeout(None);
-        self.client.get_multiplexed_async_connection_with_config(&config).await
+    pub async fn dedicated(&self, connect_timeout: Duration) -> RedisResult<Connection> {
+        match &self.target {
+            Target::Single(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None);
+                Ok(Connection::Dedicated(client.get_multiplexed_async_connection_with_config(&config).await?))
+            }
+            Target::Cluster(blocking) => Ok(Connection::Cluster(
+                tokio::time::timeout(connect_timeout * 2, blocking.get_async_connection()).await.map_err(|_| {
+                    redis::RedisError::from((redis::ErrorKind::Io, "connecting to the cluster timed out"))
+                })??,
+            )),
+        }
     }
+}
+
+fn with_password(info: ConnectionInfo, password: Option<&str>) -> RedisResult<ConnectionInfo> {
+    Ok(match password {
+        Some(password) => {
+            let settings = info.redis_settings().clone().set_password(password);
+            info.set_redis_settings(settings)
+        }
+        None => info,
+    })
+}
+
+/// Whether the server has cluster mode on (`INFO cluster`).
+async fn cluster_enabled(client: &Client, timeout: Duration) -> RedisResult<bool> {
+    let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
+    let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+    let info: String = redis::cmd("INFO").arg("cluster").query_async(&mut conn).await?;
+    Ok(info.lines().any(|line| line.trim() == "cluster_enabled:1"))
 }
 
 /// The server-side scripts, each a Lua file under `src/redis/lua/`.

@@ -18,7 +18,9 @@ use tracing::Instrument;
 pub const MAX_BATCH_ENTRIES: usize = 10_000;
 
 /// Appends `entries` to `stream` in one script run and returns their
-/// (branded id, stream id) pairs in order. `max_len` 0: no trimming.
+/// (branded id, stream id, stream key) in order. A sharded stream's shard is
+/// picked by `partition_key` (see [`crate::keys::Keyspace::append_target`]).
+/// `max_len` 0: no trimming.
 ///
 /// Errors: [`Error::InvalidArgument`] for a bad stream name, too many fields,
 /// or a field named like the reserved id field; [`Error::WrongType`] when the
@@ -28,10 +30,13 @@ async fn append_entries(
     caller: Option<&Caller>,
     traceparent: Option<&str>,
     stream: &str,
+    partition_key: &str,
     entries: &[(&'static str, &HashMap<String, Vec<u8>>)],
     max_len: u64,
 ) -> Result<Vec<AppendResponse>, Error> {
-    let stream = streams.guard.stream(caller, "stream", stream)?;
+    let logical = streams.guard.stream(caller, "stream", stream)?;
+    let target = streams.redis.keys.append_target(logical, partition_key.as_bytes());
+    let stream = target.key.as_str();
     let span = tracing::info_span!("echomq.append", stream = %stream, entries = entries.len());
     telemetry::set_parent(&span, traceparent);
     // The context consumers continue: this append's span when traces are
@@ -40,7 +45,7 @@ async fn append_entries(
     let max_fields = streams.guard.max_fields_per_entry;
     let id_field = &streams.id_field;
     let mut script = streams.redis.scripts.append.prepare_invoke();
-    script.key(stream).arg(id_field).arg(max_len).arg(entries.len());
+    script.key(stream).arg(id_field).arg(max_len).arg(target.shard).arg(target.shards).arg(entries.len());
     for (field, fields) in entries {
         if fields.contains_key(id_field) {
             return Err(Error::invalid(
@@ -81,7 +86,7 @@ async fn append_entries(
             let stream_id: StreamId =
                 parse_stream_id(id).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
             let branded = BrandedId::from_stream_id(stream_id).expect("append.lua mints ids within the branded range");
-            Ok(AppendResponse { id: branded.to_string(), stream_id: stream_id.to_string() })
+            Ok(AppendResponse { id: branded.to_string(), stream_id: stream_id.to_string(), stream: stream.to_owned() })
         })
         .collect()
 }
@@ -93,9 +98,17 @@ pub(super) async fn append(
     traceparent: Option<&str>,
     request: &AppendRequest,
 ) -> Result<AppendResponse, Error> {
-    let mut written =
-        append_entries(streams, caller, traceparent, &request.stream, &[("fields", &request.fields)], request.max_len)
-            .await?;
+    let entries = [("fields", &request.fields)];
+    let mut written = append_entries(
+        streams,
+        caller,
+        traceparent,
+        &request.stream,
+        &request.partition_key,
+        &entries,
+        request.max_len,
+    )
+    .await?;
     let written = written.pop().expect("append.lua returns one id per entry");
     tracing::debug!(stream = %request.stream, id = %written.id, "appended");
     Ok(written)
@@ -115,6 +128,7 @@ pub(super) async fn append_batch(
         ));
     }
     let entries: Vec<_> = request.entries.iter().map(|entry| ("entries.fields", &entry.fields)).collect();
-    let entries = append_entries(streams, caller, traceparent, &request.stream, &entries, request.max_len).await?;
+    let (stream, key) = (&request.stream, &request.partition_key);
+    let entries = append_entries(streams, caller, traceparent, stream, key, &entries, request.max_len).await?;
     Ok(AppendBatchResponse { entries })
 }

@@ -61,6 +61,23 @@ impl StreamService for Streams {
     }
 }
 
+/// INVALID_ARGUMENT when `stream` names a sharded stream: for calls that work
+/// on one stream key (Read, Trim, dead letters), which must name a shard.
+pub fn not_sharded(redis: &Redis, field: &'static str, stream: &str) -> Result<(), crate::error::Error> {
+    match redis.keys.shards(stream) {
+        None => Ok(()),
+        Some(shards) => Err(crate::error::Error::invalid(
+            field,
+            format!(
+                "`{stream}` is a sharded stream of {} shards; name one shard's key (`{}` … `{}`)",
+                shards.len(),
+                shards[0],
+                shards[shards.len() - 1]
+            ),
+        )),
+    }
+}
+
 /// The caller's W3C trace context, from the gRPC `traceparent` header.
 fn traceparent<T>(request: &Request<T>) -> Option<&str> {
     request.metadata().get(crate::telemetry::TRACE_FIELD).and_then(|value| value.to_str().ok())

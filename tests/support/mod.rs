@@ -37,6 +37,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
+pub mod cluster;
+
 /// How long a fixture waits for a process to come up. Generous: CI is slow.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default wait for an event the test expects to arrive.
@@ -515,7 +517,13 @@ impl Sidecar {
     /// Starts the sidecar on free ports and waits until `/readyz` is 200 and the
     /// gRPC port accepts connections.
     pub async fn start(redis: &RedisServer, options: SidecarOptions) -> Sidecar {
-        let mut sidecar = Sidecar::new(redis, options);
+        Sidecar::start_with_url(&redis.url(), options).await
+    }
+
+    /// As [`Sidecar::start`], with `--redis-url <redis_url>` (a cluster's seed
+    /// list, say) instead of a [`RedisServer`]'s URL; `options.redis_url` still wins.
+    pub async fn start_with_url(redis_url: &str, options: SidecarOptions) -> Sidecar {
+        let mut sidecar = Sidecar::new(redis_url, options);
         for attempt in 0..3 {
             match sidecar.spawn_and_wait().await {
                 Ok(()) => return sidecar,
@@ -534,7 +542,7 @@ impl Sidecar {
         unreachable!()
     }
 
-    fn new(redis: &RedisServer, options: SidecarOptions) -> Sidecar {
+    fn new(redis_url: &str, options: SidecarOptions) -> Sidecar {
         let dir = TempDir::new("sidecar");
         let log = dir.path().join("sidecar.log");
         let consumer_name = options.consumer_name.clone().unwrap_or_else(|| unique("consumer"));
@@ -542,7 +550,7 @@ impl Sidecar {
             child: None,
             grpc_port: free_port(),
             admin_port: free_port(),
-            redis_url: options.redis_url.clone().unwrap_or_else(|| redis.url()),
+            redis_url: options.redis_url.clone().unwrap_or_else(|| redis_url.to_owned()),
             consumer_name,
             options,
             log,
@@ -555,7 +563,7 @@ impl Sidecar {
     /// [`Sidecar::exit_status`]), for tests of a sidecar that must not become
     /// ready. Panics if neither happens within [`START_TIMEOUT`].
     pub async fn launch(redis: &RedisServer, options: SidecarOptions) -> Sidecar {
-        let mut sidecar = Sidecar::new(redis, options);
+        let mut sidecar = Sidecar::new(&redis.url(), options);
         sidecar.spawn_process().unwrap_or_else(|e| panic!("{e}"));
         let deadline = Instant::now() + START_TIMEOUT;
         loop {

@@ -26,7 +26,8 @@ const (
 // Which group to describe.
 type DescribeGroupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The stream key. Required.
+	// The stream key, or the name of a sharded stream (then the answer sums
+	// its shards and lists each in `shards`). Required.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// The consumer group. Required.
 	Group         string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
@@ -167,7 +168,15 @@ type DescribeGroupResponse struct {
 	// The highest delivery count among the oldest 10,000 pending entries.
 	MaxDeliveryCount uint64 `protobuf:"varint,9,opt,name=max_delivery_count,json=maxDeliveryCount,proto3" json:"max_delivery_count,omitempty"`
 	// Entries in the stream (XLEN).
-	StreamLength  uint64 `protobuf:"varint,10,opt,name=stream_length,json=streamLength,proto3" json:"stream_length,omitempty"`
+	StreamLength uint64 `protobuf:"varint,10,opt,name=stream_length,json=streamLength,proto3" json:"stream_length,omitempty"`
+	// For a sharded stream: each shard's state, in shard order (`stream` is the
+	// shard's key). The fields above then add up the shards: `pending`,
+	// `stream_length` and `lag` are sums (`lag` unset when any shard's is),
+	// `consumers` are merged by name (pending summed, the smallest idle),
+	// `oldest_pending_*` and `max_delivery_count` are over all shards, and
+	// `last_delivered_id` is empty (each shard has its own). Empty for a plain
+	// stream.
+	Shards        []*DescribeGroupResponse `protobuf:"bytes,11,rep,name=shards,proto3" json:"shards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -272,12 +281,21 @@ func (x *DescribeGroupResponse) GetStreamLength() uint64 {
 	return 0
 }
 
+func (x *DescribeGroupResponse) GetShards() []*DescribeGroupResponse {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
 // Which dead letters to list.
 type ListDeadLettersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The source stream. Required unless `dead_letter_stream` is given.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	// The dead-letter stream. Empty: `<stream>:dlq`.
+	// The dead-letter stream. Empty: the stream's default, `<stream>:dlq` (on a
+	// Redis Cluster `{<stream>}:dlq` when the stream name has no hash tag). For
+	// a sharded stream, name a shard's key: each shard has its own.
 	DeadLetterStream string `protobuf:"bytes,2,opt,name=dead_letter_stream,json=deadLetterStream,proto3" json:"dead_letter_stream,omitempty"`
 	// The first dead-letter stream id to return (inclusive). Empty: the oldest.
 	StartId string `protobuf:"bytes,3,opt,name=start_id,json=startId,proto3" json:"start_id,omitempty"`
@@ -507,7 +525,9 @@ type ReplayDeadLettersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The source stream the entries go back to. Required.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	// The dead-letter stream. Empty: `<stream>:dlq`.
+	// The dead-letter stream. Empty: the stream's default, `<stream>:dlq` (on a
+	// Redis Cluster `{<stream>}:dlq` when the stream name has no hash tag). For
+	// a sharded stream, name a shard's key: each shard has its own.
 	DeadLetterStream string `protobuf:"bytes,2,opt,name=dead_letter_stream,json=deadLetterStream,proto3" json:"dead_letter_stream,omitempty"`
 	// Dead-letter stream ids to replay. Empty: the oldest `count` entries.
 	Ids []string `protobuf:"bytes,3,rep,name=ids,proto3" json:"ids,omitempty"`
@@ -697,7 +717,7 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\fConsumerInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\apending\x18\x02 \x01(\x04R\apending\x12-\n" +
-	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idle\"\xa9\x03\n" +
+	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idle\"\xe3\x03\n" +
 	"\x15DescribeGroupResponse\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x18\n" +
@@ -709,7 +729,8 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\x12oldest_pending_age\x18\b \x01(\v2\x19.google.protobuf.DurationR\x10oldestPendingAge\x12,\n" +
 	"\x12max_delivery_count\x18\t \x01(\x04R\x10maxDeliveryCount\x12#\n" +
 	"\rstream_length\x18\n" +
-	" \x01(\x04R\fstreamLengthB\x06\n" +
+	" \x01(\x04R\fstreamLength\x128\n" +
+	"\x06shards\x18\v \x03(\v2 .echomq.v1.DescribeGroupResponseR\x06shardsB\x06\n" +
 	"\x04_lag\"\x8f\x01\n" +
 	"\x16ListDeadLettersRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12,\n" +
@@ -777,21 +798,22 @@ var file_echomq_v1_admin_service_proto_depIdxs = []int32{
 	9,  // 0: echomq.v1.ConsumerInfo.idle:type_name -> google.protobuf.Duration
 	1,  // 1: echomq.v1.DescribeGroupResponse.consumers:type_name -> echomq.v1.ConsumerInfo
 	9,  // 2: echomq.v1.DescribeGroupResponse.oldest_pending_age:type_name -> google.protobuf.Duration
-	10, // 3: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
-	11, // 4: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
-	4,  // 5: echomq.v1.ListDeadLettersResponse.dead_letters:type_name -> echomq.v1.DeadLetter
-	7,  // 6: echomq.v1.ReplayDeadLettersResponse.replayed:type_name -> echomq.v1.Replayed
-	0,  // 7: echomq.v1.AdminService.DescribeGroup:input_type -> echomq.v1.DescribeGroupRequest
-	3,  // 8: echomq.v1.AdminService.ListDeadLetters:input_type -> echomq.v1.ListDeadLettersRequest
-	6,  // 9: echomq.v1.AdminService.ReplayDeadLetters:input_type -> echomq.v1.ReplayDeadLettersRequest
-	2,  // 10: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
-	5,  // 11: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
-	8,  // 12: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	2,  // 3: echomq.v1.DescribeGroupResponse.shards:type_name -> echomq.v1.DescribeGroupResponse
+	10, // 4: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
+	11, // 5: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	4,  // 6: echomq.v1.ListDeadLettersResponse.dead_letters:type_name -> echomq.v1.DeadLetter
+	7,  // 7: echomq.v1.ReplayDeadLettersResponse.replayed:type_name -> echomq.v1.Replayed
+	0,  // 8: echomq.v1.AdminService.DescribeGroup:input_type -> echomq.v1.DescribeGroupRequest
+	3,  // 9: echomq.v1.AdminService.ListDeadLetters:input_type -> echomq.v1.ListDeadLettersRequest
+	6,  // 10: echomq.v1.AdminService.ReplayDeadLetters:input_type -> echomq.v1.ReplayDeadLettersRequest
+	2,  // 11: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
+	5,  // 12: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
+	8,  // 13: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
+	11, // [11:14] is the sub-list for method output_type
+	8,  // [8:11] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_echomq_v1_admin_service_proto_init() }

@@ -305,9 +305,11 @@ func (*ConsumeRequest_Drain) isConsumeRequest_Kind() {}
 // entries its own consumer still has pending, then reads new ones (`>`).
 type Subscribe struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The stream key. Required, 1 to `--max-name-bytes` (1024 by default)
-	// bytes of UTF-8. INVALID_ARGUMENT when empty or longer; PERMISSION_DENIED
-	// outside the sidecar's allow-list.
+	// The stream key, or the name of a sharded stream (`--sharded-streams`): the
+	// call then consumes every shard, each with a share of `max_in_flight`.
+	// Required, 1 to `--max-name-bytes` (1024 by default) bytes of UTF-8.
+	// INVALID_ARGUMENT when empty or longer; PERMISSION_DENIED outside the
+	// sidecar's allow-list.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// The consumer group name. Required, 1 to `--max-name-bytes` (1024 by
 	// default) bytes. INVALID_ARGUMENT when empty or longer.
@@ -327,6 +329,9 @@ type Subscribe struct {
 	// (entries). 0 means the sidecar's default (`--default-max-in-flight`,
 	// 64). INVALID_ARGUMENT above the sidecar's limit (`--max-in-flight-limit`,
 	// 10000). The sidecar never reads more from Redis than its calls can take.
+	// On a sharded stream it is shared out evenly over the shards (so a busy
+	// shard cannot starve the others), and raised to the shard count when
+	// smaller (one entry per shard); `Subscribed.max_in_flight` says so.
 	MaxInFlight uint32 `protobuf:"varint,6,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	// How long a delivery may stay un-settled before it is treated as failed
 	// (returned to the PEL and delivered again after the backoff). Unset or zero:
@@ -342,8 +347,11 @@ type Subscribe struct {
 	// (`--retry-backoff-max-ms`, 60 s). INVALID_ARGUMENT when negative.
 	RetryBackoffMax *durationpb.Duration `protobuf:"bytes,9,opt,name=retry_backoff_max,json=retryBackoffMax,proto3" json:"retry_backoff_max,omitempty"`
 	// The dead-letter stream, for poison entries and for a Fail with
-	// `dead_letter` set. Unset: `<stream>:dlq`. A group setting: every call on
-	// this group on one sidecar must name the same one (FAILED_PRECONDITION
+	// `dead_letter` set. Unset: `<stream>:dlq` (each shard's own for a sharded
+	// stream; on a Redis Cluster `{<stream>}:dlq` when the stream name has no
+	// hash tag, so both share a slot). On a cluster it must hash to the stream's
+	// slot (INVALID_ARGUMENT otherwise). A group setting: every call on this
+	// group on one sidecar must name the same one (FAILED_PRECONDITION
 	// otherwise).
 	DeadLetterStream string `protobuf:"bytes,10,opt,name=dead_letter_stream,json=deadLetterStream,proto3" json:"dead_letter_stream,omitempty"`
 	// Poison entries: an entry that has been delivered this many times is not
@@ -832,7 +840,8 @@ type Subscribed struct {
 	// The sidecar's consumer name inside the group (`--consumer-name`, stable
 	// across restarts of the same pod).
 	Consumer string `protobuf:"bytes,3,opt,name=consumer,proto3" json:"consumer,omitempty"`
-	// The effective `max_in_flight` (entries) after applying the default.
+	// The effective `max_in_flight` (entries) after applying the default (and,
+	// on a sharded stream, the one-per-shard minimum).
 	MaxInFlight   uint32 `protobuf:"varint,4,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -906,7 +915,8 @@ type Delivery struct {
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The entry's id in this stream, `<ms>-<seq>`.
 	StreamId string `protobuf:"bytes,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
-	// The stream key.
+	// The stream key the entry lives in: the subscribed stream, or for a
+	// sharded stream the shard's key (`<stream>:{<stream>:<k>}`).
 	Stream string `protobuf:"bytes,3,opt,name=stream,proto3" json:"stream,omitempty"`
 	// The consumer group.
 	Group string `protobuf:"bytes,4,opt,name=group,proto3" json:"group,omitempty"`

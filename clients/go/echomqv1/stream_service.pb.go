@@ -348,8 +348,15 @@ type AppendRequest struct {
 	Fields map[string][]byte `protobuf:"bytes,2,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// When above zero, trims the stream to about this many entries (entries) as
 	// part of the XADD (`MAXLEN ~ max_len`): Redis trims whole nodes only, so the
-	// stream may keep a few more. 0: no trimming.
-	MaxLen        uint64 `protobuf:"varint,3,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
+	// stream may keep a few more. On a sharded stream it applies to the shard
+	// written. 0: no trimming.
+	MaxLen uint64 `protobuf:"varint,3,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
+	// For a sharded stream (`--sharded-streams`): entries with the same
+	// partition key go to the same shard, so they are consumed in the order they
+	// were appended. The shard is FNV-1a (64 bits) of the key's UTF-8 bytes
+	// modulo the shard count. Empty: shards are taken in turn. Ignored by a
+	// stream that is not sharded (it is one shard).
+	PartitionKey  string `protobuf:"bytes,4,opt,name=partition_key,json=partitionKey,proto3" json:"partition_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -405,13 +412,23 @@ func (x *AppendRequest) GetMaxLen() uint64 {
 	return 0
 }
 
+func (x *AppendRequest) GetPartitionKey() string {
+	if x != nil {
+		return x.PartitionKey
+	}
+	return ""
+}
+
 // What Append wrote.
 type AppendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The branded id, 28 lowercase hex characters.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The stream id the entry got, `<ms>-<seq>`.
-	StreamId      string `protobuf:"bytes,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	StreamId string `protobuf:"bytes,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	// The stream key written: the request's stream, or for a sharded stream the
+	// shard's key, `<stream>:{<stream>:<k>}`.
+	Stream        string `protobuf:"bytes,3,opt,name=stream,proto3" json:"stream,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -460,6 +477,13 @@ func (x *AppendResponse) GetStreamId() string {
 	return ""
 }
 
+func (x *AppendResponse) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
 // Several entries to append to one stream.
 type AppendBatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -469,7 +493,10 @@ type AppendBatchRequest struct {
 	// The entries, appended in this order. 1 to 10,000.
 	Entries []*BatchEntry `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
 	// As `AppendRequest.max_len`, applied to every XADD of the batch.
-	MaxLen        uint64 `protobuf:"varint,3,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
+	MaxLen uint64 `protobuf:"varint,3,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
+	// As `AppendRequest.partition_key`. A batch is written to one shard, all or
+	// none: the shard of this key, or the next in turn when it is empty.
+	PartitionKey  string `protobuf:"bytes,4,opt,name=partition_key,json=partitionKey,proto3" json:"partition_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -523,6 +550,13 @@ func (x *AppendBatchRequest) GetMaxLen() uint64 {
 		return x.MaxLen
 	}
 	return 0
+}
+
+func (x *AppendBatchRequest) GetPartitionKey() string {
+	if x != nil {
+		return x.PartitionKey
+	}
+	return ""
 }
 
 // One entry of a batch.
@@ -643,21 +677,24 @@ const file_echomq_v1_stream_service_proto_rawDesc = "" +
 	"\fTrimResponse\x12\x18\n" +
 	"\atrimmed\x18\x01 \x01(\x04R\atrimmed\x12$\n" +
 	"\x0eapplied_min_id\x18\x02 \x01(\tR\fappliedMinId\x12-\n" +
-	"\x13held_back_by_groups\x18\x03 \x01(\bR\x10heldBackByGroups\"\xb9\x01\n" +
+	"\x13held_back_by_groups\x18\x03 \x01(\bR\x10heldBackByGroups\"\xde\x01\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12<\n" +
 	"\x06fields\x18\x02 \x03(\v2$.echomq.v1.AppendRequest.FieldsEntryR\x06fields\x12\x17\n" +
-	"\amax_len\x18\x03 \x01(\x04R\x06maxLen\x1a9\n" +
+	"\amax_len\x18\x03 \x01(\x04R\x06maxLen\x12#\n" +
+	"\rpartition_key\x18\x04 \x01(\tR\fpartitionKey\x1a9\n" +
 	"\vFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"=\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"U\n" +
 	"\x0eAppendResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
-	"\tstream_id\x18\x02 \x01(\tR\bstreamId\"v\n" +
+	"\tstream_id\x18\x02 \x01(\tR\bstreamId\x12\x16\n" +
+	"\x06stream\x18\x03 \x01(\tR\x06stream\"\x9b\x01\n" +
 	"\x12AppendBatchRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12/\n" +
 	"\aentries\x18\x02 \x03(\v2\x15.echomq.v1.BatchEntryR\aentries\x12\x17\n" +
-	"\amax_len\x18\x03 \x01(\x04R\x06maxLen\"\x82\x01\n" +
+	"\amax_len\x18\x03 \x01(\x04R\x06maxLen\x12#\n" +
+	"\rpartition_key\x18\x04 \x01(\tR\fpartitionKey\"\x82\x01\n" +
 	"\n" +
 	"BatchEntry\x129\n" +
 	"\x06fields\x18\x01 \x03(\v2!.echomq.v1.BatchEntry.FieldsEntryR\x06fields\x1a9\n" +

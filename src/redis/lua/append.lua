@@ -3,8 +3,11 @@
 -- KEYS[1]  the stream
 -- ARGV[1]  the reserved field that carries the branded id
 -- ARGV[2]  max_len: 0 for no trimming, else XADD ... MAXLEN ~ max_len
--- ARGV[3]  the number of entries; then, per entry, its field count n followed
---          by n name/value pairs
+-- ARGV[3]  the shard's index k and ARGV[4] the shard count n (0 and 1 for a
+--          plain stream): every sequence number minted is k modulo n, so the
+--          shards of one sharded stream never mint the same id
+-- ARGV[5]  the number of entries; then, per entry, its field count m followed
+--          by m name/value pairs
 -- Returns the stream ids, in order.
 --
 -- Why a script: the branded id is the stream id the entry gets, and it must be
@@ -15,9 +18,10 @@
 local stream = KEYS[1]
 local max_branded_ms = 281474976710655 -- 2^48 - 1: the 6 bytes of a branded id
 
+local shard, shards = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local seq = 0
+local seq = shard
 
 if redis.call('EXISTS', stream) == 1 then
   -- Raises WRONGTYPE when the key is not a stream.
@@ -29,9 +33,11 @@ if redis.call('EXISTS', stream) == 1 then
       if last >= ms then
         -- Sequences past 2^53 lose precision as Lua numbers: move to the next millisecond.
         if #last_seq > 15 then
-          ms, seq = last + 1, 0
+          ms, seq = last + 1, shard
         else
-          ms, seq = last, tonumber(last_seq) + 1
+          -- The first sequence after the last one that is this shard's.
+          local next = tonumber(last_seq) + 1
+          ms, seq = last, next + (shard - next) % shards
         end
       end
       break
@@ -41,8 +47,8 @@ end
 
 local trim = tonumber(ARGV[2])
 local ids = {}
-local arg = 4
-for entry = 1, tonumber(ARGV[3]) do
+local arg = 6
+for entry = 1, tonumber(ARGV[5]) do
   if ms > max_branded_ms then
     return redis.error_reply('ERR echomq: the stream id would exceed the branded id range (milliseconds past 2^48)')
   end
@@ -63,6 +69,6 @@ for entry = 1, tonumber(ARGV[3]) do
   arg = arg + 1 + 2 * fields
   redis.call(unpack(command))
   ids[entry] = id
-  seq = seq + 1
+  seq = seq + shards
 end
 return ids

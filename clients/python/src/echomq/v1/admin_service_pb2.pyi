@@ -30,7 +30,7 @@ class ConsumerInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., idle: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class DescribeGroupResponse(_message.Message):
-    __slots__ = ("stream", "group", "pending", "lag", "last_delivered_id", "consumers", "oldest_pending_id", "oldest_pending_age", "max_delivery_count", "stream_length")
+    __slots__ = ("stream", "group", "pending", "lag", "last_delivered_id", "consumers", "oldest_pending_id", "oldest_pending_age", "max_delivery_count", "stream_length", "shards")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class DescribeGroupResponse(_message.Message):
     OLDEST_PENDING_AGE_FIELD_NUMBER: _ClassVar[int]
     MAX_DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
     STREAM_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
     stream: str
     group: str
     pending: int
@@ -51,7 +52,8 @@ class DescribeGroupResponse(_message.Message):
     oldest_pending_age: _duration_pb2.Duration
     max_delivery_count: int
     stream_length: int
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ..., last_delivered_id: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ..., oldest_pending_id: _Optional[str] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_delivery_count: _Optional[int] = ..., stream_length: _Optional[int] = ...) -> None: ...
+    shards: _containers.RepeatedCompositeFieldContainer[DescribeGroupResponse]
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ..., last_delivered_id: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ..., oldest_pending_id: _Optional[str] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_delivery_count: _Optional[int] = ..., stream_length: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[DescribeGroupResponse, _Mapping]]] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ("stream", "dead_letter_stream", "start_id", "count")

@@ -61,7 +61,7 @@ class TrimResponse(_message.Message):
     def __init__(self, trimmed: _Optional[int] = ..., applied_min_id: _Optional[str] = ..., held_back_by_groups: _Optional[bool] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("stream", "fields", "max_len")
+    __slots__ = ("stream", "fields", "max_len", "partition_key")
     class FieldsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,28 +72,34 @@ class AppendRequest(_message.Message):
     STREAM_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
     stream: str
     fields: _containers.ScalarMap[str, bytes]
     max_len: int
-    def __init__(self, stream: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ..., max_len: _Optional[int] = ...) -> None: ...
+    partition_key: str
+    def __init__(self, stream: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ..., max_len: _Optional[int] = ..., partition_key: _Optional[str] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("id", "stream_id")
+    __slots__ = ("id", "stream_id", "stream")
     ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     id: str
     stream_id: str
-    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ...) -> None: ...
+    stream: str
+    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., stream: _Optional[str] = ...) -> None: ...
 
 class AppendBatchRequest(_message.Message):
-    __slots__ = ("stream", "entries", "max_len")
+    __slots__ = ("stream", "entries", "max_len", "partition_key")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
     stream: str
     entries: _containers.RepeatedCompositeFieldContainer[BatchEntry]
     max_len: int
-    def __init__(self, stream: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[BatchEntry, _Mapping]]] = ..., max_len: _Optional[int] = ...) -> None: ...
+    partition_key: str
+    def __init__(self, stream: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[BatchEntry, _Mapping]]] = ..., max_len: _Optional[int] = ..., partition_key: _Optional[str] = ...) -> None: ...
 
 class BatchEntry(_message.Message):
     __slots__ = ("fields",)

@@ -1,0 +1,257 @@
+//! Key names: the keys the sidecar derives from a stream's name, and the shard
+//! keys of sharded streams.
+//!
+//! On a Redis Cluster every multi-key step (the dead-letter script, the retry
+//! hash written beside an XACK) must stay on one slot, so derived keys share
+//! the stream's slot:
+//!
+//! - a stream whose name has a `{hash tag}` keeps it: `{orders}:dlq`;
+//! - on a cluster, a stream without one gets its whole name as the tag of the
+//!   derived keys: stream `orders`, dead-letter stream `{orders}:dlq` (Redis
+//!   hashes `orders` and `{orders}:dlq` to the same slot);
+//! - on a single Redis server names stay as they always were: `orders:dlq`.
+//!
+//! A sharded stream `orders` of N shards is N stream keys, `orders:{orders:0}`
+//! … `orders:{orders:N-1}`: each shard's tag differs, so shards spread over the
+//! cluster's slots, and each shard's derived keys share its tag.
+
+use std::{
+    collections::BTreeMap,
+    sync::atomic::{AtomicUsize, Ordering},
+};
+
+use redis::cluster_routing::Slot;
+
+use crate::error::Error;
+
+/// The most shards a sharded stream may have.
+pub const MAX_SHARDS: u32 = 1024;
+
+/// Which stream key an append goes to, and the id stride it mints with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendTarget {
+    /// The stream key written.
+    pub key: String,
+    /// The shard's index (0-based); 0 for a plain stream.
+    pub shard: u32,
+    /// The stream's shard count; 1 for a plain stream. `append.lua` mints
+    /// sequence numbers congruent to `shard` modulo `shards`, so branded ids
+    /// are unique across all shards of a logical stream.
+    pub shards: u32,
+}
+
+/// How this sidecar names keys: whether Redis is a cluster, and which streams
+/// are sharded (`--sharded-streams`).
+#[derive(Debug, Default)]
+pub struct Keyspace {
+    cluster: bool,
+    /// Logical stream name → shard count.
+    sharded: BTreeMap<String, u32>,
+    /// Picks the shard of an append without a partition key.
+    round_robin: AtomicUsize,
+}
+
+impl Keyspace {
+    /// A keyspace for a cluster (`cluster`) or a single server, with the given
+    /// sharded streams (name → shard count, validated by [`parse_sharded`]).
+    pub fn new(cluster: bool, sharded: BTreeMap<String, u32>) -> Keyspace {
+        Keyspace { cluster, sharded, round_robin: AtomicUsize::new(0) }
+    }
+
+    /// True when Redis is a cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// The default dead-letter stream of `stream`: `<stream>:dlq`, or on a
+    /// cluster `{<stream>}:dlq` when the name has no hash tag.
+    pub fn dead_letter_stream(&self, stream: &str) -> String {
+        self.derived(stream, ":dlq")
+    }
+
+    /// The retry hash of `group` on `stream` (stream id → "<due unix ms> <last
+    /// failure reason>"): `<stream>:retries:<group>`, tagged like
+    /// [`Self::dead_letter_stream`].
+    pub fn retries(&self, stream: &str, group: &str) -> String {
+        self.derived(stream, &format!(":retries:{group}"))
+    }
+
+    fn derived(&self, stream: &str, suffix: &str) -> String {
+        if self.cluster && hash_tag(stream).is_none() {
+            format!("{{{stream}}}{suffix}")
+        } else {
+            format!("{stream}{suffix}")
+        }
+    }
+
+    /// On a cluster, INVALID_ARGUMENT unless `key` (named by `field`) hashes to
+    /// `stream`'s slot: a script touching both would fail with CROSSSLOT.
+    pub fn same_slot(&self, field: &'static str, stream: &str, key: &str) -> Result<(), Error> {
+        if !self.cluster || Slot::for_key(stream) == Slot::for_key(key) {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            field,
+            format!(
+                "`{key}` and stream `{stream}` hash to different Redis Cluster slots, and one script must touch both; \
+                 give them the same {{hash tag}} (e.g. `{{{stream}}}:dlq`) or leave the field empty for the default"
+            ),
+        ))
+    }
+
+    /// The shard keys of `stream` when it is a sharded stream, in shard order.
+    pub fn shards(&self, stream: &str) -> Option<Vec<String>> {
+        let count = *self.sharded.get(stream)?;
+        Some((0..count).map(|k| shard_key(stream, k)).collect())
+    }
+
+    /// Where an append to `stream` goes. A sharded stream's shard is picked by
+    /// a stable hash of `partition_key` (FNV-1a, 64 bits, modulo the shard
+    /// count), or round-robin when it is empty; so entries with one partition
+    /// key stay in one shard, in order. A shard key named directly is written
+    /// as that shard. A plain stream ignores the partition key.
+    pub fn append_target(&self, stream: &str, partition_key: &[u8]) -> AppendTarget {
+        if let Some(&shards) = self.sharded.get(stream) {
+            let shard = if partition_key.is_empty() {
+                (self.round_robin.fetch_add(1, Ordering::Relaxed) % shards as usize) as u32
+            } else {
+                (fnv1a(partition_key) % u64::from(shards)) as u32
+            };
+            return AppendTarget { key: shard_key(stream, shard), shard, shards };
+        }
+        match self.shard_of(stream) {
+            Some((shard, shards)) => AppendTarget { key: stream.to_owned(), shard, shards },
+            None => AppendTarget { key: stream.to_owned(), shard: 0, shards: 1 },
+        }
+    }
+
+    /// The sharded stream `key` is a shard of, else `key` itself.
+    pub fn sharded_stream_of<'a>(&self, key: &'a str) -> &'a str {
+        match self.shard_of(key) {
+            Some(_) => key.split_once(":{").map_or(key, |(name, _)| name),
+            None => key,
+        }
+    }
+
+    /// `(shard index, shard count)` when `key` is a shard key of a configured
+    /// sharded stream.
+    fn shard_of(&self, key: &str) -> Option<(u32, u32)> {
+        let (name, rest) = key.split_once(":{")?;
+        let &shards = self.sharded.get(name)?;
+        let index = rest.strip_prefix(name)?.strip_prefix(':')?.strip_suffix('}')?;
+        let shard: u32 = index.parse().ok()?;
+        (shard < shards && shard_key(name, shard) == key).then_some((shard, shards))
+    }
+}
+
+/// The key of shard `k` of the sharded stream `name`: `<name>:{<name>:<k>}`.
+pub fn shard_key(name: &str, k: u32) -> String {
+    format!("{name}:{{{name}:{k}}}")
+}
+
+/// The hash tag of `key` as Redis Cluster reads it: the text between the first
+/// `{` and the next `}`, when not empty.
+fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')?;
+    Some(&key[open + 1..open + 1 + close]).filter(|tag| !tag.is_empty())
+}
+
+/// FNV-1a, 64 bits: a stable, documented hash any client can reproduce.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// Parses `--sharded-streams`: `name=shards[,name=shards…]`, each name once,
+/// without `{` or `}` (the shard keys carry their own tags), 1 to
+/// [`MAX_SHARDS`] shards.
+pub fn parse_sharded(text: &str) -> Result<BTreeMap<String, u32>, String> {
+    let mut sharded = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+        let (name, count) =
+            item.split_once('=').ok_or_else(|| format!("`{item}`: expected name=shards, e.g. orders=4"))?;
+        let name = name.trim();
+        if name.is_empty() || name.contains(['{', '}']) {
+            return Err(format!("`{name}`: a sharded stream's name must be non-empty and without `{{` or `}}`"));
+        }
+        let count: u32 = count
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| (1..=MAX_SHARDS).contains(n))
+            .ok_or_else(|| format!("`{item}`: the shard count must be a whole number from 1 to {MAX_SHARDS}"))?;
+        if sharded.insert(name.to_owned(), count).is_some() {
+            return Err(format!("`{name}` is named twice"));
+        }
+    }
+    Ok(sharded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sharded(text: &str, cluster: bool) -> Keyspace {
+        Keyspace::new(cluster, parse_sharded(text).unwrap())
+    }
+
+    #[test]
+    fn derived_keys_share_the_stream_slot_on_a_cluster() {
+        let single = sharded("", false);
+        assert_eq!(single.dead_letter_stream("orders"), "orders:dlq");
+        assert_eq!(single.retries("orders", "g"), "orders:retries:g");
+        let cluster = sharded("", true);
+        for stream in ["orders", "{orders}", "a{b}c", "orders:{orders:3}", "a{b"] {
+            let dlq = cluster.dead_letter_stream(stream);
+            assert_eq!(Slot::for_key(stream), Slot::for_key(&dlq), "{stream} -> {dlq}");
+            assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.retries(stream, "g")), "{stream}");
+            assert!(cluster.same_slot("f", stream, &dlq).is_ok());
+        }
+        assert_eq!(cluster.dead_letter_stream("orders"), "{orders}:dlq");
+        assert_eq!(cluster.dead_letter_stream("{orders}"), "{orders}:dlq");
+        assert!(cluster.same_slot("f", "orders", "elsewhere").is_err());
+        // Names that no wrapping can co-locate are refused, not sent to fail with CROSSSLOT.
+        for odd in ["x{}y", "a}b"] {
+            assert!(cluster.same_slot("f", odd, &cluster.dead_letter_stream(odd)).is_err(), "{odd}");
+        }
+        assert!(single.same_slot("f", "orders", "elsewhere").is_ok());
+    }
+
+    #[test]
+    fn partition_keys_pick_stable_shards_and_no_key_goes_round() {
+        let keys = sharded("orders=4", false);
+        let first = keys.append_target("orders", b"customer-7");
+        assert_eq!(first.shards, 4);
+        assert_eq!(first.key, shard_key("orders", first.shard));
+        for _ in 0..10 {
+            assert_eq!(keys.append_target("orders", b"customer-7"), first);
+        }
+        let spread: std::collections::BTreeSet<u32> = (0..8).map(|_| keys.append_target("orders", b"").shard).collect();
+        assert_eq!(spread.len(), 4);
+        assert_eq!(keys.append_target("plain", b"k"), AppendTarget { key: "plain".into(), shard: 0, shards: 1 });
+        // A shard key named directly keeps its shard's stride.
+        let direct = keys.append_target("orders:{orders:2}", b"");
+        assert_eq!((direct.shard, direct.shards), (2, 4));
+        assert_eq!(keys.append_target("orders:{orders:9}", b"").shards, 1);
+        assert_eq!(keys.shards("orders").unwrap()[3], "orders:{orders:3}");
+        assert_eq!(keys.sharded_stream_of("orders:{orders:3}"), "orders");
+        assert_eq!(keys.sharded_stream_of("plain"), "plain");
+        assert!(keys.shards("plain").is_none());
+    }
+
+    #[test]
+    fn fnv1a_matches_the_reference_vectors() {
+        assert_eq!(fnv1a(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a(b"foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn sharded_streams_are_parsed_strictly() {
+        assert_eq!(parse_sharded("a=2, b=1").unwrap().len(), 2);
+        assert!(parse_sharded("").unwrap().is_empty());
+        for bad in ["a", "a=0", "a=1025", "a=x", "{a}=2", "=2", "a=2,a=3"] {
+            assert!(parse_sharded(bad).is_err(), "{bad}");
+        }
+    }
+}
