@@ -1,15 +1,24 @@
-//! Redis Cluster: the local cluster fixture itself (`support::cluster`), before
-//! the sidecar is tested against it.
+//! Redis Cluster: the local cluster fixture itself (`support::cluster`), then
+//! the sidecar on a real local cluster: plain streams unchanged, sharded
+//! streams, and consumption through a failover and a killed primary with the
+//! chaos suite's nothing-lost ledger.
 
 // Tests fail loudly by design.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
-use std::time::Instant;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
+use echomq::proto::{
+    consume_request::Kind, AppendBatchRequest, AppendRequest, BatchEntry, DescribeGroupRequest, Drain, GroupStart,
+    ListDeadLettersRequest, ReadRequest, TrimRequest,
+};
 use redis::cluster_async::ClusterConnection;
-use support::cluster::{RedisCluster, Role};
+use support::cluster::{key_slot, RedisCluster, Role};
+use support::{assert_code, req, subscribe_msg, unique, Consumer, Event, Sidecar, SidecarOptions};
+use tonic::Code;
 
 async fn xadd(con: &mut ClusterConnection, key: &str, n: usize) {
     for i in 0..n {
@@ -88,4 +97,293 @@ async fn cluster_fixture_serves_keys_on_every_primary_and_fails_over() {
     assert_eq!(cluster.topology().await.roles[&killed], Role::Replica { of: promoted, link_up: true });
     assert_eq!(xlen(&mut con, &keys[1]).await, 3);
     eprintln!("whole test: {:?}", t0.elapsed());
+}
+
+fn fields(pairs: &[(&str, &str)]) -> HashMap<String, Vec<u8>> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())).collect()
+}
+
+async fn pending(con: &mut ClusterConnection, stream: &str, group: &str) -> i64 {
+    let summary: redis::Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(con).await.unwrap();
+    match summary {
+        redis::Value::Array(parts) => match parts.first() {
+            Some(redis::Value::Int(n)) => *n,
+            other => panic!("XPENDING {stream}: {other:?}"),
+        },
+        other => panic!("XPENDING {stream}: {other:?}"),
+    }
+}
+
+/// The sidecar, given one node's URL, finds the cluster by itself and serves a
+/// plain stream as on a single server: append, consume, ack, a dead letter in
+/// `{<stream>}:dlq` (the stream's slot), describe, read and trim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_stream_works_unchanged_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0).await;
+    let sidecar = Sidecar::start_with_url(&cluster.seed_url(), SidecarOptions::default()).await;
+    assert!(sidecar.log().contains("connected to a Redis Cluster"), "{}", sidecar.log());
+    let stream = unique("orders");
+    let mut streams = sidecar.stream_client().await;
+    let mut appended = Vec::new();
+    for i in 0..6 {
+        let request =
+            AppendRequest { stream: stream.clone(), fields: fields(&[("n", &i.to_string())]), ..Default::default() };
+        let written = streams.append(request).await.unwrap().into_inner();
+        assert_eq!(written.stream, stream);
+        appended.push(written.id);
+    }
+
+    let mut consumer = Consumer::start(&sidecar, &stream, "g", GroupStart::Beginning, 16).await;
+    let deliveries = consumer.deliveries(6, Duration::from_secs(10)).await;
+    assert_eq!(support::ids(&deliveries), appended, "in stream order");
+    for d in &deliveries[..5] {
+        consumer.ack_one(&d.id).await;
+    }
+    consumer.dead_letter(&deliveries[5].id, "poison").await;
+
+    let con = cluster.conn().await;
+    let dlq = format!("{{{stream}}}:dlq");
+    assert_eq!(key_slot(&dlq), key_slot(&stream));
+    assert!(
+        support::eventually(Duration::from_secs(10), || {
+            let mut con = con.clone();
+            let (stream, dlq) = (stream.clone(), dlq.clone());
+            async move {
+                let dead: i64 = redis::cmd("XLEN").arg(&dlq).query_async(&mut con).await.unwrap_or(0);
+                dead == 1 && pending(&mut con, &stream, "g").await == 0
+            }
+        })
+        .await,
+        "the dead letter must land in {dlq} and nothing stay pending"
+    );
+    let listed = sidecar
+        .admin_client()
+        .await
+        .list_dead_letters(ListDeadLettersRequest { stream: stream.clone(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.dead_letters.len(), 1);
+    assert_eq!(listed.dead_letters[0].entry.as_ref().unwrap().id, appended[5], "the branded id is kept");
+
+    let described = sidecar
+        .admin_client()
+        .await
+        .describe_group(DescribeGroupRequest { stream: stream.clone(), group: "g".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((described.pending, described.stream_length), (0, 6));
+    assert!(described.shards.is_empty(), "a plain stream has no shards");
+
+    let read = streams.read(ReadRequest { stream: stream.clone(), ..Default::default() }).await.unwrap().into_inner();
+    assert_eq!(read.entries.len(), 6);
+    let trimmed = streams
+        .trim(TrimRequest { stream: stream.clone(), max_len: 2, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(trimmed.trimmed, 4, "everything is acknowledged, so a safe trim may remove it");
+
+    // A dead-letter stream on another slot is refused up front, not left to CROSSSLOT.
+    let mut sub = subscribe_msg(&stream, "other", GroupStart::New);
+    sub.dead_letter_stream = format!("{stream}-dead");
+    assert_ne!(key_slot(&sub.dead_letter_stream), key_slot(&stream));
+    let refused = Consumer::try_subscribe(&sidecar, sub).await.err().expect("a cross-slot dead-letter stream");
+    assert_code(&refused, Code::InvalidArgument);
+    assert!(refused.message().contains("slot"), "{}", refused.message());
+}
+
+/// A sharded stream: one partition key always lands on one shard, shards are
+/// spread over the cluster, branded ids stay unique across shards, and one call
+/// on the logical name consumes every shard, each key's entries in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_stream_spreads_by_partition_key_and_one_call_consumes_every_shard() {
+    let cluster = RedisCluster::start(3, 0).await;
+    let stream = unique("sharded");
+    let options = SidecarOptions::default().arg("--sharded-streams").arg(&format!("{stream}=4"));
+    let sidecar = Sidecar::start_with_url(&cluster.seed_urls(), options).await;
+    let mut streams = sidecar.stream_client().await;
+
+    let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut shard_of_key: BTreeMap<String, String> = BTreeMap::new();
+    for round in 0..5 {
+        for key in 0..8 {
+            let partition_key = format!("customer-{key}");
+            let request = AppendRequest {
+                stream: stream.clone(),
+                fields: fields(&[("round", &round.to_string())]),
+                partition_key: partition_key.clone(),
+                ..Default::default()
+            };
+            let written = streams.append(request).await.unwrap().into_inner();
+            let shard = shard_of_key.entry(partition_key.clone()).or_insert_with(|| written.stream.clone());
+            assert_eq!(*shard, written.stream, "one partition key, one shard");
+            by_key.entry(partition_key).or_default().push(written.id);
+        }
+    }
+    // A batch without a partition key goes to one shard, round-robin.
+    let batch = AppendBatchRequest {
+        stream: stream.clone(),
+        entries: (0..3).map(|i| BatchEntry { fields: fields(&[("batch", &i.to_string())]) }).collect(),
+        ..Default::default()
+    };
+    let batch = streams.append_batch(batch).await.unwrap().into_inner().entries;
+    assert!(batch.iter().all(|e| e.stream == batch[0].stream));
+
+    let shards: HashSet<&String> = shard_of_key.values().collect();
+    assert!(shards.len() >= 2, "8 keys over 4 shards use more than one: {shard_of_key:?}");
+    for shard in &shards {
+        assert!(shard.starts_with(&format!("{stream}:{{{stream}:")), "{shard}");
+    }
+    let mut all: Vec<String> = by_key.values().flatten().cloned().chain(batch.iter().map(|e| e.id.clone())).collect();
+    let count = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), count, "branded ids are unique across shards");
+
+    // max_in_flight 2 on 4 shards is raised to one per shard.
+    let mut consumer = Consumer::start(&sidecar, &stream, "g", GroupStart::Beginning, 2).await;
+    assert_eq!(consumer.subscribed.as_ref().unwrap().max_in_flight, 4);
+    let mut seen: Vec<(String, String)> = Vec::new();
+    while seen.len() < count {
+        match consumer.next_event(Duration::from_secs(10)).await {
+            Event::Delivery(d) => {
+                assert!(shards.contains(&d.stream) || d.stream == batch[0].stream, "{}", d.stream);
+                consumer.ack_one(&d.id).await;
+                seen.push((d.stream, d.id));
+            }
+            other => panic!("after {} deliveries: {other:?}", seen.len()),
+        }
+    }
+    let ids: Vec<&String> = seen.iter().map(|(_, id)| id).collect();
+    for (key, appended) in &by_key {
+        let delivered: Vec<&String> = ids.iter().copied().filter(|id| appended.contains(id)).collect();
+        assert_eq!(delivered, appended.iter().collect::<Vec<_>>(), "{key}: its entries in append order");
+    }
+    consumer.assert_quiet(Duration::from_millis(500), "everything was delivered once").await;
+
+    let mut admin = sidecar.admin_client().await;
+    let describe = || DescribeGroupRequest { stream: stream.clone(), group: "g".into() };
+    assert!(
+        support::eventually(Duration::from_secs(10), || {
+            let mut admin = admin.clone();
+            let request = describe();
+            async move { admin.describe_group(request).await.map(|r| r.into_inner().pending == 0).unwrap_or(false) }
+        })
+        .await
+    );
+    let described = admin.describe_group(describe()).await.unwrap().into_inner();
+    assert_eq!(described.shards.len(), 4);
+    assert_eq!(described.stream_length, count as u64);
+    assert_eq!(described.shards.iter().map(|s| s.stream_length).sum::<u64>(), count as u64);
+    assert!(described.consumers.iter().any(|c| c.name == sidecar.consumer_name()));
+
+    // Calls that work on one key name a shard; the logical name is refused clearly.
+    let refused = streams.read(ReadRequest { stream: stream.clone(), ..Default::default() }).await.unwrap_err();
+    assert_code(&refused, Code::InvalidArgument);
+    assert!(refused.message().contains("sharded"), "{}", refused.message());
+    let shard = shards.iter().next().unwrap();
+    let read = streams.read(ReadRequest { stream: (*shard).clone(), ..Default::default() }).await.unwrap();
+    assert!(!read.into_inner().entries.is_empty());
+}
+
+/// Consumption through a graceful failover and a killed primary: every entry
+/// appended (and replicated) is acknowledged in the end, nothing stays pending,
+/// duplicates are counted. The ledger of the chaos suite, on a cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_and_a_killed_primary_during_consumption_lose_nothing() {
+    const ENTRIES: usize = 3_000;
+    let mut cluster = RedisCluster::start(3, 1).await;
+    let stream = unique("ledger");
+    let options =
+        SidecarOptions::default().arg("--sharded-streams").arg(&format!("{stream}=3")).reclaim(2_000, 500).backoff(100);
+    let sidecar = Sidecar::start_with_url(&cluster.seed_urls(), options).await;
+    let mut streams = sidecar.stream_client().await;
+    let mut appended = HashSet::new();
+    let mut shard_keys = HashSet::new();
+    for chunk in 0..ENTRIES / 100 {
+        let batch = AppendBatchRequest {
+            stream: stream.clone(),
+            entries: (0..100)
+                .map(|i| BatchEntry { fields: fields(&[("n", &(chunk * 100 + i).to_string())]) })
+                .collect(),
+            partition_key: format!("key-{chunk}"),
+            ..Default::default()
+        };
+        for written in streams.append_batch(batch).await.unwrap().into_inner().entries {
+            shard_keys.insert(written.stream);
+            appended.insert(written.id);
+        }
+    }
+    assert_eq!(appended.len(), ENTRIES);
+    // Replicated before the faults: Redis replicates asynchronously, and an
+    // append a primary acknowledged just before it died may be lost with it.
+    let mut con = cluster.conn().await;
+    let _: redis::Value = redis::cmd("WAIT").arg(1).arg(5_000).query_async(&mut con).await.unwrap();
+
+    let shard_keys: Vec<String> = shard_keys.into_iter().collect();
+    let mut consumer = Consumer::start(&sidecar, &stream, "g", GroupStart::Beginning, 32).await;
+    let mut delivered: HashMap<String, usize> = HashMap::new();
+    let mut faults = Vec::new();
+    let started = Instant::now();
+    while delivered.len() < ENTRIES {
+        assert!(started.elapsed() < Duration::from_secs(90), "only {} of {ENTRIES} delivered", delivered.len());
+        if delivered.len() >= ENTRIES / 3 && faults.is_empty() {
+            let new = cluster.failover(&shard_keys[0]).await;
+            faults.push(format!("CLUSTER FAILOVER of {}'s primary to :{new}", shard_keys[0]));
+        }
+        if delivered.len() >= 2 * ENTRIES / 3 && faults.len() == 1 {
+            let killed = cluster.kill_primary(&shard_keys[shard_keys.len() - 1]).await;
+            faults.push(format!("SIGKILL of :{killed}, the primary of {}", shard_keys[shard_keys.len() - 1]));
+        }
+        match consumer.next_event(Duration::from_secs(15)).await {
+            Event::Delivery(d) => {
+                assert!(appended.contains(&d.id), "delivered an id never appended: {}", d.id);
+                *delivered.entry(d.id.clone()).or_default() += 1;
+                consumer.ack_one(&d.id).await;
+            }
+            // An ack that did not reach Redis (UNAVAILABLE) or lost its lease: the entry comes back.
+            Event::VerdictError(_) => {}
+            other => panic!("the call must survive the faults; after {} deliveries: {other:?}", delivered.len()),
+        }
+    }
+    assert_eq!(faults.len(), 2, "both faults were injected: {faults:?}");
+
+    // Everything acknowledged in the end: nothing pending on any shard.
+    let drained = support::eventually(Duration::from_secs(30), || {
+        let mut con = con.clone();
+        let keys = shard_keys.clone();
+        async move {
+            let mut total = 0;
+            for key in &keys {
+                total += pending(&mut con, key, "g").await;
+            }
+            total == 0
+        }
+    });
+    let mut drained = drained.await;
+    // Entries whose acks were lost come back; keep acking while waiting.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !drained && Instant::now() < deadline {
+        if let Event::Delivery(d) = consumer.next_event(Duration::from_millis(500)).await {
+            *delivered.entry(d.id.clone()).or_default() += 1;
+            consumer.ack_one(&d.id).await;
+        }
+        let mut total = 0;
+        for key in &shard_keys {
+            total += pending(&mut con, key, "g").await;
+        }
+        drained = total == 0;
+    }
+    let lost: Vec<&String> = appended.iter().filter(|id| !delivered.contains_key(*id)).collect();
+    let duplicates: usize = delivered.values().map(|n| n - 1).sum();
+    eprintln!(
+        "cluster ledger: entries {ENTRIES}, shards {}, faults {faults:?}, lost {}, duplicates {duplicates}",
+        shard_keys.len(),
+        lost.len()
+    );
+    assert!(lost.is_empty(), "lost {} entries, e.g. {:?}", lost.len(), lost.iter().take(5).collect::<Vec<_>>());
+    assert!(drained, "entries stayed pending after the faults\n{}", sidecar.log());
+    consumer.send(req(Kind::Drain(Drain {}))).await;
 }
