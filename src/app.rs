@@ -113,6 +113,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         ),
         config.max_name_bytes,
         config.max_fields_per_entry,
+        config.max_message_bytes,
     );
     let admin_listener = TcpListener::bind(config.admin_listen).await.map_err(|source| AppError::Bind {
         what: "admin",
@@ -159,20 +160,20 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         }
     };
     readiness.set_redis_up(true);
-    let pinger = tokio::spawn(ping_loop(redis.clone(), readiness.clone()));
 
     let (draining_tx, draining) = watch::channel(false);
     let (closing_tx, closing) = watch::channel(false);
     let consumers =
         Consumers::new(redis.clone(), metrics.clone(), &config, consumer, draining, closing.clone(), guard.clone());
     let streams = Streams::new(redis.clone(), config.id_field.clone(), guard.clone());
-    let admin_api = Admin::new(redis, config.id_field.clone(), guard.clone());
+    let admin_api = Admin::new(redis.clone(), config.id_field.clone(), guard.clone());
 
     let (health, health_service) = tonic_health::server::health_reporter();
     let services = ["", "echomq.v1.ConsumerService", "echomq.v1.StreamService", "echomq.v1.AdminService"];
     for service in services {
         health.set_service_status(service, ServingStatus::Serving).await;
     }
+    let pinger = tokio::spawn(ping_loop(redis, readiness.clone(), health.clone(), services));
     // Both versions: grpcurl speaks v1, Python's grpcio-reflection only v1alpha.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -264,6 +265,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     pinger.abort();
     let _ = stopped_tx.send(true);
     let _ = admin.await;
+    if let Listen::Unix(path) = &config.listen {
+        let _ = std::fs::remove_file(path);
+    }
     // Held when the grace ran out, or returned by calls that ended without a verdict.
     let unsettled = consumers.returned_while_draining();
     if unsettled == 0 {
@@ -284,18 +288,29 @@ async fn bind_grpc(listen: &Listen) -> Result<GrpcListener, AppError> {
     match listen {
         Listen::Tcp(address) => TcpListener::bind(address).await.map(GrpcListener::Tcp).map_err(bind_error),
         Listen::Unix(path) => {
-            remove_stale_socket(path);
-            UnixListener::bind(path).map(GrpcListener::Unix).map_err(bind_error)
+            remove_stale_socket(path).map_err(bind_error)?;
+            let listener = UnixListener::bind(path).map_err(bind_error)?;
+            // Group read/write: an app container of another user in the same
+            // fsGroup can connect; others cannot.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(bind_error)?;
+            Ok(GrpcListener::Unix(listener))
         }
     }
 }
 
-/// A socket file left by a previous run (after kill -9) would make bind fail.
-fn remove_stale_socket(path: &Path) {
+/// A socket file left by a previous run (after kill -9) would make bind fail:
+/// it is removed, unless a live sidecar still accepts connections on it (then
+/// binding would steal its clients): AddrInUse.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
     use std::os::unix::fs::FileTypeExt;
-    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-        let _ = std::fs::remove_file(path);
+    if !std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        return Ok(());
     }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(io::ErrorKind::AddrInUse, "another process is listening on this socket"));
+    }
+    std::fs::remove_file(path)
 }
 
 /// What the settings' files hold, read once at start so a bad path fails fast.
@@ -381,20 +396,32 @@ async fn connect_with_backoff(
     }
 }
 
-async fn ping_loop(redis: Redis, readiness: Readiness) {
+/// Follows Redis' reachability (PING) into `/readyz` and the gRPC health
+/// status of `services`, so both say NOT_SERVING while Redis is down.
+async fn ping_loop(
+    redis: Redis,
+    readiness: Readiness,
+    health: tonic_health::server::HealthReporter,
+    services: [&str; 4],
+) {
     let mut was_up = true;
     loop {
         sleep(READINESS_PING).await;
         let mut conn = redis.conn.clone();
         let up = redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok();
+        readiness.set_redis_up(up);
         if up != was_up {
             if up {
                 info!("Redis is reachable again; ready");
             } else {
                 warn!("Redis does not answer PING; not ready");
             }
+            // While draining, health stays NOT_SERVING whatever Redis does.
+            let status = if readiness.is_ready() { ServingStatus::Serving } else { ServingStatus::NotServing };
+            for service in services {
+                health.set_service_status(service, status).await;
+            }
         }
-        readiness.set_redis_up(up);
         was_up = up;
     }
 }

@@ -210,7 +210,7 @@ pub struct Config {
     /// Stream patterns every caller may use, comma-separated; `*` matches any
     /// run of characters (e.g. `orders:*,payments`). Unset, with no
     /// --allow-streams-for: every stream.
-    #[arg(long, env = "ECHOMQ_ALLOW_STREAMS", value_delimiter = ',')]
+    #[arg(long, env = "ECHOMQ_ALLOW_STREAMS", value_delimiter = ',', value_parser = parse_pattern)]
     pub allow_streams: Vec<String>,
 
     /// Stream patterns one mTLS identity may use besides --allow-streams:
@@ -289,6 +289,11 @@ impl Config {
                 self.default_max_in_flight, self.max_in_flight_limit
             ));
         }
+        if !self.allow_streams_for.is_empty() && self.tls_client_ca_file.is_none() {
+            return Err("--allow-streams-for grants streams to mTLS identities, so it needs --tls-client-ca-file \
+                        (without client certificates no caller has an identity)"
+                .to_owned());
+        }
         if self.retry_backoff_initial_ms > self.retry_backoff_max_ms {
             return Err(format!(
                 "--retry-backoff-initial-ms ({}) is above --retry-backoff-max-ms ({})",
@@ -328,6 +333,14 @@ fn parse_redis_url(text: &str) -> Result<String, String> {
             })?;
     }
     Ok(text.to_owned())
+}
+
+/// One allow-list pattern, trimmed; an empty one would match no stream.
+fn parse_pattern(text: &str) -> Result<String, String> {
+    match text.trim() {
+        "" => Err("an empty stream pattern matches no stream; list patterns like `orders:*,payments`".to_owned()),
+        pattern => Ok(pattern.to_owned()),
+    }
 }
 
 fn parse_consumer_name(text: &str) -> Result<String, String> {
@@ -392,6 +405,10 @@ mod tests {
         assert_eq!(config.allow_streams, vec!["a:*", "b"]);
         assert_eq!(config.allow_streams_for, vec![("svc".to_owned(), vec!["c:*".to_owned(), "d".to_owned()])]);
         assert!(parse(&["--allow-streams-for", "svc="]).is_err());
+        assert_eq!(parse(&["--allow-streams", " a , b"]).unwrap().allow_streams, vec!["a", "b"]);
+        assert!(parse(&["--allow-streams", ""]).is_err(), "an empty list would deny every stream");
+        let per_identity = parse(&["--allow-streams-for", "svc=c:*"]).unwrap();
+        assert!(per_identity.validate().is_err(), "identities need mTLS");
         assert!(parse(&["--tls-cert-file", "c.pem"]).is_err(), "a certificate needs its key");
     }
 

@@ -129,7 +129,15 @@ pub fn oversized_as_resource_exhausted<B>(
             .and_then(|m| m.to_str().ok())
             .is_some_and(|m| m.contains("message%20length%20too%20large") || m.contains("message length too large"));
     if oversized {
-        response.headers_mut().insert("grpc-status", tonic::codegen::http::HeaderValue::from_static("8"));
+        let message = format!(
+            "{}%20(the%20sidecar's%20--max-message-bytes)",
+            response.headers().get("grpc-message").and_then(|m| m.to_str().ok()).unwrap_or_default()
+        );
+        let headers = response.headers_mut();
+        headers.insert("grpc-status", tonic::codegen::http::HeaderValue::from_static("8"));
+        if let Ok(message) = tonic::codegen::http::HeaderValue::from_str(&message) {
+            headers.insert("grpc-message", message);
+        }
     }
     response
 }
@@ -140,6 +148,8 @@ impl From<Error> for Status {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
             Error::WrongType { .. } | Error::Conflict { .. } => Code::FailedPrecondition,
             Error::Unavailable { .. } | Error::ShuttingDown => Code::Unavailable,
+            // The Redis ACL user lacks a permission: the operator's to grant.
+            Error::Redis { source, .. } if source.code() == Some("NOPERM") => Code::PermissionDenied,
             Error::Redis { .. } => Code::Internal,
             Error::NotFound { .. } => Code::NotFound,
             Error::PermissionDenied { .. } => Code::PermissionDenied,

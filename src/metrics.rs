@@ -76,6 +76,7 @@ pub struct Metrics {
     consumers: GroupGauge,
     stream_length: GroupGauge,
     redis_errors: Family<OperationLabels, Counter>,
+    redis_command_errors: Family<CommandLabels, Counter>,
     redis_seconds: Family<CommandLabels, Histogram>,
 }
 
@@ -108,6 +109,7 @@ impl Metrics {
             consumers: Family::default(),
             stream_length: Family::default(),
             redis_errors: Family::default(),
+            redis_command_errors: Family::default(),
             redis_seconds: Family::new_with_constructor(latency_histogram),
             registry: Registry::default(),
         };
@@ -142,7 +144,12 @@ impl Metrics {
         );
         r.register("group_consumers", "Consumers in the group (polled)", m.consumers.clone());
         r.register("stream_length", "Entries in the stream (polled)", m.stream_length.clone());
-        r.register("redis_errors", "Failed Redis operations, by operation", m.redis_errors.clone());
+        r.register("redis_errors", "Failed Redis operations of group workers, by operation", m.redis_errors.clone());
+        r.register(
+            "redis_command_errors",
+            "Failed commands on the shared Redis connection (every call's and worker's), by command",
+            m.redis_command_errors.clone(),
+        );
         r.register(
             "redis_command_duration_seconds",
             "Latency of commands on the shared Redis connection",
@@ -195,8 +202,12 @@ impl Metrics {
         self.redis_errors.get_or_create(&OperationLabels { operation: operation.to_owned() }).inc();
     }
 
-    fn observe_command(&self, command: &str, elapsed: Duration) {
-        self.redis_seconds.get_or_create(&CommandLabels { command: command.to_owned() }).observe(elapsed.as_secs_f64());
+    fn observe_command(&self, command: &str, elapsed: Duration, failed: bool) {
+        let labels = CommandLabels { command: command.to_owned() };
+        self.redis_seconds.get_or_create(&labels).observe(elapsed.as_secs_f64());
+        if failed {
+            self.redis_command_errors.get_or_create(&labels).inc();
+        }
     }
 }
 
@@ -309,7 +320,9 @@ impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
             async move {
                 let started = Instant::now();
                 let result = self.inner.req_packed_command(cmd).await;
-                self.metrics.observe_command(&command, started.elapsed());
+                // NOSCRIPT is the script cache asking for EVAL, not a failure.
+                let failed = result.as_ref().is_err_and(|e| e.code() != Some("NOSCRIPT"));
+                self.metrics.observe_command(&command, started.elapsed(), failed);
                 result
             }
             .instrument(span),
@@ -325,7 +338,7 @@ impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
         Box::pin(async move {
             let started = Instant::now();
             let result = self.inner.req_packed_commands(pipeline, offset, count).await;
-            self.metrics.observe_command("pipeline", started.elapsed());
+            self.metrics.observe_command("pipeline", started.elapsed(), result.is_err());
             result
         })
     }

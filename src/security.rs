@@ -53,7 +53,15 @@ impl Gate {
                 ));
             }
         }
-        let identity = request.peer_certs().and_then(|certs| certs.first().and_then(identity_of));
+        // tonic's `peer_certs` looks at TCP connections only; a unix socket's
+        // TLS info sits under its own type.
+        let certs = request.peer_certs().or_else(|| {
+            request
+                .extensions()
+                .get::<tonic::transport::server::TlsConnectInfo<tonic::transport::server::UdsConnectInfo>>()
+                .and_then(|info| info.peer_certs())
+        });
+        let identity = certs.and_then(|certs| certs.first().and_then(identity_of));
         request.extensions_mut().insert(Caller { identity });
         Ok(request)
     }
@@ -82,12 +90,14 @@ pub struct Guard {
     pub max_name_bytes: usize,
     /// Most fields in one appended entry.
     pub max_fields_per_entry: usize,
+    /// The largest gRPC message (bytes): pages of entries stay below it.
+    pub max_message_bytes: usize,
 }
 
 impl Guard {
-    /// A guard with `gate` and the given limits.
-    pub fn new(gate: Gate, max_name_bytes: usize, max_fields_per_entry: usize) -> Guard {
-        Guard { gate, max_name_bytes, max_fields_per_entry }
+    /// A guard with `gate` and the given limits (bytes, fields, bytes).
+    pub fn new(gate: Gate, max_name_bytes: usize, max_fields_per_entry: usize, max_message_bytes: usize) -> Guard {
+        Guard { gate, max_name_bytes, max_fields_per_entry, max_message_bytes }
     }
 
     /// The gate (authentication and the allow-list).
@@ -123,7 +133,8 @@ impl Guard {
 
 impl Default for Guard {
     fn default() -> Guard {
-        Guard::new(Gate::default(), crate::config::DEFAULT_MAX_NAME_BYTES, crate::config::DEFAULT_MAX_FIELDS_PER_ENTRY)
+        use crate::config::{DEFAULT_MAX_FIELDS_PER_ENTRY, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_NAME_BYTES};
+        Guard::new(Gate::default(), DEFAULT_MAX_NAME_BYTES, DEFAULT_MAX_FIELDS_PER_ENTRY, DEFAULT_MAX_MESSAGE_BYTES)
     }
 }
 
@@ -131,7 +142,12 @@ impl Default for Guard {
 /// response times.
 fn bearer_matches(metadata: &MetadataMap, token: &str) -> bool {
     let Some(presented) = metadata.get("authorization").and_then(|v| v.to_str().ok()) else { return false };
-    let Some(presented) = presented.strip_prefix("Bearer ") else { return false };
+    // The scheme name is case-insensitive (RFC 9110 §11.1).
+    let Some((scheme, presented)) = presented.split_once(' ') else { return false };
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return false;
+    }
+    let presented = presented.trim_start();
     let (a, b) = (presented.as_bytes(), token.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
@@ -204,6 +220,8 @@ mod tests {
         };
         assert!(gate.admit(with("Bearer s3cret")).is_ok());
         assert!(gate.admit(with("Bearer s3cre")).is_err());
+        assert!(gate.admit(with("bearer s3cret")).is_ok(), "the scheme is case-insensitive");
+        assert!(gate.admit(with("Basic s3cret")).is_err());
         assert!(gate.admit(with("s3cret")).is_err());
         assert!(gate.admit(Request::new(())).is_err());
     }

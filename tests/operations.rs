@@ -355,3 +355,81 @@ async fn unix_socket_listen_serves_grpc() {
     let mut con = redis.conn().await;
     assert_eq!(xrange(&mut con, "s").await[0].stream_id, resp.stream_id);
 }
+
+/// A second sidecar must not steal a live sidecar's socket (unlinking it would
+/// cut the first one's clients off while its /readyz still says 200); the
+/// socket is group-writable for an app container of another user, and it is
+/// gone after a clean exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_unix_socket_is_not_taken_over_and_is_removed_on_exit() {
+    use std::os::unix::fs::PermissionsExt;
+    let redis = RedisServer::start().await;
+    let mut first = Sidecar::start(&redis, SidecarOptions { unix_socket: true, ..SidecarOptions::default() }).await;
+    let path = first.unix_path().unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660, "group read/write, nothing for others");
+
+    let second = support::sidecar_command()
+        .arg("--redis-url")
+        .arg(redis.url())
+        .arg("--listen")
+        .arg(format!("unix:{}", path.display()))
+        .arg("--admin-listen")
+        .arg(format!("127.0.0.1:{}", support::free_port()))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run a second sidecar");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "a second sidecar on a live socket must not start: {stderr}");
+    assert!(stderr.contains("listening on this socket"), "{stderr}");
+    assert!(tokio::net::UnixStream::connect(&path).await.is_ok(), "the first sidecar still serves its socket");
+
+    first.sigterm();
+    assert!(first.wait_exit(Duration::from_secs(20)).await.is_some_and(|s| s.success()));
+    assert!(!path.exists(), "a clean exit removes the socket file");
+}
+
+/// gRPC health follows Redis like /readyz does: NOT_SERVING while Redis is
+/// down, SERVING again once it answers; every failed command is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_command_errors_follow_a_redis_outage() {
+    let mut redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut health = sidecar.health_client().await;
+    let status = |health: &mut tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>| {
+        let mut health = health.clone();
+        async move {
+            health
+                .check(HealthCheckRequest { service: "echomq.v1.StreamService".into() })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+        }
+    };
+    assert_eq!(status(&mut health).await, ServingStatus::Serving as i32);
+
+    redis.kill9();
+    let down = eventually(Duration::from_secs(10), || {
+        let mut health = health.clone();
+        async move { status(&mut health).await == ServingStatus::NotServing as i32 }
+    })
+    .await;
+    assert!(down, "health must say NOT_SERVING while Redis is down");
+    let append = echomq::proto::AppendRequest { stream: "s".into(), ..Default::default() };
+    let failed = sidecar.stream_client().await.append(append).await;
+    assert_code(&failed.expect_err("Redis is down"), Code::Unavailable);
+    let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("/metrics").body;
+    assert!(
+        metrics.lines().any(|l| l.starts_with("echomq_redis_command_errors_total{command=\"script:append\"}")),
+        "the failed append is counted:\n{metrics}"
+    );
+
+    redis.restart().await;
+    let up = eventually(Duration::from_secs(15), || {
+        let mut health = health.clone();
+        async move { status(&mut health).await == ServingStatus::Serving as i32 }
+    })
+    .await;
+    assert!(up, "health must say SERVING again once Redis answers");
+}

@@ -588,6 +588,35 @@ async fn allow_streams_for_does_not_grant_to_other_identities() {
     assert!(!exists(&mut con, "invoices:2024").await);
 }
 
+/// mTLS over a unix socket: the client certificate's identity counts there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_identity_is_recognised_on_a_unix_socket() {
+    let pki = TestPki::new("ident-uds");
+    let billing = pki.client_cert("billing", &[&format!("URI:{BILLING_URI}")]);
+    let redis = RedisServer::start().await;
+    let mut options = tls_options(&pki.server_cert(), Some(pki.ca_cert()))
+        .arg("--allow-streams-for")
+        .arg(&format!("{BILLING_URI}=invoices:*"));
+    options.unix_socket = true;
+    let sidecar = Sidecar::start(&redis, options).await;
+    let path = sidecar.unix_path().unwrap();
+
+    let channel = tonic::transport::Endpoint::from_static("https://localhost")
+        .tls_config(pki.client_tls(Some(&billing)))
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .expect("mTLS over the unix socket");
+
+    let appended = append_on(channel, None, "invoices:2024").await;
+    assert!(appended.is_ok(), "billing may append to invoices:* over the socket: {appended:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_is_the_uri_san_even_when_a_dns_san_is_present() {
     let f = IdentityFixture::start().await;
@@ -811,6 +840,33 @@ async fn redis_password_file_overrides_the_url_password() {
     let sidecar = Sidecar::launch(&redis, options).await;
 
     assert!(becomes_ready(&sidecar, START_TIMEOUT).await, "the file's password wins:\n{}", sidecar.log());
+}
+
+/// Redis refusing a command to the sidecar's ACL user (NOPERM) is the
+/// operator's to fix: PERMISSION_DENIED, not INTERNAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_acl_refusal_is_permission_denied() {
+    let dir = TempDir::new("redis-acl");
+    let redis = password_redis().await;
+    let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
+    let _: redis::Value = redis::cmd("ACL")
+        .arg(&["SETUSER", "narrow", "on", ">narrow-pa55", "~orders*", "+@all"])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let file = write_file(dir.path(), "redis-password", "narrow-pa55\n");
+    let options = SidecarOptions {
+        redis_url: Some(format!("redis://narrow@127.0.0.1:{}", redis.port())),
+        ..SidecarOptions::default()
+    }
+    .arg("--redis-password-file")
+    .arg(&path_str(&file));
+    let sidecar = Sidecar::start(&redis, options).await;
+
+    assert!(try_append(&sidecar, "orders").await.is_ok());
+    let refused = try_append(&sidecar, "payments").await.expect_err("outside the ACL user's keys");
+    assert_code(&refused, Code::PermissionDenied);
+    assert!(refused.message().contains("NOPERM") || refused.message().contains("permission"), "{refused:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -500,3 +500,39 @@ async fn trim_without_a_bound_is_invalid_argument() {
     let mut con = redis.conn().await;
     assert_eq!(xlen(&mut con, "s").await, 3);
 }
+
+/// A page of Read never exceeds the gRPC message limit: it holds fewer entries
+/// when they are large, and an entry too large on its own is named in
+/// `oversized_ids` instead of making every page fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_pages_fit_the_message_limit_and_name_oversized_entries() {
+    let redis = RedisServer::start().await;
+    let options = SidecarOptions::default().arg("--max-message-bytes").arg("65536");
+    let sidecar = Sidecar::start(&redis, options).await;
+    let mut con = redis.conn().await;
+    let medium = vec![b'm'; 15_000];
+    let huge = vec![b'h'; 70_000];
+    let mut ids = Vec::new();
+    for body in [&medium, &medium, &medium, &huge, &medium, &medium] {
+        ids.push(xadd_raw(&mut con, "big", &[(b"body", body)]).await);
+    }
+
+    let mut client = sidecar.stream_client().await;
+    let (mut read, mut oversized, mut pages, mut start) = (Vec::new(), Vec::new(), 0, String::new());
+    loop {
+        let request = ReadRequest { stream: "big".into(), start_id: start.clone(), count: 100, ..Default::default() };
+        let page = client.read(request).await.expect("a page that fits").into_inner();
+        pages += 1;
+        read.extend(page.entries.into_iter().map(|e| e.stream_id));
+        oversized.extend(page.oversized_ids);
+        if page.next_start_id.is_empty() {
+            break;
+        }
+        start = page.next_start_id;
+    }
+    assert_eq!(oversized, vec![ids[3].clone()], "the 70 KB entry is named, not sent");
+    let mut expected = ids.clone();
+    expected.remove(3);
+    assert_eq!(read, expected, "every other entry, in order");
+    assert!(pages >= 2, "five 15 KB entries do not fit one 64 KB message");
+}

@@ -49,8 +49,9 @@ pub(super) async fn list(
         id => id.parse::<StreamId>().map_err(|e| Error::invalid("start_id", e.to_string()))?.to_string(),
     };
     let count = page_size("count", request.count)?;
-    let (raw, next_start_id) = page(&admin.redis, &dead_letters, &start, "+", count).await?;
-    let dead_letters = raw
+    let page = page(&admin.redis, &dead_letters, &start, "+", count, admin.guard.max_message_bytes).await?;
+    let dead_letters = page
+        .entries
         .into_iter()
         .filter_map(|raw| {
             let meta = |name: &str| {
@@ -79,7 +80,7 @@ pub(super) async fn list(
             })
         })
         .collect();
-    Ok(ListDeadLettersResponse { dead_letters, next_start_id })
+    Ok(ListDeadLettersResponse { dead_letters, next_start_id: page.next_start_id, oversized_ids: page.oversized_ids })
 }
 
 /// ReplayDeadLetters: the given ids, or the oldest `count`.
@@ -95,8 +96,9 @@ pub(super) async fn replay(
     let mut conn = admin.redis.conn.clone();
     let ids: Vec<String> = if request.ids.is_empty() {
         let count = page_size("count", request.count)?;
-        let (oldest, _) = page(&admin.redis, &dead_letters, "-", "+", count).await?;
-        oldest.into_iter().map(|e| e.id.to_string()).collect()
+        // Only the ids are needed: no message-size budget applies.
+        let oldest = page(&admin.redis, &dead_letters, "-", "+", count, usize::MAX).await?;
+        oldest.entries.into_iter().map(|e| e.id.to_string()).collect()
     } else {
         request
             .ids

@@ -8,7 +8,7 @@ mod trim;
 use tonic::{Request, Response, Status};
 
 pub use append::MAX_BATCH_ENTRIES;
-pub use read::{page, page_size, parse_bound, DEFAULT_PAGE, MAX_PAGE};
+pub use read::{page, page_size, parse_bound, Page, DEFAULT_PAGE, MAX_PAGE};
 
 use crate::{
     proto::{

@@ -68,14 +68,41 @@ pub(super) async fn read(
     let start = parse_bound("start_id", &request.start_id, "start_time", request.start_time, End::Start)?;
     let end = parse_bound("end_id", &request.end_id, "end_time", request.end_time, End::End)?;
     let count = page_size("count", request.count)?;
-    let (raw, next_start_id) = page(&streams.redis, stream, &start, &end, count).await?;
-    let entries = raw.into_iter().filter_map(|e| entry::to_entry(e, &streams.id_field, |_| false)).collect();
-    Ok(ReadResponse { entries, next_start_id })
+    let page = page(&streams.redis, stream, &start, &end, count, streams.guard.max_message_bytes).await?;
+    let entries = page.entries.into_iter().filter_map(|e| entry::to_entry(e, &streams.id_field, |_| false)).collect();
+    Ok(ReadResponse { entries, next_start_id: page.next_start_id, oversized_ids: page.oversized_ids })
+}
+
+/// One page of a stream, sized to fit one gRPC message.
+#[derive(Debug, Default)]
+pub struct Page {
+    /// The entries, oldest first.
+    pub entries: Vec<RawEntry>,
+    /// Where the next page starts; empty at the end of the range.
+    pub next_start_id: String,
+    /// Entries of the page's range too large for one gRPC message on their own
+    /// (bytes over `--max-message-bytes`): their stream ids, left out.
+    pub oversized_ids: Vec<String>,
+}
+
+/// Room for the response around its entries, and for each field's encoding (bytes).
+const PAGE_OVERHEAD: usize = 1024;
+const ENTRY_OVERHEAD: usize = 128;
+const FIELD_OVERHEAD: usize = 24;
+
+/// An upper bound of an entry's encoded size: a field may appear both in the
+/// payload map and among the raw fields.
+fn encoded_bound(entry: &RawEntry) -> usize {
+    let fields = entry.fields.as_deref().unwrap_or_default();
+    ENTRY_OVERHEAD + fields.iter().map(|(name, value)| 2 * (name.len() + value.len()) + FIELD_OVERHEAD).sum::<usize>()
 }
 
 /// One page of `stream` between the XRANGE bounds `start` and `end`: up to
-/// `count` entries, and the id the next page starts at (empty at the end).
-/// Asks for one entry more than it returns, to know whether there is a next.
+/// `count` entries, no more than fit in `max_bytes` (a response must not
+/// exceed the gRPC message limit), and the id the next page starts at (empty
+/// at the end). Asks for one entry more than it returns, to know whether there
+/// is a next. An entry too large for a message on its own is left out and
+/// named in [`Page::oversized_ids`], so paging never sticks on it.
 ///
 /// Errors: [`Error::WrongType`], [`Error::Unavailable`].
 pub async fn page(
@@ -84,7 +111,8 @@ pub async fn page(
     start: &str,
     end: &str,
     count: usize,
-) -> Result<(Vec<RawEntry>, String), Error> {
+    max_bytes: usize,
+) -> Result<Page, Error> {
     let mut conn = redis.conn.clone();
     let reply: redis::Value = redis::cmd("XRANGE")
         .arg(stream)
@@ -95,9 +123,23 @@ pub async fn page(
         .query_async(&mut conn)
         .await
         .map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
-    let mut raw = parse_entries(&reply).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
-    let next = if raw.len() > count { raw.split_off(count)[0].id.to_string() } else { String::new() };
-    Ok((raw, next))
+    let raw = parse_entries(&reply).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
+    let budget = max_bytes.saturating_sub(PAGE_OVERHEAD);
+    let (mut page, mut used) = (Page::default(), 0);
+    for (i, entry) in raw.into_iter().enumerate() {
+        let size = encoded_bound(&entry);
+        if i == count || (used + size > budget && size <= budget) {
+            page.next_start_id = entry.id.to_string();
+            break;
+        }
+        if size > budget {
+            page.oversized_ids.push(entry.id.to_string());
+            continue;
+        }
+        used += size;
+        page.entries.push(entry);
+    }
+    Ok(page)
 }
 
 #[cfg(test)]

@@ -470,8 +470,13 @@ type ListDeadLettersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Oldest first.
 	DeadLetters []*DeadLetter `protobuf:"bytes,1,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
-	// Pass as `start_id` for the next page; empty at the end.
-	NextStartId   string `protobuf:"bytes,2,opt,name=next_start_id,json=nextStartId,proto3" json:"next_start_id,omitempty"`
+	// Pass as `start_id` for the next page; empty at the end. A page holds
+	// fewer than `count` dead letters when more would not fit in one gRPC
+	// message (`--max-message-bytes`).
+	NextStartId string `protobuf:"bytes,2,opt,name=next_start_id,json=nextStartId,proto3" json:"next_start_id,omitempty"`
+	// Dead-letter stream ids of dead letters too large for one gRPC message on
+	// their own: left out (read them with XRANGE; replaying them still works).
+	OversizedIds  []string `protobuf:"bytes,3,rep,name=oversized_ids,json=oversizedIds,proto3" json:"oversized_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -518,6 +523,13 @@ func (x *ListDeadLettersResponse) GetNextStartId() string {
 		return x.NextStartId
 	}
 	return ""
+}
+
+func (x *ListDeadLettersResponse) GetOversizedIds() []string {
+	if x != nil {
+		return x.OversizedIds
+	}
+	return nil
 }
 
 // Which dead letters to replay.
@@ -745,10 +757,11 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\x05group\x18\x04 \x01(\tR\x05group\x12\x1a\n" +
 	"\battempts\x18\x05 \x01(\rR\battempts\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12D\n" +
-	"\x10dead_lettered_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0edeadLetteredAt\"w\n" +
+	"\x10dead_lettered_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0edeadLetteredAt\"\x9c\x01\n" +
 	"\x17ListDeadLettersResponse\x128\n" +
 	"\fdead_letters\x18\x01 \x03(\v2\x15.echomq.v1.DeadLetterR\vdeadLetters\x12\"\n" +
-	"\rnext_start_id\x18\x02 \x01(\tR\vnextStartId\"\x88\x01\n" +
+	"\rnext_start_id\x18\x02 \x01(\tR\vnextStartId\x12#\n" +
+	"\roversized_ids\x18\x03 \x03(\tR\foversizedIds\"\x88\x01\n" +
 	"\x18ReplayDeadLettersRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12,\n" +
 	"\x12dead_letter_stream\x18\x02 \x01(\tR\x10deadLetterStream\x12\x10\n" +

@@ -123,8 +123,14 @@ type ReadResponse struct {
 	// The entries, oldest first.
 	Entries []*Entry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
 	// Where the next page starts (pass it as `start_id`, keeping the end bound);
-	// empty when this page reached the end of the range.
-	NextStartId   string `protobuf:"bytes,2,opt,name=next_start_id,json=nextStartId,proto3" json:"next_start_id,omitempty"`
+	// empty when this page reached the end of the range. A page holds fewer
+	// than `count` entries when more would not fit in one gRPC message
+	// (`--max-message-bytes`).
+	NextStartId string `protobuf:"bytes,2,opt,name=next_start_id,json=nextStartId,proto3" json:"next_start_id,omitempty"`
+	// Stream ids of entries in this page's range that are too large for one
+	// gRPC message (`--max-message-bytes`) on their own: left out of `entries`
+	// (read them with XRANGE).
+	OversizedIds  []string `protobuf:"bytes,3,rep,name=oversized_ids,json=oversizedIds,proto3" json:"oversized_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -171,6 +177,13 @@ func (x *ReadResponse) GetNextStartId() string {
 		return x.NextStartId
 	}
 	return ""
+}
+
+func (x *ReadResponse) GetOversizedIds() []string {
+	if x != nil {
+		return x.OversizedIds
+	}
+	return nil
 }
 
 // Which entries to trim. Exactly one of `max_len`, `min_id` and `before` is
@@ -663,10 +676,11 @@ const file_echomq_v1_stream_service_proto_rawDesc = "" +
 	"start_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12\x15\n" +
 	"\x06end_id\x18\x04 \x01(\tR\x05endId\x125\n" +
 	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x14\n" +
-	"\x05count\x18\x06 \x01(\rR\x05count\"^\n" +
+	"\x05count\x18\x06 \x01(\rR\x05count\"\x83\x01\n" +
 	"\fReadResponse\x12*\n" +
 	"\aentries\x18\x01 \x03(\v2\x10.echomq.v1.EntryR\aentries\x12\"\n" +
-	"\rnext_start_id\x18\x02 \x01(\tR\vnextStartId\"\xd0\x01\n" +
+	"\rnext_start_id\x18\x02 \x01(\tR\vnextStartId\x12#\n" +
+	"\roversized_ids\x18\x03 \x03(\tR\foversizedIds\"\xd0\x01\n" +
 	"\vTrimRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x17\n" +
 	"\amax_len\x18\x02 \x01(\x04R\x06maxLen\x12\x15\n" +

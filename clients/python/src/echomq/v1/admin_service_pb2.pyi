@@ -86,12 +86,14 @@ class DeadLetter(_message.Message):
     def __init__(self, entry: _Optional[_Union[_types_pb2.Entry, _Mapping]] = ..., source_stream: _Optional[str] = ..., source_id: _Optional[str] = ..., group: _Optional[str] = ..., attempts: _Optional[int] = ..., reason: _Optional[str] = ..., dead_lettered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListDeadLettersResponse(_message.Message):
-    __slots__ = ("dead_letters", "next_start_id")
+    __slots__ = ("dead_letters", "next_start_id", "oversized_ids")
     DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
     NEXT_START_ID_FIELD_NUMBER: _ClassVar[int]
+    OVERSIZED_IDS_FIELD_NUMBER: _ClassVar[int]
     dead_letters: _containers.RepeatedCompositeFieldContainer[DeadLetter]
     next_start_id: str
-    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ..., next_start_id: _Optional[str] = ...) -> None: ...
+    oversized_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ..., next_start_id: _Optional[str] = ..., oversized_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReplayDeadLettersRequest(_message.Message):
     __slots__ = ("stream", "dead_letter_stream", "ids", "count")

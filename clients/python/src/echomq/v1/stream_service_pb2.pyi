@@ -27,12 +27,14 @@ class ReadRequest(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_id: _Optional[str] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
-    __slots__ = ("entries", "next_start_id")
+    __slots__ = ("entries", "next_start_id", "oversized_ids")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     NEXT_START_ID_FIELD_NUMBER: _ClassVar[int]
+    OVERSIZED_IDS_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[_types_pb2.Entry]
     next_start_id: str
-    def __init__(self, entries: _Optional[_Iterable[_Union[_types_pb2.Entry, _Mapping]]] = ..., next_start_id: _Optional[str] = ...) -> None: ...
+    oversized_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entries: _Optional[_Iterable[_Union[_types_pb2.Entry, _Mapping]]] = ..., next_start_id: _Optional[str] = ..., oversized_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TrimRequest(_message.Message):
     __slots__ = ("stream", "max_len", "min_id", "before", "approximate", "ignore_groups")
