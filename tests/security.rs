@@ -629,21 +629,16 @@ async fn identity_is_the_uri_san_even_when_a_dns_san_is_present() {
     assert!(err.message().contains(BILLING_URI), "the message names the caller's identity: {err:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_identity_streams_are_denied_to_callers_without_a_certificate() {
-    let redis = RedisServer::start().await;
-    let options = SidecarOptions::default()
-        .arg("--allow-streams")
-        .arg("public:*")
-        .arg("--allow-streams-for")
-        .arg(&format!("{BILLING_URI}=invoices:*"));
-    let sidecar = Sidecar::start(&redis, options).await;
+/// Without client certificates no caller has an identity, so per-identity
+/// rules could never apply: the setting is refused at start, not silently dead.
+#[test]
+fn allow_streams_for_without_mtls_exits_2_with_a_one_line_reason() {
+    let mut args = base_args();
+    args.extend(["--allow-streams-for".to_owned(), format!("{BILLING_URI}=invoices:*")]);
 
-    let err = try_append(&sidecar, "invoices:2024").await.expect_err("no identity, no per-identity streams");
-    let public = try_append(&sidecar, "public:news").await;
+    let out = run_to_exit(&args);
 
-    assert_code(&err, Code::PermissionDenied);
-    assert!(public.is_ok(), "{public:?}");
+    assert_exit_2_with_one_line(&out, "--allow-streams-for", "--tls-client-ca-file");
 }
 
 // ---------------------------------------------------------------------------
