@@ -349,6 +349,8 @@ async fn failover_and_a_killed_primary_during_consumption_lose_nothing() {
         }
     }
     assert_eq!(faults.len(), 2, "both faults were injected: {faults:?}");
+    let ready = support::eventually(Duration::from_secs(20), || async { sidecar.readyz().await == Some(200) }).await;
+    assert!(ready, "the sidecar is ready again once the cluster has healed\n{}", sidecar.log());
 
     // Everything acknowledged in the end: nothing pending on any shard.
     let drained = support::eventually(Duration::from_secs(30), || {
