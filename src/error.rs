@@ -21,7 +21,17 @@ pub enum Error {
         /// The stream key.
         key: String,
     },
-    /// Redis could not be reached or did not answer in time; retrying may help.
+    /// A command was sent but Redis did not answer in time: it may or may not
+    /// have been applied (an append may have been written).
+    #[error("Redis did not answer in time ({context}): the outcome is unknown, it may have been applied; check (e.g. Read) before retrying: {source}")]
+    Timeout {
+        /// What the sidecar was doing.
+        context: String,
+        /// The underlying Redis error.
+        source: redis::RedisError,
+    },
+    /// Redis could not be reached (or refused while loading, failing over…);
+    /// retrying may help.
     #[error("Redis is unavailable ({context}): {source}")]
     Unavailable {
         /// What the sidecar was doing.
@@ -80,8 +90,11 @@ impl Error {
     /// [`Error::Unavailable`], anything else → [`Error::Redis`].
     pub fn from_redis(source: redis::RedisError, context: impl Into<String>, key: &str) -> Error {
         let context = context.into();
-        if source.code() == Some("WRONGTYPE") {
+        // A pipeline's failure carries its commands' errors in its text.
+        if source.code() == Some("WRONGTYPE") || source.to_string().contains("WRONGTYPE") {
             Error::WrongType { key: key.to_owned() }
+        } else if source.is_timeout() {
+            Error::Timeout { context, source }
         } else if is_transient(&source) {
             Error::Unavailable { context, source }
         } else {
@@ -148,6 +161,7 @@ impl From<Error> for Status {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
             Error::WrongType { .. } | Error::Conflict { .. } => Code::FailedPrecondition,
             Error::Unavailable { .. } | Error::ShuttingDown => Code::Unavailable,
+            Error::Timeout { .. } => Code::DeadlineExceeded,
             // The Redis ACL user lacks a permission: the operator's to grant.
             Error::Redis { source, .. } if source.code() == Some("NOPERM") => Code::PermissionDenied,
             Error::Redis { .. } => Code::Internal,

@@ -129,3 +129,21 @@ async fn replayed_dead_letter_is_delivered_again_with_its_branded_id() {
     assert_eq!(again.payload, d.payload);
     assert_eq!(again.attempts, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_of_a_key_of_another_type_is_failed_precondition() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let _: () = redis::cmd("SET").arg("strkey").arg("v").query_async(&mut con).await.unwrap();
+
+    let err = sidecar
+        .admin_client()
+        .await
+        .describe_group(DescribeGroupRequest { stream: "strkey".into(), group: "g".into() })
+        .await
+        .expect_err("a string is not a stream");
+
+    assert_code(&err, Code::FailedPrecondition);
+    assert!(err.message().contains("strkey"), "{err:?}");
+}

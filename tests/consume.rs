@@ -213,6 +213,45 @@ async fn subscribe_to_wrongtype_key_is_failed_precondition() {
     assert_code(&err, Code::FailedPrecondition);
 }
 
+/// A dead-letter stream or retry hash of another type would fail every
+/// dead-lettering and retry of the group later: refused at subscribe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_keys_of_another_type_are_failed_precondition_at_subscribe() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let _: () = redis::cmd("SET").arg("strkey").arg("v").query_async(&mut con).await.unwrap();
+    let _: String =
+        redis::cmd("XADD").arg("col:retries:g").arg("*").arg("a").arg("b").query_async(&mut con).await.unwrap();
+
+    let mut sub = subscribe_msg("wt", "g", GroupStart::New);
+    sub.dead_letter_stream = "strkey".into();
+    let dead_letters = Consumer::try_subscribe(&sidecar, sub).await.err().expect("a string as dead-letter stream");
+    let retries = Consumer::try_subscribe(&sidecar, subscribe_msg("col", "g", GroupStart::New))
+        .await
+        .err()
+        .expect("a stream as retry hash");
+
+    assert_code(&dead_letters, Code::FailedPrecondition);
+    assert!(dead_letters.message().contains("strkey"), "{dead_letters:?}");
+    assert_code(&retries, Code::FailedPrecondition);
+    assert!(retries.message().contains("col:retries:g"), "{retries:?}");
+}
+
+/// Dead letters appended to their own stream would come back for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_stream_equal_to_the_stream_is_invalid_argument() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut sub = subscribe_msg("self", "g", GroupStart::New);
+    sub.dead_letter_stream = "self".into();
+
+    let err = Consumer::try_subscribe(&sidecar, sub).await.err().expect("dead letters into their own stream");
+
+    assert_code(&err, Code::InvalidArgument);
+    assert!(err.message().contains("dead_letter_stream"), "{err:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_in_flight_above_limit_is_invalid_argument() {
     let redis = RedisServer::start().await;
@@ -379,6 +418,27 @@ async fn fail_redelivers_with_attempts_2_after_retry_after() {
 
     consumer.ack(&[&again.id]).await;
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
+/// On an idle stream the blocking read holds the call's credit for up to its
+/// BLOCK time; a due retry must not wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_an_idle_stream_comes_back_on_time_not_after_the_blocking_read() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--read-block-ms").arg("10000")).await;
+    // One slot: once the entry is failed, the new blocking read takes all of it.
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 1).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let first = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    let failed_at = Instant::now();
+    consumer.fail(&first.id, Some(Duration::from_millis(500))).await;
+    let again = consumer.next_delivery(Duration::from_secs(20)).await;
+    let waited = failed_at.elapsed();
+
+    assert_eq!((again.id.as_str(), again.attempts), (first.id.as_str(), 2));
+    assert!(waited >= Duration::from_millis(450), "not before retry_after: {waited:?}");
+    assert!(waited < Duration::from_millis(3000), "retry_after 500 ms, BLOCK 10 s: came back after {waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

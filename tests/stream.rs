@@ -536,3 +536,26 @@ async fn read_pages_fit_the_message_limit_and_name_oversized_entries() {
     assert_eq!(read, expected, "every other entry, in order");
     assert!(pages >= 2, "five 15 KB entries do not fit one 64 KB message");
 }
+
+/// A command Redis received but did not answer in time may have been applied:
+/// DEADLINE_EXCEEDED saying so, not UNAVAILABLE (which invites a blind retry,
+/// and a retried append is a second entry with another branded id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_redis_does_not_answer_in_time_is_deadline_exceeded_with_an_unknown_outcome() {
+    let args = vec!["--enable-debug-command".to_owned(), "yes".to_owned()];
+    let redis = RedisServer::start_with(RedisOptions { args, ..RedisOptions::default() }).await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--redis-timeout-ms").arg("300")).await;
+    let mut con = redis.conn().await;
+    let sleeper = tokio::spawn(async move {
+        // This connection's own response timeout (500 ms) gives up first: fine.
+        let _ = redis::cmd("DEBUG").arg("SLEEP").arg("1.5").query_async::<redis::Value>(&mut con).await;
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+
+    let request = AppendRequest { stream: "slow".into(), fields: fields(&[("k", b"v")]), ..Default::default() };
+    let err = sidecar.stream_client().await.append(request).await.expect_err("Redis sleeps past the timeout");
+    sleeper.await.unwrap();
+
+    assert_code(&err, Code::DeadlineExceeded);
+    assert!(err.message().contains("may have been applied"), "{err:?}");
+}

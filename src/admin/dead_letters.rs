@@ -25,16 +25,18 @@ fn is_metadata(name: &[u8]) -> bool {
     name.starts_with(b"echomq.")
 }
 
-/// The dead-letter stream named by a request: given, or the stream's default
-/// (`<stream>:dlq`, tagged on a cluster). A sharded stream's name is refused:
-/// each shard has its own.
+/// The dead-letter stream named by a request: given (checked against the
+/// limits and the allow-list itself), or the stream's default (`<stream>:dlq`,
+/// tagged on a cluster), which belongs to the stream: allowed with it, and
+/// not held to the name limit (a stream at the limit has a longer one). A
+/// sharded stream's name is refused: each shard has its own.
 fn dead_letter_stream(admin: &Admin, caller: Option<&Caller>, stream: &str, given: &str) -> Result<String, Error> {
     if !given.is_empty() {
         return Ok(admin.guard.stream(caller, "dead_letter_stream", given)?.to_owned());
     }
-    let stream = admin.guard.name("stream", stream)?;
+    let stream = admin.guard.stream(caller, "stream", stream)?;
     crate::stream::not_sharded(&admin.redis, "stream", stream)?;
-    Ok(admin.guard.stream(caller, "stream", &admin.redis.keys.dead_letter_stream(stream))?.to_owned())
+    Ok(admin.redis.keys.dead_letter_stream(stream))
 }
 
 /// ListDeadLetters: a page, oldest first.

@@ -248,6 +248,12 @@ impl Consumers {
         let mut dead_letter_streams = Vec::with_capacity(shards.len());
         for shard in &shards {
             let dead_letters = dead_letter_stream.clone().unwrap_or_else(|| keys.dead_letter_stream(shard));
+            if dead_letters == *shard {
+                return Err(Error::invalid(
+                    "subscribe.dead_letter_stream",
+                    "must differ from the stream: dead letters appended to their own stream come back for ever",
+                ));
+            }
             keys.same_slot("subscribe.dead_letter_stream", shard, &dead_letters)?;
             keys.same_slot("subscribe.stream", shard, &keys.retries(shard, &group))?;
             dead_letter_streams.push(dead_letters);
@@ -271,8 +277,29 @@ impl Consumers {
     /// CREATECONSUMER), so it shows in XINFO CONSUMERS before it first
     /// receives anything.
     async fn open_groups(&self, sub: &Subscription) -> Result<(), Error> {
-        for (stream, _) in &sub.shards {
+        for (stream, policy) in &sub.shards {
+            self.check_types(stream, &policy.dead_letter_stream, &sub.group).await?;
             self.open_group(sub, stream).await?;
+        }
+        Ok(())
+    }
+
+    /// The dead-letter stream and the retry hash, when they exist, must be a
+    /// stream and a hash: another type would fail every dead-lettering or
+    /// retry write of the group later (WRONGTYPE), so it is refused now with
+    /// FAILED_PRECONDITION.
+    async fn check_types(&self, stream: &str, dead_letters: &str, group: &str) -> Result<(), Error> {
+        let retries = self.shared.redis.keys.retries(stream, group);
+        let mut conn = self.shared.redis.conn.clone();
+        for (key, wanted) in [(dead_letters, "stream"), (retries.as_str(), "hash")] {
+            let found: String = redis::cmd("TYPE")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| Error::from_redis(e, "checking the group's keys (TYPE)", key))?;
+            if found != "none" && found != wanted {
+                return Err(Error::WrongType { key: key.to_owned() });
+            }
         }
         Ok(())
     }

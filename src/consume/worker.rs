@@ -385,7 +385,7 @@ impl Worker {
         if self.paused() && (self.free() > 0 || self.group_lost) {
             return self.paused_until;
         }
-        if self.free() == 0 {
+        if self.free_for_due() == 0 {
             return far;
         }
         self.waiting.first().map_or(far, |(at, _)| *at).min(far)
@@ -393,8 +393,16 @@ impl Worker {
 
     /// Free credit: slots the calls have minus entries already on their way.
     fn free(&self) -> usize {
+        self.free_for_due().saturating_sub(self.read_outstanding)
+    }
+
+    /// Credit for due re-deliveries: the blocking read's share is not counted,
+    /// or an idle stream's read would hold a due retry back for up to its
+    /// BLOCK time. Entries that read then returns wait as ready, so memory
+    /// stays bounded by twice the credit.
+    fn free_for_due(&self) -> usize {
         let slots: usize = self.sessions.values().map(Session::free).sum();
-        slots.saturating_sub(self.ready.len() + self.read_outstanding)
+        slots.saturating_sub(self.ready.len())
     }
 
     fn paused(&self) -> bool {
@@ -430,16 +438,24 @@ impl Worker {
             return;
         }
         loop {
-            let free = self.free();
-            if free == 0 || self.paused() {
+            if self.paused() {
                 return;
             }
             let now = Instant::now();
-            let due: Vec<(Instant, StreamId)> =
-                self.waiting.iter().take_while(|(at, _)| *at <= now).take(free.min(BATCH_MAX)).copied().collect();
+            let due: Vec<(Instant, StreamId)> = self
+                .waiting
+                .iter()
+                .take_while(|(at, _)| *at <= now)
+                .take(self.free_for_due().min(BATCH_MAX))
+                .copied()
+                .collect();
             if !due.is_empty() {
                 self.redeliver(due).await;
                 continue;
+            }
+            let free = self.free();
+            if free == 0 {
+                return;
             }
             if let Some(after) = self.recovering {
                 self.recover_page(after, free.min(BATCH_MAX)).await;

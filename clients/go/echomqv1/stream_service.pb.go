@@ -361,8 +361,10 @@ type AppendRequest struct {
 	Fields map[string][]byte `protobuf:"bytes,2,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// When above zero, trims the stream to about this many entries (entries) as
 	// part of the XADD (`MAXLEN ~ max_len`): Redis trims whole nodes only, so the
-	// stream may keep a few more. On a sharded stream it applies to the shard
-	// written. 0: no trimming.
+	// stream may keep a few more. This is Redis' plain cap: unlike `Trim`, it
+	// does NOT spare entries a group still has pending or has not read yet;
+	// use `Trim` (safe by default) where groups must not lose entries. On a
+	// sharded stream it applies to the shard written. 0: no trimming.
 	MaxLen uint64 `protobuf:"varint,3,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
 	// For a sharded stream (`--sharded-streams`): entries with the same
 	// partition key go to the same shard, so they are consumed in the order they
