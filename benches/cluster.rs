@@ -104,9 +104,6 @@ async fn run(full: bool, entries: usize, batch: usize) -> Result<(), Error> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("echomq-bench-cluster-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let cluster = RedisCluster::start(&dir, PRIMARIES).await?;
-    let sharded = STREAMS.iter().map(|(name, n)| format!("{name}={n}")).collect::<Vec<_>>().join(",");
-    let sidecar = Sidecar::start(&sidecar_bin, &cluster.seed_urls(), &["--sharded-streams", &sharded], &dir).await?;
-    let endpoint = format!("http://127.0.0.1:{}", sidecar.grpc_port);
     let mut conns = BTreeMap::new();
     for &port in &cluster.ports {
         conns.insert(port, connection(port).await?);
@@ -116,6 +113,31 @@ async fn run(full: bool, entries: usize, batch: usize) -> Result<(), Error> {
     let info: String = redis::cmd("INFO").arg("server").query_async(&mut seed).await?;
     let version = info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned();
     let slots = slot_map(&mut seed).await?;
+    // Shards land on slots by hash: pick, per shard count, the first name whose
+    // shards spread over as many primaries as they can, so the figures measure
+    // spreading rather than the luck of a name.
+    let mut streams_used = Vec::new();
+    for (base, shards) in STREAMS {
+        let wanted = (shards as usize).min(PRIMARIES);
+        let mut chosen = None;
+        for i in 0..1000 {
+            let name = if i == 0 { base.to_owned() } else { format!("{base}-{i}") };
+            let mut ports = HashSet::new();
+            for k in 0..shards {
+                let key = echomq::keys::shard_key(&name, k);
+                let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query_async(&mut seed).await?;
+                ports.insert(slots.iter().find(|(s, e, _)| *s <= slot && slot <= *e).map(|r| r.2));
+            }
+            if ports.len() == wanted {
+                chosen = Some(name);
+                break;
+            }
+        }
+        streams_used.push((chosen.ok_or("no stream name spreads its shards")?, shards));
+    }
+    let sharded = streams_used.iter().map(|(name, n)| format!("{name}={n}")).collect::<Vec<_>>().join(",");
+    let sidecar = Sidecar::start(&sidecar_bin, &cluster.seed_urls(), &["--sharded-streams", &sharded], &dir).await?;
+    let endpoint = format!("http://127.0.0.1:{}", sidecar.grpc_port);
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
     let load =
         std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split_whitespace().next().map(str::to_owned));
@@ -142,7 +164,8 @@ async fn run(full: bool, entries: usize, batch: usize) -> Result<(), Error> {
     // Where each shard key lives.
     let mut placement: Vec<Vec<(String, u16, u16)>> = Vec::new();
     println!("placement   shard key, hash slot, primary");
-    for (name, shards) in STREAMS {
+    for (name, shards) in &streams_used {
+        let (name, shards) = (name.as_str(), *shards);
         let mut keys = Vec::new();
         for k in 0..shards {
             let key = echomq::keys::shard_key(name, k);
@@ -163,7 +186,7 @@ async fn run(full: bool, entries: usize, batch: usize) -> Result<(), Error> {
 
     let mut results = Vec::new();
     let mut streams = StreamServiceClient::connect(endpoint.clone()).await?;
-    for ((name, shards), keys) in STREAMS.iter().zip(&placement) {
+    for ((name, shards), keys) in streams_used.iter().zip(&placement) {
         let appended = phase("append", append(&mut streams, name, entries, batch)).await?;
         let mut shard_conns = Vec::new();
         for (key, _, port) in keys {

@@ -47,15 +47,16 @@ pub struct Keyspace {
     cluster: bool,
     /// Logical stream name → shard count.
     sharded: BTreeMap<String, u32>,
-    /// Picks the shard of an append without a partition key.
-    round_robin: AtomicUsize,
+    /// Per sharded stream, the turn of the next append without a partition key.
+    turns: BTreeMap<String, AtomicUsize>,
 }
 
 impl Keyspace {
     /// A keyspace for a cluster (`cluster`) or a single server, with the given
     /// sharded streams (name → shard count, validated by [`parse_sharded`]).
     pub fn new(cluster: bool, sharded: BTreeMap<String, u32>) -> Keyspace {
-        Keyspace { cluster, sharded, round_robin: AtomicUsize::new(0) }
+        let turns = sharded.keys().map(|name| (name.clone(), AtomicUsize::new(0))).collect();
+        Keyspace { cluster, sharded, turns }
     }
 
     /// True when Redis is a cluster.
@@ -113,7 +114,8 @@ impl Keyspace {
     pub fn append_target(&self, stream: &str, partition_key: &[u8]) -> AppendTarget {
         if let Some(&shards) = self.sharded.get(stream) {
             let shard = if partition_key.is_empty() {
-                (self.round_robin.fetch_add(1, Ordering::Relaxed) % shards as usize) as u32
+                let turn = self.turns.get(stream).map_or(0, |turn| turn.fetch_add(1, Ordering::Relaxed));
+                (turn % shards as usize) as u32
             } else {
                 (fnv1a(partition_key) % u64::from(shards)) as u32
             };
@@ -226,8 +228,8 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(keys.append_target("orders", b"customer-7"), first);
         }
-        let spread: std::collections::BTreeSet<u32> = (0..8).map(|_| keys.append_target("orders", b"").shard).collect();
-        assert_eq!(spread.len(), 4);
+        let turns: Vec<u32> = (0..8).map(|_| keys.append_target("orders", b"").shard).collect();
+        assert_eq!(turns, [0, 1, 2, 3, 0, 1, 2, 3], "each sharded stream takes its shards in turn");
         assert_eq!(keys.append_target("plain", b"k"), AppendTarget { key: "plain".into(), shard: 0, shards: 1 });
         // A shard key named directly keeps its shard's stride.
         let direct = keys.append_target("orders:{orders:2}", b"");
