@@ -7,6 +7,9 @@
 //! name), makes clients drop their calls in the middle of a handler, and
 //! restarts redis-server gracefully (SHUTDOWN, SIGTERM; the AOF reloads).
 //! Handlers fail 5% of their calls at random and drop a few calls on their own.
+//! One key in [`POISON_EVERY`] is a poison entry: its handler always fails, and
+//! from its second delivery on asks for the dead-letter stream (`Fail` with
+//! `dead_letter`), so the dead-letter path runs under the same faults.
 //! Nobody helps the system recover: clients reconnect on any error, sidecars
 //! reconnect to Redis by themselves.
 //!
@@ -62,6 +65,12 @@ const MAX_IN_FLIGHT: u32 = 16;
 const MAX_DELIVERIES: u32 = 50;
 /// Handler calls that answer Fail, in percent.
 const FAIL_PERCENT: u32 = 5;
+/// One key in this many is a poison entry, never acked: it must end in the dead-letter stream.
+const POISON_EVERY: usize = 250;
+
+fn is_poison(k: usize) -> bool {
+    k % POISON_EVERY == POISON_EVERY - 1
+}
 /// Handler calls after which the client drops its call on its own, per 10,000.
 const HANDLER_DROP_PER_10K: u32 = 20;
 /// Entries per AppendBatch.
@@ -454,7 +463,15 @@ async fn one_call(ledger: &Ledger, client: usize, sidecar: usize, endpoint: &str
             ledger.drops_by_handler.fetch_add(1, Relaxed);
             return "dropped mid-handler (handler)".to_owned();
         }
-        let verdict = if rng.u32(..100) < FAIL_PERCENT {
+        let verdict = if is_poison(k) {
+            ledger.fails_sent.fetch_add(1, Relaxed);
+            Kind::Fail(Fail {
+                id: delivery.id.clone(),
+                reason: "chaos: a poison entry".to_owned(),
+                retry_after: Some(duration_ms(10)),
+                dead_letter: delivery.attempts >= 2,
+            })
+        } else if rng.u32(..100) < FAIL_PERCENT {
             ledger.fails_sent.fetch_add(1, Relaxed);
             let retry_after = rng.bool().then(|| duration_ms(rng.u64(10..200)));
             Kind::Fail(Fail {
@@ -695,6 +712,14 @@ async fn chaos_nothing_is_lost() {
             .map(|&k| format!("k={k} {:?} handled {}x", appended[k], ledger.handled[k].load(Relaxed)))
             .collect();
         problems.push(format!("{} keys neither acked nor dead-lettered: {sample:?}", lost.len()));
+    }
+    let poison_alive: Vec<usize> = (0..n).filter(|&k| is_poison(k) && !dead_keys.contains(&k)).collect();
+    if !poison_alive.is_empty() {
+        problems.push(format!("poison keys not in the dead-letter stream: {poison_alive:?}"));
+    }
+    let acked_poison: Vec<usize> = (0..n).filter(|&k| is_poison(k) && ledger.acked[k].load(Relaxed)).collect();
+    if !acked_poison.is_empty() {
+        problems.push(format!("poison keys acked, though no handler acks them: {acked_poison:?}"));
     }
     for (k, slot) in appended.iter().enumerate() {
         if let (Some((branded, _)), Some(seen)) = (slot, ledger.delivered_id[k].get()) {
