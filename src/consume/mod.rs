@@ -405,7 +405,7 @@ impl ConsumerService for Consumers {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let max_in_flight = policy.max_in_flight;
         let (events_tx, events) = mpsc::unbounded_channel();
-        let mut workers = Vec::with_capacity(sub.shards.len());
+        let mut workers: Vec<mpsc::Sender<Command>> = Vec::with_capacity(sub.shards.len());
         let shard_count = sub.shards.len() as u32;
         for (shard, (stream, group_policy)) in sub.shards.iter().enumerate() {
             // The call's credit, shared out evenly: a busy shard cannot starve the others.
@@ -426,9 +426,10 @@ impl ConsumerService for Consumers {
                 Err(_) => Err(Error::ShuttingDown),
             };
             if let Err(e) = result {
-                for attached in &workers {
+                // Undo the shards already attached: the call never starts.
+                for earlier in &workers {
                     let (flushed, _) = oneshot::channel();
-                    let _ = mpsc::Sender::send(attached, Command::Detach { session, flushed }).await;
+                    let _ = earlier.send(Command::Detach { session, flushed }).await;
                 }
                 return Err(e.into());
             }
