@@ -389,3 +389,39 @@ async fn failover_and_a_killed_primary_during_consumption_lose_nothing() {
     assert!(drained, "entries stayed pending after the faults\n{}", sidecar.log());
     consumer.send(req(Kind::Drain(Drain {}))).await;
 }
+
+/// The sidecar given a single node's URL keeps consuming after that very node
+/// dies: a reader started afterwards (here: for a new call, the old call's
+/// reader having stopped with it) connects through the cluster's other nodes,
+/// learned from CLUSTER SLOTS, not only through the seed it was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_reconnects_after_its_seed_node_dies() {
+    let mut cluster = RedisCluster::start(3, 1).await;
+    let keys = cluster.key_per_primary("seeded").await;
+    let stream = keys[0].clone();
+    let seed = cluster.primary_of(&stream).await;
+    let options = SidecarOptions::default().backoff(100);
+    let sidecar = Sidecar::start_with_url(&format!("redis://127.0.0.1:{seed}"), options).await;
+    let mut consumer = Consumer::start(&sidecar, &stream, "g", GroupStart::New, 8).await;
+    let first = sidecar.append(&stream, &[("n", b"1")]).await;
+    let delivered = consumer.next_delivery(Duration::from_secs(10)).await;
+    assert_eq!(delivered.id, first.id);
+    consumer.ack_one(&delivered.id).await;
+    let mut con = cluster.conn().await;
+    let _: redis::Value = redis::cmd("WAIT").arg(1).arg(5_000).query_async(&mut con).await.unwrap();
+
+    drop(consumer);
+    let killed = cluster.kill_primary(&stream).await;
+    assert_eq!(killed, seed);
+    let appended = support::eventually(Duration::from_secs(20), || async {
+        let request = AppendRequest { stream: stream.clone(), fields: fields(&[("n", "2")]), ..Default::default() };
+        sidecar.stream_client().await.append(request).await.is_ok()
+    })
+    .await;
+    assert!(appended, "appends work again once a replica is promoted");
+    let mut consumer = Consumer::start(&sidecar, &stream, "g", GroupStart::New, 8).await;
+    match consumer.next_event(Duration::from_secs(30)).await {
+        Event::Delivery(d) => assert_eq!(d.payload.get("n").map(Vec::as_slice), Some(&b"2"[..])),
+        other => panic!("the reader must reconnect without its seed node: {other:?}\n{}", sidecar.log()),
+    }
+}

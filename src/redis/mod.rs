@@ -68,13 +68,17 @@ impl ConnectionLike for Connection {
     }
 }
 
-/// How new connections are made. One per sidecar, so its size does not matter.
+/// How new connections are made.
 #[derive(Clone)]
-#[allow(clippy::large_enum_variant)]
 enum Target {
     Single(Client),
-    /// The readers' client (no response timeout).
-    Cluster(ClusterClient),
+    /// The configured seeds and the CA for `rediss://`; readers' connections
+    /// are seeded with the cluster's current primaries too, so a reader can
+    /// reconnect after the node it was given as a seed has died.
+    Cluster {
+        seeds: Vec<ConnectionInfo>,
+        ca_pem: Option<Vec<u8>>,
+    },
 }
 
 /// The shared Redis handles.
@@ -138,26 +142,12 @@ impl Redis {
             redis::cmd("PING").query_async::<String>(&mut conn).await?;
             (Connection::Managed(conn), Target::Single(client))
         } else {
-            let builder = |response_timeout: Option<Duration>| {
-                let mut builder = ClusterClientBuilder::new(seeds.clone())
-                    .connection_timeout(timeout)
-                    .retries(6)
-                    .max_retry_wait(1_000);
-                if let Some(ca) = ca_pem {
-                    builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) });
-                }
-                match response_timeout {
-                    // Retries through a failover take longer than one command.
-                    Some(t) => builder.response_timeout(t).overall_response_timeout(Some(t * 4)),
-                    None => builder,
-                }
-                .build()
-            };
-            let mut conn = builder(Some(timeout))?.get_async_connection().await?;
+            let mut conn =
+                cluster_client(seeds.clone(), timeout, Some(timeout), ca_pem)?.get_async_connection().await?;
             redis::cmd("PING").query_async::<String>(&mut conn).await?;
-            (Connection::Cluster(conn), Target::Cluster(builder(None)?))
+            (Connection::Cluster(conn), Target::Cluster { seeds, ca_pem: ca_pem.map(<[u8]>::to_vec) })
         };
-        let cluster = matches!(target, Target::Cluster(_));
+        let cluster = matches!(target, Target::Cluster { .. });
         Ok(Redis {
             target,
             conn: TimedConnection::new(conn, metrics, scripts.names()),
@@ -176,13 +166,66 @@ impl Redis {
                     .set_response_timeout(None);
                 Ok(Connection::Dedicated(client.get_multiplexed_async_connection_with_config(&config).await?))
             }
-            Target::Cluster(blocking) => Ok(Connection::Cluster(
-                tokio::time::timeout(connect_timeout * 2, blocking.get_async_connection()).await.map_err(|_| {
-                    redis::RedisError::from((redis::ErrorKind::Io, "connecting to the cluster timed out"))
-                })??,
-            )),
+            Target::Cluster { seeds, ca_pem } => {
+                let mut nodes = self.primaries(&seeds[0]).await.unwrap_or_default();
+                nodes.extend(seeds.iter().cloned());
+                let client = cluster_client(nodes, connect_timeout, None, ca_pem.as_deref())?;
+                let connecting = tokio::time::timeout(connect_timeout * 2, client.get_async_connection());
+                let timed_out =
+                    || redis::RedisError::from((redis::ErrorKind::Io, "connecting to the cluster timed out"));
+                Ok(Connection::Cluster(connecting.await.map_err(|_| timed_out())??))
+            }
         }
     }
+
+    /// The cluster's primaries now (`CLUSTER SLOTS` on the shared connection),
+    /// as connection settings shaped like `template` (credentials, TLS).
+    async fn primaries(&self, template: &ConnectionInfo) -> RedisResult<Vec<ConnectionInfo>> {
+        let mut conn = self.conn.clone();
+        let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut conn).await?;
+        let mut nodes = Vec::new();
+        for range in array(&slots) {
+            let primary = array(range).get(2).map(array).unwrap_or_default();
+            let (Some(host), Some(Value::Int(port))) = (primary.first().and_then(|h| bytes(h).ok()), primary.get(1))
+            else {
+                continue;
+            };
+            let (Ok(host), Ok(port)) = (String::from_utf8(host), u16::try_from(*port)) else { continue };
+            if host.is_empty() {
+                continue;
+            }
+            let addr = match template.addr() {
+                redis::ConnectionAddr::TcpTls { insecure, tls_params, .. } => {
+                    redis::ConnectionAddr::TcpTls { host, port, insecure: *insecure, tls_params: tls_params.clone() }
+                }
+                _ => redis::ConnectionAddr::Tcp(host, port),
+            };
+            nodes.push(template.clone().set_addr(addr));
+        }
+        Ok(nodes)
+    }
+}
+
+/// A cluster client seeded with `nodes`: `connect_timeout` per connection,
+/// `response_timeout` per command (`None` for blocking reads), retries that
+/// ride out a failover, `ca_pem` as the only root for `rediss://`.
+fn cluster_client(
+    nodes: Vec<ConnectionInfo>,
+    connect_timeout: Duration,
+    response_timeout: Option<Duration>,
+    ca_pem: Option<&[u8]>,
+) -> RedisResult<ClusterClient> {
+    let mut builder =
+        ClusterClientBuilder::new(nodes).connection_timeout(connect_timeout).retries(6).max_retry_wait(1_000);
+    if let Some(ca) = ca_pem {
+        builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) });
+    }
+    match response_timeout {
+        // Retries through a failover take longer than one command.
+        Some(t) => builder.response_timeout(t).overall_response_timeout(Some(t * 4)),
+        None => builder,
+    }
+    .build()
 }
 
 fn with_password(info: ConnectionInfo, password: Option<&str>) -> RedisResult<ConnectionInfo> {
