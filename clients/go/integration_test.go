@@ -267,3 +267,122 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 		t.Fatal("the entry is still pending")
 	}
 }
+
+// A sharded stream (--sharded-streams <s>=3): each partition key's entries
+// land on one shard and, consumed through the logical stream with one handler
+// at a time, arrive in append order.
+func TestPartitionKeyKeepsItsEntriesOnOneShardInOrder(t *testing.T) {
+	fixture(t)
+	var file scenarioFile
+	if err := readJSON(filepath.Join(repoRoot(), "tests", "conformance", "scenarios.json"), &file); err != nil {
+		t.Fatal(err)
+	}
+	stream := uniqueStream("go:sharded")
+	args := append(append([]string{}, file.SidecarArgs...), "--sharded-streams", stream+"=3")
+	cl, err := startCluster("127.0.0.1:"+strconv.Itoa(freePort()), args)
+	t.Cleanup(func() {
+		if cl != nil {
+			cl.close()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := echomq.Dial(cl.listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	shards := map[string]bool{}
+	for k := range 3 {
+		shards[stream+":{"+stream+":"+strconv.Itoa(k)+"}"] = true
+	}
+
+	producer := echomq.NewProducer(conn)
+	keys := []string{"a", "b"}
+	byKey := map[string][]echomq.Appended{}
+	for i := range 4 {
+		for _, key := range keys {
+			a, err := producer.Append(withTimeout(t, 10*time.Second), stream,
+				map[string][]byte{"key": []byte(key), "n": []byte(strconv.Itoa(i))}, echomq.WithPartitionKey(key))
+			if err != nil {
+				t.Fatal(err)
+			}
+			byKey[key] = append(byKey[key], a)
+		}
+	}
+	for _, key := range keys {
+		batch, err := producer.AppendBatch(withTimeout(t, 10*time.Second), stream, []map[string][]byte{
+			{"key": []byte(key), "n": []byte("4")}, {"key": []byte(key), "n": []byte("5")},
+		}, echomq.WithPartitionKey(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		byKey[key] = append(byKey[key], batch...)
+	}
+	for key, entries := range byKey {
+		for _, a := range entries {
+			if a.Stream != entries[0].Stream || !shards[a.Stream] {
+				t.Fatalf("key %q: entries written to %v, want one shard of %v", key, entries, shards)
+			}
+		}
+	}
+
+	var mu sync.Mutex
+	var got []*echomq.Delivery
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
+		Conn: conn, Stream: stream, Group: "g", Start: echomq.StartBeginning(),
+		Concurrency: 1, // one handler at a time, in arrival order: got is the hand-out order
+	})
+	done := make(chan error, 1)
+	go func() {
+		done <- consumer.Run(context.Background(), func(_ context.Context, d *echomq.Delivery) error {
+			mu.Lock()
+			got = append(got, d)
+			mu.Unlock()
+			return nil
+		})
+	}()
+	if err := waitFor(20*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 12 }); err != nil {
+		t.Fatalf("%d of 12 deliveries", len(got))
+	}
+	allAcked := func() bool {
+		for shard := range shards {
+			if redisInt(t, cl.redisAddr, "XPENDING", shard, "g") != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if err := waitFor(5*time.Second, allAcked); err != nil {
+		t.Fatal("entries still pending after their handlers returned")
+	}
+	if err := consumer.Stop(withTimeout(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 12 {
+		t.Fatalf("%d deliveries, want 12", len(got))
+	}
+	for key, entries := range byKey {
+		var delivered []*echomq.Delivery
+		for _, d := range got {
+			if string(d.Payload["key"]) == key {
+				delivered = append(delivered, d)
+			}
+		}
+		if len(delivered) != len(entries) {
+			t.Fatalf("key %q: %d deliveries, want %d", key, len(delivered), len(entries))
+		}
+		for i, d := range delivered {
+			if d.ID != entries[i].ID || d.Stream != entries[i].Stream || d.Attempts != 1 {
+				t.Fatalf("key %q delivery %d: %s in %s (attempt %d), want %s in %s: not in append order",
+					key, i, d.ID, d.Stream, d.Attempts, entries[i].ID, entries[i].Stream)
+			}
+		}
+	}
+}

@@ -27,18 +27,34 @@ type Appended struct {
 	ID string
 	// StreamID is the entry's stream id, `<ms>-<seq>`.
 	StreamID string
+	// Stream is the stream key written: the stream appended to, or for a
+	// sharded stream (the sidecar's --sharded-streams) the shard's key,
+	// `<stream>:{<stream>:<k>}`.
+	Stream string
 }
 
 // AppendOption tunes an append.
 type AppendOption func(*appendOptions)
 
-type appendOptions struct{ maxLen uint64 }
+type appendOptions struct {
+	maxLen       uint64
+	partitionKey string
+}
 
 // WithMaxLen trims the stream to about n entries as part of the XADD
 // (`MAXLEN ~ n`: Redis trims whole nodes, so a few more may stay). Without it,
 // nothing is trimmed.
 func WithMaxLen(n uint64) AppendOption {
 	return func(o *appendOptions) { o.maxLen = n }
+}
+
+// WithPartitionKey picks the shard of a sharded stream (the sidecar's
+// --sharded-streams): entries with the same key go to the same shard, so they
+// are consumed in the order they were appended. Without it (or with ""), the
+// shards are taken in turn. A stream that is not sharded ignores it. A batch
+// goes to one shard as a whole.
+func WithPartitionKey(key string) AppendOption {
+	return func(o *appendOptions) { o.partitionKey = key }
 }
 
 func collect(opts []AppendOption) appendOptions {
@@ -56,11 +72,11 @@ func collect(opts []AppendOption) appendOptions {
 // holds another type), UNAVAILABLE (retry).
 func (p *Producer) Append(ctx context.Context, stream string, fields map[string][]byte, opts ...AppendOption) (Appended, error) {
 	o := collect(opts)
-	resp, err := p.client.Append(ctx, &pb.AppendRequest{Stream: stream, Fields: fields, MaxLen: o.maxLen})
+	resp, err := p.client.Append(ctx, &pb.AppendRequest{Stream: stream, Fields: fields, MaxLen: o.maxLen, PartitionKey: o.partitionKey})
 	if err != nil {
 		return Appended{}, fmt.Errorf("echomq: append to %q: %w", stream, err)
 	}
-	return Appended{ID: resp.GetId(), StreamID: resp.GetStreamId()}, nil
+	return appended(resp), nil
 }
 
 // AppendBatch adds entries to stream in one atomic step: all or none, with
@@ -68,7 +84,9 @@ func (p *Producer) Append(ctx context.Context, stream string, fields map[string]
 // [Producer.Append].
 func (p *Producer) AppendBatch(ctx context.Context, stream string, entries []map[string][]byte, opts ...AppendOption) ([]Appended, error) {
 	o := collect(opts)
-	req := &pb.AppendBatchRequest{Stream: stream, MaxLen: o.maxLen, Entries: make([]*pb.BatchEntry, len(entries))}
+	req := &pb.AppendBatchRequest{
+		Stream: stream, MaxLen: o.maxLen, PartitionKey: o.partitionKey, Entries: make([]*pb.BatchEntry, len(entries)),
+	}
 	for i, fields := range entries {
 		req.Entries[i] = &pb.BatchEntry{Fields: fields}
 	}
@@ -78,7 +96,11 @@ func (p *Producer) AppendBatch(ctx context.Context, stream string, entries []map
 	}
 	out := make([]Appended, len(resp.GetEntries()))
 	for i, e := range resp.GetEntries() {
-		out[i] = Appended{ID: e.GetId(), StreamID: e.GetStreamId()}
+		out[i] = appended(e)
 	}
 	return out, nil
+}
+
+func appended(resp *pb.AppendResponse) Appended {
+	return Appended{ID: resp.GetId(), StreamID: resp.GetStreamId(), Stream: resp.GetStream()}
 }

@@ -263,5 +263,54 @@ def test_the_sync_facade_round_trips(live_sidecar: Sidecar, redis_client: redis.
     assert pending(redis_client, stream, "g") == 0
 
 
+@pytest.fixture
+def sharded_sidecar(redis_server: RedisServer) -> Iterator[Sidecar]:
+    """A sidecar of its own with `py:sharded` as a sharded stream of 3 shards."""
+    car = Sidecar(redis_server.url, "py-sharded", ["--sharded-streams", "py:sharded=3"])
+    try:
+        car.start()
+        yield car
+    finally:
+        car.close()
+
+
+async def test_a_partition_key_keeps_its_entries_on_one_shard_in_order(
+    sharded_sidecar: Sidecar, redis_client: redis.Redis
+) -> None:
+    stream, group = "py:sharded", "g"
+    shards = [f"{stream}:{{{stream}:{k}}}" for k in range(3)]
+    async with Producer(sharded_sidecar.target) as producer:
+        by_key: dict[str, list[echomq.Appended]] = {"a": [], "b": []}
+        for i in range(4):
+            for key in by_key:
+                by_key[key].append(await producer.append(stream, {"key": key, "n": str(i)}, partition_key=key))
+        for key in by_key:
+            by_key[key] += await producer.append_batch(
+                stream, [{"key": key, "n": str(i)} for i in (4, 5)], partition_key=key
+            )
+    for key, entries in by_key.items():
+        assert len({e.stream for e in entries}) == 1, f"key {key!r} was spread over shards: {entries}"
+        assert entries[0].stream in shards
+    got: list[Delivery] = []
+
+    async def handle(delivery: Delivery) -> None:
+        got.append(delivery)
+
+    # concurrency=1: handlers run one at a time in arrival order, so `got` is
+    # the order in which the sidecar handed the entries out.
+    async with Consumer(
+        sharded_sidecar.target, stream, group, handle, start=Start.BEGINNING, concurrency=1
+    ) as consumer:
+        subscribed = await consumer.wait_subscribed(10)
+        assert subscribed.stream == stream and subscribed.max_in_flight >= 3
+        await until("every delivery", lambda: len(got) >= 12)
+        await until("every ack", lambda: sum(pending(redis_client, s, group) for s in shards) == 0)
+    for key, entries in by_key.items():
+        delivered = [d for d in got if d.payload["key"] == key.encode()]
+        assert [d.id for d in delivered] == [e.id for e in entries], f"key {key!r} out of order"
+        assert {d.stream for d in delivered} == {entries[0].stream}
+    assert len(got) == 12 and all(d.attempts == 1 for d in got)
+
+
 async def _ack(delivery: Delivery) -> None:
     pass

@@ -18,6 +18,11 @@ export interface AppendResult {
   readonly id: BrandedId;
   /** The stream id the entry got, `<ms>-<seq>`. */
   readonly streamId: string;
+  /**
+   * The stream key written: the stream appended to, or for a sharded stream
+   * (the sidecar's `--sharded-streams`) the shard's key, `<stream>:{<stream>:<k>}`.
+   */
+  readonly stream: string;
 }
 
 /** Options of one append. */
@@ -28,6 +33,13 @@ export interface AppendOptions {
    * Default: no trimming.
    */
   maxLen?: number | bigint;
+  /**
+   * For a sharded stream (the sidecar's `--sharded-streams`): entries with the
+   * same partition key go to the same shard, so they are consumed in the order
+   * they were appended (a batch goes to one shard as a whole). Default (or
+   * `''`): the shards are taken in turn. A stream that is not sharded ignores it.
+   */
+  partitionKey?: string;
   /** Give up after this many milliseconds (DEADLINE_EXCEEDED). Default: no deadline. */
   deadlineMs?: number;
   /** Cancels the call (CANCELLED). */
@@ -57,7 +69,12 @@ export class Producer {
 
   /** Appends one entry to `stream` (created if absent). */
   append(stream: string, fields: Fields, options: AppendOptions = {}): Promise<AppendResult> {
-    const request = { stream, fields: encodeFields(fields), maxLen: maxLenOf(options.maxLen) };
+    const request = {
+      stream,
+      fields: encodeFields(fields),
+      maxLen: maxLenOf(options.maxLen),
+      partitionKey: options.partitionKey ?? '',
+    };
     return this.#unary(`append to stream ${JSON.stringify(stream)}`, options, (metadata, callOptions, done) =>
       this.#client.append(request, metadata, callOptions, (error, response) =>
         done(error, response && resultOf(response)),
@@ -74,6 +91,7 @@ export class Producer {
       stream,
       entries: entries.map((fields) => ({ fields: encodeFields(fields) })),
       maxLen: maxLenOf(options.maxLen),
+      partitionKey: options.partitionKey ?? '',
     };
     return this.#unary(`append a batch of ${entries.length} to stream ${JSON.stringify(stream)}`, options, (metadata, callOptions, done) =>
       this.#client.appendBatch(request, metadata, callOptions, (error, response) =>
@@ -130,5 +148,5 @@ function maxLenOf(maxLen: number | bigint | undefined): string {
 }
 
 function resultOf(response: AppendResponse__Output): AppendResult {
-  return { id: parseBrandedId(response.id), streamId: response.streamId };
+  return { id: parseBrandedId(response.id), streamId: response.streamId, stream: response.stream };
 }

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { InterceptingCall, status, type Interceptor } from '@grpc/grpc-js';
-import { Consumer, EchoMQError, Producer, type Delivery, type ReconnectInfo } from '@echomq/client';
+import { Consumer, EchoMQError, Producer, type AppendResult, type Delivery, type ReconnectInfo } from '@echomq/client';
 import { eventually, Fixture } from './support/fixture.js';
 
 const GROUP = 'g';
@@ -247,6 +247,7 @@ describe('consumer and producer against a sidecar', () => {
     let subscriptions = 0;
     const reconnects: ReconnectInfo[] = [];
     const seen: { attempts: number; ackSent: boolean; aborted: boolean }[] = [];
+    let firstStarted = false;
     const consumer = new Consumer({
       target: fixture.target,
       stream,
@@ -259,6 +260,7 @@ describe('consumer and producer against a sidecar', () => {
     });
     const running = consumer.run(async (d) => {
       if (d.attempts === 1) {
+        firstStarted = true;
         // Hold the first delivery across the sidecar's restart, then try to settle it.
         await eventually(() => subscriptions >= 2, 30_000);
         seen.push({ attempts: d.attempts, aborted: d.signal.aborted, ackSent: d.ack() });
@@ -267,7 +269,10 @@ describe('consumer and producer against a sidecar', () => {
       seen.push({ attempts: d.attempts, aborted: d.signal.aborted, ackSent: true });
     });
     assert.ok(await eventually(() => subscriptions === 1, 10_000));
-    assert.ok(await eventually(async () => (await fixture.pending(stream, GROUP)) === 1, 10_000));
+    // The handler holds it (not merely the PEL: a kill between XREADGROUP and
+    // the delivery's hand-over would leave the client nothing to hold).
+    assert.ok(await eventually(() => firstStarted, 10_000));
+    assert.equal(await fixture.pending(stream, GROUP), 1);
     await fixture.killSidecar();
     await fixture.startSidecar();
     assert.ok(await eventually(() => seen.length >= 2, 30_000), JSON.stringify(seen));
@@ -307,5 +312,55 @@ describe('a sidecar on a unix socket', () => {
     await running;
     producer.close();
     assert.deepEqual(got, [`${id} hello`]);
+  });
+});
+
+describe('a sharded stream (--sharded-streams <stream>=3)', () => {
+  const stream = streamName('sharded');
+  const shards = [0, 1, 2].map((k) => `${stream}:{${stream}:${k}}`);
+  let fixture: Fixture;
+
+  before(async () => {
+    fixture = await Fixture.start({ consumerName: 'ts-sharded', args: ['--sharded-streams', `${stream}=3`] });
+  });
+
+  after(async () => {
+    await fixture?.stop();
+  });
+
+  test('a partition key keeps its entries on one shard, consumed in append order', async () => {
+    const producer = new Producer({ target: fixture.target });
+    const byKey = new Map<string, AppendResult[]>([['a', []], ['b', []]]);
+    for (let n = 0; n < 4; n++) {
+      for (const [key, results] of byKey) {
+        results.push(await producer.append(stream, { key, n: String(n) }, { partitionKey: key }));
+      }
+    }
+    for (const [key, results] of byKey) {
+      results.push(...(await producer.appendBatch(stream, [{ key, n: '4' }, { key, n: '5' }], { partitionKey: key })));
+    }
+    producer.close();
+    for (const [key, results] of byKey) {
+      assert.equal(new Set(results.map((r) => r.stream)).size, 1, `key ${key} spread over ${results.map((r) => r.stream)}`);
+      assert.ok(shards.includes(results[0]!.stream), results[0]!.stream);
+    }
+
+    // One handler at a time, started in arrival order: `got` is the hand-out order.
+    const got: Delivery[] = [];
+    const consumer = new Consumer({ target: fixture.target, stream, group: GROUP, start: 'beginning', concurrency: 1 });
+    const running = consumer.run((d) => void got.push(d));
+    assert.ok(await eventually(() => got.length >= 12, 10_000), `${got.length} of 12 deliveries`);
+    const pendingOnShards = async () => (await Promise.all(shards.map((s) => fixture.pending(s, GROUP)))).reduce((a, b) => a + b, 0);
+    assert.ok(await eventually(async () => (await pendingOnShards()) === 0, 5_000), 'every delivery acked');
+    await consumer.stop({ deadlineMs: 5_000 });
+    await running;
+
+    assert.equal(got.length, 12);
+    for (const [key, results] of byKey) {
+      const delivered = got.filter((d) => d.text('key') === key);
+      assert.deepEqual(delivered.map((d) => d.id), results.map((r) => r.id), `key ${key} in append order`);
+      assert.deepEqual(new Set(delivered.map((d) => d.stream)), new Set([results[0]!.stream]));
+      assert.ok(delivered.every((d) => d.attempts === 1));
+    }
   });
 });

@@ -25,6 +25,9 @@ class Appended(NamedTuple):
     id: str
     #: The stream id the entry got, `<ms>-<seq>`.
     stream_id: str
+    #: The stream key written: the one appended to, or for a sharded stream
+    #: (`--sharded-streams`) the shard's key, `<stream>:{<stream>:<k>}`.
+    stream: str = ""
 
 
 def encode_fields(fields: Fields) -> dict[str, bytes]:
@@ -37,14 +40,25 @@ def encode_fields(fields: Fields) -> dict[str, bytes]:
     return encoded
 
 
-def append_request(stream: str, fields: Fields, max_len: int) -> pb.AppendRequest:
-    return pb.AppendRequest(stream=stream, fields=encode_fields(fields), max_len=max_len)
-
-
-def append_batch_request(stream: str, entries: Iterable[Fields], max_len: int) -> pb.AppendBatchRequest:
-    return pb.AppendBatchRequest(
-        stream=stream, entries=[pb.BatchEntry(fields=encode_fields(e)) for e in entries], max_len=max_len
+def append_request(stream: str, fields: Fields, max_len: int, partition_key: str | None = None) -> pb.AppendRequest:
+    return pb.AppendRequest(
+        stream=stream, fields=encode_fields(fields), max_len=max_len, partition_key=partition_key or ""
     )
+
+
+def append_batch_request(
+    stream: str, entries: Iterable[Fields], max_len: int, partition_key: str | None = None
+) -> pb.AppendBatchRequest:
+    return pb.AppendBatchRequest(
+        stream=stream,
+        entries=[pb.BatchEntry(fields=encode_fields(e)) for e in entries],
+        max_len=max_len,
+        partition_key=partition_key or "",
+    )
+
+
+def appended(response: pb.AppendResponse) -> Appended:
+    return Appended(response.id, response.stream_id, response.stream)
 
 
 class Producer:
@@ -79,25 +93,38 @@ class Producer:
         self._stub = pb_grpc.StreamServiceStub(self._channel)
         self._timeout = None if timeout is None else seconds(timeout)
 
-    async def append(self, stream: str, fields: Fields, *, max_len: int = 0) -> Appended:
+    async def append(
+        self, stream: str, fields: Fields, *, max_len: int = 0, partition_key: str | None = None
+    ) -> Appended:
         """Appends one entry; with `max_len` > 0 the stream is trimmed to about
         that many entries (`MAXLEN ~`). A field named like the reserved
-        branded-id field (`id` by default) is refused (`PermanentError`)."""
+        branded-id field (`id` by default) is refused (`PermanentError`).
+
+        `partition_key` is for a sharded stream (the sidecar's
+        `--sharded-streams`): entries with the same key go to the same shard,
+        so they are consumed in the order they were appended; `None` (or
+        empty) takes the shards in turn. A stream that is not sharded ignores
+        it. `Appended.stream` is the stream key written (the shard's key)."""
+        request = append_request(stream, fields, max_len, partition_key)
         try:
-            response = await self._stub.Append(append_request(stream, fields, max_len), timeout=self._timeout)
+            response = await self._stub.Append(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(f"Append(stream={stream!r})", error) from None
-        return Appended(response.id, response.stream_id)
+        return appended(response)
 
-    async def append_batch(self, stream: str, entries: Iterable[Fields], *, max_len: int = 0) -> list[Appended]:
+    async def append_batch(
+        self, stream: str, entries: Iterable[Fields], *, max_len: int = 0, partition_key: str | None = None
+    ) -> list[Appended]:
         """Appends 1 to 10,000 entries to one stream atomically, in order; the
-        results are in the same order."""
-        request = append_batch_request(stream, entries, max_len)
+        results are in the same order. On a sharded stream the whole batch
+        goes to one shard: `partition_key`'s (as for `append`), or the next
+        in turn without one."""
+        request = append_batch_request(stream, entries, max_len, partition_key)
         try:
             response = await self._stub.AppendBatch(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(f"AppendBatch(stream={stream!r}, entries={len(request.entries)})", error) from None
-        return [Appended(e.id, e.stream_id) for e in response.entries]
+        return [appended(e) for e in response.entries]
 
     async def close(self) -> None:
         """Closes the channel if the producer created it."""

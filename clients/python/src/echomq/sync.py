@@ -35,7 +35,7 @@ from ._channel import MAX_MESSAGE_BYTES, ChannelOptions, authority_options, merg
 from .delivery import Delivery, RawField, VerdictError
 from .errors import EchoMQError, from_rpc_error
 from .options import Backoff, Seconds, Start, seconds
-from .producer import Appended, Fields, append_batch_request, append_request
+from .producer import Appended, Fields, append_batch_request, append_request, appended
 from .v1 import stream_service_pb2_grpc as stream_grpc
 
 __all__ = ["Consumer", "Producer", "SyncDelivery"]
@@ -63,22 +63,28 @@ class Producer:
         self._stub = stream_grpc.StreamServiceStub(self._channel)
         self._timeout = None if timeout is None else seconds(timeout)
 
-    def append(self, stream: str, fields: Fields, *, max_len: int = 0) -> Appended:
-        """Appends one entry; see `echomq.Producer.append`."""
+    def append(
+        self, stream: str, fields: Fields, *, max_len: int = 0, partition_key: str | None = None
+    ) -> Appended:
+        """Appends one entry; see `echomq.Producer.append` (and there for
+        `partition_key`, a sharded stream's shard choice)."""
+        request = append_request(stream, fields, max_len, partition_key)
         try:
-            response = self._stub.Append(append_request(stream, fields, max_len), timeout=self._timeout)
+            response = self._stub.Append(request, timeout=self._timeout)
         except grpc.RpcError as error:
             raise from_rpc_error(f"Append(stream={stream!r})", error) from None
-        return Appended(response.id, response.stream_id)
+        return appended(response)
 
-    def append_batch(self, stream: str, entries: Iterable[Fields], *, max_len: int = 0) -> list[Appended]:
+    def append_batch(
+        self, stream: str, entries: Iterable[Fields], *, max_len: int = 0, partition_key: str | None = None
+    ) -> list[Appended]:
         """Appends a batch atomically; see `echomq.Producer.append_batch`."""
-        request = append_batch_request(stream, entries, max_len)
+        request = append_batch_request(stream, entries, max_len, partition_key)
         try:
             response = self._stub.AppendBatch(request, timeout=self._timeout)
         except grpc.RpcError as error:
             raise from_rpc_error(f"AppendBatch(stream={stream!r}, entries={len(request.entries)})", error) from None
-        return [Appended(e.id, e.stream_id) for e in response.entries]
+        return [appended(e) for e in response.entries]
 
     def close(self) -> None:
         if self._owns_channel:

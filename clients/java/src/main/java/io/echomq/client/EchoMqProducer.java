@@ -75,17 +75,45 @@ public final class EchoMqProducer implements AutoCloseable {
    * Appends one entry.
    *
    * @param maxLen when above 0, trims the stream to about this many entries ({@code MAXLEN ~})
-   * @return the branded id and stream id
+   * @return the branded id, stream id and stream key written
    * @throws EchoMqException when the sidecar refuses or cannot be reached
    */
   public AppendResult append(String stream, Map<String, byte[]> fields, long maxLen) {
-    return join(appendAsync(stream, fields, maxLen));
+    return append(stream, fields, maxLen, null);
+  }
+
+  /**
+   * Appends one entry to a sharded stream's shard chosen by {@code partitionKey}.
+   *
+   * @param maxLen when above 0, trims the stream (the shard written) to about this many entries
+   * @param partitionKey for a sharded stream (the sidecar's {@code --sharded-streams}): entries with
+   *     the same key go to the same shard, so they are consumed in the order they were appended;
+   *     {@code null} or empty takes the shards in turn. A stream that is not sharded ignores it.
+   * @return the branded id, stream id and stream key written (the shard's key)
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public AppendResult append(String stream, Map<String, byte[]> fields, long maxLen, String partitionKey) {
+    return join(appendAsync(stream, fields, maxLen, partitionKey));
   }
 
   /** Appends one entry without blocking; the future fails with {@link EchoMqException}. */
   public CompletableFuture<AppendResult> appendAsync(String stream, Map<String, byte[]> fields, long maxLen) {
+    return appendAsync(stream, fields, maxLen, null);
+  }
+
+  /**
+   * Appends one entry without blocking, to the shard of {@code partitionKey} (see {@link
+   * #append(String, Map, long, String)}); the future fails with {@link EchoMqException}.
+   */
+  public CompletableFuture<AppendResult> appendAsync(
+      String stream, Map<String, byte[]> fields, long maxLen, String partitionKey) {
     AppendRequest request =
-        AppendRequest.newBuilder().setStream(stream).putAllFields(toProto(fields)).setMaxLen(maxLen).build();
+        AppendRequest.newBuilder()
+            .setStream(stream)
+            .putAllFields(toProto(fields))
+            .setMaxLen(maxLen)
+            .setPartitionKey(partitionKey == null ? "" : partitionKey)
+            .build();
     return toCompletable(deadlined().append(request), "appending to stream \"" + stream + "\"")
         .thenApply(EchoMqProducer::result);
   }
@@ -103,13 +131,40 @@ public final class EchoMqProducer implements AutoCloseable {
    * @throws EchoMqException when the sidecar refuses or cannot be reached
    */
   public List<AppendResult> appendBatch(String stream, List<Map<String, byte[]>> entries, long maxLen) {
-    return join(appendBatchAsync(stream, entries, maxLen));
+    return appendBatch(stream, entries, maxLen, null);
+  }
+
+  /**
+   * Appends a batch atomically, in order, to a sharded stream's shard chosen by {@code
+   * partitionKey}: the whole batch goes to one shard (see {@link #append(String, Map, long, String)}).
+   *
+   * @param partitionKey same key, same shard, order kept; {@code null} or empty: the next shard in
+   *     turn. Ignored by a stream that is not sharded.
+   * @return one result per entry, in order
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public List<AppendResult> appendBatch(
+      String stream, List<Map<String, byte[]>> entries, long maxLen, String partitionKey) {
+    return join(appendBatchAsync(stream, entries, maxLen, partitionKey));
   }
 
   /** Appends a batch without blocking; the future fails with {@link EchoMqException}. */
   public CompletableFuture<List<AppendResult>> appendBatchAsync(
       String stream, List<Map<String, byte[]>> entries, long maxLen) {
-    AppendBatchRequest.Builder request = AppendBatchRequest.newBuilder().setStream(stream).setMaxLen(maxLen);
+    return appendBatchAsync(stream, entries, maxLen, null);
+  }
+
+  /**
+   * Appends a batch without blocking, to the shard of {@code partitionKey} (see {@link
+   * #appendBatch(String, List, long, String)}); the future fails with {@link EchoMqException}.
+   */
+  public CompletableFuture<List<AppendResult>> appendBatchAsync(
+      String stream, List<Map<String, byte[]>> entries, long maxLen, String partitionKey) {
+    AppendBatchRequest.Builder request =
+        AppendBatchRequest.newBuilder()
+            .setStream(stream)
+            .setMaxLen(maxLen)
+            .setPartitionKey(partitionKey == null ? "" : partitionKey);
     for (Map<String, byte[]> fields : entries) {
       request.addEntries(BatchEntry.newBuilder().putAllFields(toProto(fields)));
     }
@@ -144,7 +199,7 @@ public final class EchoMqProducer implements AutoCloseable {
   }
 
   private static AppendResult result(AppendResponse response) {
-    return new AppendResult(response.getId(), response.getStreamId());
+    return new AppendResult(response.getId(), response.getStreamId(), response.getStream());
   }
 
   private static List<AppendResult> results(AppendBatchResponse response) {

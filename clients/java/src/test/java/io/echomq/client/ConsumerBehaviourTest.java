@@ -198,6 +198,71 @@ class ConsumerBehaviourTest {
   }
 
   /**
+   * A sharded stream ({@code --sharded-streams <stream>=3}): each partition key's entries land on
+   * one shard and, consumed through the logical stream by one handler thread (concurrency 1, so
+   * handlers run in arrival order), arrive in append order and are all acked.
+   */
+  @Test
+  void a_partition_key_keeps_its_entries_on_one_shard_in_order() throws Exception {
+    String stream = "behaviour:sharded";
+    List<String> shards = List.of(0, 1, 2).stream().map(k -> stream + ":{" + stream + ":" + k + "}").toList();
+    List<String> args = new ArrayList<>(SIDECAR_ARGS);
+    args.addAll(List.of("--sharded-streams", stream + "=3"));
+    try (SidecarFixture sharded = SidecarFixture.start("sharded-java", args);
+        EchoMqProducer shardedProducer = EchoMqProducer.connect(sharded.target())) {
+      Map<String, List<AppendResult>> byKey = new java.util.LinkedHashMap<>();
+      byKey.put("a", new ArrayList<>());
+      byKey.put("b", new ArrayList<>());
+      for (int n = 0; n < 4; n++) {
+        for (var e : byKey.entrySet()) {
+          e.getValue().add(shardedProducer.append(stream, Fields.of("key", e.getKey(), "n", String.valueOf(n)), 0, e.getKey()));
+        }
+      }
+      for (var e : byKey.entrySet()) {
+        e.getValue().addAll(shardedProducer.appendBatch(
+            stream, List.of(Fields.of("key", e.getKey(), "n", "4"), Fields.of("key", e.getKey(), "n", "5")), 0, e.getKey()));
+      }
+      for (var e : byKey.entrySet()) {
+        String shard = e.getValue().get(0).stream();
+        assertTrue(shards.contains(shard), shard);
+        assertTrue(e.getValue().stream().allMatch(r -> r.stream().equals(shard)), "key " + e.getKey() + ": " + e.getValue());
+      }
+
+      List<Delivery> got = Collections.synchronizedList(new ArrayList<>());
+      try (EchoMqConsumer consumer =
+          EchoMqConsumer.builder()
+              .target(sharded.target()).stream(stream).group("g")
+              .startPosition(StartPosition.beginning())
+              .concurrency(1)
+              .handler(got::add)
+              .build()) {
+        consumer.start().get(10, TimeUnit.SECONDS);
+        waitUntil(() -> got.size() >= 12, "12 deliveries from the shards");
+        try (Resp redis = sharded.redis()) {
+          waitUntil(() -> {
+            long pending = 0;
+            for (String shard : shards) {
+              try {
+                pending += (Long) ((List<?>) redis.call("XPENDING", shard, "g")).get(0);
+              } catch (java.io.IOException e) {
+                throw new java.io.UncheckedIOException(e);
+              }
+            }
+            return pending == 0;
+          }, "every delivery acked on its shard");
+        }
+      }
+      assertEquals(12, got.size());
+      for (var e : byKey.entrySet()) {
+        List<Delivery> delivered = got.stream().filter(d -> e.getKey().equals(d.payloadText("key"))).toList();
+        assertEquals(e.getValue().stream().map(AppendResult::id).toList(), delivered.stream().map(Delivery::id).toList(),
+            "key " + e.getKey() + " in append order");
+        assertTrue(delivered.stream().allMatch(d -> d.stream().equals(e.getValue().get(0).stream()) && d.attempts() == 1));
+      }
+    }
+  }
+
+  /**
    * stop() sends Drain before waiting for the running handler: the credit its ack frees must not
    * pull the next entry of the backlog into the call. Without Drain the sidecar reads entry 2 right
    * after the ack and hands it to the closing call, leaving it pending (and delivered) in the group.
