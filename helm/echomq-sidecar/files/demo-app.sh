@@ -9,24 +9,30 @@
 # When the call ends (the sidecar drains or restarts) it subscribes again after
 # two seconds. On SIGTERM it stops its children and exits 0.
 #
-# Needs a POSIX shell (busybox is enough), grpcurl, base64 and mkfifo.
+# It dials $ECHOMQ_SIDECAR_ADDRESS with the token and TLS settings of the
+# ECHOMQ_CLIENT_* variables (see grpc-client.sh, next to this script in the pod;
+# files/tests/grpc-client.sh in the chart). Needs a POSIX shell (busybox is
+# enough), grpcurl, base64 and mkfifo.
 set -u
 
-addr=${ECHOMQ_SIDECAR_ADDRESS:-127.0.0.1:50051}
 stream=${ECHOMQ_DEMO_STREAM:-echomq-demo}
 group=${ECHOMQ_DEMO_GROUP:-echomq-demo}
 interval=${ECHOMQ_DEMO_PRODUCE_INTERVAL:-5}
 work=$(mktemp -d "${TMPDIR:-/tmp}/echomq-demo.XXXXXX")
 
-# grpcurl takes a unix socket as `-unix <path>`.
-case $addr in
-  unix:*) unix=-unix target=${addr#unix:} ;;
-  *) unix='' target=$addr ;;
-esac
+here=$(dirname "$0")
+if [ -f "$here/grpc-client.sh" ]; then
+  # shellcheck source=tests/grpc-client.sh
+  . "$here/grpc-client.sh"
+else
+  # shellcheck source=tests/grpc-client.sh
+  . "$here/tests/grpc-client.sh"
+fi
 
 say() {
   echo "demo-app: $*"
 }
+say "calling $(grpc_describe)"
 
 pids=
 stop() {
@@ -43,7 +49,7 @@ produce() {
   while :; do
     n=$((n + 1))
     body=$(printf 'demo entry %s from %s' "$n" "$(hostname)" | base64 | tr -d '\n')
-    if out=$(grpcurl -plaintext $unix -max-time 10 \
+    if out=$(grpc -max-time 10 \
       -d "{\"stream\":\"$stream\",\"fields\":{\"body\":\"$body\"},\"maxLen\":\"10000\"}" \
       "$target" echomq.v1.StreamService/Append 2>&1); then
       say "appended $(printf '%s\n' "$out" | sed -n 's/^  "id": "\([0-9a-f]*\)".*/\1/p')"
@@ -80,11 +86,32 @@ if [ "$interval" -gt 0 ]; then
   pids="$pids $!"
 fi
 
+# A streaming call shows its error only once its input ends; this unary call
+# first shows a refusal (a wrong token, a stream off the allow-list, TLS)
+# in the log, with its status. NotFound (no group yet) is fine.
+admitted() {
+  if out=$(grpc -max-time 10 -d "{\"stream\":\"$stream\",\"group\":\"$group\"}" \
+    "$target" echomq.v1.AdminService/DescribeGroup 2>&1) || printf '%s\n' "$out" | grep -q 'Code: NotFound'; then
+    return 0
+  fi
+  say "the sidecar does not take this app's calls on $stream yet: $(printf '%s' "$out" | tr '\n' ' ')"
+  return 1
+}
+
 producer_pids=$pids
 while :; do
+  if ! admitted; then
+    sleep 5
+    continue
+  fi
   rm -f "$work/in" "$work/out"
   mkfifo "$work/in" "$work/out"
-  grpcurl -plaintext $unix -d @ "$target" echomq.v1.ConsumerService/Consume <"$work/in" >"$work/out" &
+  # grpc_run=exec: the subshell becomes grpcurl, so $! is the call's pid. Its
+  # errors (e.g. `Code: Unauthenticated`) go to the container's log.
+  (
+    grpc_run='exec'
+    grpc -d @ "$target" echomq.v1.ConsumerService/Consume
+  ) <"$work/in" >"$work/out" &
   call=$!
   exec 3>"$work/in"
   printf '{"subscribe":{"stream":"%s","group":"%s","groupStart":"GROUP_START_NEW"}}\n' "$stream" "$group" >&3

@@ -1,8 +1,11 @@
 {{/*
-Helpers. The public ones, meant for other charts, are `echomq-sidecar.container`
-and `echomq-sidecar.terminationGracePeriodSeconds`; they take this chart's
-context: `.` inside this chart, `(index .Subcharts "echomq-sidecar")` in a chart
-that lists this one as a dependency (the key is the alias when one is set).
+Helpers. The public ones, meant for other charts, are `echomq-sidecar.container`,
+`echomq-sidecar.volumes` and `echomq-sidecar.terminationGracePeriodSeconds`, and
+for an app container that calls the sidecar with the chart's token and TLS
+settings, `echomq-sidecar.clientEnv`, `echomq-sidecar.clientVolumeMounts` and
+`echomq-sidecar.clientVolumes`. They take this chart's context: `.` inside this
+chart, `(index .Subcharts "echomq-sidecar")` in a chart that lists this one as a
+dependency (the key is the alias when one is set).
 */}}
 
 {{/* The chart name, shortened to the 63 characters a label allows. */}}
@@ -100,17 +103,184 @@ the render with the reason.
 {{- end }}
 
 {{/*
+ECHOMQ_ADMIN_LISTEN: `host:port`, an IPv6 host in brackets (`[::]:9464`), since
+the sidecar parses a socket address (`:::9464` is not one).
+*/}}
+{{- define "echomq-sidecar.adminListen" -}}
+{{- $c := .Values.sidecar.config }}
+{{- $host := $c.adminHost }}
+{{- if and (contains ":" $host) (not (hasPrefix "[" $host)) }}
+{{- $host = printf "[%s]" $host }}
+{{- end }}
+{{- printf "%s:%d" $host (int64 $c.adminPort) }}
+{{- end }}
+
+{{/* Where the sidecar's Secret files are mounted, and where its clients' are. */}}
+{{- define "echomq-sidecar.secretsDir" -}}/etc/echomq{{- end }}
+{{- define "echomq-sidecar.clientSecretsDir" -}}/etc/echomq-client{{- end }}
+
+{{/* Whether the sidecar mounts any Secret file: "true" or "". */}}
+{{- define "echomq-sidecar.hasSecretFiles" -}}
+{{- $v := .Values }}
+{{- if or $v.sidecar.auth.enabled $v.sidecar.tls.enabled $v.redis.password.enabled $v.redis.ca.enabled }}true{{ end }}
+{{- end }}
+
+{{/* Whether the sidecar's clients need any Secret file (token, CA): "true" or "". */}}
+{{- define "echomq-sidecar.hasClientSecretFiles" -}}
+{{- if or .Values.sidecar.auth.enabled .Values.sidecar.tls.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+The pod volumes the sidecar container needs, as list items (empty when none):
+one projected volume, `echomq-sidecar-secrets`, with the files of the token,
+TLS, Redis password and Redis CA Secrets that are enabled, read-only with mode
+sidecar.secretFileMode. Add it to every pod that carries the sidecar:
+
+  volumes:
+    {{- include "echomq-sidecar.volumes" (index .Subcharts "echomq-sidecar") | nindent 4 }}
+*/}}
+{{- define "echomq-sidecar.volumes" -}}
+{{- $v := .Values }}
+{{- $s := $v.sidecar }}
+{{- if include "echomq-sidecar.hasSecretFiles" . -}}
+- name: echomq-sidecar-secrets
+  projected:
+    defaultMode: {{ int64 $s.secretFileMode }}
+    sources:
+      {{- if $s.auth.enabled }}
+      - secret:
+          name: {{ required "sidecar.auth.secretName is required when sidecar.auth.enabled is true" $s.auth.secretName }}
+          items:
+            - key: {{ $s.auth.secretKey }}
+              path: auth/token
+      {{- end }}
+      {{- if $s.tls.enabled }}
+      - secret:
+          name: {{ required "sidecar.tls.secretName is required when sidecar.tls.enabled is true" $s.tls.secretName }}
+          items:
+            - key: {{ $s.tls.certKey }}
+              path: tls/tls.crt
+            - key: {{ $s.tls.keyKey }}
+              path: tls/tls.key
+      {{- if $s.tls.clientAuth.enabled }}
+      - secret:
+          name: {{ default $s.tls.secretName $s.tls.clientAuth.caSecretName }}
+          items:
+            - key: {{ $s.tls.clientAuth.caKey }}
+              path: tls/client-ca.crt
+      {{- end }}
+      {{- end }}
+      {{- if $v.redis.password.enabled }}
+      - secret:
+          name: {{ required "redis.password.secretName is required when redis.password.enabled is true" $v.redis.password.secretName }}
+          items:
+            - key: {{ $v.redis.password.secretKey }}
+              path: redis/password
+      {{- end }}
+      {{- if $v.redis.ca.enabled }}
+      - secret:
+          name: {{ required "redis.ca.secretName is required when redis.ca.enabled is true" $v.redis.ca.secretName }}
+          items:
+            - key: {{ $v.redis.ca.secretKey }}
+              path: redis/ca.crt
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The pod volumes of a client of the sidecar (the chart's tests and demo app, or
+your app), as list items (empty when none): one projected volume,
+`echomq-client-secrets`, with the bearer token (sidecar.auth), the CA that
+signed the sidecar's certificate (sidecar.tls.caKey) and, with mTLS, the client
+certificate and key (sidecar.tls.clientAuth.clientSecretName). Never the
+sidecar's own private key.
+*/}}
+{{- define "echomq-sidecar.clientVolumes" -}}
+{{- $s := .Values.sidecar }}
+{{- if include "echomq-sidecar.hasClientSecretFiles" . -}}
+- name: echomq-client-secrets
+  projected:
+    defaultMode: {{ int64 $s.secretFileMode }}
+    sources:
+      {{- if $s.auth.enabled }}
+      - secret:
+          name: {{ required "sidecar.auth.secretName is required when sidecar.auth.enabled is true" $s.auth.secretName }}
+          items:
+            - key: {{ $s.auth.secretKey }}
+              path: token
+      {{- end }}
+      {{- if $s.tls.enabled }}
+      - secret:
+          name: {{ required "sidecar.tls.secretName is required when sidecar.tls.enabled is true" $s.tls.secretName }}
+          items:
+            - key: {{ $s.tls.caKey }}
+              path: ca.crt
+      {{- if $s.tls.clientAuth.enabled }}
+      - secret:
+          name: {{ required "sidecar.tls.clientAuth.clientSecretName is required when sidecar.tls.clientAuth.enabled is true and the chart's tests or example run: the client certificate (a kubernetes.io/tls Secret) they present to the sidecar" $s.tls.clientAuth.clientSecretName }}
+          items:
+            - key: tls.crt
+              path: tls.crt
+            - key: tls.key
+              path: tls.key
+      {{- end }}
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The volume mounts of a client of the sidecar (list items; empty when none). */}}
+{{- define "echomq-sidecar.clientVolumeMounts" -}}
+{{- if include "echomq-sidecar.hasClientSecretFiles" . -}}
+- name: echomq-client-secrets
+  mountPath: {{ include "echomq-sidecar.clientSecretsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+The environment of a client of the sidecar (list items; empty when none): the
+files the chart's scripts (files/tests/grpc-client.sh) hand to grpcurl.
+ECHOMQ_CLIENT_TOKEN_FILE: send `authorization: Bearer <its content>`;
+ECHOMQ_CLIENT_CA_FILE: use TLS, trusting this CA; ECHOMQ_CLIENT_SERVER_NAME: the
+name to verify in the sidecar's certificate; ECHOMQ_CLIENT_CERT_FILE and
+ECHOMQ_CLIENT_KEY_FILE: the client certificate (mTLS).
+*/}}
+{{- define "echomq-sidecar.clientEnv" -}}
+{{- $s := .Values.sidecar }}
+{{- $dir := include "echomq-sidecar.clientSecretsDir" . }}
+{{- $env := list }}
+{{- if $s.auth.enabled }}
+{{- $env = append $env (dict "name" "ECHOMQ_CLIENT_TOKEN_FILE" "value" (printf "%s/token" $dir)) }}
+{{- end }}
+{{- if $s.tls.enabled }}
+{{- $env = append $env (dict "name" "ECHOMQ_CLIENT_CA_FILE" "value" (printf "%s/ca.crt" $dir)) }}
+{{- with $s.tls.serverName }}
+{{- $env = append $env (dict "name" "ECHOMQ_CLIENT_SERVER_NAME" "value" .) }}
+{{- end }}
+{{- if $s.tls.clientAuth.enabled }}
+{{- $env = append $env (dict "name" "ECHOMQ_CLIENT_CERT_FILE" "value" (printf "%s/tls.crt" $dir)) }}
+{{- $env = append $env (dict "name" "ECHOMQ_CLIENT_KEY_FILE" "value" (printf "%s/tls.key" $dir)) }}
+{{- end }}
+{{- end }}
+{{- with $env }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
 The sidecar container, as one list item (it starts with `- name:`), for a pod's
 `containers:` or `initContainers:` list:
 
   containers:
     {{- include "echomq-sidecar.container" . | nindent 4 }}
 
-The argument is this chart's context, or a dict with it under "context" and
-"native" (bool) to override nativeSidecar.enabled:
+The argument is this chart's context, or a dict with it under "context" and,
+optionally, "native" (bool) to override nativeSidecar.enabled and "replicas"
+(the pod count of the workload, to refuse a fixed consumer name shared by
+several pods):
 
   initContainers:
-    {{- include "echomq-sidecar.container" (dict "context" (index .Subcharts "echomq-sidecar") "native" true) | nindent 4 }}
+    {{- include "echomq-sidecar.container" (dict "context" (index .Subcharts "echomq-sidecar") "native" true "replicas" .Values.replicaCount) | nindent 4 }}
 
 With native true (or nativeSidecar.enabled) it carries `restartPolicy: Always`
 and belongs in `initContainers:` (a native sidecar, Kubernetes 1.29+): it then
@@ -120,13 +290,19 @@ containers start, and stops after they have stopped.
 The consumer name defaults to the pod name: POD_NAME comes from the downward
 API and the sidecar uses it when ECHOMQ_CONSUMER_NAME is not set. The Redis URL
 comes from a Secret (redis.existingSecret, or the one this chart creates). All
-probes use the admin port; the gRPC port is loopback-only and not probed.
+probes use the admin port; the gRPC port is loopback-only and not probed. The
+token, TLS and Redis password/CA files come from the volume that
+`echomq-sidecar.volumes` renders: the pod must list it.
 */}}
 {{- define "echomq-sidecar.container" -}}
 {{- $ctx := . }}
 {{- $native := false }}
+{{- $replicas := 1 }}
 {{- if hasKey . "context" }}
 {{- $ctx = .context }}
+{{- if and (hasKey . "replicas") (not (kindIs "invalid" .replicas)) }}
+{{- $replicas = int64 .replicas }}
+{{- end }}
 {{- end }}
 {{- $v := $ctx.Values }}
 {{- $native = $v.nativeSidecar.enabled }}
@@ -134,13 +310,18 @@ probes use the admin port; the gRPC port is loopback-only and not probed.
 {{- $native = .native }}
 {{- end }}
 {{- $c := $v.sidecar.config }}
-- name: {{ $v.sidecar.name }}
+{{- $s := $v.sidecar }}
+{{- if and $c.consumerName (gt (int64 $replicas) 1) }}
+{{- fail (printf "sidecar.config.consumerName (%q) is fixed, but %d pods would run the sidecar: every pod would be the same consumer of each group, and two consumers with one name hand entries to each other's calls. Leave consumerName empty (each pod is a consumer named after itself) or run one replica." $c.consumerName (int64 $replicas)) }}
+{{- end }}
+{{- $dir := include "echomq-sidecar.secretsDir" $ctx -}}
+- name: {{ $s.name }}
   image: {{ include "echomq-sidecar.image" $ctx | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
   {{- if $native }}
   restartPolicy: Always
   {{- end }}
-  {{- with $v.sidecar.extraArgs }}
+  {{- with $s.extraArgs }}
   args:
     {{- range . }}
     - {{ . | quote }}
@@ -164,10 +345,18 @@ probes use the admin port; the gRPC port is loopback-only and not probed.
         secretKeyRef:
           name: {{ include "echomq-sidecar.redisSecretName" $ctx }}
           key: {{ $v.redis.secretKey }}
+    {{- if $v.redis.password.enabled }}
+    - name: ECHOMQ_REDIS_PASSWORD_FILE
+      value: {{ printf "%s/redis/password" $dir | quote }}
+    {{- end }}
+    {{- if $v.redis.ca.enabled }}
+    - name: ECHOMQ_REDIS_CA_FILE
+      value: {{ printf "%s/redis/ca.crt" $dir | quote }}
+    {{- end }}
     - name: ECHOMQ_LISTEN
       value: {{ $c.listen | quote }}
     - name: ECHOMQ_ADMIN_LISTEN
-      value: {{ printf "%s:%d" $c.adminHost (int64 $c.adminPort) | quote }}
+      value: {{ include "echomq-sidecar.adminListen" $ctx | quote }}
     - name: ECHOMQ_RECLAIM_MIN_IDLE_MS
       value: {{ $c.reclaimMinIdleMs | int64 | quote }}
     - name: ECHOMQ_RECLAIM_INTERVAL_MS
@@ -194,44 +383,87 @@ probes use the admin port; the gRPC port is loopback-only and not probed.
       value: {{ $c.defaultMaxDeliveries | int64 | quote }}
     - name: ECHOMQ_ID_FIELD
       value: {{ $c.idField | quote }}
+    - name: ECHOMQ_MAX_MESSAGE_BYTES
+      value: {{ $c.maxMessageBytes | int64 | quote }}
+    - name: ECHOMQ_MAX_FIELDS_PER_ENTRY
+      value: {{ $c.maxFieldsPerEntry | int64 | quote }}
+    - name: ECHOMQ_MAX_NAME_BYTES
+      value: {{ $c.maxNameBytes | int64 | quote }}
+    - name: ECHOMQ_MAX_CONSUME_CALLS
+      value: {{ $c.maxConsumeCalls | int64 | quote }}
+    {{- with $c.allowStreams }}
+    - name: ECHOMQ_ALLOW_STREAMS
+      value: {{ join "," . | quote }}
+    {{- end }}
+    {{- with $c.allowStreamsFor }}
+    {{- $rules := list }}
+    {{- range . }}
+    {{- $rules = append $rules (printf "%s=%s" .identity (join "," .streams)) }}
+    {{- end }}
+    - name: ECHOMQ_ALLOW_STREAMS_FOR
+      value: {{ join ";" $rules | quote }}
+    {{- end }}
+    {{- if $s.auth.enabled }}
+    - name: ECHOMQ_AUTH_TOKEN_FILE
+      value: {{ printf "%s/auth/token" $dir | quote }}
+    {{- end }}
+    {{- if $s.tls.enabled }}
+    - name: ECHOMQ_TLS_CERT_FILE
+      value: {{ printf "%s/tls/tls.crt" $dir | quote }}
+    - name: ECHOMQ_TLS_KEY_FILE
+      value: {{ printf "%s/tls/tls.key" $dir | quote }}
+    {{- if $s.tls.clientAuth.enabled }}
+    - name: ECHOMQ_TLS_CLIENT_CA_FILE
+      value: {{ printf "%s/tls/client-ca.crt" $dir | quote }}
+    {{- end }}
+    {{- end }}
     - name: ECHOMQ_LOG
       value: {{ $c.log | quote }}
     - name: ECHOMQ_LOG_FORMAT
       value: {{ $c.logFormat | quote }}
-    {{- with $v.sidecar.extraEnv }}
+    {{- with $s.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
-  {{- if $v.sidecar.startupProbe.enabled }}
+  {{- if $s.startupProbe.enabled }}
   startupProbe:
     httpGet:
       path: /readyz
       port: admin
-    periodSeconds: {{ $v.sidecar.startupProbe.periodSeconds }}
-    timeoutSeconds: {{ $v.sidecar.startupProbe.timeoutSeconds }}
-    failureThreshold: {{ $v.sidecar.startupProbe.failureThreshold }}
+    periodSeconds: {{ $s.startupProbe.periodSeconds }}
+    timeoutSeconds: {{ $s.startupProbe.timeoutSeconds }}
+    failureThreshold: {{ $s.startupProbe.failureThreshold }}
   {{- end }}
   livenessProbe:
     httpGet:
       path: /livez
       port: admin
-    periodSeconds: {{ $v.sidecar.livenessProbe.periodSeconds }}
-    timeoutSeconds: {{ $v.sidecar.livenessProbe.timeoutSeconds }}
-    failureThreshold: {{ $v.sidecar.livenessProbe.failureThreshold }}
+    periodSeconds: {{ $s.livenessProbe.periodSeconds }}
+    timeoutSeconds: {{ $s.livenessProbe.timeoutSeconds }}
+    failureThreshold: {{ $s.livenessProbe.failureThreshold }}
+  {{- if $s.readinessProbe.enabled }}
   readinessProbe:
     httpGet:
       path: /readyz
       port: admin
-    periodSeconds: {{ $v.sidecar.readinessProbe.periodSeconds }}
-    timeoutSeconds: {{ $v.sidecar.readinessProbe.timeoutSeconds }}
-    failureThreshold: {{ $v.sidecar.readinessProbe.failureThreshold }}
-  {{- with $v.sidecar.resources }}
+    periodSeconds: {{ $s.readinessProbe.periodSeconds }}
+    timeoutSeconds: {{ $s.readinessProbe.timeoutSeconds }}
+    failureThreshold: {{ $s.readinessProbe.failureThreshold }}
+  {{- end }}
+  {{- with $s.resources }}
   resources:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   securityContext:
     {{- toYaml $v.containerSecurityContext | nindent 4 }}
-  {{- with $v.sidecar.extraVolumeMounts }}
+  {{- if or (include "echomq-sidecar.hasSecretFiles" $ctx) $s.extraVolumeMounts }}
   volumeMounts:
+    {{- if include "echomq-sidecar.hasSecretFiles" $ctx }}
+    - name: echomq-sidecar-secrets
+      mountPath: {{ $dir }}
+      readOnly: true
+    {{- end }}
+    {{- with $s.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
   {{- end }}
 {{- end }}

@@ -4,28 +4,26 @@
 # reflection lists the EchoMQ services (so grpcurl works without proto files).
 #
 # Input: ECHOMQ_SIDECAR_ADDRESS (`host:port` or `unix:/path`, default
-# 127.0.0.1:50051), ECHOMQ_TEST_TIMEOUT (seconds, default 60). Needs a POSIX
-# shell and grpcurl.
+# 127.0.0.1:50051), ECHOMQ_TEST_TIMEOUT (seconds, default 60), and the
+# ECHOMQ_CLIENT_* variables of grpc-client.sh (token, TLS, client certificate).
+# Needs a POSIX shell and grpcurl.
 set -eu
 
-addr=${ECHOMQ_SIDECAR_ADDRESS:-127.0.0.1:50051}
 timeout=${ECHOMQ_TEST_TIMEOUT:-60}
 deadline=$(($(date +%s) + timeout))
-case $addr in
-  unix:*) unix=-unix target=${addr#unix:} ;;
-  *) unix='' target=$addr ;;
-esac
-
-grpc() {
-  grpcurl -plaintext $unix -max-time 5 "$@"
-}
+# shellcheck source=grpc-client.sh
+. "$(dirname "$0")/grpc-client.sh"
+echo "calling $(grpc_describe)"
+last=$(mktemp "${TMPDIR:-/tmp}/echomq-health.XXXXXX")
+trap 'rm -f "$last"' EXIT
 
 for service in "" echomq.v1.ConsumerService echomq.v1.StreamService echomq.v1.AdminService; do
-  until grpc -d "{\"service\":\"$service\"}" "$target" grpc.health.v1.Health/Check 2>/dev/null \
-    | grep -q '"status": "SERVING"'; do
+  until grpc -max-time 5 -d "{\"service\":\"$service\"}" "$target" grpc.health.v1.Health/Check >"$last" 2>&1 \
+    && grep -q '"status": "SERVING"' "$last"; do
     if [ "$(date +%s)" -ge "$deadline" ]; then
-      echo "FAIL: health of '${service:-(server)}' is not SERVING after ${timeout}s:" >&2
-      grpc -d "{\"service\":\"$service\"}" "$target" grpc.health.v1.Health/Check >&2 || true
+      # What grpcurl said last: the status (e.g. `Code: Unavailable`) or the TLS error.
+      echo "FAIL: health of '${service:-(server)}' is not SERVING after ${timeout}s; the last answer:" >&2
+      cat "$last" >&2
       exit 1
     fi
     sleep 1
@@ -33,7 +31,10 @@ for service in "" echomq.v1.ConsumerService echomq.v1.StreamService echomq.v1.Ad
   echo "ok: grpc.health.v1 says '${service:-(server)}' is SERVING"
 done
 
-services=$(grpc "$target" list)
+if ! services=$(grpc -max-time 5 "$target" list 2>&1); then
+  echo "FAIL: reflection (grpcurl list) failed: $services" >&2
+  exit 1
+fi
 for service in echomq.v1.ConsumerService echomq.v1.StreamService echomq.v1.AdminService; do
   if ! printf '%s\n' "$services" | grep -qx "$service"; then
     echo "FAIL: reflection does not list $service; it lists: $services" >&2

@@ -5,7 +5,10 @@ security context, and the client container's settings. The argument is a dict:
 files/tests/ the client runs), "sidecar" (bool: run its own sidecar, as a
 native sidecar, beside the client), "env" (extra env of the client, a list) and
 "weight" (the hook weight: tests run in weight order). The client also gets the
-sidecar's extraVolumeMounts, so it sees a unix socket the sidecar listens on.
+sidecar's extraVolumeMounts, so it sees a unix socket the sidecar listens on,
+and, when it talks gRPC to its sidecar ("sidecar" true), the token, CA and
+client certificate files (sidecar.auth, sidecar.tls) with the ECHOMQ_CLIENT_*
+variables that point grpcurl at them.
 */}}
 {{- define "echomq-sidecar.testPod" -}}
 {{- $ctx := .ctx }}
@@ -53,6 +56,9 @@ spec:
         {{- with .env }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+        {{- if .sidecar }}
+        {{- with include "echomq-sidecar.clientEnv" $ctx }}{{ . | nindent 8 }}{{ end }}
+        {{- end }}
       resources:
         requests:
           cpu: 10m
@@ -70,6 +76,9 @@ spec:
         {{- with $v.sidecar.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+        {{- if .sidecar }}
+        {{- with include "echomq-sidecar.clientVolumeMounts" $ctx }}{{ . | nindent 8 }}{{ end }}
+        {{- end }}
   volumes:
     - name: tests
       configMap:
@@ -79,5 +88,9 @@ spec:
         sizeLimit: 16Mi
     {{- with $v.extraVolumes }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- if .sidecar }}
+    {{- with include "echomq-sidecar.volumes" $ctx }}{{ . | nindent 4 }}{{ end }}
+    {{- with include "echomq-sidecar.clientVolumes" $ctx }}{{ . | nindent 4 }}{{ end }}
     {{- end }}
 {{- end }}
