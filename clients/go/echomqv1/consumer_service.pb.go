@@ -911,7 +911,10 @@ type Delivery struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The branded id: 28 lowercase hex characters (6 bytes of unix milliseconds,
 	// then 8 bytes of sequence). Stable across copies of the entry (dead letters,
-	// replays): the idempotency key. Ordering the text orders the entries.
+	// replays): the idempotency key. Ordering the text orders the entries of
+	// one stream. Unique across the shards of a sharded stream too (each shard
+	// mints sequence numbers congruent to its index), for entries written by
+	// Append; order across shards is only roughly by time.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The entry's id in this stream, `<ms>-<seq>`.
 	StreamId string `protobuf:"bytes,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`

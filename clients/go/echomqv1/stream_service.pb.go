@@ -27,7 +27,9 @@ const (
 // millisecond), not both.
 type ReadRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The stream key. Required.
+	// The stream key. Required. For a sharded stream, name one shard's key
+	// (`<stream>:{<stream>:<k>}`): the sharded stream's name is refused with
+	// INVALID_ARGUMENT.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// The first stream id to return (`<ms>-<seq>` or `<ms>`). Empty with no
 	// `start_time`: from the oldest entry.
@@ -190,7 +192,8 @@ func (x *ReadResponse) GetOversizedIds() []string {
 // required (INVALID_ARGUMENT otherwise).
 type TrimRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The stream key. Required.
+	// The stream key. Required. For a sharded stream, name one shard's key:
+	// the sharded stream's name is refused with INVALID_ARGUMENT.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// Keep the newest `max_len` entries (entries).
 	MaxLen uint64 `protobuf:"varint,2,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
