@@ -26,103 +26,50 @@
 //! Under `cargo test` (`--bench consume` or `--all-targets`: no `--bench` argument) it runs as a quick
 //! smoke test with small counts against the debug build, and says so.
 
+mod common;
+
 use std::{
-    collections::{HashMap, HashSet},
-    net::TcpListener,
-    path::{Path, PathBuf},
-    process::{Child, Command, ExitCode, Stdio},
+    path::Path,
+    process::ExitCode,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use echomq::proto::{
-    consume_request::Kind, consume_response::Kind as Event, consumer_service_client::ConsumerServiceClient,
-    stream_service_client::StreamServiceClient, Ack, AppendBatchRequest, BatchEntry, ConsumeRequest, GroupStart,
-    Subscribe,
+use common::{
+    ack, append, connection, pending, phase, rate, thousands, ConsumeCall, Error, Process, Sidecar, APPEND_BATCH,
+    BODY_BYTES, WINDOW,
 };
-use redis::{aio::MultiplexedConnection, AsyncConnectionConfig, Value};
-use tokio::{io::AsyncReadExt, io::AsyncWriteExt, sync::mpsc, time::MissedTickBehavior};
-use tokio_stream::wrappers::ReceiverStream;
+use echomq::proto::{consume_response::Kind as Event, stream_service_client::StreamServiceClient, GroupStart};
+use redis::{aio::MultiplexedConnection, Value};
+use tokio::time::MissedTickBehavior;
 
-/// Entries per stream unless `ECHOMQ_BENCH_ENTRIES` says otherwise.
-const DEFAULT_ENTRIES: usize = 50_000;
-/// Entries per stream in the smoke run under `cargo test`.
-const SMOKE_ENTRIES: usize = 2_000;
-/// Entries per AppendBatch call.
-const APPEND_BATCH: usize = 1_000;
-/// The sidecar consumer's `max_in_flight`, and the direct consumer's COUNT.
-const WINDOW: usize = 256;
 /// The direct consumer's XREADGROUP BLOCK (ms), as the sidecar's default.
 const BLOCK_MS: u64 = 2_000;
-/// Bytes of the `body` field of every entry.
-const BODY_BYTES: usize = 100;
 /// The latency phase's producer rate (entries per second).
 const LATENCY_RATE: u64 = 1_000;
 /// How long the latency phase's producer runs, full run and smoke run.
 const LATENCY_TIME: Duration = Duration::from_secs(5);
 const SMOKE_LATENCY_TIME: Duration = Duration::from_millis(500);
-/// No phase may take longer than this.
-const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
-/// How long processes may take to come up.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> ExitCode {
-    let full = std::env::args().any(|arg| arg == "--bench");
-    let entries = match std::env::var("ECHOMQ_BENCH_ENTRIES") {
-        Ok(text) => match text.parse::<usize>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("consume bench: ECHOMQ_BENCH_ENTRIES must be a positive integer, got `{text}`");
-                return ExitCode::from(2);
-            }
-        },
-        Err(_) if full => DEFAULT_ENTRIES,
-        Err(_) => SMOKE_ENTRIES,
-    };
-    let latency_time = if full { LATENCY_TIME } else { SMOKE_LATENCY_TIME };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("consume bench: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(full, entries, latency_time)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("consume bench: FAILED: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::main("consume", |full, entries| {
+        let latency_time = if full { LATENCY_TIME } else { SMOKE_LATENCY_TIME };
+        run(full, entries, latency_time)
+    })
 }
 
 async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), Error> {
-    let sidecar_bin = PathBuf::from(env!("CARGO_BIN_EXE_echomq-sidecar"));
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("echomq-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let sidecar_bin = common::sidecar_bin();
+    let dir = common::work_dir("echomq-bench")?;
     let redis_server = RedisServer::start(&dir).await?;
-    let sidecar = Sidecar::start(&sidecar_bin, &redis_server, &dir).await?;
+    let sidecar = Sidecar::start(&sidecar_bin, &redis_server.url(), &[], &dir).await?;
     let endpoint = format!("http://127.0.0.1:{}", sidecar.grpc_port);
     let mut redis = redis_server.connection().await?;
-    let info: String = redis::cmd("INFO").arg("server").query_async(&mut redis).await?;
-    let version = info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned();
-    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
-    // Other work on the machine skews every figure: say how busy it was.
-    let load =
-        std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split_whitespace().next().map(str::to_owned));
+    let version = common::redis_version(&mut redis).await?;
+    let (cpus, load) = (common::cpus(), common::load_average());
 
+    common::print_title("consume", full);
     println!(
-        "EchoMQ consume benchmark{}",
-        if full {
-            ""
-        } else {
-            " (smoke run under `cargo test`: small counts, debug build; the figures mean nothing, run `cargo bench --bench consume`)"
-        }
-    );
-    println!(
-        "  machine  {cpus} CPUs, load average {} at start; Redis {version} and the sidecar on loopback, no persistence",
-        load.as_deref().unwrap_or("?")
+        "  machine  {cpus} CPUs, load average {load} at start; Redis {version} and the sidecar on loopback, no persistence"
     );
     println!("  sidecar  {}", sidecar_bin.display());
     println!(
@@ -134,20 +81,7 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     let mut streams = StreamServiceClient::connect(endpoint.clone()).await?;
     let started = Instant::now();
     for stream in ["bench-a", "bench-b"] {
-        let body = vec![b'x'; BODY_BYTES];
-        for first in (0..entries).step_by(APPEND_BATCH) {
-            let batch = (first..(first + APPEND_BATCH).min(entries))
-                .map(|n| BatchEntry {
-                    fields: HashMap::from([
-                        ("n".to_owned(), n.to_string().into_bytes()),
-                        ("body".to_owned(), body.clone()),
-                    ]),
-                })
-                .collect();
-            streams
-                .append_batch(AppendBatchRequest { stream: stream.to_owned(), entries: batch, ..Default::default() })
-                .await?;
-        }
+        append(&mut streams, stream, entries, APPEND_BATCH).await?;
     }
     let took = started.elapsed();
     println!(
@@ -209,28 +143,6 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     Ok(())
 }
 
-/// Runs one phase under [`PHASE_TIMEOUT`].
-async fn phase<T>(name: &str, work: impl std::future::Future<Output = Result<T, Error>>) -> Result<T, Error> {
-    tokio::time::timeout(PHASE_TIMEOUT, work).await.map_err(|_| format!("{name}: not done within {PHASE_TIMEOUT:?}"))?
-}
-
-fn rate(entries: usize, took: Duration) -> f64 {
-    entries as f64 / took.as_secs_f64()
-}
-
-/// `12345.6` as `12,346`.
-fn thousands(value: f64) -> String {
-    let digits = format!("{:.0}", value);
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// The `p`th percentile of sorted samples (nearest rank).
 fn percentile(sorted: &[u64], p: usize) -> u64 {
     if sorted.is_empty() {
@@ -242,34 +154,6 @@ fn percentile(sorted: &[u64], p: usize) -> u64 {
 
 fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
-}
-
-fn subscribe(stream: &str, group: &str, start: GroupStart) -> ConsumeRequest {
-    ConsumeRequest {
-        kind: Some(Kind::Subscribe(Subscribe {
-            stream: stream.to_owned(),
-            group: group.to_owned(),
-            group_start: start as i32,
-            max_in_flight: WINDOW as u32,
-            ..Subscribe::default()
-        })),
-    }
-}
-
-fn ack(id: String) -> ConsumeRequest {
-    ConsumeRequest { kind: Some(Kind::Ack(Ack { ids: vec![id] })) }
-}
-
-/// The group's pending count (`XPENDING <stream> <group>`, summary form).
-async fn pending(redis: &mut MultiplexedConnection, stream: &str, group: &str) -> Result<i64, Error> {
-    let reply: Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(redis).await?;
-    match reply {
-        Value::Array(parts) => match parts.first() {
-            Some(Value::Int(n)) => Ok(*n),
-            other => Err(format!("unexpected XPENDING reply: {other:?}").into()),
-        },
-        other => Err(format!("unexpected XPENDING reply: {other:?}").into()),
-    }
 }
 
 /// What Redis ran since the last `CONFIG RESETSTAT`: calls per command, most
@@ -297,35 +181,16 @@ async fn sidecar_throughput(
     entries: usize,
 ) -> Result<Duration, Error> {
     let group = "bench";
-    let mut client = ConsumerServiceClient::connect(endpoint.to_owned()).await?;
-    let (verdicts, outbound) = mpsc::channel(4 * WINDOW);
-    verdicts.send(subscribe(stream, group, GroupStart::Beginning)).await?;
-    let started = Instant::now();
-    let mut inbound = client.consume(ReceiverStream::new(outbound)).await?.into_inner();
-    let mut seen = HashSet::with_capacity(entries);
-    while seen.len() < entries {
-        let message = inbound.message().await?.ok_or("the sidecar ended the call early")?;
-        match message.kind {
-            Some(Event::Delivery(delivery)) => {
-                if !delivery.payload.contains_key("n") {
-                    return Err(format!("delivery {} has no field `n`", delivery.id).into());
-                }
-                if !seen.insert(delivery.id.clone()) {
-                    return Err(format!("entry {} was delivered twice", delivery.id).into());
-                }
-                verdicts.send(ack(delivery.id)).await?;
-            }
-            Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
-            Some(Event::Subscribed(_)) | None => {}
-        }
-    }
+    let mut call = ConsumeCall::open(endpoint, stream, group, GroupStart::Beginning).await?;
+    // Kept to the end, so that freeing the ids is not timed.
+    let _seen = call.ack_each(entries, |_| {}).await?;
     // Acks are applied by the sidecar in batches: done when Redis agrees.
     while pending(redis, stream, group).await? > 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let took = started.elapsed();
-    drop(verdicts);
-    while inbound.message().await?.is_some() {}
+    let took = call.started.elapsed();
+    drop(call.verdicts);
+    while call.inbound.message().await?.is_some() {}
     Ok(took)
 }
 
@@ -442,32 +307,29 @@ async fn sidecar_latency(
     stream: &str,
     samples: usize,
 ) -> Result<Vec<u64>, Error> {
-    let mut client = ConsumerServiceClient::connect(endpoint.to_owned()).await?;
-    let (verdicts, outbound) = mpsc::channel(4 * WINDOW);
-    verdicts.send(subscribe(stream, "latency", GroupStart::New)).await?;
-    let mut inbound = client.consume(ReceiverStream::new(outbound)).await?.into_inner();
+    let mut call = ConsumeCall::open(endpoint, stream, "latency", GroupStart::New).await?;
     // The group exists once the call is subscribed: start producing then.
-    match inbound.message().await?.and_then(|m| m.kind) {
+    match call.inbound.message().await?.and_then(|m| m.kind) {
         Some(Event::Subscribed(_)) => {}
         other => return Err(format!("expected Subscribed, got {other:?}").into()),
     }
     let producer = spawn_producer(redis_server.connection().await?, stream.to_owned(), samples);
     let mut latencies = Vec::with_capacity(samples);
     while latencies.len() < samples {
-        let message = inbound.message().await?.ok_or("the sidecar ended the call early")?;
+        let message = call.inbound.message().await?.ok_or("the sidecar ended the call early")?;
         let received = now_us();
         match message.kind {
             Some(Event::Delivery(delivery)) => {
                 latencies.push(latency_of(delivery.payload.get("t"), received)?);
-                verdicts.send(ack(delivery.id)).await?;
+                call.verdicts.send(ack(delivery.id)).await?;
             }
             Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
             Some(Event::Subscribed(_)) | None => {}
         }
     }
     producer.await??;
-    drop(verdicts);
-    while inbound.message().await?.is_some() {}
+    drop(call.verdicts);
+    while call.inbound.message().await?.is_some() {}
     Ok(latencies)
 }
 
@@ -495,21 +357,6 @@ async fn direct_latency(redis_server: &RedisServer, stream: &str, samples: usize
 // Processes
 // ---------------------------------------------------------------------------
 
-/// A loopback port that was free a moment ago.
-fn free_port() -> Result<u16, Error> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// A child process, SIGKILLed and reaped on drop.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A throwaway `redis-server`: loopback, free port, no persistence.
 struct RedisServer {
     port: u16,
@@ -518,31 +365,8 @@ struct RedisServer {
 
 impl RedisServer {
     async fn start(dir: &Path) -> Result<RedisServer, Error> {
-        let port = free_port()?;
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir)
-            .arg("--logfile")
-            .arg(dir.join("redis.log"))
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                format!("cannot start redis-server ({e}); install it (Debian: apt-get install redis-server)")
-            })?;
-        let server = RedisServer { port, _process: Process(child) };
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Ok(mut conn) = server.connection().await {
-                if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
-                    return Ok(server);
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(format!("redis-server on port {port} did not answer PING").into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let port = common::free_port()?;
+        Ok(RedisServer { port, _process: common::start_redis(port, dir, &[]).await? })
     }
 
     fn url(&self) -> String {
@@ -551,59 +375,6 @@ impl RedisServer {
 
     /// A new connection with no response timeout (the consumers block).
     async fn connection(&self) -> Result<MultiplexedConnection, Error> {
-        let config = AsyncConnectionConfig::new().set_response_timeout(None);
-        Ok(redis::Client::open(self.url())?.get_multiplexed_async_connection_with_config(&config).await?)
+        connection(self.port).await
     }
-}
-
-/// The sidecar binary on free loopback ports, logging to `sidecar.log`.
-struct Sidecar {
-    grpc_port: u16,
-    _process: Process,
-}
-
-impl Sidecar {
-    async fn start(bin: &Path, redis: &RedisServer, dir: &Path) -> Result<Sidecar, Error> {
-        let (grpc_port, admin_port) = (free_port()?, free_port()?);
-        let log = std::fs::File::create(dir.join("sidecar.log"))?;
-        let mut command = Command::new(bin);
-        for (key, _) in std::env::vars() {
-            if key.starts_with("ECHOMQ_") {
-                command.env_remove(key);
-            }
-        }
-        let child = command
-            .arg("--redis-url")
-            .arg(redis.url())
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{grpc_port}"))
-            .arg("--admin-listen")
-            .arg(format!("127.0.0.1:{admin_port}"))
-            .args(["--consumer-name", "bench"])
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-        let sidecar = Sidecar { grpc_port, _process: Process(child) };
-        let deadline = Instant::now() + START_TIMEOUT;
-        while http_status(admin_port, "/readyz").await != Some(200) {
-            if Instant::now() > deadline {
-                let log = std::fs::read_to_string(dir.join("sidecar.log")).unwrap_or_default();
-                return Err(format!("the sidecar did not become ready; its log:\n{log}").into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(sidecar)
-    }
-}
-
-/// The status code of `GET <path>` on a loopback port (plain HTTP/1.0).
-async fn http_status(port: u16, path: &str) -> Option<u16> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await.ok()?;
-    let mut reply = Vec::new();
-    tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut reply)).await.ok()?.ok()?;
-    String::from_utf8_lossy(&reply).split_whitespace().nth(1)?.parse().ok()
 }

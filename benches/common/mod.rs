@@ -1,0 +1,389 @@
+//! What the consume and cluster benches share: `main`'s argument and
+//! environment handling, the printing helpers, the gRPC calls they make alike
+//! (AppendBatch, a Consume call acking each delivery), and the processes they
+//! start (`redis-server`, the sidecar).
+//!
+//! A subdirectory's `mod.rs` is not a bench target of its own: each bench takes
+//! it in with `mod common;`.
+
+use std::{
+    collections::{HashMap, HashSet},
+    future::Future,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitCode, Stdio},
+    time::{Duration, Instant},
+};
+
+use echomq::proto::{
+    consume_request::Kind, consume_response::Kind as Event, consumer_service_client::ConsumerServiceClient,
+    stream_service_client::StreamServiceClient, Ack, AppendBatchRequest, BatchEntry, ConsumeRequest, ConsumeResponse,
+    GroupStart, Subscribe,
+};
+use redis::{aio::MultiplexedConnection, AsyncConnectionConfig, Value};
+use tokio::{io::AsyncReadExt, io::AsyncWriteExt, sync::mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{transport::Channel, Streaming};
+
+/// Entries per (logical) stream unless `ECHOMQ_BENCH_ENTRIES` says otherwise.
+const DEFAULT_ENTRIES: usize = 50_000;
+/// Entries per (logical) stream in the smoke run under `cargo test`.
+const SMOKE_ENTRIES: usize = 2_000;
+/// Entries per AppendBatch call.
+pub(crate) const APPEND_BATCH: usize = 1_000;
+/// The Consume call's `max_in_flight` (on a sharded stream the sidecar splits
+/// it over the shards), and the consume bench's direct consumer's COUNT.
+pub(crate) const WINDOW: usize = 256;
+/// Bytes of the `body` field of every entry.
+pub(crate) const BODY_BYTES: usize = 100;
+/// No phase may take longer than this.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long processes (and the cluster) may take to come up.
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// A bench's `main`: `cargo bench` passes `--bench`, which makes the full run;
+/// without it (`cargo test`) it is the smoke run. The entry count comes from
+/// `ECHOMQ_BENCH_ENTRIES`, else [`DEFAULT_ENTRIES`] (full) or
+/// [`SMOKE_ENTRIES`] (smoke). Then `run(full, entries)` on a multi-thread
+/// runtime; exit 2 on a bad `ECHOMQ_BENCH_ENTRIES`, 1 when the run fails.
+pub(crate) fn main<F>(bench: &str, run: impl FnOnce(bool, usize) -> F) -> ExitCode
+where
+    F: Future<Output = Result<(), Error>>,
+{
+    let full = std::env::args().any(|arg| arg == "--bench");
+    let entries = match std::env::var("ECHOMQ_BENCH_ENTRIES") {
+        Ok(text) => match text.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("{bench} bench: ECHOMQ_BENCH_ENTRIES must be a positive integer, got `{text}`");
+                return ExitCode::from(2);
+            }
+        },
+        Err(_) if full => DEFAULT_ENTRIES,
+        Err(_) => SMOKE_ENTRIES,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("{bench} bench: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(full, entries)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{bench} bench: FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Printing
+// ---------------------------------------------------------------------------
+
+/// The first line of the report; the smoke run says its figures mean nothing.
+pub(crate) fn print_title(bench: &str, full: bool) {
+    println!(
+        "EchoMQ {bench} benchmark{}",
+        if full {
+            String::new()
+        } else {
+            format!(
+                " (smoke run under `cargo test`: small counts, debug build; the figures mean nothing, run `cargo bench --bench {bench}`)"
+            )
+        }
+    );
+}
+
+/// The CPUs this process may run on (0 when unknown).
+pub(crate) fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(0, usize::from)
+}
+
+/// The 1-minute load average (`?` when unknown). Other work on the machine
+/// skews every figure: the report says how busy it was.
+pub(crate) fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+/// The server's `redis_version` (`INFO server`; `?` when it does not say).
+pub(crate) async fn redis_version(redis: &mut MultiplexedConnection) -> Result<String, Error> {
+    let info: String = redis::cmd("INFO").arg("server").query_async(redis).await?;
+    Ok(info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned())
+}
+
+/// Runs one phase under [`PHASE_TIMEOUT`].
+pub(crate) async fn phase<T>(name: &str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    tokio::time::timeout(PHASE_TIMEOUT, work).await.map_err(|_| format!("{name}: not done within {PHASE_TIMEOUT:?}"))?
+}
+
+/// Entries per second.
+pub(crate) fn rate(entries: usize, took: Duration) -> f64 {
+    entries as f64 / took.as_secs_f64()
+}
+
+/// `12345.6` as `12,346`.
+pub(crate) fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value);
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// gRPC and Redis calls
+// ---------------------------------------------------------------------------
+
+/// Appends `entries` entries to `stream`, `batch` per AppendBatch call: fields
+/// `n` (the entry's number) and a [`BODY_BYTES`]-byte `body`. The time from
+/// the first call until the last returns.
+pub(crate) async fn append(
+    streams: &mut StreamServiceClient<Channel>,
+    stream: &str,
+    entries: usize,
+    batch: usize,
+) -> Result<Duration, Error> {
+    let body = vec![b'x'; BODY_BYTES];
+    let started = Instant::now();
+    for first in (0..entries).step_by(batch) {
+        let entries = (first..(first + batch).min(entries))
+            .map(|n| BatchEntry {
+                fields: HashMap::from([
+                    ("n".to_owned(), n.to_string().into_bytes()),
+                    ("body".to_owned(), body.clone()),
+                ]),
+            })
+            .collect();
+        streams.append_batch(AppendBatchRequest { stream: stream.to_owned(), entries, ..Default::default() }).await?;
+    }
+    Ok(started.elapsed())
+}
+
+fn subscribe(stream: &str, group: &str, start: GroupStart) -> ConsumeRequest {
+    ConsumeRequest {
+        kind: Some(Kind::Subscribe(Subscribe {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+            group_start: start as i32,
+            max_in_flight: WINDOW as u32,
+            ..Subscribe::default()
+        })),
+    }
+}
+
+/// An `Ack` message with one id.
+pub(crate) fn ack(id: String) -> ConsumeRequest {
+    ConsumeRequest { kind: Some(Kind::Ack(Ack { ids: vec![id] })) }
+}
+
+/// An open Consume call.
+pub(crate) struct ConsumeCall {
+    /// The client the call runs on, kept as long as the call.
+    _client: ConsumerServiceClient<Channel>,
+    /// The client's side: verdicts (the subscribe is already sent).
+    pub(crate) verdicts: mpsc::Sender<ConsumeRequest>,
+    /// The sidecar's side: Subscribed, deliveries, verdict errors.
+    pub(crate) inbound: Streaming<ConsumeResponse>,
+    /// When the call was made, the subscribe queued: throughput is timed from here.
+    pub(crate) started: Instant,
+}
+
+impl ConsumeCall {
+    /// Opens a Consume call subscribed to `stream` as `group`, `max_in_flight`
+    /// [`WINDOW`].
+    pub(crate) async fn open(
+        endpoint: &str,
+        stream: &str,
+        group: &str,
+        start: GroupStart,
+    ) -> Result<ConsumeCall, Error> {
+        let mut client = ConsumerServiceClient::connect(endpoint.to_owned()).await?;
+        let (verdicts, outbound) = mpsc::channel(4 * WINDOW);
+        verdicts.send(subscribe(stream, group, start)).await?;
+        let started = Instant::now();
+        let inbound = client.consume(ReceiverStream::new(outbound)).await?.into_inner();
+        Ok(ConsumeCall { _client: client, verdicts, inbound, started })
+    }
+
+    /// Receives until `entries` distinct entries were delivered, acking each as
+    /// it arrives (one `Ack` message, one id); `from` is told the stream key of
+    /// each (on a sharded stream, the shard's). Fails on a delivery without the
+    /// field `n`, one delivered twice, a verdict error, or the end of the call.
+    /// The ids seen: the caller drops them once its timing is done, so freeing
+    /// them is not timed.
+    pub(crate) async fn ack_each(
+        &mut self,
+        entries: usize,
+        mut from: impl FnMut(String),
+    ) -> Result<HashSet<String>, Error> {
+        let mut seen = HashSet::with_capacity(entries);
+        while seen.len() < entries {
+            let message = self.inbound.message().await?.ok_or("the sidecar ended the call early")?;
+            match message.kind {
+                Some(Event::Delivery(delivery)) => {
+                    if !delivery.payload.contains_key("n") {
+                        return Err(format!("delivery {} has no field `n`", delivery.id).into());
+                    }
+                    if !seen.insert(delivery.id.clone()) {
+                        return Err(format!("entry {} was delivered twice", delivery.id).into());
+                    }
+                    from(delivery.stream);
+                    self.verdicts.send(ack(delivery.id)).await?;
+                }
+                Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
+                Some(Event::Subscribed(_)) | None => {}
+            }
+        }
+        Ok(seen)
+    }
+}
+
+/// The group's pending count (`XPENDING <stream> <group>`, summary form).
+pub(crate) async fn pending(redis: &mut MultiplexedConnection, stream: &str, group: &str) -> Result<i64, Error> {
+    let reply: Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(redis).await?;
+    match reply {
+        Value::Array(parts) => match parts.first() {
+            Some(Value::Int(n)) => Ok(*n),
+            other => Err(format!("unexpected XPENDING reply: {other:?}").into()),
+        },
+        other => Err(format!("unexpected XPENDING reply: {other:?}").into()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------
+
+/// The sidecar binary cargo built for the bench (`cargo bench`: release
+/// profile; `cargo test`: debug).
+pub(crate) fn sidecar_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_echomq-sidecar"))
+}
+
+/// A new directory `<prefix>-<pid>` under cargo's target tmpdir for the run's
+/// Redis data and logs; the bench removes it when the run succeeds.
+pub(crate) fn work_dir(prefix: &str) -> Result<PathBuf, Error> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{prefix}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// A loopback port that was free a moment ago.
+pub(crate) fn free_port() -> Result<u16, Error> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A child process, SIGKILLed and reaped on drop.
+pub(crate) struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A new connection to the `redis-server` on a loopback port, with no response
+/// timeout (the consumers block). It does not follow MOVED: on a cluster node,
+/// each key is asked of the primary serving it.
+pub(crate) async fn connection(port: u16) -> Result<MultiplexedConnection, Error> {
+    let config = AsyncConnectionConfig::new().set_response_timeout(None);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    Ok(client.get_multiplexed_async_connection_with_config(&config).await?)
+}
+
+/// A throwaway `redis-server` on a loopback `port`, no persistence, its data and
+/// `redis.log` in `dir`, with `args` added (cluster mode, say); returned once it
+/// answers PING.
+pub(crate) async fn start_redis(port: u16, dir: &Path, args: &[&str]) -> Result<Process, Error> {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start redis-server ({e}); install it (Debian: apt-get install redis-server)"))?;
+    let mut server = Process(child);
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Ok(mut conn) = connection(port).await {
+            if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
+                return Ok(server);
+            }
+        }
+        if server.0.try_wait()?.is_some() || Instant::now() > deadline {
+            return Err(format!("redis-server on port {port} did not answer PING").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The sidecar binary on free loopback ports, logging to `sidecar.log`.
+pub(crate) struct Sidecar {
+    pub(crate) grpc_port: u16,
+    _process: Process,
+}
+
+impl Sidecar {
+    /// Starts `bin` against `redis_url` (comma-separated seeds for a cluster)
+    /// with `args` added, without the caller's `ECHOMQ_*` environment; returned
+    /// once `/readyz` says 200.
+    pub(crate) async fn start(bin: &Path, redis_url: &str, args: &[&str], dir: &Path) -> Result<Sidecar, Error> {
+        let (grpc_port, admin_port) = (free_port()?, free_port()?);
+        let log = std::fs::File::create(dir.join("sidecar.log"))?;
+        let mut command = Command::new(bin);
+        for (key, _) in std::env::vars() {
+            if key.starts_with("ECHOMQ_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command
+            .arg("--redis-url")
+            .arg(redis_url)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{grpc_port}"))
+            .arg("--admin-listen")
+            .arg(format!("127.0.0.1:{admin_port}"))
+            .args(["--consumer-name", "bench"])
+            .args(args)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let sidecar = Sidecar { grpc_port, _process: Process(child) };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while http_status(admin_port, "/readyz").await != Some(200) {
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(dir.join("sidecar.log")).unwrap_or_default();
+                return Err(format!("the sidecar did not become ready; its log:\n{log}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(sidecar)
+    }
+}
+
+/// The status code of `GET <path>` on a loopback port (plain HTTP/1.0).
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await.ok()?;
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut reply)).await.ok()?.ok()?;
+    String::from_utf8_lossy(&reply).split_whitespace().nth(1)?.parse().ok()
+}
