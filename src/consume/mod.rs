@@ -37,7 +37,7 @@ use crate::{
     redis::Redis,
     security::{Caller, Guard},
 };
-use worker::{Command, GroupPolicy, Policy, Worker};
+use worker::{Command, Event, GroupPolicy, Policy, SessionId, Worker};
 
 /// How long a new Consume call may take to send its subscribe.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -329,6 +329,48 @@ impl Consumers {
             .map_err(|e| Error::from_redis(e, "registering the consumer (XGROUP CREATECONSUMER)", stream))?;
         Ok(())
     }
+
+    /// Attaches call `session` to the worker of each of its shards, each with
+    /// an even share of the call's credit (so a busy shard cannot starve the
+    /// others), all sending to `events`. On a refusal the shards already
+    /// attached are detached again: the call never starts.
+    async fn attach(
+        &self,
+        sub: &Subscription,
+        session: SessionId,
+        policy: &Policy,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<Vec<mpsc::Sender<Command>>, Error> {
+        let mut workers: Vec<mpsc::Sender<Command>> = Vec::with_capacity(sub.shards.len());
+        let shard_count = sub.shards.len() as u32;
+        for (shard, (stream, group_policy)) in sub.shards.iter().enumerate() {
+            let max_in_flight = policy.max_in_flight;
+            let share = max_in_flight / shard_count + u32::from((shard as u32) < max_in_flight % shard_count);
+            let worker = self.worker(stream, &sub.group, sub.no_ack);
+            let (reply, attached) = oneshot::channel();
+            let attach = Command::Attach {
+                session,
+                shard,
+                policy: Policy { max_in_flight: share, ..policy.clone() },
+                group: group_policy.clone(),
+                events: events.clone(),
+                reply,
+            };
+            let result = match worker.send(attach).await {
+                Ok(()) => attached.await.unwrap_or(Err(Error::ShuttingDown)),
+                Err(_) => Err(Error::ShuttingDown),
+            };
+            if let Err(e) = result {
+                for earlier in &workers {
+                    let (flushed, _) = oneshot::channel();
+                    let _ = earlier.send(Command::Detach { session, flushed }).await;
+                }
+                return Err(e);
+            }
+            workers.push(worker);
+        }
+        Ok(workers)
+    }
 }
 
 /// A validated subscribe.
@@ -405,37 +447,7 @@ impl ConsumerService for Consumers {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let max_in_flight = policy.max_in_flight;
         let (events_tx, events) = mpsc::unbounded_channel();
-        let mut workers: Vec<mpsc::Sender<Command>> = Vec::with_capacity(sub.shards.len());
-        let shard_count = sub.shards.len() as u32;
-        for (shard, (stream, group_policy)) in sub.shards.iter().enumerate() {
-            // The call's credit, shared out evenly: a busy shard cannot starve the others.
-            let share = max_in_flight / shard_count + u32::from((shard as u32) < max_in_flight % shard_count);
-            let policy = Policy { max_in_flight: share, ..policy.clone() };
-            let worker = self.worker(stream, &sub.group, sub.no_ack);
-            let (reply, attached) = oneshot::channel();
-            let attach = Command::Attach {
-                session,
-                shard,
-                policy,
-                group: group_policy.clone(),
-                events: events_tx.clone(),
-                reply,
-            };
-            let result = match worker.send(attach).await {
-                Ok(()) => attached.await.unwrap_or(Err(Error::ShuttingDown)),
-                Err(_) => Err(Error::ShuttingDown),
-            };
-            if let Err(e) = result {
-                // Undo the shards already attached: the call never starts.
-                for earlier in &workers {
-                    let (flushed, _) = oneshot::channel();
-                    let _ = earlier.send(Command::Detach { session, flushed }).await;
-                }
-                return Err(e.into());
-            }
-            workers.push(worker);
-        }
-        drop(events_tx);
+        let workers = self.attach(&sub, session, &policy, events_tx).await?;
 
         let (outbound, outbound_rx) = mpsc::channel(OUTBOUND_BUFFER);
         let subscribed = crate::proto::Subscribed {
