@@ -951,3 +951,29 @@ async fn entry_too_large_to_deliver_is_dead_lettered_and_the_call_survives() {
     assert!(String::from_utf8_lossy(dlq[0].field("echomq.reason").unwrap_or_default()).contains("--max-message-bytes"));
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
 }
+
+/// Two shards holding entries with the same branded id (written around Append,
+/// so their ids were not minted apart): one call never holds both at once, so
+/// a verdict by branded id is never ambiguous; the second comes once the
+/// first is settled, and each ack lands on its own shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branded_id_on_two_shards_is_handed_to_a_call_one_at_a_time() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--sharded-streams").arg("dup=2")).await;
+    let mut con = redis.conn().await;
+    let (a, b) = ("dup:{dup:0}", "dup:{dup:1}");
+    xadd_raw_at(&mut con, a, "5-0", &[(b"from", b"a")]).await;
+    xadd_raw_at(&mut con, b, "5-0", &[(b"from", b"b")]).await;
+
+    let mut consumer = Consumer::start(&sidecar, "dup", "g", GroupStart::Beginning, 8).await;
+    let first = consumer.next_delivery(EVENT_TIMEOUT).await;
+    consumer.assert_quiet(Duration::from_millis(500), "the namesake waits while the first is held").await;
+    consumer.ack_one(&first.id).await;
+    let second = consumer.next_delivery(EVENT_TIMEOUT).await;
+    consumer.ack_one(&second.id).await;
+
+    assert_eq!(first.id, second.id, "one branded id");
+    assert_ne!(first.stream, second.stream, "from the two shards");
+    assert_eq!(wait_pending(&mut con, a, "g", 0, EVENT_TIMEOUT).await, 0);
+    assert_eq!(wait_pending(&mut con, b, "g", 0, EVENT_TIMEOUT).await, 0);
+}
