@@ -407,7 +407,15 @@ async fn a_reader_reconnects_after_its_seed_node_dies() {
     let delivered = consumer.next_delivery(Duration::from_secs(10)).await;
     assert_eq!(delivered.id, first.id);
     consumer.ack_one(&delivered.id).await;
+    // The ack applied and replicated before the kill, so the new call has
+    // nothing of its own to recover first.
     let mut con = cluster.conn().await;
+    let acked = support::eventually(Duration::from_secs(10), || {
+        let (mut con, stream) = (con.clone(), stream.clone());
+        async move { pending(&mut con, &stream, "g").await == 0 }
+    })
+    .await;
+    assert!(acked);
     let _: redis::Value = redis::cmd("WAIT").arg(1).arg(5_000).query_async(&mut con).await.unwrap();
 
     drop(consumer);
