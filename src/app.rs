@@ -386,7 +386,9 @@ async fn connect_with_backoff(
                 info!("connected to {kind}");
                 return Ok(redis);
             }
-            Err(e) if e.kind() == redis::ErrorKind::InvalidClientConfig => return Err(AppError::RedisUrl(e)),
+            Err(e) if e.kind() == redis::ErrorKind::InvalidClientConfig || is_not_a_cluster(&e) => {
+                return Err(AppError::RedisUrl(e))
+            }
             Err(e) => {
                 warn!("Redis is not usable yet (unreachable, or refusing the credentials), retrying in {delay:?}: {e}");
                 sleep(delay).await;
@@ -398,6 +400,11 @@ async fn connect_with_backoff(
 
 /// Follows Redis' reachability (PING) into `/readyz` and the gRPC health
 /// status of `services`, so both say NOT_SERVING while Redis is down.
+/// A seed list names nodes without cluster mode: a setting to fix, not an outage to wait out.
+fn is_not_a_cluster(error: &redis::RedisError) -> bool {
+    error.to_string().contains("cluster support disabled")
+}
+
 async fn ping_loop(
     redis: Redis,
     readiness: Readiness,
@@ -407,8 +414,7 @@ async fn ping_loop(
     let mut was_up = true;
     loop {
         sleep(READINESS_PING).await;
-        let mut conn = redis.conn.clone();
-        let up = redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok();
+        let up = redis.is_up().await;
         readiness.set_redis_up(up);
         if up != was_up {
             if up {

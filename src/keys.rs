@@ -91,11 +91,19 @@ impl Keyspace {
         if !self.cluster || Slot::for_key(stream) == Slot::for_key(key) {
             return Ok(());
         }
+        let default = self.dead_letter_stream(stream);
+        let hint = if Slot::for_key(stream) == Slot::for_key(&default) {
+            format!("name one on the stream's slot, such as the default `{default}` (leave the field empty for it)")
+        } else {
+            // Braces without a usable tag (`x{}y`, `a}b`): nothing derived can share the slot.
+            "this stream's name has braces but no usable {hash tag}, so no key derived from it can share its slot: \
+             on a Redis Cluster, name the stream with a hash tag (e.g. `{orders}`)"
+                .to_owned()
+        };
         Err(Error::invalid(
             field,
             format!(
-                "`{key}` and stream `{stream}` hash to different Redis Cluster slots, and one script must touch both; \
-                 give them the same {{hash tag}} (e.g. `{{{stream}}}:dlq`) or leave the field empty for the default"
+                "`{key}` and stream `{stream}` hash to different Redis Cluster slots, and one script must touch both; {hint}"
             ),
         ))
     }

@@ -433,3 +433,53 @@ async fn a_reader_reconnects_after_its_seed_node_dies() {
         other => panic!("the reader must reconnect without its seed node: {other:?}\n{}", sidecar.log()),
     }
 }
+
+/// A cluster with slots no node serves answers PING but refuses commands on
+/// those slots: the sidecar is not ready then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_is_not_ready_while_the_cluster_is_down() {
+    let cluster = RedisCluster::start(3, 0).await;
+    let sidecar = Sidecar::start_with_url(&cluster.seed_urls(), SidecarOptions::default()).await;
+    let keys = cluster.key_per_primary("down").await;
+    let victim = cluster.primary_of(&keys[2]).await;
+
+    // A primary without a replica stops: its slots are served by no one.
+    let client = redis::Client::open(format!("redis://127.0.0.1:{victim}")).unwrap();
+    let mut node = client.get_multiplexed_async_connection().await.unwrap();
+    let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query_async::<redis::Value>(&mut node).await;
+
+    let not_ready =
+        support::eventually(Duration::from_secs(20), || async { sidecar.readyz().await == Some(503) }).await;
+    assert!(not_ready, "cluster_state:fail must make /readyz 503\n{}", sidecar.log());
+}
+
+/// A failover wakes a reader blocked on the old primary with UNBLOCKED
+/// ("instance state changed"), which on Redis 7.0 also means "stream
+/// deleted": here the group is fine, so nothing is re-created, and the reader
+/// carries on against the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_a_blocked_reader_is_not_a_lost_group() {
+    let cluster = RedisCluster::start(3, 1).await;
+    let sidecar = Sidecar::start_with_url(&cluster.seed_urls(), SidecarOptions::default().backoff(100)).await;
+    let stream = unique("blocked");
+    let mut consumer = Consumer::start(&sidecar, &stream, "g", GroupStart::New, 4).await;
+    // Let the reader block on the idle stream.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    cluster.failover(&stream).await;
+    let appended = support::eventually(Duration::from_secs(10), || async {
+        let request = AppendRequest { stream: stream.clone(), fields: fields(&[("n", "1")]), ..Default::default() };
+        sidecar.stream_client().await.append(request).await.is_ok()
+    })
+    .await;
+    assert!(appended);
+    let delivered = consumer.next_delivery(Duration::from_secs(15)).await;
+    consumer.ack_one(&delivered.id).await;
+
+    let metrics = support::http_get(sidecar.admin_port(), "/metrics").await.expect("/metrics").body;
+    let recreated: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("echomq_group_recreations_total") && !l.trim_end().ends_with(" 0"))
+        .collect();
+    assert!(recreated.is_empty(), "no group was lost: {recreated:?}\n{}", sidecar.log());
+}

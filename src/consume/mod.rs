@@ -254,7 +254,8 @@ impl Consumers {
                     "must differ from the stream: dead letters appended to their own stream come back for ever",
                 ));
             }
-            keys.same_slot("subscribe.dead_letter_stream", shard, &dead_letters)?;
+            let field = if dead_letter_stream.is_some() { "subscribe.dead_letter_stream" } else { "subscribe.stream" };
+            keys.same_slot(field, shard, &dead_letters)?;
             keys.same_slot("subscribe.stream", shard, &keys.retries(shard, &group))?;
             dead_letter_streams.push(dead_letters);
         }

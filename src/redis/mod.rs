@@ -130,7 +130,12 @@ impl Redis {
             )?,
             None => Client::open(first)?,
         };
-        let (conn, target) = if seeds.len() == 1 && !cluster_enabled(&client, timeout).await? {
+        let cluster = seeds.len() > 1 || cluster_enabled(&client, timeout).await?;
+        if cluster && seeds.iter().any(|seed| seed.redis_settings().db() != 0) {
+            let reason = "a Redis Cluster has only database 0: drop the /<db> from the URL";
+            return Err((redis::ErrorKind::InvalidClientConfig, reason).into());
+        }
+        let (conn, target) = if !cluster {
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(Some(timeout))
@@ -147,13 +152,27 @@ impl Redis {
             redis::cmd("PING").query_async::<String>(&mut conn).await?;
             (Connection::Cluster(conn), Target::Cluster { seeds, ca_pem: ca_pem.map(<[u8]>::to_vec) })
         };
-        let cluster = matches!(target, Target::Cluster { .. });
         Ok(Redis {
             target,
             conn: TimedConnection::new(conn, metrics, scripts.names()),
             scripts,
             keys: Arc::new(Keyspace::new(cluster, sharded)),
         })
+    }
+
+    /// Whether Redis serves now: PING answered, and on a cluster `CLUSTER
+    /// INFO` says `cluster_state:ok` (a cluster with slots uncovered answers
+    /// PING but refuses commands on those slots).
+    pub async fn is_up(&self) -> bool {
+        let mut conn = self.conn.clone();
+        if redis::cmd("PING").query_async::<String>(&mut conn).await.is_err() {
+            return false;
+        }
+        if !self.keys.is_cluster() {
+            return true;
+        }
+        let info: RedisResult<String> = redis::cmd("CLUSTER").arg("INFO").query_async(&mut conn).await;
+        info.is_ok_and(|info| info.lines().any(|line| line.trim() == "cluster_state:ok"))
     }
 
     /// A new connection of its own for blocking reads: no response timeout
