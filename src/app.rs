@@ -159,6 +159,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             return Ok(());
         }
     };
+    // A count that disagrees with Redis is a setting to fix: exit 2, like a bad flag.
+    if let Err(e) = redis.record_shard_counts().await {
+        let _ = stopped_tx.send(true);
+        let _ = admin.await;
+        return Err(AppError::Config(e.to_string()));
+    }
     readiness.set_redis_up(true);
 
     let (draining_tx, draining) = watch::channel(false);

@@ -108,6 +108,11 @@ impl Keyspace {
         ))
     }
 
+    /// The sharded streams and their shard counts.
+    pub fn sharded(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.sharded.iter().map(|(name, count)| (name.as_str(), *count))
+    }
+
     /// The shard keys of `stream` when it is a sharded stream, in shard order.
     pub fn shards(&self, stream: &str) -> Option<Vec<String>> {
         let count = *self.sharded.get(stream)?;
@@ -152,6 +157,11 @@ impl Keyspace {
         let shard: u32 = index.parse().ok()?;
         (shard < shards && shard_key(name, shard) == key).then_some((shard, shards))
     }
+}
+
+/// The key that records a sharded stream's shard count in Redis: `<name>:shards`.
+pub fn shard_count_key(name: &str) -> String {
+    format!("{name}:shards")
 }
 
 /// The key of shard `k` of the sharded stream `name`: `<name>:{<name>:<k>}`.

@@ -464,3 +464,32 @@ async fn a_seed_list_of_non_cluster_nodes_exits_2_with_the_reason() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cluster support disabled"), "{stderr}");
 }
+
+/// The shard count of a sharded stream is recorded in Redis by the first
+/// sidecar; one configured with another count refuses to start (its entries
+/// would sit unread in shards the others do not know).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_with_another_shard_count_for_a_stream_refuses_to_start() {
+    let redis = RedisServer::start().await;
+    let _first = Sidecar::start(&redis, SidecarOptions::default().arg("--sharded-streams").arg("orders=4")).await;
+    let _same = Sidecar::start(&redis, SidecarOptions::default().arg("--sharded-streams").arg("orders=4")).await;
+    let mut con = redis.conn().await;
+    let recorded: String = redis::cmd("GET").arg("orders:shards").query_async(&mut con).await.unwrap();
+    assert_eq!(recorded, "4");
+
+    let out = support::sidecar_command()
+        .arg("--redis-url")
+        .arg(redis.url())
+        .arg("--sharded-streams")
+        .arg("orders=2")
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .arg("--admin-listen")
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the sidecar");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("recorded in Redis with 4 shards") && stderr.contains("orders:shards"), "{stderr}");
+}

@@ -160,6 +160,33 @@ impl Redis {
         })
     }
 
+    /// Records each sharded stream's shard count in Redis the first time
+    /// (`SET <name>:shards <count> NX GET`) and checks it every time after, so
+    /// sidecars configured with different counts for one stream (whose
+    /// entries would sit unread in shards a consumer does not know) refuse to
+    /// start instead.
+    ///
+    /// Errors: [`ShardCountError::Mismatch`] naming both counts and the key;
+    /// [`ShardCountError::Redis`] when Redis refuses the command.
+    pub async fn record_shard_counts(&self) -> Result<(), ShardCountError> {
+        let mut conn = self.conn.clone();
+        for (name, count) in self.keys.sharded() {
+            let key = crate::keys::shard_count_key(name);
+            let recorded: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(count)
+                .arg("NX")
+                .arg("GET")
+                .query_async(&mut conn)
+                .await
+                .map_err(ShardCountError::Redis)?;
+            if let Some(recorded) = recorded.filter(|recorded| *recorded != count.to_string()) {
+                return Err(ShardCountError::Mismatch { name: name.to_owned(), recorded, configured: count, key });
+            }
+        }
+        Ok(())
+    }
+
     /// Whether Redis serves now: PING answered, and on a cluster `CLUSTER
     /// INFO` says `cluster_state:ok` (a cluster with slots uncovered answers
     /// PING but refuses commands on those slots).
@@ -245,6 +272,30 @@ fn cluster_client(
         None => builder,
     }
     .build()
+}
+
+/// Why [`Redis::record_shard_counts`] refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardCountError {
+    /// Redis holds another count for the stream.
+    #[error(
+        "sharded stream `{name}` is recorded in Redis with {recorded} shards (key `{key}`), but this sidecar is \
+         configured with {configured} (--sharded-streams): every sidecar must use the same count; to change it, \
+         drain the stream, stop its sidecars, DEL `{key}` and restart them with the new count"
+    )]
+    Mismatch {
+        /// The sharded stream.
+        name: String,
+        /// The count Redis holds.
+        recorded: String,
+        /// This sidecar's count.
+        configured: u32,
+        /// The key holding it.
+        key: String,
+    },
+    /// Redis refused or failed the command.
+    #[error("recording the shard counts in Redis failed: {0}")]
+    Redis(redis::RedisError),
 }
 
 fn with_password(info: ConnectionInfo, password: Option<&str>) -> RedisResult<ConnectionInfo> {
