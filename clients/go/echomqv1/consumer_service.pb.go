@@ -498,7 +498,7 @@ func (x *Subscribe) GetNoAck() bool {
 type Ack struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Branded ids (28 lowercase hex characters) of deliveries this call holds.
-	// At least one.
+	// An empty list does nothing.
 	Ids           []string `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
