@@ -977,3 +977,40 @@ async fn a_branded_id_on_two_shards_is_handed_to_a_call_one_at_a_time() {
     assert_eq!(wait_pending(&mut con, a, "g", 0, EVENT_TIMEOUT).await, 0);
     assert_eq!(wait_pending(&mut con, b, "g", 0, EVENT_TIMEOUT).await, 0);
 }
+
+/// An ack Redis did not answer in time may or may not have been applied: the
+/// verdict error says the outcome is unknown; an applied ack is not undone,
+/// and an unapplied one's entry comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_redis_does_not_answer_in_time_is_reported_as_unknown_and_not_undone() {
+    let args = vec!["--enable-debug-command".to_owned(), "yes".to_owned()];
+    let redis = RedisServer::start_with(RedisOptions { args, ..RedisOptions::default() }).await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--redis-timeout-ms").arg("300")).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let delivery = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    let mut sleeper = redis.conn().await;
+    let sleep = tokio::spawn(async move {
+        // This connection's own response timeout gives up first: fine.
+        let _ = redis::cmd("DEBUG").arg("SLEEP").arg("1.2").query_async::<redis::Value>(&mut sleeper).await;
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    consumer.ack_one(&delivery.id).await;
+    let error = consumer.next_verdict_error(Duration::from_secs(5)).await;
+    sleep.await.unwrap();
+
+    assert_eq!(error.code, VerdictErrorCode::Unavailable as i32);
+    assert!(error.message.contains("outcome is unknown"), "{error:?}");
+    // Either way nothing is lost and nothing is acked twice: an applied ack
+    // stays applied, an unapplied one leaves the entry to come back.
+    let mut con = redis.conn().await;
+    if pending_count(&mut con, "s", "g").await == 1 {
+        let again = consumer.next_delivery(Duration::from_secs(15)).await;
+        assert_eq!(again.id, delivery.id, "the unapplied ack's entry comes back");
+        consumer.ack_one(&again.id).await;
+    } else {
+        consumer.assert_quiet(Duration::from_secs(2), "an applied ack is not undone").await;
+    }
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}

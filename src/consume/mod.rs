@@ -299,7 +299,11 @@ impl Consumers {
                 .await
                 .map_err(|e| Error::from_redis(e, "checking the group's keys (TYPE)", key))?;
             if found != "none" && found != wanted {
-                return Err(Error::WrongType { key: key.to_owned() });
+                return Err(Error::Conflict {
+                    reason: format!(
+                        "key `{key}` holds a {found}, but the group needs a {wanted} there; delete it or pick another name"
+                    ),
+                });
             }
         }
         Ok(())

@@ -898,17 +898,20 @@ impl Worker {
                 }
             }
             Err(e) => {
-                // Nothing is known to be applied: the acks are reported as not
-                // applied and their entries come back; the retry delays stay local.
+                // The acks are reported as not known to be applied; their
+                // entries wait, and come back only if still pending (the
+                // re-delivery checks), so an applied ack is not undone. The
+                // retry delays stay local.
                 self.redis_failed("acknowledging", &e);
+                let message = if e.is_timeout() {
+                    format!("XACK's outcome is unknown: Redis did not answer in time ({e}); if it was applied the entry is done, else it stays pending and will be delivered again")
+                } else {
+                    format!("XACK failed ({e}); the entry stays pending and will be delivered again")
+                };
                 let retry_at = self.paused_until;
                 for ack in acks {
                     if let Some(s) = self.sessions.get(&ack.session) {
-                        s.error(
-                            &ack.text,
-                            VerdictErrorCode::Unavailable,
-                            format!("XACK failed ({e}); the entry stays pending and will be delivered again"),
-                        );
+                        s.error(&ack.text, VerdictErrorCode::Unavailable, message.clone());
                     }
                     self.wait(ack.stream_id, retry_at);
                 }

@@ -183,6 +183,17 @@ impl Redis {
             if let Some(recorded) = recorded.filter(|recorded| *recorded != count.to_string()) {
                 return Err(ShardCountError::Mismatch { name: name.to_owned(), recorded, configured: count, key });
             }
+            // Entries of a stream that existed before it was sharded stay in
+            // that key, which the shards' consumers never read.
+            let before: String =
+                redis::cmd("TYPE").arg(name).query_async(&mut conn).await.map_err(ShardCountError::Redis)?;
+            if before == "stream" {
+                tracing::warn!(
+                    stream = name,
+                    "a plain stream named like this sharded stream exists; its entries are not read by consumers of the \
+                     shards: drain it (subscribe to it before sharding) or move them"
+                );
+            }
         }
         Ok(())
     }
