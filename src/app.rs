@@ -253,11 +253,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         held = consumers.held(),
         "shutting down: not serving, no new deliveries, calls may settle what they hold"
     );
+    // Reading stops first, so that once /readyz and health say so, no entry
+    // appended afterwards is taken into this consumer's PEL.
+    let _ = draining_tx.send(true);
     readiness.set_draining();
     for service in services {
         health.set_service_status(service, ServingStatus::NotServing).await;
     }
-    let _ = draining_tx.send(true);
     let deadline = Instant::now() + grace;
     while consumers.held() > 0 && Instant::now() < deadline {
         sleep(Duration::from_millis(20)).await;

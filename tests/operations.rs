@@ -439,27 +439,15 @@ async fn health_and_command_errors_follow_a_redis_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_list_of_non_cluster_nodes_exits_2_with_the_reason() {
     let redis = RedisServer::start().await;
-    let mut child = support::sidecar_command()
-        .arg("--redis-url")
-        .arg(format!("{},{}", redis.url(), redis.url()))
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .arg("--admin-listen")
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn the sidecar");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("the sidecar kept retrying a seed list of non-cluster nodes");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let out = child.wait_with_output().expect("wait");
+    let args = [
+        "--redis-url".to_owned(),
+        format!("{},{}", redis.url(), redis.url()),
+        "--listen".to_owned(),
+        format!("127.0.0.1:{}", free_port()),
+        "--admin-listen".to_owned(),
+        format!("127.0.0.1:{}", free_port()),
+    ];
+    let out = run_to_exit(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cluster support disabled"), "{stderr}");

@@ -13,7 +13,7 @@ mod support;
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use echomq::proto::admin_service_client::AdminServiceClient;
@@ -94,31 +94,6 @@ async fn assert_never_ready(sidecar: &Sidecar, during: Duration, why: &str) {
         assert_ne!(ready, Some(200), "{why}; sidecar log:\n{}", sidecar.log());
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-}
-
-/// The sidecar binary run to its end (killed after 15 s) with `args`.
-fn run_to_exit(args: &[String]) -> Output {
-    let mut child = sidecar_command()
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sidecar");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("wait");
-            panic!(
-                "`echomq-sidecar {}` still ran after 15s (it must exit at once); stderr:\n{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("wait")
 }
 
 /// Arguments for a sidecar that would otherwise start: free ports and a Redis

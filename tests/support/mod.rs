@@ -501,6 +501,31 @@ pub fn sidecar_command() -> Command {
     cmd
 }
 
+/// The sidecar binary run to its end (killed after 15 s) with `args`.
+pub fn run_to_exit(args: &[String]) -> std::process::Output {
+    let mut child = sidecar_command()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sidecar");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait");
+            panic!(
+                "`echomq-sidecar {}` still ran after 15s (it must exit at once); stderr:\n{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("wait")
+}
+
 /// A running `echomq-sidecar` process connected to a [`RedisServer`].
 pub struct Sidecar {
     child: Option<Child>,
