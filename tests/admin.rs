@@ -128,6 +128,22 @@ async fn replayed_dead_letter_is_delivered_again_with_its_branded_id() {
     assert_ne!(again.stream_id, e.stream_id, "a new stream id");
     assert_eq!(again.payload, d.payload);
     assert_eq!(again.attempts, 1);
+
+    // Replaying it again by its dead-letter id: it is no longer there, and the answer says so.
+    let dead_letter_id = resp.replayed[0].dead_letter_id.clone();
+    let twice = sidecar
+        .admin_client()
+        .await
+        .replay_dead_letters(ReplayDeadLettersRequest {
+            stream: "s".into(),
+            ids: vec![dead_letter_id.clone()],
+            ..Default::default()
+        })
+        .await
+        .expect("replay")
+        .into_inner();
+    assert!(twice.replayed.is_empty());
+    assert_eq!(twice.not_found_ids, vec![dead_letter_id]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1014,3 +1014,24 @@ async fn an_ack_redis_does_not_answer_in_time_is_reported_as_unknown_and_not_und
     }
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
 }
+
+/// Dead-lettering an entry that was deleted from the stream while held has
+/// nothing to move: the call is told, the PEL forgets it, nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_lettering_an_entry_deleted_while_held_is_answered_not_pending() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let appended = sidecar.append("s", &[("k", b"v")]).await;
+    let delivery = consumer.next_delivery(EVENT_TIMEOUT).await;
+    let _: i64 = redis::cmd("XDEL").arg("s").arg(&appended.stream_id).query_async(&mut con).await.unwrap();
+
+    consumer.dead_letter(&delivery.id, "poison").await;
+    let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+
+    assert_eq!(error.code, VerdictErrorCode::NotPending as i32);
+    assert!(error.message.contains("deleted"), "{error:?}");
+    assert!(!exists(&mut con, "s:dlq").await, "nothing was dead-lettered");
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}

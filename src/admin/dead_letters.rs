@@ -136,6 +136,13 @@ pub(super) async fn replay(
             });
         }
     }
+    // Only ids the request named can be missing; the oldest-`count` page found its own.
+    let not_found_ids = if request.ids.is_empty() {
+        Vec::new()
+    } else {
+        let done: std::collections::HashSet<&str> = replayed.iter().map(|r| r.dead_letter_id.as_str()).collect();
+        ids.iter().filter(|id| !done.contains(id.as_str())).cloned().collect()
+    };
     tracing::info!(stream = %source, %dead_letters, replayed = replayed.len(), "dead letters replayed");
-    Ok(ReplayDeadLettersResponse { replayed })
+    Ok(ReplayDeadLettersResponse { replayed, not_found_ids })
 }

@@ -950,7 +950,11 @@ impl Worker {
                     }
                     Some(Value::Int(0)) => {
                         self.trimmed_while_pending(held.stream_id);
-                        None
+                        Some((
+                            VerdictErrorCode::NotPending,
+                            "the entry was deleted from the stream (trimmed) while held; it was dropped from the PEL and nothing was dead-lettered"
+                                .to_owned(),
+                        ))
                     }
                     _ => Some((
                         VerdictErrorCode::NotPending,

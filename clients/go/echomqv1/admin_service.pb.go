@@ -676,7 +676,10 @@ func (x *Replayed) GetStreamId() string {
 type ReplayDeadLettersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The replayed entries.
-	Replayed      []*Replayed `protobuf:"bytes,1,rep,name=replayed,proto3" json:"replayed,omitempty"`
+	Replayed []*Replayed `protobuf:"bytes,1,rep,name=replayed,proto3" json:"replayed,omitempty"`
+	// Requested `ids` that are not in the dead-letter stream (already replayed,
+	// never there, or another stream's): nothing was done for them.
+	NotFoundIds   []string `protobuf:"bytes,2,rep,name=not_found_ids,json=notFoundIds,proto3" json:"not_found_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -714,6 +717,13 @@ func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
 func (x *ReplayDeadLettersResponse) GetReplayed() []*Replayed {
 	if x != nil {
 		return x.Replayed
+	}
+	return nil
+}
+
+func (x *ReplayDeadLettersResponse) GetNotFoundIds() []string {
+	if x != nil {
+		return x.NotFoundIds
 	}
 	return nil
 }
@@ -770,9 +780,10 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\bReplayed\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12$\n" +
 	"\x0edead_letter_id\x18\x02 \x01(\tR\fdeadLetterId\x12\x1b\n" +
-	"\tstream_id\x18\x03 \x01(\tR\bstreamId\"L\n" +
+	"\tstream_id\x18\x03 \x01(\tR\bstreamId\"p\n" +
 	"\x19ReplayDeadLettersResponse\x12/\n" +
-	"\breplayed\x18\x01 \x03(\v2\x13.echomq.v1.ReplayedR\breplayed2\x9c\x02\n" +
+	"\breplayed\x18\x01 \x03(\v2\x13.echomq.v1.ReplayedR\breplayed\x12\"\n" +
+	"\rnot_found_ids\x18\x02 \x03(\tR\vnotFoundIds2\x9c\x02\n" +
 	"\fAdminService\x12R\n" +
 	"\rDescribeGroup\x12\x1f.echomq.v1.DescribeGroupRequest\x1a .echomq.v1.DescribeGroupResponse\x12X\n" +
 	"\x0fListDeadLetters\x12!.echomq.v1.ListDeadLettersRequest\x1a\".echomq.v1.ListDeadLettersResponse\x12^\n" +

@@ -118,7 +118,9 @@ class Replayed(_message.Message):
     def __init__(self, id: _Optional[str] = ..., dead_letter_id: _Optional[str] = ..., stream_id: _Optional[str] = ...) -> None: ...
 
 class ReplayDeadLettersResponse(_message.Message):
-    __slots__ = ("replayed",)
+    __slots__ = ("replayed", "not_found_ids")
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    NOT_FOUND_IDS_FIELD_NUMBER: _ClassVar[int]
     replayed: _containers.RepeatedCompositeFieldContainer[Replayed]
-    def __init__(self, replayed: _Optional[_Iterable[_Union[Replayed, _Mapping]]] = ...) -> None: ...
+    not_found_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replayed: _Optional[_Iterable[_Union[Replayed, _Mapping]]] = ..., not_found_ids: _Optional[_Iterable[str]] = ...) -> None: ...
