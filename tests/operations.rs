@@ -8,7 +8,7 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use echomq::proto::GroupStart;
@@ -16,31 +16,6 @@ use support::*;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::HealthCheckRequest;
-
-/// Runs the sidecar binary to completion (killing it after `timeout`).
-fn run_sidecar(args: &[&str], timeout: Duration) -> Output {
-    let mut child = sidecar_command()
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sidecar");
-    let deadline = Instant::now() + timeout;
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("wait");
-            panic!(
-                "`echomq-sidecar {}` still ran after {timeout:?}; stderr:\n{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("wait")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn livez_is_200() {
@@ -197,7 +172,7 @@ async fn consumer_name_defaults_to_pod_name() {
 
 #[test]
 fn help_exits_0_and_names_the_documented_env_vars() {
-    let out = run_sidecar(&["--help"], Duration::from_secs(10));
+    let out = run_to_exit(&["--help"], Duration::from_secs(10));
 
     assert!(out.status.success(), "--help exit status {}", out.status);
     let help = String::from_utf8_lossy(&out.stdout);
@@ -208,7 +183,7 @@ fn help_exits_0_and_names_the_documented_env_vars() {
 
 #[test]
 fn help_names_an_env_var_for_every_flag() {
-    let out = run_sidecar(&["--help"], Duration::from_secs(10));
+    let out = run_to_exit(&["--help"], Duration::from_secs(10));
 
     let help = String::from_utf8_lossy(&out.stdout);
     let flags = [
@@ -247,7 +222,7 @@ fn help_names_an_env_var_for_every_flag() {
 
 #[test]
 fn bad_listen_value_exits_nonzero_with_a_one_line_reason() {
-    let out = run_sidecar(
+    let out = run_to_exit(
         &["--listen", "nonsense", "--redis-url", "redis://127.0.0.1:1", "--admin-listen", "127.0.0.1:0"],
         Duration::from_secs(15),
     );
@@ -264,7 +239,7 @@ fn bad_listen_value_exits_nonzero_with_a_one_line_reason() {
 #[test]
 fn bad_number_flag_exits_nonzero() {
     let out =
-        run_sidecar(&["--reclaim-min-idle-ms", "soon", "--redis-url", "redis://127.0.0.1:1"], Duration::from_secs(15));
+        run_to_exit(&["--reclaim-min-idle-ms", "soon", "--redis-url", "redis://127.0.0.1:1"], Duration::from_secs(15));
 
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -333,15 +308,7 @@ async fn unix_socket_listen_serves_grpc() {
     let sidecar = Sidecar::start(&redis, SidecarOptions { unix_socket: true, ..SidecarOptions::default() }).await;
     let path = sidecar.unix_path().unwrap();
 
-    let channel = tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
-        }))
-        .await
-        .expect("connect over the unix socket");
+    let channel = unix_channel(path, None).await.expect("connect over the unix socket");
     let resp = echomq::proto::stream_service_client::StreamServiceClient::new(channel)
         .append(echomq::proto::AppendRequest {
             stream: "s".into(),
@@ -369,16 +336,15 @@ async fn a_live_unix_socket_is_not_taken_over_and_is_removed_on_exit() {
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o660, "group read/write, nothing for others");
 
-    let second = support::sidecar_command()
-        .arg("--redis-url")
-        .arg(redis.url())
-        .arg("--listen")
-        .arg(format!("unix:{}", path.display()))
-        .arg("--admin-listen")
-        .arg(format!("127.0.0.1:{}", support::free_port()))
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run a second sidecar");
+    let args = [
+        "--redis-url".to_owned(),
+        redis.url(),
+        "--listen".to_owned(),
+        format!("unix:{}", path.display()),
+        "--admin-listen".to_owned(),
+        format!("127.0.0.1:{}", free_port()),
+    ];
+    let second = run_to_exit(&args, Duration::from_secs(15));
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(!second.status.success(), "a second sidecar on a live socket must not start: {stderr}");
     assert!(stderr.contains("listening on this socket"), "{stderr}");
@@ -447,7 +413,7 @@ async fn a_seed_list_of_non_cluster_nodes_exits_2_with_the_reason() {
         "--admin-listen".to_owned(),
         format!("127.0.0.1:{}", free_port()),
     ];
-    let out = run_to_exit(&args);
+    let out = run_to_exit(&args, Duration::from_secs(15));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cluster support disabled"), "{stderr}");
@@ -465,18 +431,17 @@ async fn a_sidecar_with_another_shard_count_for_a_stream_refuses_to_start() {
     let recorded: String = redis::cmd("GET").arg("orders:shards").query_async(&mut con).await.unwrap();
     assert_eq!(recorded, "4");
 
-    let out = support::sidecar_command()
-        .arg("--redis-url")
-        .arg(redis.url())
-        .arg("--sharded-streams")
-        .arg("orders=2")
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .arg("--admin-listen")
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the sidecar");
+    let args = [
+        "--redis-url".to_owned(),
+        redis.url(),
+        "--sharded-streams".to_owned(),
+        "orders=2".to_owned(),
+        "--listen".to_owned(),
+        format!("127.0.0.1:{}", free_port()),
+        "--admin-listen".to_owned(),
+        format!("127.0.0.1:{}", free_port()),
+    ];
+    let out = run_to_exit(&args, Duration::from_secs(15));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("recorded in Redis with 4 shards") && stderr.contains("orders:shards"), "{stderr}");

@@ -576,17 +576,7 @@ async fn mtls_identity_is_recognised_on_a_unix_socket() {
     let sidecar = Sidecar::start(&redis, options).await;
     let path = sidecar.unix_path().unwrap();
 
-    let channel = tonic::transport::Endpoint::from_static("https://localhost")
-        .tls_config(pki.client_tls(Some(&billing)))
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
-        }))
-        .await
-        .expect("mTLS over the unix socket");
+    let channel = unix_channel(path, Some(pki.client_tls(Some(&billing)))).await.expect("mTLS over the unix socket");
 
     let appended = append_on(channel, None, "invoices:2024").await;
     assert!(appended.is_ok(), "billing may append to invoices:* over the socket: {appended:?}");
@@ -611,7 +601,7 @@ fn allow_streams_for_without_mtls_exits_2_with_a_one_line_reason() {
     let mut args = base_args();
     args.extend(["--allow-streams-for".to_owned(), format!("{BILLING_URI}=invoices:*")]);
 
-    let out = run_to_exit(&args);
+    let out = run_to_exit(&args, Duration::from_secs(15));
 
     assert_exit_2_with_one_line(&out, "--allow-streams-for", "--tls-client-ca-file");
 }
@@ -950,7 +940,7 @@ fn missing_auth_token_file_exits_2_with_a_one_line_reason() {
     let mut args = base_args();
     args.extend(["--auth-token-file".into(), "/nonexistent/echomq/token".into()]);
 
-    let out = run_to_exit(&args);
+    let out = run_to_exit(&args, Duration::from_secs(15));
 
     assert_exit_2_with_one_line(&out, "--auth-token-file", "/nonexistent/echomq/token");
 }
@@ -962,7 +952,7 @@ fn empty_auth_token_file_exits_2_with_a_one_line_reason() {
     let mut args = base_args();
     args.extend(["--auth-token-file".into(), path_str(&file)]);
 
-    let out = run_to_exit(&args);
+    let out = run_to_exit(&args, Duration::from_secs(15));
 
     assert_exit_2_with_one_line(&out, "--auth-token-file", &path_str(&file));
 }
@@ -979,7 +969,7 @@ fn missing_tls_cert_file_exits_2_with_a_one_line_reason() {
         path_str(&server.key),
     ]);
 
-    let out = run_to_exit(&args);
+    let out = run_to_exit(&args, Duration::from_secs(15));
 
     assert_exit_2_with_one_line(&out, "--tls-cert-file", "/nonexistent/echomq/cert.pem");
 }
@@ -994,7 +984,7 @@ fn tls_cert_file_that_is_not_a_certificate_exits_2_without_waiting_for_redis() {
 
     // Redis (127.0.0.1:1) is unreachable: a sidecar that checks its
     // certificate only after connecting would retry forever.
-    let out = run_to_exit(&args);
+    let out = run_to_exit(&args, Duration::from_secs(15));
 
     assert_exit_2_with_one_line(&out, "--tls-cert-file", &path_str(&garbage));
 }

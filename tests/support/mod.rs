@@ -501,8 +501,10 @@ pub fn sidecar_command() -> Command {
     cmd
 }
 
-/// The sidecar binary run to its end (killed after 15 s) with `args`.
-pub fn run_to_exit(args: &[String]) -> std::process::Output {
+/// The sidecar binary run to its end with `args`, killed (and the test
+/// failed) if it still runs after `timeout`: for settings that must make it
+/// exit at once.
+pub fn run_to_exit<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration) -> std::process::Output {
     let mut child = sidecar_command()
         .args(args)
         .stdin(Stdio::null())
@@ -510,20 +512,41 @@ pub fn run_to_exit(args: &[String]) -> std::process::Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sidecar");
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + timeout;
     while child.try_wait().expect("try_wait").is_none() {
         if Instant::now() >= deadline {
             let _ = child.kill();
             let out = child.wait_with_output().expect("wait");
+            let shown: Vec<String> = args.iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
             panic!(
-                "`echomq-sidecar {}` still ran after 15s (it must exit at once); stderr:\n{}",
-                args.join(" "),
+                "`echomq-sidecar {}` still ran after {timeout:?} (it must exit at once); stderr:\n{}",
+                shown.join(" "),
                 String::from_utf8_lossy(&out.stderr)
             );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     child.wait_with_output().expect("wait")
+}
+
+/// A channel over the sidecar's unix socket at `path`, with TLS when `tls`
+/// is set (`:authority` is `localhost`, as the sidecar's HTTP/2 server wants).
+pub async fn unix_channel(
+    path: PathBuf,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<Channel, tonic::transport::Error> {
+    let endpoint = match tls {
+        Some(tls) => tonic::transport::Endpoint::from_static("https://localhost").tls_config(tls)?,
+        None => tonic::transport::Endpoint::from_static("http://localhost"),
+    };
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
 }
 
 /// A running `echomq-sidecar` process connected to a [`RedisServer`].
