@@ -1035,3 +1035,28 @@ async fn dead_lettering_an_entry_deleted_while_held_is_answered_not_pending() {
     assert!(!exists(&mut con, "s:dlq").await, "nothing was dead-lettered");
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
 }
+
+/// A sharded stream's call shares its credit out over the shards: a backlog
+/// in one shard cannot take the slots of another, whose entry is handed out
+/// while the backlog's deliveries are still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_shard_cannot_take_the_credit_of_another() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--sharded-streams").arg("fair=2")).await;
+    let mut con = redis.conn().await;
+    let (busy, quiet) = ("fair:{fair:0}", "fair:{fair:1}");
+    for i in 0..20 {
+        sidecar.append(busy, &[("n", i.to_string().as_bytes())]).await;
+    }
+    let mut consumer = Consumer::start(&sidecar, "fair", "g", GroupStart::Beginning, 4).await;
+    let first = consumer.deliveries(2, EVENT_TIMEOUT).await;
+    assert!(first.iter().all(|d| d.stream == busy));
+    consumer.assert_quiet(Duration::from_millis(500), "the busy shard holds its whole share").await;
+
+    // Nothing is acked: only the quiet shard's own share can take its entry.
+    let late = sidecar.append(quiet, &[("n", b"late")]).await;
+    let delivered = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!((delivered.id.as_str(), delivered.stream.as_str()), (late.id.as_str(), quiet));
+    assert_eq!(pending_count(&mut con, busy, "g").await, 2, "the busy shard never held more than its share");
+}

@@ -291,13 +291,18 @@ impl Consumers {
     /// FAILED_PRECONDITION.
     async fn check_types(&self, stream: &str, dead_letters: &str, group: &str) -> Result<(), Error> {
         let retries = self.shared.redis.keys.retries(stream, group);
+        let wanted = [(dead_letters, "stream"), (retries.as_str(), "hash")];
+        // One round trip; on a cluster both keys share the stream's slot (checked in validation).
+        let mut pipe = redis::pipe();
+        for (key, _) in wanted {
+            pipe.cmd("TYPE").arg(key);
+        }
         let mut conn = self.shared.redis.conn.clone();
-        for (key, wanted) in [(dead_letters, "stream"), (retries.as_str(), "hash")] {
-            let found: String = redis::cmd("TYPE")
-                .arg(key)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| Error::from_redis(e, "checking the group's keys (TYPE)", key))?;
+        let found: Vec<String> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| Error::from_redis(e, "checking the group's keys (TYPE)", stream))?;
+        for ((key, wanted), found) in wanted.into_iter().zip(found) {
             if found != "none" && found != wanted {
                 return Err(Error::Conflict {
                     reason: format!(
