@@ -35,7 +35,10 @@ const NODE_TIMEOUT_MS: u64 = 1000;
 /// bits; redis-server refuses to start above it, and free ports often are.
 const MAX_NODE_PORT: u16 = 55535;
 /// How long a graceful failover may take before the fixture gives up.
-const FAILOVER_TIMEOUT: Duration = Duration::from_secs(20);
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one `CLUSTER FAILOVER` request is given before it is asked again:
+/// a little over Redis's own 5 s manual-failover timeout.
+const MANUAL_FAILOVER_ATTEMPT: Duration = Duration::from_secs(7);
 /// How long failure detection plus a replica's promotion may take after a kill.
 const PROMOTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one node may take to answer the fixture's inspection commands.
@@ -247,9 +250,10 @@ impl RedisCluster {
     }
 
     /// A graceful failover of the primary serving `key`: `CLUSTER FAILOVER` sent
-    /// to one of its replicas, then a wait (up to 20 s) until that replica is a
-    /// primary, every live node maps the slot to it, and the old primary
-    /// replicates it with its link up. The new primary's port.
+    /// to one of its replicas (again if Redis dropped the request), then a wait
+    /// (up to 30 s in all) until that replica is a primary, every live node maps
+    /// the slot to it, and the old primary replicates it with its link up. The
+    /// new primary's port.
     pub async fn failover(&self, key: &str) -> u16 {
         let slot = key_slot(key);
         let topology = self.topology().await;
@@ -258,10 +262,8 @@ impl RedisCluster {
             .replicas_of(old)
             .first()
             .unwrap_or_else(|| panic!("failover of {key:?}: its primary :{old} has no replica"));
-        ask::<Value>(replica, redis::cmd("CLUSTER").arg("FAILOVER"))
-            .await
-            .unwrap_or_else(|e| panic!("CLUSTER FAILOVER on :{replica}: {e}"));
-        self.wait_until(FAILOVER_TIMEOUT, &format!("the failover of slot {slot} from :{old} to :{replica}"), |t| {
+        let what = format!("the failover of slot {slot} from :{old} to :{replica}");
+        let done = |t: &Topology| {
             let now = t.primary_of_slot(slot);
             let old_role = t.roles.get(&old);
             if now == replica && old_role == Some(&Role::Replica { of: replica, link_up: true }) {
@@ -269,8 +271,50 @@ impl RedisCluster {
             } else {
                 Err(format!("slot {slot} is served by :{now}, :{old} is {old_role:?}"))
             }
-        })
-        .await
+        };
+        // A manual failover gives up silently after 5 s when the primary ignores
+        // the request (it has not yet learnt over the cluster bus that the sender
+        // is its replica, right after start on a busy machine): wait for that,
+        // and ask again should the request still be lost.
+        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        self.until_primary_knows_replica(old, replica, slot, deadline).await;
+        loop {
+            ask::<Value>(replica, redis::cmd("CLUSTER").arg("FAILOVER"))
+                .await
+                .unwrap_or_else(|e| panic!("CLUSTER FAILOVER on :{replica}: {e}"));
+            let attempt = MANUAL_FAILOVER_ATTEMPT.min(deadline.saturating_duration_since(Instant::now()));
+            let objection = match self.poll_until(attempt, &done).await {
+                Ok(new) => return new,
+                Err(objection) => objection,
+            };
+            let promoted = matches!(self.agreed().await, Ok(t) if t.roles.get(&replica) == Some(&Role::Primary));
+            let left = deadline.saturating_duration_since(Instant::now());
+            if promoted || left.is_zero() {
+                // Promoted: the rest is the old primary catching up, not a lost request.
+                return self.wait_until(left, &what, &done).await;
+            }
+            eprintln!("{what}: not done after {attempt:?} ({objection}); asking again");
+        }
+    }
+
+    /// Waits until `primary`'s own `CLUSTER SLOTS` lists `replica` for `slot`:
+    /// until then it ignores that replica's manual-failover request.
+    async fn until_primary_knows_replica(&self, primary: u16, replica: u16, slot: u16, deadline: Instant) {
+        loop {
+            let knows = ask::<Value>(primary, redis::cmd("CLUSTER").arg("SLOTS")).await.is_ok_and(|reply| {
+                parse_slots(&reply).iter().any(|r| r.start <= slot && slot <= r.end && r.replicas.contains(&replica))
+            });
+            if knows {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "waited {FAILOVER_TIMEOUT:?} for :{primary} to list :{replica} as its replica\n{}",
+                    self.log_tails()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// SIGKILLs the primary serving `key`, then waits (up to 30 s) until one of
@@ -329,17 +373,30 @@ impl RedisCluster {
     /// Polls [`RedisCluster::agreed`] every 100 ms until `check` accepts it;
     /// panics with the last objection and the log tails after `timeout`.
     async fn wait_until<T>(&self, timeout: Duration, what: &str, check: impl Fn(&Topology) -> Result<T, String>) -> T {
+        match self.poll_until(timeout, check).await {
+            Ok(value) => value,
+            Err(objection) => panic!("waited {timeout:?} for {what}; last: {objection}\n{}", self.log_tails()),
+        }
+    }
+
+    /// Polls [`RedisCluster::agreed`] every 100 ms until `check` accepts it;
+    /// the last objection after `timeout`.
+    async fn poll_until<T>(
+        &self,
+        timeout: Duration,
+        check: impl Fn(&Topology) -> Result<T, String>,
+    ) -> Result<T, String> {
         let deadline = Instant::now() + timeout;
         loop {
             let objection = match self.agreed().await {
                 Ok(topology) => match check(&topology) {
-                    Ok(value) => return value,
+                    Ok(value) => return Ok(value),
                     Err(objection) => objection,
                 },
                 Err(objection) => objection,
             };
             if Instant::now() >= deadline {
-                panic!("waited {timeout:?} for {what}; last: {objection}\n{}", self.log_tails());
+                return Err(objection);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
