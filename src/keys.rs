@@ -40,6 +40,11 @@ pub struct AppendTarget {
     pub shards: u32,
 }
 
+/// Why a name with braces but no usable `{hash tag}` (`x{}y`, `a}b`) cannot
+/// be consumed on a cluster.
+const NO_USABLE_TAG: &str = "this stream's name has braces but no usable {hash tag}, so no key derived from it \
+     can share its slot: on a Redis Cluster, name the stream with a hash tag (e.g. `{orders}`)";
+
 /// How this sidecar names keys: whether Redis is a cluster, and which streams
 /// are sharded (`--sharded-streams`).
 #[derive(Debug, Default)]
@@ -95,10 +100,7 @@ impl Keyspace {
         let hint = if Slot::for_key(stream) == Slot::for_key(&default) {
             format!("name one on the stream's slot, such as the default `{default}` (leave the field empty for it)")
         } else {
-            // Braces without a usable tag (`x{}y`, `a}b`): nothing derived can share the slot.
-            "this stream's name has braces but no usable {hash tag}, so no key derived from it can share its slot: \
-             on a Redis Cluster, name the stream with a hash tag (e.g. `{orders}`)"
-                .to_owned()
+            NO_USABLE_TAG.to_owned()
         };
         Err(Error::invalid(
             field,
@@ -106,6 +108,17 @@ impl Keyspace {
                 "`{key}` and stream `{stream}` hash to different Redis Cluster slots, and one script must touch both; {hint}"
             ),
         ))
+    }
+
+    /// On a cluster, INVALID_ARGUMENT (naming `field`) when `stream` could not
+    /// be consumed: its name has braces but no usable hash tag (`x{}y`, `a}b`),
+    /// so its dead-letter stream and retry hash cannot share its slot. Append
+    /// refuses such a name rather than write entries no group can take.
+    pub fn consumable(&self, field: &'static str, stream: &str) -> Result<(), Error> {
+        if !self.cluster || Slot::for_key(stream) == Slot::for_key(self.dead_letter_stream(stream)) {
+            return Ok(());
+        }
+        Err(Error::invalid(field, format!("stream `{stream}` cannot be consumed on a Redis Cluster: {NO_USABLE_TAG}")))
     }
 
     /// The sharded streams and their shard counts.
@@ -233,6 +246,11 @@ mod tests {
         // Names that no wrapping can co-locate are refused, not sent to fail with CROSSSLOT.
         for odd in ["x{}y", "a}b"] {
             assert!(cluster.same_slot("f", odd, &cluster.dead_letter_stream(odd)).is_err(), "{odd}");
+            assert!(cluster.consumable("f", odd).is_err(), "{odd}");
+            assert!(single.consumable("f", odd).is_ok(), "{odd}");
+        }
+        for fine in ["orders", "{orders}", "a{b}c", "orders:{orders:3}"] {
+            assert!(cluster.consumable("f", fine).is_ok(), "{fine}");
         }
         assert!(single.same_slot("f", "orders", "elsewhere").is_ok());
     }

@@ -192,6 +192,15 @@ async fn a_plain_stream_works_unchanged_on_a_cluster() {
     let refused = Consumer::try_subscribe(&sidecar, sub).await.err().expect("a cross-slot dead-letter stream");
     assert_code(&refused, Code::InvalidArgument);
     assert!(refused.message().contains("slot"), "{}", refused.message());
+
+    // A name no group could consume on a cluster is refused at Append: nothing is written.
+    let odd = format!("{stream}{{}}x");
+    let request = AppendRequest { stream: odd.clone(), fields: fields(&[("n", "1")]), ..Default::default() };
+    let refused = streams.append(request).await.expect_err("a name with braces but no usable hash tag");
+    assert_code(&refused, Code::InvalidArgument);
+    assert!(refused.message().contains("hash tag"), "{}", refused.message());
+    let exists: i64 = redis::cmd("EXISTS").arg(&odd).query_async(&mut con.clone()).await.unwrap();
+    assert_eq!(exists, 0, "a refused append writes nothing");
 }
 
 /// A sharded stream: one partition key always lands on one shard, shards are

@@ -22,7 +22,8 @@ pub const MAX_BATCH_ENTRIES: usize = 10_000;
 /// picked by `partition_key` (see [`crate::keys::Keyspace::append_target`]).
 /// `max_len` 0: no trimming.
 ///
-/// Errors: [`Error::InvalidArgument`] for a bad stream name, too many fields,
+/// Errors: [`Error::InvalidArgument`] for a bad stream name (on a cluster, also
+/// one no group could consume: see [`crate::keys::Keyspace::consumable`]), too many fields,
 /// or a field named like the reserved id field; [`Error::WrongType`] when the
 /// key is not a stream; [`Error::Unavailable`] when Redis is down.
 async fn append_entries(
@@ -37,6 +38,7 @@ async fn append_entries(
     let logical = streams.guard.stream(caller, "stream", stream)?;
     let target = streams.redis.keys.append_target(logical, partition_key.as_bytes());
     let stream = target.key.as_str();
+    streams.redis.keys.consumable("stream", stream)?;
     let span = tracing::info_span!("echomq.append", stream = %stream, entries = entries.len());
     telemetry::set_parent(&span, traceparent);
     // The context consumers continue: this append's span when traces are
