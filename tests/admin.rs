@@ -146,6 +146,60 @@ async fn replayed_dead_letter_is_delivered_again_with_its_branded_id() {
     assert_eq!(twice.not_found_ids, vec![dead_letter_id]);
 }
 
+/// A replay into a stream no group reads (deleted, or never given a group) is
+/// refused and moves nothing: a group created later at `$` would skip it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_into_a_stream_without_a_group_is_refused_and_keeps_the_dead_letter() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+    call.dead_letter(&d.id, "poison").await;
+    assert!(
+        eventually(EVENT_TIMEOUT, || {
+            let mut c = con.clone();
+            async move { xlen(&mut c, "s:dlq").await == 1 }
+        })
+        .await
+    );
+    drop(call);
+    let replay = || async {
+        sidecar
+            .admin_client()
+            .await
+            .replay_dead_letters(ReplayDeadLettersRequest { stream: "s".into(), ..Default::default() })
+            .await
+    };
+
+    let _: () = redis::cmd("DEL").arg("s").query_async(&mut con).await.unwrap();
+    let err = replay().await.expect_err("the source stream was deleted");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("does not exist"), "{}", err.message());
+
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("s")
+        .arg("g")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("XGROUP").arg("DESTROY").arg("s").arg("g").query_async(&mut con).await.unwrap();
+    let err = replay().await.expect_err("the source stream has no group");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("no consumer group"), "{}", err.message());
+    assert_eq!(xlen(&mut con, "s:dlq").await, 1, "a refused replay moves nothing");
+    assert_eq!(xlen(&mut con, "s").await, 0);
+
+    let _: () = redis::cmd("XGROUP").arg("CREATE").arg("s").arg("g").arg("$").query_async(&mut con).await.unwrap();
+    let replayed = replay().await.expect("a group reads the stream again").into_inner();
+    assert_eq!(replayed.replayed.len(), 1);
+    assert_eq!((xlen(&mut con, "s:dlq").await, xlen(&mut con, "s").await), (0, 1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn describe_of_a_key_of_another_type_is_failed_precondition() {
     let redis = RedisServer::start().await;

@@ -96,6 +96,7 @@ pub(super) async fn replay(
     let dead_letters = dead_letter_stream(admin, caller, source, &request.dead_letter_stream)?;
     admin.redis.keys.same_slot("dead_letter_stream", source, &dead_letters)?;
     let mut conn = admin.redis.conn.clone();
+    has_groups(&mut conn, source).await?;
     let ids: Vec<String> = if request.ids.is_empty() {
         let count = page_size("count", request.count)?;
         // Only the ids are needed: no message-size budget applies.
@@ -145,4 +146,23 @@ pub(super) async fn replay(
     };
     tracing::info!(stream = %source, %dead_letters, replayed = replayed.len(), "dead letters replayed");
     Ok(ReplayDeadLettersResponse { replayed, not_found_ids })
+}
+
+/// FAILED_PRECONDITION unless `source` exists and has a consumer group
+/// (`XINFO GROUPS`): replayed into a deleted stream, entries would land in a new
+/// stream no group reads, and a group created later at `$` would skip them.
+async fn has_groups(conn: &mut impl redis::aio::ConnectionLike, source: &str) -> Result<(), Error> {
+    let groups: Result<Vec<Value>, _> = redis::cmd("XINFO").arg("GROUPS").arg(source).query_async(conn).await;
+    let missing = match groups {
+        Ok(groups) if !groups.is_empty() => return Ok(()),
+        Ok(_) => "has no consumer group",
+        Err(e) if e.to_string().contains("no such key") => "does not exist",
+        Err(e) => return Err(Error::from_redis(e, "checking the source's groups (XINFO GROUPS)", source)),
+    };
+    Err(Error::Conflict {
+        reason: format!(
+            "stream `{source}` {missing}, so replayed entries would reach no consumer (a group created later at `$` \
+             would skip them); start its consumers (subscribe creates the stream and group) and replay again"
+        ),
+    })
 }

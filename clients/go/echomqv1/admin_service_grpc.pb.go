@@ -48,7 +48,9 @@ type AdminServiceClient interface {
 	// entry and never loses one.
 	//
 	// Errors: INVALID_ARGUMENT for a bad name or id; FAILED_PRECONDITION when a
-	// key is not a stream; UNAVAILABLE when Redis cannot be reached.
+	// key is not a stream, or when the source stream does not exist or has no
+	// consumer group (the entries would reach no consumer; nothing is moved);
+	// UNAVAILABLE when Redis cannot be reached.
 	ReplayDeadLetters(ctx context.Context, in *ReplayDeadLettersRequest, opts ...grpc.CallOption) (*ReplayDeadLettersResponse, error)
 }
 
@@ -114,7 +116,9 @@ type AdminServiceServer interface {
 	// entry and never loses one.
 	//
 	// Errors: INVALID_ARGUMENT for a bad name or id; FAILED_PRECONDITION when a
-	// key is not a stream; UNAVAILABLE when Redis cannot be reached.
+	// key is not a stream, or when the source stream does not exist or has no
+	// consumer group (the entries would reach no consumer; nothing is moved);
+	// UNAVAILABLE when Redis cannot be reached.
 	ReplayDeadLetters(context.Context, *ReplayDeadLettersRequest) (*ReplayDeadLettersResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }

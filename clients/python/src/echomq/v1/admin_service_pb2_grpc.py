@@ -85,7 +85,9 @@ class AdminServiceServicer:
         entry and never loses one.
 
         Errors: INVALID_ARGUMENT for a bad name or id; FAILED_PRECONDITION when a
-        key is not a stream; UNAVAILABLE when Redis cannot be reached.
+        key is not a stream, or when the source stream does not exist or has no
+        consumer group (the entries would reach no consumer; nothing is moved);
+        UNAVAILABLE when Redis cannot be reached.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
