@@ -978,6 +978,40 @@ async fn a_branded_id_on_two_shards_is_handed_to_a_call_one_at_a_time() {
     assert_eq!(wait_pending(&mut con, b, "g", 0, EVENT_TIMEOUT).await, 0);
 }
 
+/// The same collision when the first delivery's ack deadline passes without a
+/// verdict: the call no longer holds it, so its namesake from the other shard
+/// is handed over at once instead of waiting behind it for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namesake_is_handed_over_when_the_first_delivery_passes_its_ack_deadline() {
+    let redis = RedisServer::start().await;
+    // A long backoff keeps the expired entry away while the namesake is checked.
+    let sidecar =
+        Sidecar::start(&redis, SidecarOptions::default().backoff(30_000).arg("--sharded-streams").arg("dup=2")).await;
+    let mut con = redis.conn().await;
+    let (a, b) = ("dup:{dup:0}", "dup:{dup:1}");
+    xadd_raw_at(&mut con, a, "5-0", &[(b"from", b"a")]).await;
+
+    let mut sub = subscribe_msg("dup", "g", GroupStart::Beginning);
+    sub.ack_deadline = Some(duration_ms(1500));
+    sub.max_in_flight = 8;
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    let first = consumer.next_delivery(EVENT_TIMEOUT).await;
+    // Later, so the namesake's own deadline (which runs while it is parked)
+    // still has time left when the first's passes.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    xadd_raw_at(&mut con, b, "5-0", &[(b"from", b"b")]).await;
+    let second = consumer.next_delivery(Duration::from_secs(5)).await;
+    assert_eq!(first.id, second.id, "one branded id");
+    assert_ne!(first.stream, second.stream, "the namesake from the other shard, after the first's deadline");
+    consumer.ack_one(&second.id).await;
+    assert_eq!(wait_pending(&mut con, &second.stream, "g", 0, EVENT_TIMEOUT).await, 0);
+    assert_eq!(
+        wait_pending(&mut con, &first.stream, "g", 1, EVENT_TIMEOUT).await,
+        1,
+        "the first waits out its backoff"
+    );
+}
+
 /// An ack Redis did not answer in time may or may not have been applied: the
 /// verdict error says the outcome is unknown; an applied ack is not undone,
 /// and an unapplied one's entry comes back.

@@ -86,6 +86,23 @@ impl Shards {
         self.holders.remove(id)
     }
 
+    /// Forgets the delivery of `id` from `shard`, whose ack deadline passed
+    /// (the worker no longer holds it), so the map does not keep entries whose
+    /// verdict never comes: held, it makes way for the delivery parked behind
+    /// it, returned to send now; parked (its deadline ran while it waited), it
+    /// is dropped rather than handed out stale.
+    fn release(&mut self, shard: usize, id: &BrandedId) -> Option<Delivery> {
+        if !self.sharded() {
+            return None;
+        }
+        if self.holders.get(id) == Some(&shard) {
+            self.holders.remove(id);
+            return self.unpark(id);
+        }
+        self.parked.retain(|(parked_shard, parked, _)| (*parked_shard, parked) != (shard, id));
+        None
+    }
+
     /// The parked delivery of `id`, if any, now that its namesake is settled.
     fn unpark(&mut self, id: &BrandedId) -> Option<Delivery> {
         let at = self.parked.iter().position(|(_, parked, _)| parked == id)?;
@@ -134,6 +151,10 @@ pub(super) async fn relay(
                         None => continue,
                     },
                     Some(Event::VerdictError(error)) => response(consume_response::Kind::VerdictError(error)),
+                    Some(Event::Released { shard, id }) => match shards.release(shard, &id) {
+                        Some(delivery) => response(consume_response::Kind::Delivery(delivery)),
+                        None => continue,
+                    },
                     None => break Some(Error::ShuttingDown.into()),
                 };
                 if outbound.send(Ok(frame)).await.is_err() {

@@ -150,6 +150,9 @@ pub(crate) enum Event {
     Delivery { shard: usize, id: BrandedId, delivery: Delivery },
     /// A verdict that was not applied.
     VerdictError(VerdictError),
+    /// The call no longer holds `id` from shard `shard` (its ack deadline
+    /// passed): a later verdict is answered UNKNOWN_ID.
+    Released { shard: usize, id: BrandedId },
 }
 
 /// A delivery held by a call.
@@ -1049,6 +1052,7 @@ impl Worker {
                 if let Some(held) = s.held.remove(&id) {
                     let delay = s.policy.retry_delay(held.attempts);
                     expired.push((held, delay));
+                    let _ = s.events.send(Event::Released { shard: s.shard, id });
                 }
             }
         }
