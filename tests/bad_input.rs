@@ -728,8 +728,10 @@ fn opening(rng: &mut fastrand::Rng) -> (String, ConsumeRequest, Option<Code>) {
         }
         15 => {
             s.group_start = GroupStart::Instant as i32;
-            s.start_time = Some(prost_types::Timestamp { seconds: -1 - rng.i64(0..1_000_000), nanos: 0 });
-            ("GROUP_START_INSTANT before the epoch", req(Kind::Subscribe(s)), invalid)
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+            let seconds = [-1 - rng.i64(0..1_000_000), now + 3_600 + rng.i64(0..i64::MAX / 2)][rng.usize(..2)];
+            s.start_time = Some(prost_types::Timestamp { seconds, nanos: 0 });
+            ("GROUP_START_INSTANT before the epoch or an hour ahead", req(Kind::Subscribe(s)), invalid)
         }
         16 => {
             s.max_in_flight = [10_001, u32::MAX][rng.usize(..2)];

@@ -848,7 +848,7 @@ async fn subscribe_with_empty_group_is_invalid_argument() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn group_start_instant_without_start_time_is_invalid_argument() {
+async fn group_start_instant_without_start_time_or_far_ahead_is_invalid_argument() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
 
@@ -856,6 +856,17 @@ async fn group_start_instant_without_start_time_is_invalid_argument() {
         Consumer::try_subscribe(&sidecar, subscribe_msg("s", "g", GroupStart::Instant)).await.err().expect("refused");
 
     assert_code(&err, Code::InvalidArgument);
+
+    // Milliseconds given as seconds: a group starting in the far future would skip everything until then.
+    let mut sub = subscribe_msg("s", "g", GroupStart::Instant);
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    sub.start_time = Some(prost_types::Timestamp { seconds: now_ms, nanos: 0 });
+    let err = Consumer::try_subscribe(&sidecar, sub).await.err().expect("a start_time far in the future");
+    assert_code(&err, Code::InvalidArgument);
+    assert!(err.message().contains("in the future"), "{}", err.message());
+    let mut con = redis.conn().await;
+    let exists: i64 = redis::cmd("EXISTS").arg("s").query_async(&mut con).await.unwrap();
+    assert_eq!(exists, 0, "no group (nor stream) was created");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

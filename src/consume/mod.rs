@@ -208,6 +208,18 @@ impl Consumers {
                     Error::invalid("subscribe.start_time", "required with GROUP_START_INSTANT")
                 })?;
                 let ms = crate::entry::unix_ms_of("subscribe.start_time", at)?;
+                let latest = crate::entry::now_unix_ms() + START_TIME_SKEW.as_millis() as u64;
+                if ms > latest {
+                    return Err(Error::invalid(
+                        "subscribe.start_time",
+                        format!(
+                            "{} ms in the future: a new group would skip every entry appended until then \
+                             (a unit mix-up?); give an instant in the past (at most {} s ahead, for clock skew)",
+                            ms - crate::entry::now_unix_ms(),
+                            START_TIME_SKEW.as_secs()
+                        ),
+                    ));
+                }
                 // The group's last-delivered id is exclusive: the last id before `ms`.
                 StreamId { ms, seq: 0 }.predecessor().map_or_else(|| "0".to_owned(), |id| id.to_string())
             }
@@ -396,6 +408,10 @@ struct Subscription {
     /// At-most-once mode.
     no_ack: bool,
 }
+
+/// How far in the future a GROUP_START_INSTANT may lie: clock skew between
+/// the client and Redis, not a schedule.
+const START_TIME_SKEW: Duration = Duration::from_secs(60);
 
 /// The longest delay or deadline a request may name: far beyond any sane
 /// retry, and far from the overflow of `Instant` arithmetic.

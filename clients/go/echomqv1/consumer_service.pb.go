@@ -322,8 +322,9 @@ type Subscribe struct {
 	// not a stream id.
 	StartId string `protobuf:"bytes,4,opt,name=start_id,json=startId,proto3" json:"start_id,omitempty"`
 	// The instant from which a new group starts. Required with
-	// GROUP_START_INSTANT, ignored otherwise. INVALID_ARGUMENT when missing or
-	// before the unix epoch.
+	// GROUP_START_INSTANT, ignored otherwise. INVALID_ARGUMENT when missing,
+	// before the unix epoch, or more than 60 s ahead of the sidecar's clock (a new
+	// group would skip every entry appended until then).
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
 	// Flow control: the most deliveries this call holds un-settled at once
 	// (entries). 0 means the sidecar's default (`--default-max-in-flight`,
