@@ -406,13 +406,14 @@ async fn connect_with_backoff(
     }
 }
 
-/// Follows Redis' reachability (PING) into `/readyz` and the gRPC health
-/// status of `services`, so both say NOT_SERVING while Redis is down.
 /// A seed list names nodes without cluster mode: a setting to fix, not an outage to wait out.
 fn is_not_a_cluster(error: &redis::RedisError) -> bool {
     error.to_string().contains("cluster support disabled")
 }
 
+/// Follows Redis' reachability (see [`Redis::unready`]) into `/readyz` and the
+/// gRPC health status of `services`, so both say NOT_SERVING while Redis is
+/// down, and logs each change with its cause.
 async fn ping_loop(
     redis: Redis,
     readiness: Readiness,
@@ -422,13 +423,13 @@ async fn ping_loop(
     let mut was_up = true;
     loop {
         sleep(READINESS_PING).await;
-        let up = redis.is_up().await;
+        let unready = redis.unready().await;
+        let up = unready.is_none();
         readiness.set_redis_up(up);
         if up != was_up {
-            if up {
-                info!("Redis is reachable again; ready");
-            } else {
-                warn!("Redis does not answer PING; not ready");
+            match unready {
+                None => info!("Redis is reachable again; ready"),
+                Some(why) => warn!("{why}; not ready"),
             }
             // While draining, health stays NOT_SERVING whatever Redis does.
             let status = if readiness.is_ready() { ServingStatus::Serving } else { ServingStatus::NotServing };

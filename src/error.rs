@@ -110,7 +110,9 @@ pub fn is_transient(error: &redis::RedisError) -> bool {
         || error.is_timeout()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
-        || matches!(error.code(), Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
+        // A MOVED or ASK that reaches us is one the cluster client could not
+        // follow: the slot's node is unreachable or the topology is changing.
+        || matches!(error.code(), Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "MOVED" | "ASK"))
 }
 
 /// Whether `status` is tonic's answer to a message over the size limit.
@@ -170,5 +172,29 @@ impl From<Error> for Status {
             Error::ResourceExhausted { .. } => Code::ResourceExhausted,
         };
         Status::new(code, error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(reply: &[u8]) -> redis::RedisError {
+        match redis::parse_redis_value(reply).and_then(redis::Value::extract_error) {
+            Err(e) => e,
+            Ok(value) => panic!("not an error reply: {value:?}"),
+        }
+    }
+
+    #[test]
+    fn redirections_the_cluster_client_could_not_follow_are_unavailable() {
+        for reply in
+            [&b"-MOVED 3962 127.0.0.1:30001\r\n"[..], b"-ASK 3962 127.0.0.1:30001\r\n", b"-CLUSTERDOWN down\r\n"]
+        {
+            let error = Error::from_redis(server_error(reply), "appending", "s");
+            assert_eq!(Status::from(error).code(), Code::Unavailable, "{}", String::from_utf8_lossy(reply));
+        }
+        let error = Error::from_redis(server_error(b"-ERR syntax error\r\n"), "appending", "s");
+        assert_eq!(Status::from(error).code(), Code::Internal);
     }
 }

@@ -460,6 +460,24 @@ async fn the_sidecar_is_not_ready_while_the_cluster_is_down() {
     let not_ready =
         support::eventually(Duration::from_secs(20), || async { sidecar.readyz().await == Some(503) }).await;
     assert!(not_ready, "cluster_state:fail must make /readyz 503\n{}", sidecar.log());
+    assert!(sidecar.log().contains("cluster_state:fail"), "the log names the cause\n{}", sidecar.log());
+
+    // Told to serve what it still can, the cluster answers for the dead node's
+    // slots with a MOVED to it that cannot be followed: UNAVAILABLE, not INTERNAL.
+    for port in cluster.live_ports().into_iter().filter(|&port| port != victim) {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let mut node = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query_async(&mut node)
+            .await
+            .unwrap();
+    }
+    let request = AppendRequest { stream: keys[2].clone(), fields: fields(&[("n", "1")]), ..Default::default() };
+    let refused = sidecar.stream_client().await.append(request).await.expect_err("its node is down");
+    assert_code(&refused, Code::Unavailable);
 }
 
 /// A failover wakes a reader blocked on the old primary with UNBLOCKED

@@ -198,19 +198,25 @@ impl Redis {
         Ok(())
     }
 
-    /// Whether Redis serves now: PING answered, and on a cluster `CLUSTER
-    /// INFO` says `cluster_state:ok` (a cluster with slots uncovered answers
-    /// PING but refuses commands on those slots).
-    pub async fn is_up(&self) -> bool {
+    /// Why Redis does not serve now, `None` when it does: PING answered, and
+    /// on a cluster `CLUSTER INFO` says `cluster_state:ok` (a cluster with
+    /// slots uncovered answers PING but refuses commands on those slots).
+    pub async fn unready(&self) -> Option<String> {
         let mut conn = self.conn.clone();
-        if redis::cmd("PING").query_async::<String>(&mut conn).await.is_err() {
-            return false;
+        if let Err(e) = redis::cmd("PING").query_async::<String>(&mut conn).await {
+            return Some(format!("Redis does not answer PING ({e})"));
         }
         if !self.keys.is_cluster() {
-            return true;
+            return None;
         }
-        let info: RedisResult<String> = redis::cmd("CLUSTER").arg("INFO").query_async(&mut conn).await;
-        info.is_ok_and(|info| info.lines().any(|line| line.trim() == "cluster_state:ok"))
+        match redis::cmd("CLUSTER").arg("INFO").query_async::<String>(&mut conn).await {
+            Ok(info) => {
+                let state = info.lines().find_map(|line| line.trim().strip_prefix("cluster_state:")).unwrap_or("?");
+                (state != "ok")
+                    .then(|| format!("the Redis Cluster says cluster_state:{state} (some slots are not served)"))
+            }
+            Err(e) => Some(format!("Redis does not answer CLUSTER INFO ({e})")),
+        }
     }
 
     /// A new connection of its own for blocking reads: no response timeout
