@@ -146,6 +146,56 @@ async fn replayed_dead_letter_is_delivered_again_with_its_branded_id() {
     assert_eq!(twice.not_found_ids, vec![dead_letter_id]);
 }
 
+/// Two streams may share a dead-letter stream: a replay moves only the dead
+/// letters whose recorded source is the stream it names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_moves_only_the_named_streams_dead_letters_from_a_shared_dead_letter_stream() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut appended = Vec::new();
+    for stream in ["a", "b"] {
+        let mut sub = subscribe_msg(stream, "g", GroupStart::New);
+        sub.dead_letter_stream = "shared:dlq".into();
+        let mut call = Consumer::subscribe(&sidecar, sub).await;
+        appended.push(sidecar.append(stream, &[("from", stream.as_bytes())]).await);
+        let d = call.next_delivery(EVENT_TIMEOUT).await;
+        call.dead_letter(&d.id, "poison").await;
+        let expected = appended.len() as i64;
+        assert!(
+            eventually(EVENT_TIMEOUT, || {
+                let mut c = con.clone();
+                async move { xlen(&mut c, "shared:dlq").await == expected }
+            })
+            .await
+        );
+    }
+    let replay = |stream: &str, ids: Vec<String>| {
+        let request = ReplayDeadLettersRequest {
+            stream: stream.into(),
+            dead_letter_stream: "shared:dlq".into(),
+            ids,
+            ..Default::default()
+        };
+        async { sidecar.admin_client().await.replay_dead_letters(request).await.expect("replay").into_inner() }
+    };
+
+    let for_a = replay("a", vec![]).await;
+    assert_eq!(for_a.replayed.len(), 1);
+    assert_eq!(for_a.replayed[0].id, appended[0].id, "only a's dead letter");
+    assert_eq!(for_a.other_source_ids.len(), 1, "b's is named and left in place");
+    assert_eq!((xlen(&mut con, "a").await, xlen(&mut con, "b").await, xlen(&mut con, "shared:dlq").await), (2, 1, 1));
+
+    let again = replay("a", for_a.other_source_ids.clone()).await;
+    assert!(again.replayed.is_empty() && again.not_found_ids.is_empty());
+    assert_eq!(again.other_source_ids, for_a.other_source_ids, "asked for by id, still b's");
+
+    let for_b = replay("b", for_a.other_source_ids.clone()).await;
+    assert_eq!(for_b.replayed.len(), 1);
+    assert_eq!(for_b.replayed[0].id, appended[1].id);
+    assert_eq!((xlen(&mut con, "b").await, xlen(&mut con, "shared:dlq").await), (2, 0));
+}
+
 /// A replay into a stream no group reads (deleted, or never given a group) is
 /// refused and moves nothing: a group created later at `$` would skip it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

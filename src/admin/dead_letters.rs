@@ -110,6 +110,7 @@ pub(super) async fn replay(
             .collect::<Result<_, _>>()?
     };
     let mut replayed = Vec::with_capacity(ids.len());
+    let mut other_source_ids = Vec::new();
     for batch in ids.chunks(REPLAY_BATCH) {
         let mut script = admin.redis.scripts.replay.prepare_invoke();
         script.key(source).key(&dead_letters).arg(&admin.id_field);
@@ -120,7 +121,12 @@ pub(super) async fn replay(
             .invoke_async(&mut conn)
             .await
             .map_err(|e| Error::from_redis(e, "replaying dead letters (replay.lua)", source))?;
-        for item in array(&reply) {
+        let (moved, other_source) = match array(&reply) {
+            [moved, other_source] => (array(moved), array(other_source)),
+            _ => (&[][..], &[][..]),
+        };
+        other_source_ids.extend(other_source.iter().filter_map(|id| parse_stream_id(id).ok()).map(|id| id.to_string()));
+        for item in moved {
             let parts = array(item);
             let (Some(Ok(dead_letter_id)), Some(Ok(stream_id))) =
                 (parts.first().map(parse_stream_id), parts.get(1).map(parse_stream_id))
@@ -141,11 +147,18 @@ pub(super) async fn replay(
     let not_found_ids = if request.ids.is_empty() {
         Vec::new()
     } else {
-        let done: std::collections::HashSet<&str> = replayed.iter().map(|r| r.dead_letter_id.as_str()).collect();
+        let done: std::collections::HashSet<&str> = replayed
+            .iter()
+            .map(|r| r.dead_letter_id.as_str())
+            .chain(other_source_ids.iter().map(String::as_str))
+            .collect();
         ids.iter().filter(|id| !done.contains(id.as_str())).cloned().collect()
     };
-    tracing::info!(stream = %source, %dead_letters, replayed = replayed.len(), "dead letters replayed");
-    Ok(ReplayDeadLettersResponse { replayed, not_found_ids })
+    tracing::info!(
+        stream = %source, %dead_letters, replayed = replayed.len(), other_source = other_source_ids.len(),
+        "dead letters replayed"
+    );
+    Ok(ReplayDeadLettersResponse { replayed, not_found_ids, other_source_ids })
 }
 
 /// FAILED_PRECONDITION unless `source` exists and has a consumer group

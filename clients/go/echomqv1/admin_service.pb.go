@@ -678,10 +678,14 @@ type ReplayDeadLettersResponse struct {
 	// The replayed entries.
 	Replayed []*Replayed `protobuf:"bytes,1,rep,name=replayed,proto3" json:"replayed,omitempty"`
 	// Requested `ids` that are not in the dead-letter stream (already replayed,
-	// never there, or another stream's): nothing was done for them.
-	NotFoundIds   []string `protobuf:"bytes,2,rep,name=not_found_ids,json=notFoundIds,proto3" json:"not_found_ids,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// or never there): nothing was done for them.
+	NotFoundIds []string `protobuf:"bytes,2,rep,name=not_found_ids,json=notFoundIds,proto3" json:"not_found_ids,omitempty"`
+	// Dead letters (requested, or among the oldest `count`) whose recorded
+	// source is another stream sharing this dead-letter stream: left in place;
+	// replay them by naming that stream.
+	OtherSourceIds []string `protobuf:"bytes,3,rep,name=other_source_ids,json=otherSourceIds,proto3" json:"other_source_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReplayDeadLettersResponse) Reset() {
@@ -724,6 +728,13 @@ func (x *ReplayDeadLettersResponse) GetReplayed() []*Replayed {
 func (x *ReplayDeadLettersResponse) GetNotFoundIds() []string {
 	if x != nil {
 		return x.NotFoundIds
+	}
+	return nil
+}
+
+func (x *ReplayDeadLettersResponse) GetOtherSourceIds() []string {
+	if x != nil {
+		return x.OtherSourceIds
 	}
 	return nil
 }
@@ -780,10 +791,11 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\bReplayed\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12$\n" +
 	"\x0edead_letter_id\x18\x02 \x01(\tR\fdeadLetterId\x12\x1b\n" +
-	"\tstream_id\x18\x03 \x01(\tR\bstreamId\"p\n" +
+	"\tstream_id\x18\x03 \x01(\tR\bstreamId\"\x9a\x01\n" +
 	"\x19ReplayDeadLettersResponse\x12/\n" +
 	"\breplayed\x18\x01 \x03(\v2\x13.echomq.v1.ReplayedR\breplayed\x12\"\n" +
-	"\rnot_found_ids\x18\x02 \x03(\tR\vnotFoundIds2\x9c\x02\n" +
+	"\rnot_found_ids\x18\x02 \x03(\tR\vnotFoundIds\x12(\n" +
+	"\x10other_source_ids\x18\x03 \x03(\tR\x0eotherSourceIds2\x9c\x02\n" +
 	"\fAdminService\x12R\n" +
 	"\rDescribeGroup\x12\x1f.echomq.v1.DescribeGroupRequest\x1a .echomq.v1.DescribeGroupResponse\x12X\n" +
 	"\x0fListDeadLetters\x12!.echomq.v1.ListDeadLettersRequest\x1a\".echomq.v1.ListDeadLettersResponse\x12^\n" +

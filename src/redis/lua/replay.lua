@@ -1,35 +1,45 @@
 -- Moves dead letters back to their source stream: for each, append it there
 -- (a new stream id, the same branded id in the reserved field, the original
 -- payload without the `echomq.*` metadata), then delete it from the
--- dead-letter stream. One script, so an entry is never in neither place.
+-- dead-letter stream. One script, so an entry is never in neither place. An
+-- entry whose recorded `echomq.source_stream` is another stream (two streams
+-- may share a dead-letter stream) is left where it is.
 --
 -- KEYS[1]  the source stream
 -- KEYS[2]  the dead-letter stream
 -- ARGV[1]  the reserved branded-id field name
 -- ARGV[2…] dead-letter stream ids
--- Returns, per id found, { dead-letter id, new stream id, branded id field
--- value or '' }; ids not found are skipped.
+-- Returns { replayed, other_source }: per id replayed, { dead-letter id, new
+-- stream id, branded id field value or '' }; the ids left because their
+-- source is another stream. Ids not found are in neither.
 
 local source, dead_letters = KEYS[1], KEYS[2]
-local out = {}
+local replayed, other_source = {}, {}
 for i = 2, #ARGV do
   local found = redis.call('XRANGE', dead_letters, ARGV[i], ARGV[i])
   if #found == 1 then
     local fields = found[1][2]
     local command = { 'XADD', source, '*' }
-    local branded = ''
+    local branded, recorded = '', nil
     for f = 1, #fields, 2 do
       if fields[f] == ARGV[1] and branded == '' then
         branded = fields[f + 1]
+      end
+      if fields[f] == 'echomq.source_stream' then
+        recorded = fields[f + 1]
       end
       if string.sub(fields[f], 1, 7) ~= 'echomq.' then
         command[#command + 1] = fields[f]
         command[#command + 1] = fields[f + 1]
       end
     end
-    local id = redis.call(unpack(command))
-    redis.call('XDEL', dead_letters, ARGV[i])
-    out[#out + 1] = { ARGV[i], id, branded }
+    if recorded ~= nil and recorded ~= source then
+      other_source[#other_source + 1] = ARGV[i]
+    else
+      local id = redis.call(unpack(command))
+      redis.call('XDEL', dead_letters, ARGV[i])
+      replayed[#replayed + 1] = { ARGV[i], id, branded }
+    end
   end
 end
-return out
+return { replayed, other_source }

@@ -118,9 +118,11 @@ class Replayed(_message.Message):
     def __init__(self, id: _Optional[str] = ..., dead_letter_id: _Optional[str] = ..., stream_id: _Optional[str] = ...) -> None: ...
 
 class ReplayDeadLettersResponse(_message.Message):
-    __slots__ = ("replayed", "not_found_ids")
+    __slots__ = ("replayed", "not_found_ids", "other_source_ids")
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     NOT_FOUND_IDS_FIELD_NUMBER: _ClassVar[int]
+    OTHER_SOURCE_IDS_FIELD_NUMBER: _ClassVar[int]
     replayed: _containers.RepeatedCompositeFieldContainer[Replayed]
     not_found_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replayed: _Optional[_Iterable[_Union[Replayed, _Mapping]]] = ..., not_found_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    other_source_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replayed: _Optional[_Iterable[_Union[Replayed, _Mapping]]] = ..., not_found_ids: _Optional[_Iterable[str]] = ..., other_source_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -81,8 +81,10 @@ class AdminServiceServicer:
         """ReplayDeadLetters moves dead letters back to their source stream: each is
         appended there (a new stream id, the same branded id in the reserved
         field, the original payload) and then deleted from the dead-letter stream,
-        one entry at a time, in one script each, so a crash duplicates at most one
-        entry and never loses one.
+        in one script, so a crash neither loses nor duplicates one. Only entries
+        whose recorded source is `stream` move (see `other_source_ids`). A
+        replayed entry is a new entry of the stream: every group reads it, also
+        one that had acknowledged it (the branded id tells it apart).
 
         Errors: INVALID_ARGUMENT for a bad name or id; FAILED_PRECONDITION when a
         key is not a stream, or when the source stream does not exist or has no
