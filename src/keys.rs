@@ -164,17 +164,60 @@ impl Keyspace {
     /// `(shard index, shard count)` when `key` is a shard key of a configured
     /// sharded stream.
     fn shard_of(&self, key: &str) -> Option<(u32, u32)> {
-        let (name, rest) = key.split_once(":{")?;
+        let (name, shard) = parse_shard_key(key)?;
         let &shards = self.sharded.get(name)?;
-        let index = rest.strip_prefix(name)?.strip_prefix(':')?.strip_suffix('}')?;
-        let shard: u32 = index.parse().ok()?;
-        (shard < shards && shard_key(name, shard) == key).then_some((shard, shards))
+        (shard < shards).then_some((shard, shards))
+    }
+
+    /// INVALID_ARGUMENT (naming `field`) when `key` is shaped like a shard key
+    /// (`<name>:{<name>:<k>}`) but is not one of this sidecar's: appended here,
+    /// it would get sequence numbers outside its shard's stride (branded ids
+    /// could collide across shards) or sit in a key no consumer reads.
+    pub fn shard_key_known(&self, field: &'static str, key: &str) -> Result<(), Error> {
+        let Some((name, shard)) = parse_shard_key(key) else { return Ok(()) };
+        match self.sharded.get(name) {
+            Some(&shards) if shard < shards => Ok(()),
+            Some(&shards) => Err(Error::invalid(
+                field,
+                format!("`{key}` is not a shard of sharded stream `{name}`, which has shards 0 to {}", shards - 1),
+            )),
+            None => Err(Error::invalid(
+                field,
+                format!(
+                    "`{key}` is named like shard {shard} of a sharded stream `{name}`, which this sidecar was not \
+                     started with: start it with the same --sharded-streams {name}=<count> as the others"
+                ),
+            )),
+        }
+    }
+
+    /// The key that records the shard count of sharded stream `name` in
+    /// Redis: `<name>:shards`, or on a cluster `{<name>}:shards`, on the slot a
+    /// plain stream `name` would have, so `append.lua` can check it.
+    pub fn shard_count_key(&self, name: &str) -> String {
+        self.derived(name, ":shards")
+    }
+
+    /// FAILED_PRECONDITION for a plain stream `name` that another sidecar
+    /// recorded as sharded with `count` shards, while this one was not started
+    /// with it: its appends and reads would miss the shards.
+    pub fn unconfigured_sharded(&self, name: &str, count: &str) -> Error {
+        Error::Conflict {
+            reason: format!(
+                "stream `{name}` is sharded ({count} shards, recorded in `{}`), but this sidecar was not started with \
+                 it: start it with --sharded-streams {name}={count}, like the sidecars that shard it",
+                self.shard_count_key(name)
+            ),
+        }
     }
 }
 
-/// The key that records a sharded stream's shard count in Redis: `<name>:shards`.
-pub fn shard_count_key(name: &str) -> String {
-    format!("{name}:shards")
+/// `(name, k)` when `key` is shaped like shard `k` of a sharded stream `name`.
+fn parse_shard_key(key: &str) -> Option<(&str, u32)> {
+    let (name, rest) = key.split_once(":{")?;
+    let index = rest.strip_prefix(name)?.strip_prefix(':')?.strip_suffix('}')?;
+    let shard: u32 = index.parse().ok()?;
+    (shard_key(name, shard) == key).then_some((name, shard))
 }
 
 /// The key of shard `k` of the sharded stream `name`: `<name>:{<name>:<k>}`.
@@ -271,6 +314,13 @@ mod tests {
         let direct = keys.append_target("orders:{orders:2}", b"");
         assert_eq!((direct.shard, direct.shards), (2, 4));
         assert_eq!(keys.append_target("orders:{orders:9}", b"").shards, 1);
+        assert!(keys.shard_key_known("f", "orders:{orders:9}").is_err(), "out of the configured range");
+        assert!(keys.shard_key_known("f", "orders:{orders:3}").is_ok());
+        assert!(keys.shard_key_known("f", "other:{other:0}").is_err(), "a shard key of a stream not configured here");
+        assert!(keys.shard_key_known("f", "other:{other:x}").is_ok(), "not shaped like a shard key");
+        assert!(keys.shard_key_known("f", "plain").is_ok());
+        assert_eq!(keys.shard_count_key("orders"), "orders:shards");
+        assert_eq!(sharded("orders=4", true).shard_count_key("orders"), "{orders}:shards");
         assert_eq!(keys.shards("orders").unwrap()[3], "orders:{orders:3}");
         assert_eq!(keys.sharded_stream_of("orders:{orders:3}"), "orders");
         assert_eq!(keys.sharded_stream_of("plain"), "plain");

@@ -1424,10 +1424,6 @@ async fn end_call(world: &mut World, seq: &mut Seq, mut call: Call, p: usize, rn
 // Sequences: Append
 // ---------------------------------------------------------------------------
 
-fn fields(pairs: &[(&str, &[u8])]) -> std::collections::HashMap<String, Vec<u8>> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect()
-}
-
 async fn bad_append(world: &mut World, seq: &mut Seq, rng: &mut fastrand::Rng) {
     let target = "fz-append";
     let before = xlen(&mut world.con, target).await;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use echomq::proto::GroupStart;
+use echomq::proto::{AppendRequest, AppendResponse, GroupStart};
 use support::*;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -445,4 +445,44 @@ async fn a_sidecar_with_another_shard_count_for_a_stream_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("recorded in Redis with 4 shards") && stderr.contains("orders:shards"), "{stderr}");
+}
+
+/// A sidecar started without a stream that another sidecar shards refuses to
+/// append to it or subscribe to it (its entries would land in, and its readers
+/// wait on, a plain key no shard consumer or producer uses), and refuses to
+/// append to its shard keys (the ids would leave their shard's stride).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_not_configured_for_a_sharded_stream_refuses_to_touch_it() {
+    let redis = RedisServer::start().await;
+    let sharding = Sidecar::start(&redis, SidecarOptions::default().arg("--sharded-streams").arg("orders=2")).await;
+    let plain = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    async fn append(sidecar: &Sidecar, stream: &str) -> Result<tonic::Response<AppendResponse>, tonic::Status> {
+        let request = AppendRequest {
+            stream: stream.to_owned(),
+            partition_key: "customer-7".to_owned(),
+            fields: fields(&[("k", b"v")]),
+            ..Default::default()
+        };
+        sidecar.stream_client().await.append(request).await
+    }
+
+    let refused = append(&plain, "orders").await.expect_err("orders is sharded elsewhere");
+    assert_code(&refused, Code::FailedPrecondition);
+    assert!(refused.message().contains("--sharded-streams orders=2"), "{}", refused.message());
+    let refused = append(&plain, "orders:{orders:1}").await.expect_err("a shard key of a stream not configured here");
+    assert_code(&refused, Code::InvalidArgument);
+    let refused = Consumer::try_subscribe(&plain, subscribe_msg("orders", "g", GroupStart::Beginning))
+        .await
+        .err()
+        .expect("subscribing to orders here would wait on a key nobody writes");
+    assert_code(&refused, Code::FailedPrecondition);
+    let exists: i64 = redis::cmd("EXISTS").arg("orders").arg("orders:{orders:1}").query_async(&mut con).await.unwrap();
+    assert_eq!(exists, 0, "nothing was written or created");
+
+    // The sidecar that shards it is unaffected, and plain streams still work on both.
+    let written = append(&sharding, "orders").await.expect("the sharding sidecar appends").into_inner();
+    assert!(written.stream.starts_with("orders:{orders:"), "{}", written.stream);
+    append(&sharding, "orders:{orders:3}").await.expect_err("orders has shards 0 and 1");
+    append(&plain, "invoices").await.expect("a plain stream");
 }

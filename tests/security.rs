@@ -10,7 +10,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -36,10 +35,6 @@ const BILLING_URI: &str = "spiffe://echomq/billing";
 const BILLING_DNS: &str = "billing.echomq.test";
 /// The only SAN of the "orders" client certificate (its identity: no URI SAN).
 const ORDERS_DNS: &str = "orders.echomq.test";
-
-fn fields(pairs: &[(&str, &[u8])]) -> HashMap<String, Vec<u8>> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect()
-}
 
 fn append_request(stream: &str) -> AppendRequest {
     AppendRequest { stream: stream.to_owned(), fields: fields(&[("k", b"v")]), ..Default::default() }

@@ -10,10 +10,6 @@ use echomq::proto::{AppendBatchRequest, AppendRequest, BatchEntry, ReadRequest, 
 use support::*;
 use tonic::Code;
 
-fn fields(pairs: &[(&str, &[u8])]) -> std::collections::HashMap<String, Vec<u8>> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_returns_branded_id_equal_to_stream_id() {
     let redis = RedisServer::start().await;

@@ -300,21 +300,28 @@ impl Consumers {
     /// The dead-letter stream and the retry hash, when they exist, must be a
     /// stream and a hash: another type would fail every dead-lettering or
     /// retry write of the group later (WRONGTYPE), so it is refused now with
-    /// FAILED_PRECONDITION.
+    /// FAILED_PRECONDITION. So is a plain stream another sidecar recorded as
+    /// sharded (this one was not started with it: it would wait on a key no
+    /// producer writes).
     async fn check_types(&self, stream: &str, dead_letters: &str, group: &str) -> Result<(), Error> {
-        let retries = self.shared.redis.keys.retries(stream, group);
+        let keys = &self.shared.redis.keys;
+        let retries = keys.retries(stream, group);
         let wanted = [(dead_letters, "stream"), (retries.as_str(), "hash")];
-        // One round trip; on a cluster both keys share the stream's slot (checked in validation).
+        // One round trip; on a cluster the keys share the stream's slot (checked in validation).
         let mut pipe = redis::pipe();
         for (key, _) in wanted {
             pipe.cmd("TYPE").arg(key);
         }
+        pipe.cmd("GET").arg(keys.shard_count_key(stream));
         let mut conn = self.shared.redis.conn.clone();
-        let found: Vec<String> = pipe
+        let (dead_letters_type, retries_type, recorded): (String, String, Option<String>) = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| Error::from_redis(e, "checking the group's keys (TYPE)", stream))?;
-        for ((key, wanted), found) in wanted.into_iter().zip(found) {
+        if let Some(count) = recorded {
+            return Err(keys.unconfigured_sharded(stream, &count));
+        }
+        for ((key, wanted), found) in wanted.into_iter().zip([dead_letters_type, retries_type]) {
             if found != "none" && found != wanted {
                 return Err(Error::Conflict {
                     reason: format!(

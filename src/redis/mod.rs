@@ -161,7 +161,8 @@ impl Redis {
     }
 
     /// Records each sharded stream's shard count in Redis the first time
-    /// (`SET <name>:shards <count> NX GET`) and checks it every time after, so
+    /// (`SET <name>:shards <count> NX GET`; on a cluster `{<name>}:shards`, see
+    /// [`crate::keys::Keyspace::shard_count_key`]) and checks it every time after, so
     /// sidecars configured with different counts for one stream (whose
     /// entries would sit unread in shards a consumer does not know) refuse to
     /// start instead.
@@ -171,7 +172,7 @@ impl Redis {
     pub async fn record_shard_counts(&self) -> Result<(), ShardCountError> {
         let mut conn = self.conn.clone();
         for (name, count) in self.keys.sharded() {
-            let key = crate::keys::shard_count_key(name);
+            let key = self.keys.shard_count_key(name);
             let recorded: Option<String> = redis::cmd("SET")
                 .arg(&key)
                 .arg(count)

@@ -23,7 +23,8 @@ pub const MAX_BATCH_ENTRIES: usize = 10_000;
 /// `max_len` 0: no trimming.
 ///
 /// Errors: [`Error::InvalidArgument`] for a bad stream name (on a cluster, also
-/// one no group could consume: see [`crate::keys::Keyspace::consumable`]), too many fields,
+/// one no group could consume: see [`crate::keys::Keyspace::consumable`]; a
+/// shard key this sidecar does not shard), too many fields,
 /// or a field named like the reserved id field; [`Error::WrongType`] when the
 /// key is not a stream; [`Error::Unavailable`] when Redis is down.
 async fn append_entries(
@@ -36,9 +37,11 @@ async fn append_entries(
     max_len: u64,
 ) -> Result<Vec<AppendResponse>, Error> {
     let logical = streams.guard.stream(caller, "stream", stream)?;
-    let target = streams.redis.keys.append_target(logical, partition_key.as_bytes());
+    let keys = &streams.redis.keys;
+    keys.shard_key_known("stream", logical)?;
+    let target = keys.append_target(logical, partition_key.as_bytes());
     let stream = target.key.as_str();
-    streams.redis.keys.consumable("stream", stream)?;
+    keys.consumable("stream", stream)?;
     let span = tracing::info_span!("echomq.append", stream = %stream, entries = entries.len());
     telemetry::set_parent(&span, traceparent);
     // The context consumers continue: this append's span when traces are
@@ -47,7 +50,14 @@ async fn append_entries(
     let max_fields = streams.guard.max_fields_per_entry;
     let id_field = &streams.id_field;
     let mut script = streams.redis.scripts.append.prepare_invoke();
-    script.key(stream).arg(id_field).arg(max_len).arg(target.shard).arg(target.shards).arg(entries.len());
+    script
+        .key(stream)
+        .key(keys.shard_count_key(stream))
+        .arg(id_field)
+        .arg(max_len)
+        .arg(target.shard)
+        .arg(target.shards)
+        .arg(entries.len());
     for (field, fields) in entries {
         if fields.contains_key(id_field) {
             return Err(Error::invalid(
@@ -74,11 +84,10 @@ async fn append_entries(
         }
     }
     let mut conn = streams.redis.conn.clone();
-    let reply: redis::Value = script
-        .invoke_async(&mut conn)
-        .instrument(span)
-        .await
-        .map_err(|e| Error::from_redis(e, "appending (append.lua)", stream))?;
+    let reply: redis::Value = script.invoke_async(&mut conn).instrument(span).await.map_err(|e| match e.code() {
+        Some("ECHOMQ_SHARDED") => keys.unconfigured_sharded(stream, e.detail().unwrap_or("?")),
+        _ => Error::from_redis(e, "appending (append.lua)", stream),
+    })?;
     let redis::Value::Array(ids) = reply else {
         let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list of ids"));
         return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));

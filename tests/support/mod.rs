@@ -259,6 +259,11 @@ pub fn timestamp_of_ms(ms: u64) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
 }
 
+/// An entry's fields from (name, value) pairs, as Append takes them.
+pub fn fields(pairs: &[(&str, &[u8])]) -> std::collections::HashMap<String, Vec<u8>> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect()
+}
+
 pub fn duration_ms(ms: u64) -> prost_types::Duration {
     prost_types::Duration { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
 }

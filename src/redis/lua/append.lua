@@ -1,6 +1,11 @@
 -- Appends entries to one stream and mints each one's branded id, atomically.
 --
 -- KEYS[1]  the stream
+-- KEYS[2]  the key that would record a shard count for a sharded stream of
+--          this name: when it exists and ARGV[4] says the stream is plain, the
+--          sidecar was not started with that sharded stream, and the append is
+--          refused with `ECHOMQ_SHARDED <count>` (its entries would land in a
+--          key no shard consumer reads)
 -- ARGV[1]  the reserved field that carries the branded id
 -- ARGV[2]  max_len: 0 for no trimming, else XADD ... MAXLEN ~ max_len
 -- ARGV[3]  the shard's index k and ARGV[4] the shard count n (0 and 1 for a
@@ -19,6 +24,12 @@ local stream = KEYS[1]
 local max_branded_ms = 281474976710655 -- 2^48 - 1: the 6 bytes of a branded id
 
 local shard, shards = tonumber(ARGV[3]), tonumber(ARGV[4])
+if shards == 1 then
+  local recorded = redis.call('GET', KEYS[2])
+  if recorded then
+    return redis.error_reply('ECHOMQ_SHARDED ' .. recorded)
+  end
+end
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local seq = shard

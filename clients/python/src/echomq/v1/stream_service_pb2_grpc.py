@@ -69,9 +69,12 @@ class StreamServiceServicer:
         `<ms>-<seq>` the entry gets, and is also stored in the reserved field
         (`--id-field`, default `id`) so copies of the entry keep it.
 
-        Errors: INVALID_ARGUMENT for an empty or too long stream name, or a field
-        named like the reserved field; FAILED_PRECONDITION when the key holds
-        another Redis type (WRONGTYPE); UNAVAILABLE when Redis cannot be reached.
+        Errors: INVALID_ARGUMENT for an empty or too long stream name, a field
+        named like the reserved field, a shard key of a sharded stream this sidecar
+        was not started with, or (on a Redis Cluster) a name with braces but no
+        usable hash tag; FAILED_PRECONDITION when the key holds another Redis type
+        (WRONGTYPE), or the stream is sharded by other sidecars but not this one;
+        UNAVAILABLE when Redis cannot be reached.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
