@@ -134,7 +134,20 @@ async def test_verdicts_for_an_ended_call_are_dropped() -> None:
     delivery = _delivery(call)
     call.end()
     assert not await delivery.ack()
-    assert call._outbox.empty()
+    drained = [m async for m in call.requests(pb.ConsumeRequest())]
+    assert drained == [pb.ConsumeRequest()], "only the subscribe: no verdict was queued"
+
+
+async def test_an_ended_call_stops_its_request_stream() -> None:
+    call = _Call()
+    requests = call.requests(pb.ConsumeRequest())
+    await requests.__anext__()  # the subscribe
+    waiting = asyncio.ensure_future(requests.__anext__())
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "nothing queued yet: the stream waits"
+    call.end()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(waiting, 2)
 
 
 async def test_queued_acks_travel_together_in_order() -> None:

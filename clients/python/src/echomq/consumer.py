@@ -95,7 +95,12 @@ class _Call:
             self._outbox.put_nowait(_FINISH)
 
     def end(self) -> None:
-        self.open = False
+        """The call is over: later sends are refused, and `requests()` returns
+        (without this, gRPC's task pulling it would wait forever on a broken
+        call and be destroyed pending)."""
+        if self.open:
+            self.open = False
+            self._outbox.put_nowait(_FINISH)
 
     async def requests(self, subscribe: pb.ConsumeRequest) -> AsyncIterator[pb.ConsumeRequest]:
         """The client side of the call: the subscribe, then queued messages.
