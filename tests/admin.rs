@@ -245,6 +245,10 @@ async fn replay_into_a_stream_without_a_group_is_refused_and_keeps_the_dead_lett
     assert_eq!(xlen(&mut con, "s").await, 0);
 
     let _: () = redis::cmd("XGROUP").arg("CREATE").arg("s").arg("g").arg("$").query_async(&mut con).await.unwrap();
+    let into_itself =
+        ReplayDeadLettersRequest { stream: "s".into(), dead_letter_stream: "s".into(), ..Default::default() };
+    let err = sidecar.admin_client().await.replay_dead_letters(into_itself).await.expect_err("a stream into itself");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     let replayed = replay().await.expect("a group reads the stream again").into_inner();
     assert_eq!(replayed.replayed.len(), 1);
     assert_eq!((xlen(&mut con, "s:dlq").await, xlen(&mut con, "s").await), (0, 1));

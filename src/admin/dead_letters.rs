@@ -95,19 +95,25 @@ pub(super) async fn replay(
     crate::stream::not_sharded(&admin.redis, "stream", source)?;
     let dead_letters = dead_letter_stream(admin, caller, source, &request.dead_letter_stream)?;
     admin.redis.keys.same_slot("dead_letter_stream", source, &dead_letters)?;
+    if dead_letters == source {
+        return Err(Error::invalid("dead_letter_stream", "must differ from the stream the dead letters go back to"));
+    }
     let mut conn = admin.redis.conn.clone();
-    has_groups(&mut conn, source).await?;
     let ids: Vec<String> = if request.ids.is_empty() {
         let count = page_size("count", request.count)?;
         // Only the ids are needed: no message-size budget applies.
         let oldest = page(&admin.redis, &dead_letters, "-", "+", count, usize::MAX).await?;
         oldest.entries.into_iter().map(|e| e.id.to_string()).collect()
     } else {
-        request
-            .ids
-            .iter()
-            .map(|id| id.parse::<StreamId>().map(|id| id.to_string()).map_err(|e| Error::invalid("ids", e.to_string())))
-            .collect::<Result<_, _>>()?
+        let mut seen = std::collections::HashSet::new();
+        let mut ids = Vec::with_capacity(request.ids.len());
+        for id in &request.ids {
+            let id = id.parse::<StreamId>().map_err(|e| Error::invalid("ids", e.to_string()))?.to_string();
+            if seen.insert(id.clone()) {
+                ids.push(id);
+            }
+        }
+        ids
     };
     let mut replayed = Vec::with_capacity(ids.len());
     let mut other_source_ids = Vec::new();
@@ -117,10 +123,25 @@ pub(super) async fn replay(
         for id in batch {
             script.arg(id);
         }
-        let reply: Value = script
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| Error::from_redis(e, "replaying dead letters (replay.lua)", source))?;
+        let reply: Value = script.invoke_async(&mut conn).await.map_err(|e| {
+            let missing = match e.code() {
+                Some("ECHOMQ_NO_SOURCE") => "does not exist",
+                Some("ECHOMQ_NO_GROUP") => "has no consumer group",
+                _ => return Error::from_redis(e, "replaying dead letters (replay.lua)", source),
+            };
+            let before = if replayed.is_empty() {
+                String::new()
+            } else {
+                format!(" (it changed during this replay: {} were replayed before)", replayed.len())
+            };
+            Error::Conflict {
+                reason: format!(
+                    "stream `{source}` {missing}{before}, so replayed entries would reach no consumer (a group \
+                         created later at `$` would skip them); start its consumers (subscribe creates the stream \
+                         and group) and replay again"
+                ),
+            }
+        })?;
         let (moved, other_source) = match array(&reply) {
             [moved, other_source] => (array(moved), array(other_source)),
             _ => (&[][..], &[][..]),
@@ -159,23 +180,4 @@ pub(super) async fn replay(
         "dead letters replayed"
     );
     Ok(ReplayDeadLettersResponse { replayed, not_found_ids, other_source_ids })
-}
-
-/// FAILED_PRECONDITION unless `source` exists and has a consumer group
-/// (`XINFO GROUPS`): replayed into a deleted stream, entries would land in a new
-/// stream no group reads, and a group created later at `$` would skip them.
-async fn has_groups(conn: &mut impl redis::aio::ConnectionLike, source: &str) -> Result<(), Error> {
-    let groups: Result<Vec<Value>, _> = redis::cmd("XINFO").arg("GROUPS").arg(source).query_async(conn).await;
-    let missing = match groups {
-        Ok(groups) if !groups.is_empty() => return Ok(()),
-        Ok(_) => "has no consumer group",
-        Err(e) if e.to_string().contains("no such key") => "does not exist",
-        Err(e) => return Err(Error::from_redis(e, "checking the source's groups (XINFO GROUPS)", source)),
-    };
-    Err(Error::Conflict {
-        reason: format!(
-            "stream `{source}` {missing}, so replayed entries would reach no consumer (a group created later at `$` \
-             would skip them); start its consumers (subscribe creates the stream and group) and replay again"
-        ),
-    })
 }

@@ -49,10 +49,12 @@ type AdminServiceClient interface {
 	// replayed entry is a new entry of the stream: every group reads it, also
 	// one that had acknowledged it (the branded id tells it apart).
 	//
-	// Errors: INVALID_ARGUMENT for a bad name or id; FAILED_PRECONDITION when a
-	// key is not a stream, or when the source stream does not exist or has no
-	// consumer group (the entries would reach no consumer; nothing is moved);
-	// UNAVAILABLE when Redis cannot be reached.
+	// Errors: INVALID_ARGUMENT for a bad name or id, or a dead-letter stream
+	// equal to `stream`; FAILED_PRECONDITION when a key is not a stream, or when
+	// the source stream does not exist or has no consumer group (the entries
+	// would reach no consumer; checked atomically with each batch of 100 moved,
+	// so nothing is moved after the group is gone); UNAVAILABLE when Redis
+	// cannot be reached.
 	ReplayDeadLetters(ctx context.Context, in *ReplayDeadLettersRequest, opts ...grpc.CallOption) (*ReplayDeadLettersResponse, error)
 }
 
@@ -119,10 +121,12 @@ type AdminServiceServer interface {
 	// replayed entry is a new entry of the stream: every group reads it, also
 	// one that had acknowledged it (the branded id tells it apart).
 	//
-	// Errors: INVALID_ARGUMENT for a bad name or id; FAILED_PRECONDITION when a
-	// key is not a stream, or when the source stream does not exist or has no
-	// consumer group (the entries would reach no consumer; nothing is moved);
-	// UNAVAILABLE when Redis cannot be reached.
+	// Errors: INVALID_ARGUMENT for a bad name or id, or a dead-letter stream
+	// equal to `stream`; FAILED_PRECONDITION when a key is not a stream, or when
+	// the source stream does not exist or has no consumer group (the entries
+	// would reach no consumer; checked atomically with each batch of 100 moved,
+	// so nothing is moved after the group is gone); UNAVAILABLE when Redis
+	// cannot be reached.
 	ReplayDeadLetters(context.Context, *ReplayDeadLettersRequest) (*ReplayDeadLettersResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }

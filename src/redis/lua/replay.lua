@@ -12,8 +12,18 @@
 -- Returns { replayed, other_source }: per id replayed, { dead-letter id, new
 -- stream id, branded id field value or '' }; the ids left because their
 -- source is another stream. Ids not found are in neither.
+-- Refuses, moving nothing, with `ECHOMQ_NO_SOURCE` when the source stream does
+-- not exist and `ECHOMQ_NO_GROUP` when it has no consumer group: replayed
+-- entries would reach no consumer (a group created later at `$` skips them).
 
 local source, dead_letters = KEYS[1], KEYS[2]
+if redis.call('EXISTS', source) == 0 then
+  return redis.error_reply('ECHOMQ_NO_SOURCE the stream does not exist')
+end
+-- Raises WRONGTYPE when the key is not a stream.
+if #redis.call('XINFO', 'GROUPS', source) == 0 then
+  return redis.error_reply('ECHOMQ_NO_GROUP the stream has no consumer group')
+end
 local replayed, other_source = {}, {}
 for i = 2, #ARGV do
   local found = redis.call('XRANGE', dead_letters, ARGV[i], ARGV[i])
