@@ -51,6 +51,10 @@ const SERVER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often Redis is pinged for readiness.
 const READINESS_PING: Duration = Duration::from_secs(1);
+/// Every this many pings (and whenever Redis is back), the shard counts are
+/// recorded again: a Redis restart without persistence forgets them, and
+/// sidecars not started with a sharded stream rely on them to refuse it.
+const SHARD_RECORD_EVERY_PINGS: u32 = 10;
 
 /// Why the sidecar could not run.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +169,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         let _ = admin.await;
         return Err(AppError::Config(e.to_string()));
     }
+    redis.warn_of_plain_namesakes().await;
     readiness.set_redis_up(true);
 
     let (draining_tx, draining) = watch::channel(false);
@@ -421,10 +426,15 @@ async fn ping_loop(
     services: [&str; 4],
 ) {
     let mut was_up = true;
-    loop {
+    for ping in 1u32.. {
         sleep(READINESS_PING).await;
         let unready = redis.unready().await;
         let up = unready.is_none();
+        if up && (!was_up || ping % SHARD_RECORD_EVERY_PINGS == 0) {
+            if let Err(e) = redis.record_shard_counts().await {
+                error!("{e}");
+            }
+        }
         readiness.set_redis_up(up);
         if up != was_up {
             match unready {

@@ -172,7 +172,8 @@ impl Keyspace {
     /// INVALID_ARGUMENT (naming `field`) when `key` is shaped like a shard key
     /// (`<name>:{<name>:<k>}`) but is not one of this sidecar's: appended here,
     /// it would get sequence numbers outside its shard's stride (branded ids
-    /// could collide across shards) or sit in a key no consumer reads.
+    /// could collide across shards) or sit in a key no consumer reads; Append
+    /// and Subscribe both refuse it.
     pub fn shard_key_known(&self, field: &'static str, key: &str) -> Result<(), Error> {
         let Some((name, shard)) = parse_shard_key(key) else { return Ok(()) };
         match self.sharded.get(name) {
@@ -196,6 +197,13 @@ impl Keyspace {
     /// plain stream `name` would have, so `append.lua` can check it.
     pub fn shard_count_key(&self, name: &str) -> String {
         self.derived(name, ":shards")
+    }
+
+    /// The shard-count key to check before writing to or waiting on the plain
+    /// stream `stream` ([`Self::shard_count_key`]); `None` for a name with
+    /// braces, which no sharded stream has (shard keys and tagged names).
+    pub fn shard_count_key_to_check(&self, stream: &str) -> Option<String> {
+        (!stream.contains(['{', '}'])).then(|| self.shard_count_key(stream))
     }
 
     /// FAILED_PRECONDITION for a plain stream `name` that another sidecar
@@ -321,6 +329,10 @@ mod tests {
         assert!(keys.shard_key_known("f", "plain").is_ok());
         assert_eq!(keys.shard_count_key("orders"), "orders:shards");
         assert_eq!(sharded("orders=4", true).shard_count_key("orders"), "{orders}:shards");
+        let cluster = sharded("orders=4", true);
+        assert_eq!(cluster.shard_count_key_to_check("orders").as_deref(), Some("{orders}:shards"));
+        assert_eq!(cluster.shard_count_key_to_check("{orders}"), None, "a tagged plain stream is never sharded");
+        assert_eq!(cluster.shard_count_key_to_check("orders:{orders:1}"), None);
         assert_eq!(keys.shards("orders").unwrap()[3], "orders:{orders:3}");
         assert_eq!(keys.sharded_stream_of("orders:{orders:3}"), "orders");
         assert_eq!(keys.sharded_stream_of("plain"), "plain");

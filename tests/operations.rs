@@ -477,8 +477,39 @@ async fn a_sidecar_not_configured_for_a_sharded_stream_refuses_to_touch_it() {
         .err()
         .expect("subscribing to orders here would wait on a key nobody writes");
     assert_code(&refused, Code::FailedPrecondition);
+    let refused = Consumer::try_subscribe(&plain, subscribe_msg("orders:{orders:1}", "g", GroupStart::Beginning))
+        .await
+        .err()
+        .expect("a shard key of a stream not configured here");
+    assert_code(&refused, Code::InvalidArgument);
     let exists: i64 = redis::cmd("EXISTS").arg("orders").arg("orders:{orders:1}").query_async(&mut con).await.unwrap();
     assert_eq!(exists, 0, "nothing was written or created");
+
+    // Redis forgot the count (a restart without persistence): the sharding sidecar records it again.
+    let _: () = redis::cmd("DEL").arg("orders:shards").query_async(&mut con).await.unwrap();
+    let recorded = eventually(Duration::from_secs(20), || {
+        let mut con = con.clone();
+        async move {
+            redis::cmd("GET")
+                .arg("orders:shards")
+                .query_async::<Option<String>>(&mut con)
+                .await
+                .ok()
+                .flatten()
+                .as_deref()
+                == Some("2")
+        }
+    })
+    .await;
+    assert!(recorded, "the shard count must be recorded again");
+    assert_code(&append(&plain, "orders").await.expect_err("refused again"), Code::FailedPrecondition);
+
+    // Only a recorded count blocks a name: keys of other types or values named like it do not.
+    let _: () = redis::cmd("XADD").arg("foo:shards").arg("*").arg("a").arg("b").query_async(&mut con).await.unwrap();
+    let _: () = redis::cmd("SET").arg("bar:shards").arg("hello").query_async(&mut con).await.unwrap();
+    append(&plain, "foo").await.expect("foo:shards is a stream, not a count");
+    append(&plain, "bar").await.expect("bar:shards holds no count");
+    Consumer::try_subscribe(&plain, subscribe_msg("bar", "g", GroupStart::Beginning)).await.expect("bar is plain");
 
     // The sidecar that shards it is unaffected, and plain streams still work on both.
     let written = append(&sharding, "orders").await.expect("the sharding sidecar appends").into_inner();

@@ -193,6 +193,7 @@ impl Consumers {
     fn validate(&self, caller: Option<&Caller>, subscribe: Subscribe) -> Result<(Subscription, Policy), Error> {
         let stream = self.guard.stream(caller, "subscribe.stream", &subscribe.stream)?.to_owned();
         let keys = &self.shared.redis.keys;
+        keys.shard_key_known("subscribe.stream", &stream)?;
         let shards = keys.shards(&stream).unwrap_or_else(|| vec![stream.clone()]);
         let group = self.guard.name("subscribe.group", &subscribe.group)?.to_owned();
         let start = match GroupStart::try_from(subscribe.group_start) {
@@ -307,21 +308,28 @@ impl Consumers {
         let keys = &self.shared.redis.keys;
         let retries = keys.retries(stream, group);
         let wanted = [(dead_letters, "stream"), (retries.as_str(), "hash")];
+        let count_key = keys.shard_count_key_to_check(stream);
         // One round trip; on a cluster the keys share the stream's slot (checked in validation).
         let mut pipe = redis::pipe();
-        for (key, _) in wanted {
+        for key in wanted.iter().map(|(key, _)| *key).chain(count_key.as_deref()) {
             pipe.cmd("TYPE").arg(key);
         }
-        pipe.cmd("GET").arg(keys.shard_count_key(stream));
         let mut conn = self.shared.redis.conn.clone();
-        let (dead_letters_type, retries_type, recorded): (String, String, Option<String>) = pipe
+        let found: Vec<String> = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| Error::from_redis(e, "checking the group's keys (TYPE)", stream))?;
-        if let Some(count) = recorded {
-            return Err(keys.unconfigured_sharded(stream, &count));
+        if let (Some(count_key), Some("string")) = (&count_key, found.get(2).map(String::as_str)) {
+            let recorded: Option<String> = redis::cmd("GET")
+                .arg(count_key)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| Error::from_redis(e, "checking the shard count (GET)", stream))?;
+            if let Some(count) = recorded.filter(|count| count.parse::<u32>().is_ok()) {
+                return Err(keys.unconfigured_sharded(stream, &count));
+            }
         }
-        for ((key, wanted), found) in wanted.into_iter().zip([dead_letters_type, retries_type]) {
+        for ((key, wanted), found) in wanted.into_iter().zip(found) {
             if found != "none" && found != wanted {
                 return Err(Error::Conflict {
                     reason: format!(

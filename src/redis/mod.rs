@@ -184,11 +184,17 @@ impl Redis {
             if let Some(recorded) = recorded.filter(|recorded| *recorded != count.to_string()) {
                 return Err(ShardCountError::Mismatch { name: name.to_owned(), recorded, configured: count, key });
             }
-            // Entries of a stream that existed before it was sharded stay in
-            // that key, which the shards' consumers never read.
-            let before: String =
-                redis::cmd("TYPE").arg(name).query_async(&mut conn).await.map_err(ShardCountError::Redis)?;
-            if before == "stream" {
+        }
+        Ok(())
+    }
+
+    /// Logs a warning for each sharded stream whose name is also a plain
+    /// stream in Redis: entries of a stream that existed before it was sharded
+    /// stay in that key, which the shards' consumers never read (`TYPE`).
+    pub async fn warn_of_plain_namesakes(&self) {
+        let mut conn = self.conn.clone();
+        for (name, _) in self.keys.sharded() {
+            if redis::cmd("TYPE").arg(name).query_async::<String>(&mut conn).await.is_ok_and(|t| t == "stream") {
                 tracing::warn!(
                     stream = name,
                     "a plain stream named like this sharded stream exists; its entries are not read by consumers of the \
@@ -196,7 +202,6 @@ impl Redis {
                 );
             }
         }
-        Ok(())
     }
 
     /// Why Redis does not serve now, `None` when it does: PING answered, and

@@ -49,10 +49,11 @@ async fn append_entries(
     let stored = telemetry::traceparent_of(&span).or_else(|| traceparent.map(str::to_owned));
     let max_fields = streams.guard.max_fields_per_entry;
     let id_field = &streams.id_field;
+    let count_key = keys.shard_count_key_to_check(stream).unwrap_or_else(|| stream.to_owned());
     let mut script = streams.redis.scripts.append.prepare_invoke();
     script
         .key(stream)
-        .key(keys.shard_count_key(stream))
+        .key(count_key)
         .arg(id_field)
         .arg(max_len)
         .arg(target.shard)

@@ -2,10 +2,11 @@
 --
 -- KEYS[1]  the stream
 -- KEYS[2]  the key that would record a shard count for a sharded stream of
---          this name: when it exists and ARGV[4] says the stream is plain, the
---          sidecar was not started with that sharded stream, and the append is
---          refused with `ECHOMQ_SHARDED <count>` (its entries would land in a
---          key no shard consumer reads)
+--          this name, or KEYS[1] again when no sharded stream can have it:
+--          when it holds a count, this sidecar was not started with that
+--          sharded stream, and the append is refused with
+--          `ECHOMQ_SHARDED <count>` (its entries would land in a key no shard
+--          consumer reads)
 -- ARGV[1]  the reserved field that carries the branded id
 -- ARGV[2]  max_len: 0 for no trimming, else XADD ... MAXLEN ~ max_len
 -- ARGV[3]  the shard's index k and ARGV[4] the shard count n (0 and 1 for a
@@ -24,9 +25,9 @@ local stream = KEYS[1]
 local max_branded_ms = 281474976710655 -- 2^48 - 1: the 6 bytes of a branded id
 
 local shard, shards = tonumber(ARGV[3]), tonumber(ARGV[4])
-if shards == 1 then
+if KEYS[2] ~= stream and redis.call('TYPE', KEYS[2]).ok == 'string' then
   local recorded = redis.call('GET', KEYS[2])
-  if recorded then
+  if string.match(recorded, '^%d+$') then
     return redis.error_reply('ECHOMQ_SHARDED ' .. recorded)
   end
 end
