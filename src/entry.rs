@@ -63,9 +63,12 @@ pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8
 /// A protobuf Timestamp as unix milliseconds, for request field `field`.
 ///
 /// Errors: [`Error::InvalidArgument`] for an instant before the unix epoch
-/// (or negative nanos).
+/// or for nanos outside 0 to 999,999,999 (not a valid Timestamp).
 pub fn unix_ms_of(field: &'static str, at: Timestamp) -> Result<u64, Error> {
-    if at.seconds < 0 || at.nanos < 0 {
+    if !(0..1_000_000_000).contains(&at.nanos) {
+        return Err(Error::invalid(field, format!("nanos must be 0 to 999,999,999, got {}", at.nanos)));
+    }
+    if at.seconds < 0 {
         return Err(Error::invalid(field, "must not be before the unix epoch"));
     }
     Ok((at.seconds as u64).saturating_mul(1000).saturating_add(at.nanos as u64 / 1_000_000))
@@ -95,4 +98,18 @@ pub fn to_entry(entry: RawEntry, id_field: &str, skip: impl Fn(&[u8]) -> bool) -
         raw_fields: fields.raw_fields,
         traceparent: fields.traceparent.unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_convert_to_unix_ms_and_invalid_ones_are_refused() {
+        let at = |seconds, nanos| Timestamp { seconds, nanos };
+        assert_eq!(unix_ms_of("f", at(1, 500_000_000)).ok(), Some(1_500));
+        assert!(unix_ms_of("f", at(-1, 0)).is_err_and(|e| e.to_string().contains("before the unix epoch")));
+        assert!(unix_ms_of("f", at(1, -1)).is_err_and(|e| e.to_string().contains("nanos")));
+        assert!(unix_ms_of("f", at(1, 1_000_000_000)).is_err_and(|e| e.to_string().contains("nanos")));
+    }
 }
