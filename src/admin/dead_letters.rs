@@ -157,7 +157,7 @@ pub(super) async fn replay(
             let id = parts.get(2).and_then(|v| bytes(v).ok()).map(|b| String::from_utf8_lossy(&b).into_owned());
             replayed.push(Replayed {
                 id: id.filter(|id| !id.is_empty()).unwrap_or_else(|| {
-                    crate::id::BrandedId::from_stream_id(dead_letter_id).map(|b| b.to_string()).unwrap_or_default()
+                    crate::id::BrandedId::from_stream_id(stream_id).map(|b| b.to_string()).unwrap_or_default()
                 }),
                 dead_letter_id: dead_letter_id.to_string(),
                 stream_id: stream_id.to_string(),

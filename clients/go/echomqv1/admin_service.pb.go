@@ -610,7 +610,8 @@ func (x *ReplayDeadLettersRequest) GetCount() uint32 {
 // One replayed entry.
 type Replayed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The branded id, unchanged.
+	// The branded id, unchanged (for a dead letter written without one, the id
+	// consumers get from its new stream id).
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The id it had in the dead-letter stream.
 	DeadLetterId string `protobuf:"bytes,2,opt,name=dead_letter_id,json=deadLetterId,proto3" json:"dead_letter_id,omitempty"`
