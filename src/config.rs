@@ -174,8 +174,10 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     pub shutdown_grace_ms: u64,
 
-    /// Name of the entry field that carries the branded id.
-    #[arg(long, env = "ECHOMQ_ID_FIELD", default_value = DEFAULT_ID_FIELD, value_parser = parse_non_empty)]
+    /// Name of the entry field that carries the branded id. Not in the
+    /// `echomq.` namespace, which dead letters use for their metadata (and a
+    /// replay strips).
+    #[arg(long, env = "ECHOMQ_ID_FIELD", default_value = DEFAULT_ID_FIELD, value_parser = parse_id_field)]
     pub id_field: String,
 
     /// Response timeout (milliseconds) of non-blocking Redis commands.
@@ -359,6 +361,16 @@ fn parse_non_empty(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
+fn parse_id_field(text: &str) -> Result<String, String> {
+    let field = parse_non_empty(text)?;
+    if field.starts_with("echomq.") {
+        return Err("the `echomq.` prefix is reserved for dead-letter metadata (which a replay strips); \
+                    pick another name"
+            .into());
+    }
+    Ok(field)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,6 +404,7 @@ mod tests {
             &["--consumer-name", " "],
             &["--reclaim-min-idle-ms", "0"],
             &["--default-max-in-flight", "0"],
+            &["--id-field", "echomq.id"],
         ] {
             assert!(parse(args).is_err(), "{args:?}");
         }
