@@ -252,6 +252,20 @@ async fn replay_into_a_stream_without_a_group_is_refused_and_keeps_the_dead_lett
     let replayed = replay().await.expect("a group reads the stream again").into_inner();
     assert_eq!(replayed.replayed.len(), 1);
     assert_eq!((xlen(&mut con, "s:dlq").await, xlen(&mut con, "s").await), (0, 1));
+
+    // A dead letter with nothing but metadata cannot be appended: its batch moves nothing.
+    let xadd = |fields: &'static [&'static str]| {
+        let mut con = con.clone();
+        async move {
+            let _: String = redis::cmd("XADD").arg("s:dlq").arg("*").arg(fields).query_async(&mut con).await.unwrap();
+        }
+    };
+    xadd(&["k", "v", "echomq.source_stream", "s"]).await;
+    xadd(&["echomq.source_stream", "s", "echomq.reason", "hand-written"]).await;
+    let err = replay().await.expect_err("an empty dead letter");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("XDEL"), "{}", err.message());
+    assert_eq!((xlen(&mut con, "s:dlq").await, xlen(&mut con, "s").await), (2, 1), "nothing moved");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -124,15 +124,26 @@ pub(super) async fn replay(
             script.arg(id);
         }
         let reply: Value = script.invoke_async(&mut conn).await.map_err(|e| {
+            let before = match replayed.len() {
+                0 => String::new(),
+                n => format!(" ({n} were replayed before this batch of {REPLAY_BATCH} stopped)"),
+            };
+            if !before.is_empty() {
+                tracing::warn!(stream = %source, %dead_letters, replayed = replayed.len(), "replay stopped part-way: {e}");
+            }
             let missing = match e.code() {
                 Some("ECHOMQ_NO_SOURCE") => "does not exist",
                 Some("ECHOMQ_NO_GROUP") => "has no consumer group",
-                _ => return Error::from_redis(e, "replaying dead letters (replay.lua)", source),
-            };
-            let before = if replayed.is_empty() {
-                String::new()
-            } else {
-                format!(" (it changed during this replay: {} were replayed before)", replayed.len())
+                Some("ECHOMQ_EMPTY") => {
+                    let id = e.detail().unwrap_or("?");
+                    return Error::Conflict {
+                        reason: format!(
+                            "dead letter {id} has no fields but `echomq.*` metadata, so it cannot be appended{before}; \
+                             delete it (XDEL) or replay the others by id"
+                        ),
+                    };
+                }
+                _ => return Error::from_redis(e, format!("replaying dead letters (replay.lua){before}"), source),
             };
             Error::Conflict {
                 reason: format!(

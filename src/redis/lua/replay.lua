@@ -14,7 +14,9 @@
 -- source is another stream. Ids not found are in neither.
 -- Refuses, moving nothing, with `ECHOMQ_NO_SOURCE` when the source stream does
 -- not exist and `ECHOMQ_NO_GROUP` when it has no consumer group: replayed
--- entries would reach no consumer (a group created later at `$` skips them).
+-- entries would reach no consumer (a group created later at `$` skips them);
+-- and with `ECHOMQ_EMPTY <id>` when a dead letter of the batch has nothing
+-- but `echomq.*` metadata (an entry needs a field; not one the sidecar wrote).
 
 local source, dead_letters = KEYS[1], KEYS[2]
 if redis.call('EXISTS', source) == 0 then
@@ -24,11 +26,23 @@ end
 if #redis.call('XINFO', 'GROUPS', source) == 0 then
   return redis.error_reply('ECHOMQ_NO_GROUP the stream has no consumer group')
 end
-local replayed, other_source = {}, {}
+local replayed, other_source, found = {}, {}, {}
 for i = 2, #ARGV do
-  local found = redis.call('XRANGE', dead_letters, ARGV[i], ARGV[i])
-  if #found == 1 then
-    local fields = found[1][2]
+  local entry = redis.call('XRANGE', dead_letters, ARGV[i], ARGV[i])[1]
+  if entry then
+    local payload = false
+    for f = 1, #entry[2], 2 do
+      payload = payload or string.sub(entry[2][f], 1, 7) ~= 'echomq.'
+    end
+    if not payload then
+      return redis.error_reply('ECHOMQ_EMPTY ' .. ARGV[i])
+    end
+    found[i] = entry
+  end
+end
+for i = 2, #ARGV do
+  if found[i] then
+    local fields = found[i][2]
     local command = { 'XADD', source, '*' }
     local branded, recorded = '', nil
     for f = 1, #fields, 2 do

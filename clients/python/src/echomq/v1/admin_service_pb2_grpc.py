@@ -90,8 +90,10 @@ class AdminServiceServicer:
         equal to `stream`; FAILED_PRECONDITION when a key is not a stream, or when
         the source stream does not exist or has no consumer group (the entries
         would reach no consumer; checked atomically with each batch of 100 moved,
-        so nothing is moved after the group is gone); UNAVAILABLE when Redis
-        cannot be reached.
+        so nothing is moved after the group is gone), or when a dead letter holds
+        nothing but `echomq.*` metadata (its batch moves nothing); UNAVAILABLE
+        when Redis cannot be reached. Entries move a batch of 100 at a time: an
+        error after the first batch says how many were replayed before it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
