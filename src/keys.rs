@@ -169,26 +169,20 @@ impl Keyspace {
         (shard < shards).then_some((shard, shards))
     }
 
-    /// INVALID_ARGUMENT (naming `field`) when `key` is shaped like a shard key
-    /// (`<name>:{<name>:<k>}`) but is not one of this sidecar's: appended here,
-    /// it would get sequence numbers outside its shard's stride (branded ids
-    /// could collide across shards) or sit in a key no consumer reads; Append
-    /// and Subscribe both refuse it.
-    pub fn shard_key_known(&self, field: &'static str, key: &str) -> Result<(), Error> {
-        let Some((name, shard)) = parse_shard_key(key) else { return Ok(()) };
+    /// For a `key` shaped like a shard key (`<name>:{<name>:<k>}`): `Ok(None)`
+    /// when it is one of this sidecar's shards or not shard-shaped; the
+    /// `name` to look up in Redis when this sidecar does not shard `name`
+    /// (see [`crate::redis::Redis::refuse_foreign_shard_key`]); INVALID_ARGUMENT
+    /// (naming `field`) when `name` is sharded here but has no shard `k`.
+    pub fn shard_key_check<'a>(&self, field: &'static str, key: &'a str) -> Result<Option<&'a str>, Error> {
+        let Some((name, shard)) = parse_shard_key(key) else { return Ok(None) };
         match self.sharded.get(name) {
-            Some(&shards) if shard < shards => Ok(()),
+            Some(&shards) if shard < shards => Ok(None),
             Some(&shards) => Err(Error::invalid(
                 field,
                 format!("`{key}` is not a shard of sharded stream `{name}`, which has shards 0 to {}", shards - 1),
             )),
-            None => Err(Error::invalid(
-                field,
-                format!(
-                    "`{key}` is named like shard {shard} of a sharded stream `{name}`, which this sidecar was not \
-                     started with: start it with the same --sharded-streams {name}=<count> as the others"
-                ),
-            )),
+            None => Ok(Some(name)),
         }
     }
 
@@ -218,6 +212,14 @@ impl Keyspace {
             ),
         }
     }
+}
+
+/// Whether `text` is a shard count as sidecars record it: 1 to
+/// [`MAX_SHARDS`] in plain decimal (`append.lua` applies the same rule).
+pub fn is_recorded_count(text: &str) -> bool {
+    !text.starts_with('0')
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && text.parse::<u32>().is_ok_and(|n| (1..=MAX_SHARDS).contains(&n))
 }
 
 /// `(name, k)` when `key` is shaped like shard `k` of a sharded stream `name`.
@@ -322,11 +324,17 @@ mod tests {
         let direct = keys.append_target("orders:{orders:2}", b"");
         assert_eq!((direct.shard, direct.shards), (2, 4));
         assert_eq!(keys.append_target("orders:{orders:9}", b"").shards, 1);
-        assert!(keys.shard_key_known("f", "orders:{orders:9}").is_err(), "out of the configured range");
-        assert!(keys.shard_key_known("f", "orders:{orders:3}").is_ok());
-        assert!(keys.shard_key_known("f", "other:{other:0}").is_err(), "a shard key of a stream not configured here");
-        assert!(keys.shard_key_known("f", "other:{other:x}").is_ok(), "not shaped like a shard key");
-        assert!(keys.shard_key_known("f", "plain").is_ok());
+        assert!(keys.shard_key_check("f", "orders:{orders:9}").is_err(), "out of the configured range");
+        assert_eq!(keys.shard_key_check("f", "orders:{orders:3}").ok(), Some(None));
+        assert_eq!(keys.shard_key_check("f", "other:{other:0}").ok(), Some(Some("other")), "to look up in Redis");
+        assert_eq!(keys.shard_key_check("f", "other:{other:x}").ok(), Some(None), "not shaped like a shard key");
+        assert_eq!(keys.shard_key_check("f", "plain").ok(), Some(None));
+        for count in ["1", "4", "1024"] {
+            assert!(is_recorded_count(count), "{count}");
+        }
+        for not_a_count in ["0", "007", "+5", "1025", "99999999999", "", "abc", " 4"] {
+            assert!(!is_recorded_count(not_a_count), "{not_a_count:?}");
+        }
         assert_eq!(keys.shard_count_key("orders"), "orders:shards");
         assert_eq!(sharded("orders=4", true).shard_count_key("orders"), "{orders}:shards");
         let cluster = sharded("orders=4", true);

@@ -506,7 +506,8 @@ async fn a_sidecar_not_configured_for_a_sharded_stream_refuses_to_touch_it() {
 
     // Only a recorded count blocks a name: keys of other types or values named like it do not.
     let _: () = redis::cmd("XADD").arg("foo:shards").arg("*").arg("a").arg("b").query_async(&mut con).await.unwrap();
-    let _: () = redis::cmd("SET").arg("bar:shards").arg("hello").query_async(&mut con).await.unwrap();
+    let _: () = redis::cmd("SET").arg("bar:shards").arg("0").query_async(&mut con).await.unwrap();
+    append(&plain, "user:{user:123}").await.expect("shaped like a shard key, but nothing shards `user`");
     append(&plain, "foo").await.expect("foo:shards is a stream, not a count");
     append(&plain, "bar").await.expect("bar:shards holds no count");
     Consumer::try_subscribe(&plain, subscribe_msg("bar", "g", GroupStart::Beginning)).await.expect("bar is plain");

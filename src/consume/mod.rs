@@ -193,7 +193,6 @@ impl Consumers {
     fn validate(&self, caller: Option<&Caller>, subscribe: Subscribe) -> Result<(Subscription, Policy), Error> {
         let stream = self.guard.stream(caller, "subscribe.stream", &subscribe.stream)?.to_owned();
         let keys = &self.shared.redis.keys;
-        keys.shard_key_known("subscribe.stream", &stream)?;
         let shards = keys.shards(&stream).unwrap_or_else(|| vec![stream.clone()]);
         let group = self.guard.name("subscribe.group", &subscribe.group)?.to_owned();
         let start = match GroupStart::try_from(subscribe.group_start) {
@@ -305,6 +304,7 @@ impl Consumers {
     /// sharded (this one was not started with it: it would wait on a key no
     /// producer writes).
     async fn check_types(&self, stream: &str, dead_letters: &str, group: &str) -> Result<(), Error> {
+        self.shared.redis.refuse_foreign_shard_key("subscribe.stream", stream).await?;
         let keys = &self.shared.redis.keys;
         let retries = keys.retries(stream, group);
         let wanted = [(dead_letters, "stream"), (retries.as_str(), "hash")];
@@ -325,7 +325,7 @@ impl Consumers {
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| Error::from_redis(e, "checking the shard count (GET)", stream))?;
-            if let Some(count) = recorded.filter(|count| count.parse::<u32>().is_ok()) {
+            if let Some(count) = recorded.filter(|count| crate::keys::is_recorded_count(count)) {
                 return Err(keys.unconfigured_sharded(stream, &count));
             }
         }

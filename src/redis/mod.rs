@@ -20,6 +20,7 @@ use redis::{
 };
 
 use crate::{
+    error::Error,
     id::StreamId,
     keys::Keyspace,
     metrics::{Metrics, TimedConnection},
@@ -186,6 +187,34 @@ impl Redis {
             }
         }
         Ok(())
+    }
+
+    /// INVALID_ARGUMENT (naming `field`) when `key` is shaped like a shard key
+    /// of a stream that another sidecar shards (a count recorded in Redis,
+    /// `GET`) but this one does not, or like a shard this sidecar's sharded
+    /// stream does not have: appended here, it would get sequence numbers
+    /// outside its shard's stride (branded ids could collide across shards),
+    /// and a subscription would split the shard's readers. A name like
+    /// `user:{user:123}` with no count recorded is an ordinary stream.
+    pub async fn refuse_foreign_shard_key(&self, field: &'static str, key: &str) -> Result<(), Error> {
+        let Some(name) = self.keys.shard_key_check(field, key)? else { return Ok(()) };
+        let mut conn = self.conn.clone();
+        let count_key = self.keys.shard_count_key(name);
+        let recorded: Option<String> = redis::cmd("GET")
+            .arg(&count_key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| Error::from_redis(e, "checking the shard count (GET)", key))?;
+        match recorded.filter(|count| crate::keys::is_recorded_count(count)) {
+            None => Ok(()),
+            Some(count) => Err(Error::invalid(
+                field,
+                format!(
+                    "`{key}` is a shard key of sharded stream `{name}` ({count} shards, recorded in `{count_key}`), \
+                     which this sidecar was not started with: start it with --sharded-streams {name}={count}"
+                ),
+            )),
+        }
     }
 
     /// Logs a warning for each sharded stream whose name is also a plain

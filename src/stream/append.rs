@@ -38,7 +38,7 @@ async fn append_entries(
 ) -> Result<Vec<AppendResponse>, Error> {
     let logical = streams.guard.stream(caller, "stream", stream)?;
     let keys = &streams.redis.keys;
-    keys.shard_key_known("stream", logical)?;
+    streams.redis.refuse_foreign_shard_key("stream", logical).await?;
     let target = keys.append_target(logical, partition_key.as_bytes());
     let stream = target.key.as_str();
     keys.consumable("stream", stream)?;

@@ -26,8 +26,9 @@ local max_branded_ms = 281474976710655 -- 2^48 - 1: the 6 bytes of a branded id
 
 local shard, shards = tonumber(ARGV[3]), tonumber(ARGV[4])
 if KEYS[2] ~= stream and redis.call('TYPE', KEYS[2]).ok == 'string' then
+  -- A count as sidecars record it: 1 to 1024 (keys::is_recorded_count).
   local recorded = redis.call('GET', KEYS[2])
-  if string.match(recorded, '^%d+$') then
+  if string.match(recorded, '^[1-9]%d?%d?%d?$') and tonumber(recorded) <= 1024 then
     return redis.error_reply('ECHOMQ_SHARDED ' .. recorded)
   end
 end
