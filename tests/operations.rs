@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use echomq::proto::{AppendRequest, AppendResponse, GroupStart};
+use echomq::proto::{AppendRequest, AppendResponse, DescribeGroupRequest, GroupStart, ReadRequest};
 use support::*;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -511,6 +511,17 @@ async fn a_sidecar_not_configured_for_a_sharded_stream_refuses_to_touch_it() {
     append(&plain, "foo").await.expect("foo:shards is a stream, not a count");
     append(&plain, "bar").await.expect("bar:shards holds no count");
     Consumer::try_subscribe(&plain, subscribe_msg("bar", "g", GroupStart::Beginning)).await.expect("bar is plain");
+
+    // Calls on one stream key name the logical stream's shards instead of answering for an empty key.
+    let read = plain.stream_client().await.read(ReadRequest { stream: "orders".into(), ..Default::default() }).await;
+    let refused = read.expect_err("orders is sharded: Read must name a shard");
+    assert_code(&refused, Code::InvalidArgument);
+    assert!(refused.message().contains("orders:{orders:0}"), "{}", refused.message());
+    let describe = DescribeGroupRequest { stream: "orders".into(), group: "g".into() };
+    assert_code(
+        &plain.admin_client().await.describe_group(describe).await.expect_err("sharded"),
+        Code::InvalidArgument,
+    );
 
     // The sidecar that shards it is unaffected, and plain streams still work on both.
     let written = append(&sharding, "orders").await.expect("the sharding sidecar appends").into_inner();

@@ -30,12 +30,17 @@ fn is_metadata(name: &[u8]) -> bool {
 /// tagged on a cluster), which belongs to the stream: allowed with it, and
 /// not held to the name limit (a stream at the limit has a longer one). A
 /// sharded stream's name is refused: each shard has its own.
-fn dead_letter_stream(admin: &Admin, caller: Option<&Caller>, stream: &str, given: &str) -> Result<String, Error> {
+async fn dead_letter_stream(
+    admin: &Admin,
+    caller: Option<&Caller>,
+    stream: &str,
+    given: &str,
+) -> Result<String, Error> {
     if !given.is_empty() {
         return Ok(admin.guard.stream(caller, "dead_letter_stream", given)?.to_owned());
     }
     let stream = admin.guard.stream(caller, "stream", stream)?;
-    crate::stream::not_sharded(&admin.redis, "stream", stream)?;
+    crate::stream::not_sharded(&admin.redis, "stream", stream).await?;
     Ok(admin.redis.keys.dead_letter_stream(stream))
 }
 
@@ -45,7 +50,7 @@ pub(super) async fn list(
     caller: Option<&Caller>,
     request: &ListDeadLettersRequest,
 ) -> Result<ListDeadLettersResponse, Error> {
-    let dead_letters = dead_letter_stream(admin, caller, &request.stream, &request.dead_letter_stream)?;
+    let dead_letters = dead_letter_stream(admin, caller, &request.stream, &request.dead_letter_stream).await?;
     let start = match request.start_id.as_str() {
         "" => "-".to_owned(),
         id => id.parse::<StreamId>().map_err(|e| Error::invalid("start_id", e.to_string()))?.to_string(),
@@ -92,8 +97,11 @@ pub(super) async fn replay(
     request: &ReplayDeadLettersRequest,
 ) -> Result<ReplayDeadLettersResponse, Error> {
     let source = admin.guard.stream(caller, "stream", &request.stream)?;
-    crate::stream::not_sharded(&admin.redis, "stream", source)?;
-    let dead_letters = dead_letter_stream(admin, caller, source, &request.dead_letter_stream)?;
+    if !request.dead_letter_stream.is_empty() {
+        // Without one, finding the default dead-letter stream checks this.
+        crate::stream::not_sharded(&admin.redis, "stream", source).await?;
+    }
+    let dead_letters = dead_letter_stream(admin, caller, source, &request.dead_letter_stream).await?;
     admin.redis.keys.same_slot("dead_letter_stream", source, &dead_letters)?;
     if dead_letters == source {
         return Err(Error::invalid("dead_letter_stream", "must differ from the stream the dead letters go back to"));

@@ -26,6 +26,8 @@ pub(super) async fn describe_group(
     let stream = admin.guard.stream(caller, "stream", &request.stream)?;
     admin.guard.name("group", &request.group)?;
     let Some(shard_keys) = admin.redis.keys.shards(stream) else {
+        // Sharded by other sidecars only: the logical name is no key here.
+        crate::stream::not_sharded(&admin.redis, "stream", stream).await?;
         return describe(&admin.redis, stream, &request.group, DELIVERY_COUNT_SCAN).await;
     };
     let mut shards = Vec::with_capacity(shard_keys.len());

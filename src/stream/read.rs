@@ -64,7 +64,7 @@ pub(super) async fn read(
     request: &ReadRequest,
 ) -> Result<ReadResponse, Error> {
     let stream = streams.guard.stream(caller, "stream", &request.stream)?;
-    super::not_sharded(&streams.redis, "stream", stream)?;
+    super::not_sharded(&streams.redis, "stream", stream).await?;
     let start = parse_bound("start_id", &request.start_id, "start_time", request.start_time, End::Start)?;
     let end = parse_bound("end_id", &request.end_id, "end_time", request.end_time, End::End)?;
     let count = page_size("count", request.count)?;

@@ -27,7 +27,8 @@ const (
 type DescribeGroupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The stream key, or the name of a sharded stream (then the answer sums
-	// its shards and lists each in `shards`). Required.
+	// its shards and lists each in `shards`; a sidecar not started with that
+	// sharded stream refuses its name with INVALID_ARGUMENT). Required.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// The consumer group. Required.
 	Group         string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
