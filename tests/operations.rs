@@ -511,6 +511,7 @@ async fn a_sidecar_not_configured_for_a_sharded_stream_refuses_to_touch_it() {
     append(&plain, "foo").await.expect("foo:shards is a stream, not a count");
     append(&plain, "bar").await.expect("bar:shards holds no count");
     Consumer::try_subscribe(&plain, subscribe_msg("bar", "g", GroupStart::Beginning)).await.expect("bar is plain");
+    Consumer::try_subscribe(&plain, subscribe_msg("foo", "g", GroupStart::Beginning)).await.expect("foo is plain");
 
     // Calls on one stream key name the logical stream's shards instead of answering for an empty key.
     let read = plain.stream_client().await.read(ReadRequest { stream: "orders".into(), ..Default::default() }).await;

@@ -308,10 +308,12 @@ impl Consumers {
         let keys = &self.shared.redis.keys;
         let retries = keys.retries(stream, group);
         let wanted = [(dead_letters, "stream"), (retries.as_str(), "hash")];
-        let count_key = keys.shard_count_key_to_check(stream);
-        // One round trip; on a cluster the keys share the stream's slot (checked in validation).
+        if let Some(count) = self.shared.redis.recorded_shard_count(stream).await? {
+            return Err(keys.unconfigured_sharded(stream, &count.to_string()));
+        }
+        // One round trip; on a cluster both keys share the stream's slot (checked in validation).
         let mut pipe = redis::pipe();
-        for key in wanted.iter().map(|(key, _)| *key).chain(count_key.as_deref()) {
+        for (key, _) in wanted {
             pipe.cmd("TYPE").arg(key);
         }
         let mut conn = self.shared.redis.conn.clone();
@@ -319,16 +321,6 @@ impl Consumers {
             .query_async(&mut conn)
             .await
             .map_err(|e| Error::from_redis(e, "checking the group's keys (TYPE)", stream))?;
-        if let (Some(count_key), Some("string")) = (&count_key, found.get(2).map(String::as_str)) {
-            let recorded: Option<String> = redis::cmd("GET")
-                .arg(count_key)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| Error::from_redis(e, "checking the shard count (GET)", stream))?;
-            if let Some(count) = recorded.filter(|count| crate::keys::is_recorded_count(count)) {
-                return Err(keys.unconfigured_sharded(stream, &count));
-            }
-        }
         for ((key, wanted), found) in wanted.into_iter().zip(found) {
             if found != "none" && found != wanted {
                 return Err(Error::Conflict {

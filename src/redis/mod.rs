@@ -198,23 +198,35 @@ impl Redis {
     /// `user:{user:123}` with no count recorded is an ordinary stream.
     pub async fn refuse_foreign_shard_key(&self, field: &'static str, key: &str) -> Result<(), Error> {
         let Some(name) = self.keys.shard_key_check(field, key)? else { return Ok(()) };
-        let mut conn = self.conn.clone();
-        let count_key = self.keys.shard_count_key(name);
-        let recorded: Option<String> = redis::cmd("GET")
-            .arg(&count_key)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| Error::from_redis(e, "checking the shard count (GET)", key))?;
-        match recorded.filter(|count| crate::keys::is_recorded_count(count)) {
+        match self.recorded_shard_count(name).await? {
             None => Ok(()),
             Some(count) => Err(Error::invalid(
                 field,
                 format!(
-                    "`{key}` is a shard key of sharded stream `{name}` ({count} shards, recorded in `{count_key}`), \
-                     which this sidecar was not started with: start it with --sharded-streams {name}={count}"
+                    "`{key}` is a shard key of sharded stream `{name}` ({count} shards, recorded in `{}`), which \
+                     this sidecar was not started with: start it with --sharded-streams {name}={count}",
+                    self.keys.shard_count_key(name)
                 ),
             )),
         }
+    }
+
+    /// The shard count recorded for `name` by the sidecars that shard it
+    /// (`GET` of [`Keyspace::shard_count_key`]); `None` when none is, or the
+    /// key holds something else (another type, not a count: see
+    /// [`crate::keys::is_recorded_count`]), or `name` has braces (no sharded
+    /// stream has them; no query then).
+    ///
+    /// Errors: as [`Error::from_redis`] when Redis fails the `GET`.
+    pub async fn recorded_shard_count(&self, name: &str) -> Result<Option<u32>, Error> {
+        let Some(count_key) = self.keys.shard_count_key_to_check(name) else { return Ok(None) };
+        let mut conn = self.conn.clone();
+        let recorded: Option<String> = match redis::cmd("GET").arg(&count_key).query_async(&mut conn).await {
+            Ok(recorded) => recorded,
+            Err(e) if e.code() == Some("WRONGTYPE") => None,
+            Err(e) => return Err(Error::from_redis(e, "checking the shard count (GET)", name)),
+        };
+        Ok(recorded.filter(|count| crate::keys::is_recorded_count(count)).and_then(|count| count.parse().ok()))
     }
 
     /// Logs a warning for each sharded stream whose name is also a plain

@@ -67,7 +67,7 @@ impl StreamService for Streams {
 pub async fn not_sharded(redis: &Redis, field: &'static str, stream: &str) -> Result<(), crate::error::Error> {
     let (count, origin) = match redis.keys.shards(stream) {
         Some(shards) => (shards.len() as u32, ""),
-        None => match recorded_shard_count(redis, stream).await? {
+        None => match redis.recorded_shard_count(stream).await? {
             Some(count) => (count, ", recorded in Redis by the sidecars that shard it"),
             None => return Ok(()),
         },
@@ -80,19 +80,6 @@ pub async fn not_sharded(redis: &Redis, field: &'static str, stream: &str) -> Re
             crate::keys::shard_key(stream, count - 1)
         ),
     ))
-}
-
-/// The shard count another sidecar recorded for `stream` (`GET`), if any;
-/// `None` without a query for a name with braces (never a sharded stream).
-async fn recorded_shard_count(redis: &Redis, stream: &str) -> Result<Option<u32>, crate::error::Error> {
-    let Some(count_key) = redis.keys.shard_count_key_to_check(stream) else { return Ok(None) };
-    let mut conn = redis.conn.clone();
-    let recorded: Option<String> = redis::cmd("GET")
-        .arg(&count_key)
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| crate::error::Error::from_redis(e, "checking the shard count (GET)", stream))?;
-    Ok(recorded.filter(|count| crate::keys::is_recorded_count(count)).and_then(|count| count.parse().ok()))
 }
 
 /// The caller's W3C trace context, from the gRPC `traceparent` header.
