@@ -405,14 +405,7 @@ async fn health_and_command_errors_follow_a_redis_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_list_of_non_cluster_nodes_exits_2_with_the_reason() {
     let redis = RedisServer::start().await;
-    let args = [
-        "--redis-url".to_owned(),
-        format!("{},{}", redis.url(), redis.url()),
-        "--listen".to_owned(),
-        format!("127.0.0.1:{}", free_port()),
-        "--admin-listen".to_owned(),
-        format!("127.0.0.1:{}", free_port()),
-    ];
+    let args = local_args(&format!("{},{}", redis.url(), redis.url()));
     let out = run_to_exit(&args, Duration::from_secs(15));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -431,16 +424,8 @@ async fn a_sidecar_with_another_shard_count_for_a_stream_refuses_to_start() {
     let recorded: String = redis::cmd("GET").arg("orders:shards").query_async(&mut con).await.unwrap();
     assert_eq!(recorded, "4");
 
-    let args = [
-        "--redis-url".to_owned(),
-        redis.url(),
-        "--sharded-streams".to_owned(),
-        "orders=2".to_owned(),
-        "--listen".to_owned(),
-        format!("127.0.0.1:{}", free_port()),
-        "--admin-listen".to_owned(),
-        format!("127.0.0.1:{}", free_port()),
-    ];
+    let mut args = local_args(&redis.url());
+    args.extend(["--sharded-streams".to_owned(), "orders=2".to_owned()]);
     let out = run_to_exit(&args, Duration::from_secs(15));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");

@@ -94,17 +94,7 @@ async fn assert_never_ready(sidecar: &Sidecar, during: Duration, why: &str) {
 /// Arguments for a sidecar that would otherwise start: free ports and a Redis
 /// that does not exist (so a sidecar that does not fail at once keeps retrying).
 fn base_args() -> Vec<String> {
-    [
-        "--redis-url",
-        "redis://127.0.0.1:1",
-        "--listen",
-        &format!("127.0.0.1:{}", free_port()),
-        "--admin-listen",
-        &format!("127.0.0.1:{}", free_port()),
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect()
+    local_args("redis://127.0.0.1:1")
 }
 
 /// Asserts exit code 2 and exactly one non-empty stderr line that names `flag`

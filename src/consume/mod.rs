@@ -1,8 +1,8 @@
 //! The Consume call: validate the subscribe, open the group door, attach the
 //! call to its group's worker, then relay frames both ways.
 //!
-//! A delivery reads forward: Redis reply → [`worker`] → [`session`] → gRPC
-//! frame; a verdict back: gRPC frame → [`session`] → [`worker`] → XACK.
+//! A delivery reads forward: Redis reply → `worker` → `session` → gRPC
+//! frame; a verdict back: gRPC frame → `session` → `worker` → XACK.
 
 mod delivery;
 mod session;

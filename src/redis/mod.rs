@@ -196,6 +196,8 @@ impl Redis {
     /// outside its shard's stride (branded ids could collide across shards),
     /// and a subscription would split the shard's readers. A name like
     /// `user:{user:123}` with no count recorded is an ordinary stream.
+    ///
+    /// Errors: those above; as [`Redis::recorded_shard_count`] when the `GET` fails.
     pub async fn refuse_foreign_shard_key(&self, field: &'static str, key: &str) -> Result<(), Error> {
         let Some(name) = self.keys.shard_key_check(field, key)? else { return Ok(()) };
         match self.recorded_shard_count(name).await? {

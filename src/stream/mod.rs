@@ -63,7 +63,9 @@ impl StreamService for Streams {
 
 /// INVALID_ARGUMENT when `stream` names a sharded stream, configured here or
 /// recorded in Redis by other sidecars (one `GET`): for calls that work on one
-/// stream key (Read, Trim, dead letters), which must name a shard.
+/// stream key (Read, Trim, dead letters), which must name a shard. The
+/// message lists the shard keys. Errors also as
+/// [`Redis::recorded_shard_count`] when the `GET` fails.
 pub async fn not_sharded(redis: &Redis, field: &'static str, stream: &str) -> Result<(), crate::error::Error> {
     let (count, origin) = match redis.keys.shards(stream) {
         Some(shards) => (shards.len() as u32, ""),

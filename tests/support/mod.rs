@@ -506,6 +506,19 @@ pub fn sidecar_command() -> Command {
     cmd
 }
 
+/// The arguments of a sidecar on `redis_url` with its gRPC and admin ports on
+/// free loopback ports, to extend and pass to [`run_to_exit`].
+pub fn local_args(redis_url: &str) -> Vec<String> {
+    vec![
+        "--redis-url".to_owned(),
+        redis_url.to_owned(),
+        "--listen".to_owned(),
+        format!("127.0.0.1:{}", free_port()),
+        "--admin-listen".to_owned(),
+        format!("127.0.0.1:{}", free_port()),
+    ]
+}
+
 /// The sidecar binary run to its end with `args`, killed (and the test
 /// failed) if it still runs after `timeout`: for settings that must make it
 /// exit at once.
