@@ -75,8 +75,8 @@ impl Keyspace {
         self.derived(stream, ":dlq")
     }
 
-    /// The retry hash of `group` on `stream` (stream id → "<due unix ms> <last
-    /// failure reason>"): `<stream>:retries:<group>`, tagged like
+    /// The retry hash of `group` on `stream` (stream id → `<due unix ms> <last
+    /// failure reason>`): `<stream>:retries:<group>`, tagged like
     /// [`Self::dead_letter_stream`].
     pub fn retries(&self, stream: &str, group: &str) -> String {
         self.derived(stream, &format!(":retries:{group}"))
