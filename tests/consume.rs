@@ -1081,6 +1081,35 @@ async fn dead_lettering_an_entry_deleted_while_held_is_answered_not_pending() {
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
 }
 
+/// The reclaim beat (XAUTOCLAIM) drops a deleted entry from the PEL while a
+/// call still holds it: the call's later Ack and Fail are answered NOT_PENDING
+/// saying why, and nothing is acknowledged, retried or dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdicts_on_an_entry_the_reclaim_beat_found_deleted_say_so() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--reclaim-interval-ms").arg("50")).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let first = sidecar.append("s", &[("k", b"1")]).await;
+    let second = sidecar.append("s", &[("k", b"2")]).await;
+    let held = consumer.deliveries(2, EVENT_TIMEOUT).await;
+    for appended in [&first, &second] {
+        let _: i64 = redis::cmd("XDEL").arg("s").arg(&appended.stream_id).query_async(&mut con).await.unwrap();
+    }
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "the reclaim beat drops deleted entries");
+
+    consumer.ack_one(&held[0].id).await;
+    consumer.fail(&held[1].id, None).await;
+    for _ in 0..2 {
+        let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+        assert_eq!(error.code, VerdictErrorCode::NotPending as i32, "{error:?}");
+        assert!(error.message.contains("deleted from the stream"), "{error:?}");
+    }
+    let retries: i64 = redis::cmd("EXISTS").arg("s:retries:g").query_async(&mut con).await.unwrap();
+    assert_eq!(retries, 0, "nothing was scheduled for retry");
+    consumer.assert_quiet(Duration::from_millis(300), "a deleted entry is never handed out again").await;
+}
+
 /// A sharded stream's call shares its credit out over the shards: a backlog
 /// in one shard cannot take the slots of another, whose entry is handed out
 /// while the backlog's deliveries are still held.

@@ -44,6 +44,8 @@ use crate::{
 };
 
 /// The verdict error for an id the call does not hold.
+const TRIMMED_WHILE_HELD: &str = "the entry was deleted from the stream (trimmed) while held; Redis dropped it from the PEL, so there is nothing to acknowledge, retry or dead-letter";
+
 pub(crate) const UNKNOWN_ID: &str = "this call does not hold that id: it was never delivered to this call, was already settled, or passed its ack deadline";
 
 /// Identifies one Consume call inside the sidecar.
@@ -166,8 +168,18 @@ struct Held {
     /// The delivery's span, from hand-over to verdict (only while traces are
     /// exported); it ends when this is dropped.
     span: Option<tracing::Span>,
-    /// The lease was lost to a peer: a later Ack is answered NOT_PENDING.
-    lost: bool,
+    /// Redis no longer has it pending for this sidecar: a later verdict is
+    /// answered NOT_PENDING, saying why, and is not applied.
+    gone: Option<Gone>,
+}
+
+/// Why a held entry is no longer pending for this sidecar.
+#[derive(Clone, Copy, Debug)]
+enum Gone {
+    /// A peer reclaimed it (its lease ran out here).
+    ToPeer,
+    /// It was deleted from the stream (trimmed, XDEL) and dropped from the PEL.
+    Deleted,
 }
 
 struct Session {
@@ -554,7 +566,7 @@ impl Worker {
         let deadline = session.policy.ack_deadline.map(|d| Instant::now() + d);
         session
             .held
-            .insert(branded, Held { stream_id, attempts, deadline, delivered_at: Instant::now(), span, lost: false });
+            .insert(branded, Held { stream_id, attempts, deadline, delivered_at: Instant::now(), span, gone: None });
         self.entries.insert(stream_id, Track::Held(session_id));
         self.shared.held.fetch_add(1, Ordering::Relaxed);
         self.metrics.deliveries.inc();
@@ -709,8 +721,11 @@ impl Worker {
         }
     }
 
+    /// The entry was deleted from the stream and Redis dropped it from the PEL
+    /// (XAUTOCLAIM's deleted ids, a nil body in a PEL read): never forwarded,
+    /// and if a call holds it, its verdict is answered NOT_PENDING.
     fn trimmed_while_pending(&mut self, stream_id: StreamId) {
-        self.entries.remove(&stream_id);
+        self.forget(stream_id, Gone::Deleted);
         self.metrics.trimmed_while_pending.inc();
         warn!(stream = %self.stream, group = %self.group, %stream_id, "entry was deleted from the stream while pending; dropped from the PEL");
     }
@@ -833,12 +848,13 @@ impl Worker {
         self.shared.held.fetch_sub(1, Ordering::Relaxed);
         self.metrics.in_flight.dec();
         self.metrics.handler_seconds.observe(held.delivered_at.elapsed().as_secs_f64());
-        if held.lost {
-            s.error(
-                text,
-                VerdictErrorCode::NotPending,
-                "the lease on this entry was lost to a peer, which may be handling it now; nothing was acknowledged",
-            );
+        if let Some(gone) = held.gone {
+            s.error(text, VerdictErrorCode::NotPending, match gone {
+                Gone::ToPeer => {
+                    "the lease on this entry was lost to a peer, which may be handling it now; its verdict was not applied"
+                }
+                Gone::Deleted => TRIMMED_WHILE_HELD,
+            });
             return None;
         }
         self.entries.remove(&held.stream_id);
@@ -953,11 +969,7 @@ impl Worker {
                     }
                     Some(Value::Int(0)) => {
                         self.trimmed_while_pending(held.stream_id);
-                        Some((
-                            VerdictErrorCode::NotPending,
-                            "the entry was deleted from the stream (trimmed) while held; it was dropped from the PEL and nothing was dead-lettered"
-                                .to_owned(),
-                        ))
+                        Some((VerdictErrorCode::NotPending, TRIMMED_WHILE_HELD.to_owned()))
                     }
                     _ => Some((
                         VerdictErrorCode::NotPending,
@@ -1011,7 +1023,7 @@ impl Worker {
             self.shared.returned_while_draining.fetch_add(returned, Ordering::Relaxed);
         }
         self.metrics.in_flight.dec_by(returned as i64);
-        for held in s.held.into_values().filter(|h| !h.lost) {
+        for held in s.held.into_values().filter(|h| h.gone.is_none()) {
             self.entries.remove(&held.stream_id);
             let delay = s.policy.retry_delay(held.attempts);
             self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned());
@@ -1058,7 +1070,7 @@ impl Worker {
         }
         self.shared.held.fetch_sub(expired.len(), Ordering::Relaxed);
         self.metrics.in_flight.dec_by(expired.len() as i64);
-        for (held, delay) in expired.into_iter().filter(|(h, _)| !h.lost) {
+        for (held, delay) in expired.into_iter().filter(|(h, _)| h.gone.is_none()) {
             debug!(stream = %self.stream, stream_id = %held.stream_id, "ack deadline passed; treated as failed");
             self.entries.remove(&held.stream_id);
             self.retry_later(held.stream_id, delay, "the ack deadline passed".to_owned());
@@ -1100,24 +1112,32 @@ impl Worker {
     /// A peer took an entry this sidecar holds: the call is told now, and its
     /// later verdict is answered NOT_PENDING instead of being applied.
     fn lease_lost(&mut self, stream_id: StreamId) {
-        match self.entries.remove(&stream_id) {
-            Some(Track::Held(session)) => {
-                let Some(s) = self.sessions.get_mut(&session) else { return };
-                self.metrics.leases_lost.inc();
-                let lost = s.held.iter_mut().find(|(_, h)| h.stream_id == stream_id).map(|(id, held)| {
-                    held.lost = true;
-                    *id
-                });
-                if let Some(id) = lost {
-                    s.error(&id.to_string(), VerdictErrorCode::LeaseLost, "the lease on this entry was lost: Redis no longer has it pending for this sidecar (a peer reclaimed it); its verdict will not be applied");
-                }
-                warn!(stream = %self.stream, group = %self.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
+        let Some((session, id)) = self.forget(stream_id, Gone::ToPeer) else { return };
+        let Some(s) = self.sessions.get(&session) else { return };
+        self.metrics.leases_lost.inc();
+        s.error(&id.to_string(), VerdictErrorCode::LeaseLost, "the lease on this entry was lost: Redis no longer has it pending for this sidecar (a peer reclaimed it); its verdict will not be applied");
+        warn!(stream = %self.stream, group = %self.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
+    }
+
+    /// Stops tracking an entry Redis no longer has pending for this sidecar.
+    /// A held one stays with its call, marked `gone` so that its verdict is
+    /// answered NOT_PENDING; returns that call and the delivery's id.
+    fn forget(&mut self, stream_id: StreamId, gone: Gone) -> Option<(SessionId, BrandedId)> {
+        match self.entries.remove(&stream_id)? {
+            Track::Held(session) => {
+                let s = self.sessions.get_mut(&session)?;
+                let (id, held) = s.held.iter_mut().find(|(_, h)| h.stream_id == stream_id)?;
+                held.gone = Some(gone);
+                Some((session, *id))
             }
-            Some(Track::Ready) => self.ready.retain(|out| out.stream_id != stream_id),
-            Some(Track::Waiting(at)) => {
+            Track::Ready => {
+                self.ready.retain(|out| out.stream_id != stream_id);
+                None
+            }
+            Track::Waiting(at) => {
                 self.waiting.remove(&(at, stream_id));
+                None
             }
-            None => {}
         }
     }
 

@@ -97,8 +97,10 @@ const (
 	// or returned to the PEL after its ack deadline. Nothing was applied.
 	VerdictErrorCode_VERDICT_ERROR_CODE_UNKNOWN_ID VerdictErrorCode = 1
 	// The entry was held, but Redis no longer has it pending for this group
-	// (XACK answered 0): a peer reclaimed it after the lease was lost, or the
-	// group was re-created. Handle it idempotently: it may be delivered again.
+	// (XACK answered 0): a peer reclaimed it after the lease was lost, it was
+	// deleted from the stream (trimmed, XDEL) and so dropped from the PEL, or the
+	// group was re-created. The message says which when the sidecar knows.
+	// Handle it idempotently: it may be delivered again.
 	VerdictErrorCode_VERDICT_ERROR_CODE_NOT_PENDING VerdictErrorCode = 2
 	// The id is not 28 lowercase hex characters, or another field of the verdict
 	// is invalid (a negative duration). Nothing was applied.
@@ -494,8 +496,8 @@ func (x *Subscribe) GetNoAck() bool {
 //
 // An id this call does not hold gets a `VerdictError` (UNKNOWN_ID) and nothing
 // is acknowledged for it; an id that is no longer pending in Redis (reclaimed
-// by a peer after a lost lease, or its group was re-created) gets NOT_PENDING.
-// Neither ends the call.
+// by a peer after a lost lease, deleted from the stream, or its group was
+// re-created) gets NOT_PENDING. Neither ends the call.
 type Ack struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Branded ids (28 lowercase hex characters) of deliveries this call holds.
