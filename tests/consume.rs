@@ -1081,33 +1081,46 @@ async fn dead_lettering_an_entry_deleted_while_held_is_answered_not_pending() {
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
 }
 
-/// The reclaim beat (XAUTOCLAIM) drops a deleted entry from the PEL while a
-/// call still holds it: the call's later Ack and Fail are answered NOT_PENDING
-/// saying why, and nothing is acknowledged, retried or dead-lettered.
+/// The reclaim beat (XAUTOCLAIM) and the lease refresh (XCLAIM JUSTID) each
+/// drop a deleted entry from the PEL while a call still holds it: the call's
+/// later Ack and Fail are answered NOT_PENDING saying why (not LEASE_LOST),
+/// and nothing is acknowledged, retried or dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn verdicts_on_an_entry_the_reclaim_beat_found_deleted_say_so() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--reclaim-interval-ms").arg("50")).await;
-    let mut con = redis.conn().await;
-    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
-    let first = sidecar.append("s", &[("k", b"1")]).await;
-    let second = sidecar.append("s", &[("k", b"2")]).await;
-    let held = consumer.deliveries(2, EVENT_TIMEOUT).await;
-    for appended in [&first, &second] {
-        let _: i64 = redis::cmd("XDEL").arg("s").arg(&appended.stream_id).query_async(&mut con).await.unwrap();
-    }
-    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "the reclaim beat drops deleted entries");
+async fn verdicts_on_an_entry_a_beat_found_deleted_say_so() {
+    // Each beat alone: the other's period is far longer than the test.
+    let reclaim_beat = [("--reclaim-interval-ms", "50"), ("--reclaim-min-idle-ms", "600000")];
+    let lease_refresh = [("--reclaim-interval-ms", "600000"), ("--reclaim-min-idle-ms", "300")];
+    for (beat, args) in [("reclaim beat", reclaim_beat), ("lease refresh", lease_refresh)] {
+        let redis = RedisServer::start().await;
+        let options = args.iter().fold(SidecarOptions::default(), |o, (flag, value)| o.arg(flag).arg(value));
+        let sidecar = Sidecar::start(&redis, options).await;
+        let mut con = redis.conn().await;
+        let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+        let first = sidecar.append("s", &[("k", b"1")]).await;
+        let second = sidecar.append("s", &[("k", b"2")]).await;
+        let held = consumer.deliveries(2, EVENT_TIMEOUT).await;
+        for appended in [&first, &second] {
+            let _: i64 = redis::cmd("XDEL").arg("s").arg(&appended.stream_id).query_async(&mut con).await.unwrap();
+        }
+        assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "the {beat} drops deleted entries");
+        // Past further beats: one that took a deleted entry for a lost lease
+        // would tell the call LEASE_LOST here.
+        tokio::time::sleep(Duration::from_millis(400)).await;
 
-    consumer.ack_one(&held[0].id).await;
-    consumer.fail(&held[1].id, None).await;
-    for _ in 0..2 {
-        let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
-        assert_eq!(error.code, VerdictErrorCode::NotPending as i32, "{error:?}");
-        assert!(error.message.contains("deleted from the stream"), "{error:?}");
+        consumer.ack_one(&held[0].id).await;
+        consumer.fail(&held[1].id, None).await;
+        for _ in 0..2 {
+            let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+            assert_eq!(error.code, VerdictErrorCode::NotPending as i32, "{beat}: {error:?}");
+            assert!(error.message.contains("deleted from the stream"), "{beat}: {error:?}");
+        }
+        assert!(!exists(&mut con, "s:retries:g").await, "{beat}: nothing was scheduled for retry");
+        let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("/metrics").body;
+        let lost = metrics.lines().filter(|l| l.starts_with("echomq_leases_lost_total") && !l.ends_with(" 0"));
+        assert_eq!(lost.count(), 0, "{beat}: no lease counted as lost\n{metrics}");
+        assert!(metrics.contains("echomq_trimmed_while_pending_total"), "{beat}: counted as trimmed\n{metrics}");
+        consumer.assert_quiet(Duration::from_millis(300), "a deleted entry is never handed out again").await;
     }
-    let retries: i64 = redis::cmd("EXISTS").arg("s:retries:g").query_async(&mut con).await.unwrap();
-    assert_eq!(retries, 0, "nothing was scheduled for retry");
-    consumer.assert_quiet(Duration::from_millis(300), "a deleted entry is never handed out again").await;
 }
 
 /// A sharded stream's call shares its credit out over the shards: a backlog

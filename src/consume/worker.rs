@@ -1098,13 +1098,18 @@ impl Worker {
                 script.arg(id.to_string());
             }
             let mut conn = self.shared.redis.conn.clone();
-            let lost: Vec<Value> = match script.invoke_async::<Value>(&mut conn).await {
+            let not_refreshed: Vec<Value> = match script.invoke_async::<Value>(&mut conn).await {
                 Ok(reply) => array(&reply).to_vec(),
                 Err(e) => return self.redis_failed("refreshing leases", &e),
             };
-            self.metrics.lease_refreshes.inc_by((chunk.len() - lost.len()) as u64);
-            for id in lost.iter().filter_map(|v| parse_stream_id(v).ok()) {
-                self.lease_lost(id);
+            self.metrics.lease_refreshes.inc_by((chunk.len() - not_refreshed.len()) as u64);
+            for item in &not_refreshed {
+                let parts = array(item);
+                let Some(Ok(id)) = parts.first().map(parse_stream_id) else { continue };
+                match parts.get(1) {
+                    Some(Value::Int(0)) => self.trimmed_while_pending(id),
+                    _ => self.lease_lost(id),
+                }
             }
         }
     }

@@ -24,7 +24,8 @@
 --   { id, -3, dead_letter_id, n }   dead-lettered after n deliveries
 --   { id, n, { field, value, … } }  ('deliver') claimed: n is its delivery count now
 -- 'refresh' resets the idle time (XCLAIM … JUSTID, no delivery counted) and
--- replies with the ids that are no longer pending for this consumer.
+-- replies only for the ids it could not refresh: { id, -1 } or { id, 0 } as
+-- above (XCLAIM claims nothing for an entry deleted from the stream).
 
 local stream, dead_letters, retries = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer, mode, id_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -85,9 +86,12 @@ for i = 6, #ARGV do
   local pending = redis.call('XPENDING', stream, group, id, id, 1, consumer)
   if mode == 'refresh' then
     if #pending == 0 then
-      out[#out + 1] = id
-    else
-      redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
+      out[#out + 1] = { id, -1 }
+    elseif #redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID') == 0 then
+      -- Redis 7 drops a deleted entry from the PEL here; older versions keep it.
+      redis.call('XACK', stream, group, id)
+      redis.call('HDEL', retries, id)
+      out[#out + 1] = { id, 0 }
     end
   elseif #pending == 0 then
     out[#out + 1] = { id, -1 }
