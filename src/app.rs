@@ -258,9 +258,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         held = consumers.held(),
         "shutting down: not serving, no new deliveries, calls may settle what they hold"
     );
-    // Reading stops first, so that once /readyz and health say so, no entry
-    // appended afterwards is taken into this consumer's PEL.
+    // Reading stops first: each worker cuts off its blocked XREADGROUP, and
+    // once Redis has seen that connection close, entries appended afterwards
+    // stay in the stream for the next reader instead of this consumer's PEL.
     let _ = draining_tx.send(true);
+    // Draining before health, so that the ping loop cannot put health back.
     readiness.set_draining();
     for service in services {
         health.set_service_status(service, ServingStatus::NotServing).await;

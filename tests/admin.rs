@@ -215,6 +215,9 @@ async fn replay_into_a_stream_without_a_group_is_refused_and_keeps_the_dead_lett
         .await
     );
     drop(call);
+    // Deleting the stream under a read still blocked on it would make the
+    // worker re-create its group (UNBLOCKED), and the stream with it.
+    wait_no_blocked_readers(&mut con).await;
     let replay = || async {
         sidecar
             .admin_client()

@@ -498,7 +498,7 @@ impl World {
         let settled: BTreeSet<&String> = pool.acked.iter().chain(&pool.dead).collect();
         let uncertain = &pool.uncertain;
         // What the test settled leaves the PEL (the XACK may still be on its way).
-        let deadline = Instant::now() + Duration::from_secs(3);
+        let deadline = Instant::now() + ANSWER;
         let pel: BTreeSet<String> = loop {
             let pel: BTreeSet<String> =
                 pending_entries(&mut self.con, &pool.name, GROUP).await.into_iter().map(|p| p.stream_id).collect();
@@ -1288,7 +1288,7 @@ async fn cross_call(world: &mut World, seq: &mut Seq, call: &mut Call, p: usize,
     if let Err(e) = world.supply(p, 3, rng).await {
         seq.problem(e);
     }
-    let got = other.wait_delivery(Duration::from_secs(2)).await;
+    let got = other.wait_delivery(ANSWER).await;
     seq.absorb(&mut other, &mut world.pools[p]);
     match got {
         Ok(true) => {}

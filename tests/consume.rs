@@ -438,7 +438,7 @@ async fn a_retry_on_an_idle_stream_comes_back_on_time_not_after_the_blocking_rea
 
     assert_eq!((again.id.as_str(), again.attempts), (first.id.as_str(), 2));
     assert!(waited >= Duration::from_millis(450), "not before retry_after: {waited:?}");
-    assert!(waited < Duration::from_millis(3000), "retry_after 500 ms, BLOCK 10 s: came back after {waited:?}");
+    assert!(waited < Duration::from_millis(8000), "retry_after 500 ms, BLOCK 10 s: came back after {waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -456,11 +456,12 @@ async fn fail_without_retry_after_uses_subscription_backoff() {
     let failed_at = Instant::now();
     consumer.fail(&d.id, None).await;
 
-    let again = consumer.next_delivery(Duration::from_millis(5000)).await;
+    let again = consumer.next_delivery(EVENT_TIMEOUT).await;
     assert_eq!(again.id, d.id);
     assert_eq!(again.attempts, 2);
     let waited = failed_at.elapsed();
-    assert!(waited < Duration::from_millis(3000), "backoff capped at 400 ms, redelivered after {waited:?}");
+    // The sidecar's 10 s would wait at least 5 s (half of it, plus jitter).
+    assert!(waited < Duration::from_millis(4500), "backoff capped at 400 ms, redelivered after {waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -763,7 +764,8 @@ async fn ack_after_deadline_is_unknown_id() {
     let mut consumer = Consumer::subscribe(&sidecar, sub).await;
     sidecar.append("s", &[("k", b"v")]).await;
     let d = consumer.next_delivery(EVENT_TIMEOUT).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Well past the deadline, which the worker checks every 100 ms.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
 
     consumer.ack(&[&d.id]).await;
 
@@ -779,7 +781,7 @@ async fn extend_pushes_the_ack_deadline_back() {
     let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100)).await;
     let mut con = redis.conn().await;
     let mut sub = subscribe_msg("s", "g", GroupStart::New);
-    sub.ack_deadline = Some(duration_ms(800));
+    sub.ack_deadline = Some(duration_ms(2000));
     let mut consumer = Consumer::subscribe(&sidecar, sub).await;
     sidecar.append("s", &[("k", b"v")]).await;
     let d = consumer.next_delivery(EVENT_TIMEOUT).await;
@@ -787,12 +789,12 @@ async fn extend_pushes_the_ack_deadline_back() {
     consumer
         .send(req(Kind::Extend(echomq::proto::Extend {
             ids: vec![d.id.clone()],
-            by: Some(duration_ms(5000)),
+            by: Some(duration_ms(10_000)),
             ..Default::default()
         })))
         .await;
 
-    consumer.assert_quiet(Duration::from_millis(2000), "extended: no expiry, no re-delivery").await;
+    consumer.assert_quiet(Duration::from_millis(3500), "extended: no expiry, no re-delivery").await;
     consumer.ack(&[&d.id]).await;
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
     consumer.assert_quiet(Duration::from_millis(500), "the ack within the extension applies").await;
@@ -909,8 +911,15 @@ async fn poison_entry_moves_to_dead_letter_stream_after_max_deliveries() {
     consumer.fail(&second.id, None).await;
 
     consumer.assert_quiet(Duration::from_millis(2000), "a third delivery would exceed max_deliveries 2").await;
+    assert!(
+        eventually(EVENT_TIMEOUT, || {
+            let mut con = con.clone();
+            async move { xlen(&mut con, "s:dlq").await == 1 }
+        })
+        .await,
+        "the poison entry is dead-lettered"
+    );
     let dlq = xrange(&mut con, "s:dlq").await;
-    assert_eq!(dlq.len(), 1, "the poison entry is dead-lettered");
     assert_eq!(dlq[0].field("id"), Some(e.id.as_bytes()));
     assert_eq!(dlq[0].field("k"), Some(&b"v"[..]));
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "and acknowledged on the source");
@@ -1028,28 +1037,24 @@ async fn a_namesake_is_handed_over_when_the_first_delivery_passes_its_ack_deadli
 /// and an unapplied one's entry comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_redis_does_not_answer_in_time_is_reported_as_unknown_and_not_undone() {
-    let args = vec!["--enable-debug-command".to_owned(), "yes".to_owned()];
-    let redis = RedisServer::start_with(RedisOptions { args, ..RedisOptions::default() }).await;
+    let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--redis-timeout-ms").arg("300")).await;
     let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
     sidecar.append("s", &[("k", b"v")]).await;
     let delivery = consumer.next_delivery(EVENT_TIMEOUT).await;
 
-    let mut sleeper = redis.conn().await;
-    let sleep = tokio::spawn(async move {
-        // This connection's own response timeout gives up first: fine.
-        let _ = redis::cmd("DEBUG").arg("SLEEP").arg("1.2").query_async::<redis::Value>(&mut sleeper).await;
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut con = redis.conn().await;
+    // Once OK comes back, Redis holds every client's commands for 1.2 s.
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(1200).arg("ALL").query_async(&mut con).await.unwrap();
+    let resumes = Instant::now() + Duration::from_millis(1200);
     consumer.ack_one(&delivery.id).await;
-    let error = consumer.next_verdict_error(Duration::from_secs(5)).await;
-    sleep.await.unwrap();
+    let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    tokio::time::sleep_until(resumes.into()).await;
 
     assert_eq!(error.code, VerdictErrorCode::Unavailable as i32);
     assert!(error.message.contains("outcome is unknown"), "{error:?}");
     // Either way nothing is lost and nothing is acked twice: an applied ack
     // stays applied, an unapplied one leaves the entry to come back.
-    let mut con = redis.conn().await;
     if pending_count(&mut con, "s", "g").await == 1 {
         let again = consumer.next_delivery(Duration::from_secs(15)).await;
         assert_eq!(again.id, delivery.id, "the unapplied ack's entry comes back");

@@ -59,10 +59,10 @@ async fn grpc_health_reports_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_calls_settle_then_exits_0_keeping_unacked_pending() {
     let redis = RedisServer::start().await;
-    let grace = Duration::from_millis(3000);
-    let mut sidecar = Sidecar::start(&redis, SidecarOptions::default().grace(3000)).await;
+    let grace = Duration::from_millis(5000);
+    let mut sidecar = Sidecar::start(&redis, SidecarOptions::default().grace(5000)).await;
     let mut con = redis.conn().await;
-    let mut health = sidecar.health_client().await;
+    let health = sidecar.health_client().await;
     let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
     let acked = sidecar.append("s", &[("k", b"acked")]).await;
     let kept = sidecar.append("s", &[("k", b"kept")]).await;
@@ -72,17 +72,21 @@ async fn sigterm_lets_calls_settle_then_exits_0_keeping_unacked_pending() {
     sidecar.sigterm();
     let signalled = Instant::now();
 
-    let not_ready = eventually(Duration::from_secs(2), || async { sidecar.readyz().await == Some(503) }).await;
+    let not_ready = eventually(EVENT_TIMEOUT, || async { sidecar.readyz().await == Some(503) }).await;
     assert!(not_ready, "/readyz must answer 503 during the grace period (last: {:?})", sidecar.readyz().await);
-    let status = health.check(HealthCheckRequest { service: String::new() }).await.map(|r| r.into_inner().status);
-    assert_ne!(status.as_ref().ok(), Some(&(ServingStatus::Serving as i32)), "health must leave SERVING: {status:?}");
+    let left_serving = eventually(Duration::from_secs(2), || {
+        let mut health = health.clone();
+        async move {
+            let status =
+                health.check(HealthCheckRequest { service: String::new() }).await.map(|r| r.into_inner().status);
+            status.ok() != Some(ServingStatus::Serving as i32)
+        }
+    })
+    .await;
+    assert!(left_serving, "health must leave SERVING");
     // An ack sent during the grace period is applied.
     call.ack(&[&acked.id]).await;
-    assert_eq!(
-        wait_pending(&mut con, "s", "g", 1, Duration::from_secs(2)).await,
-        1,
-        "the grace-period ack reached Redis"
-    );
+    assert_eq!(wait_pending(&mut con, "s", "g", 1, EVENT_TIMEOUT).await, 1, "the grace-period ack reached Redis");
     // Nothing new is handed out while shutting down.
     let late = xadd_raw(&mut con, "s", &[(b"k", b"late")]).await;
     let end = match call.next_event(grace + Duration::from_secs(5)).await {
@@ -117,7 +121,8 @@ async fn sigterm_stops_reading_new_entries() {
     assert_eq!(call.next_delivery(EVENT_TIMEOUT).await.id, held.id);
 
     sidecar.sigterm();
-    assert!(eventually(Duration::from_secs(2), || async { sidecar.readyz().await == Some(503) }).await);
+    assert!(eventually(EVENT_TIMEOUT, || async { sidecar.readyz().await == Some(503) }).await);
+    wait_no_blocked_readers(&mut con).await;
     let late = xadd_raw(&mut con, "s", &[(b"k", b"late")]).await;
 
     let end = call.wait_end(Duration::from_secs(10)).await;

@@ -538,19 +538,14 @@ async fn read_pages_fit_the_message_limit_and_name_oversized_entries() {
 /// and a retried append is a second entry with another branded id).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_redis_does_not_answer_in_time_is_deadline_exceeded_with_an_unknown_outcome() {
-    let args = vec!["--enable-debug-command".to_owned(), "yes".to_owned()];
-    let redis = RedisServer::start_with(RedisOptions { args, ..RedisOptions::default() }).await;
+    let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--redis-timeout-ms").arg("300")).await;
     let mut con = redis.conn().await;
-    let sleeper = tokio::spawn(async move {
-        // This connection's own response timeout (500 ms) gives up first: fine.
-        let _ = redis::cmd("DEBUG").arg("SLEEP").arg("1.5").query_async::<redis::Value>(&mut con).await;
-    });
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // Once OK comes back, Redis holds every client's commands for 1.5 s.
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(1500).arg("ALL").query_async(&mut con).await.unwrap();
 
     let request = AppendRequest { stream: "slow".into(), fields: fields(&[("k", b"v")]), ..Default::default() };
-    let err = sidecar.stream_client().await.append(request).await.expect_err("Redis sleeps past the timeout");
-    sleeper.await.unwrap();
+    let err = sidecar.stream_client().await.append(request).await.expect_err("Redis is paused past the timeout");
 
     assert_code(&err, Code::DeadlineExceeded);
     assert!(err.message().contains("may have been applied"), "{err:?}");

@@ -1198,6 +1198,22 @@ pub async fn xrange(con: &mut MultiplexedConnection, stream: &str) -> Vec<RawEnt
     parse_entries(&v)
 }
 
+/// Waits until no client of this Redis is blocked (in XREADGROUP … BLOCK):
+/// a sidecar's reader stops when its last call leaves or on SIGTERM, but
+/// Redis learns of the dropped connection a moment later, and until then an
+/// entry appended (or a stream deleted) still reaches the blocked read.
+pub async fn wait_no_blocked_readers(con: &mut MultiplexedConnection) {
+    let stopped = eventually(EVENT_TIMEOUT, || {
+        let mut con = con.clone();
+        async move {
+            let info: String = redis::cmd("INFO").arg("clients").query_async(&mut con).await.expect("INFO clients");
+            info.lines().any(|line| line.trim() == "blocked_clients:0")
+        }
+    })
+    .await;
+    assert!(stopped, "a client is still blocked in Redis after {EVENT_TIMEOUT:?}");
+}
+
 pub async fn xlen(con: &mut MultiplexedConnection, stream: &str) -> i64 {
     redis::cmd("XLEN").arg(stream).query_async(con).await.expect("XLEN")
 }
