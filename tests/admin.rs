@@ -231,15 +231,7 @@ async fn replay_into_a_stream_without_a_group_is_refused_and_keeps_the_dead_lett
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("does not exist"), "{}", err.message());
 
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("s")
-        .arg("g")
-        .arg("$")
-        .arg("MKSTREAM")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    create_group(&mut con, "s", "g", "$").await;
     let _: () = redis::cmd("XGROUP").arg("DESTROY").arg("s").arg("g").query_async(&mut con).await.unwrap();
     let err = replay().await.expect_err("the source stream has no group");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -287,4 +279,65 @@ async fn describe_of_a_key_of_another_type_is_failed_precondition() {
 
     assert_code(&err, Code::FailedPrecondition);
     assert!(err.message().contains("strkey"), "{err:?}");
+}
+
+/// A replay that stops part-way, on a Redis error or because the caller went
+/// away, logs how many dead letters it had moved: those stay moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_stopped_part_way_logs_what_it_moved() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    create_group(&mut con, "s", "g", "$").await;
+    let dead_letters = |count: usize| {
+        let mut pipe = redis::pipe();
+        for i in 0..count {
+            pipe.cmd("XADD").arg("s:dlq").arg("*").arg("n").arg(i).arg("echomq.source_stream").arg("s").ignore();
+        }
+        pipe
+    };
+    let admin = sidecar.admin_client().await;
+    let replay = |count: u32, timeout: Duration| {
+        let mut request =
+            tonic::Request::new(ReplayDeadLettersRequest { stream: "s".into(), count, ..Default::default() });
+        request.set_timeout(timeout);
+        let mut admin = admin.clone();
+        async move { admin.replay_dead_letters(request).await }
+    };
+
+    // A Redis error in the second batch of 100: a dead letter with nothing to append.
+    let _: () = dead_letters(150).query_async(&mut con).await.unwrap();
+    let bad: String = redis::cmd("XADD")
+        .arg("s:dlq")
+        .arg("*")
+        .arg("echomq.source_stream")
+        .arg("s")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let err = replay(1000, EVENT_TIMEOUT).await.expect_err("the metadata-only dead letter stops the second batch");
+    assert!(err.message().contains("100 were replayed before"), "{}", err.message());
+    assert_eq!(xlen(&mut con, "s").await, 100);
+    let stopped =
+        sidecar.log().lines().filter(|l| l.contains("replay stopped part-way")).map(str::to_owned).collect::<Vec<_>>();
+    assert_eq!(stopped.len(), 1, "{}", sidecar.log());
+    assert!(stopped[0].contains("replayed=100") && stopped[0].contains("ECHOMQ_EMPTY"), "{}", stopped[0]);
+
+    // The caller goes away (its deadline passes) while Redis holds writes,
+    // scripts included (CLIENT PAUSE WRITE), after the first batches moved.
+    let _: i64 = redis::cmd("XDEL").arg("s:dlq").arg(&bad).query_async(&mut con).await.unwrap();
+    let _: () = dead_letters(10_000).query_async(&mut con).await.unwrap();
+    let before = xlen(&mut con, "s").await;
+    let call = tokio::spawn(replay(10_000, Duration::from_millis(1500)));
+    while xlen(&mut con, "s").await == before {}
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(4000).arg("WRITE").query_async(&mut con).await.unwrap();
+    let err = call.await.unwrap().expect_err("the deadline passes while Redis is paused");
+    // Whichever side noticed the deadline first: the client (CANCELLED) or
+    // the server (DEADLINE_EXCEEDED, from the grpc-timeout header).
+    assert!(matches!(err.code(), Code::Cancelled | Code::DeadlineExceeded), "{err:?}");
+    let moved = xlen(&mut con, "s").await - before;
+    assert!(moved > 0 && moved < 10_000, "the replay was cut off part-way: {moved} moved");
+    let logged = || sidecar.log().lines().find(|l| l.contains("the caller went away")).map(str::to_owned);
+    assert!(eventually(EVENT_TIMEOUT, || async { logged().is_some() }).await, "{}", sidecar.log());
+    assert!(logged().unwrap().contains(&format!("replayed={moved}")), "{}\nmoved {moved}", logged().unwrap());
 }

@@ -125,42 +125,21 @@ pub(super) async fn replay(
     };
     let mut replayed = Vec::with_capacity(ids.len());
     let mut other_source_ids = Vec::new();
+    let mut progress =
+        ReplayProgress { stream: source, dead_letters: &dead_letters, replayed: 0, finished: false, stopped_by: None };
     for batch in ids.chunks(REPLAY_BATCH) {
         let mut script = admin.redis.scripts.replay.prepare_invoke();
         script.key(source).key(&dead_letters).arg(&admin.id_field);
         for id in batch {
             script.arg(id);
         }
-        let reply: Value = script.invoke_async(&mut conn).await.map_err(|e| {
-            let before = match replayed.len() {
-                0 => String::new(),
-                n => format!(" ({n} were replayed before this batch of {REPLAY_BATCH} stopped)"),
-            };
-            if !before.is_empty() {
-                tracing::warn!(stream = %source, %dead_letters, replayed = replayed.len(), "replay stopped part-way: {e}");
+        let reply: Value = match script.invoke_async(&mut conn).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                progress.stopped_by = Some(e.to_string());
+                return Err(replay_error(e, source, replayed.len()));
             }
-            let missing = match e.code() {
-                Some("ECHOMQ_NO_SOURCE") => "does not exist",
-                Some("ECHOMQ_NO_GROUP") => "has no consumer group",
-                Some("ECHOMQ_EMPTY") => {
-                    let id = e.detail().unwrap_or("?");
-                    return Error::Conflict {
-                        reason: format!(
-                            "dead letter {id} has no fields but `echomq.*` metadata, so it cannot be appended{before}; \
-                             delete it (XDEL) or replay the others by id"
-                        ),
-                    };
-                }
-                _ => return Error::from_redis(e, format!("replaying dead letters (replay.lua){before}"), source),
-            };
-            Error::Conflict {
-                reason: format!(
-                    "stream `{source}` {missing}{before}, so replayed entries would reach no consumer (a group \
-                         created later at `$` would skip them); start its consumers (subscribe creates the stream \
-                         and group) and replay again"
-                ),
-            }
-        })?;
+        };
         let (moved, other_source) = match array(&reply) {
             [moved, other_source] => (array(moved), array(other_source)),
             _ => (&[][..], &[][..]),
@@ -182,7 +161,9 @@ pub(super) async fn replay(
                 stream_id: stream_id.to_string(),
             });
         }
+        progress.replayed = replayed.len();
     }
+    progress.finished = true;
     // Only ids the request named can be missing; the oldest-`count` page found its own.
     let not_found_ids = if request.ids.is_empty() {
         Vec::new()
@@ -199,4 +180,65 @@ pub(super) async fn replay(
         "dead letters replayed"
     );
     Ok(ReplayDeadLettersResponse { replayed, not_found_ids, other_source_ids })
+}
+
+/// The error for a `replay.lua` run that failed after `before` dead letters
+/// were replayed by earlier batches: FAILED_PRECONDITION when the source
+/// stream cannot take them (no stream, no group: ECHOMQ_NO_SOURCE,
+/// ECHOMQ_NO_GROUP), CONFLICT for a dead letter with nothing but metadata
+/// (ECHOMQ_EMPTY), else as [`Error::from_redis`].
+fn replay_error(e: redis::RedisError, source: &str, before: usize) -> Error {
+    let before = match before {
+        0 => String::new(),
+        n => format!(" ({n} were replayed before this batch of {REPLAY_BATCH} stopped)"),
+    };
+    let missing = match e.code() {
+        Some("ECHOMQ_NO_SOURCE") => "does not exist",
+        Some("ECHOMQ_NO_GROUP") => "has no consumer group",
+        Some("ECHOMQ_EMPTY") => {
+            let id = e.detail().unwrap_or("?");
+            return Error::Conflict {
+                reason: format!(
+                    "dead letter {id} has no fields but `echomq.*` metadata, so it cannot be appended{before}; \
+                     delete it (XDEL) or replay the others by id"
+                ),
+            };
+        }
+        _ => return Error::from_redis(e, format!("replaying dead letters (replay.lua){before}"), source),
+    };
+    Error::Conflict {
+        reason: format!(
+            "stream `{source}` {missing}{before}, so replayed entries would reach no consumer (a group \
+             created later at `$` would skip them); start its consumers (subscribe creates the stream \
+             and group) and replay again"
+        ),
+    }
+}
+
+/// Logs a replay that stopped part-way, whether a batch failed or the caller
+/// went away (tonic drops the call's future): the batches already run stay
+/// replayed (each batch of [`REPLAY_BATCH`] is one atomic script run).
+struct ReplayProgress<'a> {
+    stream: &'a str,
+    dead_letters: &'a str,
+    /// Dead letters replayed so far.
+    replayed: usize,
+    finished: bool,
+    /// The Redis error that stopped it, if one did.
+    stopped_by: Option<String>,
+}
+
+impl Drop for ReplayProgress<'_> {
+    fn drop(&mut self) {
+        if self.finished || self.replayed == 0 {
+            return;
+        }
+        let cause = self.stopped_by.as_deref().unwrap_or(
+            "the caller went away (cancelled, or its deadline passed), and a batch under way then may still be applied",
+        );
+        tracing::warn!(
+            stream = %self.stream, dead_letters = %self.dead_letters, replayed = self.replayed,
+            "replay stopped part-way: {cause}; what was replayed stays replayed"
+        );
+    }
 }

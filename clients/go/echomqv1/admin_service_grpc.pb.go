@@ -56,7 +56,9 @@ type AdminServiceClient interface {
 	// so nothing is moved after the group is gone), or when a dead letter holds
 	// nothing but `echomq.*` metadata (its batch moves nothing); UNAVAILABLE
 	// when Redis cannot be reached. Entries move a batch of 100 at a time: an
-	// error after the first batch says how many were replayed before it.
+	// error after the first batch says how many were replayed before it; a call
+	// cancelled part-way (its deadline) keeps what moved, and the sidecar logs
+	// how many.
 	ReplayDeadLetters(ctx context.Context, in *ReplayDeadLettersRequest, opts ...grpc.CallOption) (*ReplayDeadLettersResponse, error)
 }
 
@@ -130,7 +132,9 @@ type AdminServiceServer interface {
 	// so nothing is moved after the group is gone), or when a dead letter holds
 	// nothing but `echomq.*` metadata (its batch moves nothing); UNAVAILABLE
 	// when Redis cannot be reached. Entries move a batch of 100 at a time: an
-	// error after the first batch says how many were replayed before it.
+	// error after the first batch says how many were replayed before it; a call
+	// cancelled part-way (its deadline) keeps what moved, and the sidecar logs
+	// how many.
 	ReplayDeadLetters(context.Context, *ReplayDeadLettersRequest) (*ReplayDeadLettersResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }

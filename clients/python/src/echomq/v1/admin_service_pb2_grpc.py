@@ -93,7 +93,9 @@ class AdminServiceServicer:
         so nothing is moved after the group is gone), or when a dead letter holds
         nothing but `echomq.*` metadata (its batch moves nothing); UNAVAILABLE
         when Redis cannot be reached. Entries move a batch of 100 at a time: an
-        error after the first batch says how many were replayed before it.
+        error after the first batch says how many were replayed before it; a call
+        cancelled part-way (its deadline) keeps what moved, and the sidecar logs
+        how many.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
