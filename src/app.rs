@@ -428,6 +428,10 @@ async fn ping_loop(
     services: [&str; 4],
 ) {
     let mut was_up = true;
+    // The cause last logged, without its error detail, so that a cause that
+    // changes while not ready (PING fails, then the cluster says fail) is
+    // logged once each, not once a ping.
+    let mut logged_cause = String::new();
     for ping in 1u32.. {
         sleep(READINESS_PING).await;
         let unready = redis.unready().await;
@@ -438,10 +442,17 @@ async fn ping_loop(
             }
         }
         readiness.set_redis_up(up);
+        if let Some(why) = &unready {
+            let cause = why.split(" (").next().unwrap_or(why);
+            if cause != logged_cause {
+                warn!("{why}; not ready");
+                logged_cause = cause.to_owned();
+            }
+        }
         if up != was_up {
-            match unready {
-                None => info!("Redis is reachable again; ready"),
-                Some(why) => warn!("{why}; not ready"),
+            if up {
+                info!("Redis is reachable again; ready");
+                logged_cause.clear();
             }
             // While draining, health stays NOT_SERVING whatever Redis does.
             let status = if readiness.is_ready() { ServingStatus::Serving } else { ServingStatus::NotServing };
