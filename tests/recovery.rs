@@ -10,7 +10,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use echomq::proto::{AppendRequest, GroupStart};
+use echomq::proto::{AppendRequest, GroupStart, VerdictErrorCode};
 use support::*;
 use tonic::Code;
 
@@ -270,4 +270,116 @@ async fn redis_restart_while_an_entry_is_held_recovers_promptly_with_short_lease
             other => panic!("the entry appended after the restart did not arrive on the live call: {other:?}"),
         }
     }
+}
+
+/// Moves `stream_id` to consumer `thief` (as a peer's reclaim would), idle 0.
+async fn steal(con: &mut redis::aio::MultiplexedConnection, stream_id: &str) {
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg("s")
+        .arg("g")
+        .arg("thief")
+        .arg(0)
+        .arg(stream_id)
+        .arg("JUSTID")
+        .query_async(con)
+        .await
+        .unwrap();
+}
+
+/// The counter's value summed over its series on `/metrics` (0 when absent).
+async fn counter(sidecar: &Sidecar, name: &str) -> f64 {
+    let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("/metrics").body;
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(name))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A peer takes two held entries. Once the lease refresh notices, the call is
+/// told LEASE_LOST; either way its Ack and Fail are answered NOT_PENDING and
+/// not applied (settle.lua checks this consumer's PEL, not only the
+/// group's): the peer keeps both, with no retry state written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdicts_on_entries_a_peer_took_are_not_applied() {
+    // Refreshes every 200 ms, or every 10 s (none runs before the verdicts);
+    // the reclaim beat runs once, at the start.
+    for (refresh, min_idle_ms) in [("noticed", 600), ("not run yet", 30_000)] {
+        let redis = RedisServer::start().await;
+        let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(min_idle_ms, 600_000)).await;
+        let mut con = redis.conn().await;
+        let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+        let (e, f) = (sidecar.append("s", &[("k", b"e")]).await, sidecar.append("s", &[("k", b"f")]).await);
+        call.deliveries(2, EVENT_TIMEOUT).await;
+        steal(&mut con, &e.stream_id).await;
+        steal(&mut con, &f.stream_id).await;
+
+        let mut told = BTreeSet::new();
+        if refresh == "noticed" {
+            for _ in 0..2 {
+                let error = call.next_verdict_error(EVENT_TIMEOUT).await;
+                assert_eq!(error.code, VerdictErrorCode::LeaseLost as i32, "{error:?}");
+                told.insert(error.id);
+            }
+            assert_eq!(told, BTreeSet::from([e.id.clone(), f.id.clone()]));
+        }
+        call.ack_one(&e.id).await;
+        call.fail(&f.id, Some(Duration::from_secs(60))).await;
+        for _ in 0..2 {
+            let error = call.next_verdict_error(EVENT_TIMEOUT).await;
+            assert_eq!(error.code, VerdictErrorCode::NotPending as i32, "refresh {refresh}: {error:?}");
+            let says = if told.is_empty() { "a peer reclaimed it" } else { "lost to a peer" };
+            assert!(error.message.contains(says), "refresh {refresh}: {error:?}");
+        }
+
+        let pending = pending_entries(&mut con, "s", "g").await;
+        assert_eq!(pending.iter().filter(|p| p.consumer == "thief").count(), 2, "the peer keeps both: {pending:?}");
+        assert!(!exists(&mut con, "s:retries:g").await, "no retry state for the peer's entry");
+        assert_eq!(counter(&sidecar, "echomq_acks_total").await, 0.0);
+        assert_eq!(counter(&sidecar, "echomq_leases_lost_total").await, told.len() as f64);
+    }
+}
+
+/// Once its lease is lost, an entry that comes back to this sidecar (its
+/// reclaim beat takes it from the peer, which stopped) is delivered to the
+/// same call again, even though the call never answered the lost one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_whose_lease_was_lost_comes_back_to_the_same_call() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(600, 200)).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let e = sidecar.append("s", &[("k", b"e")]).await;
+    call.next_delivery(EVENT_TIMEOUT).await;
+    steal(&mut con, &e.stream_id).await;
+
+    let error = call.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!((error.id.as_str(), error.code), (e.id.as_str(), VerdictErrorCode::LeaseLost as i32), "{error:?}");
+    let again = call.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!(again.id, e.id);
+    assert!(again.attempts >= 2, "{again:?}");
+    call.ack_one(&again.id).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "the re-delivery's ack applies");
+}
+
+/// Another client acknowledges a held entry (XACK by hand): no peer holds it,
+/// so the call is not told of a lost lease; its Ack is answered NOT_PENDING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_acknowledged_elsewhere_is_not_a_lost_lease() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(300, 600_000)).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let e = sidecar.append("s", &[("k", b"e")]).await;
+    call.next_delivery(EVENT_TIMEOUT).await;
+    let _: i64 = redis::cmd("XACK").arg("s").arg("g").arg(&e.stream_id).query_async(&mut con).await.unwrap();
+
+    call.assert_quiet(Duration::from_millis(600), "several refreshes: no LEASE_LOST").await;
+    call.ack_one(&e.id).await;
+    let error = call.next_verdict_error(EVENT_TIMEOUT).await;
+
+    assert_eq!(error.code, VerdictErrorCode::NotPending as i32, "{error:?}");
+    assert!(error.message.contains("another client acknowledged it"), "{error:?}");
+    assert_eq!(counter(&sidecar, "echomq_leases_lost_total").await, 0.0);
 }

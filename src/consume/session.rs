@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Status, Streaming};
 use tracing::debug;
 
-use super::worker::{Command, Event, FailVerdict, SessionId, UNKNOWN_ID};
+use super::worker::{Command, Event, FailVerdict, Gone, SessionId, UNKNOWN_ID};
 use crate::{
     error::Error,
     id::BrandedId,
@@ -30,6 +30,9 @@ use crate::{
 const DETACH_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// A Fail reason is cut to this many bytes.
 const MAX_REASON_BYTES: usize = 4096;
+/// Deliveries lost to a peer or to deletion whose verdict may still come, at
+/// most; past it they are forgotten, and a late verdict is UNKNOWN_ID.
+const GONE_REMEMBERED: usize = 4096;
 
 type Outbound = mpsc::Sender<Result<ConsumeResponse, Status>>;
 
@@ -48,12 +51,15 @@ pub(super) struct Shards {
     /// (only entries written around Append can collide): handed over once
     /// that one is settled, so a verdict by branded id is never ambiguous.
     parked: Vec<(usize, BrandedId, Delivery)>,
+    /// Deliveries Redis no longer has pending for this sidecar (a peer took
+    /// them, or they were deleted), whose verdict is answered NOT_PENDING.
+    gone: HashMap<BrandedId, Gone>,
 }
 
 impl Shards {
     /// The workers, in shard order.
     pub(super) fn new(workers: Vec<mpsc::Sender<Command>>) -> Shards {
-        Shards { workers, holders: HashMap::new(), parked: Vec::new() }
+        Shards { workers, holders: HashMap::new(), parked: Vec::new(), gone: HashMap::new() }
     }
 
     fn sharded(&self) -> bool {
@@ -62,6 +68,7 @@ impl Shards {
 
     /// The delivery to send now, or `None` when it is parked.
     fn deliver(&mut self, shard: usize, id: BrandedId, delivery: Delivery) -> Option<Delivery> {
+        self.gone.remove(&id);
         if !self.sharded() {
             return Some(delivery);
         }
@@ -86,21 +93,38 @@ impl Shards {
         self.holders.remove(id)
     }
 
-    /// Forgets the delivery of `id` from `shard`, whose ack deadline passed
-    /// (the worker no longer holds it), so the map does not keep entries whose
-    /// verdict never comes: held, it makes way for the delivery parked behind
-    /// it, returned to send now; parked (its deadline ran while it waited), it
-    /// is dropped rather than handed out stale.
-    fn release(&mut self, shard: usize, id: &BrandedId) -> Option<Delivery> {
-        if !self.sharded() {
+    /// Forgets the delivery of `id` from `shard`, which the worker no longer
+    /// holds (its ack deadline passed, or it is `gone`), so the map does not
+    /// keep entries whose verdict never comes: held, it makes way for the
+    /// delivery parked behind it, returned to send now; parked (it ran out
+    /// while it waited), it is dropped rather than handed out stale. A held
+    /// one that is gone, with nothing parked behind it, is remembered so that
+    /// its verdict is answered NOT_PENDING.
+    fn release(&mut self, shard: usize, id: &BrandedId, gone: Option<Gone>) -> Option<Delivery> {
+        let held = !self.sharded() || self.holders.get(id) == Some(&shard);
+        if !held {
+            self.parked.retain(|(parked_shard, parked, _)| (*parked_shard, parked) != (shard, id));
             return None;
         }
-        if self.holders.get(id) == Some(&shard) {
-            self.holders.remove(id);
-            return self.unpark(id);
+        self.holders.remove(id);
+        let unparked = self.unpark(id);
+        if let (None, Some(gone)) = (&unparked, gone) {
+            if self.gone.len() >= GONE_REMEMBERED {
+                self.gone.clear();
+            }
+            self.gone.insert(*id, gone);
         }
-        self.parked.retain(|(parked_shard, parked, _)| (*parked_shard, parked) != (shard, id));
-        None
+        unparked
+    }
+
+    /// Why the call no longer holds `id`, if it was lost to a peer or deleted;
+    /// `settle` forgets it, since one verdict is answered.
+    fn gone(&mut self, id: &BrandedId, settle: bool) -> Option<Gone> {
+        if settle {
+            self.gone.remove(id)
+        } else {
+            self.gone.get(id).copied()
+        }
     }
 
     /// The parked delivery of `id`, if any, now that its namesake is settled.
@@ -151,7 +175,7 @@ pub(super) async fn relay(
                         None => continue,
                     },
                     Some(Event::VerdictError(error)) => response(consume_response::Kind::VerdictError(error)),
-                    Some(Event::Released { shard, id }) => match shards.release(shard, &id) {
+                    Some(Event::Released { shard, id, gone }) => match shards.release(shard, &id, gone) {
                         Some(delivery) => response(consume_response::Kind::Delivery(delivery)),
                         None => continue,
                     },
@@ -204,6 +228,10 @@ async fn forward(
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
             let mut unparked = Vec::new();
             for (text, id) in parse_ids(ack.ids, outbound).await {
+                if let Some(gone) = shards.gone(&id, true) {
+                    reject(outbound, &text, VerdictErrorCode::NotPending, gone.message()).await;
+                    continue;
+                }
                 match shards.settle(&id) {
                     Some(shard) => {
                         unparked.extend(shards.unpark(&id));
@@ -220,10 +248,14 @@ async fn forward(
         }
         Some(Kind::Fail(fail)) => {
             let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
+            if let Some(gone) = shards.gone(&id, true) {
+                reject(outbound, &fail.id, VerdictErrorCode::NotPending, gone.message()).await;
+                return Ok(());
+            }
             let retry_after = match super::duration("fail.retry_after", fail.retry_after) {
                 Ok(delay) => delay,
                 Err(e) => {
-                    let message = format!("{e}; the delivery is still held");
+                    let message = format!("{e}; nothing was applied (a delivery this call holds stays held)");
                     reject(outbound, &fail.id, VerdictErrorCode::InvalidArgument, message).await;
                     return Ok(());
                 }
@@ -259,6 +291,10 @@ async fn forward(
             };
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
             for (text, id) in parse_ids(extend.ids, outbound).await {
+                if let Some(gone) = shards.gone(&id, false) {
+                    reject(outbound, &text, VerdictErrorCode::NotPending, gone.message()).await;
+                    continue;
+                }
                 match if shards.sharded() { shards.holders.get(&id).copied() } else { Some(0) } {
                     Some(shard) => by_shard[shard].push((text, id)),
                     None => reject(outbound, &text, VerdictErrorCode::UnknownId, UNKNOWN_ID).await,

@@ -44,6 +44,9 @@ use crate::{
 };
 
 /// The verdict error for an id the call does not hold.
+/// Why a verdict found its entry not pending for this sidecar's consumer.
+const NOT_PENDING_HERE: &str = "Redis no longer has this entry pending for this sidecar (a peer reclaimed it, another client acknowledged it, or the group was re-created)";
+
 const TRIMMED_WHILE_HELD: &str = "the entry was deleted from the stream (trimmed) while held; Redis dropped it from the PEL, so there is nothing to acknowledge, retry or dead-letter";
 
 pub(crate) const UNKNOWN_ID: &str = "this call does not hold that id: it was never delivered to this call, was already settled, or passed its ack deadline";
@@ -152,9 +155,11 @@ pub(crate) enum Event {
     Delivery { shard: usize, id: BrandedId, delivery: Delivery },
     /// A verdict that was not applied.
     VerdictError(VerdictError),
-    /// The call no longer holds `id` from shard `shard` (its ack deadline
-    /// passed): a later verdict is answered UNKNOWN_ID.
-    Released { shard: usize, id: BrandedId },
+    /// The call no longer holds `id` from shard `shard`: its ack deadline
+    /// passed (`gone` is `None`; a later verdict is answered UNKNOWN_ID), or
+    /// Redis no longer has it pending for this sidecar (a later verdict is
+    /// answered NOT_PENDING, saying why).
+    Released { shard: usize, id: BrandedId, gone: Option<Gone> },
 }
 
 /// A delivery held by a call.
@@ -168,18 +173,27 @@ struct Held {
     /// The delivery's span, from hand-over to verdict (only while traces are
     /// exported); it ends when this is dropped.
     span: Option<tracing::Span>,
-    /// Redis no longer has it pending for this sidecar: a later verdict is
-    /// answered NOT_PENDING, saying why, and is not applied.
-    gone: Option<Gone>,
 }
 
 /// Why a held entry is no longer pending for this sidecar.
-#[derive(Clone, Copy, Debug)]
-enum Gone {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gone {
     /// A peer reclaimed it (its lease ran out here).
     ToPeer,
     /// It was deleted from the stream (trimmed, XDEL) and dropped from the PEL.
     Deleted,
+}
+
+impl Gone {
+    /// The NOT_PENDING message for a verdict on such an entry.
+    pub(crate) fn message(self) -> &'static str {
+        match self {
+            Gone::ToPeer => {
+                "the lease on this entry was lost to a peer, which may be handling it now; its verdict was not applied"
+            }
+            Gone::Deleted => TRIMMED_WHILE_HELD,
+        }
+    }
 }
 
 struct Session {
@@ -240,6 +254,9 @@ struct RetryWrite {
     stream_id: StreamId,
     due_unix_ms: u64,
     reason: String,
+    /// The call whose Fail this is, and the id as it sent it, to be told if
+    /// the entry is no longer pending for this sidecar.
+    verdict: Option<(SessionId, String)>,
 }
 
 /// One group's worker. Built by [`Worker::spawn`].
@@ -564,9 +581,7 @@ impl Worker {
             return Some(Outgoing { stream_id, branded, delivery });
         }
         let deadline = session.policy.ack_deadline.map(|d| Instant::now() + d);
-        session
-            .held
-            .insert(branded, Held { stream_id, attempts, deadline, delivered_at: Instant::now(), span, gone: None });
+        session.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: Instant::now(), span });
         self.entries.insert(stream_id, Track::Held(session_id));
         self.shared.held.fetch_add(1, Ordering::Relaxed);
         self.metrics.deliveries.inc();
@@ -594,14 +609,20 @@ impl Worker {
     /// Schedules a failed entry's re-delivery after `delay`, here and, through
     /// the group's retry hash, for a peer that reclaims it or for this sidecar
     /// after a restart.
-    fn retry_later(&mut self, stream_id: StreamId, delay: Duration, reason: String) {
+    fn retry_later(
+        &mut self,
+        stream_id: StreamId,
+        delay: Duration,
+        reason: String,
+        verdict: Option<(SessionId, String)>,
+    ) {
         if self.no_ack {
             return;
         }
         self.metrics.fails.inc();
         self.wait(stream_id, Instant::now() + delay);
         let due_unix_ms = crate::entry::now_unix_ms().saturating_add(delay.as_millis() as u64);
-        self.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
+        self.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason, verdict });
     }
 
     /// `own_pending.lua` prepared for `mode` on this group; the caller adds the ids.
@@ -848,15 +869,6 @@ impl Worker {
         self.shared.held.fetch_sub(1, Ordering::Relaxed);
         self.metrics.in_flight.dec();
         self.metrics.handler_seconds.observe(held.delivered_at.elapsed().as_secs_f64());
-        if let Some(gone) = held.gone {
-            s.error(text, VerdictErrorCode::NotPending, match gone {
-                Gone::ToPeer => {
-                    "the lease on this entry was lost to a peer, which may be handling it now; its verdict was not applied"
-                }
-                Gone::Deleted => TRIMMED_WHILE_HELD,
-            });
-            return None;
-        }
         self.entries.remove(&held.stream_id);
         Some(held)
     }
@@ -891,7 +903,7 @@ impl Worker {
         let acks = std::mem::take(&mut self.acks);
         let writes = std::mem::take(&mut self.retry_writes);
         let mut script = self.shared.redis.scripts.settle.prepare_invoke();
-        script.key(&self.stream).key(&self.retries_key).arg(&self.group).arg(acks.len());
+        script.key(&self.stream).key(&self.retries_key).arg(&self.group).arg(&self.shared.consumer).arg(acks.len());
         for ack in &acks {
             script.arg(ack.stream_id.to_string());
         }
@@ -905,14 +917,34 @@ impl Worker {
         }
         let mut conn = self.shared.redis.conn.clone();
         match script.invoke_async::<Vec<i64>>(&mut conn).await {
-            Ok(counts) => {
+            Ok(applied) => {
                 self.redis_ok();
-                for (ack, count) in acks.iter().zip(counts) {
-                    if count == 1 {
+                let (acked, written) = applied.split_at(acks.len().min(applied.len()));
+                for (ack, &applied) in acks.iter().zip(acked) {
+                    if applied == 1 {
                         self.metrics.acks.inc();
                     } else if let Some(s) = self.sessions.get(&ack.session) {
                         self.metrics.acks_not_pending.inc();
-                        s.error(&ack.text, VerdictErrorCode::NotPending, "Redis no longer has this entry pending for the group (a peer reclaimed it, or the group was re-created); nothing was acknowledged");
+                        s.error(
+                            &ack.text,
+                            VerdictErrorCode::NotPending,
+                            format!("{NOT_PENDING_HERE}; nothing was acknowledged"),
+                        );
+                    }
+                }
+                for write in writes.iter().zip(written).filter(|(_, &applied)| applied == 0).map(|(write, _)| write) {
+                    // Not ours to re-deliver: a peer holds it, or it is settled.
+                    if let Some(Track::Waiting(at)) = self.entries.remove(&write.stream_id) {
+                        self.waiting.remove(&(at, write.stream_id));
+                    }
+                    let call =
+                        write.verdict.as_ref().and_then(|(session, text)| Some((self.sessions.get(session)?, text)));
+                    if let Some((s, text)) = call {
+                        s.error(
+                            text,
+                            VerdictErrorCode::NotPending,
+                            format!("{NOT_PENDING_HERE}; no retry was scheduled"),
+                        );
                     }
                 }
             }
@@ -952,7 +984,7 @@ impl Worker {
         if !dead_letter {
             let delay = retry_after.unwrap_or_else(|| policy.retry_delay(held.attempts));
             debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");
-            return self.retry_later(held.stream_id, delay, reason);
+            return self.retry_later(held.stream_id, delay, reason, Some((session, text)));
         }
         let mut script = self.own_pending("dead_letter", &reason);
         script.arg(held.stream_id.to_string());
@@ -1023,10 +1055,10 @@ impl Worker {
             self.shared.returned_while_draining.fetch_add(returned, Ordering::Relaxed);
         }
         self.metrics.in_flight.dec_by(returned as i64);
-        for held in s.held.into_values().filter(|h| h.gone.is_none()) {
+        for held in s.held.into_values() {
             self.entries.remove(&held.stream_id);
             let delay = s.policy.retry_delay(held.attempts);
-            self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned());
+            self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned(), None);
         }
         if returned > 0 && !self.no_ack {
             info!(stream = %self.stream, group = %self.group, returned, "call ended holding entries; they stay pending and will be delivered again");
@@ -1064,16 +1096,16 @@ impl Worker {
                 if let Some(held) = s.held.remove(&id) {
                     let delay = s.policy.retry_delay(held.attempts);
                     expired.push((held, delay));
-                    let _ = s.events.send(Event::Released { shard: s.shard, id });
+                    let _ = s.events.send(Event::Released { shard: s.shard, id, gone: None });
                 }
             }
         }
         self.shared.held.fetch_sub(expired.len(), Ordering::Relaxed);
         self.metrics.in_flight.dec_by(expired.len() as i64);
-        for (held, delay) in expired.into_iter().filter(|(h, _)| h.gone.is_none()) {
+        for (held, delay) in expired {
             debug!(stream = %self.stream, stream_id = %held.stream_id, "ack deadline passed; treated as failed");
             self.entries.remove(&held.stream_id);
-            self.retry_later(held.stream_id, delay, "the ack deadline passed".to_owned());
+            self.retry_later(held.stream_id, delay, "the ack deadline passed".to_owned(), None);
         }
     }
 
@@ -1108,7 +1140,13 @@ impl Worker {
                 let Some(Ok(id)) = parts.first().map(parse_stream_id) else { continue };
                 match parts.get(1) {
                     Some(Value::Int(0)) => self.trimmed_while_pending(id),
-                    _ => self.lease_lost(id),
+                    Some(Value::Int(-1)) => self.lease_lost(id),
+                    // Pending for no one: a re-created group reads it again
+                    // (and the call's verdict then applies), or another client
+                    // acknowledged it (and the verdict is answered NOT_PENDING).
+                    _ => {
+                        debug!(stream = %self.stream, group = %self.group, stream_id = %id, "held entry is pending for no consumer")
+                    }
                 }
             }
         }
@@ -1125,15 +1163,19 @@ impl Worker {
     }
 
     /// Stops tracking an entry Redis no longer has pending for this sidecar.
-    /// A held one stays with its call, marked `gone` so that its verdict is
-    /// answered NOT_PENDING; returns that call and the delivery's id.
+    /// A held one leaves its call (freeing its slot), which is told through a
+    /// `Released` event so that its verdict is answered NOT_PENDING; returns
+    /// that call and the delivery's id.
     fn forget(&mut self, stream_id: StreamId, gone: Gone) -> Option<(SessionId, BrandedId)> {
         match self.entries.remove(&stream_id)? {
             Track::Held(session) => {
                 let s = self.sessions.get_mut(&session)?;
-                let (id, held) = s.held.iter_mut().find(|(_, h)| h.stream_id == stream_id)?;
-                held.gone = Some(gone);
-                Some((session, *id))
+                let id = *s.held.iter().find(|(_, h)| h.stream_id == stream_id)?.0;
+                s.held.remove(&id);
+                self.shared.held.fetch_sub(1, Ordering::Relaxed);
+                self.metrics.in_flight.dec();
+                let _ = s.events.send(Event::Released { shard: s.shard, id, gone: Some(gone) });
+                Some((session, id))
             }
             Track::Ready => {
                 self.ready.retain(|out| out.stream_id != stream_id);

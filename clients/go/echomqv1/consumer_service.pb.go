@@ -96,11 +96,12 @@ const (
 	// The id is not held by this call: never delivered to it, already settled,
 	// or returned to the PEL after its ack deadline. Nothing was applied.
 	VerdictErrorCode_VERDICT_ERROR_CODE_UNKNOWN_ID VerdictErrorCode = 1
-	// The entry was held, but Redis no longer has it pending for this group
-	// (XACK answered 0): a peer reclaimed it after the lease was lost, it was
-	// deleted from the stream (trimmed, XDEL) and so dropped from the PEL, or the
-	// group was re-created. The message says which when the sidecar knows.
-	// Handle it idempotently: it may be delivered again.
+	// The entry was held, but Redis no longer has it pending for this sidecar's
+	// consumer: a peer reclaimed it (after or before LEASE_LOST was sent), it
+	// was deleted from the stream (trimmed, XDEL) and so dropped from the PEL,
+	// another client acknowledged it, or the group was re-created. Nothing was
+	// applied. The message says which when the sidecar knows. Handle it
+	// idempotently: it may be delivered again.
 	VerdictErrorCode_VERDICT_ERROR_CODE_NOT_PENDING VerdictErrorCode = 2
 	// The id is not 28 lowercase hex characters, or another field of the verdict
 	// is invalid (a negative duration). Nothing was applied.
@@ -109,8 +110,10 @@ const (
 	// be delivered again.
 	VerdictErrorCode_VERDICT_ERROR_CODE_UNAVAILABLE VerdictErrorCode = 4
 	// Sent unprompted: the sidecar could not keep this delivery's lease and a
-	// peer reclaimed the entry, which may be running elsewhere now. A later
-	// verdict for it is answered NOT_PENDING and not applied.
+	// peer reclaimed the entry, which may be running elsewhere now. The call no
+	// longer holds it (its `max_in_flight` slot is free; no verdict is needed),
+	// a later verdict for it is answered NOT_PENDING and not applied, and if the
+	// entry comes back to this sidecar it is delivered again.
 	VerdictErrorCode_VERDICT_ERROR_CODE_LEASE_LOST VerdictErrorCode = 5
 )
 
@@ -495,9 +498,11 @@ func (x *Subscribe) GetNoAck() bool {
 // pipelined) and the entries leave the PEL for good.
 //
 // An id this call does not hold gets a `VerdictError` (UNKNOWN_ID) and nothing
-// is acknowledged for it; an id that is no longer pending in Redis (reclaimed
-// by a peer after a lost lease, deleted from the stream, or its group was
-// re-created) gets NOT_PENDING. Neither ends the call.
+// is acknowledged for it; an id that Redis no longer has pending for this
+// sidecar's consumer (reclaimed by a peer, deleted from the stream,
+// acknowledged by another client, or its group was re-created) gets
+// NOT_PENDING, checked in the same script as the XACK, so a peer's delivery
+// is never acknowledged. Neither ends the call.
 type Ack struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Branded ids (28 lowercase hex characters) of deliveries this call holds.
@@ -554,11 +559,12 @@ type Fail struct {
 	// Required.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Why the handler failed, for logs and the dead-letter entry. Optional; at
-	// most 4096 bytes are kept.
+	// most 4096 bytes are kept. An entry Redis no longer has pending for this
+	// sidecar gets NOT_PENDING, and no retry state is written for it.
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// How long to wait before the entry is delivered again. Unset: the
 	// subscription's backoff by attempts. A negative value gets a VerdictError
-	// (INVALID_ARGUMENT) and the delivery stays held.
+	// (INVALID_ARGUMENT) and nothing is applied (a held delivery stays held).
 	RetryAfter *durationpb.Duration `protobuf:"bytes,3,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// Moves the entry to the dead-letter stream now instead of retrying it: the
 	// sidecar appends it there (with its branded id, source stream, group,
@@ -631,7 +637,8 @@ func (x *Fail) GetDeadLetter() bool {
 // `ack_deadline` on the subscription there is no deadline to extend, and the
 // message only checks that the ids are held. While a call holds a delivery the
 // sidecar keeps its PEL idle time fresh (XCLAIM … JUSTID), so peers do not
-// reclaim it; no extension is needed for that.
+// reclaim it; no extension is needed for that. An id whose lease was lost or
+// whose entry was deleted gets NOT_PENDING.
 type Extend struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Branded ids (28 lowercase hex characters) of deliveries this call holds.

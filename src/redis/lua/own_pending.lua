@@ -24,8 +24,14 @@
 --   { id, -3, dead_letter_id, n }   dead-lettered after n deliveries
 --   { id, n, { field, value, … } }  ('deliver') claimed: n is its delivery count now
 -- 'refresh' resets the idle time (XCLAIM … JUSTID, no delivery counted) and
--- replies only for the ids it could not refresh: { id, -1 } or { id, 0 } as
--- above (XCLAIM claims nothing for an entry deleted from the stream).
+-- replies only for the ids it could not refresh:
+--   { id, -1 }                      another consumer has it pending (a peer
+--                                   reclaimed it)
+--   { id, 0 }                       deleted from the stream (XCLAIM claims
+--                                   nothing for it): acknowledged, as above
+--   { id, -4 }                      pending for no consumer (acknowledged by
+--                                   another client, or the group was re-created
+--                                   and has not read it again yet)
 
 local stream, dead_letters, retries = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer, mode, id_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -85,13 +91,21 @@ for i = 6, #ARGV do
   local id = ARGV[i]
   local pending = redis.call('XPENDING', stream, group, id, id, 1, consumer)
   if mode == 'refresh' then
-    if #pending == 0 then
+    if #pending == 1 then
+      if #redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID') == 0 then
+        -- Redis 7 drops a deleted entry from the PEL here; older versions keep it.
+        redis.call('XACK', stream, group, id)
+        redis.call('HDEL', retries, id)
+        out[#out + 1] = { id, 0 }
+      end
+    elseif #redis.call('XPENDING', stream, group, id, id, 1) == 1 then
       out[#out + 1] = { id, -1 }
-    elseif #redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID') == 0 then
-      -- Redis 7 drops a deleted entry from the PEL here; older versions keep it.
-      redis.call('XACK', stream, group, id)
+    elseif #redis.call('XRANGE', stream, id, id) == 0 then
+      -- A peer's XAUTOCLAIM drops deleted entries from the whole group's PEL.
       redis.call('HDEL', retries, id)
       out[#out + 1] = { id, 0 }
+    else
+      out[#out + 1] = { id, -4 }
     end
   elseif #pending == 0 then
     out[#out + 1] = { id, -1 }
