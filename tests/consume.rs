@@ -1104,9 +1104,9 @@ async fn verdicts_on_an_entry_a_beat_found_deleted_say_so() {
         let first = sidecar.append("s", &[("k", b"1")]).await;
         let second = sidecar.append("s", &[("k", b"2")]).await;
         let held = consumer.deliveries(2, EVENT_TIMEOUT).await;
-        for appended in [&first, &second] {
-            let _: i64 = redis::cmd("XDEL").arg("s").arg(&appended.stream_id).query_async(&mut con).await.unwrap();
-        }
+        // One XDEL, so that one pass of the beat finds both.
+        let ids = [&first.stream_id, &second.stream_id];
+        let _: i64 = redis::cmd("XDEL").arg("s").arg(&ids).query_async(&mut con).await.unwrap();
         assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "the {beat} drops deleted entries");
         // Past further beats: one that took a deleted entry for a lost lease
         // would tell the call LEASE_LOST here.
@@ -1124,6 +1124,13 @@ async fn verdicts_on_an_entry_a_beat_found_deleted_say_so() {
         let lost = metrics.lines().filter(|l| l.starts_with("echomq_leases_lost_total") && !l.ends_with(" 0"));
         assert_eq!(lost.count(), 0, "{beat}: no lease counted as lost\n{metrics}");
         assert!(metrics.contains("echomq_trimmed_while_pending_total"), "{beat}: counted as trimmed\n{metrics}");
+        let logged: Vec<String> = sidecar
+            .log()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("deleted from the stream"))
+            .map(str::to_owned)
+            .collect();
+        assert!(logged.len() == 1 && logged[0].contains("entries=2"), "{beat}: one line for the pass: {logged:?}");
         consumer.assert_quiet(Duration::from_millis(300), "a deleted entry is never handed out again").await;
     }
 }

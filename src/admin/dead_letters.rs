@@ -125,14 +125,21 @@ pub(super) async fn replay(
     };
     let mut replayed = Vec::with_capacity(ids.len());
     let mut other_source_ids = Vec::new();
-    let mut progress =
-        ReplayProgress { stream: source, dead_letters: &dead_letters, replayed: 0, finished: false, stopped_by: None };
+    let mut progress = ReplayProgress {
+        stream: source,
+        dead_letters: &dead_letters,
+        replayed: 0,
+        under_way: 0,
+        finished: false,
+        stopped_by: None,
+    };
     for batch in ids.chunks(REPLAY_BATCH) {
         let mut script = admin.redis.scripts.replay.prepare_invoke();
         script.key(source).key(&dead_letters).arg(&admin.id_field);
         for id in batch {
             script.arg(id);
         }
+        progress.under_way = batch.len();
         let reply: Value = match script.invoke_async(&mut conn).await {
             Ok(reply) => reply,
             Err(e) => {
@@ -162,6 +169,7 @@ pub(super) async fn replay(
             });
         }
         progress.replayed = replayed.len();
+        progress.under_way = 0;
     }
     progress.finished = true;
     // Only ids the request named can be missing; the oldest-`count` page found its own.
@@ -221,8 +229,11 @@ fn replay_error(e: redis::RedisError, source: &str, before: usize) -> Error {
 struct ReplayProgress<'a> {
     stream: &'a str,
     dead_letters: &'a str,
-    /// Dead letters replayed so far.
+    /// Dead letters replayed so far (their batches' replies came back).
     replayed: usize,
+    /// Dead letters in the batch sent and not yet answered: if the caller
+    /// goes away then, Redis may still run it.
+    under_way: usize,
     finished: bool,
     /// The Redis error that stopped it, if one did.
     stopped_by: Option<String>,
@@ -230,15 +241,17 @@ struct ReplayProgress<'a> {
 
 impl Drop for ReplayProgress<'_> {
     fn drop(&mut self) {
-        if self.finished || self.replayed == 0 {
+        if self.finished || self.replayed + self.under_way == 0 {
             return;
         }
-        let cause = self.stopped_by.as_deref().unwrap_or(
-            "the caller went away (cancelled, or its deadline passed), and a batch under way then may still be applied",
-        );
+        let (cause, under_way) = match &self.stopped_by {
+            Some(error) => (error.as_str(), 0),
+            None => ("the caller went away (cancelled, or its deadline passed)", self.under_way),
+        };
         tracing::warn!(
-            stream = %self.stream, dead_letters = %self.dead_letters, replayed = self.replayed,
-            "replay stopped part-way: {cause}; what was replayed stays replayed"
+            stream = %self.stream, dead_letters = %self.dead_letters, replayed = self.replayed, under_way,
+            "replay stopped part-way: {cause}; what was replayed stays replayed, and the `under_way` batch \
+             (sent, not answered) may have been replayed too"
         );
     }
 }

@@ -117,6 +117,21 @@ impl Shards {
         unparked
     }
 
+    /// A worker's UNKNOWN_ID for a delivery it let go of (lost or deleted)
+    /// while the verdict was on its way to it: the `Released` that says why
+    /// came first on the same channel, so the answer is NOT_PENDING, as it is
+    /// for a verdict that arrives later.
+    fn explain_unknown(&mut self, mut error: VerdictError) -> VerdictError {
+        if error.code != VerdictErrorCode::UnknownId as i32 {
+            return error;
+        }
+        if let Some(gone) = error.id.parse().ok().and_then(|id| self.gone(&id, true)) {
+            error.code = VerdictErrorCode::NotPending as i32;
+            error.message = gone.message().to_owned();
+        }
+        error
+    }
+
     /// Why the call no longer holds `id`, if it was lost to a peer or deleted;
     /// `settle` forgets it, since one verdict is answered.
     fn gone(&mut self, id: &BrandedId, settle: bool) -> Option<Gone> {
@@ -174,7 +189,9 @@ pub(super) async fn relay(
                         Some(delivery) => response(consume_response::Kind::Delivery(delivery)),
                         None => continue,
                     },
-                    Some(Event::VerdictError(error)) => response(consume_response::Kind::VerdictError(error)),
+                    Some(Event::VerdictError(error)) => {
+                        response(consume_response::Kind::VerdictError(shards.explain_unknown(error)))
+                    }
                     Some(Event::Released { shard, id, gone }) => match shards.release(shard, &id, gone) {
                         Some(delivery) => response(consume_response::Kind::Delivery(delivery)),
                         None => continue,
@@ -347,5 +364,59 @@ fn truncate_utf8(text: &mut String, max: usize) {
             end -= 1;
         }
         text.truncate(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: &str) -> BrandedId {
+        format!("{n:0>28}").parse().expect("28 hex characters")
+    }
+
+    fn unknown(id: &BrandedId) -> VerdictError {
+        VerdictError { id: id.to_string(), code: VerdictErrorCode::UnknownId as i32, message: UNKNOWN_ID.to_owned() }
+    }
+
+    fn shards(count: usize) -> Shards {
+        Shards::new((0..count).map(|_| mpsc::channel(1).0).collect())
+    }
+
+    #[test]
+    fn a_verdict_that_crossed_a_gone_delivery_is_answered_not_pending_once() {
+        let mut plain = shards(1);
+        let (lost, expired) = (id("a1"), id("b2"));
+        plain.release(0, &lost, Some(Gone::ToPeer));
+        plain.release(0, &expired, None);
+
+        let crossed = plain.explain_unknown(unknown(&lost));
+        assert_eq!(crossed.code, VerdictErrorCode::NotPending as i32);
+        assert!(crossed.message.contains("lost to a peer"), "{crossed:?}");
+        assert_eq!(plain.explain_unknown(unknown(&lost)).code, VerdictErrorCode::UnknownId as i32, "answered once");
+        assert_eq!(plain.explain_unknown(unknown(&expired)).code, VerdictErrorCode::UnknownId as i32);
+    }
+
+    #[test]
+    fn a_new_delivery_of_a_gone_id_supersedes_it() {
+        let mut plain = shards(1);
+        let deleted = id("c3");
+        plain.release(0, &deleted, Some(Gone::Deleted));
+        assert_eq!(plain.gone(&deleted, false), Some(Gone::Deleted));
+
+        assert!(plain.deliver(0, deleted, Delivery::default()).is_some());
+        assert_eq!(plain.gone(&deleted, false), None, "the verdict now goes to the new delivery");
+    }
+
+    #[test]
+    fn a_gone_delivery_with_a_namesake_parked_behind_hands_over_and_is_not_remembered() {
+        let mut sharded = shards(2);
+        let same = id("d4");
+        assert!(sharded.deliver(0, same, Delivery::default()).is_some());
+        assert!(sharded.deliver(1, same, Delivery::default()).is_none(), "parked behind shard 0's");
+
+        assert!(sharded.release(0, &same, Some(Gone::ToPeer)).is_some(), "shard 1's is handed over");
+        assert_eq!(sharded.gone(&same, false), None, "a verdict now settles shard 1's delivery");
+        assert_eq!(sharded.settle(&same), Some(1));
     }
 }

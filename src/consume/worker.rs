@@ -44,8 +44,8 @@ use crate::{
 };
 
 /// The verdict error for an id the call does not hold.
-/// Why a verdict found its entry not pending for this sidecar's consumer.
-const NOT_PENDING_HERE: &str = "Redis no longer has this entry pending for this sidecar (a peer reclaimed it, another client acknowledged it, or the group was re-created)";
+/// Why XACK found nothing to acknowledge.
+const NOT_PENDING_IN_GROUP: &str = "Redis no longer has this entry pending for the group: another client acknowledged it (a peer that reclaimed it, say), it was deleted, or the group was re-created; nothing was acknowledged";
 
 const TRIMMED_WHILE_HELD: &str = "the entry was deleted from the stream (trimmed) while held; Redis dropped it from the PEL, so there is nothing to acknowledge, retry or dead-letter";
 
@@ -254,9 +254,6 @@ struct RetryWrite {
     stream_id: StreamId,
     due_unix_ms: u64,
     reason: String,
-    /// The call whose Fail this is, and the id as it sent it, to be told if
-    /// the entry is no longer pending for this sidecar.
-    verdict: Option<(SessionId, String)>,
 }
 
 /// One group's worker. Built by [`Worker::spawn`].
@@ -286,6 +283,9 @@ pub(crate) struct Worker {
     /// The blocking reader, while there are calls to read for.
     reader: Option<Reader>,
     reclaim_cursor: StreamId,
+    /// Entries found deleted while pending since the last log line, so a
+    /// trim of many pending entries is logged once with their count.
+    trimmed_unlogged: u64,
     /// The group is gone (NOGROUP): re-create it before anything else.
     group_lost: bool,
     /// No Redis command from the pump before this instant (backoff after errors).
@@ -326,6 +326,7 @@ impl Worker {
             read_outstanding: 0,
             reader: None,
             reclaim_cursor: StreamId::ZERO,
+            trimmed_unlogged: 0,
             group_lost: false,
             paused_until: Instant::now(),
             backoff: REDIS_BACKOFF_MIN,
@@ -382,6 +383,7 @@ impl Worker {
                     }
                 }
             }
+            self.log_trimmed();
         }
         self.flush().await;
         self.stop_reading();
@@ -609,20 +611,14 @@ impl Worker {
     /// Schedules a failed entry's re-delivery after `delay`, here and, through
     /// the group's retry hash, for a peer that reclaims it or for this sidecar
     /// after a restart.
-    fn retry_later(
-        &mut self,
-        stream_id: StreamId,
-        delay: Duration,
-        reason: String,
-        verdict: Option<(SessionId, String)>,
-    ) {
+    fn retry_later(&mut self, stream_id: StreamId, delay: Duration, reason: String) {
         if self.no_ack {
             return;
         }
         self.metrics.fails.inc();
         self.wait(stream_id, Instant::now() + delay);
         let due_unix_ms = crate::entry::now_unix_ms().saturating_add(delay.as_millis() as u64);
-        self.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason, verdict });
+        self.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
     }
 
     /// `own_pending.lua` prepared for `mode` on this group; the caller adds the ids.
@@ -748,7 +744,15 @@ impl Worker {
     fn trimmed_while_pending(&mut self, stream_id: StreamId) {
         self.forget(stream_id, Gone::Deleted);
         self.metrics.trimmed_while_pending.inc();
-        warn!(stream = %self.stream, group = %self.group, %stream_id, "entry was deleted from the stream while pending; dropped from the PEL");
+        self.trimmed_unlogged += 1;
+        debug!(stream = %self.stream, group = %self.group, %stream_id, "entry was deleted from the stream while pending");
+    }
+
+    fn log_trimmed(&mut self) {
+        if self.trimmed_unlogged > 0 {
+            let entries = std::mem::take(&mut self.trimmed_unlogged);
+            warn!(stream = %self.stream, group = %self.group, entries, "entries were deleted from the stream while pending (trimmed, XDEL); dropped from the PEL, never delivered again");
+        }
     }
 
     /// Reads one page of this consumer's own PEL (XPENDING … consumer) and
@@ -903,7 +907,7 @@ impl Worker {
         let acks = std::mem::take(&mut self.acks);
         let writes = std::mem::take(&mut self.retry_writes);
         let mut script = self.shared.redis.scripts.settle.prepare_invoke();
-        script.key(&self.stream).key(&self.retries_key).arg(&self.group).arg(&self.shared.consumer).arg(acks.len());
+        script.key(&self.stream).key(&self.retries_key).arg(&self.group).arg(acks.len());
         for ack in &acks {
             script.arg(ack.stream_id.to_string());
         }
@@ -917,34 +921,14 @@ impl Worker {
         }
         let mut conn = self.shared.redis.conn.clone();
         match script.invoke_async::<Vec<i64>>(&mut conn).await {
-            Ok(applied) => {
+            Ok(counts) => {
                 self.redis_ok();
-                let (acked, written) = applied.split_at(acks.len().min(applied.len()));
-                for (ack, &applied) in acks.iter().zip(acked) {
-                    if applied == 1 {
+                for (ack, count) in acks.iter().zip(counts) {
+                    if count == 1 {
                         self.metrics.acks.inc();
                     } else if let Some(s) = self.sessions.get(&ack.session) {
                         self.metrics.acks_not_pending.inc();
-                        s.error(
-                            &ack.text,
-                            VerdictErrorCode::NotPending,
-                            format!("{NOT_PENDING_HERE}; nothing was acknowledged"),
-                        );
-                    }
-                }
-                for write in writes.iter().zip(written).filter(|(_, &applied)| applied == 0).map(|(write, _)| write) {
-                    // Not ours to re-deliver: a peer holds it, or it is settled.
-                    if let Some(Track::Waiting(at)) = self.entries.remove(&write.stream_id) {
-                        self.waiting.remove(&(at, write.stream_id));
-                    }
-                    let call =
-                        write.verdict.as_ref().and_then(|(session, text)| Some((self.sessions.get(session)?, text)));
-                    if let Some((s, text)) = call {
-                        s.error(
-                            text,
-                            VerdictErrorCode::NotPending,
-                            format!("{NOT_PENDING_HERE}; no retry was scheduled"),
-                        );
+                        s.error(&ack.text, VerdictErrorCode::NotPending, NOT_PENDING_IN_GROUP);
                     }
                 }
             }
@@ -984,7 +968,7 @@ impl Worker {
         if !dead_letter {
             let delay = retry_after.unwrap_or_else(|| policy.retry_delay(held.attempts));
             debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");
-            return self.retry_later(held.stream_id, delay, reason, Some((session, text)));
+            return self.retry_later(held.stream_id, delay, reason);
         }
         let mut script = self.own_pending("dead_letter", &reason);
         script.arg(held.stream_id.to_string());
@@ -1058,7 +1042,7 @@ impl Worker {
         for held in s.held.into_values() {
             self.entries.remove(&held.stream_id);
             let delay = s.policy.retry_delay(held.attempts);
-            self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned(), None);
+            self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned());
         }
         if returned > 0 && !self.no_ack {
             info!(stream = %self.stream, group = %self.group, returned, "call ended holding entries; they stay pending and will be delivered again");
@@ -1105,7 +1089,7 @@ impl Worker {
         for (held, delay) in expired {
             debug!(stream = %self.stream, stream_id = %held.stream_id, "ack deadline passed; treated as failed");
             self.entries.remove(&held.stream_id);
-            self.retry_later(held.stream_id, delay, "the ack deadline passed".to_owned(), None);
+            self.retry_later(held.stream_id, delay, "the ack deadline passed".to_owned());
         }
     }
 

@@ -181,7 +181,7 @@ impl Redis {
                 .arg("GET")
                 .query_async(&mut conn)
                 .await
-                .map_err(ShardCountError::Redis)?;
+                .map_err(|error| ShardCountError::Redis { key: key.clone(), error })?;
             if let Some(recorded) = recorded.filter(|recorded| *recorded != count.to_string()) {
                 return Err(ShardCountError::Mismatch { name: name.to_owned(), recorded, configured: count, key });
             }
@@ -359,9 +359,15 @@ pub enum ShardCountError {
         /// The key holding it.
         key: String,
     },
-    /// Redis refused or failed the command.
-    #[error("recording the shard counts in Redis failed: {0}")]
-    Redis(redis::RedisError),
+    /// Redis refused or failed the command (`WRONGTYPE`: the key holds
+    /// something else, such as a stream appended under that name).
+    #[error("recording the shard count in Redis (SET `{key}` NX GET) failed: {error}")]
+    Redis {
+        /// The key it was to be recorded in.
+        key: String,
+        /// What Redis said.
+        error: redis::RedisError,
+    },
 }
 
 fn with_password(info: ConnectionInfo, password: Option<&str>) -> RedisResult<ConnectionInfo> {

@@ -96,12 +96,12 @@ const (
 	// The id is not held by this call: never delivered to it, already settled,
 	// or returned to the PEL after its ack deadline. Nothing was applied.
 	VerdictErrorCode_VERDICT_ERROR_CODE_UNKNOWN_ID VerdictErrorCode = 1
-	// The entry was held, but Redis no longer has it pending for this sidecar's
-	// consumer: a peer reclaimed it (after or before LEASE_LOST was sent), it
-	// was deleted from the stream (trimmed, XDEL) and so dropped from the PEL,
-	// another client acknowledged it, or the group was re-created. Nothing was
-	// applied. The message says which when the sidecar knows. Handle it
-	// idempotently: it may be delivered again.
+	// The entry was held, but is no longer pending for this call: its lease was
+	// lost to a peer (LEASE_LOST was sent), it was deleted from the stream
+	// (trimmed, XDEL) and so dropped from the PEL, or Redis no longer has it
+	// pending for the group (XACK answered 0: another client acknowledged it,
+	// or the group was re-created). Nothing was applied. The message says which
+	// when the sidecar knows. Handle it idempotently: it may be delivered again.
 	VerdictErrorCode_VERDICT_ERROR_CODE_NOT_PENDING VerdictErrorCode = 2
 	// The id is not 28 lowercase hex characters, or another field of the verdict
 	// is invalid (a negative duration). Nothing was applied.
@@ -498,11 +498,12 @@ func (x *Subscribe) GetNoAck() bool {
 // pipelined) and the entries leave the PEL for good.
 //
 // An id this call does not hold gets a `VerdictError` (UNKNOWN_ID) and nothing
-// is acknowledged for it; an id that Redis no longer has pending for this
-// sidecar's consumer (reclaimed by a peer, deleted from the stream,
-// acknowledged by another client, or its group was re-created) gets
-// NOT_PENDING, checked in the same script as the XACK, so a peer's delivery
-// is never acknowledged. Neither ends the call.
+// is acknowledged for it; an id whose lease was lost (LEASE_LOST), whose
+// entry was deleted from the stream, or that Redis no longer has pending for
+// the group (XACK answered 0: acknowledged by another client, or its group
+// was re-created) gets NOT_PENDING. Neither ends the call. An Ack that
+// crosses a peer's reclaim before the sidecar noticed it applies: the handler
+// finished the entry (the peer's own verdict is then answered NOT_PENDING).
 type Ack struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Branded ids (28 lowercase hex characters) of deliveries this call holds.
@@ -559,8 +560,7 @@ type Fail struct {
 	// Required.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Why the handler failed, for logs and the dead-letter entry. Optional; at
-	// most 4096 bytes are kept. An entry Redis no longer has pending for this
-	// sidecar gets NOT_PENDING, and no retry state is written for it.
+	// most 4096 bytes are kept.
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// How long to wait before the entry is delivered again. Unset: the
 	// subscription's backoff by attempts. A negative value gets a VerdictError

@@ -65,8 +65,9 @@ class ConsumerServiceServicer:
         errors.
 
         The call ends with:
-        - INVALID_ARGUMENT: the first message is not a valid `Subscribe`, or a
-        second `Subscribe` arrives (the message says which field is wrong);
+        - INVALID_ARGUMENT: the first message is not a valid `Subscribe`, a
+        second `Subscribe` arrives, or a message sets none of its fields (the
+        message says which field is wrong);
         - FAILED_PRECONDITION: the stream key holds another Redis type (WRONGTYPE);
         - UNAVAILABLE: Redis cannot be reached while subscribing, or the sidecar is
         shutting down (after its grace period). Retry with backoff.
