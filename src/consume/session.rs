@@ -5,7 +5,9 @@
 //! remembers which shard each delivery it holds came from and sends each
 //! verdict there.
 //!
-//! Malformed verdicts are answered here, without a trip to the worker. While
+//! Malformed verdicts are answered here, without a trip to the worker, and so
+//! are verdicts on deliveries the worker let go of because Redis no longer
+//! has them pending for this sidecar (lost to a peer, deleted). While
 //! the client does not read, the relay waits on the outbound channel and reads
 //! no new verdicts either, so gRPC flow control pushes back on the client and
 //! nothing grows without bound.

@@ -43,12 +43,13 @@ use crate::{
     telemetry,
 };
 
-/// The verdict error for an id the call does not hold.
 /// Why XACK found nothing to acknowledge.
 const NOT_PENDING_IN_GROUP: &str = "Redis no longer has this entry pending for the group: another client acknowledged it (a peer that reclaimed it, say), it was deleted, or the group was re-created; nothing was acknowledged";
 
+/// Why a held entry cannot be settled: it was deleted from the stream.
 const TRIMMED_WHILE_HELD: &str = "the entry was deleted from the stream (trimmed) while held; Redis dropped it from the PEL, so there is nothing to acknowledge, retry or dead-letter";
 
+/// The verdict error for an id the call does not hold.
 pub(crate) const UNKNOWN_ID: &str = "this call does not hold that id: it was never delivered to this call, was already settled, or passed its ack deadline";
 
 /// Identifies one Consume call inside the sidecar.
@@ -1142,7 +1143,7 @@ impl Worker {
         let Some((session, id)) = self.forget(stream_id, Gone::ToPeer) else { return };
         let Some(s) = self.sessions.get(&session) else { return };
         self.metrics.leases_lost.inc();
-        s.error(&id.to_string(), VerdictErrorCode::LeaseLost, "the lease on this entry was lost: Redis no longer has it pending for this sidecar (a peer reclaimed it); its verdict will not be applied");
+        s.error(&id.to_string(), VerdictErrorCode::LeaseLost, "the lease on this entry was lost: Redis no longer has it pending for this sidecar (a peer reclaimed it); this call no longer holds it, and a verdict for it will not be applied");
         warn!(stream = %self.stream, group = %self.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
     }
 
