@@ -1159,3 +1159,103 @@ async fn a_busy_shard_cannot_take_the_credit_of_another() {
     assert_eq!((delivered.id.as_str(), delivered.stream.as_str()), (late.id.as_str(), quiet));
     assert_eq!(pending_count(&mut con, busy, "g").await, 2, "the busy shard never held more than its share");
 }
+
+/// The sidecar's resident memory, in bytes (`VmRSS` in /proc).
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
+    let kib = status.lines().find_map(|line| line.strip_prefix("VmRSS:")).expect("VmRSS");
+    kib.trim().trim_end_matches("kB").trim().parse::<u64>().expect("a number of kB") * 1024
+}
+
+/// A client that sends Acks of unknown ids without reading the answers is held
+/// back (the relay stops reading it once answers pile up), so the sidecar's
+/// memory does not grow with what it sends; once it reads, every answer is
+/// there, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_without_reading_is_held_back() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let pid = sidecar.pid().expect("running");
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let ids: Vec<String> = (1..=1000u64).map(|n| format!("{n:028x}")).collect();
+    let before = resident_bytes(pid);
+
+    // 300,000 unknown ids, each answered UNKNOWN_ID; before the relay held the
+    // client back, they queued inside the sidecar at some 400 bytes each.
+    let mut sent = 0;
+    for _ in 0..300 {
+        let ack = req(Kind::Ack(Ack { ids: ids.clone() }));
+        match tokio::time::timeout(Duration::from_secs(2), consumer.send(ack)).await {
+            Ok(()) => sent += 1,
+            Err(_) => break,
+        }
+    }
+    let grown = resident_bytes(pid).saturating_sub(before);
+
+    assert!(sent < 300, "the sidecar kept reading a client that does not read: {sent} Acks of 1,000 ids taken");
+    assert!(grown < 40 << 20, "the sidecar grew by {} MiB", grown >> 20);
+    for n in 0..2000 {
+        let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+        assert_eq!((error.code, error.id.as_str()), (VerdictErrorCode::UnknownId as i32, ids[n % 1000].as_str()));
+    }
+}
+
+/// A client that sends its last verdicts and closes its side at once still
+/// hears how they went before the call ends OK: the answers of the final
+/// flush are sent, not dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_errors_reach_a_client_that_closed_its_side() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let held = sidecar.append("s", &[("k", b"v")]).await;
+    consumer.next_delivery(EVENT_TIMEOUT).await;
+    // Acknowledged elsewhere, so this call's Ack reaches Redis and is answered NOT_PENDING.
+    let _: i64 = redis::cmd("XACK").arg("s").arg("g").arg(&held.stream_id).query_async(&mut con).await.unwrap();
+    let unknown = format!("{:028x}", 7);
+
+    consumer.ack(&[&held.id, &unknown]).await;
+    consumer.close_send();
+
+    let mut answered = BTreeSet::new();
+    for _ in 0..2 {
+        let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+        answered.insert((error.id, error.code));
+    }
+    let expected =
+        [(held.id.clone(), VerdictErrorCode::NotPending as i32), (unknown, VerdictErrorCode::UnknownId as i32)];
+    assert_eq!(answered, BTreeSet::from(expected), "{}", sidecar.log());
+    assert!(matches!(consumer.next_event(EVENT_TIMEOUT).await, Event::Ended(None)), "then the call ends OK");
+}
+
+/// An entry whose ack deadline passed has its retry delay in Redis at once
+/// (binding peers, outliving a restart), and once it comes back and is
+/// acknowledged, the retry hash keeps nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_deliverys_retry_state_is_in_redis_until_it_is_acked() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.ack_deadline = Some(duration_ms(300));
+    sub.retry_backoff_initial = Some(duration_ms(3000));
+    sub.retry_backoff_max = Some(duration_ms(3000));
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    let entry = sidecar.append("s", &[("k", b"v")]).await;
+    consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    let retries = con.clone();
+    let stored = || {
+        let mut con = retries.clone();
+        let id = entry.stream_id.clone();
+        async move { redis::cmd("HEXISTS").arg("s:retries:g").arg(id).query_async::<bool>(&mut con).await.unwrap() }
+    };
+    assert!(eventually(Duration::from_millis(1200), stored).await, "the delay is written when the deadline passes");
+    let again = consumer.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!((again.id.as_str(), again.attempts), (entry.id.as_str(), 2));
+    consumer.ack_one(&again.id).await;
+
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    assert!(eventually(EVENT_TIMEOUT, || async { !stored().await }).await, "the acked entry's retry state is gone");
+}

@@ -35,6 +35,11 @@ const MAX_REASON_BYTES: usize = 4096;
 /// Deliveries lost to a peer or to deletion whose verdict may still come, at
 /// most; past it they are forgotten, and a late verdict is UNKNOWN_ID.
 const GONE_REMEMBERED: usize = 4096;
+/// Worker events (verdict errors, mostly) waiting for the client, past which
+/// the relay reads no more client messages: one Ack of many unknown ids makes
+/// as many errors, and a client that sends without reading would otherwise
+/// grow this queue without bound.
+const EVENT_BACKLOG: usize = 1024;
 
 type Outbound = mpsc::Sender<Result<ConsumeResponse, Status>>;
 
@@ -127,21 +132,17 @@ impl Shards {
         if error.code != VerdictErrorCode::UnknownId as i32 {
             return error;
         }
-        if let Some(gone) = error.id.parse().ok().and_then(|id| self.gone(&id, true)) {
+        if let Some(gone) = error.id.parse().ok().and_then(|id| self.gone(&id)) {
             error.code = VerdictErrorCode::NotPending as i32;
             error.message = gone.message().to_owned();
         }
         error
     }
 
-    /// Why the call no longer holds `id`, if it was lost to a peer or deleted;
-    /// `settle` forgets it, since one verdict is answered.
-    fn gone(&mut self, id: &BrandedId, settle: bool) -> Option<Gone> {
-        if settle {
-            self.gone.remove(id)
-        } else {
-            self.gone.get(id).copied()
-        }
+    /// Why the call no longer holds `id`, if it was lost to a peer or deleted:
+    /// every verdict on it is answered so, until it is delivered again.
+    fn gone(&self, id: &BrandedId) -> Option<Gone> {
+        self.gone.get(id).copied()
     }
 
     /// The parked delivery of `id`, if any, now that its namesake is settled.
@@ -168,9 +169,12 @@ pub(super) async fn relay(
     mut shards: Shards,
     mut closing: watch::Receiver<bool>,
 ) {
+    // Whether the client still reads: after it closes its side, the errors
+    // of its last verdicts are still sent before the call ends.
+    let mut listening = true;
     let ending = loop {
         tokio::select! {
-            message = inbound.message() => match message {
+            message = inbound.message(), if events.len() < EVENT_BACKLOG => match message {
                 Ok(Some(request)) => {
                     if let Err(status) = forward(session, request, &outbound, &mut shards).await {
                         break Some(status);
@@ -182,6 +186,7 @@ pub(super) async fn relay(
                 }
                 Err(status) => {
                     debug!(session, %status, "call broke");
+                    listening = false;
                     break None;
                 }
             },
@@ -201,6 +206,7 @@ pub(super) async fn relay(
                     None => break Some(Error::ShuttingDown.into()),
                 };
                 if outbound.send(Ok(frame)).await.is_err() {
+                    listening = false;
                     break None;
                 }
             }
@@ -222,6 +228,19 @@ pub(super) async fn relay(
         }
     })
     .await;
+    // The flush the detach waited for answered the last verdicts; deliveries
+    // still queued were returned to the PEL by the detach.
+    while let (true, Ok(event)) = (listening, events.try_recv()) {
+        let error = match event {
+            Event::VerdictError(error) => shards.explain_unknown(error),
+            Event::Released { shard, id, gone } => {
+                shards.release(shard, &id, gone);
+                continue;
+            }
+            Event::Delivery { .. } => continue,
+        };
+        listening = outbound.send(Ok(response(consume_response::Kind::VerdictError(error)))).await.is_ok();
+    }
     if let Some(status) = ending {
         let _ = outbound.send(Err(status)).await;
     }
@@ -247,7 +266,7 @@ async fn forward(
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
             let mut unparked = Vec::new();
             for (text, id) in parse_ids(ack.ids, outbound).await {
-                if let Some(gone) = shards.gone(&id, true) {
+                if let Some(gone) = shards.gone(&id) {
                     reject(outbound, &text, VerdictErrorCode::NotPending, gone.message()).await;
                     continue;
                 }
@@ -267,7 +286,7 @@ async fn forward(
         }
         Some(Kind::Fail(fail)) => {
             let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
-            if let Some(gone) = shards.gone(&id, true) {
+            if let Some(gone) = shards.gone(&id) {
                 reject(outbound, &fail.id, VerdictErrorCode::NotPending, gone.message()).await;
                 return Ok(());
             }
@@ -310,7 +329,7 @@ async fn forward(
             };
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
             for (text, id) in parse_ids(extend.ids, outbound).await {
-                if let Some(gone) = shards.gone(&id, false) {
+                if let Some(gone) = shards.gone(&id) {
                     reject(outbound, &text, VerdictErrorCode::NotPending, gone.message()).await;
                     continue;
                 }
@@ -386,7 +405,7 @@ mod tests {
     }
 
     #[test]
-    fn a_verdict_that_crossed_a_gone_delivery_is_answered_not_pending_once() {
+    fn a_verdict_that_crossed_a_gone_delivery_is_answered_not_pending() {
         let mut plain = shards(1);
         let (lost, expired) = (id("a1"), id("b2"));
         plain.release(0, &lost, Some(Gone::ToPeer));
@@ -395,7 +414,7 @@ mod tests {
         let crossed = plain.explain_unknown(unknown(&lost));
         assert_eq!(crossed.code, VerdictErrorCode::NotPending as i32);
         assert!(crossed.message.contains("lost to a peer"), "{crossed:?}");
-        assert_eq!(plain.explain_unknown(unknown(&lost)).code, VerdictErrorCode::UnknownId as i32, "answered once");
+        assert_eq!(plain.explain_unknown(unknown(&lost)).code, VerdictErrorCode::NotPending as i32, "every time");
         assert_eq!(plain.explain_unknown(unknown(&expired)).code, VerdictErrorCode::UnknownId as i32);
     }
 
@@ -404,10 +423,10 @@ mod tests {
         let mut plain = shards(1);
         let deleted = id("c3");
         plain.release(0, &deleted, Some(Gone::Deleted));
-        assert_eq!(plain.gone(&deleted, false), Some(Gone::Deleted));
+        assert_eq!(plain.gone(&deleted), Some(Gone::Deleted));
 
         assert!(plain.deliver(0, deleted, Delivery::default()).is_some());
-        assert_eq!(plain.gone(&deleted, false), None, "the verdict now goes to the new delivery");
+        assert_eq!(plain.gone(&deleted), None, "the verdict now goes to the new delivery");
     }
 
     #[test]
@@ -418,7 +437,7 @@ mod tests {
         assert!(sharded.deliver(1, same, Delivery::default()).is_none(), "parked behind shard 0's");
 
         assert!(sharded.release(0, &same, Some(Gone::ToPeer)).is_some(), "shard 1's is handed over");
-        assert_eq!(sharded.gone(&same, false), None, "a verdict now settles shard 1's delivery");
+        assert_eq!(sharded.gone(&same), None, "a verdict now settles shard 1's delivery");
         assert_eq!(sharded.settle(&same), Some(1));
     }
 }

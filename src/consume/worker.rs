@@ -47,7 +47,7 @@ use crate::{
 const NOT_PENDING_IN_GROUP: &str = "Redis no longer has this entry pending for the group: another client acknowledged it (a peer that reclaimed it, say), it was deleted, or the group was re-created; nothing was acknowledged";
 
 /// Why a held entry cannot be settled: it was deleted from the stream.
-const TRIMMED_WHILE_HELD: &str = "the entry was deleted from the stream (trimmed) while held; Redis dropped it from the PEL, so there is nothing to acknowledge, retry or dead-letter";
+const TRIMMED_WHILE_HELD: &str = "the entry was deleted from the stream while held (trimmed, XDEL, or lost with Redis' data); Redis dropped it from the PEL, so there is nothing to acknowledge, retry or dead-letter";
 
 /// The verdict error for an id the call does not hold.
 pub(crate) const UNKNOWN_ID: &str = "this call does not hold that id: it was never delivered to this call, was already settled, or passed its ack deadline";
@@ -374,7 +374,12 @@ impl Worker {
                 _ = sleep_until(wake) => {}
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,
-                _ = deadlines.tick(), if self.has_deadlines() => self.expire_deadlines(),
+                _ = deadlines.tick(), if self.has_deadlines() => {
+                    self.expire_deadlines();
+                    // Their retry delays go to Redis now, to bind peers and
+                    // outlive a restart, not with the next verdict.
+                    self.flush().await;
+                }
                 _ = poll.tick(), if self.shared.metrics_poll.is_some() => self.poll_metrics().await,
                 _ = hygiene.tick(), if self.shared.consumer_idle_limit.is_some() => self.forget_dead_consumers().await,
                 Ok(()) = draining.changed() => {
@@ -832,6 +837,9 @@ impl Worker {
                 }
             }
             Command::Detach { session, flushed } => {
+                // The call's last verdicts first, so that their errors still
+                // reach it (after a client closed its side, it still reads).
+                self.flush_verdicts().await;
                 self.detach(session);
                 self.flushed.push(flushed);
             }

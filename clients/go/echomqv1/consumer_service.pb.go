@@ -98,7 +98,8 @@ const (
 	VerdictErrorCode_VERDICT_ERROR_CODE_UNKNOWN_ID VerdictErrorCode = 1
 	// The entry was held, but is no longer pending for this call: its lease was
 	// lost to a peer (LEASE_LOST was sent), it was deleted from the stream
-	// (trimmed, XDEL) and so dropped from the PEL, or Redis no longer has it
+	// (trimmed, XDEL) and the sidecar found it so (its lease refresh or reclaim
+	// beat; the call's slot is then free), or Redis no longer has it
 	// pending for the group (XACK answered 0: another client acknowledged it,
 	// or the group was re-created). Nothing was applied. The message says which
 	// when the sidecar knows. Handle it idempotently: it may be delivered again.
@@ -643,7 +644,8 @@ type Extend struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Branded ids (28 lowercase hex characters) of deliveries this call holds.
 	Ids []string `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
-	// The new deadline, counted from now. Required, greater than zero.
+	// The new deadline, counted from now. Required, greater than zero, at most
+	// 365 days.
 	By            *durationpb.Duration `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -195,7 +195,8 @@ type TrimRequest struct {
 	// The stream key. Required. For a sharded stream, name one shard's key:
 	// the sharded stream's name is refused with INVALID_ARGUMENT.
 	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	// Keep the newest `max_len` entries (entries).
+	// Keep the newest `max_len` entries (entries). 0 means unset: to remove
+	// everything, give `min_id` (the stream's last id plus one) instead.
 	MaxLen uint64 `protobuf:"varint,2,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
 	// Remove entries with a stream id below this one.
 	MinId string `protobuf:"bytes,3,opt,name=min_id,json=minId,proto3" json:"min_id,omitempty"`

@@ -1,7 +1,7 @@
--- Applies a batch of verdicts in one round trip and one command: XACK each
--- acknowledged entry (one by one, so the reply says which were still
--- pending), drop the retry state of those that had any, and record the retry
--- state of newly failed ones.
+-- Applies a batch of verdicts in one round trip and one command: record the
+-- retry state of newly failed entries, XACK each acknowledged entry (one by
+-- one, so the reply says which were still pending), and drop the retry state
+-- of those that had any.
 --
 -- XACK settles the entry for the group, whichever consumer's PEL holds it: an
 -- Ack that crosses a peer's reclaim (before this sidecar's lease refresh
@@ -19,20 +19,22 @@
 -- Returns, per acknowledged id in order, 1 when it was pending, else 0.
 
 local stream, retries, group = KEYS[1], KEYS[2], ARGV[1]
-local i = 2
-local acks = tonumber(ARGV[i])
+local acks = tonumber(ARGV[2])
+local clears_at = 2 + acks + 1
+local clears = tonumber(ARGV[clears_at])
+local writes_at = clears_at + clears + 1
+local writes = tonumber(ARGV[writes_at])
+-- Retry states first: one written for an entry whose ack deadline passed,
+-- then delivered again and acknowledged within the same batch, is older than
+-- that ack, whose HDEL must win.
+for k = 1, writes do
+  redis.call('HSET', retries, ARGV[writes_at + 2 * k - 1], ARGV[writes_at + 2 * k])
+end
 local out = {}
 for k = 1, acks do
-  out[k] = redis.call('XACK', stream, group, ARGV[i + k])
+  out[k] = redis.call('XACK', stream, group, ARGV[2 + k])
 end
-i = i + acks + 1
-local clears = tonumber(ARGV[i])
 for k = 1, clears do
-  redis.call('HDEL', retries, ARGV[i + k])
-end
-i = i + clears + 1
-local writes = tonumber(ARGV[i])
-for k = 1, writes do
-  redis.call('HSET', retries, ARGV[i + 2 * k - 1], ARGV[i + 2 * k])
+  redis.call('HDEL', retries, ARGV[clears_at + k])
 end
 return out
