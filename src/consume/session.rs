@@ -229,21 +229,25 @@ pub(super) async fn relay(
     })
     .await;
     // The flush the detach waited for answered the last verdicts; deliveries
-    // still queued were returned to the PEL by the detach.
-    while let (true, Ok(event)) = (listening, events.try_recv()) {
-        let error = match event {
-            Event::VerdictError(error) => shards.explain_unknown(error),
-            Event::Released { shard, id, gone } => {
-                shards.release(shard, &id, gone);
-                continue;
-            }
-            Event::Delivery { .. } => continue,
-        };
-        listening = outbound.send(Ok(response(consume_response::Kind::VerdictError(error)))).await.is_ok();
-    }
-    if let Some(status) = ending {
-        let _ = outbound.send(Err(status)).await;
-    }
+    // still queued were returned to the PEL by the detach. A client that
+    // closed its side and stopped reading does not hold the call open.
+    let answers = async {
+        while let (true, Ok(event)) = (listening, events.try_recv()) {
+            let error = match event {
+                Event::VerdictError(error) => shards.explain_unknown(error),
+                Event::Released { shard, id, gone } => {
+                    shards.release(shard, &id, gone);
+                    continue;
+                }
+                Event::Delivery { .. } => continue,
+            };
+            listening = outbound.send(Ok(response(consume_response::Kind::VerdictError(error)))).await.is_ok();
+        }
+        if let Some(status) = ending {
+            let _ = outbound.send(Err(status)).await;
+        }
+    };
+    let _ = tokio::time::timeout(DETACH_FLUSH_TIMEOUT, answers).await;
     debug!(session, "call ended");
 }
 
