@@ -9,7 +9,8 @@
 //! are verdicts on deliveries the worker let go of because Redis no longer
 //! has them pending for this sidecar (lost to a peer, deleted). While
 //! the client does not read, the relay waits on the outbound channel and reads
-//! no new verdicts either, so gRPC flow control pushes back on the client and
+//! no new verdicts either, nor while the worker's answers pile up (one Ack can
+//! name thousands of ids), so gRPC flow control pushes back on the client and
 //! nothing grows without bound.
 
 use std::{collections::HashMap, time::Duration};
@@ -128,7 +129,7 @@ impl Shards {
     /// while the verdict was on its way to it: the `Released` that says why
     /// came first on the same channel, so the answer is NOT_PENDING, as it is
     /// for a verdict that arrives later.
-    fn explain_unknown(&mut self, mut error: VerdictError) -> VerdictError {
+    fn explain_unknown(&self, mut error: VerdictError) -> VerdictError {
         if error.code != VerdictErrorCode::UnknownId as i32 {
             return error;
         }
@@ -270,8 +271,7 @@ async fn forward(
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
             let mut unparked = Vec::new();
             for (text, id) in parse_ids(ack.ids, outbound).await {
-                if let Some(gone) = shards.gone(&id) {
-                    reject(outbound, &text, VerdictErrorCode::NotPending, gone.message()).await;
+                if answered_gone(shards, outbound, &text, &id).await {
                     continue;
                 }
                 match shards.settle(&id) {
@@ -290,8 +290,7 @@ async fn forward(
         }
         Some(Kind::Fail(fail)) => {
             let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
-            if let Some(gone) = shards.gone(&id) {
-                reject(outbound, &fail.id, VerdictErrorCode::NotPending, gone.message()).await;
+            if answered_gone(shards, outbound, &fail.id, &id).await {
                 return Ok(());
             }
             let retry_after = match super::duration("fail.retry_after", fail.retry_after) {
@@ -333,8 +332,7 @@ async fn forward(
             };
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
             for (text, id) in parse_ids(extend.ids, outbound).await {
-                if let Some(gone) = shards.gone(&id) {
-                    reject(outbound, &text, VerdictErrorCode::NotPending, gone.message()).await;
+                if answered_gone(shards, outbound, &text, &id).await {
                     continue;
                 }
                 match if shards.sharded() { shards.holders.get(&id).copied() } else { Some(0) } {
@@ -375,6 +373,14 @@ async fn parse_id(text: &str, outbound: &Outbound) -> Option<BrandedId> {
             None
         }
     }
+}
+
+/// Answers a verdict on a delivery the call no longer holds because it was
+/// lost to a peer or deleted (NOT_PENDING, saying which); false otherwise.
+async fn answered_gone(shards: &Shards, outbound: &Outbound, text: &str, id: &BrandedId) -> bool {
+    let Some(gone) = shards.gone(id) else { return false };
+    reject(outbound, text, VerdictErrorCode::NotPending, gone.message()).await;
+    true
 }
 
 async fn reject(outbound: &Outbound, id: &str, code: VerdictErrorCode, message: impl Into<String>) {

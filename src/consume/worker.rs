@@ -827,7 +827,7 @@ impl Worker {
                 for (text, id) in ids {
                     match s.held.get_mut(&id) {
                         Some(held) => held.deadline = s.policy.ack_deadline.map(|_| Instant::now() + by),
-                        None => s.error(&text, VerdictErrorCode::UnknownId, "this call does not hold that id"),
+                        None => s.error(&text, VerdictErrorCode::UnknownId, UNKNOWN_ID),
                     }
                 }
             }
