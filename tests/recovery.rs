@@ -286,14 +286,19 @@ async fn steal(con: &mut redis::aio::MultiplexedConnection, stream_id: &str) {
         .unwrap();
 }
 
-/// The counter's value summed over its series on `/metrics` (0 when absent).
-async fn counter(sidecar: &Sidecar, name: &str) -> f64 {
-    let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("/metrics").body;
-    metrics
-        .lines()
-        .filter(|line| line.starts_with(name))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+/// A sidecar with `--reclaim-min-idle-ms` and `--reclaim-interval-ms` set,
+/// and a call on `s`/`g` holding the one entry appended.
+async fn one_held(
+    min_idle_ms: u64,
+    interval_ms: u64,
+) -> (RedisServer, Sidecar, redis::aio::MultiplexedConnection, Consumer, echomq::proto::AppendResponse) {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(min_idle_ms, interval_ms)).await;
+    let con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let entry = sidecar.append("s", &[("k", b"e")]).await;
+    call.next_delivery(EVENT_TIMEOUT).await;
+    (redis, sidecar, con, call, entry)
 }
 
 /// A peer takes two held entries: the lease refresh notices, the call is told
@@ -329,8 +334,8 @@ async fn a_lost_lease_is_told_and_the_calls_verdicts_are_not_applied() {
     let pending = pending_entries(&mut con, "s", "g").await;
     assert_eq!(pending.iter().filter(|p| p.consumer == "thief").count(), 2, "the peer keeps both: {pending:?}");
     assert!(!exists(&mut con, "s:retries:g").await, "no retry state for the peer's entry");
-    assert_eq!(counter(&sidecar, "echomq_acks_total").await, 0.0);
-    assert_eq!(counter(&sidecar, "echomq_leases_lost_total").await, 2.0);
+    assert_eq!(sidecar.counter("echomq_acks_total").await, 0.0);
+    assert_eq!(sidecar.counter("echomq_leases_lost_total").await, 2.0);
 }
 
 /// Once its lease is lost, an entry that comes back to this sidecar (its
@@ -338,12 +343,7 @@ async fn a_lost_lease_is_told_and_the_calls_verdicts_are_not_applied() {
 /// same call again, even though the call never answered the lost one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_whose_lease_was_lost_comes_back_to_the_same_call() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(600, 200)).await;
-    let mut con = redis.conn().await;
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
-    let e = sidecar.append("s", &[("k", b"e")]).await;
-    call.next_delivery(EVENT_TIMEOUT).await;
+    let (_redis, sidecar, mut con, mut call, e) = one_held(600, 200).await;
     steal(&mut con, &e.stream_id).await;
 
     let error = call.next_verdict_error(EVENT_TIMEOUT).await;
@@ -354,18 +354,14 @@ async fn an_entry_whose_lease_was_lost_comes_back_to_the_same_call() {
     assert!(again.attempts >= 2, "{again:?}");
     call.ack_one(&again.id).await;
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "the re-delivery's ack applies");
+    assert_eq!(sidecar.counter("echomq_leases_lost_total").await, 1.0);
 }
 
 /// Another client acknowledges a held entry (XACK by hand): no peer holds it,
 /// so the call is not told of a lost lease; its Ack is answered NOT_PENDING.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_acknowledged_elsewhere_is_not_a_lost_lease() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(300, 600_000)).await;
-    let mut con = redis.conn().await;
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
-    let e = sidecar.append("s", &[("k", b"e")]).await;
-    call.next_delivery(EVENT_TIMEOUT).await;
+    let (_redis, sidecar, mut con, mut call, e) = one_held(300, 600_000).await;
     let _: i64 = redis::cmd("XACK").arg("s").arg("g").arg(&e.stream_id).query_async(&mut con).await.unwrap();
 
     call.assert_quiet(Duration::from_millis(600), "several refreshes: no LEASE_LOST").await;
@@ -374,5 +370,5 @@ async fn an_entry_acknowledged_elsewhere_is_not_a_lost_lease() {
 
     assert_eq!(error.code, VerdictErrorCode::NotPending as i32, "{error:?}");
     assert!(error.message.contains("another client acknowledged it"), "{error:?}");
-    assert_eq!(counter(&sidecar, "echomq_leases_lost_total").await, 0.0);
+    assert_eq!(sidecar.counter("echomq_leases_lost_total").await, 0.0);
 }

@@ -757,6 +757,17 @@ impl Sidecar {
         read_log(&self.log)
     }
 
+    /// A counter's value on `/metrics`, summed over its series (labels); 0
+    /// when it has none yet (a series appears with its first value).
+    pub async fn counter(&self, name: &str) -> f64 {
+        let metrics = http_get(self.admin_port(), "/metrics").await.expect("GET /metrics").body;
+        metrics
+            .lines()
+            .filter(|line| line.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// A new HTTP/2 channel to the gRPC port.
     pub async fn channel(&self) -> Channel {
         tonic::transport::Endpoint::from_shared(self.endpoint())
