@@ -100,6 +100,25 @@ pub fn to_entry(entry: RawEntry, id_field: &str, skip: impl Fn(&[u8]) -> bool) -
     })
 }
 
+/// The metadata fields of a dead letter, as the dead-letter step
+/// (`src/consume/dead_letter.lua`) writes them and DeadLetters reads them.
+pub mod dead_letter_fields {
+    /// The stream the entry was dead-lettered from.
+    pub const SOURCE_STREAM: &str = "echomq.source_stream";
+    /// Its stream id there.
+    pub const SOURCE_ID: &str = "echomq.source_id";
+    /// The group that gave up on it.
+    pub const GROUP: &str = "echomq.group";
+    /// Its delivery count then.
+    pub const ATTEMPTS: &str = "echomq.attempts";
+    /// Why: the Fail's reason, the last failure's, or the sidecar's.
+    pub const REASON: &str = "echomq.reason";
+    /// When it was dead-lettered (unix milliseconds, Redis' clock).
+    pub const DEAD_LETTERED_AT_MS: &str = "echomq.dead_lettered_at_ms";
+    /// Every metadata field name starts so; payload fields never do.
+    pub const PREFIX: &str = "echomq.";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

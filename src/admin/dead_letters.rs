@@ -5,7 +5,7 @@ use redis::Value;
 
 use super::Admin;
 use crate::{
-    entry,
+    entry::{self, dead_letter_fields as fields},
     error::Error,
     id::StreamId,
     proto::{
@@ -20,9 +20,9 @@ use crate::{
 /// Dead letters moved back per script run, so one run never blocks Redis long.
 const REPLAY_BATCH: usize = 100;
 
-/// The metadata fields `own_pending.lua` writes into a dead letter.
+/// The metadata fields the dead-letter step writes into a dead letter.
 fn is_metadata(name: &[u8]) -> bool {
-    name.starts_with(b"echomq.")
+    name.starts_with(fields::PREFIX.as_bytes())
 }
 
 /// The dead-letter stream named by a request: given (checked against the
@@ -69,12 +69,12 @@ pub(super) async fn list(
                     .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
             };
             let (source_stream, source_id, group, attempts, reason, at) = (
-                meta("echomq.source_stream").unwrap_or_default(),
-                meta("echomq.source_id").unwrap_or_default(),
-                meta("echomq.group").unwrap_or_default(),
-                meta("echomq.attempts").and_then(|a| a.parse().ok()).unwrap_or(0),
-                meta("echomq.reason").unwrap_or_default(),
-                meta("echomq.dead_lettered_at_ms").and_then(|a| a.parse().ok()),
+                meta(fields::SOURCE_STREAM).unwrap_or_default(),
+                meta(fields::SOURCE_ID).unwrap_or_default(),
+                meta(fields::GROUP).unwrap_or_default(),
+                meta(fields::ATTEMPTS).and_then(|a| a.parse().ok()).unwrap_or(0),
+                meta(fields::REASON).unwrap_or_default(),
+                meta(fields::DEAD_LETTERED_AT_MS).and_then(|a| a.parse().ok()),
             );
             Some(DeadLetter {
                 entry: Some(entry::to_entry(raw, &admin.id_field, is_metadata)?),

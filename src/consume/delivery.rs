@@ -4,7 +4,6 @@ use crate::{
     entry,
     id::{BrandedId, StreamId},
     proto::Delivery,
-    redis::RawEntry,
 };
 
 /// An entry ready to hand over: its branded id and the frame to send.
@@ -43,11 +42,6 @@ pub(crate) fn build(
         raw_fields: fields.raw_fields,
     };
     Some(Outgoing { stream_id, branded, delivery })
-}
-
-/// [`build`] for an entry read from Redis; `None` also for a deleted entry.
-pub(crate) fn from_raw(stream: &str, group: &str, id_field: &str, entry: RawEntry, attempts: u32) -> Option<Outgoing> {
-    build(stream, group, id_field, entry.id, entry.fields?, attempts)
 }
 
 #[cfg(test)]

@@ -4,8 +4,18 @@
 //! A delivery reads forward: Redis reply → `worker` → `session` → gRPC
 //! frame; a verdict back: gRPC frame → `session` → `worker` → XACK.
 
+mod dead_letter;
 mod delivery;
+mod gauges;
+mod hygiene;
+mod lease;
+mod ledger;
+mod reader;
+mod recovery;
+mod retry;
 mod session;
+mod settle;
+mod verdicts;
 mod worker;
 
 use std::{
@@ -37,7 +47,10 @@ use crate::{
     redis::Redis,
     security::{Caller, Guard},
 };
-use worker::{Command, Event, GroupPolicy, Policy, SessionId, Worker};
+use dead_letter::GroupPolicy;
+use ledger::{Event, Policy, SessionId};
+use retry::Backoff;
+use worker::{Command, Worker};
 
 /// How long a new Consume call may take to send its subscribe.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -69,6 +82,32 @@ pub(crate) struct Shared {
     pub(crate) metrics_poll: Option<Duration>,
 }
 
+/// One group's names, as every Redis step of its worker needs them.
+pub(crate) struct GroupKeys {
+    pub(crate) redis: Redis,
+    pub(crate) stream: String,
+    pub(crate) group: String,
+    /// This sidecar's consumer name in the group.
+    pub(crate) consumer: String,
+    /// `<stream>:retries:<group>`, the group's retry hash (see [`retry`]).
+    pub(crate) retries: String,
+    /// The reserved branded-id field.
+    pub(crate) id_field: String,
+}
+
+impl GroupKeys {
+    fn new(shared: &Shared, stream: String, group: String) -> GroupKeys {
+        GroupKeys {
+            redis: shared.redis.clone(),
+            retries: shared.redis.keys.retries(&stream, &group),
+            consumer: shared.consumer.clone(),
+            id_field: shared.id_field.clone(),
+            stream,
+            group,
+        }
+    }
+}
+
 /// The consumer side of the sidecar: the gRPC service and the group workers
 /// behind it. Cheap to clone.
 #[derive(Clone)]
@@ -93,8 +132,7 @@ struct Defaults {
     max_deliveries: u32,
     max_in_flight: u32,
     max_in_flight_limit: u32,
-    backoff_initial: Duration,
-    backoff_max: Duration,
+    backoff: Backoff,
 }
 
 impl Consumers {
@@ -132,8 +170,10 @@ impl Consumers {
             max_deliveries: config.default_max_deliveries,
             max_in_flight: config.default_max_in_flight,
             max_in_flight_limit: config.max_in_flight_limit,
-            backoff_initial: Duration::from_millis(config.retry_backoff_initial_ms),
-            backoff_max: Duration::from_millis(config.retry_backoff_max_ms),
+            backoff: Backoff {
+                initial: Duration::from_millis(config.retry_backoff_initial_ms),
+                max: Duration::from_millis(config.retry_backoff_max_ms),
+            },
         };
         Consumers {
             shared: Arc::new(shared),
@@ -244,9 +284,9 @@ impl Consumers {
         .max(shards.len() as u32);
         let ack_deadline = duration("subscribe.ack_deadline", subscribe.ack_deadline)?.filter(|d| !d.is_zero());
         let backoff_initial = duration("subscribe.retry_backoff_initial", subscribe.retry_backoff_initial)?
-            .unwrap_or(self.defaults.backoff_initial);
+            .unwrap_or(self.defaults.backoff.initial);
         let backoff_max =
-            duration("subscribe.retry_backoff_max", subscribe.retry_backoff_max)?.unwrap_or(self.defaults.backoff_max);
+            duration("subscribe.retry_backoff_max", subscribe.retry_backoff_max)?.unwrap_or(self.defaults.backoff.max);
         if backoff_initial > backoff_max {
             return Err(Error::invalid(
                 "subscribe.retry_backoff_initial",
@@ -275,7 +315,8 @@ impl Consumers {
             0 => self.defaults.max_deliveries,
             n => n,
         };
-        let policy = Policy { max_in_flight, ack_deadline, backoff_initial, backoff_max };
+        let backoff = Backoff { initial: backoff_initial, max: backoff_max };
+        let policy = Policy { max_in_flight, ack_deadline, backoff };
         let shards = shards
             .into_iter()
             .zip(dead_letter_streams)
@@ -373,8 +414,7 @@ impl Consumers {
         let mut workers: Vec<mpsc::Sender<Command>> = Vec::with_capacity(sub.shards.len());
         let shard_count = sub.shards.len() as u32;
         for (shard, (stream, group_policy)) in sub.shards.iter().enumerate() {
-            let max_in_flight = policy.max_in_flight;
-            let share = max_in_flight / shard_count + u32::from((shard as u32) < max_in_flight % shard_count);
+            let share = ledger::shard_share(policy.max_in_flight, shard_count, shard as u32);
             let worker = self.worker(stream, &sub.group, sub.no_ack);
             let (reply, attached) = oneshot::channel();
             let attach = Command::Attach {

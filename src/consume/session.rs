@@ -1,17 +1,17 @@
 //! One Consume call after its subscribe: relays the client's verdicts to the
-//! group worker and the worker's deliveries and verdict errors to the client.
+//! group worker and the worker's deliveries and verdict answers to the client.
+//!
+//! The relay routes and parks; it decides no verdict. Whether a call holds
+//! an id, and why not, is the worker's ledger's to say: the relay answers
+//! only messages it cannot route (an id that does not parse, an Extend
+//! without a valid `by`).
 //!
 //! A call on a sharded stream is served by one worker per shard: the relay
 //! remembers which shard each delivery it holds came from and sends each
-//! verdict there.
-//!
-//! Malformed verdicts are answered here, without a trip to the worker, and so
-//! are verdicts on deliveries the worker let go of because Redis no longer
-//! has them pending for this sidecar (lost to a peer, deleted). While
-//! the client does not read, the relay waits on the outbound channel and reads
-//! no new verdicts either, nor while the worker's answers pile up (one Ack can
-//! name thousands of ids), so gRPC flow control pushes back on the client and
-//! nothing grows without bound.
+//! verdict there. While the client does not read, the relay waits on the
+//! outbound channel and reads no new verdicts either, nor while the
+//! worker's answers pile up (one Ack can name thousands of ids), so gRPC
+//! flow control pushes back on the client and nothing grows without bound.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -19,26 +19,28 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Status, Streaming};
 use tracing::debug;
 
-use super::worker::{Command, Event, FailVerdict, Gone, SessionId, UNKNOWN_ID};
+use super::{
+    ledger::{Event, FailVerdict, SessionId},
+    verdicts,
+    worker::Command,
+};
 use crate::{
     error::Error,
     id::BrandedId,
-    proto::{
-        consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, Delivery, VerdictError,
-        VerdictErrorCode,
-    },
+    proto::{consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, Delivery, VerdictError},
 };
 
 /// How long an ending call waits for its last verdicts to reach Redis.
 const DETACH_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// A Fail reason is cut to this many bytes.
 const MAX_REASON_BYTES: usize = 4096;
-/// Deliveries lost to a peer or to deletion whose verdict may still come, at
-/// most; past it they are forgotten, and a late verdict is UNKNOWN_ID.
-const GONE_REMEMBERED: usize = 4096;
-/// Worker events (verdict errors, mostly) waiting for the client, past which
+/// Routes of deliveries that left their shard's worker (deadline, peer,
+/// deletion) kept for a late verdict, at most; past it they are forgotten,
+/// and such a verdict goes to the first shard (which answers UNKNOWN_ID).
+const LEFT_REMEMBERED: usize = 4096;
+/// Worker events (verdict answers, mostly) waiting for the client, past which
 /// the relay reads no more client messages: one Ack of many unknown ids makes
-/// as many errors, and a client that sends without reading would otherwise
+/// as many answers, and a client that sends without reading would otherwise
 /// grow this queue without bound.
 const EVENT_BACKLOG: usize = 1024;
 
@@ -50,24 +52,24 @@ pub(super) fn response(kind: consume_response::Kind) -> ConsumeResponse {
 }
 
 /// The workers behind one call, one per shard of its stream (one for a plain
-/// stream), and which of them holds each delivery the call holds.
+/// stream), and the routes of a sharded call's verdicts.
 pub(super) struct Shards {
     workers: Vec<mpsc::Sender<Command>>,
-    /// Branded id → the shard its delivery came from (sharded calls only).
-    holders: HashMap<BrandedId, usize>,
+    /// Branded id → the shard whose delivery the call holds (sharded calls only).
+    routes: HashMap<BrandedId, usize>,
+    /// Branded id → the shard a delivery left (a verdict may still come; that
+    /// shard's worker answers it), when nothing was parked behind it.
+    left: HashMap<BrandedId, usize>,
     /// Deliveries whose branded id the call already holds from another shard
     /// (only entries written around Append can collide): handed over once
-    /// that one is settled, so a verdict by branded id is never ambiguous.
+    /// that one is settled or left, so a verdict by branded id is never ambiguous.
     parked: Vec<(usize, BrandedId, Delivery)>,
-    /// Deliveries Redis no longer has pending for this sidecar (a peer took
-    /// them, or they were deleted), whose verdict is answered NOT_PENDING.
-    gone: HashMap<BrandedId, Gone>,
 }
 
 impl Shards {
     /// The workers, in shard order.
     pub(super) fn new(workers: Vec<mpsc::Sender<Command>>) -> Shards {
-        Shards { workers, holders: HashMap::new(), parked: Vec::new(), gone: HashMap::new() }
+        Shards { workers, routes: HashMap::new(), left: HashMap::new(), parked: Vec::new() }
     }
 
     fn sharded(&self) -> bool {
@@ -76,84 +78,67 @@ impl Shards {
 
     /// The delivery to send now, or `None` when it is parked.
     fn deliver(&mut self, shard: usize, id: BrandedId, delivery: Delivery) -> Option<Delivery> {
-        // Nearly always empty: no hashing per delivery then.
-        if !self.gone.is_empty() {
-            self.gone.remove(&id);
-        }
         if !self.sharded() {
             return Some(delivery);
         }
-        match self.holders.get(&id) {
+        self.left.remove(&id);
+        match self.routes.get(&id) {
             Some(&holder) if holder != shard => {
                 self.parked.push((shard, id, delivery));
                 None
             }
             _ => {
-                self.holders.insert(id, shard);
+                self.routes.insert(id, shard);
                 Some(delivery)
             }
         }
     }
 
-    /// The shard holding `id`, which the verdict now settles; `None` when the
-    /// call does not hold it (answered UNKNOWN_ID here).
-    fn settle(&mut self, id: &BrandedId) -> Option<usize> {
+    /// The shard a verdict on `id` goes to.
+    fn route(&self, id: &BrandedId) -> usize {
         if !self.sharded() {
-            return Some(0);
+            return 0;
         }
-        self.holders.remove(id)
+        self.routes.get(id).or_else(|| self.left.get(id)).copied().unwrap_or(0)
     }
 
-    /// Forgets the delivery of `id` from `shard`, which the worker no longer
-    /// holds (its ack deadline passed, or it is `gone`), so the map does not
-    /// keep entries whose verdict never comes: held, it makes way for the
-    /// delivery parked behind it, returned to send now; parked (it ran out
-    /// while it waited), it is dropped rather than handed out stale. A held
-    /// one that is gone, with nothing parked behind it, is remembered so that
-    /// its verdict is answered NOT_PENDING.
-    fn release(&mut self, shard: usize, id: &BrandedId, gone: Option<Gone>) -> Option<Delivery> {
-        let held = !self.sharded() || self.holders.get(id) == Some(&shard);
-        if !held {
+    /// The shard an Ack or Fail of `id` goes to, which settles it there, and
+    /// the delivery parked behind it, to send now.
+    fn settle(&mut self, id: &BrandedId) -> (usize, Option<Delivery>) {
+        match self.sharded().then(|| self.routes.remove(id)).flatten() {
+            Some(shard) => (shard, self.unpark(id)),
+            None => (self.route(id), None),
+        }
+    }
+
+    /// The delivery of `id` from `shard` left its worker: held, it makes way
+    /// for the delivery parked behind it, returned to send now (else its
+    /// route is kept for a late verdict); parked, it is dropped rather than
+    /// handed out stale.
+    fn left(&mut self, shard: usize, id: &BrandedId) -> Option<Delivery> {
+        if !self.sharded() {
+            return None;
+        }
+        if self.routes.get(id) != Some(&shard) {
             self.parked.retain(|(parked_shard, parked, _)| (*parked_shard, parked) != (shard, id));
             return None;
         }
-        self.holders.remove(id);
+        self.routes.remove(id);
         let unparked = self.unpark(id);
-        if let (None, Some(gone)) = (&unparked, gone) {
-            if self.gone.len() >= GONE_REMEMBERED {
-                self.gone.clear();
+        if unparked.is_none() {
+            if self.left.len() >= LEFT_REMEMBERED {
+                self.left.clear();
             }
-            self.gone.insert(*id, gone);
+            self.left.insert(*id, shard);
         }
         unparked
-    }
-
-    /// A worker's UNKNOWN_ID for a delivery it let go of (lost or deleted)
-    /// while the verdict was on its way to it: the `Released` that says why
-    /// came first on the same channel, so the answer is NOT_PENDING, as it is
-    /// for a verdict that arrives later.
-    fn explain_unknown(&self, mut error: VerdictError) -> VerdictError {
-        if error.code != VerdictErrorCode::UnknownId as i32 {
-            return error;
-        }
-        if let Some(gone) = error.id.parse().ok().and_then(|id| self.gone(&id)) {
-            error.code = VerdictErrorCode::NotPending as i32;
-            error.message = gone.message().to_owned();
-        }
-        error
-    }
-
-    /// Why the call no longer holds `id`, if it was lost to a peer or deleted:
-    /// every verdict on it is answered so, until it is delivered again.
-    fn gone(&self, id: &BrandedId) -> Option<Gone> {
-        self.gone.get(id).copied()
     }
 
     /// The parked delivery of `id`, if any, now that its namesake is settled.
     fn unpark(&mut self, id: &BrandedId) -> Option<Delivery> {
         let at = self.parked.iter().position(|(_, parked, _)| parked == id)?;
         let (shard, id, delivery) = self.parked.remove(at);
-        self.holders.insert(id, shard);
+        self.routes.insert(id, shard);
         Some(delivery)
     }
 
@@ -200,10 +185,8 @@ pub(super) async fn relay(
                         Some(delivery) => response(consume_response::Kind::Delivery(delivery)),
                         None => continue,
                     },
-                    Some(Event::VerdictError(error)) => {
-                        response(consume_response::Kind::VerdictError(shards.explain_unknown(error)))
-                    }
-                    Some(Event::Released { shard, id, gone }) => match shards.release(shard, &id, gone) {
+                    Some(Event::VerdictError(error)) => response(consume_response::Kind::VerdictError(error)),
+                    Some(Event::Left { shard, id }) => match shards.left(shard, &id) {
                         Some(delivery) => response(consume_response::Kind::Delivery(delivery)),
                         None => continue,
                     },
@@ -238,9 +221,9 @@ pub(super) async fn relay(
     let answers = async {
         while let (true, Ok(event)) = (listening, events.try_recv()) {
             let error = match event {
-                Event::VerdictError(error) => shards.explain_unknown(error),
-                Event::Released { shard, id, gone } => {
-                    shards.release(shard, &id, gone);
+                Event::VerdictError(error) => error,
+                Event::Left { shard, id } => {
+                    shards.left(shard, &id);
                     continue;
                 }
                 Event::Delivery { .. } => continue,
@@ -274,16 +257,9 @@ async fn forward(
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
             let mut unparked = Vec::new();
             for (text, id) in parse_ids(ack.ids, outbound).await {
-                if answered_gone(shards, outbound, &text, &id).await {
-                    continue;
-                }
-                match shards.settle(&id) {
-                    Some(shard) => {
-                        unparked.extend(shards.unpark(&id));
-                        by_shard[shard].push((text, id));
-                    }
-                    None => reject(outbound, &text, VerdictErrorCode::UnknownId, UNKNOWN_ID).await,
-                }
+                let (shard, behind) = shards.settle(&id);
+                unparked.extend(behind);
+                by_shard[shard].push((text, id));
             }
             for (shard, ids) in by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()) {
                 shards.send(shard, Command::Ack { session, ids }).await?;
@@ -293,22 +269,9 @@ async fn forward(
         }
         Some(Kind::Fail(fail)) => {
             let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
-            if answered_gone(shards, outbound, &fail.id, &id).await {
-                return Ok(());
-            }
-            let retry_after = match super::duration("fail.retry_after", fail.retry_after) {
-                Ok(delay) => delay,
-                Err(e) => {
-                    let message = format!("{e}; nothing was applied (a delivery this call holds stays held)");
-                    reject(outbound, &fail.id, VerdictErrorCode::InvalidArgument, message).await;
-                    return Ok(());
-                }
-            };
-            let Some(shard) = shards.settle(&id) else {
-                reject(outbound, &fail.id, VerdictErrorCode::UnknownId, UNKNOWN_ID).await;
-                return Ok(());
-            };
-            let unparked = shards.unpark(&id);
+            let retry_after = super::duration("fail.retry_after", fail.retry_after).map_err(|e| e.to_string());
+            // A Fail the worker will refuse as malformed settles nothing.
+            let (shard, unparked) = if retry_after.is_ok() { shards.settle(&id) } else { (shards.route(&id), None) };
             let mut reason = fail.reason;
             truncate_utf8(&mut reason, MAX_REASON_BYTES);
             let fail = FailVerdict { text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason };
@@ -327,21 +290,14 @@ async fn forward(
                 Ok(Some(by)) if !by.is_zero() => by,
                 _ => {
                     for id in &extend.ids {
-                        let message = "extend.by is required, greater than zero and at most 365 days";
-                        reject(outbound, id, VerdictErrorCode::InvalidArgument, message).await;
+                        reject(outbound, verdicts::bad_extension(id)).await;
                     }
                     return Ok(());
                 }
             };
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
             for (text, id) in parse_ids(extend.ids, outbound).await {
-                if answered_gone(shards, outbound, &text, &id).await {
-                    continue;
-                }
-                match if shards.sharded() { shards.holders.get(&id).copied() } else { Some(0) } {
-                    Some(shard) => by_shard[shard].push((text, id)),
-                    None => reject(outbound, &text, VerdictErrorCode::UnknownId, UNKNOWN_ID).await,
-                }
+                by_shard[shards.route(&id)].push((text, id));
             }
             for (shard, ids) in by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()) {
                 shards.send(shard, Command::Extend { session, ids, by }).await?;
@@ -372,22 +328,13 @@ async fn parse_id(text: &str, outbound: &Outbound) -> Option<BrandedId> {
         Ok(id) => Some(id),
         Err(e) => {
             let shown: String = text.chars().take(64).collect();
-            reject(outbound, &shown, VerdictErrorCode::InvalidArgument, e.to_string()).await;
+            reject(outbound, verdicts::invalid(&shown, e.to_string())).await;
             None
         }
     }
 }
 
-/// Answers a verdict on a delivery the call no longer holds because it was
-/// lost to a peer or deleted (NOT_PENDING, saying which); false otherwise.
-async fn answered_gone(shards: &Shards, outbound: &Outbound, text: &str, id: &BrandedId) -> bool {
-    let Some(gone) = shards.gone(id) else { return false };
-    reject(outbound, text, VerdictErrorCode::NotPending, gone.message()).await;
-    true
-}
-
-async fn reject(outbound: &Outbound, id: &str, code: VerdictErrorCode, message: impl Into<String>) {
-    let error = VerdictError { id: id.to_owned(), code: code as i32, message: message.into() };
+async fn reject(outbound: &Outbound, error: VerdictError) {
     let _ = outbound.send(Ok(response(consume_response::Kind::VerdictError(error)))).await;
 }
 
@@ -409,48 +356,52 @@ mod tests {
         format!("{n:0>28}").parse().expect("28 hex characters")
     }
 
-    fn unknown(id: &BrandedId) -> VerdictError {
-        VerdictError { id: id.to_string(), code: VerdictErrorCode::UnknownId as i32, message: UNKNOWN_ID.to_owned() }
-    }
-
     fn shards(count: usize) -> Shards {
         Shards::new((0..count).map(|_| mpsc::channel(1).0).collect())
     }
 
     #[test]
-    fn a_verdict_that_crossed_a_gone_delivery_is_answered_not_pending() {
+    fn a_plain_call_routes_every_verdict_to_its_one_worker_and_keeps_nothing() {
         let mut plain = shards(1);
-        let (lost, expired) = (id("a1"), id("b2"));
-        plain.release(0, &lost, Some(Gone::ToPeer));
-        plain.release(0, &expired, None);
-
-        let crossed = plain.explain_unknown(unknown(&lost));
-        assert_eq!(crossed.code, VerdictErrorCode::NotPending as i32);
-        assert!(crossed.message.contains("lost to a peer"), "{crossed:?}");
-        assert_eq!(plain.explain_unknown(unknown(&lost)).code, VerdictErrorCode::NotPending as i32, "every time");
-        assert_eq!(plain.explain_unknown(unknown(&expired)).code, VerdictErrorCode::UnknownId as i32);
+        let held = id("a1");
+        assert!(plain.deliver(0, held, Delivery::default()).is_some());
+        assert_eq!(plain.left(0, &held), None);
+        assert_eq!(plain.settle(&held), (0, None));
+        assert_eq!(plain.route(&id("b2")), 0);
+        assert!(plain.routes.is_empty() && plain.left.is_empty() && plain.parked.is_empty());
     }
 
     #[test]
-    fn a_new_delivery_of_a_gone_id_supersedes_it() {
-        let mut plain = shards(1);
-        let deleted = id("c3");
-        plain.release(0, &deleted, Some(Gone::Deleted));
-        assert_eq!(plain.gone(&deleted), Some(Gone::Deleted));
-
-        assert!(plain.deliver(0, deleted, Delivery::default()).is_some());
-        assert_eq!(plain.gone(&deleted), None, "the verdict now goes to the new delivery");
+    fn a_verdict_goes_to_the_shard_that_delivered_even_after_the_delivery_left() {
+        let mut sharded = shards(3);
+        let (held, gone) = (id("c3"), id("d4"));
+        assert!(sharded.deliver(2, held, Delivery::default()).is_some());
+        assert!(sharded.deliver(1, gone, Delivery::default()).is_some());
+        assert_eq!(sharded.left(1, &gone), None);
+        assert_eq!(sharded.route(&gone), 1, "its worker says why the call no longer holds it");
+        assert_eq!(sharded.settle(&held), (2, None));
+        assert_eq!(sharded.route(&id("e5")), 0, "an id never delivered goes to the first shard, which answers it");
+        assert!(sharded.deliver(0, gone, Delivery::default()).is_some());
+        assert_eq!(sharded.route(&gone), 0, "a new delivery supersedes the route");
     }
 
     #[test]
-    fn a_gone_delivery_with_a_namesake_parked_behind_hands_over_and_is_not_remembered() {
+    fn a_namesake_from_another_shard_waits_until_the_first_is_settled_or_left() {
         let mut sharded = shards(2);
-        let same = id("d4");
+        let same = id("f6");
         assert!(sharded.deliver(0, same, Delivery::default()).is_some());
         assert!(sharded.deliver(1, same, Delivery::default()).is_none(), "parked behind shard 0's");
+        let (shard, unparked) = sharded.settle(&same);
+        assert_eq!(shard, 0);
+        assert!(unparked.is_some(), "shard 1's is handed over");
+        assert_eq!(sharded.route(&same), 1);
 
-        assert!(sharded.release(0, &same, Some(Gone::ToPeer)).is_some(), "shard 1's is handed over");
-        assert_eq!(sharded.gone(&same), None, "a verdict now settles shard 1's delivery");
-        assert_eq!(sharded.settle(&same), Some(1));
+        assert!(sharded.deliver(0, same, Delivery::default()).is_none(), "parked behind shard 1's");
+        assert!(sharded.left(1, &same).is_some(), "shard 1's left: shard 0's is handed over");
+        assert_eq!(sharded.route(&same), 0);
+        assert!(sharded.deliver(1, same, Delivery::default()).is_none());
+        assert_eq!(sharded.left(1, &same), None, "a parked delivery that left is dropped");
+        assert!(sharded.parked.is_empty());
+        assert_eq!(sharded.route(&same), 0);
     }
 }

@@ -388,17 +388,21 @@ async fn cluster_enabled(client: &Client, timeout: Duration) -> RedisResult<bool
     Ok(info.lines().any(|line| line.trim() == "cluster_enabled:1"))
 }
 
-/// The server-side scripts, each a Lua file under `src/redis/lua/`.
+/// The server-side scripts, each a Lua file: the stream calls' under
+/// `src/redis/lua/`, the consume path's beside their Rust wrappers in `src/consume/`.
 #[derive(Clone)]
 pub struct Scripts {
     /// `append.lua`: mint branded ids and XADD a batch atomically.
     pub append: Script,
-    /// `own_pending.lua`: deliver, refresh or dead-letter entries, only those
-    /// still pending for this consumer.
-    pub own_pending: Script,
-    /// `forget_consumers.lua`: remove idle consumers that hold nothing.
+    /// `consume/redeliver.lua`: claim due entries still pending for this consumer.
+    pub redeliver: Script,
+    /// `consume/refresh.lua`: keep the leases of held entries fresh.
+    pub refresh: Script,
+    /// `consume/dead_letter.lua`: move entries to the dead-letter stream.
+    pub dead_letter: Script,
+    /// `consume/forget_consumers.lua`: remove idle consumers that hold nothing.
     pub forget_consumers: Script,
-    /// `settle.lua`: a batch of XACKs and retry-state writes in one command.
+    /// `consume/settle.lua`: a batch of XACKs and retry-state writes in one command.
     pub settle: Script,
     /// `trim.lua`: XTRIM MINID, never past what groups still need (safe mode).
     pub trim: Script,
@@ -411,7 +415,9 @@ impl Scripts {
     fn names(&self) -> std::collections::HashMap<String, &'static str> {
         [
             (&self.append, "append"),
-            (&self.own_pending, "own_pending"),
+            (&self.redeliver, "redeliver"),
+            (&self.refresh, "refresh"),
+            (&self.dead_letter, "dead_letter"),
             (&self.trim, "trim"),
             (&self.settle, "settle"),
             (&self.forget_consumers, "forget_consumers"),
@@ -425,10 +431,12 @@ impl Scripts {
     fn new() -> Scripts {
         Scripts {
             append: Script::new(include_str!("lua/append.lua")),
-            own_pending: Script::new(include_str!("lua/own_pending.lua")),
+            redeliver: Script::new(include_str!("../consume/redeliver.lua")),
+            refresh: Script::new(include_str!("../consume/refresh.lua")),
+            dead_letter: Script::new(include_str!("../consume/dead_letter.lua")),
             trim: Script::new(include_str!("lua/trim.lua")),
-            settle: Script::new(include_str!("lua/settle.lua")),
-            forget_consumers: Script::new(include_str!("lua/forget_consumers.lua")),
+            settle: Script::new(include_str!("../consume/settle.lua")),
+            forget_consumers: Script::new(include_str!("../consume/forget_consumers.lua")),
             replay: Script::new(include_str!("lua/replay.lua")),
         }
     }
@@ -505,6 +513,26 @@ pub fn array(value: &Value) -> &[Value] {
     match value {
         Value::Array(items) => items,
         _ => &[],
+    }
+}
+
+/// One item of a script's reply shaped `{ stream id, tag, … }` (the consume
+/// scripts' replies): the id, the tag, and what follows it. A malformed item
+/// is an error, never skipped.
+pub fn tagged(item: &Value) -> RedisResult<(StreamId, String, &[Value])> {
+    let parts = array(item);
+    let (Some(id), Some(tag)) = (parts.first(), parts.get(1)) else {
+        return Err(unexpected("{ stream id, tag, … }", item));
+    };
+    let tag = String::from_utf8(bytes(tag)?).map_err(|_| unexpected("a reply tag", item))?;
+    Ok((parse_stream_id(id)?, tag, &parts[2..]))
+}
+
+/// An integer reply, or a script's integer.
+pub fn int(value: &Value) -> RedisResult<i64> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        other => Err(unexpected("an integer", other)),
     }
 }
 

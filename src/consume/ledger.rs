@@ -1,0 +1,650 @@
+//! The group worker's bookkeeping, with no I/O: which call holds what, the
+//! entries waiting to come back, credit, ack deadlines, and what Redis took
+//! away. Every transition is synchronous: it sends call events on their
+//! (unbounded) channels and queues the Redis writes it implies as
+//! [`Orders`], which the worker carries out. So the rules below are tested
+//! without Redis.
+//!
+//! Every entry the worker knows of is in exactly one state:
+//! - held: handed to a call, waiting for its verdict; its lease kept fresh;
+//! - ready: read from Redis (its delivery counted) but not handed over yet,
+//!   because no call had a free slot when it arrived;
+//! - waiting: pending in this consumer's PEL, due for (re-)delivery at an
+//!   instant (after a Fail, a disconnect, or found by recovery or reclaim).
+//!
+//! Credit: the worker never has more entries read, ready or being claimed
+//! than its calls have free `max_in_flight` slots, so its memory is bounded by
+//! the calls' credit whatever the backlog in Redis.
+//!
+//! Why one file of ~600 lines: its rules are one invariant (each entry in
+//! exactly one state, credit derived from those states, never counted by
+//! hand), and splitting it would spread that invariant over files. Its
+//! tests live in `ledger/tests.rs`.
+
+use std::{
+    collections::{BTreeSet, HashMap, VecDeque},
+    time::Duration,
+};
+
+use tokio::{sync::mpsc, time::Instant};
+
+use super::{
+    dead_letter::{DeadLetterOrder, GroupPolicy},
+    delivery::Outgoing,
+    retry::{Backoff, RetryWrite},
+    settle::PendingAck,
+    verdicts::{self, Gone},
+};
+use crate::{
+    error::Error,
+    id::{BrandedId, StreamId},
+    metrics::GroupMetrics,
+    proto::{Delivery, VerdictError},
+    telemetry,
+};
+
+/// Identifies one Consume call inside the sidecar.
+pub(crate) type SessionId = u64;
+
+/// Deliveries a call lost to a peer or to deletion whose verdict may still
+/// come, remembered per call; past it they are forgotten, and a late verdict
+/// is answered UNKNOWN_ID.
+const GONE_REMEMBERED: usize = 4096;
+
+/// What the worker tells a call. The channel is unbounded, but what flows on it
+/// is bounded: deliveries by the call's credit, verdict errors by the verdicts
+/// the call sent (and a call does not read new verdicts while its answers
+/// pile up).
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Hand this to the client: the delivery of `id` from the call's shard `shard`.
+    Delivery { shard: usize, id: BrandedId, delivery: Delivery },
+    /// The answer to a verdict that was not applied, or an unasked LEASE_LOST.
+    VerdictError(VerdictError),
+    /// The call no longer holds `id` from shard `shard` (its ack deadline
+    /// passed, a peer took it, it was deleted): a sharded call's relay routes
+    /// its later verdict here still, and may hand over a namesake it parked.
+    Left { shard: usize, id: BrandedId },
+}
+
+/// A call's subscription settings, validated.
+#[derive(Clone, Debug)]
+pub(crate) struct Policy {
+    /// Most entries the call holds un-settled (this worker's share of them
+    /// on a sharded stream).
+    pub(crate) max_in_flight: u32,
+    /// How long a delivery may stay un-settled; `None`: as long as the call lives.
+    pub(crate) ack_deadline: Option<Duration>,
+    /// The retry delays after a Fail without `retry_after`, a passed
+    /// deadline or a call that ended holding the delivery.
+    pub(crate) backoff: Backoff,
+}
+
+/// A Fail, its id parsed.
+#[derive(Debug)]
+pub(crate) struct FailVerdict {
+    /// The id as the client sent it, for verdict errors.
+    pub(crate) text: String,
+    pub(crate) id: BrandedId,
+    /// Overrides the subscription's backoff; `Err` says why the client's value
+    /// is invalid (the verdict is then answered INVALID_ARGUMENT).
+    pub(crate) retry_after: Result<Option<Duration>, String>,
+    /// Move to the dead-letter stream now.
+    pub(crate) dead_letter: bool,
+    /// Kept as the entry's last failure reason.
+    pub(crate) reason: String,
+}
+
+/// A delivery held by a call.
+#[derive(Debug)]
+struct Held {
+    stream_id: StreamId,
+    attempts: u32,
+    deadline: Option<Instant>,
+    /// When it was handed over, for the handler-time histogram.
+    delivered_at: Instant,
+    /// The delivery's span, from hand-over to verdict (only while traces are
+    /// exported); it ends when this is dropped.
+    span: Option<tracing::Span>,
+}
+
+impl Held {
+    fn record_verdict(&self, verdict: &str) {
+        if let Some(span) = &self.span {
+            span.record("verdict", verdict);
+        }
+    }
+}
+
+/// One call attached to this worker.
+struct Call {
+    /// This worker's stream's index among the call's shards.
+    shard: usize,
+    policy: Policy,
+    events: mpsc::UnboundedSender<Event>,
+    held: HashMap<BrandedId, Held>,
+    /// Deliveries Redis took from this call, and why: their verdicts are
+    /// answered NOT_PENDING until the id is delivered to the call again.
+    gone: HashMap<BrandedId, Gone>,
+    /// The call's receiver is gone (its detach is on the way), or the client
+    /// asked to drain: it takes nothing more.
+    closed: bool,
+}
+
+impl Call {
+    fn free(&self) -> usize {
+        if self.closed {
+            return 0;
+        }
+        (self.policy.max_in_flight as usize).saturating_sub(self.held.len())
+    }
+
+    fn answer(&self, error: VerdictError) {
+        let _ = self.events.send(Event::VerdictError(error));
+    }
+
+    /// The answer to a verdict on `id`, which this call does not hold.
+    fn not_held(&self, text: &str, id: &BrandedId) -> VerdictError {
+        match self.gone.get(id) {
+            Some(gone) => verdicts::gone(text, *gone),
+            None => verdicts::unknown_id(text),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Track {
+    Held(SessionId, BrandedId),
+    Ready,
+    Waiting(Instant),
+}
+
+/// The Redis writes the ledger's transitions call for, carried out by the
+/// worker after each batch of commands.
+#[derive(Debug, Default)]
+pub(crate) struct Orders {
+    /// XACKs (settle.lua).
+    pub(crate) acks: Vec<PendingAck>,
+    /// Retry states to record (settle.lua).
+    pub(crate) retry_writes: Vec<RetryWrite>,
+    /// Entries to move to the dead-letter stream (dead_letter.lua).
+    pub(crate) dead_letters: Vec<DeadLetterOrder>,
+}
+
+/// What [`Ledger::detach`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Detached {
+    /// Deliveries the call held, now waiting for their backoff.
+    pub(crate) returned: usize,
+    /// No call is left: the worker stops reading.
+    pub(crate) last: bool,
+}
+
+/// One group's bookkeeping. See the module doc.
+pub(crate) struct Ledger {
+    stream: String,
+    group: String,
+    /// At-most-once: nothing is pending, verdicts only free credit.
+    no_ack: bool,
+    /// Shutdown: hand nothing out, keep taking verdicts.
+    draining: bool,
+    /// The group's settings, set by the first call and shared by the others.
+    settings: Option<GroupPolicy>,
+    calls: HashMap<SessionId, Call>,
+    entries: HashMap<StreamId, Track>,
+    waiting: BTreeSet<(Instant, StreamId)>,
+    ready: VecDeque<Outgoing>,
+    /// Entries asked of the reader and not yet returned (credit spoken for).
+    read_outstanding: usize,
+    orders: Orders,
+    metrics: GroupMetrics,
+}
+
+impl Ledger {
+    /// An empty ledger for `group` on `stream`.
+    pub(crate) fn new(stream: &str, group: &str, no_ack: bool, draining: bool, metrics: GroupMetrics) -> Ledger {
+        Ledger {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+            no_ack,
+            draining,
+            settings: None,
+            calls: HashMap::new(),
+            entries: HashMap::new(),
+            waiting: BTreeSet::new(),
+            ready: VecDeque::new(),
+            read_outstanding: 0,
+            orders: Orders::default(),
+            metrics,
+        }
+    }
+
+    /// Adds a call. The group's settings come from its first call; a later call
+    /// that asks for others is refused (FAILED_PRECONDITION) rather than
+    /// silently overruled.
+    pub(crate) fn attach(
+        &mut self,
+        session: SessionId,
+        shard: usize,
+        policy: Policy,
+        settings: GroupPolicy,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<(), Error> {
+        match &self.settings {
+            Some(current) if *current != settings && !self.calls.is_empty() => {
+                return Err(Error::Conflict {
+                    reason: format!(
+                        "group `{}` on stream `{}` already runs on this sidecar with max_deliveries {} and dead-letter stream `{}`; subscribe with the same settings",
+                        self.group, self.stream, current.max_deliveries, current.dead_letter_stream
+                    ),
+                })
+            }
+            _ => self.settings = Some(settings),
+        }
+        let call = Call { shard, policy, events, held: HashMap::new(), gone: HashMap::new(), closed: false };
+        self.calls.insert(session, call);
+        Ok(())
+    }
+
+    /// A call ended: what it held waits for its backoff, as after a Fail.
+    pub(crate) fn detach(&mut self, session: SessionId, now: Instant) -> Detached {
+        let Some(call) = self.calls.remove(&session) else {
+            return Detached { returned: 0, last: self.calls.is_empty() };
+        };
+        let returned = call.held.len();
+        for held in call.held.into_values() {
+            self.entries.remove(&held.stream_id);
+            let delay = call.policy.backoff.delay(held.attempts);
+            self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned(), now);
+        }
+        let last = self.calls.is_empty();
+        if last {
+            self.release_ready(now);
+        }
+        Detached { returned, last }
+    }
+
+    /// The client is stopping: hand this call nothing more.
+    pub(crate) fn drain_call(&mut self, session: SessionId) {
+        if let Some(call) = self.calls.get_mut(&session) {
+            call.closed = true;
+        }
+    }
+
+    /// Shutdown began (or ended): while draining nothing is handed out.
+    pub(crate) fn set_draining(&mut self, draining: bool) {
+        self.draining = draining;
+    }
+
+    /// Whether shutdown began.
+    pub(crate) fn draining(&self) -> bool {
+        self.draining
+    }
+
+    /// The group's settings, once a call set them.
+    pub(crate) fn settings(&self) -> Option<&GroupPolicy> {
+        self.settings.as_ref()
+    }
+
+    /// Deliveries held by calls now (entries): the one count, derived.
+    pub(crate) fn held(&self) -> usize {
+        self.calls.values().map(|call| call.held.len()).sum()
+    }
+
+    /// Free slots of the calls (entries).
+    fn slots(&self) -> usize {
+        self.calls.values().map(Call::free).sum()
+    }
+
+    /// Credit for due re-deliveries: the blocking read's share is not counted,
+    /// or an idle stream's read would hold a due retry back for up to its
+    /// BLOCK time. Entries that read then returns wait as ready, so memory
+    /// stays bounded by twice the credit.
+    pub(crate) fn free_for_due(&self) -> usize {
+        self.slots().saturating_sub(self.ready.len())
+    }
+
+    /// Free credit: slots minus entries already on their way.
+    pub(crate) fn free(&self) -> usize {
+        self.free_for_due().saturating_sub(self.read_outstanding)
+    }
+
+    /// How many entries the reclaim beat may take: slots not yet spoken for
+    /// by entries on hand. The blocking read usually holds all free credit, so
+    /// it is left out: entries taken now are handed out as soon as that read
+    /// returns (BLOCK bounds the wait), and memory stays bounded by twice the
+    /// credit.
+    pub(crate) fn reclaim_room(&self) -> usize {
+        self.slots().saturating_sub(self.ready.len() + self.waiting.len())
+    }
+
+    /// A read of `count` new entries was asked of the reader.
+    pub(crate) fn reading(&mut self, count: usize) {
+        self.read_outstanding = count;
+    }
+
+    /// The read returned (or was cut off).
+    pub(crate) fn read_done(&mut self) {
+        self.read_outstanding = 0;
+    }
+
+    /// Whether a read is under way.
+    pub(crate) fn is_reading(&self) -> bool {
+        self.read_outstanding > 0
+    }
+
+    /// Whether the worker tracks `stream_id` in any state.
+    pub(crate) fn tracks(&self, stream_id: StreamId) -> bool {
+        self.entries.contains_key(&stream_id)
+    }
+
+    /// Puts `stream_id` in the waiting set, due at `at` (moving it if it waits already).
+    pub(crate) fn wait(&mut self, stream_id: StreamId, at: Instant) {
+        if let Some(Track::Waiting(old)) = self.entries.insert(stream_id, Track::Waiting(at)) {
+            self.waiting.remove(&(old, stream_id));
+        }
+        self.waiting.insert((at, stream_id));
+    }
+
+    /// The earliest instant an entry is due, if any waits.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        self.waiting.first().map(|(at, _)| *at)
+    }
+
+    /// Takes the entries due by `now`, at most `max` and no more than there is
+    /// credit for, out of the waiting set, for the worker to claim; it puts
+    /// back ([`Ledger::wait`]) or offers what it claimed.
+    pub(crate) fn take_due(&mut self, now: Instant, max: usize) -> Vec<StreamId> {
+        let due: Vec<(Instant, StreamId)> =
+            self.waiting.iter().take_while(|(at, _)| *at <= now).take(self.free_for_due().min(max)).copied().collect();
+        for key in &due {
+            self.waiting.remove(key);
+            self.entries.remove(&key.1);
+        }
+        due.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// An entry read or claimed from Redis, its delivery counted: handed to a
+    /// call now, else kept ready for the next free slot; with no call at all,
+    /// it waits in the PEL. A re-created group (after NOGROUP) reads again
+    /// what a call still holds: that call's verdict settles it, it is not
+    /// handed out twice. While draining nothing is handed out: a read that
+    /// was under way leaves its entries ready, pending for the next run or a peer.
+    pub(crate) fn offer(&mut self, out: Outgoing, now: Instant) {
+        if matches!(self.entries.get(&out.stream_id), Some(Track::Held(..))) {
+            return;
+        }
+        let out = if self.draining { Some(out) } else { self.hand_out(out, now) };
+        if let Some(out) = out {
+            self.keep_ready(out, now);
+        }
+    }
+
+    /// Hands ready entries to calls with free credit, in arrival order.
+    pub(crate) fn hand_out_ready(&mut self, now: Instant) {
+        while let Some(out) = self.ready.pop_front() {
+            if let Some(out) = self.hand_out(out, now) {
+                self.ready.push_front(out);
+                break;
+            }
+        }
+    }
+
+    /// With no call left, entries read for a call that went away stop being
+    /// leased: they wait in the PEL like any other, so a peer with clients can
+    /// reclaim them after the minimum idle time instead of this idle sidecar
+    /// sitting on them. If a call comes back first, they are claimed again
+    /// (which checks they are still this consumer's).
+    fn release_ready(&mut self, now: Instant) {
+        while let Some(out) = self.ready.pop_front() {
+            self.wait(out.stream_id, now);
+        }
+    }
+
+    fn keep_ready(&mut self, out: Outgoing, now: Instant) {
+        if self.calls.is_empty() {
+            return self.wait(out.stream_id, now);
+        }
+        self.entries.insert(out.stream_id, Track::Ready);
+        self.ready.push_back(out);
+    }
+
+    /// Hands one entry to the call with the most free credit that does not
+    /// already hold an entry with the same branded id (so a verdict by branded
+    /// id is never ambiguous). Gives the entry back when no call can take it.
+    fn hand_out(&mut self, out: Outgoing, now: Instant) -> Option<Outgoing> {
+        let target = self
+            .calls
+            .iter()
+            .filter(|(_, call)| call.free() > 0 && !call.held.contains_key(&out.branded))
+            .max_by_key(|(_, call)| call.free())
+            .map(|(id, _)| *id);
+        let Some(session) = target else { return Some(out) };
+        let call = self.calls.get_mut(&session).expect("picked from the map");
+        let Outgoing { stream_id, branded, mut delivery } = out;
+        let attempts = delivery.attempts;
+        let span = telemetry::exporting().then(|| delivery_span(&self.stream, &self.group, stream_id, &mut delivery));
+        let event = Event::Delivery { shard: call.shard, id: branded, delivery };
+        if let Err(mpsc::error::SendError(Event::Delivery { delivery, .. })) = call.events.send(event) {
+            call.closed = true;
+            return Some(Outgoing { stream_id, branded, delivery });
+        }
+        call.gone.remove(&branded);
+        let deadline = call.policy.ack_deadline.map(|d| now + d);
+        call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now, span });
+        self.entries.insert(stream_id, Track::Held(session, branded));
+        self.metrics.deliveries.inc();
+        None
+    }
+
+    /// Schedules a failed entry's re-delivery after `delay`, here and, through
+    /// the group's retry hash, for a peer that reclaims it or for this sidecar
+    /// after a restart.
+    fn retry_later(&mut self, stream_id: StreamId, delay: Duration, reason: String, now: Instant) {
+        if self.no_ack {
+            return;
+        }
+        self.metrics.fails.inc();
+        self.wait(stream_id, now + delay);
+        let due_unix_ms = crate::entry::now_unix_ms().saturating_add(delay.as_millis() as u64);
+        self.orders.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
+    }
+
+    /// Takes the delivery `id` out of the call's hands; answers the verdict
+    /// itself when the call does not hold it.
+    fn settle(&mut self, session: SessionId, text: &str, id: BrandedId, now: Instant) -> Option<Held> {
+        let call = self.calls.get_mut(&session)?;
+        let Some(held) = call.held.remove(&id) else {
+            call.answer(call.not_held(text, &id));
+            return None;
+        };
+        self.metrics.handler_seconds.observe(now.saturating_duration_since(held.delivered_at).as_secs_f64());
+        self.entries.remove(&held.stream_id);
+        Some(held)
+    }
+
+    /// An Ack: queues the XACK (none in at-most-once mode, where the entry is
+    /// not pending); UNKNOWN_ID or NOT_PENDING when the call does not hold `id`.
+    pub(crate) fn ack(&mut self, session: SessionId, text: String, id: BrandedId, now: Instant) {
+        let Some(held) = self.settle(session, &text, id, now) else { return };
+        held.record_verdict("ack");
+        if !self.no_ack {
+            let redelivered = held.attempts > 1;
+            self.orders.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered });
+        }
+    }
+
+    /// A Fail: the entry waits for its retry delay (the client's
+    /// `retry_after`, else the backoff), or is queued for the dead-letter
+    /// stream. Answered, in this order: NOT_PENDING for a delivery Redis took
+    /// away; INVALID_ARGUMENT for a bad `retry_after` or on an at-most-once
+    /// subscription (the delivery stays held); UNKNOWN_ID when not held.
+    pub(crate) fn fail(&mut self, session: SessionId, fail: FailVerdict, now: Instant) {
+        let FailVerdict { text, id, retry_after, dead_letter, reason } = fail;
+        let Some(call) = self.calls.get(&session) else { return };
+        if let Some(gone) = call.gone.get(&id) {
+            return call.answer(verdicts::gone(&text, *gone));
+        }
+        let retry_after = match retry_after {
+            Ok(retry_after) => retry_after,
+            Err(reason) => {
+                let message = format!("{reason}; nothing was applied (a delivery this call holds stays held)");
+                return call.answer(verdicts::invalid(&text, message));
+            }
+        };
+        if self.no_ack {
+            return call.answer(verdicts::fail_without_pel(&text));
+        }
+        let policy = call.policy.clone();
+        let Some(held) = self.settle(session, &text, id, now) else { return };
+        held.record_verdict(if dead_letter { "dead_letter" } else { "fail" });
+        if dead_letter {
+            let order = DeadLetterOrder { stream_id: held.stream_id, reason, verdict: Some((session, text)) };
+            return self.orders.dead_letters.push(order);
+        }
+        let delay = retry_after.unwrap_or_else(|| policy.backoff.delay(held.attempts));
+        tracing::debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");
+        self.retry_later(held.stream_id, delay, reason, now);
+    }
+
+    /// An Extend: pushes the ack deadline of each held id to `now + by` (no
+    /// effect on a subscription without deadlines); UNKNOWN_ID or NOT_PENDING
+    /// for the others.
+    pub(crate) fn extend(&mut self, session: SessionId, ids: Vec<(String, BrandedId)>, by: Duration, now: Instant) {
+        let Some(call) = self.calls.get_mut(&session) else { return };
+        for (text, id) in ids {
+            match call.held.get_mut(&id) {
+                Some(held) => held.deadline = call.policy.ack_deadline.map(|_| now + by),
+                None => call.answer(call.not_held(&text, &id)),
+            }
+        }
+    }
+
+    /// Whether a held delivery may pass an ack deadline (cheap: per call,
+    /// not per delivery; checked on every turn of the worker's loop).
+    pub(crate) fn has_deadlines(&self) -> bool {
+        self.calls.values().any(|call| call.policy.ack_deadline.is_some() && !call.held.is_empty())
+    }
+
+    /// Deliveries past their ack deadline are treated as failed: they leave
+    /// their call (told by [`Event::Left`]; a later verdict is UNKNOWN_ID)
+    /// and wait for their backoff. Returns how many expired.
+    pub(crate) fn expire(&mut self, now: Instant) -> usize {
+        let mut expired = Vec::new();
+        for call in self.calls.values_mut() {
+            let ids: Vec<BrandedId> =
+                call.held.iter().filter(|(_, h)| h.deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
+            for id in ids {
+                let held = call.held.remove(&id).expect("listed above");
+                expired.push((held.stream_id, call.policy.backoff.delay(held.attempts)));
+                let _ = call.events.send(Event::Left { shard: call.shard, id });
+            }
+        }
+        for &(stream_id, delay) in &expired {
+            tracing::debug!(stream = %self.stream, %stream_id, "ack deadline passed; treated as failed");
+            self.entries.remove(&stream_id);
+            self.retry_later(stream_id, delay, "the ack deadline passed".to_owned(), now);
+        }
+        expired.len()
+    }
+
+    /// Stops tracking an entry Redis no longer has pending for this sidecar.
+    /// A held one leaves its call (freeing its slot; the call is told by
+    /// [`Event::Left`], and its later verdicts are answered NOT_PENDING,
+    /// saying `gone`); returns that call and the delivery's id.
+    pub(crate) fn forget(&mut self, stream_id: StreamId, gone: Gone) -> Option<(SessionId, BrandedId)> {
+        match self.entries.remove(&stream_id)? {
+            Track::Held(session, id) => {
+                let call = self.calls.get_mut(&session)?;
+                call.held.remove(&id);
+                if call.gone.len() >= GONE_REMEMBERED {
+                    call.gone.clear();
+                }
+                call.gone.insert(id, gone);
+                let _ = call.events.send(Event::Left { shard: call.shard, id });
+                Some((session, id))
+            }
+            Track::Ready => {
+                self.ready.retain(|out| out.stream_id != stream_id);
+                None
+            }
+            Track::Waiting(at) => {
+                self.waiting.remove(&(at, stream_id));
+                None
+            }
+        }
+    }
+
+    /// A peer took an entry this sidecar holds: the call is told now
+    /// (LEASE_LOST), and its later verdict is answered NOT_PENDING instead of
+    /// being applied. Returns whether a call held it.
+    pub(crate) fn lease_lost(&mut self, stream_id: StreamId) -> bool {
+        let Some((session, id)) = self.forget(stream_id, Gone::ToPeer) else { return false };
+        self.metrics.leases_lost.inc();
+        if let Some(call) = self.calls.get(&session) {
+            call.answer(verdicts::lease_lost(&id.to_string()));
+        }
+        true
+    }
+
+    /// The entries whose lease the worker keeps fresh: held and ready ones.
+    pub(crate) fn leased(&self) -> Vec<StreamId> {
+        self.entries
+            .iter()
+            .filter(|(_, track)| matches!(track, Track::Held(..) | Track::Ready))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// A dead-lettered entry is done here.
+    pub(crate) fn dead_lettered(&mut self, stream_id: StreamId) {
+        self.entries.remove(&stream_id);
+    }
+
+    /// Answers a call's verdict (if the call is still attached).
+    pub(crate) fn answer(&self, session: SessionId, error: VerdictError) {
+        if let Some(call) = self.calls.get(&session) {
+            call.answer(error);
+        }
+    }
+
+    /// The Redis writes queued since the last call.
+    pub(crate) fn take_orders(&mut self) -> Orders {
+        std::mem::take(&mut self.orders)
+    }
+
+    /// Whether Redis writes are queued.
+    pub(crate) fn has_orders(&self) -> bool {
+        let o = &self.orders;
+        !(o.acks.is_empty() && o.retry_writes.is_empty() && o.dead_letters.is_empty())
+    }
+}
+
+/// The span of one delivery, from hand-over to verdict, child of the trace
+/// context the entry carries; the delivery then carries the span's own.
+fn delivery_span(stream: &str, group: &str, stream_id: StreamId, delivery: &mut Delivery) -> tracing::Span {
+    let span = tracing::info_span!(
+        "echomq.deliver",
+        stream = %stream,
+        group = %group,
+        stream_id = %stream_id,
+        id = %delivery.id,
+        attempts = delivery.attempts,
+        verdict = tracing::field::Empty,
+    );
+    telemetry::set_parent(&span, Some(&delivery.traceparent).filter(|t| !t.is_empty()).map(String::as_str));
+    if let Some(traceparent) = telemetry::traceparent_of(&span) {
+        delivery.traceparent = traceparent;
+    }
+    span
+}
+
+/// Call `shard`'s share of a sharded call's `max_in_flight`: an even split,
+/// the remainder to the first shards, so a busy shard cannot starve the
+/// others. (Validation raised `max_in_flight` to at least one per shard.)
+pub(crate) fn shard_share(max_in_flight: u32, shards: u32, shard: u32) -> u32 {
+    max_in_flight / shards + u32::from(shard < max_in_flight % shards)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,379 @@
+//! The ledger's rules, without Redis.
+
+use super::*;
+use crate::{metrics::Metrics, proto::VerdictErrorCode};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn policy(max_in_flight: u32) -> Policy {
+    Policy {
+        max_in_flight,
+        ack_deadline: None,
+        backoff: Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(10) },
+    }
+}
+
+fn settings() -> GroupPolicy {
+    GroupPolicy { max_deliveries: 5, dead_letter_stream: "s:dlq".to_owned() }
+}
+
+fn ledger() -> Ledger {
+    Ledger::new("s", "g", false, false, Metrics::new().group("s", "s", "g"))
+}
+
+fn call(ledger: &mut Ledger, session: SessionId, policy: Policy) -> mpsc::UnboundedReceiver<Event> {
+    let (events, receiver) = mpsc::unbounded_channel();
+    ledger.attach(session, 0, policy, settings(), events).expect("attach");
+    receiver
+}
+
+/// Entry `n`: stream id `n-0`, its branded id derived from it.
+fn entry(n: u64, attempts: u32) -> Outgoing {
+    let stream_id = StreamId { ms: n, seq: 0 };
+    super::super::delivery::build("s", "g", "id", stream_id, vec![(b"k".to_vec(), b"v".to_vec())], attempts)
+        .expect("a branded id")
+}
+
+fn sid(n: u64) -> StreamId {
+    StreamId { ms: n, seq: 0 }
+}
+
+fn branded(n: u64) -> BrandedId {
+    BrandedId::from_stream_id(sid(n)).expect("fits")
+}
+
+/// A Fail of entry `n`, sent as its branded id.
+fn fail_of(n: u64, retry_after: Result<Option<Duration>, String>, dead_letter: bool) -> FailVerdict {
+    FailVerdict { text: branded(n).to_string(), id: branded(n), retry_after, dead_letter, reason: "boom".to_owned() }
+}
+
+fn deliveries(events: &mut mpsc::UnboundedReceiver<Event>) -> Vec<u64> {
+    let mut out = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let Event::Delivery { id, .. } = event {
+            out.push(id.minted_as().ms);
+        }
+    }
+    out
+}
+
+fn answers(events: &mut mpsc::UnboundedReceiver<Event>) -> Vec<(String, VerdictErrorCode)> {
+    let mut out = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let Event::VerdictError(e) = event {
+            out.push((e.id, VerdictErrorCode::try_from(e.code).expect("a known code")));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_call_never_holds_more_than_its_credit() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut events = call(&mut ledger, 1, policy(2));
+    assert_eq!(ledger.free(), 2);
+    for n in 1..=3 {
+        ledger.offer(entry(n, 1), now);
+    }
+    assert_eq!(deliveries(&mut events), vec![1, 2]);
+    assert_eq!((ledger.held(), ledger.free(), ledger.free_for_due()), (2, 0, 0), "the third waits as ready");
+
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    assert_eq!(ledger.free(), 0, "the freed slot is spoken for by the ready entry");
+    ledger.hand_out_ready(now);
+    assert_eq!(deliveries(&mut events), vec![3]);
+    assert_eq!(ledger.held(), 2);
+}
+
+#[test]
+fn a_read_under_way_holds_its_credit() {
+    let mut ledger = ledger();
+    let _events = call(&mut ledger, 1, policy(10));
+    ledger.reading(8);
+    assert_eq!((ledger.free(), ledger.free_for_due()), (2, 10), "due retries are not held back by the read");
+    ledger.read_done();
+    assert_eq!(ledger.free(), 10);
+}
+
+#[test]
+fn hand_out_goes_to_the_call_with_the_most_free_credit() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut small = call(&mut ledger, 1, policy(1));
+    let mut large = call(&mut ledger, 2, policy(3));
+    for n in 1..=4 {
+        ledger.offer(entry(n, 1), now);
+    }
+    let (to_small, to_large) = (deliveries(&mut small), deliveries(&mut large));
+    assert_eq!(to_small.len(), 1, "{to_small:?} {to_large:?}");
+    assert_eq!(to_large.len(), 3);
+    assert_eq!(ledger.held(), 4);
+}
+
+#[test]
+fn a_call_never_holds_two_deliveries_with_one_branded_id() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut events = call(&mut ledger, 1, policy(4));
+    let first = entry(7, 1);
+    let mut copy = entry(8, 1);
+    copy.branded = first.branded;
+    ledger.offer(first, now);
+    ledger.offer(copy, now);
+    assert_eq!(deliveries(&mut events), vec![7], "the copy waits until the first is settled");
+    ledger.ack(1, branded(7).to_string(), branded(7), now);
+    ledger.hand_out_ready(now);
+    assert_eq!(deliveries(&mut events), vec![7], "the copy, under the same branded id");
+}
+
+#[test]
+fn a_verdict_for_an_id_not_held_is_answered_unknown_and_changes_nothing() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut events = call(&mut ledger, 1, policy(4));
+    ledger.offer(entry(1, 1), now);
+    ledger.ack(1, "x".to_owned(), branded(2), now);
+    ledger.fail(1, FailVerdict { text: "y".to_owned(), ..fail_of(3, Ok(None), false) }, now);
+    ledger.extend(1, vec![("z".to_owned(), branded(4))], Duration::from_secs(1), now);
+    let expected = ["x", "y", "z"].map(|id| (id.to_owned(), VerdictErrorCode::UnknownId));
+    assert_eq!(answers(&mut events), expected);
+    assert_eq!(ledger.held(), 1);
+    assert!(ledger.take_orders().acks.is_empty());
+}
+
+#[test]
+fn one_call_cannot_settle_another_calls_delivery() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut holder = call(&mut ledger, 1, policy(1));
+    let mut other = call(&mut ledger, 2, policy(0));
+    ledger.offer(entry(1, 1), now);
+    assert_eq!(deliveries(&mut holder), vec![1]);
+    ledger.ack(2, branded(1).to_string(), branded(1), now);
+    assert_eq!(answers(&mut other), vec![(branded(1).to_string(), VerdictErrorCode::UnknownId)]);
+    assert_eq!(ledger.held(), 1);
+}
+
+#[test]
+fn an_ack_queues_one_xack_and_a_retry_state_drop_for_a_redelivery() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let _events = call(&mut ledger, 1, policy(4));
+    ledger.offer(entry(1, 1), now);
+    ledger.offer(entry(2, 3), now);
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    ledger.ack(1, branded(2).to_string(), branded(2), now);
+    let acks = ledger.take_orders().acks;
+    let got: Vec<(StreamId, bool)> = acks.iter().map(|a| (a.stream_id, a.redelivered)).collect();
+    assert_eq!(got, vec![(sid(1), false), (sid(2), true)]);
+    assert!(!ledger.tracks(sid(1)) && !ledger.tracks(sid(2)));
+}
+
+#[test]
+fn retry_delays_double_per_attempt_within_their_cap_and_jitter_into_the_upper_half() {
+    let policy = policy(1);
+    for (attempts, full) in [(1, 100), (2, 200), (3, 400), (8, 10_000), (40, 10_000)] {
+        for _ in 0..50 {
+            let delay = policy.backoff.delay(attempts);
+            let full = Duration::from_millis(full);
+            assert!(delay >= full / 2 && delay <= full, "attempts {attempts}: {delay:?} outside {full:?}/2..={full:?}");
+        }
+    }
+}
+
+#[test]
+fn a_fail_waits_for_its_delay_and_records_it_for_peers() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let _events = call(&mut ledger, 1, policy(4));
+    ledger.offer(entry(1, 1), now);
+    ledger.fail(1, fail_of(1, Ok(Some(Duration::from_secs(2))), false), now);
+    assert_eq!(ledger.next_due(), Some(now + Duration::from_secs(2)));
+    assert!(ledger.take_due(now + Duration::from_millis(1999), 10).is_empty(), "not before its delay");
+    let orders = ledger.take_orders();
+    assert_eq!(orders.retry_writes.len(), 1);
+    assert_eq!(orders.retry_writes[0].reason, "boom");
+    assert!(orders.acks.is_empty());
+    assert_eq!(ledger.take_due(now + Duration::from_secs(2), 10), vec![sid(1)]);
+    assert!(!ledger.tracks(sid(1)), "taken out until claimed or put back");
+}
+
+#[test]
+fn a_fail_with_dead_letter_is_queued_for_the_dead_letter_step() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let _events = call(&mut ledger, 1, policy(4));
+    ledger.offer(entry(1, 2), now);
+    ledger.fail(1, fail_of(1, Ok(None), true), now);
+    let orders = ledger.take_orders();
+    assert_eq!(orders.dead_letters.len(), 1);
+    assert_eq!(orders.dead_letters[0].stream_id, sid(1));
+    assert_eq!(orders.dead_letters[0].verdict, Some((1, branded(1).to_string())));
+    assert!(orders.retry_writes.is_empty() && ledger.next_due().is_none());
+}
+
+#[test]
+fn a_bad_retry_after_or_an_at_most_once_fail_leaves_the_delivery_held() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut events = call(&mut ledger, 1, policy(4));
+    ledger.offer(entry(1, 1), now);
+    let text = branded(1).to_string();
+    ledger.fail(1, fail_of(1, Err("fail.retry_after: must not be negative".to_owned()), false), now);
+    assert_eq!(answers(&mut events), vec![(text.clone(), VerdictErrorCode::InvalidArgument)]);
+    assert_eq!(ledger.held(), 1);
+
+    let mut at_most_once = Ledger::new("s", "g", true, false, Metrics::new().group("s", "s", "g"));
+    let mut events = call(&mut at_most_once, 1, policy(4));
+    at_most_once.offer(entry(1, 1), now);
+    at_most_once.fail(1, fail_of(1, Ok(None), false), now);
+    assert_eq!(answers(&mut events)[0].1, VerdictErrorCode::InvalidArgument);
+    assert_eq!(at_most_once.held(), 1);
+    at_most_once.ack(1, branded(1).to_string(), branded(1), now);
+    assert!(at_most_once.take_orders().acks.is_empty(), "nothing pending, nothing to XACK");
+}
+
+#[test]
+fn a_passed_ack_deadline_frees_the_slot_and_schedules_a_retry() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut events = call(&mut ledger, 1, Policy { ack_deadline: Some(Duration::from_secs(1)), ..policy(2) });
+    ledger.offer(entry(1, 1), now);
+    ledger.offer(entry(2, 1), now);
+    ledger.extend(1, vec![(branded(2).to_string(), branded(2))], Duration::from_secs(5), now);
+    assert!(ledger.has_deadlines());
+    assert_eq!(ledger.expire(now + Duration::from_millis(999)), 0);
+    assert_eq!(ledger.expire(now + Duration::from_secs(1)), 1, "the extended one stays");
+    let left: Vec<BrandedId> = std::iter::from_fn(|| events.try_recv().ok())
+        .filter_map(|e| match e {
+            Event::Left { id, .. } => Some(id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(left, vec![branded(1)]);
+    assert_eq!((ledger.held(), ledger.free()), (1, 1), "the expired entry frees its slot and waits");
+    assert_eq!(ledger.reclaim_room(), 0, "the waiting entry speaks for that slot");
+    assert_eq!(ledger.take_orders().retry_writes.len(), 1);
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    assert_eq!(answers(&mut events), vec![(branded(1).to_string(), VerdictErrorCode::UnknownId)]);
+}
+
+#[test]
+fn a_forgotten_delivery_leaves_its_call_and_its_verdicts_say_why_until_delivered_again() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut events = call(&mut ledger, 1, policy(2));
+    ledger.offer(entry(1, 1), now);
+    ledger.offer(entry(2, 1), now);
+    assert!(ledger.lease_lost(sid(1)));
+    assert_eq!(ledger.forget(sid(2), Gone::Deleted), Some((1, branded(2))));
+    assert_eq!((ledger.held(), ledger.free()), (0, 2));
+    assert_eq!(answers(&mut events), vec![(branded(1).to_string(), VerdictErrorCode::LeaseLost)]);
+
+    for _ in 0..2 {
+        ledger.ack(1, branded(1).to_string(), branded(1), now);
+    }
+    ledger.extend(1, vec![(branded(2).to_string(), branded(2))], Duration::from_secs(1), now);
+    let codes: Vec<VerdictErrorCode> = answers(&mut events).into_iter().map(|(_, code)| code).collect();
+    assert_eq!(codes, vec![VerdictErrorCode::NotPending; 3]);
+
+    ledger.offer(entry(1, 2), now);
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    assert!(answers(&mut events).is_empty(), "the new delivery supersedes the lost one");
+    assert_eq!(ledger.take_orders().acks.len(), 1);
+}
+
+#[test]
+fn forget_drops_ready_and_waiting_entries_without_telling_a_call() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut events = call(&mut ledger, 1, policy(1));
+    ledger.offer(entry(1, 1), now);
+    ledger.offer(entry(2, 1), now);
+    ledger.wait(sid(3), now);
+    assert_eq!(ledger.forget(sid(2), Gone::Deleted), None);
+    assert_eq!(ledger.forget(sid(3), Gone::Deleted), None);
+    assert_eq!(ledger.forget(sid(4), Gone::Deleted), None, "unknown to the worker");
+    assert!(ledger.next_due().is_none());
+    assert_eq!(ledger.leased(), vec![sid(1)]);
+    let _ = deliveries(&mut events);
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    ledger.hand_out_ready(now);
+    assert!(deliveries(&mut events).is_empty(), "the forgotten ready entry is not handed out");
+}
+
+#[test]
+fn a_detached_call_returns_what_it_held_to_wait_for_its_backoff() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let _first = call(&mut ledger, 1, policy(1));
+    let _second = call(&mut ledger, 2, policy(1));
+    ledger.offer(entry(1, 1), now);
+    ledger.offer(entry(2, 1), now);
+    ledger.offer(entry(3, 1), now);
+    let detached = ledger.detach(1, now);
+    assert_eq!(detached, Detached { returned: 1, last: false });
+    assert_eq!(ledger.take_orders().retry_writes.len(), 1, "the backoff binds peers and restarts too");
+    let due = ledger.next_due().expect("waiting");
+    assert!(due >= now + Duration::from_millis(50) && due <= now + Duration::from_millis(100), "{:?}", due - now);
+
+    assert_eq!(ledger.detach(2, now), Detached { returned: 1, last: true });
+    assert_eq!(ledger.leased(), Vec::<StreamId>::new(), "the ready entry is released to wait in the PEL");
+    assert_eq!(ledger.take_due(now + Duration::from_secs(1), 10), Vec::<StreamId>::new(), "no credit, no claim");
+}
+
+#[test]
+fn due_entries_are_taken_within_credit_in_due_order() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let _events = call(&mut ledger, 1, policy(2));
+    ledger.wait(sid(3), now + 3 * MS);
+    ledger.wait(sid(1), now + MS);
+    ledger.wait(sid(2), now + 2 * MS);
+    ledger.wait(sid(9), now + Duration::from_secs(9));
+    assert_eq!(ledger.reclaim_room(), 0, "waiting entries speak for the credit");
+    assert_eq!(ledger.take_due(now + 5 * MS, 10), vec![sid(1), sid(2)]);
+    assert_eq!(ledger.next_due(), Some(now + 3 * MS));
+}
+
+#[test]
+fn a_drained_or_closed_call_takes_nothing_more() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let events = call(&mut ledger, 1, policy(4));
+    ledger.drain_call(1);
+    assert_eq!(ledger.free(), 0);
+    ledger.offer(entry(1, 1), now);
+    assert_eq!(ledger.held(), 0);
+
+    let closed = call(&mut ledger, 2, policy(4));
+    drop(closed);
+    ledger.offer(entry(2, 1), now);
+    assert_eq!((ledger.held(), ledger.free()), (0, 0), "a call whose receiver is gone is closed on first send");
+    drop(events);
+}
+
+#[test]
+fn while_draining_entries_read_are_kept_not_handed_out() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut events = call(&mut ledger, 1, policy(4));
+    ledger.set_draining(true);
+    ledger.offer(entry(1, 1), now);
+    assert!(deliveries(&mut events).is_empty());
+    assert_eq!(ledger.leased(), vec![sid(1)]);
+}
+
+#[test]
+fn a_re_read_of_a_held_entry_is_not_handed_out_twice() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let mut first = call(&mut ledger, 1, policy(1));
+    let mut second = call(&mut ledger, 2, policy(1));
+    ledger.offer(entry(1, 1), now);
+    ledger.offer(entry(1, 1), now);
+    assert_eq!(deliveries(&mut first).len() + deliveries(&mut second).len(), 1);
+}
+
+#[test]
+fn a_second_call_with_other_group_settings_is_refused() {
+    let mut ledger = ledger();
+    let _events = call(&mut ledger, 1, policy(1));
+    let other = GroupPolicy { max_deliveries: 9, ..settings() };
+    let refused = ledger.attach(2, 0, policy(1), other.clone(), mpsc::unbounded_channel().0);
+    assert!(matches!(refused, Err(Error::Conflict { .. })));
+    ledger.detach(1, Instant::now());
+    assert!(ledger.attach(3, 0, policy(1), other, mpsc::unbounded_channel().0).is_ok(), "alone, it sets them");
+}
+
+#[test]
+fn the_shard_share_splits_credit_evenly_with_the_remainder_first() {
+    let shares: Vec<u32> = (0..4).map(|shard| shard_share(10, 4, shard)).collect();
+    assert_eq!(shares, vec![3, 3, 2, 2]);
+    assert_eq!((0..3).map(|shard| shard_share(3, 3, shard)).sum::<u32>(), 3);
+    assert_eq!(shard_share(64, 1, 0), 64);
+}

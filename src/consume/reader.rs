@@ -1,0 +1,108 @@
+//! The blocking reader: `XREADGROUP … BLOCK … STREAMS <stream> >` on a
+//! connection of its own (never the shared one, whose response timeout would
+//! cut a blocked read short while Redis hands it entries), one request at a
+//! time, for as many entries as the worker has credit for.
+
+use std::sync::Arc;
+
+use redis::{RedisError, RedisResult, Value};
+use tokio::{sync::mpsc, task::JoinHandle};
+
+use super::Shared;
+use crate::redis::{parse_read_reply, RawEntry};
+
+/// The reader task and its channels. Dropping it (or [`Reader::stop`]) cuts
+/// off a blocked read with its connection.
+pub(crate) struct Reader {
+    requests: mpsc::Sender<usize>,
+    results: mpsc::Receiver<RedisResult<Vec<RawEntry>>>,
+    task: JoinHandle<()>,
+}
+
+impl Reader {
+    /// Starts the reader of `group` on `stream` (`no_ack`: reads with NOACK,
+    /// at-most-once). It connects on its first request.
+    pub(crate) fn spawn(shared: Arc<Shared>, stream: String, group: String, no_ack: bool) -> Reader {
+        let (requests, requests_rx) = mpsc::channel(1);
+        let (results_tx, results) = mpsc::channel(1);
+        let task = tokio::spawn(read_loop(shared, stream, group, no_ack, requests_rx, results_tx));
+        Reader { requests, results, task }
+    }
+
+    /// Asks for up to `count` new entries; false when a read is still under way.
+    pub(crate) fn request(&self, count: usize) -> bool {
+        self.requests.try_send(count).is_ok()
+    }
+
+    /// Cuts off the read under way (its connection is dropped), so no entry
+    /// appended meanwhile is taken with no call to hand it to.
+    pub(crate) fn stop(self) {
+        self.task.abort();
+    }
+}
+
+/// The next entries of the reader (or its error); never resolves while there
+/// is no reader or no reply.
+pub(crate) async fn next_read(reader: &mut Option<Reader>) -> RedisResult<Vec<RawEntry>> {
+    if let Some(reader) = reader {
+        if let Some(result) = reader.results.recv().await {
+            return result;
+        }
+    }
+    std::future::pending().await
+}
+
+async fn read_loop(
+    shared: Arc<Shared>,
+    stream: String,
+    group: String,
+    no_ack: bool,
+    mut requests: mpsc::Receiver<usize>,
+    results: mpsc::Sender<RedisResult<Vec<RawEntry>>>,
+) {
+    let mut conn = None;
+    while let Some(count) = requests.recv().await {
+        let result = async {
+            if conn.is_none() {
+                conn = Some(shared.redis.dedicated(shared.redis_timeout).await?);
+            }
+            let c = conn.as_mut().expect("connected above");
+            let reply: Value = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&group)
+                .arg(&shared.consumer)
+                .arg("COUNT")
+                .arg(count)
+                .arg("BLOCK")
+                .arg(shared.read_block.as_millis() as u64)
+                .arg(no_ack.then_some("NOACK"))
+                .arg("STREAMS")
+                .arg(&stream)
+                .arg(">")
+                .query_async(c)
+                .await?;
+            parse_read_reply(&reply)
+        }
+        .await;
+        if let Err(e) = &result {
+            if crate::error::is_transient(e) {
+                conn = None;
+            }
+        }
+        if results.send(result).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// NOGROUP, or UNBLOCKED: Redis 7.0 wakes a reader blocked on a stream that was
+/// deleted with UNBLOCKED (7.2 says NOGROUP). Not the UNBLOCKED of a primary
+/// turning replica in a failover ("instance state changed"): the group is
+/// fine, the read is retried on the new primary.
+pub(crate) fn is_group_lost(error: &RedisError) -> bool {
+    let text = error.to_string();
+    if text.contains("instance state changed") {
+        return false;
+    }
+    matches!(error.code(), Some("NOGROUP" | "UNBLOCKED")) || text.contains("NOGROUP") || text.contains("UNBLOCKED")
+}

@@ -1,0 +1,65 @@
+//! Recovery: of this consumer's own PEL at start (entries it was handed
+//! before a crash or restart come back first, in stream order), and of a
+//! group that vanished (NOGROUP: the stream was deleted, Redis flushed or
+//! restarted without persistence).
+
+use redis::{RedisResult, Value};
+
+use super::GroupKeys;
+use crate::{
+    id::StreamId,
+    redis::{array, parse_stream_id},
+};
+
+/// One page of this consumer's own PEL after `after` (`None`: from the
+/// start), at most `count` ids (`XPENDING <stream> <group> (<after> + <count>
+/// <consumer>`). Fewer than `count` means the PEL was walked through.
+///
+/// Errors: Redis' (NOGROUP when the group is gone).
+pub(crate) async fn own_pending_page(
+    keys: &GroupKeys,
+    after: Option<StreamId>,
+    count: usize,
+) -> RedisResult<Vec<StreamId>> {
+    let start = after.map_or_else(|| "-".to_owned(), |id| format!("({id}"));
+    let mut conn = keys.redis.conn.clone();
+    let reply: Value = redis::cmd("XPENDING")
+        .arg(&keys.stream)
+        .arg(&keys.group)
+        .arg(start)
+        .arg("+")
+        .arg(count)
+        .arg(&keys.consumer)
+        .query_async(&mut conn)
+        .await?;
+    array(&reply).iter().map(|item| parse_stream_id(array(item).first().unwrap_or(&Value::Nil))).collect()
+}
+
+/// Re-creates a lost group from the start of what the stream holds now
+/// (`XGROUP CREATE <stream> <group> 0 MKSTREAM`; BUSYGROUP: it exists again).
+/// From `0`, not `$`: after a flush or a restart without persistence
+/// everything in the stream arrived after the group was lost, and skipping
+/// it would lose entries; re-delivering is the at-least-once side.
+///
+/// Errors: Redis' other than BUSYGROUP.
+pub(crate) async fn recreate_group(keys: &GroupKeys) -> RedisResult<()> {
+    let mut conn = keys.redis.conn.clone();
+    let created: RedisResult<()> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&keys.stream)
+        .arg(&keys.group)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await;
+    match created {
+        Ok(()) => {
+            tracing::info!(stream = %keys.stream, group = %keys.group, "group re-created from the start of the stream")
+        }
+        Err(e) if e.code() == Some("BUSYGROUP") => {
+            tracing::info!(stream = %keys.stream, group = %keys.group, "group exists again")
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! The retry policy: when a failed or returned delivery comes back, and how
+//! that delay binds peers and outlives a restart.
+//!
+//! - The delay after `n` deliveries is `initial × 2^(n-1)`, capped at `max`,
+//!   jittered into its upper half ([`Backoff::delay`]); a Fail's
+//!   `retry_after` overrides it.
+//! - Here, the entry waits in the worker's ledger until then. In Redis, its
+//!   due time and last failure reason go into the group's retry hash
+//!   (`<stream>:retries:<group>`, field: stream id, value: `"<due unix ms>
+//!   <reason>"`, written by `settle.lua`), so a peer that reclaims it or this
+//!   sidecar after a restart waits just as long.
+//! - [`redeliver`] (`redeliver.lua`) claims due entries, only those still
+//!   pending for this consumer, and refuses early ones (`NotDue`) and
+//!   entries that reached `max_deliveries` (`Poison`: the dead-letter step
+//!   takes them).
+
+use std::time::Duration;
+
+use redis::{RedisResult, Value};
+
+use super::GroupKeys;
+use crate::{
+    id::StreamId,
+    redis::{array, bytes, int, parse_entry, tagged, RawEntry},
+};
+
+/// The retry delays of a subscription.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Backoff {
+    /// The first retry delay; doubled per delivery.
+    pub(crate) initial: Duration,
+    /// The cap of the retry delay.
+    pub(crate) max: Duration,
+}
+
+impl Backoff {
+    /// The retry delay after `attempts` deliveries: `initial × 2^(attempts-1)`,
+    /// capped, then jittered into its upper half so that entries failed
+    /// together do not come back together.
+    pub(crate) fn delay(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(30);
+        let full = self.initial.saturating_mul(1 << doublings).min(self.max);
+        let half = full / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+}
+
+/// A retry state to record in the group's retry hash.
+#[derive(Debug)]
+pub(crate) struct RetryWrite {
+    pub(crate) stream_id: StreamId,
+    /// When the entry is due again (unix milliseconds).
+    pub(crate) due_unix_ms: u64,
+    /// Its last failure reason, dead letters' `echomq.reason` should it be
+    /// dead-lettered after `max_deliveries`.
+    pub(crate) reason: String,
+}
+
+impl RetryWrite {
+    /// The hash value: `"<due unix ms> <reason>"`, as `redeliver.lua` parses it.
+    pub(crate) fn state(&self) -> String {
+        format!("{} {}", self.due_unix_ms, self.reason)
+    }
+}
+
+/// What [`redeliver`] did with one due entry.
+#[derive(Debug)]
+pub(crate) enum Redelivery {
+    /// No longer pending for this consumer (a peer took it): nothing done.
+    NotOurs,
+    /// Deleted from the stream while pending: dropped from the PEL.
+    Deleted,
+    /// Its retry delay (recorded by this sidecar before a restart, or by a
+    /// peer) has not passed: not claimed.
+    NotDue { due_unix_ms: u64 },
+    /// It reached `max_deliveries`: not claimed, for the dead-letter step.
+    Poison { deliveries: u64, reason: String },
+    /// Claimed: `deliveries` is its delivery count now.
+    Claimed { deliveries: u32, entry: RawEntry },
+}
+
+/// Claims the due entries `ids` for re-delivery (`redeliver.lua`: XPENDING …
+/// consumer, HGET of the retry hash, XRANGE, XCLAIM, XACK of deleted ones),
+/// one reply per id in order.
+///
+/// Errors: Redis' (NOGROUP when the group is gone), or a reply not shaped as
+/// the script's (a Parse error).
+pub(crate) async fn redeliver(
+    keys: &GroupKeys,
+    max_deliveries: u32,
+    ids: &[StreamId],
+) -> RedisResult<Vec<(StreamId, Redelivery)>> {
+    let mut script = keys.redis.scripts.redeliver.prepare_invoke();
+    script.key(&keys.stream).key(&keys.retries).arg(&keys.group).arg(&keys.consumer).arg(max_deliveries);
+    for id in ids {
+        script.arg(id.to_string());
+    }
+    let mut conn = keys.redis.conn.clone();
+    let reply: Value = script.invoke_async(&mut conn).await?;
+    array(&reply).iter().map(parse_redelivery).collect()
+}
+
+fn parse_redelivery(item: &Value) -> RedisResult<(StreamId, Redelivery)> {
+    let (id, tag, rest) = tagged(item)?;
+    let nth = |n: usize| rest.get(n).unwrap_or(&Value::Nil);
+    let outcome = match tag.as_str() {
+        "not_ours" => Redelivery::NotOurs,
+        "deleted" => Redelivery::Deleted,
+        "not_due" => Redelivery::NotDue { due_unix_ms: int(nth(0))?.max(0) as u64 },
+        "poison" => Redelivery::Poison {
+            deliveries: int(nth(0))?.max(0) as u64,
+            reason: String::from_utf8_lossy(&bytes(nth(1))?).into_owned(),
+        },
+        "claimed" => {
+            let entry =
+                parse_entry(&Value::Array(vec![Value::BulkString(id.to_string().into_bytes()), nth(1).clone()]))?;
+            Redelivery::Claimed { deliveries: u32::try_from(int(nth(0))?).unwrap_or(u32::MAX), entry }
+        }
+        other => return Err(unknown_tag("redeliver.lua", other)),
+    };
+    Ok((id, outcome))
+}
+
+/// A reply tag the Rust side does not know: the script and its wrapper disagree.
+pub(crate) fn unknown_tag(script: &str, tag: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected reply from Redis",
+        format!("{script} replied `{tag}`"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn every_reply_of_the_script_parses_into_its_outcome() {
+        let items = [
+            Value::Array(vec![bulk("1-0"), bulk("not_ours")]),
+            Value::Array(vec![bulk("2-0"), bulk("deleted")]),
+            Value::Array(vec![bulk("3-0"), bulk("not_due"), Value::Int(99)]),
+            Value::Array(vec![bulk("4-0"), bulk("poison"), Value::Int(5), bulk("boom")]),
+            Value::Array(vec![bulk("5-0"), bulk("claimed"), Value::Int(2), Value::Array(vec![bulk("k"), bulk("v")])]),
+        ];
+        let parsed: Vec<_> = items.iter().map(|item| parse_redelivery(item).unwrap()).collect();
+        assert!(matches!(parsed[0].1, Redelivery::NotOurs));
+        assert!(matches!(parsed[1].1, Redelivery::Deleted));
+        assert!(matches!(parsed[2].1, Redelivery::NotDue { due_unix_ms: 99 }));
+        assert!(matches!(&parsed[3].1, Redelivery::Poison { deliveries: 5, reason } if reason == "boom"));
+        match &parsed[4] {
+            (id, Redelivery::Claimed { deliveries: 2, entry }) => {
+                assert_eq!(*id, StreamId { ms: 5, seq: 0 });
+                assert_eq!(entry.fields, Some(vec![(b"k".to_vec(), b"v".to_vec())]));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse_redelivery(&Value::Array(vec![bulk("1-0"), bulk("what")])).is_err());
+    }
+
+    #[test]
+    fn every_tag_the_script_replies_is_known_here() {
+        let lua = include_str!("redeliver.lua");
+        for tag in ["'not_ours'", "'deleted'", "'not_due'", "'poison'", "'claimed'"] {
+            assert!(lua.contains(&format!("{{ id, {tag}")), "redeliver.lua no longer replies {tag}");
+        }
+    }
+
+    #[test]
+    fn the_retry_state_is_shaped_as_the_script_parses_it() {
+        let write = RetryWrite { stream_id: StreamId { ms: 1, seq: 2 }, due_unix_ms: 1234, reason: "a b".to_owned() };
+        assert_eq!(write.state(), "1234 a b");
+        assert!(include_str!("redeliver.lua").contains(r"'^(%d+) ?(.*)$'"));
+    }
+}
