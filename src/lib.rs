@@ -5,18 +5,37 @@
 //!
 //! - [`config`]: flags and `ECHOMQ_*` variables, defaults as named constants.
 //! - [`app`]: start-up order, listeners, the shutdown sequence.
-//! - [`admin_http`]: the admin HTTP port (`/livez`, `/readyz`).
+//! - [`admin_http`]: the admin HTTP port: `/livez`, `/readyz`, `/metrics`.
 //! - [`admin`]: the AdminService: describe a group, list and replay dead letters.
-//! - [`error`]: the one error enum and its one mapping to `tonic::Status`.
+//! - [`stream`]: the StreamService: Append and AppendBatch, Read, Trim.
+//! - [`consume`]: the ConsumerService's Consume call. Its doc is the spec of
+//!   how Consume behaves. One file per job:
+//!   - `consume/subscribe.rs`: validating the subscribe, the group door;
+//!   - `consume/session.rs`: the relay of one call (routes verdicts, parks);
+//!   - `consume/worker.rs`: the group worker's loop;
+//!   - `consume/ledger.rs`: its bookkeeping (held, ready, waiting, credit,
+//!     deadlines), synchronous and unit-tested;
+//!   - `consume/verdicts.rs`: every verdict error, code and text;
+//!   - `consume/reader.rs`: the blocking XREADGROUP on its own connection;
+//!   - `consume/recovery.rs`: the own PEL at start, a lost group;
+//!   - `consume/retry.rs` + `redeliver.lua`: **the retry policy** (backoff,
+//!     the retry hash, claiming due entries);
+//!   - `consume/lease.rs` + `refresh.lua`: **the lease refresh** and the
+//!     reclaim beat (XAUTOCLAIM);
+//!   - `consume/dead_letter.rs` + `dead_letter.lua`: **the dead-letter step**
+//!     (Fail with dead_letter, poison entries, oversized entries);
+//!   - `consume/settle.rs` + `settle.lua`: XACK batches;
+//!   - `consume/hygiene.rs` + `forget_consumers.lua`: removing dead consumers;
+//!   - `consume/gauges.rs`: polling the group's state into metrics.
+//! - [`error`]: the API's error enum and its one mapping to `tonic::Status`
+//!   (start-up has its own: [`redis::ShardCountError`], [`config`]'s parse errors).
 //! - [`id`]: stream ids and branded ids.
-//! - [`entry`]: entry fields to the wire's payload, raw fields and branded id.
+//! - [`entry`]: entry fields to the wire's payload, raw fields and branded
+//!   id; the dead-letter metadata field names.
 //! - [`keys`]: derived key names (dead-letter stream, retry hash) and shard keys.
 //! - [`metrics`]: Prometheus metrics and the timed Redis connection.
-//! - [`redis`]: connections (shared and dedicated), the Lua scripts, reply parsing.
-//! - [`consume`]: the Consume call: validation, the group door, the group
-//!   worker (reads, recovery, reclaim, leases, XACK batches) and the per-call relay.
+//! - [`redis`]: connections (shared and dedicated), the scripts, reply parsing.
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
-//! - [`stream`]: Append and AppendBatch.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
 

@@ -27,14 +27,14 @@ local group, consumer, id_field = ARGV[1], ARGV[2], ARGV[3]
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 
+-- The entry's branded id: its reserved field, else derived from its stream id.
 local function branded_id(id, fields)
   for i = 1, #fields, 2 do
-    if fields[i] == id_field and string.match(fields[i + 1], '^[0-9a-f]+$') and #fields[i + 1] == 28 then
+    if fields[i] == id_field and is_branded_text(fields[i + 1]) then
       return fields[i + 1]
     end
   end
-  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
-  return string.format('%012x%016x', tonumber(ms), tonumber(seq))
+  return branded_of_stream_id(id)
 end
 
 local out = {}

@@ -10,7 +10,14 @@
 
 use redis::{RedisResult, Value};
 
-use super::{retry::unknown_tag, GroupKeys, SessionId};
+use tracing::warn;
+
+use super::{
+    retry::unknown_tag,
+    verdicts,
+    worker::{Step, Worker},
+    GroupKeys, SessionId,
+};
 use crate::{
     id::StreamId,
     redis::{array, int, parse_stream_id, tagged},
@@ -85,6 +92,52 @@ fn parse(item: &Value) -> RedisResult<(StreamId, DeadLettered)> {
         other => return Err(unknown_tag("dead_letter.lua", other)),
     };
     Ok((id, outcome))
+}
+
+impl Worker {
+    /// The dead-letter step, for Fails with `dead_letter`, poison entries and
+    /// oversized ones alike. On failure the entries wait and come back.
+    pub(super) async fn dead_letter(&mut self, orders: Vec<DeadLetterOrder>) {
+        let dead_letter_stream = self.ledger.settings().map_or_else(
+            || self.shared.redis.keys.dead_letter_stream(&self.keys.stream),
+            |p| p.dead_letter_stream.clone(),
+        );
+        let outcomes = match dead_letter(&self.keys, &dead_letter_stream, &orders).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                self.redis_failed(Step::DeadLetter, &e);
+                let retry_at = self.paused_until;
+                for order in orders {
+                    self.ledger.wait(order.stream_id, retry_at);
+                    if let Some((session, text)) = order.verdict {
+                        let message =
+                            format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again");
+                        self.ledger.answer(session, verdicts::unavailable(&text, message));
+                    }
+                }
+                return;
+            }
+        };
+        self.redis_ok();
+        for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
+            let answer = match outcome {
+                DeadLettered::Moved { dead_id, deliveries } => {
+                    self.ledger.dead_lettered(stream_id);
+                    self.metrics.dead_letters.inc();
+                    warn!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {}", order.reason);
+                    None
+                }
+                DeadLettered::Deleted => {
+                    self.trimmed_while_pending(stream_id);
+                    Some(verdicts::deleted as fn(&str) -> _)
+                }
+                DeadLettered::NotOurs => Some(verdicts::not_dead_lettered as fn(&str) -> _),
+            };
+            if let (Some(answer), Some((session, text))) = (answer, order.verdict) {
+                self.ledger.answer(session, answer(&text));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

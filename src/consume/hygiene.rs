@@ -7,7 +7,12 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
-use super::GroupKeys;
+use tracing::info;
+
+use super::{
+    worker::{Step, Worker},
+    GroupKeys,
+};
 
 /// Removes the dead consumers; returns their names.
 ///
@@ -23,4 +28,21 @@ pub(crate) async fn forget_dead_consumers(keys: &GroupKeys, idle_limit: Duration
         .arg(idle_limit.as_millis() as u64)
         .invoke_async(&mut conn)
         .await
+}
+
+impl Worker {
+    /// The consumer hygiene beat (see [`hygiene`]).
+    pub(super) async fn forget_dead_consumers(&mut self) {
+        let Some(limit) = self.shared.consumer_idle_limit else { return };
+        if !self.redis_usable() {
+            return;
+        }
+        match forget_dead_consumers(&self.keys, limit).await {
+            Ok(removed) if !removed.is_empty() => {
+                info!(stream = %self.keys.stream, group = %self.keys.group, ?removed, "removed idle consumers that held nothing")
+            }
+            Ok(_) => {}
+            Err(e) => self.redis_failed(Step::ForgetConsumers, &e),
+        }
+    }
 }

@@ -5,7 +5,13 @@
 
 use redis::{RedisResult, Value};
 
-use super::GroupKeys;
+use tokio::time::Instant;
+use tracing::info;
+
+use super::{
+    worker::{Step, Worker},
+    GroupKeys,
+};
 use crate::{
     id::StreamId,
     redis::{array, parse_stream_id},
@@ -62,4 +68,40 @@ pub(crate) async fn recreate_group(keys: &GroupKeys) -> RedisResult<()> {
         Err(e) => return Err(e),
     }
     Ok(())
+}
+
+impl Worker {
+    pub(super) async fn recreate_group(&mut self) -> bool {
+        if let Err(e) = recreate_group(&self.keys).await {
+            self.redis_failed(Step::RecreateGroup, &e);
+            return false;
+        }
+        self.redis_ok();
+        self.metrics.group_recreations.inc();
+        self.group_lost = false;
+        self.reclaim_cursor = StreamId::ZERO;
+        true
+    }
+
+    /// Reads one page of this consumer's own PEL and queues the entries for
+    /// re-delivery, in stream order.
+    pub(super) async fn recover_page(&mut self, after: Option<StreamId>, count: usize) {
+        let ids = match own_pending_page(&self.keys, after, count).await {
+            Ok(ids) => ids,
+            Err(e) => return self.redis_failed(Step::Recover, &e),
+        };
+        self.redis_ok();
+        let now = Instant::now();
+        for &id in &ids {
+            if !self.ledger.tracks(id) {
+                self.ledger.wait(id, now);
+            }
+        }
+        if ids.len() < count {
+            info!(stream = %self.keys.stream, group = %self.keys.group, "recovered own pending entries; reading new ones");
+            self.recovering = None;
+        } else {
+            self.recovering = Some(ids.last().copied().or(after));
+        }
+    }
 }

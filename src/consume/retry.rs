@@ -18,7 +18,14 @@ use std::time::Duration;
 
 use redis::{RedisResult, Value};
 
-use super::GroupKeys;
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::{
+    dead_letter::DeadLetterOrder,
+    worker::{Step, Worker},
+    GroupKeys,
+};
 use crate::{
     id::StreamId,
     redis::{array, bytes, int, parse_entry, tagged, RawEntry},
@@ -128,6 +135,48 @@ pub(crate) fn unknown_tag(script: &str, tag: &str) -> redis::RedisError {
         "unexpected reply from Redis",
         format!("{script} replied `{tag}`"),
     ))
+}
+
+impl Worker {
+    /// Claims due entries that are still this consumer's and hands them out;
+    /// dead-letters those that reached `max_deliveries`.
+    pub(super) async fn redeliver(&mut self, due: Vec<StreamId>) {
+        let max_deliveries = self.ledger.settings().map_or(0, |p| p.max_deliveries);
+        let outcomes = match redeliver(&self.keys, max_deliveries, &due).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                self.redis_failed(Step::Redeliver, &e);
+                let retry_at = self.paused_until;
+                for id in due {
+                    self.ledger.wait(id, retry_at);
+                }
+                return;
+            }
+        };
+        self.redis_ok();
+        let mut to_dead_letter = Vec::new();
+        for (stream_id, outcome) in outcomes {
+            match outcome {
+                Redelivery::NotOurs => {
+                    debug!(stream = %self.keys.stream, %stream_id, "no longer pending for this consumer; a peer took it")
+                }
+                Redelivery::Deleted => self.trimmed_while_pending(stream_id),
+                Redelivery::NotDue { due_unix_ms } => {
+                    let delay = Duration::from_millis(due_unix_ms.saturating_sub(crate::entry::now_unix_ms()));
+                    self.ledger.wait(stream_id, Instant::now() + delay);
+                }
+                Redelivery::Poison { deliveries, reason } => {
+                    debug!(stream = %self.keys.stream, %stream_id, deliveries, "max deliveries reached");
+                    let reason = if reason.is_empty() { "max deliveries reached".to_owned() } else { reason };
+                    to_dead_letter.push(DeadLetterOrder { stream_id, reason, verdict: None });
+                }
+                Redelivery::Claimed { deliveries, entry } => to_dead_letter.extend(self.offer(entry, deliveries)),
+            }
+        }
+        if !to_dead_letter.is_empty() {
+            self.dead_letter(to_dead_letter).await;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -269,7 +269,8 @@ async fn forward(
         }
         Some(Kind::Fail(fail)) => {
             let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
-            let retry_after = super::duration("fail.retry_after", fail.retry_after).map_err(|e| e.to_string());
+            let retry_after =
+                super::subscribe::duration("fail.retry_after", fail.retry_after).map_err(|e| e.to_string());
             // A Fail the worker will refuse as malformed settles nothing.
             let (shard, unparked) = if retry_after.is_ok() { shards.settle(&id) } else { (shards.route(&id), None) };
             let mut reason = fail.reason;
@@ -286,7 +287,7 @@ async fn forward(
             Ok(())
         }
         Some(Kind::Extend(extend)) => {
-            let by = match super::duration("extend.by", extend.by) {
+            let by = match super::subscribe::duration("extend.by", extend.by) {
                 Ok(Some(by)) if !by.is_zero() => by,
                 _ => {
                     for id in &extend.ids {

@@ -4,7 +4,12 @@
 
 use redis::RedisResult;
 
-use super::{retry::RetryWrite, GroupKeys, SessionId};
+use super::{
+    retry::RetryWrite,
+    verdicts,
+    worker::{Step, Worker},
+    GroupKeys, SessionId,
+};
 use crate::id::StreamId;
 
 /// A queued XACK.
@@ -41,4 +46,39 @@ pub(crate) async fn settle(keys: &GroupKeys, acks: &[PendingAck], writes: &[Retr
     let mut conn = keys.redis.conn.clone();
     let counts: Vec<i64> = script.invoke_async(&mut conn).await?;
     Ok(counts.into_iter().map(|count| count == 1).collect())
+}
+
+impl Worker {
+    pub(super) async fn settle(&mut self, acks: Vec<PendingAck>, writes: Vec<RetryWrite>) {
+        match settle(&self.keys, &acks, &writes).await {
+            Ok(pending) => {
+                self.redis_ok();
+                for (ack, was_pending) in acks.iter().zip(pending) {
+                    if was_pending {
+                        self.metrics.acks.inc();
+                    } else {
+                        self.metrics.acks_not_pending.inc();
+                        self.ledger.answer(ack.session, verdicts::not_pending_in_group(&ack.text));
+                    }
+                }
+            }
+            Err(e) => {
+                // The acks are reported as not known to be applied; their
+                // entries wait, and come back only if still pending (the
+                // re-delivery checks), so an applied ack is not undone. The
+                // retry delays stay local.
+                self.redis_failed(Step::Settle, &e);
+                let message = if e.is_timeout() {
+                    format!("XACK's outcome is unknown: Redis did not answer in time ({e}); if it was applied the entry is done, else it stays pending and will be delivered again")
+                } else {
+                    format!("XACK failed ({e}); the entry stays pending and will be delivered again")
+                };
+                let retry_at = self.paused_until;
+                for ack in acks {
+                    self.ledger.answer(ack.session, verdicts::unavailable(&ack.text, message.clone()));
+                    self.ledger.wait(ack.stream_id, retry_at);
+                }
+            }
+        }
+    }
 }

@@ -4,7 +4,8 @@
 //! This file is the loop and nothing else: it takes commands from calls,
 //! applies them to the [`Ledger`] (the bookkeeping, synchronous), carries out
 //! the Redis work the ledger asks for, and runs each job of the consume path
-//! on its beat — each job in a file of its own: [`reader`](super::reader),
+//! on its beat. Each job's Redis step is an `impl Worker` block in the file
+//! of its job, beside its script: [`reader`](super::reader),
 //! [`recovery`](super::recovery), [`retry`](super::retry),
 //! [`lease`](super::lease) (reclaim and lease refresh),
 //! [`dead_letter`](super::dead_letter), [`settle`](super::settle),
@@ -23,26 +24,25 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use super::{
-    dead_letter::{self, DeadLetterOrder, DeadLettered, GroupPolicy},
-    delivery, gauges, hygiene,
-    lease::{self, Unrefreshed},
-    ledger::{Event, FailVerdict, Ledger, Policy, SessionId},
-    reader::{self, Reader},
-    recovery,
-    retry::{self, Redelivery},
-    settle::{self, PendingAck},
-    verdicts::{self, Gone},
-    GroupKeys, Shared,
-};
-use crate::{error::Error, id::BrandedId, id::StreamId, metrics::GroupMetrics, redis::RawEntry};
-
 use prost::Message;
 
+use super::{
+    dead_letter::{DeadLetterOrder, GroupPolicy},
+    delivery, gauges,
+    ledger::{Event, FailVerdict, Ledger, Policy, SessionId},
+    reader::{self, Reader},
+    verdicts::Gone,
+    GroupKeys, Shared,
+};
+use crate::{
+    error::Error,
+    id::{BrandedId, StreamId},
+    metrics::GroupMetrics,
+    redis::RawEntry,
+};
+
 /// The most entries one XREADGROUP or claim asks for.
-const BATCH_MAX: usize = 512;
-/// How many XAUTOCLAIM pages one reclaim beat may walk.
-const RECLAIM_PAGES_PER_BEAT: usize = 8;
+pub(super) const BATCH_MAX: usize = 512;
 /// Room left in a frame for the ConsumeResponse wrapper around a Delivery (bytes).
 const FRAME_OVERHEAD: usize = 16;
 /// How often held entries are checked against their ack deadlines.
@@ -85,7 +85,7 @@ pub(crate) enum Command {
 /// A Redis step of the worker, for logs and the `operation` label of
 /// `echomq_redis_errors_total`.
 #[derive(Clone, Copy, Debug)]
-enum Step {
+pub(super) enum Step {
     Read,
     Recover,
     Redeliver,
@@ -129,31 +129,32 @@ impl Step {
     }
 }
 
-/// One group's worker. Built by [`Worker::spawn`].
+/// One group's worker. Built by [`Worker::spawn`]; its steps on Redis are
+/// `impl Worker` blocks in the file of their job.
 pub(crate) struct Worker {
-    keys: GroupKeys,
-    shared: Arc<Shared>,
-    metrics: GroupMetrics,
-    ledger: Ledger,
+    pub(super) keys: GroupKeys,
+    pub(super) shared: Arc<Shared>,
+    pub(super) metrics: GroupMetrics,
+    pub(super) ledger: Ledger,
     /// At-most-once: reads with NOACK, nothing is pending, verdicts only free credit.
-    no_ack: bool,
+    pub(super) no_ack: bool,
     /// Calls waiting for the next flush before they end.
-    flushed: Vec<oneshot::Sender<()>>,
+    pub(super) flushed: Vec<oneshot::Sender<()>>,
     /// While recovering its own PEL: the last id seen (`None`: from the start).
-    recovering: Option<Option<StreamId>>,
+    pub(super) recovering: Option<Option<StreamId>>,
     /// The blocking reader, while there are calls to read for.
-    reader: Option<Reader>,
-    reclaim_cursor: StreamId,
+    pub(super) reader: Option<Reader>,
+    pub(super) reclaim_cursor: StreamId,
     /// Entries found deleted while pending since the last log line, so a
     /// trim of many pending entries is logged once with their count.
-    trimmed_unlogged: u64,
+    pub(super) trimmed_unlogged: u64,
     /// The group is gone (NOGROUP): re-create it before anything else.
-    group_lost: bool,
+    pub(super) group_lost: bool,
     /// No Redis command from the pump before this instant (backoff after errors).
-    paused_until: Instant,
-    backoff: Duration,
+    pub(super) paused_until: Instant,
+    pub(super) backoff: Duration,
     /// The held count last added to the sidecar-wide one.
-    published_held: usize,
+    pub(super) published_held: usize,
 }
 
 impl Worker {
@@ -327,83 +328,6 @@ impl Worker {
         }
     }
 
-    async fn settle(&mut self, acks: Vec<PendingAck>, writes: Vec<retry::RetryWrite>) {
-        match settle::settle(&self.keys, &acks, &writes).await {
-            Ok(pending) => {
-                self.redis_ok();
-                for (ack, was_pending) in acks.iter().zip(pending) {
-                    if was_pending {
-                        self.metrics.acks.inc();
-                    } else {
-                        self.metrics.acks_not_pending.inc();
-                        self.ledger.answer(ack.session, verdicts::not_pending_in_group(&ack.text));
-                    }
-                }
-            }
-            Err(e) => {
-                // The acks are reported as not known to be applied; their
-                // entries wait, and come back only if still pending (the
-                // re-delivery checks), so an applied ack is not undone. The
-                // retry delays stay local.
-                self.redis_failed(Step::Settle, &e);
-                let message = if e.is_timeout() {
-                    format!("XACK's outcome is unknown: Redis did not answer in time ({e}); if it was applied the entry is done, else it stays pending and will be delivered again")
-                } else {
-                    format!("XACK failed ({e}); the entry stays pending and will be delivered again")
-                };
-                let retry_at = self.paused_until;
-                for ack in acks {
-                    self.ledger.answer(ack.session, verdicts::unavailable(&ack.text, message.clone()));
-                    self.ledger.wait(ack.stream_id, retry_at);
-                }
-            }
-        }
-    }
-
-    /// The dead-letter step, for Fails with `dead_letter`, poison entries and
-    /// oversized ones alike. On failure the entries wait and come back.
-    async fn dead_letter(&mut self, orders: Vec<DeadLetterOrder>) {
-        let dead_letter_stream = self.ledger.settings().map_or_else(
-            || self.shared.redis.keys.dead_letter_stream(&self.keys.stream),
-            |p| p.dead_letter_stream.clone(),
-        );
-        let outcomes = match dead_letter::dead_letter(&self.keys, &dead_letter_stream, &orders).await {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
-                self.redis_failed(Step::DeadLetter, &e);
-                let retry_at = self.paused_until;
-                for order in orders {
-                    self.ledger.wait(order.stream_id, retry_at);
-                    if let Some((session, text)) = order.verdict {
-                        let message =
-                            format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again");
-                        self.ledger.answer(session, verdicts::unavailable(&text, message));
-                    }
-                }
-                return;
-            }
-        };
-        self.redis_ok();
-        for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
-            let answer = match outcome {
-                DeadLettered::Moved { dead_id, deliveries } => {
-                    self.ledger.dead_lettered(stream_id);
-                    self.metrics.dead_letters.inc();
-                    warn!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {}", order.reason);
-                    None
-                }
-                DeadLettered::Deleted => {
-                    self.trimmed_while_pending(stream_id);
-                    Some(verdicts::deleted as fn(&str) -> _)
-                }
-                DeadLettered::NotOurs => Some(verdicts::not_dead_lettered as fn(&str) -> _),
-            };
-            if let (Some(answer), Some((session, text))) = (answer, order.verdict) {
-                self.ledger.answer(session, answer(&text));
-            }
-        }
-    }
-
     /// Cuts off the blocked XREADGROUP, so no entry appended meanwhile is
     /// taken with no call to hand it to: on shutdown, and when the last call leaves.
     fn stop_reading(&mut self) {
@@ -439,18 +363,18 @@ impl Worker {
         self.ledger.next_due().map_or(far, |at| at.min(far))
     }
 
-    fn paused(&self) -> bool {
+    pub(super) fn paused(&self) -> bool {
         Instant::now() < self.paused_until
     }
 
     /// Whether a beat that only reads or refreshes may use Redis now: while
     /// paused or without a group, it could only fail again and push the
     /// pause out, starving the pump that re-creates the group.
-    fn redis_usable(&self) -> bool {
+    pub(super) fn redis_usable(&self) -> bool {
         !(self.no_ack || self.group_lost || self.paused())
     }
 
-    fn redis_failed(&mut self, step: Step, error: &RedisError) {
+    pub(super) fn redis_failed(&mut self, step: Step, error: &RedisError) {
         self.shared.metrics.redis_error(step.label());
         if reader::is_group_lost(error) {
             if !self.group_lost {
@@ -464,7 +388,7 @@ impl Worker {
         self.backoff = (self.backoff * 2).min(REDIS_BACKOFF_MAX);
     }
 
-    fn redis_ok(&mut self) {
+    pub(super) fn redis_ok(&mut self) {
         self.backoff = REDIS_BACKOFF_MIN;
     }
 
@@ -505,85 +429,11 @@ impl Worker {
         }
     }
 
-    async fn recreate_group(&mut self) -> bool {
-        if let Err(e) = recovery::recreate_group(&self.keys).await {
-            self.redis_failed(Step::RecreateGroup, &e);
-            return false;
-        }
-        self.redis_ok();
-        self.metrics.group_recreations.inc();
-        self.group_lost = false;
-        self.reclaim_cursor = StreamId::ZERO;
-        true
-    }
-
-    /// Reads one page of this consumer's own PEL and queues the entries for
-    /// re-delivery, in stream order.
-    async fn recover_page(&mut self, after: Option<StreamId>, count: usize) {
-        let ids = match recovery::own_pending_page(&self.keys, after, count).await {
-            Ok(ids) => ids,
-            Err(e) => return self.redis_failed(Step::Recover, &e),
-        };
-        self.redis_ok();
-        let now = Instant::now();
-        for &id in &ids {
-            if !self.ledger.tracks(id) {
-                self.ledger.wait(id, now);
-            }
-        }
-        if ids.len() < count {
-            info!(stream = %self.keys.stream, group = %self.keys.group, "recovered own pending entries; reading new ones");
-            self.recovering = None;
-        } else {
-            self.recovering = Some(ids.last().copied().or(after));
-        }
-    }
-
-    /// Claims due entries that are still this consumer's and hands them out;
-    /// dead-letters those that reached `max_deliveries`.
-    async fn redeliver(&mut self, due: Vec<StreamId>) {
-        let max_deliveries = self.ledger.settings().map_or(0, |p| p.max_deliveries);
-        let outcomes = match retry::redeliver(&self.keys, max_deliveries, &due).await {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
-                self.redis_failed(Step::Redeliver, &e);
-                let retry_at = self.paused_until;
-                for id in due {
-                    self.ledger.wait(id, retry_at);
-                }
-                return;
-            }
-        };
-        self.redis_ok();
-        let mut to_dead_letter = Vec::new();
-        for (stream_id, outcome) in outcomes {
-            match outcome {
-                Redelivery::NotOurs => {
-                    debug!(stream = %self.keys.stream, %stream_id, "no longer pending for this consumer; a peer took it")
-                }
-                Redelivery::Deleted => self.trimmed_while_pending(stream_id),
-                Redelivery::NotDue { due_unix_ms } => {
-                    let delay = Duration::from_millis(due_unix_ms.saturating_sub(crate::entry::now_unix_ms()));
-                    self.ledger.wait(stream_id, Instant::now() + delay);
-                }
-                Redelivery::Poison { deliveries, reason } => {
-                    debug!(stream = %self.keys.stream, %stream_id, deliveries, "max deliveries reached");
-                    let reason = if reason.is_empty() { "max deliveries reached".to_owned() } else { reason };
-                    to_dead_letter.push(DeadLetterOrder { stream_id, reason, verdict: None });
-                }
-                Redelivery::Claimed { deliveries, entry } => to_dead_letter.extend(self.offer(entry, deliveries)),
-            }
-        }
-        if !to_dead_letter.is_empty() {
-            self.dead_letter(to_dead_letter).await;
-        }
-    }
-
     /// Offers an entry read or claimed (its delivery counted: `attempts`) to
     /// the ledger; an entry too large for a frame is returned for the
     /// dead-letter step instead: a frame the client could not receive would
     /// end its call (and the next, and the next).
-    fn offer(&mut self, entry: RawEntry, attempts: u32) -> Option<DeadLetterOrder> {
+    pub(super) fn offer(&mut self, entry: RawEntry, attempts: u32) -> Option<DeadLetterOrder> {
         let stream_id = entry.id;
         let Some(fields) = entry.fields else {
             self.trimmed_while_pending(stream_id);
@@ -623,7 +473,7 @@ impl Worker {
     /// The entry was deleted from the stream and Redis dropped it from the PEL
     /// (XAUTOCLAIM's deleted ids, a nil body in a PEL read): never forwarded,
     /// and if a call holds it, its verdict is answered NOT_PENDING.
-    fn trimmed_while_pending(&mut self, stream_id: StreamId) {
+    pub(super) fn trimmed_while_pending(&mut self, stream_id: StreamId) {
         self.ledger.forget(stream_id, Gone::Deleted);
         self.metrics.trimmed_while_pending.inc();
         self.trimmed_unlogged += 1;
@@ -634,88 +484,6 @@ impl Worker {
         if self.trimmed_unlogged > 0 {
             let entries = std::mem::take(&mut self.trimmed_unlogged);
             warn!(stream = %self.keys.stream, group = %self.keys.group, entries, "entries were deleted from the stream while pending (trimmed, XDEL); dropped from the PEL, never delivered again");
-        }
-    }
-
-    /// The lease refresh beat (see [`lease`]).
-    async fn refresh_leases(&mut self) {
-        if !self.redis_usable() {
-            return;
-        }
-        for chunk in self.ledger.leased().chunks(BATCH_MAX) {
-            let unrefreshed = match lease::refresh(&self.keys, chunk).await {
-                Ok(unrefreshed) => unrefreshed,
-                Err(e) => return self.redis_failed(Step::RefreshLeases, &e),
-            };
-            self.metrics.lease_refreshes.inc_by((chunk.len() - unrefreshed.len()) as u64);
-            for (stream_id, why) in unrefreshed {
-                match why {
-                    Unrefreshed::Deleted => self.trimmed_while_pending(stream_id),
-                    Unrefreshed::ToPeer => {
-                        if self.ledger.lease_lost(stream_id) {
-                            warn!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
-                        }
-                    }
-                    // A re-created group reads it again (and the call's
-                    // verdict then applies), or another client acknowledged
-                    // it (and the verdict is answered NOT_PENDING).
-                    Unrefreshed::Unowned => {
-                        debug!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "held entry is pending for no consumer")
-                    }
-                }
-            }
-        }
-    }
-
-    /// The reclaim beat (see [`lease`]).
-    async fn reclaim(&mut self) {
-        if !self.redis_usable() || self.ledger.draining() {
-            return;
-        }
-        for _ in 0..RECLAIM_PAGES_PER_BEAT {
-            let count = self.ledger.reclaim_room().min(BATCH_MAX);
-            if count == 0 {
-                return;
-            }
-            let page = match lease::reclaim(&self.keys, self.shared.reclaim_min_idle, self.reclaim_cursor, count).await
-            {
-                Ok(page) => page,
-                Err(e) => return self.redis_failed(Step::Reclaim, &e),
-            };
-            let now = Instant::now();
-            let mut taken = 0;
-            for id in page.claimed {
-                if !self.ledger.tracks(id) {
-                    self.ledger.wait(id, now);
-                    taken += 1;
-                }
-            }
-            for id in page.deleted {
-                self.trimmed_while_pending(id);
-            }
-            if taken > 0 {
-                info!(stream = %self.keys.stream, group = %self.keys.group, taken, "reclaimed idle entries");
-                self.metrics.reclaimed.inc_by(taken);
-            }
-            self.reclaim_cursor = page.next;
-            if page.next == StreamId::ZERO {
-                return;
-            }
-        }
-    }
-
-    /// The consumer hygiene beat (see [`hygiene`]).
-    async fn forget_dead_consumers(&mut self) {
-        let Some(limit) = self.shared.consumer_idle_limit else { return };
-        if !self.redis_usable() {
-            return;
-        }
-        match hygiene::forget_dead_consumers(&self.keys, limit).await {
-            Ok(removed) if !removed.is_empty() => {
-                info!(stream = %self.keys.stream, group = %self.keys.group, ?removed, "removed idle consumers that held nothing")
-            }
-            Ok(_) => {}
-            Err(e) => self.redis_failed(Step::ForgetConsumers, &e),
         }
     }
 }
