@@ -388,6 +388,11 @@ async fn cluster_enabled(client: &Client, timeout: Duration) -> RedisResult<bool
     Ok(info.lines().any(|line| line.trim() == "cluster_enabled:1"))
 }
 
+/// The Lua functions every script shares (`lua/prelude.lua`): the branded
+/// id's text form and the shard-count rule, the same as [`crate::id`]'s and
+/// [`crate::keys::is_recorded_count`]. Prepended to each script on load.
+pub const LUA_PRELUDE: &str = include_str!("lua/prelude.lua");
+
 /// The server-side scripts, each a Lua file: the stream calls' under
 /// `src/redis/lua/`, the consume path's beside their Rust wrappers in `src/consume/`.
 #[derive(Clone)]
@@ -429,15 +434,16 @@ impl Scripts {
     }
 
     fn new() -> Scripts {
+        let script = |body: &str| Script::new(&format!("{LUA_PRELUDE}\n{body}"));
         Scripts {
-            append: Script::new(include_str!("lua/append.lua")),
-            redeliver: Script::new(include_str!("../consume/redeliver.lua")),
-            refresh: Script::new(include_str!("../consume/refresh.lua")),
-            dead_letter: Script::new(include_str!("../consume/dead_letter.lua")),
-            trim: Script::new(include_str!("lua/trim.lua")),
-            settle: Script::new(include_str!("../consume/settle.lua")),
-            forget_consumers: Script::new(include_str!("../consume/forget_consumers.lua")),
-            replay: Script::new(include_str!("lua/replay.lua")),
+            append: script(include_str!("lua/append.lua")),
+            redeliver: script(include_str!("../consume/redeliver.lua")),
+            refresh: script(include_str!("../consume/refresh.lua")),
+            dead_letter: script(include_str!("../consume/dead_letter.lua")),
+            trim: script(include_str!("lua/trim.lua")),
+            settle: script(include_str!("../consume/settle.lua")),
+            forget_consumers: script(include_str!("../consume/forget_consumers.lua")),
+            replay: script(include_str!("lua/replay.lua")),
         }
     }
 }

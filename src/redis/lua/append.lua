@@ -26,9 +26,8 @@ local max_branded_ms = 281474976710655 -- 2^48 - 1: the 6 bytes of a branded id
 
 local shard, shards = tonumber(ARGV[3]), tonumber(ARGV[4])
 if KEYS[2] ~= stream and redis.call('TYPE', KEYS[2]).ok == 'string' then
-  -- A count as sidecars record it: 1 to 1024 (keys::is_recorded_count).
   local recorded = redis.call('GET', KEYS[2])
-  if string.match(recorded, '^[1-9]%d?%d?%d?$') and tonumber(recorded) <= 1024 then
+  if is_recorded_count(recorded) then
     return redis.error_reply('ECHOMQ_SHARDED ' .. recorded)
   end
 end
@@ -74,7 +73,7 @@ for entry = 1, tonumber(ARGV[5]) do
   end
   command[#command + 1] = id
   command[#command + 1] = ARGV[1]
-  command[#command + 1] = string.format('%012x%016x', ms, seq)
+  command[#command + 1] = branded_text(ms, seq)
   local fields = tonumber(ARGV[arg])
   for i = arg + 1, arg + 2 * fields do
     command[#command + 1] = ARGV[i]
