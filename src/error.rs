@@ -2,6 +2,8 @@
 
 use tonic::{Code, Status};
 
+use crate::redis::{fault, Fault};
+
 /// What can go wrong while serving a call. Each variant carries the context a
 /// caller needs to fix the request; [`From<Error> for Status`] is the only place
 /// that turns them into gRPC statuses.
@@ -90,15 +92,11 @@ impl Error {
     /// [`Error::Unavailable`], anything else → [`Error::Redis`].
     pub fn from_redis(source: redis::RedisError, context: impl Into<String>, key: &str) -> Error {
         let context = context.into();
-        // A pipeline's failure carries its commands' errors in its text.
-        if source.code() == Some("WRONGTYPE") || source.to_string().contains("WRONGTYPE") {
-            Error::WrongType { key: key.to_owned() }
-        } else if source.is_timeout() {
-            Error::Timeout { context, source }
-        } else if is_transient(&source) {
-            Error::Unavailable { context, source }
-        } else {
-            Error::Redis { context, source }
+        match fault(&source) {
+            Fault::WrongType => Error::WrongType { key: key.to_owned() },
+            Fault::Timeout => Error::Timeout { context, source },
+            Fault::Unreachable => Error::Unavailable { context, source },
+            _ => Error::Redis { context, source },
         }
     }
 }
@@ -106,13 +104,7 @@ impl Error {
 /// Whether a Redis error is about reaching Redis (retry may help) rather than
 /// about the command.
 pub fn is_transient(error: &redis::RedisError) -> bool {
-    error.is_io_error()
-        || error.is_timeout()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-        // A MOVED or ASK that reaches us is one the cluster client could not
-        // follow: the slot's node is unreachable or the topology is changing.
-        || matches!(error.code(), Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "MOVED" | "ASK"))
+    matches!(fault(error), Fault::Timeout | Fault::Unreachable)
 }
 
 /// Whether `status` is tonic's answer to a message over the size limit.
@@ -165,7 +157,7 @@ impl From<Error> for Status {
             Error::Unavailable { .. } | Error::ShuttingDown => Code::Unavailable,
             Error::Timeout { .. } => Code::DeadlineExceeded,
             // The Redis ACL user lacks a permission: the operator's to grant.
-            Error::Redis { source, .. } if source.code() == Some("NOPERM") => Code::PermissionDenied,
+            Error::Redis { source, .. } if fault(source) == Fault::NoPermission => Code::PermissionDenied,
             Error::Redis { .. } => Code::Internal,
             Error::NotFound { .. } => Code::NotFound,
             Error::PermissionDenied { .. } => Code::PermissionDenied,

@@ -12,9 +12,11 @@ use crate::{
         DeadLetter, ListDeadLettersRequest, ListDeadLettersResponse, ReplayDeadLettersRequest,
         ReplayDeadLettersResponse, Replayed,
     },
-    redis::{array, bytes, parse_stream_id},
+    redis::{
+        array, bytes, parse_stream_id,
+        range::{page, page_size},
+    },
     security::Caller,
-    stream::{page, page_size},
 };
 
 /// Dead letters moved back per script run, so one run never blocks Redis long.
@@ -40,7 +42,7 @@ async fn dead_letter_stream(
         return Ok(admin.guard.stream(caller, "dead_letter_stream", given)?.to_owned());
     }
     let stream = admin.guard.stream(caller, "stream", stream)?;
-    crate::stream::not_sharded(&admin.redis, "stream", stream).await?;
+    admin.redis.refuse_sharded("stream", stream).await?;
     Ok(admin.redis.keys.dead_letter_stream(stream))
 }
 
@@ -99,7 +101,7 @@ pub(super) async fn replay(
     let source = admin.guard.stream(caller, "stream", &request.stream)?;
     if !request.dead_letter_stream.is_empty() {
         // Without one, finding the default dead-letter stream checks this.
-        crate::stream::not_sharded(&admin.redis, "stream", source).await?;
+        admin.redis.refuse_sharded("stream", source).await?;
     }
     let dead_letters = dead_letter_stream(admin, caller, source, &request.dead_letter_stream).await?;
     admin.redis.keys.same_slot("dead_letter_stream", source, &dead_letters)?;

@@ -1,16 +1,14 @@
 //! DescribeGroup: validate → one pipeline (XINFO GROUPS, XINFO CONSUMERS,
 //! XPENDING summary, the oldest pending entries, XLEN) → the group's state.
 
-use std::{collections::HashMap, time::Duration};
-
-use redis::Value;
+use std::time::Duration;
 
 use super::Admin;
 use crate::{
     error::Error,
     id::StreamId,
     proto::{ConsumerInfo, DescribeGroupRequest, DescribeGroupResponse},
-    redis::{array, bytes, parse_stream_id, Redis},
+    redis::{group::group_state, Redis},
     security::Caller,
 };
 
@@ -27,12 +25,12 @@ pub(super) async fn describe_group(
     admin.guard.name("group", &request.group)?;
     let Some(shard_keys) = admin.redis.keys.shards(stream) else {
         // Sharded by other sidecars only: the logical name is no key here.
-        crate::stream::not_sharded(&admin.redis, "stream", stream).await?;
-        return describe(&admin.redis, stream, &request.group, DELIVERY_COUNT_SCAN).await;
+        admin.redis.refuse_sharded("stream", stream).await?;
+        return describe(&admin.redis, stream, &request.group).await;
     };
     let mut shards = Vec::with_capacity(shard_keys.len());
     for key in &shard_keys {
-        shards.push(describe(&admin.redis, key, &request.group, DELIVERY_COUNT_SCAN).await?);
+        shards.push(describe(&admin.redis, key, &request.group).await?);
     }
     Ok(sum_shards(stream, &request.group, shards))
 }
@@ -75,81 +73,25 @@ fn sum_shards(stream: &str, group: &str, shards: Vec<DescribeGroupResponse>) -> 
     }
 }
 
-/// A group's state, the highest delivery count taken over the oldest `scan`
-/// pending entries. Also feeds the polled metrics.
-///
-/// Errors: [`Error::NotFound`] when the stream or group is missing;
-/// [`Error::WrongType`]; [`Error::Unavailable`].
-pub async fn describe(redis: &Redis, stream: &str, group: &str, scan: usize) -> Result<DescribeGroupResponse, Error> {
-    let mut pipe = redis::pipe();
-    pipe.cmd("XINFO").arg("GROUPS").arg(stream);
-    pipe.cmd("XINFO").arg("CONSUMERS").arg(stream).arg(group);
-    pipe.cmd("XPENDING").arg(stream).arg(group);
-    pipe.cmd("XPENDING").arg(stream).arg(group).arg("-").arg("+").arg(scan);
-    pipe.cmd("XLEN").arg(stream);
-    let mut conn = redis.conn.clone();
-    let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(|e| {
-        let text = e.to_string();
-        if e.code() == Some("NOGROUP") || text.contains("no such key") || text.contains("NOGROUP") {
-            Error::NotFound { what: format!("group `{group}` of stream `{stream}`") }
-        } else {
-            Error::from_redis(e, "describing the group", stream)
-        }
-    })?;
-    let [groups, consumers, summary, oldest, length] =
-        <[Value; 5]>::try_from(replies).map_err(|_| Error::invalid("group", "unexpected reply from Redis"))?;
-
-    let info = array(&groups)
-        .iter()
-        .map(flat_map)
-        .find(|info| info.get("name").and_then(text).as_deref() == Some(group))
-        .ok_or_else(|| Error::NotFound { what: format!("group `{group}` of stream `{stream}`") })?;
-    let consumers = array(&consumers)
-        .iter()
-        .map(flat_map)
-        .map(|c| ConsumerInfo {
-            name: c.get("name").and_then(text).unwrap_or_default(),
-            pending: c.get("pending").and_then(int).unwrap_or(0),
-            idle: Some(Duration::from_millis(c.get("idle").and_then(int).unwrap_or(0)).try_into().unwrap_or_default()),
-        })
-        .collect();
-    let summary = array(&summary);
-    let oldest_pending_id = summary.get(1).and_then(|v| parse_stream_id(v).ok());
-    let max_delivery_count = array(&oldest).iter().filter_map(|e| array(e).get(3).and_then(int)).max().unwrap_or(0);
-    let oldest_pending_age = oldest_pending_id.map(|id: StreamId| {
-        Duration::from_millis(crate::entry::now_unix_ms().saturating_sub(id.ms)).try_into().unwrap_or_default()
-    });
+/// One stream key's group state, as the wire shows it.
+async fn describe(redis: &Redis, stream: &str, group: &str) -> Result<DescribeGroupResponse, Error> {
+    let state = group_state(redis, stream, group, DELIVERY_COUNT_SCAN).await?;
+    let duration = |d: Duration| prost_types::Duration::try_from(d).unwrap_or_default();
     Ok(DescribeGroupResponse {
         stream: stream.to_owned(),
         group: group.to_owned(),
-        pending: summary.first().and_then(int).unwrap_or(0),
-        // Redis reports nil when it cannot compute the lag (after deletions).
-        lag: info.get("lag").and_then(int),
-        last_delivered_id: info.get("last-delivered-id").and_then(text).unwrap_or_default(),
-        consumers,
-        oldest_pending_id: oldest_pending_id.map(|id| id.to_string()).unwrap_or_default(),
-        oldest_pending_age,
-        max_delivery_count,
-        stream_length: int(&length).unwrap_or(0),
+        pending: state.pending,
+        lag: state.lag,
+        last_delivered_id: state.last_delivered_id,
+        consumers: state
+            .consumers
+            .into_iter()
+            .map(|c| ConsumerInfo { name: c.name, pending: c.pending, idle: Some(duration(c.idle)) })
+            .collect(),
+        oldest_pending_id: state.oldest_pending_id.map(|id| id.to_string()).unwrap_or_default(),
+        oldest_pending_age: state.oldest_pending_age.map(duration),
+        max_delivery_count: state.max_delivery_count,
+        stream_length: state.stream_length,
         shards: Vec::new(),
     })
-}
-
-/// A RESP2 flat `[name, value, name, value, …]` reply (or a RESP3 map) as a map.
-fn flat_map(value: &Value) -> HashMap<String, Value> {
-    match value {
-        Value::Map(pairs) => pairs.iter().filter_map(|(k, v)| Some((text(k)?, v.clone()))).collect(),
-        _ => array(value).chunks(2).filter_map(|pair| Some((text(&pair[0])?, pair.get(1)?.clone()))).collect(),
-    }
-}
-
-fn text(value: &Value) -> Option<String> {
-    bytes(value).ok().and_then(|b| String::from_utf8(b).ok())
-}
-
-fn int(value: &Value) -> Option<u64> {
-    match value {
-        Value::Int(n) => u64::try_from(*n).ok(),
-        other => text(other)?.parse().ok(),
-    }
 }

@@ -4,8 +4,6 @@
 mod dead_letters;
 mod describe;
 
-pub use describe::describe;
-
 use tonic::{Request, Response, Status};
 
 use crate::{

@@ -11,13 +11,11 @@ const PENDING_SCAN: usize = 1_000;
 /// Reads the group's state and sets the gauges; a failure is logged at debug
 /// and leaves them as they were (the next poll tries again).
 pub(crate) async fn poll(keys: &GroupKeys, metrics: &GroupMetrics) {
-    match crate::admin::describe(&keys.redis, &keys.stream, &keys.group, PENDING_SCAN).await {
+    match crate::redis::group::group_state(&keys.redis, &keys.stream, &keys.group, PENDING_SCAN).await {
         Ok(state) => {
             metrics.pending.set(state.pending as i64);
             metrics.set_lag(state.lag);
-            metrics
-                .oldest_pending_age_seconds
-                .set(state.oldest_pending_age.map_or(0.0, |age| age.seconds as f64 + f64::from(age.nanos) / 1e9));
+            metrics.oldest_pending_age_seconds.set(state.oldest_pending_age.map_or(0.0, |age| age.as_secs_f64()));
             metrics.max_delivery_count.set(state.max_delivery_count as i64);
             metrics.consumers.set(state.consumers.len() as i64);
             metrics.stream_length.set(state.stream_length as i64);

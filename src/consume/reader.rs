@@ -95,14 +95,7 @@ async fn read_loop(
     }
 }
 
-/// NOGROUP, or UNBLOCKED: Redis 7.0 wakes a reader blocked on a stream that was
-/// deleted with UNBLOCKED (7.2 says NOGROUP). Not the UNBLOCKED of a primary
-/// turning replica in a failover ("instance state changed"): the group is
-/// fine, the read is retried on the new primary.
+/// The group is gone (see [`crate::redis::Fault::NoGroup`]): re-create it.
 pub(crate) fn is_group_lost(error: &RedisError) -> bool {
-    let text = error.to_string();
-    if text.contains("instance state changed") {
-        return false;
-    }
-    matches!(error.code(), Some("NOGROUP" | "UNBLOCKED")) || text.contains("NOGROUP") || text.contains("UNBLOCKED")
+    crate::redis::fault(error) == crate::redis::Fault::NoGroup
 }

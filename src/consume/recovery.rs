@@ -62,7 +62,7 @@ pub(crate) async fn recreate_group(keys: &GroupKeys) -> RedisResult<()> {
         Ok(()) => {
             tracing::info!(stream = %keys.stream, group = %keys.group, "group re-created from the start of the stream")
         }
-        Err(e) if e.code() == Some("BUSYGROUP") => {
+        Err(e) if crate::redis::fault(&e) == crate::redis::Fault::BusyGroup => {
             tracing::info!(stream = %keys.stream, group = %keys.group, "group exists again")
         }
         Err(e) => return Err(e),

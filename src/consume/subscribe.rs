@@ -172,7 +172,7 @@ impl Consumers {
             .await;
         match created {
             Ok(()) => tracing::info!(stream, group = %sub.group, start = %sub.start, "group created"),
-            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) if crate::redis::fault(&e) == crate::redis::Fault::BusyGroup => {}
             Err(e) => return Err(Error::from_redis(e, "creating the group (XGROUP CREATE)", stream)),
         }
         redis::cmd("XGROUP")

@@ -10,6 +10,12 @@
 //!   is a cluster connection of its own, routed to the node that owns the
 //!   stream's slot.
 
+mod fault;
+pub mod group;
+pub mod range;
+
+pub use fault::{fault, Fault};
+
 use std::{sync::Arc, time::Duration};
 
 use redis::{
@@ -213,6 +219,29 @@ impl Redis {
         }
     }
 
+    /// INVALID_ARGUMENT when `stream` names a sharded stream, configured here or
+    /// recorded in Redis by other sidecars (one `GET`): for calls that work on one
+    /// stream key (Read, Trim, dead letters), which must name a shard. The
+    /// message lists the shard keys. Errors also as
+    /// [`Redis::recorded_shard_count`] when the `GET` fails.
+    pub async fn refuse_sharded(&self, field: &'static str, stream: &str) -> Result<(), Error> {
+        let (count, origin) = match self.keys.shards(stream) {
+            Some(shards) => (shards.len() as u32, ""),
+            None => match self.recorded_shard_count(stream).await? {
+                Some(count) => (count, ", recorded in Redis by the sidecars that shard it"),
+                None => return Ok(()),
+            },
+        };
+        Err(Error::invalid(
+            field,
+            format!(
+                "`{stream}` is a sharded stream of {count} shards{origin}; name one shard's key (`{}` … `{}`)",
+                crate::keys::shard_key(stream, 0),
+                crate::keys::shard_key(stream, count - 1)
+            ),
+        ))
+    }
+
     /// The shard count recorded for `name` by the sidecars that shard it
     /// (`GET` of [`Keyspace::shard_count_key`]); `None` when none is, or the
     /// key holds something else (another type, not a count: see
@@ -225,7 +254,7 @@ impl Redis {
         let mut conn = self.conn.clone();
         let recorded: Option<String> = match redis::cmd("GET").arg(&count_key).query_async(&mut conn).await {
             Ok(recorded) => recorded,
-            Err(e) if e.code() == Some("WRONGTYPE") => None,
+            Err(e) if fault(&e) == Fault::WrongType => None,
             Err(e) => return Err(Error::from_redis(e, "checking the shard count (GET)", name)),
         };
         Ok(recorded.filter(|count| crate::keys::is_recorded_count(count)).and_then(|count| count.parse().ok()))

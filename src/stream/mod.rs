@@ -8,7 +8,7 @@ mod trim;
 use tonic::{Request, Response, Status};
 
 pub use append::MAX_BATCH_ENTRIES;
-pub use read::{page, page_size, parse_bound, Page, DEFAULT_PAGE, MAX_PAGE};
+pub use read::parse_bound;
 
 use crate::{
     proto::{
@@ -59,29 +59,6 @@ impl StreamService for Streams {
     async fn trim(&self, request: Request<TrimRequest>) -> Result<Response<TrimResponse>, Status> {
         Ok(Response::new(trim::trim(self, request.extensions().get(), request.get_ref()).await?))
     }
-}
-
-/// INVALID_ARGUMENT when `stream` names a sharded stream, configured here or
-/// recorded in Redis by other sidecars (one `GET`): for calls that work on one
-/// stream key (Read, Trim, dead letters), which must name a shard. The
-/// message lists the shard keys. Errors also as
-/// [`Redis::recorded_shard_count`] when the `GET` fails.
-pub async fn not_sharded(redis: &Redis, field: &'static str, stream: &str) -> Result<(), crate::error::Error> {
-    let (count, origin) = match redis.keys.shards(stream) {
-        Some(shards) => (shards.len() as u32, ""),
-        None => match redis.recorded_shard_count(stream).await? {
-            Some(count) => (count, ", recorded in Redis by the sidecars that shard it"),
-            None => return Ok(()),
-        },
-    };
-    Err(crate::error::Error::invalid(
-        field,
-        format!(
-            "`{stream}` is a sharded stream of {count} shards{origin}; name one shard's key (`{}` … `{}`)",
-            crate::keys::shard_key(stream, 0),
-            crate::keys::shard_key(stream, count - 1)
-        ),
-    ))
 }
 
 /// The caller's W3C trace context, from the gRPC `traceparent` header.

@@ -17,7 +17,7 @@ pub(super) async fn trim(
     request: &TrimRequest,
 ) -> Result<TrimResponse, Error> {
     let stream = streams.guard.stream(caller, "stream", &request.stream)?;
-    super::not_sharded(&streams.redis, "stream", stream).await?;
+    streams.redis.refuse_sharded("stream", stream).await?;
     let bounds = [request.max_len > 0, !request.min_id.is_empty(), request.before.is_some()];
     if bounds.iter().filter(|set| **set).count() != 1 {
         return Err(Error::invalid("max_len", "give exactly one of max_len, min_id and before"));

@@ -1,0 +1,113 @@
+//! A consumer group's state as Redis reports it, read in one pipeline:
+//! DescribeGroup and the consume path's polled gauges both read it here.
+
+use std::{collections::HashMap, time::Duration};
+
+use redis::Value;
+
+use super::{array, bytes, fault, parse_stream_id, Fault, Redis};
+use crate::{error::Error, id::StreamId};
+
+/// One group's state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupState {
+    /// Entries in the PEL (XPENDING summary).
+    pub pending: u64,
+    /// Entries not yet delivered to the group, as Redis counts them
+    /// (`XINFO GROUPS` `lag`); `None` when Redis cannot say.
+    pub lag: Option<u64>,
+    /// The group's last-delivered id (empty on a server that does not say).
+    pub last_delivered_id: String,
+    /// The group's consumers.
+    pub consumers: Vec<ConsumerState>,
+    /// The oldest pending entry, if any.
+    pub oldest_pending_id: Option<StreamId>,
+    /// Its age by its id's milliseconds against this host's clock.
+    pub oldest_pending_age: Option<Duration>,
+    /// The highest delivery count among the oldest pending entries scanned.
+    pub max_delivery_count: u64,
+    /// The stream's length (XLEN, entries).
+    pub stream_length: u64,
+}
+
+/// One consumer of a group (`XINFO CONSUMERS`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerState {
+    /// Its name.
+    pub name: String,
+    /// Entries in its PEL.
+    pub pending: u64,
+    /// Since it last did something Redis counts as activity.
+    pub idle: Duration,
+}
+
+/// `group`'s state on `stream`, the highest delivery count taken over the
+/// oldest `scan` pending entries: one pipeline of XINFO GROUPS, XINFO
+/// CONSUMERS, XPENDING (summary and the oldest `scan`), XLEN.
+///
+/// Errors: [`Error::NotFound`] when the stream or group is missing;
+/// [`Error::WrongType`]; [`Error::Unavailable`].
+pub async fn group_state(redis: &Redis, stream: &str, group: &str, scan: usize) -> Result<GroupState, Error> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("XINFO").arg("GROUPS").arg(stream);
+    pipe.cmd("XINFO").arg("CONSUMERS").arg(stream).arg(group);
+    pipe.cmd("XPENDING").arg(stream).arg(group);
+    pipe.cmd("XPENDING").arg(stream).arg(group).arg("-").arg("+").arg(scan);
+    pipe.cmd("XLEN").arg(stream);
+    let mut conn = redis.conn.clone();
+    let not_found = || Error::NotFound { what: format!("group `{group}` of stream `{stream}`") };
+    let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(|e| match fault(&e) {
+        Fault::NoGroup | Fault::NoSuchKey => not_found(),
+        _ => Error::from_redis(e, "describing the group", stream),
+    })?;
+    let [groups, consumers, summary, oldest, length] =
+        <[Value; 5]>::try_from(replies).map_err(|_| Error::invalid("group", "unexpected reply from Redis"))?;
+
+    let info = array(&groups)
+        .iter()
+        .map(flat_map)
+        .find(|info| info.get("name").and_then(text).as_deref() == Some(group))
+        .ok_or_else(not_found)?;
+    let consumers = array(&consumers)
+        .iter()
+        .map(flat_map)
+        .map(|c| ConsumerState {
+            name: c.get("name").and_then(text).unwrap_or_default(),
+            pending: c.get("pending").and_then(int).unwrap_or(0),
+            idle: Duration::from_millis(c.get("idle").and_then(int).unwrap_or(0)),
+        })
+        .collect();
+    let summary = array(&summary);
+    let oldest_pending_id = summary.get(1).and_then(|v| parse_stream_id(v).ok());
+    Ok(GroupState {
+        pending: summary.first().and_then(int).unwrap_or(0),
+        // Redis reports nil when it cannot compute the lag (after deletions).
+        lag: info.get("lag").and_then(int),
+        last_delivered_id: info.get("last-delivered-id").and_then(text).unwrap_or_default(),
+        consumers,
+        oldest_pending_id,
+        oldest_pending_age: oldest_pending_id
+            .map(|id| Duration::from_millis(crate::entry::now_unix_ms().saturating_sub(id.ms))),
+        max_delivery_count: array(&oldest).iter().filter_map(|e| array(e).get(3).and_then(int)).max().unwrap_or(0),
+        stream_length: int(&length).unwrap_or(0),
+    })
+}
+
+/// A RESP2 flat `[name, value, name, value, …]` reply (or a RESP3 map) as a map.
+fn flat_map(value: &Value) -> HashMap<String, Value> {
+    match value {
+        Value::Map(pairs) => pairs.iter().filter_map(|(k, v)| Some((text(k)?, v.clone()))).collect(),
+        _ => array(value).chunks(2).filter_map(|pair| Some((text(&pair[0])?, pair.get(1)?.clone()))).collect(),
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    bytes(value).ok().and_then(|b| String::from_utf8(b).ok())
+}
+
+fn int(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        other => text(other)?.parse().ok(),
+    }
+}
