@@ -879,6 +879,7 @@ async fn tls_redis(pki: &TestPki) -> RedisServer {
             "no".into(),
         ],
         tls: true,
+        ..RedisOptions::default()
     })
     .await
 }
