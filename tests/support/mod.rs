@@ -20,6 +20,7 @@
 //! | `redis_probe.rs` | Redis probes: entries, pending entries, groups, lengths, keys, seeding |
 //! | `consume.rs` | the Consume call's test client ([`Consumer`]) and subscribe helpers |
 //! | `wire.rs` | branded and stream ids, timestamps, durations, fields, the bearer token, status codes |
+//! | `refusal.rs` | table-driven checks that a call is refused with the right status and leaves Redis alone |
 //! | `pki.rs` | a throw-away CA ([`TestPki`]) and its certificates |
 //! | `http.rs` | plain HTTP/1.0 probes of the admin port |
 //!
@@ -33,9 +34,12 @@ mod pki;
 mod process;
 mod redis_probe;
 mod redis_server;
+mod refusal;
 mod sidecar;
 mod wire;
 
 // Each test crate uses part of these: an unused one is no mistake there.
 #[allow(unused_imports)]
-pub use self::{consume::*, http::*, pki::*, process::*, redis_probe::*, redis_server::*, sidecar::*, wire::*};
+pub use self::{
+    consume::*, http::*, pki::*, process::*, redis_probe::*, redis_server::*, refusal::*, sidecar::*, wire::*,
+};
