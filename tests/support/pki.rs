@@ -36,6 +36,9 @@ pub struct TestPki {
     dir: TempDir,
 }
 
+/// The `openssl req` options for a new EC P-256 key, not encrypted.
+const NEW_EC_KEY: [&str; 5] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+
 fn openssl(args: &[&str], dir: &Path) {
     let out = Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl (is it installed?)");
     assert!(
@@ -52,15 +55,11 @@ impl TestPki {
     pub fn new(name: &str) -> TestPki {
         let dir = TempDir::new("pki");
         let (cert, key) = (dir.path().join(format!("{name}-ca.pem")), dir.path().join(format!("{name}-ca.key")));
-        openssl(
+        let subject = format!("/CN={name} test CA");
+        let args = [
+            &["req", "-x509"][..],
+            &NEW_EC_KEY,
             &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
                 "-keyout",
                 key.to_str().expect("utf-8 path"),
                 "-out",
@@ -68,7 +67,7 @@ impl TestPki {
                 "-days",
                 "2",
                 "-subj",
-                &format!("/CN={name} test CA"),
+                &subject,
                 "-addext",
                 "basicConstraints=critical,CA:TRUE",
                 "-addext",
@@ -76,8 +75,9 @@ impl TestPki {
                 "-addext",
                 "subjectKeyIdentifier=hash",
             ],
-            dir.path(),
-        );
+        ]
+        .concat();
+        openssl(&args, dir.path());
         TestPki { name: name.to_owned(), ca: CertFiles { cert, key }, dir }
     }
 
@@ -109,23 +109,9 @@ impl TestPki {
             dir.join(format!("{file}.ext")),
         );
         let path = |p: &PathBuf| p.to_str().expect("utf-8 path").to_owned();
-        openssl(
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &path(&key),
-                "-out",
-                &path(&csr),
-                "-subj",
-                &format!("/CN={cn}"),
-            ],
-            dir,
-        );
+        let (key_path, csr_path, subject) = (path(&key), path(&csr), format!("/CN={cn}"));
+        let args = [&["req"][..], &NEW_EC_KEY, &["-keyout", &key_path, "-out", &csr_path, "-subj", &subject]].concat();
+        openssl(&args, dir);
         let mut extensions = vec![
             "basicConstraints=critical,CA:FALSE".to_owned(),
             "keyUsage=critical,digitalSignature".to_owned(),
