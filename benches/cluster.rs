@@ -30,15 +30,14 @@ mod common;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    net::TcpListener,
-    path::Path,
     process::{Command, ExitCode, Stdio},
     time::{Duration, Instant},
 };
 
+use common::process::START_TIMEOUT;
+use common::redis_server::{RedisOptions, RedisServer};
 use common::{
-    append, connection, pending, phase, rate, thousands, ConsumeCall, Error, Process, Sidecar, APPEND_BATCH,
-    BODY_BYTES, START_TIMEOUT, WINDOW,
+    append, connection, pending, phase, rate, thousands, ConsumeCall, Error, Sidecar, APPEND_BATCH, BODY_BYTES, WINDOW,
 };
 use echomq::proto::{consume_response::Kind as Event, stream_service_client::StreamServiceClient, GroupStart};
 use redis::{aio::MultiplexedConnection, Value};
@@ -52,8 +51,6 @@ const PRIMARIES: usize = 3;
 const SMOKE_APPEND_BATCH: usize = 250;
 /// How long the acks of the last deliveries may take to reach Redis.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The highest node port whose cluster bus port (port + 10000) fits in 16 bits.
-const MAX_NODE_PORT: u16 = 55535;
 
 fn main() -> ExitCode {
     common::main("cluster", |full, entries| {
@@ -65,7 +62,7 @@ fn main() -> ExitCode {
 async fn run(full: bool, entries: usize, batch: usize) -> Result<(), Error> {
     let sidecar_bin = common::sidecar_bin();
     let dir = common::work_dir("echomq-bench-cluster")?;
-    let cluster = RedisCluster::start(&dir, PRIMARIES).await?;
+    let cluster = RedisCluster::start(PRIMARIES).await?;
     let mut conns = BTreeMap::new();
     for &port in &cluster.ports {
         conns.insert(port, connection(port).await?);
@@ -240,16 +237,6 @@ async fn consume(
 // Processes
 // ---------------------------------------------------------------------------
 
-/// A free port whose cluster bus port (port + 10000) exists and is free too.
-fn node_port() -> Result<u16, Error> {
-    loop {
-        let port = common::free_port()?;
-        if port <= MAX_NODE_PORT && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
-            return Ok(port);
-        }
-    }
-}
-
 /// `CLUSTER SLOTS` as `(start, end, primary port)`, in slot order.
 async fn slot_map(conn: &mut MultiplexedConnection) -> Result<Vec<(u16, u16, u16)>, Error> {
     let reply: Vec<Vec<Value>> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
@@ -266,29 +253,19 @@ async fn slot_map(conn: &mut MultiplexedConnection) -> Result<Vec<(u16, u16, u16
 }
 
 /// A throwaway Redis Cluster: `primaries` cluster-mode `redis-server`s on
-/// loopback (no persistence, no replicas), killed on drop.
+/// loopback (no persistence, no replicas, Redis' default node timeout), killed
+/// on drop.
 struct RedisCluster {
     ports: Vec<u16>,
-    _nodes: Vec<Process>,
+    _nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
-    async fn start(dir: &Path, primaries: usize) -> Result<RedisCluster, Error> {
+    async fn start(primaries: usize) -> Result<RedisCluster, Error> {
         let (mut ports, mut nodes) = (Vec::new(), Vec::new());
-        for i in 0..primaries {
-            // A port taken between the check and the start: try another one.
-            let mut attempt = 0;
-            let (port, node) = loop {
-                attempt += 1;
-                let node_dir = dir.join(format!("node{i}-{attempt}"));
-                std::fs::create_dir_all(&node_dir)?;
-                match start_node(&node_dir).await {
-                    Ok(started) => break started,
-                    Err(e) if attempt >= 3 => return Err(e),
-                    Err(_) => {}
-                }
-            };
-            ports.push(port);
+        for _ in 0..primaries {
+            let node = RedisServer::try_start_with(RedisOptions::cluster_node(&[])).await?;
+            ports.push(node.port());
             nodes.push(node);
         }
         let cluster = RedisCluster { ports, _nodes: nodes };
@@ -345,11 +322,4 @@ impl RedisCluster {
     fn seed_urls(&self) -> String {
         self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
     }
-}
-
-/// One cluster-mode `redis-server` in `dir`, once it answers PING.
-async fn start_node(dir: &Path) -> Result<(u16, Process), Error> {
-    let port = node_port()?;
-    let args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--repl-diskless-sync-delay", "0"];
-    Ok((port, common::start_redis(port, dir, &args).await?))
 }

@@ -29,14 +29,14 @@
 mod common;
 
 use std::{
-    path::Path,
     process::ExitCode,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use common::redis_server::{RedisOptions, RedisServer};
 use common::{
-    ack, append, connection, pending, phase, rate, thousands, ConsumeCall, Error, Process, Sidecar, APPEND_BATCH,
-    BODY_BYTES, WINDOW,
+    ack, append, connection, pending, phase, rate, thousands, ConsumeCall, Error, Sidecar, APPEND_BATCH, BODY_BYTES,
+    WINDOW,
 };
 use echomq::proto::{consume_response::Kind as Event, stream_service_client::StreamServiceClient, GroupStart};
 use redis::{aio::MultiplexedConnection, Value};
@@ -60,10 +60,10 @@ fn main() -> ExitCode {
 async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), Error> {
     let sidecar_bin = common::sidecar_bin();
     let dir = common::work_dir("echomq-bench")?;
-    let redis_server = RedisServer::start(&dir).await?;
+    let redis_server = RedisServer::try_start_with(RedisOptions::default()).await?;
     let sidecar = Sidecar::start(&sidecar_bin, &redis_server.url(), &[], &dir).await?;
     let endpoint = format!("http://127.0.0.1:{}", sidecar.grpc_port);
-    let mut redis = redis_server.connection().await?;
+    let mut redis = connection(redis_server.port()).await?;
     let version = common::redis_version(&mut redis).await?;
     let (cpus, load) = (common::cpus(), common::load_average());
 
@@ -197,7 +197,7 @@ async fn sidecar_throughput(
 /// (b) throughput: XREADGROUP COUNT 256 BLOCK, then one XACK per read.
 async fn direct_throughput(redis_server: &RedisServer, stream: &str, entries: usize) -> Result<Duration, Error> {
     let group = "bench";
-    let mut conn = redis_server.connection().await?;
+    let mut conn = connection(redis_server.port()).await?;
     let started = Instant::now();
     create_group(&mut conn, stream, group, "0").await?;
     let mut got = 0;
@@ -313,7 +313,7 @@ async fn sidecar_latency(
         Some(Event::Subscribed(_)) => {}
         other => return Err(format!("expected Subscribed, got {other:?}").into()),
     }
-    let producer = spawn_producer(redis_server.connection().await?, stream.to_owned(), samples);
+    let producer = spawn_producer(connection(redis_server.port()).await?, stream.to_owned(), samples);
     let mut latencies = Vec::with_capacity(samples);
     while latencies.len() < samples {
         let message = call.inbound.message().await?.ok_or("the sidecar ended the call early")?;
@@ -336,9 +336,9 @@ async fn sidecar_latency(
 /// (b) latency: the direct consumer while the producer runs.
 async fn direct_latency(redis_server: &RedisServer, stream: &str, samples: usize) -> Result<Vec<u64>, Error> {
     let group = "latency";
-    let mut conn = redis_server.connection().await?;
+    let mut conn = connection(redis_server.port()).await?;
     create_group(&mut conn, stream, group, "$").await?;
-    let producer = spawn_producer(redis_server.connection().await?, stream.to_owned(), samples);
+    let producer = spawn_producer(connection(redis_server.port()).await?, stream.to_owned(), samples);
     let mut latencies = Vec::with_capacity(samples);
     while latencies.len() < samples {
         let read = read_group(&mut conn, stream, group).await?;
@@ -351,30 +351,4 @@ async fn direct_latency(redis_server: &RedisServer, stream: &str, samples: usize
     }
     producer.await??;
     Ok(latencies)
-}
-
-// ---------------------------------------------------------------------------
-// Processes
-// ---------------------------------------------------------------------------
-
-/// A throwaway `redis-server`: loopback, free port, no persistence.
-struct RedisServer {
-    port: u16,
-    _process: Process,
-}
-
-impl RedisServer {
-    async fn start(dir: &Path) -> Result<RedisServer, Error> {
-        let port = common::free_port()?;
-        Ok(RedisServer { port, _process: common::start_redis(port, dir, &[]).await? })
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// A new connection with no response timeout (the consumers block).
-    async fn connection(&self) -> Result<MultiplexedConnection, Error> {
-        connection(self.port).await
-    }
 }

@@ -46,27 +46,6 @@ async fn append_stores_branded_id_in_id_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn append_refuses_user_field_named_id() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-
-    let err = sidecar
-        .stream_client()
-        .await
-        .append(AppendRequest {
-            stream: "orders".into(),
-            fields: fields(&[("id", b"mine"), ("k", b"v")]),
-            ..Default::default()
-        })
-        .await
-        .expect_err("a user field named `id` must be refused");
-
-    assert_code(&err, Code::InvalidArgument);
-    let mut con = redis.conn().await;
-    assert!(!exists(&mut con, "orders").await, "nothing may be written for a refused append");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_batch_ids_are_consecutive_and_ordered() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
@@ -107,42 +86,6 @@ async fn append_batch_ids_are_consecutive_and_ordered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn append_batch_with_reserved_field_writes_nothing() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-
-    let entries = vec![
-        BatchEntry { fields: fields(&[("k", b"ok")]), ..Default::default() },
-        BatchEntry { fields: fields(&[("id", b"not allowed")]), ..Default::default() },
-    ];
-    let err = sidecar
-        .stream_client()
-        .await
-        .append_batch(AppendBatchRequest { stream: "batch".into(), entries, ..Default::default() })
-        .await
-        .expect_err("a batch with a reserved field must be refused");
-
-    assert_code(&err, Code::InvalidArgument);
-    let mut con = redis.conn().await;
-    assert!(!exists(&mut con, "batch").await, "a batch is all or nothing");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn append_batch_empty_is_invalid_argument() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-
-    let err = sidecar
-        .stream_client()
-        .await
-        .append_batch(AppendBatchRequest { stream: "batch".into(), entries: vec![], ..Default::default() })
-        .await
-        .expect_err("an empty batch must be refused");
-
-    assert_code(&err, Code::InvalidArgument);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_max_len_trims_approximately() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
@@ -167,58 +110,6 @@ async fn append_max_len_trims_approximately() {
     assert!((100..400).contains(&len), "XLEN after 1000 appends with max_len 100 is {len}");
     let entries = xrange(&mut con, "trimmed").await;
     assert_eq!(entries.last().and_then(|e| e.field("n")), Some(&b"999"[..]), "the newest entries are kept");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn append_empty_stream_name_is_invalid_argument() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-
-    let err = sidecar
-        .stream_client()
-        .await
-        .append(AppendRequest { stream: String::new(), fields: fields(&[("k", b"v")]), ..Default::default() })
-        .await
-        .expect_err("an empty stream name must be refused");
-
-    assert_code(&err, Code::InvalidArgument);
-    let mut con = redis.conn().await;
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut con).await.unwrap();
-    assert!(keys.is_empty(), "nothing may be written: {keys:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn append_too_long_stream_name_is_invalid_argument() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-
-    let err = sidecar
-        .stream_client()
-        .await
-        .append(AppendRequest { stream: "s".repeat(1025), fields: fields(&[("k", b"v")]), ..Default::default() })
-        .await
-        .expect_err("a stream name over 1024 bytes must be refused");
-
-    assert_code(&err, Code::InvalidArgument);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn append_to_wrongtype_key_is_failed_precondition() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-    let mut con = redis.conn().await;
-    let _: () = redis::cmd("SET").arg("plain").arg("string").query_async(&mut con).await.unwrap();
-
-    let err = sidecar
-        .stream_client()
-        .await
-        .append(AppendRequest { stream: "plain".into(), fields: fields(&[("k", b"v")]), ..Default::default() })
-        .await
-        .expect_err("appending to a string key must fail");
-
-    assert_code(&err, Code::FailedPrecondition);
-    let value: String = redis::cmd("GET").arg("plain").query_async(&mut con).await.unwrap();
-    assert_eq!(value, "string", "the key is untouched");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,43 +223,6 @@ async fn read_by_instant_uses_the_milliseconds_as_bounds() {
     assert_eq!(page.entries[0].id, branded_from_stream_id("2000-0"), "foreign entries get derived ids");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn read_with_both_id_and_instant_for_a_bound_is_invalid_argument() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-
-    let err = sidecar
-        .stream_client()
-        .await
-        .read(ReadRequest {
-            stream: "s".into(),
-            start_id: "1-0".into(),
-            start_time: Some(timestamp_of_ms(1)),
-            ..Default::default()
-        })
-        .await
-        .expect_err("refused");
-
-    assert_code(&err, Code::InvalidArgument);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn read_of_wrongtype_key_is_failed_precondition() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-    let mut con = redis.conn().await;
-    let _: () = redis::cmd("SET").arg("plain").arg("string").query_async(&mut con).await.unwrap();
-
-    let err = sidecar
-        .stream_client()
-        .await
-        .read(ReadRequest { stream: "plain".into(), ..Default::default() })
-        .await
-        .expect_err("refused");
-
-    assert_code(&err, Code::FailedPrecondition);
-}
-
 // ---------------------------------------------------------------------------
 // Trim
 // ---------------------------------------------------------------------------
@@ -479,22 +333,67 @@ async fn trim_ignoring_groups_trims_as_asked() {
     assert_eq!(left, appended[8..].iter().map(|a| a.stream_id.clone()).collect::<Vec<_>>());
 }
 
+// ---------------------------------------------------------------------------
+// Refusals: each RPC's bad requests, one table
+// ---------------------------------------------------------------------------
+
+/// Every bad request to Append, AppendBatch, Read and Trim is refused with the
+/// status that names its fault, and writes nothing. Each case runs on an
+/// emptied Redis; a failure names its case.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn trim_without_a_bound_is_invalid_argument() {
+async fn bad_requests_are_refused_with_their_status_and_write_nothing() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-    append_numbered(&sidecar, "s", 3).await;
+    let append = |stream: &str, f: &[(&str, &[u8])]| {
+        Rpc::Append(AppendRequest { stream: stream.to_owned(), fields: fields(f), ..Default::default() })
+    };
+    let batch = |entries: &[&[(&str, &[u8])]]| {
+        let entries = entries.iter().map(|f| BatchEntry { fields: fields(f), ..Default::default() }).collect();
+        Rpc::AppendBatch(AppendBatchRequest { stream: "batch".into(), entries, ..Default::default() })
+    };
+    let (invalid, wrong_type) = (Code::InvalidArgument, Code::FailedPrecondition);
 
-    let err = sidecar
-        .stream_client()
-        .await
-        .trim(TrimRequest { stream: "s".into(), ..Default::default() })
-        .await
-        .expect_err("refused");
+    let cases = vec![
+        Refusal::new("Append with a user field named `id`", append("orders", &[("id", b"mine"), ("k", b"v")]), invalid)
+            .leaving(Leaves::NoKey("orders")),
+        Refusal::new(
+            "AppendBatch with the reserved field in one entry",
+            batch(&[&[("k", b"ok")], &[("id", b"not allowed")]]),
+            invalid,
+        )
+        .leaving(Leaves::NoKey("batch")),
+        Refusal::new("AppendBatch of no entries", batch(&[]), invalid),
+        Refusal::new("Append to an empty stream name", append("", &[("k", b"v")]), invalid).leaving(Leaves::NoKeys),
+        Refusal::new("Append to a stream name over 1024 bytes", append(&"s".repeat(1025), &[("k", b"v")]), invalid),
+        Refusal::new("Append to a string key", append("plain", &[("k", b"v")]), wrong_type)
+            .given(Seed::String("plain", "string"))
+            .leaving(Leaves::String("plain", "string")),
+        Refusal::new(
+            "Read with both an id and an instant for its start",
+            Rpc::Read(ReadRequest {
+                stream: "s".into(),
+                start_id: "1-0".into(),
+                start_time: Some(timestamp_of_ms(1)),
+                ..Default::default()
+            }),
+            invalid,
+        ),
+        Refusal::new(
+            "Read of a string key",
+            Rpc::Read(ReadRequest { stream: "plain".into(), ..Default::default() }),
+            wrong_type,
+        )
+        .given(Seed::String("plain", "string")),
+        Refusal::new(
+            "Trim without a bound",
+            Rpc::Trim(TrimRequest { stream: "s".into(), ..Default::default() }),
+            invalid,
+        )
+        .given(Seed::Appended("s", 3))
+        .leaving(Leaves::Len("s", 3)),
+    ];
 
-    assert_code(&err, Code::InvalidArgument);
-    let mut con = redis.conn().await;
-    assert_eq!(xlen(&mut con, "s").await, 3);
+    assert_refusals(&redis, &sidecar, cases).await;
 }
 
 /// A page of Read never exceeds the gRPC message limit: it holds fewer entries

@@ -1,15 +1,24 @@
 //! What the consume and cluster benches share: `main`'s argument and
 //! environment handling, the printing helpers, the gRPC calls they make alike
 //! (AppendBatch, a Consume call acking each delivery), and the processes they
-//! start (`redis-server`, the sidecar).
+//! start (the sidecar here; `redis-server` with the tests' launcher,
+//! `tests/support/redis_server.rs`, taken in below with the process helpers it
+//! stands on, so tests and benches start Redis one way).
 //!
 //! A subdirectory's `mod.rs` is not a bench target of its own: each bench takes
 //! it in with `mod common;`.
 
+// The tests' files, as they are: a bench uses only part of them.
+#[allow(dead_code, unreachable_pub)]
+#[path = "../../tests/support/process.rs"]
+pub(crate) mod process;
+#[allow(dead_code, unreachable_pub)]
+#[path = "../../tests/support/redis_server.rs"]
+pub(crate) mod redis_server;
+
 use std::{
     collections::{HashMap, HashSet},
     future::Future,
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, ExitCode, Stdio},
     time::{Duration, Instant},
@@ -25,6 +34,8 @@ use tokio::{io::AsyncReadExt, io::AsyncWriteExt, sync::mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{transport::Channel, Streaming};
 
+use process::{free_port, START_TIMEOUT};
+
 /// Entries per (logical) stream unless `ECHOMQ_BENCH_ENTRIES` says otherwise.
 const DEFAULT_ENTRIES: usize = 50_000;
 /// Entries per (logical) stream in the smoke run under `cargo test`.
@@ -38,8 +49,6 @@ pub(crate) const WINDOW: usize = 256;
 pub(crate) const BODY_BYTES: usize = 100;
 /// No phase may take longer than this.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
-/// How long processes (and the cluster) may take to come up.
-pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -272,16 +281,12 @@ pub(crate) fn sidecar_bin() -> PathBuf {
 }
 
 /// A new directory `<prefix>-<pid>` under cargo's target tmpdir for the run's
-/// Redis data and logs; the bench removes it when the run succeeds.
+/// sidecar log; the bench removes it when the run succeeds. (Redis keeps its
+/// own in a temp dir removed with it: `ECHOMQ_TEST_LOGS=1` prints its log tail.)
 pub(crate) fn work_dir(prefix: &str) -> Result<PathBuf, Error> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{prefix}-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
-}
-
-/// A loopback port that was free a moment ago.
-pub(crate) fn free_port() -> Result<u16, Error> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// A child process, SIGKILLed and reaped on drop.
@@ -303,35 +308,6 @@ pub(crate) async fn connection(port: u16) -> Result<MultiplexedConnection, Error
     Ok(client.get_multiplexed_async_connection_with_config(&config).await?)
 }
 
-/// A throwaway `redis-server` on a loopback `port`, no persistence, its data and
-/// `redis.log` in `dir`, with `args` added (cluster mode, say); returned once it
-/// answers PING.
-pub(crate) async fn start_redis(port: u16, dir: &Path, args: &[&str]) -> Result<Process, Error> {
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(args)
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(dir.join("redis.log"))
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start redis-server ({e}); install it (Debian: apt-get install redis-server)"))?;
-    let mut server = Process(child);
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        if let Ok(mut conn) = connection(port).await {
-            if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
-                return Ok(server);
-            }
-        }
-        if server.0.try_wait()?.is_some() || Instant::now() > deadline {
-            return Err(format!("redis-server on port {port} did not answer PING").into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The sidecar binary on free loopback ports, logging to `sidecar.log`.
 pub(crate) struct Sidecar {
     pub(crate) grpc_port: u16,
@@ -343,7 +319,7 @@ impl Sidecar {
     /// with `args` added, without the caller's `ECHOMQ_*` environment; returned
     /// once `/readyz` says 200.
     pub(crate) async fn start(bin: &Path, redis_url: &str, args: &[&str], dir: &Path) -> Result<Sidecar, Error> {
-        let (grpc_port, admin_port) = (free_port()?, free_port()?);
+        let (grpc_port, admin_port) = (free_port(), free_port());
         let log = std::fs::File::create(dir.join("sidecar.log"))?;
         let mut command = Command::new(bin);
         for (key, _) in std::env::vars() {

@@ -6,12 +6,11 @@
 //!
 //! Each node is a [`RedisServer`] (its own temp dir with its `nodes.conf`;
 //! killed, and its log tail printed when a test fails or `ECHOMQ_TEST_LOGS` is
-//! set, on drop), started here with the cluster flags on a port that leaves
-//! room for its cluster bus port (port + 10000).
+//! set, on drop), started by the shared launcher as a cluster node
+//! ([`RedisOptions::cluster`]: the cluster flags, on a port that leaves room
+//! for its cluster bus port, port + 10000).
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,10 +19,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::Value;
 
-use super::{
-    as_array, as_int, free_port, read_log, tail, unique, RedisOptions, RedisServer, TempDir, EVENT_TIMEOUT,
-    START_TIMEOUT,
-};
+use super::process::{tail, unique, EVENT_TIMEOUT, START_TIMEOUT};
+use super::redis_probe::{as_array, as_int};
+use super::redis_server::{RedisOptions, RedisServer};
 
 /// Redis Cluster's hash slots: 0..16384.
 const SLOTS: u16 = 16384;
@@ -31,9 +29,6 @@ const SLOTS: u16 = 16384;
 /// primary's replica is promoted a second or two later. Short, so a kill heals
 /// in a few seconds instead of the default's 15+.
 const NODE_TIMEOUT_MS: u64 = 1000;
-/// The highest data port whose cluster bus port (port + 10000) still fits in 16
-/// bits; redis-server refuses to start above it, and free ports often are.
-const MAX_NODE_PORT: u16 = 55535;
 /// How long a graceful failover may take before the fixture gives up.
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one `CLUSTER FAILOVER` request is given before it is asked again:
@@ -363,9 +358,7 @@ impl RedisCluster {
     pub fn log_tails(&self) -> String {
         self.nodes
             .iter()
-            .map(|n| {
-                format!("----- redis cluster node :{} log (tail) -----\n{}", n.port(), tail(&read_log(&n.log), 15))
-            })
+            .map(|n| format!("----- redis cluster node :{} log (tail) -----\n{}", n.port(), tail(&n.log(), 15)))
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -468,52 +461,10 @@ impl RedisCluster {
     }
 }
 
-/// The redis-server arguments that make a cluster node.
-fn node_options() -> RedisOptions {
-    let args = [
-        "--cluster-enabled",
-        "yes",
-        "--cluster-config-file",
-        "nodes.conf",
-        "--cluster-node-timeout",
-        &NODE_TIMEOUT_MS.to_string(),
-        // A replica's full sync starts at once rather than after the default 5 s
-        // wait for more replicas (the first sync, and a restarted node's).
-        "--repl-diskless-sync-delay",
-        "0",
-    ]
-    .iter()
-    .map(|a| (*a).to_owned())
-    .collect();
-    RedisOptions { args, ..RedisOptions::default() }
-}
-
-/// A free port whose cluster bus port (port + 10000) exists and is free too.
-fn node_port() -> u16 {
-    loop {
-        let port = free_port();
-        if port <= MAX_NODE_PORT && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
-            return port;
-        }
-    }
-}
-
-/// Starts one cluster node and waits until it answers PING, trying another port
-/// when the process exits at start (its port or bus port taken meanwhile).
+/// Starts one cluster node (see [`RedisOptions::cluster`]) with the short
+/// [`NODE_TIMEOUT_MS`], once it answers PING.
 async fn start_node() -> RedisServer {
-    let mut dir = TempDir::new("redis-node");
-    let log = dir.path().join("redis.log");
-    for _ in 0..5 {
-        let port = node_port();
-        let mut node = RedisServer { port, child: None, log: log.clone(), options: node_options(), dir };
-        if node.spawn().await {
-            return node;
-        }
-        // A bus-port clash comes after the node wrote its identity; start afresh.
-        let _ = fs::remove_file(node.dir.path().join("nodes.conf"));
-        dir = std::mem::replace(&mut node.dir, TempDir::new("redis-spare"));
-    }
-    panic!("a redis cluster node did not start; its log:\n{}", read_log(&log));
+    RedisServer::start_with(RedisOptions::cluster_node(&["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])).await
 }
 
 /// `cmd` on the node at `port`, over a connection of its own (nodes come and go).

@@ -1,0 +1,214 @@
+//! Redis probes: what a test reads from (or seeds into) Redis directly, beside
+//! the sidecar, to check what it did: stream entries, pending entries, groups,
+//! lengths, keys; and the reply decoding they share (with [`super::cluster`]).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+
+use super::process::{eventually, EVENT_TIMEOUT};
+
+/// A string-like reply's bytes; panics on anything else.
+fn as_bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::BulkString(b) => b.clone(),
+        Value::SimpleString(s) => s.clone().into_bytes(),
+        Value::Int(i) => i.to_string().into_bytes(),
+        Value::Okay => b"OK".to_vec(),
+        other => panic!("expected a string, got {other:?}"),
+    }
+}
+
+/// A string-like reply as UTF-8 text.
+fn as_string(v: &Value) -> String {
+    String::from_utf8(as_bytes(v)).expect("utf-8")
+}
+
+/// An integer reply, or a string one holding an integer.
+pub(super) fn as_int(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        other => as_string(other).parse().unwrap_or_else(|_| panic!("expected an integer, got {other:?}")),
+    }
+}
+
+/// An array (or set) reply's elements.
+pub(super) fn as_array(v: &Value) -> &[Value] {
+    match v {
+        Value::Array(a) | Value::Set(a) => a,
+        other => panic!("expected an array, got {other:?}"),
+    }
+}
+
+/// One stream entry as Redis stores it.
+#[derive(Debug, Clone)]
+pub struct RawEntry {
+    pub stream_id: String,
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl RawEntry {
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields.iter().find(|(k, _)| k == name.as_bytes()).map(|(_, v)| v.as_slice())
+    }
+}
+
+fn parse_entries(v: &Value) -> Vec<RawEntry> {
+    as_array(v)
+        .iter()
+        .map(|e| {
+            let parts = as_array(e);
+            let flat = match &parts[1] {
+                Value::Nil => Vec::new(),
+                other => as_array(other).to_vec(),
+            };
+            RawEntry {
+                stream_id: as_string(&parts[0]),
+                fields: flat.chunks(2).map(|kv| (as_bytes(&kv[0]), as_bytes(&kv[1]))).collect(),
+            }
+        })
+        .collect()
+}
+
+/// `XRANGE stream - +`.
+pub async fn xrange(con: &mut MultiplexedConnection, stream: &str) -> Vec<RawEntry> {
+    let v: Value = redis::cmd("XRANGE").arg(stream).arg("-").arg("+").query_async(con).await.expect("XRANGE");
+    parse_entries(&v)
+}
+
+/// Waits until no client of this Redis is blocked (in XREADGROUP … BLOCK):
+/// a sidecar's reader stops when its last call leaves or on SIGTERM, but
+/// Redis learns of the dropped connection a moment later, and until then an
+/// entry appended (or a stream deleted) still reaches the blocked read.
+pub async fn wait_no_blocked_readers(con: &mut MultiplexedConnection) {
+    let stopped = eventually(EVENT_TIMEOUT, || {
+        let mut con = con.clone();
+        async move {
+            let info: String = redis::cmd("INFO").arg("clients").query_async(&mut con).await.expect("INFO clients");
+            info.lines().any(|line| line.trim() == "blocked_clients:0")
+        }
+    })
+    .await;
+    assert!(stopped, "a client is still blocked in Redis after {EVENT_TIMEOUT:?}");
+}
+
+pub async fn xlen(con: &mut MultiplexedConnection, stream: &str) -> i64 {
+    redis::cmd("XLEN").arg(stream).query_async(con).await.expect("XLEN")
+}
+
+pub async fn exists(con: &mut MultiplexedConnection, key: &str) -> bool {
+    let n: i64 = redis::cmd("EXISTS").arg(key).query_async(con).await.expect("EXISTS");
+    n == 1
+}
+
+/// `XADD stream * f v ...` with raw byte fields (a foreign producer); the stream id.
+pub async fn xadd_raw(con: &mut MultiplexedConnection, stream: &str, fields: &[(&[u8], &[u8])]) -> String {
+    xadd_raw_at(con, stream, "*", fields).await
+}
+
+/// `XADD stream <id> f v ...`; the stream id.
+pub async fn xadd_raw_at(con: &mut MultiplexedConnection, stream: &str, id: &str, fields: &[(&[u8], &[u8])]) -> String {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream).arg(id);
+    for (k, v) in fields {
+        cmd.arg(*k).arg(*v);
+    }
+    cmd.query_async(con).await.expect("XADD")
+}
+
+/// The pending count of a group (`XPENDING stream group` summary); errors (NOGROUP) as `Err`.
+pub async fn try_pending_count(con: &mut MultiplexedConnection, stream: &str, group: &str) -> redis::RedisResult<i64> {
+    let v: Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(con).await?;
+    Ok(as_int(&as_array(&v)[0]))
+}
+
+pub async fn pending_count(con: &mut MultiplexedConnection, stream: &str, group: &str) -> i64 {
+    try_pending_count(con, stream, group).await.expect("XPENDING")
+}
+
+/// One row of `XPENDING stream group - + N`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingEntry {
+    pub stream_id: String,
+    pub consumer: String,
+    pub idle_ms: i64,
+    pub deliveries: i64,
+}
+
+pub async fn pending_entries(con: &mut MultiplexedConnection, stream: &str, group: &str) -> Vec<PendingEntry> {
+    let v: Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .arg("-")
+        .arg("+")
+        .arg(10_000)
+        .query_async(con)
+        .await
+        .expect("XPENDING detail");
+    as_array(&v)
+        .iter()
+        .map(|row| {
+            let row = as_array(row);
+            PendingEntry {
+                stream_id: as_string(&row[0]),
+                consumer: as_string(&row[1]),
+                idle_ms: as_int(&row[2]),
+                deliveries: as_int(&row[3]),
+            }
+        })
+        .collect()
+}
+
+/// `XINFO GROUPS stream` as one name → (field → value) map per group.
+pub async fn groups(con: &mut MultiplexedConnection, stream: &str) -> BTreeMap<String, BTreeMap<String, Value>> {
+    let v: Value = redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(con).await.expect("XINFO GROUPS");
+    let mut out = BTreeMap::new();
+    for group in as_array(&v) {
+        let fields: BTreeMap<String, Value> = match group {
+            Value::Map(kv) => kv.iter().map(|(k, v)| (as_string(k), v.clone())).collect(),
+            other => as_array(other).chunks(2).map(|kv| (as_string(&kv[0]), kv[1].clone())).collect(),
+        };
+        let name = as_string(&fields["name"]);
+        out.insert(name, fields);
+    }
+    out
+}
+
+/// The `last-delivered-id` of a group.
+pub async fn last_delivered_id(con: &mut MultiplexedConnection, stream: &str, group: &str) -> String {
+    let all = groups(con, stream).await;
+    as_string(&all.get(group).unwrap_or_else(|| panic!("no group {group} on {stream}"))["last-delivered-id"])
+}
+
+/// `XGROUP CREATE stream group start MKSTREAM`.
+pub async fn create_group(con: &mut MultiplexedConnection, stream: &str, group: &str, start: &str) {
+    let _: Value = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(group)
+        .arg(start)
+        .arg("MKSTREAM")
+        .query_async(con)
+        .await
+        .expect("XGROUP CREATE");
+}
+
+/// Waits until the group has `expected` entries pending; the last count seen.
+pub async fn wait_pending(
+    con: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    expected: i64,
+    timeout: Duration,
+) -> i64 {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = try_pending_count(con, stream, group).await.unwrap_or(-1);
+        if n == expected || Instant::now() >= deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
