@@ -85,7 +85,12 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         Err(_) => {
-            println!("{} demo FAILED: not done within {deadline:?}", stamp(started));
+            println!(
+                "{} demo FAILED: not done within {deadline:?}: the sidecar at {} or Redis at {} stopped answering",
+                stamp(started),
+                address(&args.endpoint),
+                args.redis_url
+            );
             ExitCode::FAILURE
         }
     }
@@ -94,6 +99,49 @@ async fn main() -> ExitCode {
 /// Seconds since the demo started, for each line.
 fn stamp(started: Instant) -> String {
     format!("[{:>6.3}s]", started.elapsed().as_secs_f64())
+}
+
+/// The endpoint as people write an address: `127.0.0.1:50051`, no scheme.
+fn address(endpoint: &str) -> &str {
+    endpoint.split_once("://").map_or(endpoint, |(_, rest)| rest).trim_end_matches('/')
+}
+
+/// What went wrong at the bottom of an error's chain, in words: an I/O error
+/// by its kind (`connection refused`), else the innermost message. A tonic
+/// transport error says only `transport error` at the top.
+fn cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut innermost = error;
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
+                std::io::ErrorKind::TimedOut => "timed out".to_owned(),
+                _ => io.to_string(),
+            };
+        }
+        innermost = e;
+        current = e.source();
+    }
+    innermost.to_string()
+}
+
+/// A Redis error in words: `connection refused` for a refused connection.
+fn redis_cause(error: &redis::RedisError) -> String {
+    if error.is_connection_refusal() {
+        "connection refused".to_owned()
+    } else {
+        cause(error)
+    }
+}
+
+/// A gRPC call's failure, with the sidecar's address and what was asked.
+fn call_failed(what: &str, endpoint: &str, status: &tonic::Status) -> Error {
+    let cause = match std::error::Error::source(status) {
+        Some(source) if status.code() == tonic::Code::Unavailable => cause(source),
+        _ => status.message().to_owned(),
+    };
+    format!("{what} at the sidecar {} failed: {:?}: {cause}", address(endpoint), status.code()).into()
 }
 
 /// A payload map as `name="value" …`, names sorted, values as lossy UTF-8.
@@ -122,6 +170,21 @@ async fn pending(redis: &mut redis::aio::MultiplexedConnection, stream: &str, gr
     }
 }
 
+/// What Redis holds for the demo, for a failure message: the stream's length
+/// and the group's pending count.
+async fn redis_state(
+    redis: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    group: &str,
+) -> Result<String, Error> {
+    let length: i64 = redis::cmd("XLEN").arg(stream).query_async(redis).await?;
+    let pending = match pending(redis, stream, group).await {
+        Ok(n) => n.to_string(),
+        Err(e) => format!("unknown: {e}"),
+    };
+    Ok(format!("XLEN {stream} = {length}, XPENDING {stream} {group} = {pending}"))
+}
+
 fn request(kind: Kind) -> ConsumeRequest {
     ConsumeRequest { kind: Some(kind) }
 }
@@ -138,7 +201,9 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
     );
 
     // 1. The producer: five entries through the sidecar.
-    let mut streams = StreamServiceClient::connect(args.endpoint.clone()).await?;
+    let mut streams = StreamServiceClient::connect(args.endpoint.clone())
+        .await
+        .map_err(|e| format!("cannot reach the sidecar at {}: {}", address(&args.endpoint), cause(&e)))?;
     // branded id → order number, for the entries of this run.
     let mut expected: HashMap<String, String> = HashMap::new();
     for (order, item) in ORDERS {
@@ -148,7 +213,8 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
         ]);
         let written = streams
             .append(AppendRequest { stream: args.stream.clone(), fields: fields.clone(), ..Default::default() })
-            .await?
+            .await
+            .map_err(|status| call_failed(&format!("Append to `{}`", args.stream), &args.endpoint, &status))?
             .into_inner();
         println!("{} append     id={} stream_id={}  {}", t(), written.id, written.stream_id, show(&fields));
         if branded_from_stream_id(&written.stream_id)? != written.id {
@@ -162,7 +228,12 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
     }
 
     // 2. A foreign producer: plain XADD, no branded-id field.
-    let mut redis = redis::Client::open(args.redis_url.as_str())?.get_multiplexed_async_connection().await?;
+    let redis_failed = |e: redis::RedisError| format!("Redis at {}: {}", args.redis_url, redis_cause(&e));
+    let mut redis = redis::Client::open(args.redis_url.as_str())
+        .map_err(redis_failed)?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("cannot reach Redis at {}: {}", args.redis_url, redis_cause(&e)))?;
     let foreign_stream_id: String = redis::cmd("XADD")
         .arg(&args.stream)
         .arg("*")
@@ -171,7 +242,8 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
         .arg("item")
         .arg("written by a foreign producer")
         .query_async(&mut redis)
-        .await?;
+        .await
+        .map_err(redis_failed)?;
     let foreign_id = branded_from_stream_id(&foreign_stream_id)?;
     println!(
         "{} xadd       stream_id={foreign_stream_id}  (a foreign producer: plain `XADD {} * order 6 item …` through the redis crate; its branded id is derived from the stream id: {foreign_id})",
@@ -182,7 +254,9 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
 
     // 3. The consumer: one Consume call. The subscribe is queued before the
     //    call starts: the sidecar answers only once it has the subscribe.
-    let mut consumers = ConsumerServiceClient::connect(args.endpoint.clone()).await?;
+    let mut consumers = ConsumerServiceClient::connect(args.endpoint.clone())
+        .await
+        .map_err(|e| format!("cannot reach the sidecar at {}: {}", address(&args.endpoint), cause(&e)))?;
     let (verdicts, outbound) = mpsc::channel::<ConsumeRequest>(64);
     verdicts
         .send(request(Kind::Subscribe(Subscribe {
@@ -193,7 +267,12 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
             ..Subscribe::default()
         })))
         .await?;
-    let mut inbound = consumers.consume(ReceiverStream::new(outbound)).await?.into_inner();
+    let consume = format!("Consume of `{}` as group `{}`", args.stream, args.group);
+    let mut inbound = consumers
+        .consume(ReceiverStream::new(outbound))
+        .await
+        .map_err(|status| call_failed(&consume, &args.endpoint, &status))?
+        .into_inner();
 
     let mut tally = Tally::default();
     let mut poll = tokio::time::interval(Duration::from_millis(50));
@@ -205,8 +284,13 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
         let done_consuming = tally.acked.len() == expected.len() && tally.verdict_errors == 1;
         tokio::select! {
             message = inbound.message() => {
-                let Some(message) = message? else {
-                    return Err("the sidecar ended the call before the demo was done".into());
+                let message = message.map_err(|status| call_failed(&consume, &args.endpoint, &status))?;
+                let Some(message) = message else {
+                    return Err(format!(
+                        "the sidecar at {} ended the {consume} call before the demo was done",
+                        address(&args.endpoint)
+                    )
+                    .into());
                 };
                 match message.kind {
                     Some(Event::Subscribed(s)) => {
@@ -249,19 +333,27 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
                 }
             }
             _ = &mut give_up => {
-                return Err(format!(
-                    "gave up waiting: {} of {} entries acked, {} failed, {} redelivered, {} of 1 verdict errors",
+                let seen = format!(
+                    "{} of {} acked, {} failed, {} redelivered, {} of 1 verdict errors",
                     tally.acked.len(),
                     expected.len(),
                     u32::from(tally.failed.is_some()),
                     tally.redelivered,
                     tally.verdict_errors
-                )
+                );
+                return Err(match redis_state(&mut redis, &args.stream, &args.group).await {
+                    Ok(state) => format!(
+                        "Redis at {} answered ({state}) but the entries did not arrive through the sidecar at {}: {seen}",
+                        args.redis_url,
+                        address(&args.endpoint)
+                    ),
+                    Err(e) => format!("Redis at {} does not answer ({e}); the entries did not arrive: {seen}", args.redis_url),
+                }
                 .into());
             }
             _ = poll.tick(), if done_consuming => {
                 // 5. Acks are applied by the sidecar (XACK, batched): wait until Redis agrees.
-                let count = pending(&mut redis, &args.stream, &args.group).await?;
+                let count = pending(&mut redis, &args.stream, &args.group).await.map_err(|e| format!("Redis at {}: {e}", args.redis_url))?;
                 if count == 0 {
                     println!("{} xpending   {} {} -> 0 pending: every entry is acknowledged in Redis", t(), args.stream, args.group);
                     break count;
@@ -272,7 +364,9 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
 
     // Close our side of the call: the sidecar ends it with OK.
     drop(verdicts);
-    while let Some(message) = inbound.message().await? {
+    while let Some(message) =
+        inbound.message().await.map_err(|status| call_failed(&consume, &args.endpoint, &status))?
+    {
         if let Some(Event::Delivery(d)) = message.kind {
             return Err(format!("unexpected delivery {} after every entry was acked", d.id).into());
         }

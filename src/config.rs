@@ -2,7 +2,12 @@
 //! variable, defaults as named constants. Parsed in tests with
 //! [`clap::Parser::try_parse_from`], never by setting process variables.
 
-use std::{net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
+use std::{
+    net::{SocketAddr, ToSocketAddrs},
+    path::PathBuf,
+    str::FromStr,
+    time::Duration,
+};
 
 use clap::{Parser, ValueEnum};
 
@@ -60,15 +65,40 @@ pub enum Listen {
 impl FromStr for Listen {
     type Err = String;
 
+    /// `unix:/path`, an IP address and a port, or a host name and a port. A
+    /// host name is resolved here, once: the sidecar listens on its first IPv4
+    /// address, else its first IPv6 one, so `localhost:50051` means
+    /// `127.0.0.1:50051` (what the clients' default target expects) even where
+    /// `localhost` also resolves to `::1`.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text.strip_prefix("unix:") {
-            Some("") => Err("a unix socket needs a path: `unix:/path/to/socket`".into()),
-            Some(path) => Ok(Listen::Unix(PathBuf::from(path))),
-            None => text
-                .parse()
-                .map(Listen::Tcp)
-                .map_err(|_| format!("`{text}` is neither `host:port` (an IP address and a port) nor `unix:/path`")),
+        if let Some(path) = text.strip_prefix("unix:") {
+            return match path {
+                "" => Err("a unix socket needs a path: `unix:/path/to/socket`".into()),
+                path => Ok(Listen::Unix(PathBuf::from(path))),
+            };
         }
+        if let Ok(address) = text.parse() {
+            return Ok(Listen::Tcp(address));
+        }
+        let Some((host, port)) = text.rsplit_once(':') else {
+            return Err(format!("`{text}` is neither `host:port` nor `unix:/path`"));
+        };
+        if host.is_empty() || port.parse::<u16>().is_err() {
+            return Err(format!(
+                "`{text}` is neither `host:port` (a host and a port from 0 to 65535) nor `unix:/path`"
+            ));
+        }
+        let addresses: Vec<SocketAddr> = text
+            .to_socket_addrs()
+            .map_err(|e| format!("`{text}`: the host name `{host}` does not resolve ({e})"))?
+            .collect();
+        addresses
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or_else(|| addresses.first())
+            .copied()
+            .map(Listen::Tcp)
+            .ok_or_else(|| format!("`{text}`: the host name `{host}` resolves to no address"))
     }
 }
 
@@ -113,7 +143,8 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_SHARDED_STREAMS", default_value = "", value_parser = crate::keys::parse_sharded)]
     pub sharded_streams: std::collections::BTreeMap<String, u32>,
 
-    /// gRPC listen address: `host:port`, or `unix:/path` for a unix socket.
+    /// gRPC listen address: `host:port`, or `unix:/path` for a unix socket. The host is an IP address or
+    /// a name, resolved once at start (its first IPv4 address, else its first IPv6 one).
     #[arg(long, env = "ECHOMQ_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: Listen,
 
@@ -396,9 +427,23 @@ mod tests {
     }
 
     #[test]
+    fn listen_takes_a_host_name_that_resolves() {
+        // `localhost` resolves from /etc/hosts, with no DNS server involved.
+        let Listen::Tcp(address) = parse(&["--listen", "localhost:50051"]).unwrap().listen else {
+            panic!("localhost:50051 is a TCP address");
+        };
+        assert!(address.ip().is_loopback(), "{address}");
+        assert_eq!(address.port(), 50051);
+        assert_eq!(parse(&["--listen", "[::1]:7"]).unwrap().listen, Listen::Tcp("[::1]:7".parse().unwrap()));
+    }
+
+    #[test]
     fn bad_values_are_refused_with_a_reason() {
         for args in [
             &["--listen", "nonsense"][..],
+            &["--listen", "localhost"],
+            &["--listen", ":50051"],
+            &["--listen", "localhost:99999"],
             &["--listen", "unix:"],
             &["--redis-url", "http://x"],
             &["--consumer-name", " "],

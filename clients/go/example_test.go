@@ -4,16 +4,30 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	echomq "github.com/echomq/echomq-sidecar/clients/go"
 )
 
-// The README's opening example, kept compiling here.
+// The README's opening example, kept compiling here (scripts/test-examples
+// runs the README's own copy against a sidecar, Ctrl-C included).
 func Example() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Target: "127.0.0.1:50051", Stream: "orders", Group: "billing", Start: echomq.StartBeginning()})
+	go func() { // Ctrl-C or SIGTERM: no new deliveries; running handlers get 10 s to finish
+		<-ctx.Done()
+		deadline, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = consumer.Stop(deadline)
+	}()
 	handle := func(ctx context.Context, d *echomq.Delivery) error { log.Printf("%s %q", d.ID, d.Payload); return nil }
-	log.Fatal(consumer.Run(context.Background(), handle)) // returning nil acks; an error fails the entry
+	if err := consumer.Run(context.Background(), handle); err != nil { // returning nil acks; an error fails the entry
+		log.Fatal(err)
+	}
 }
 
 func ExampleProducer() {
