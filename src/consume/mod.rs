@@ -1,8 +1,14 @@
 //! The Consume call: validate the subscribe, open the group door, attach the
 //! call to its group's worker, then relay frames both ways.
 //!
-//! A delivery reads forward: Redis reply → `worker` → `session` → gRPC
-//! frame; a verdict back: gRPC frame → `session` → `worker` → XACK.
+//! A delivery reads forward: Redis reply → `worker` (into the `ledger`) →
+//! `session` → gRPC frame; a verdict back: gRPC frame → `session` →
+//! `worker` → `ledger` → XACK (`settle`). The files, one per job, are
+//! listed in the crate's Layout section. What follows is the behaviour they
+//! implement, the same text as the docs site's "How Consume behaves" page
+//! (`src/consume/README.md`).
+//!
+#![doc = include_str!("README.md")]
 
 mod dead_letter;
 mod delivery;
