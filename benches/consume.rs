@@ -318,13 +318,15 @@ async fn sidecar_latency(
     while latencies.len() < samples {
         let message = call.inbound.message().await?.ok_or("the sidecar ended the call early")?;
         let received = now_us();
-        match message.kind {
-            Some(Event::Delivery(delivery)) => {
-                latencies.push(latency_of(delivery.payload.get("t"), received)?);
-                call.verdicts.send(ack(delivery.id)).await?;
-            }
+        let deliveries = match message.kind {
+            Some(Event::Delivery(delivery)) => vec![delivery],
+            Some(Event::Batch(batch)) => batch.deliveries,
             Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
-            Some(Event::Subscribed(_)) | None => {}
+            Some(Event::Subscribed(_)) | None => continue,
+        };
+        for delivery in deliveries {
+            latencies.push(latency_of(delivery.payload.get("t"), received)?);
+            call.verdicts.send(ack(delivery.id)).await?;
         }
     }
     producer.await??;

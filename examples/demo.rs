@@ -321,6 +321,9 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
                         };
                         verdicts.send(request(kind)).await?;
                     }
+                    Some(Event::Batch(_)) => {
+                        return Err("the sidecar sent a DeliveryBatch, though the demo's subscribe did not ask for batches".into());
+                    }
                     Some(Event::VerdictError(e)) => {
                         let code = VerdictErrorCode::try_from(e.code).map_or_else(|_| e.code.to_string(), |c| c.as_str_name().to_owned());
                         println!("{} verdict error id={} code={code}: {}", t(), e.id, e.message);

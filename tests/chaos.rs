@@ -360,8 +360,10 @@ async fn appender(ledger: Arc<Ledger>, endpoints: Vec<String>, redis_url: String
 // Clients
 // ---------------------------------------------------------------------------
 
-fn subscribe() -> Subscribe {
+/// Odd-numbered clients take batched frames, so the faults meet both framings.
+fn subscribe(client: usize) -> Subscribe {
     Subscribe {
+        max_batch: if client % 2 == 1 { 16 } else { 0 },
         stream: STREAM.to_owned(),
         group: GROUP.to_owned(),
         group_start: GroupStart::Beginning as i32,
@@ -394,7 +396,7 @@ async fn one_call(ledger: &Ledger, client: usize, sidecar: usize, endpoint: &str
         Err(_) => return "connect failed".to_owned(),
     };
     let (tx, rx) = mpsc::channel::<ConsumeRequest>(4 * MAX_IN_FLIGHT as usize);
-    tx.send(req(Kind::Subscribe(subscribe()))).await.expect("queue subscribe");
+    tx.send(req(Kind::Subscribe(subscribe(client)))).await.expect("queue subscribe");
     let opened = tokio::time::timeout(
         Duration::from_secs(20),
         ConsumerServiceClient::new(channel).consume(ReceiverStream::new(rx)),
@@ -406,9 +408,17 @@ async fn one_call(ledger: &Ledger, client: usize, sidecar: usize, endpoint: &str
         Ok(Ok(response)) => response.into_inner(),
     };
     ledger.calls_opened.fetch_add(1, Relaxed);
+    // Deliveries of a batch frame not handled yet.
+    let mut batch = std::collections::VecDeque::new();
     loop {
         if ledger.stop.load(Relaxed) {
             return "stopped by the test".to_owned();
+        }
+        if let Some(delivery) = batch.pop_front() {
+            if let Some(ended) = handle(ledger, client, sidecar, rng, &tx, delivery).await {
+                return ended;
+            }
+            continue;
         }
         let message = match tokio::time::timeout(Duration::from_millis(500), inbound.message()).await {
             Err(_) => continue,
@@ -418,6 +428,13 @@ async fn one_call(ledger: &Ledger, client: usize, sidecar: usize, endpoint: &str
         };
         let delivery = match message.kind {
             Some(ResponseKind::Delivery(d)) => d,
+            Some(ResponseKind::Batch(b)) => {
+                if b.deliveries.is_empty() {
+                    ledger.anomaly("an empty DeliveryBatch".to_owned());
+                }
+                batch.extend(b.deliveries);
+                continue;
+            }
             Some(ResponseKind::Subscribed(_)) => continue,
             Some(ResponseKind::VerdictError(e)) => {
                 let code = VerdictErrorCode::try_from(e.code)
@@ -430,70 +447,86 @@ async fn one_call(ledger: &Ledger, client: usize, sidecar: usize, endpoint: &str
                 continue;
             }
         };
-        // The handler.
-        ledger.handler_calls.fetch_add(1, Relaxed);
-        ledger.deliveries_by_sidecar[sidecar].fetch_add(1, Relaxed);
-        ledger.max_attempts.fetch_max(delivery.attempts, Relaxed);
-        let Some(k) = delivery.payload.get("k").and_then(|v| std::str::from_utf8(v).ok()?.parse::<usize>().ok()) else {
-            ledger.anomaly(format!("a delivery without a valid key: {delivery:?}"));
-            continue;
-        };
-        if k >= ledger.n || delivery.stream != STREAM || delivery.group != GROUP || !is_branded(&delivery.id) {
-            ledger.anomaly(format!("a delivery that was never appended: {delivery:?}"));
-            continue;
-        }
-        let first_id = ledger.delivered_id[k].get_or_init(|| delivery.id.clone());
-        if *first_id != delivery.id {
-            ledger.anomaly(format!("key {k} delivered as {} and as {}", first_id, delivery.id));
-        }
-        ledger.handled[k].fetch_add(1, Relaxed);
-        if ledger.acked[k].load(Relaxed) {
-            ledger.delivered_after_ack.fetch_add(1, Relaxed);
-        }
-        if rng.u32(..100) < 2 {
-            // A slow handler.
-            tokio::time::sleep(Duration::from_millis(rng.u64(5..40))).await;
-        }
-        // Mid-handler: the injector (or the handler itself) drops the call while it holds this delivery.
-        if ledger.drop_requests[client].swap(false, Relaxed) {
-            ledger.drops_by_injector.fetch_add(1, Relaxed);
-            return "dropped mid-handler (injector)".to_owned();
-        }
-        if rng.u32(..10_000) < HANDLER_DROP_PER_10K {
-            ledger.drops_by_handler.fetch_add(1, Relaxed);
-            return "dropped mid-handler (handler)".to_owned();
-        }
-        let verdict = if is_poison(k) {
-            ledger.fails_sent.fetch_add(1, Relaxed);
-            Kind::Fail(Fail {
-                id: delivery.id.clone(),
-                reason: "chaos: a poison entry".to_owned(),
-                retry_after: Some(duration_ms(10)),
-                dead_letter: delivery.attempts >= 2,
-            })
-        } else if rng.u32(..100) < FAIL_PERCENT {
-            ledger.fails_sent.fetch_add(1, Relaxed);
-            let retry_after = rng.bool().then(|| duration_ms(rng.u64(10..200)));
-            Kind::Fail(Fail {
-                id: delivery.id.clone(),
-                reason: "chaos: the handler failed".to_owned(),
-                retry_after,
-                ..Default::default()
-            })
-        } else {
-            Kind::Ack(Ack { ids: vec![delivery.id.clone()] })
-        };
-        let is_ack = matches!(verdict, Kind::Ack(_));
-        if tx.send(req(verdict)).await.is_err() {
-            return "request side closed".to_owned();
-        }
-        if is_ack {
-            ledger.acks_sent.fetch_add(1, Relaxed);
-            if !ledger.acked[k].swap(true, Relaxed) {
-                ledger.acked_keys.fetch_add(1, Relaxed);
-            }
+        if let Some(ended) = handle(ledger, client, sidecar, rng, &tx, delivery).await {
+            return ended;
         }
     }
+}
+
+/// The handler, for one delivery (alone or out of a batch): checks it against
+/// the ledger, may sleep or drop the call, then sends its verdict. `Some`
+/// says how the call ended.
+async fn handle(
+    ledger: &Ledger,
+    client: usize,
+    sidecar: usize,
+    rng: &mut fastrand::Rng,
+    tx: &mpsc::Sender<ConsumeRequest>,
+    delivery: echomq::proto::Delivery,
+) -> Option<String> {
+    ledger.handler_calls.fetch_add(1, Relaxed);
+    ledger.deliveries_by_sidecar[sidecar].fetch_add(1, Relaxed);
+    ledger.max_attempts.fetch_max(delivery.attempts, Relaxed);
+    let Some(k) = delivery.payload.get("k").and_then(|v| std::str::from_utf8(v).ok()?.parse::<usize>().ok()) else {
+        ledger.anomaly(format!("a delivery without a valid key: {delivery:?}"));
+        return None;
+    };
+    if k >= ledger.n || delivery.stream != STREAM || delivery.group != GROUP || !is_branded(&delivery.id) {
+        ledger.anomaly(format!("a delivery that was never appended: {delivery:?}"));
+        return None;
+    }
+    let first_id = ledger.delivered_id[k].get_or_init(|| delivery.id.clone());
+    if *first_id != delivery.id {
+        ledger.anomaly(format!("key {k} delivered as {} and as {}", first_id, delivery.id));
+    }
+    ledger.handled[k].fetch_add(1, Relaxed);
+    if ledger.acked[k].load(Relaxed) {
+        ledger.delivered_after_ack.fetch_add(1, Relaxed);
+    }
+    if rng.u32(..100) < 2 {
+        // A slow handler.
+        tokio::time::sleep(Duration::from_millis(rng.u64(5..40))).await;
+    }
+    // Mid-handler: the injector (or the handler itself) drops the call while it holds this delivery.
+    if ledger.drop_requests[client].swap(false, Relaxed) {
+        ledger.drops_by_injector.fetch_add(1, Relaxed);
+        return Some("dropped mid-handler (injector)".to_owned());
+    }
+    if rng.u32(..10_000) < HANDLER_DROP_PER_10K {
+        ledger.drops_by_handler.fetch_add(1, Relaxed);
+        return Some("dropped mid-handler (handler)".to_owned());
+    }
+    let verdict = if is_poison(k) {
+        ledger.fails_sent.fetch_add(1, Relaxed);
+        Kind::Fail(Fail {
+            id: delivery.id.clone(),
+            reason: "chaos: a poison entry".to_owned(),
+            retry_after: Some(duration_ms(10)),
+            dead_letter: delivery.attempts >= 2,
+        })
+    } else if rng.u32(..100) < FAIL_PERCENT {
+        ledger.fails_sent.fetch_add(1, Relaxed);
+        let retry_after = rng.bool().then(|| duration_ms(rng.u64(10..200)));
+        Kind::Fail(Fail {
+            id: delivery.id.clone(),
+            reason: "chaos: the handler failed".to_owned(),
+            retry_after,
+            ..Default::default()
+        })
+    } else {
+        Kind::Ack(Ack { ids: vec![delivery.id.clone()] })
+    };
+    let is_ack = matches!(verdict, Kind::Ack(_));
+    if tx.send(req(verdict)).await.is_err() {
+        return Some("request side closed".to_owned());
+    }
+    if is_ack {
+        ledger.acks_sent.fetch_add(1, Relaxed);
+        if !ledger.acked[k].swap(true, Relaxed) {
+            ledger.acked_keys.fetch_add(1, Relaxed);
+        }
+    }
+    None
 }
 
 // ---------------------------------------------------------------------------

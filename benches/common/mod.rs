@@ -239,19 +239,21 @@ impl ConsumeCall {
         let mut seen = HashSet::with_capacity(entries);
         while seen.len() < entries {
             let message = self.inbound.message().await?.ok_or("the sidecar ended the call early")?;
-            match message.kind {
-                Some(Event::Delivery(delivery)) => {
-                    if !delivery.payload.contains_key("n") {
-                        return Err(format!("delivery {} has no field `n`", delivery.id).into());
-                    }
-                    if !seen.insert(delivery.id.clone()) {
-                        return Err(format!("entry {} was delivered twice", delivery.id).into());
-                    }
-                    from(delivery.stream);
-                    self.verdicts.send(ack(delivery.id)).await?;
-                }
+            let deliveries = match message.kind {
+                Some(Event::Delivery(delivery)) => vec![delivery],
+                Some(Event::Batch(batch)) => batch.deliveries,
                 Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
-                Some(Event::Subscribed(_)) | None => {}
+                Some(Event::Subscribed(_)) | None => continue,
+            };
+            for delivery in deliveries {
+                if !delivery.payload.contains_key("n") {
+                    return Err(format!("delivery {} has no field `n`", delivery.id).into());
+                }
+                if !seen.insert(delivery.id.clone()) {
+                    return Err(format!("entry {} was delivered twice", delivery.id).into());
+                }
+                from(delivery.stream);
+                self.verdicts.send(ack(delivery.id)).await?;
             }
         }
         Ok(seen)

@@ -318,6 +318,19 @@ impl Ledger {
         self.slots().saturating_sub(self.ready.len() + self.waiting.len())
     }
 
+    /// The fewest free slots worth a read of new entries. With deliveries
+    /// out, a quarter of the calls' credit (at most `max`), so a slow client
+    /// whose acks free one slot at a time does not cost one XREADGROUP per
+    /// slot; with none out, one: the stream is idle and a read costs nothing
+    /// while it blocks, and waiting would add latency.
+    pub(crate) fn worth_reading(&self, max: usize) -> usize {
+        if self.held() + self.ready.len() == 0 {
+            return 1;
+        }
+        let credit: usize = self.calls.values().filter(|c| !c.closed).map(|c| c.policy.max_in_flight as usize).sum();
+        (credit / 4).clamp(1, max.max(1))
+    }
+
     /// A read of `count` new entries was asked of the reader.
     pub(crate) fn reading(&mut self, count: usize) {
         self.read_outstanding = count;

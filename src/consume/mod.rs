@@ -325,12 +325,13 @@ impl ConsumerService for Consumers {
         let _ = outbound.try_send(Ok(session::response(crate::proto::consume_response::Kind::Subscribed(subscribed))));
         tracing::info!(stream = %sub.stream, group = %sub.group, session, max_in_flight, "call subscribed");
         let closing = self.closing.clone();
+        let framing = session::Framing { max_batch: sub.max_batch, max_bytes: self.shared.max_message_bytes };
         tokio::spawn(async move {
             // Should the relay ever panic, its call's entries must not stay
             // held: the worker is told the call ended, as on any other end.
             let detach = workers.clone();
             let shards = session::Shards::new(workers);
-            let relay = tokio::spawn(session::relay(session, inbound, events, outbound, shards, closing));
+            let relay = tokio::spawn(session::relay(session, inbound, events, outbound, shards, framing, closing));
             if let Err(e) = relay.await {
                 tracing::error!(session, "a call's relay failed: {e}; its entries go back to the PEL");
                 for worker in detach {

@@ -27,7 +27,9 @@ use super::{
 use crate::{
     error::Error,
     id::BrandedId,
-    proto::{consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, Delivery, VerdictError},
+    proto::{
+        consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, Delivery, DeliveryBatch, VerdictError,
+    },
 };
 
 /// How long an ending call waits for its last verdicts to reach Redis.
@@ -45,6 +47,79 @@ const LEFT_REMEMBERED: usize = 4096;
 const EVENT_BACKLOG: usize = 1024;
 
 type Outbound = mpsc::Sender<Result<ConsumeResponse, Status>>;
+
+/// Room in a batch frame for the ConsumeResponse and DeliveryBatch wrappers (bytes).
+const BATCH_OVERHEAD: usize = 16;
+
+/// How a call wants its deliveries framed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Framing {
+    /// Deliveries per frame; 1: each in a `Delivery` frame of its own.
+    pub(super) max_batch: usize,
+    /// The largest frame the client accepts (bytes, `--max-message-bytes`).
+    pub(super) max_bytes: usize,
+}
+
+/// What a batch left for the next frame: a delivery that did not fit (already
+/// routed), or the first event that was not a delivery.
+enum Next {
+    Routed(Delivery),
+    Event(Event),
+}
+
+/// The frame for `first` (already routed) and, when the call takes batches,
+/// the deliveries queued right behind it: up to `max_batch` and `max_bytes`,
+/// never waiting for more. What stops the batch is left in `next`.
+fn delivery_frame(
+    first: Delivery,
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    shards: &mut Shards,
+    framing: Framing,
+    next: &mut Option<Next>,
+) -> ConsumeResponse {
+    if framing.max_batch <= 1 {
+        return response(consume_response::Kind::Delivery(first));
+    }
+    let framed = |d: &Delivery| {
+        let len = prost::Message::encoded_len(d);
+        1 + prost::length_delimiter_len(len) + len
+    };
+    let mut size = BATCH_OVERHEAD + framed(&first);
+    let mut deliveries = vec![first];
+    while deliveries.len() < framing.max_batch {
+        let Ok(event) = events.try_recv() else { break };
+        let Event::Delivery { shard, id, delivery } = event else {
+            *next = Some(Next::Event(event));
+            break;
+        };
+        let Some(delivery) = shards.deliver(shard, id, delivery) else { continue };
+        size += framed(&delivery);
+        if size > framing.max_bytes {
+            *next = Some(Next::Routed(delivery));
+            break;
+        }
+        deliveries.push(delivery);
+    }
+    response(consume_response::Kind::Batch(DeliveryBatch { deliveries }))
+}
+
+/// The frame for one worker event, if it makes one: a delivery (gathering
+/// those queued behind it into a batch), a verdict answer, or a delivery a
+/// departure unparked.
+fn event_frame(
+    event: Event,
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    shards: &mut Shards,
+    framing: Framing,
+    next: &mut Option<Next>,
+) -> Option<ConsumeResponse> {
+    let delivery = match event {
+        Event::Delivery { shard, id, delivery } => shards.deliver(shard, id, delivery)?,
+        Event::VerdictError(error) => return Some(response(consume_response::Kind::VerdictError(error))),
+        Event::Left { shard, id } => shards.left(shard, &id)?,
+    };
+    Some(delivery_frame(delivery, events, shards, framing, next))
+}
 
 /// Wraps a server message.
 pub(super) fn response(kind: consume_response::Kind) -> ConsumeResponse {
@@ -156,16 +231,32 @@ pub(super) async fn relay(
     mut events: mpsc::UnboundedReceiver<Event>,
     outbound: Outbound,
     mut shards: Shards,
+    framing: Framing,
     mut closing: watch::Receiver<bool>,
 ) {
     // Whether the client still reads: after it closes its side, the errors
     // of its last verdicts are still sent before the call ends.
     let mut listening = true;
+    // What the last batch left for the next frame.
+    let mut next: Option<Next> = None;
     let ending = loop {
+        if let Some(left) = next.take() {
+            let frame = match left {
+                Next::Routed(delivery) => Some(delivery_frame(delivery, &mut events, &mut shards, framing, &mut next)),
+                Next::Event(event) => event_frame(event, &mut events, &mut shards, framing, &mut next),
+            };
+            if let Some(frame) = frame {
+                if outbound.send(Ok(frame)).await.is_err() {
+                    listening = false;
+                    break None;
+                }
+            }
+            continue;
+        }
         tokio::select! {
             message = inbound.message(), if events.len() < EVENT_BACKLOG => match message {
                 Ok(Some(request)) => {
-                    if let Err(status) = forward(session, request, &outbound, &mut shards).await {
+                    if let Err(status) = forward(session, request, &outbound, &mut shards, framing).await {
                         break Some(status);
                     }
                 }
@@ -180,18 +271,8 @@ pub(super) async fn relay(
                 }
             },
             event = events.recv() => {
-                let frame = match event {
-                    Some(Event::Delivery { shard, id, delivery }) => match shards.deliver(shard, id, delivery) {
-                        Some(delivery) => response(consume_response::Kind::Delivery(delivery)),
-                        None => continue,
-                    },
-                    Some(Event::VerdictError(error)) => response(consume_response::Kind::VerdictError(error)),
-                    Some(Event::Left { shard, id }) => match shards.left(shard, &id) {
-                        Some(delivery) => response(consume_response::Kind::Delivery(delivery)),
-                        None => continue,
-                    },
-                    None => break Some(Error::ShuttingDown.into()),
-                };
+                let Some(event) = event else { break Some(Error::ShuttingDown.into()) };
+                let Some(frame) = event_frame(event, &mut events, &mut shards, framing, &mut next) else { continue };
                 if outbound.send(Ok(frame)).await.is_err() {
                     listening = false;
                     break None;
@@ -218,8 +299,13 @@ pub(super) async fn relay(
     // The flush the detach waited for answered the last verdicts; deliveries
     // still queued were returned to the PEL by the detach. A client that
     // closed its side and stopped reading does not hold the call open.
+    let stashed = match next {
+        Some(Next::Event(event)) => Some(event),
+        _ => None,
+    };
     let answers = async {
-        while let (true, Ok(event)) = (listening, events.try_recv()) {
+        let mut queued = stashed.into_iter().chain(std::iter::from_fn(|| events.try_recv().ok()));
+        while let (true, Some(event)) = (listening, queued.next()) {
             let error = match event {
                 Event::VerdictError(error) => error,
                 Event::Left { shard, id } => {
@@ -245,6 +331,7 @@ async fn forward(
     request: ConsumeRequest,
     outbound: &Outbound,
     shards: &mut Shards,
+    framing: Framing,
 ) -> Result<(), Status> {
     match request.kind {
         Some(Kind::Subscribe(_)) => Err(Error::invalid(
@@ -264,7 +351,7 @@ async fn forward(
             for (shard, ids) in by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()) {
                 shards.send(shard, Command::Ack { session, ids }).await?;
             }
-            send_unparked(outbound, unparked).await;
+            send_unparked(outbound, framing, unparked).await;
             Ok(())
         }
         Some(Kind::Fail(fail)) => {
@@ -277,7 +364,7 @@ async fn forward(
             truncate_utf8(&mut reason, MAX_REASON_BYTES);
             let fail = FailVerdict { text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason };
             shards.send(shard, Command::Fail { session, fail }).await?;
-            send_unparked(outbound, unparked).await;
+            send_unparked(outbound, framing, unparked).await;
             Ok(())
         }
         Some(Kind::Drain(_)) => {
@@ -308,9 +395,16 @@ async fn forward(
     }
 }
 
-async fn send_unparked(outbound: &Outbound, deliveries: impl IntoIterator<Item = Delivery>) {
+/// Sends deliveries that were parked behind a namesake, each in a frame of its
+/// own (a batch of one for a call that takes batches).
+async fn send_unparked(outbound: &Outbound, framing: Framing, deliveries: impl IntoIterator<Item = Delivery>) {
     for delivery in deliveries {
-        let _ = outbound.send(Ok(response(consume_response::Kind::Delivery(delivery)))).await;
+        let kind = if framing.max_batch > 1 {
+            consume_response::Kind::Batch(DeliveryBatch { deliveries: vec![delivery] })
+        } else {
+            consume_response::Kind::Delivery(delivery)
+        };
+        let _ = outbound.send(Ok(response(kind))).await;
     }
 }
 

@@ -108,7 +108,14 @@ impl Consumers {
             .zip(dead_letter_streams)
             .map(|(key, dead_letter_stream)| (key, GroupPolicy { max_deliveries, dead_letter_stream }))
             .collect();
-        Ok((Subscription { stream, shards, group, start, no_ack: subscribe.no_ack }, policy))
+        let max_batch = match subscribe.max_batch {
+            n if n > MAX_BATCH => {
+                return Err(Error::invalid("subscribe.max_batch", format!("{n} is above the limit of {MAX_BATCH}")))
+            }
+            n => n.max(1) as usize,
+        };
+        let sub = Subscription { stream, shards, group, start, no_ack: subscribe.no_ack, max_batch };
+        Ok((sub, policy))
     }
 
     /// The group door, on each shard: `XGROUP CREATE <stream> <group> <start>
@@ -199,7 +206,12 @@ pub(super) struct Subscription {
     pub(super) start: String,
     /// At-most-once mode.
     pub(super) no_ack: bool,
+    /// Deliveries per frame, 1 to [`MAX_BATCH`]; 1: one `Delivery` per frame.
+    pub(super) max_batch: usize,
 }
+
+/// The most deliveries a subscribe may ask for per frame (`max_batch`).
+pub(crate) const MAX_BATCH: u32 = 4096;
 
 /// How far in the future a GROUP_START_INSTANT may lie: clock skew between
 /// the client and Redis, not a schedule.

@@ -423,7 +423,7 @@ impl Worker {
         }
         if !self.ledger.is_reading() {
             let count = self.ledger.free().min(BATCH_MAX);
-            if count > 0 {
+            if count > 0 && count >= self.ledger.worth_reading(BATCH_MAX) {
                 self.read(count);
             }
         }

@@ -100,6 +100,13 @@ impl Call {
                 self.fresh.push(d);
                 None
             }
+            Some(ResponseKind::Batch(batch)) => {
+                if batch.deliveries.is_empty() {
+                    self.oddities.push("an empty DeliveryBatch".to_owned());
+                }
+                self.fresh.extend(batch.deliveries);
+                None
+            }
             Some(ResponseKind::VerdictError(e)) => Some(e),
             Some(ResponseKind::Subscribed(s)) => {
                 self.oddities.push(format!("a second Subscribed: {s:?}"));

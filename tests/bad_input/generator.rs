@@ -444,6 +444,8 @@ pub(crate) fn pool_subscribe(stream: &str, huge: bool, rng: &mut fastrand::Rng) 
             }
         }
     }
+    // Batched frames and single ones: the oracle holds both to the same rules.
+    s.max_batch = [0, 1, 2, 16][rng.usize(..4)];
     s
 }
 

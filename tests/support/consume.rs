@@ -32,6 +32,8 @@ pub fn req(kind: Kind) -> ConsumeRequest {
 pub enum Event {
     Subscribed(Subscribed),
     Delivery(Delivery),
+    /// A DeliveryBatch frame (a subscribe with `max_batch` above 1).
+    Batch(Vec<Delivery>),
     VerdictError(VerdictError),
     /// A ConsumeResponse with no kind set.
     Empty,
@@ -174,6 +176,7 @@ impl Consumer {
             Ok(Ok(Some(response))) => match response.kind {
                 Some(ResponseKind::Subscribed(s)) => Event::Subscribed(s),
                 Some(ResponseKind::Delivery(d)) => Event::Delivery(d),
+                Some(ResponseKind::Batch(b)) => Event::Batch(b.deliveries),
                 Some(ResponseKind::VerdictError(e)) => Event::VerdictError(e),
                 None => Event::Empty,
             },
@@ -206,6 +209,24 @@ impl Consumer {
             }
         }
         out
+    }
+
+    /// The next DeliveryBatch frame's deliveries; panics on anything else.
+    pub async fn next_batch(&mut self, timeout: Duration) -> Vec<Delivery> {
+        match self.next_event(timeout).await {
+            Event::Batch(deliveries) => deliveries,
+            other => panic!("expected a DeliveryBatch within {timeout:?}, got {other:?}"),
+        }
+    }
+
+    /// Batch frames until `n` deliveries came, each frame within `timeout`
+    /// of the previous one: the frames, in order.
+    pub async fn batches(&mut self, n: usize, timeout: Duration) -> Vec<Vec<Delivery>> {
+        let mut frames: Vec<Vec<Delivery>> = Vec::new();
+        while frames.iter().map(Vec::len).sum::<usize>() < n {
+            frames.push(self.next_batch(timeout).await);
+        }
+        frames
     }
 
     /// The next verdict error; panics on anything else.

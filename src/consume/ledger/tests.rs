@@ -377,3 +377,21 @@ fn the_shard_share_splits_credit_evenly_with_the_remainder_first() {
     assert_eq!((0..3).map(|shard| shard_share(3, 3, shard)).sum::<u32>(), 3);
     assert_eq!(shard_share(64, 1, 0), 64);
 }
+
+#[test]
+fn a_read_waits_for_a_quarter_of_the_credit_while_deliveries_are_out() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let _events = call(&mut ledger, 1, policy(100));
+    assert_eq!(ledger.worth_reading(512), 1, "nothing out: read at once");
+    for n in 1..=100 {
+        ledger.offer(entry(n, 1), now);
+    }
+    assert_eq!(ledger.worth_reading(512), 25);
+    for n in 1..=24 {
+        ledger.ack(1, branded(n).to_string(), branded(n), now);
+    }
+    assert!(ledger.free() < ledger.worth_reading(512), "24 free slots are not yet worth a read");
+    ledger.ack(1, branded(25).to_string(), branded(25), now);
+    assert!(ledger.free() >= ledger.worth_reading(512));
+    assert_eq!(ledger.worth_reading(8), 8, "never more than one read's worth");
+}
