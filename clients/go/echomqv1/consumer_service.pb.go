@@ -376,7 +376,17 @@ type Subscribe struct {
 	// `max_in_flight` slots (flow control) but run no XACK; a Fail is answered
 	// with a VerdictError (INVALID_ARGUMENT). A call with `no_ack` never shares
 	// deliveries with a call without it.
-	NoAck         bool `protobuf:"varint,12,opt,name=no_ack,json=noAck,proto3" json:"no_ack,omitempty"`
+	NoAck bool `protobuf:"varint,12,opt,name=no_ack,json=noAck,proto3" json:"no_ack,omitempty"`
+	// The most deliveries this call accepts in one frame (entries). Optional,
+	// first message only. 0 or 1: one `Delivery` per `ConsumeResponse`, as a
+	// call that does not ask (grpcurl) gets. Above 1: deliveries come as
+	// `DeliveryBatch` frames of 1 to `max_batch` deliveries and at most the
+	// sidecar's `--max-message-bytes` per frame. A batch goes out as soon as
+	// the sidecar has entries for the call: it never waits to fill a frame, so
+	// batching adds no latency at low rates. Each delivery of a batch is
+	// answered on its own, by id (one Ack may name ids of several batches).
+	// INVALID_ARGUMENT above 4096.
+	MaxBatch      uint32 `protobuf:"varint,13,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -493,6 +503,13 @@ func (x *Subscribe) GetNoAck() bool {
 		return x.NoAck
 	}
 	return false
+}
+
+func (x *Subscribe) GetMaxBatch() uint32 {
+	if x != nil {
+		return x.MaxBatch
+	}
+	return 0
 }
 
 // Acknowledges deliveries: the sidecar runs XACK (batched with other acks and
@@ -748,6 +765,7 @@ type ConsumeResponse struct {
 	//	*ConsumeResponse_Subscribed
 	//	*ConsumeResponse_Delivery
 	//	*ConsumeResponse_VerdictError
+	//	*ConsumeResponse_Batch
 	Kind          isConsumeResponse_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -817,6 +835,15 @@ func (x *ConsumeResponse) GetVerdictError() *VerdictError {
 	return nil
 }
 
+func (x *ConsumeResponse) GetBatch() *DeliveryBatch {
+	if x != nil {
+		if x, ok := x.Kind.(*ConsumeResponse_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
 type isConsumeResponse_Kind interface {
 	isConsumeResponse_Kind()
 }
@@ -836,11 +863,66 @@ type ConsumeResponse_VerdictError struct {
 	VerdictError *VerdictError `protobuf:"bytes,3,opt,name=verdict_error,json=verdictError,proto3,oneof"`
 }
 
+type ConsumeResponse_Batch struct {
+	// Several entries handed to this call in one frame (a subscribe with
+	// `max_batch` above 1).
+	Batch *DeliveryBatch `protobuf:"bytes,4,opt,name=batch,proto3,oneof"`
+}
+
 func (*ConsumeResponse_Subscribed) isConsumeResponse_Kind() {}
 
 func (*ConsumeResponse_Delivery) isConsumeResponse_Kind() {}
 
 func (*ConsumeResponse_VerdictError) isConsumeResponse_Kind() {}
+
+func (*ConsumeResponse_Batch) isConsumeResponse_Kind() {}
+
+// Deliveries sent in one frame: each is settled on its own, exactly as if it
+// had come alone.
+type DeliveryBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In delivery order: 1 to `Subscribe.max_batch` of them.
+	Deliveries    []*Delivery `protobuf:"bytes,1,rep,name=deliveries,proto3" json:"deliveries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeliveryBatch) Reset() {
+	*x = DeliveryBatch{}
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeliveryBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeliveryBatch) ProtoMessage() {}
+
+func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeliveryBatch.ProtoReflect.Descriptor instead.
+func (*DeliveryBatch) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeliveryBatch) GetDeliveries() []*Delivery {
+	if x != nil {
+		return x.Deliveries
+	}
+	return nil
+}
 
 // Confirms the subscription.
 type Subscribed struct {
@@ -861,7 +943,7 @@ type Subscribed struct {
 
 func (x *Subscribed) Reset() {
 	*x = Subscribed{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -873,7 +955,7 @@ func (x *Subscribed) String() string {
 func (*Subscribed) ProtoMessage() {}
 
 func (x *Subscribed) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -886,7 +968,7 @@ func (x *Subscribed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subscribed.ProtoReflect.Descriptor instead.
 func (*Subscribed) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{7}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Subscribed) GetStream() string {
@@ -957,7 +1039,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1051,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1064,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{8}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Delivery) GetId() string {
@@ -1063,7 +1145,7 @@ type VerdictError struct {
 
 func (x *VerdictError) Reset() {
 	*x = VerdictError{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1157,7 @@ func (x *VerdictError) String() string {
 func (*VerdictError) ProtoMessage() {}
 
 func (x *VerdictError) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1170,7 @@ func (x *VerdictError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerdictError.ProtoReflect.Descriptor instead.
 func (*VerdictError) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{9}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VerdictError) GetId() string {
@@ -1123,7 +1205,7 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\x04fail\x18\x03 \x01(\v2\x0f.echomq.v1.FailH\x00R\x04fail\x12+\n" +
 	"\x06extend\x18\x04 \x01(\v2\x11.echomq.v1.ExtendH\x00R\x06extend\x12(\n" +
 	"\x05drain\x18\x05 \x01(\v2\x10.echomq.v1.DrainH\x00R\x05drainB\x06\n" +
-	"\x04kind\"\xab\x04\n" +
+	"\x04kind\"\xc8\x04\n" +
 	"\tSubscribe\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x126\n" +
@@ -1139,7 +1221,8 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\x12dead_letter_stream\x18\n" +
 	" \x01(\tR\x10deadLetterStream\x12%\n" +
 	"\x0emax_deliveries\x18\v \x01(\rR\rmaxDeliveries\x12\x15\n" +
-	"\x06no_ack\x18\f \x01(\bR\x05noAck\"\x17\n" +
+	"\x06no_ack\x18\f \x01(\bR\x05noAck\x12\x1b\n" +
+	"\tmax_batch\x18\r \x01(\rR\bmaxBatch\"\x17\n" +
 	"\x03Ack\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\"\x8b\x01\n" +
 	"\x04Fail\x12\x0e\n" +
@@ -1152,14 +1235,19 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\x06Extend\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\x12)\n" +
 	"\x02by\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02by\"\a\n" +
-	"\x05Drain\"\xc5\x01\n" +
+	"\x05Drain\"\xf7\x01\n" +
 	"\x0fConsumeResponse\x127\n" +
 	"\n" +
 	"subscribed\x18\x01 \x01(\v2\x15.echomq.v1.SubscribedH\x00R\n" +
 	"subscribed\x121\n" +
 	"\bdelivery\x18\x02 \x01(\v2\x13.echomq.v1.DeliveryH\x00R\bdelivery\x12>\n" +
-	"\rverdict_error\x18\x03 \x01(\v2\x17.echomq.v1.VerdictErrorH\x00R\fverdictErrorB\x06\n" +
-	"\x04kind\"z\n" +
+	"\rverdict_error\x18\x03 \x01(\v2\x17.echomq.v1.VerdictErrorH\x00R\fverdictError\x120\n" +
+	"\x05batch\x18\x04 \x01(\v2\x18.echomq.v1.DeliveryBatchH\x00R\x05batchB\x06\n" +
+	"\x04kind\"D\n" +
+	"\rDeliveryBatch\x123\n" +
+	"\n" +
+	"deliveries\x18\x01 \x03(\v2\x13.echomq.v1.DeliveryR\n" +
+	"deliveries\"z\n" +
 	"\n" +
 	"Subscribed\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
@@ -1216,7 +1304,7 @@ func file_echomq_v1_consumer_service_proto_rawDescGZIP() []byte {
 }
 
 var file_echomq_v1_consumer_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_echomq_v1_consumer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_echomq_v1_consumer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_echomq_v1_consumer_service_proto_goTypes = []any{
 	(GroupStart)(0),               // 0: echomq.v1.GroupStart
 	(VerdictErrorCode)(0),         // 1: echomq.v1.VerdictErrorCode
@@ -1227,13 +1315,14 @@ var file_echomq_v1_consumer_service_proto_goTypes = []any{
 	(*Extend)(nil),                // 6: echomq.v1.Extend
 	(*Drain)(nil),                 // 7: echomq.v1.Drain
 	(*ConsumeResponse)(nil),       // 8: echomq.v1.ConsumeResponse
-	(*Subscribed)(nil),            // 9: echomq.v1.Subscribed
-	(*Delivery)(nil),              // 10: echomq.v1.Delivery
-	(*VerdictError)(nil),          // 11: echomq.v1.VerdictError
-	nil,                           // 12: echomq.v1.Delivery.PayloadEntry
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
-	(*RawField)(nil),              // 15: echomq.v1.RawField
+	(*DeliveryBatch)(nil),         // 9: echomq.v1.DeliveryBatch
+	(*Subscribed)(nil),            // 10: echomq.v1.Subscribed
+	(*Delivery)(nil),              // 11: echomq.v1.Delivery
+	(*VerdictError)(nil),          // 12: echomq.v1.VerdictError
+	nil,                           // 13: echomq.v1.Delivery.PayloadEntry
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*RawField)(nil),              // 16: echomq.v1.RawField
 }
 var file_echomq_v1_consumer_service_proto_depIdxs = []int32{
 	3,  // 0: echomq.v1.ConsumeRequest.subscribe:type_name -> echomq.v1.Subscribe
@@ -1242,26 +1331,28 @@ var file_echomq_v1_consumer_service_proto_depIdxs = []int32{
 	6,  // 3: echomq.v1.ConsumeRequest.extend:type_name -> echomq.v1.Extend
 	7,  // 4: echomq.v1.ConsumeRequest.drain:type_name -> echomq.v1.Drain
 	0,  // 5: echomq.v1.Subscribe.group_start:type_name -> echomq.v1.GroupStart
-	13, // 6: echomq.v1.Subscribe.start_time:type_name -> google.protobuf.Timestamp
-	14, // 7: echomq.v1.Subscribe.ack_deadline:type_name -> google.protobuf.Duration
-	14, // 8: echomq.v1.Subscribe.retry_backoff_initial:type_name -> google.protobuf.Duration
-	14, // 9: echomq.v1.Subscribe.retry_backoff_max:type_name -> google.protobuf.Duration
-	14, // 10: echomq.v1.Fail.retry_after:type_name -> google.protobuf.Duration
-	14, // 11: echomq.v1.Extend.by:type_name -> google.protobuf.Duration
-	9,  // 12: echomq.v1.ConsumeResponse.subscribed:type_name -> echomq.v1.Subscribed
-	10, // 13: echomq.v1.ConsumeResponse.delivery:type_name -> echomq.v1.Delivery
-	11, // 14: echomq.v1.ConsumeResponse.verdict_error:type_name -> echomq.v1.VerdictError
-	12, // 15: echomq.v1.Delivery.payload:type_name -> echomq.v1.Delivery.PayloadEntry
-	13, // 16: echomq.v1.Delivery.minted_at:type_name -> google.protobuf.Timestamp
-	15, // 17: echomq.v1.Delivery.raw_fields:type_name -> echomq.v1.RawField
-	1,  // 18: echomq.v1.VerdictError.code:type_name -> echomq.v1.VerdictErrorCode
-	2,  // 19: echomq.v1.ConsumerService.Consume:input_type -> echomq.v1.ConsumeRequest
-	8,  // 20: echomq.v1.ConsumerService.Consume:output_type -> echomq.v1.ConsumeResponse
-	20, // [20:21] is the sub-list for method output_type
-	19, // [19:20] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	14, // 6: echomq.v1.Subscribe.start_time:type_name -> google.protobuf.Timestamp
+	15, // 7: echomq.v1.Subscribe.ack_deadline:type_name -> google.protobuf.Duration
+	15, // 8: echomq.v1.Subscribe.retry_backoff_initial:type_name -> google.protobuf.Duration
+	15, // 9: echomq.v1.Subscribe.retry_backoff_max:type_name -> google.protobuf.Duration
+	15, // 10: echomq.v1.Fail.retry_after:type_name -> google.protobuf.Duration
+	15, // 11: echomq.v1.Extend.by:type_name -> google.protobuf.Duration
+	10, // 12: echomq.v1.ConsumeResponse.subscribed:type_name -> echomq.v1.Subscribed
+	11, // 13: echomq.v1.ConsumeResponse.delivery:type_name -> echomq.v1.Delivery
+	12, // 14: echomq.v1.ConsumeResponse.verdict_error:type_name -> echomq.v1.VerdictError
+	9,  // 15: echomq.v1.ConsumeResponse.batch:type_name -> echomq.v1.DeliveryBatch
+	11, // 16: echomq.v1.DeliveryBatch.deliveries:type_name -> echomq.v1.Delivery
+	13, // 17: echomq.v1.Delivery.payload:type_name -> echomq.v1.Delivery.PayloadEntry
+	14, // 18: echomq.v1.Delivery.minted_at:type_name -> google.protobuf.Timestamp
+	16, // 19: echomq.v1.Delivery.raw_fields:type_name -> echomq.v1.RawField
+	1,  // 20: echomq.v1.VerdictError.code:type_name -> echomq.v1.VerdictErrorCode
+	2,  // 21: echomq.v1.ConsumerService.Consume:input_type -> echomq.v1.ConsumeRequest
+	8,  // 22: echomq.v1.ConsumerService.Consume:output_type -> echomq.v1.ConsumeResponse
+	22, // [22:23] is the sub-list for method output_type
+	21, // [21:22] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_echomq_v1_consumer_service_proto_init() }
@@ -1281,6 +1372,7 @@ func file_echomq_v1_consumer_service_proto_init() {
 		(*ConsumeResponse_Subscribed)(nil),
 		(*ConsumeResponse_Delivery)(nil),
 		(*ConsumeResponse_VerdictError)(nil),
+		(*ConsumeResponse_Batch)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1288,7 +1380,7 @@ func file_echomq_v1_consumer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_echomq_v1_consumer_service_proto_rawDesc), len(file_echomq_v1_consumer_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

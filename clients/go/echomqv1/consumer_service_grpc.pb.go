@@ -37,8 +37,9 @@ type ConsumerServiceClient interface {
 	//
 	// The first client message must be a `Subscribe`; every later one is a
 	// verdict (`Ack`, `Fail`) or a lease extension (`Extend`). The server answers
-	// the subscribe with one `Subscribed`, then sends deliveries and per-verdict
-	// errors.
+	// the subscribe with one `Subscribed`, then sends deliveries (one per frame,
+	// or in `DeliveryBatch` frames when the subscribe asks with `max_batch`) and
+	// per-verdict errors.
 	//
 	// The call ends with:
 	//   - INVALID_ARGUMENT: the first message is not a valid `Subscribe`, a
@@ -90,8 +91,9 @@ type ConsumerServiceServer interface {
 	//
 	// The first client message must be a `Subscribe`; every later one is a
 	// verdict (`Ack`, `Fail`) or a lease extension (`Extend`). The server answers
-	// the subscribe with one `Subscribed`, then sends deliveries and per-verdict
-	// errors.
+	// the subscribe with one `Subscribed`, then sends deliveries (one per frame,
+	// or in `DeliveryBatch` frames when the subscribe asks with `max_batch`) and
+	// per-verdict errors.
 	//
 	// The call ends with:
 	//   - INVALID_ARGUMENT: the first message is not a valid `Subscribe`, a

@@ -55,7 +55,7 @@ class ConsumeRequest(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
-    __slots__ = ("stream", "group", "group_start", "start_id", "start_time", "max_in_flight", "ack_deadline", "retry_backoff_initial", "retry_backoff_max", "dead_letter_stream", "max_deliveries", "no_ack")
+    __slots__ = ("stream", "group", "group_start", "start_id", "start_time", "max_in_flight", "ack_deadline", "retry_backoff_initial", "retry_backoff_max", "dead_letter_stream", "max_deliveries", "no_ack", "max_batch")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     GROUP_START_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class Subscribe(_message.Message):
     DEAD_LETTER_STREAM_FIELD_NUMBER: _ClassVar[int]
     MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     NO_ACK_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     stream: str
     group: str
     group_start: GroupStart
@@ -80,7 +81,8 @@ class Subscribe(_message.Message):
     dead_letter_stream: str
     max_deliveries: int
     no_ack: bool
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., group_start: _Optional[_Union[GroupStart, str]] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_in_flight: _Optional[int] = ..., ack_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retry_backoff_initial: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retry_backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_stream: _Optional[str] = ..., max_deliveries: _Optional[int] = ..., no_ack: _Optional[bool] = ...) -> None: ...
+    max_batch: int
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., group_start: _Optional[_Union[GroupStart, str]] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_in_flight: _Optional[int] = ..., ack_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retry_backoff_initial: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retry_backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_stream: _Optional[str] = ..., max_deliveries: _Optional[int] = ..., no_ack: _Optional[bool] = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ids",)
@@ -113,14 +115,22 @@ class Drain(_message.Message):
     def __init__(self) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ("subscribed", "delivery", "verdict_error")
+    __slots__ = ("subscribed", "delivery", "verdict_error", "batch")
     SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     VERDICT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     subscribed: Subscribed
     delivery: Delivery
     verdict_error: VerdictError
-    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., verdict_error: _Optional[_Union[VerdictError, _Mapping]] = ...) -> None: ...
+    batch: DeliveryBatch
+    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., verdict_error: _Optional[_Union[VerdictError, _Mapping]] = ..., batch: _Optional[_Union[DeliveryBatch, _Mapping]] = ...) -> None: ...
+
+class DeliveryBatch(_message.Message):
+    __slots__ = ("deliveries",)
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ...) -> None: ...
 
 class Subscribed(_message.Message):
     __slots__ = ("stream", "group", "consumer", "max_in_flight")
