@@ -10,11 +10,13 @@
 //! sidecar binary cargo built for it (`cargo bench` builds it with the release
 //! profile), then:
 //!
-//! 1. appends N entries (default 50,000; `ECHOMQ_BENCH_ENTRIES`) to each of two
+//! 1. appends N entries (default 50,000; `ECHOMQ_BENCH_ENTRIES`) to each of three
 //!    streams with `AppendBatch` (1,000 per call);
 //! 2. throughput: (a) consumes stream A through the sidecar with one Consume
 //!    call (`max_in_flight` 256), the client sending one `Ack` message with one
-//!    id per delivery as it arrives; (b) consumes stream B with the redis crate
+//!    id per delivery as it arrives; (a2) consumes stream C the same way with
+//!    batched frames (`max_batch` 256), one `Ack` message with every id of a
+//!    frame; (b) consumes stream B with the redis crate
 //!    directly: `XREADGROUP … COUNT 256 BLOCK 2000` then one `XACK` with all the
 //!    ids of the read. Each time runs from the group's creation until Redis has
 //!    every entry acknowledged (for the sidecar, until `XPENDING` says 0);
@@ -35,8 +37,8 @@ use std::{
 
 use common::redis_server::{RedisOptions, RedisServer};
 use common::{
-    ack, append, connection, pending, phase, rate, thousands, ConsumeCall, Error, Sidecar, APPEND_BATCH, BODY_BYTES,
-    WINDOW,
+    ack_ids, append, connection, pending, phase, rate, thousands, ConsumeCall, Error, Sidecar, APPEND_BATCH,
+    BODY_BYTES, WINDOW,
 };
 use echomq::proto::{consume_response::Kind as Event, stream_service_client::StreamServiceClient, GroupStart};
 use redis::{aio::MultiplexedConnection, Value};
@@ -80,27 +82,35 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     // 1. Two streams of N entries each, through AppendBatch.
     let mut streams = StreamServiceClient::connect(endpoint.clone()).await?;
     let started = Instant::now();
-    for stream in ["bench-a", "bench-b"] {
+    for stream in ["bench-a", "bench-b", "bench-c"] {
         append(&mut streams, stream, entries, APPEND_BATCH).await?;
     }
     let took = started.elapsed();
     println!(
         "setup       AppendBatch ({APPEND_BATCH} per call) through the sidecar: {} entries in {:.3} s = {} entries/s",
-        2 * entries,
+        3 * entries,
         took.as_secs_f64(),
-        thousands(rate(2 * entries, took))
+        thousands(rate(3 * entries, took))
     );
     println!();
 
     // 2. Throughput.
     redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
     let sidecar_took =
-        phase("sidecar throughput", sidecar_throughput(&endpoint, &mut redis, "bench-a", entries)).await?;
+        phase("sidecar throughput", sidecar_throughput(&endpoint, &mut redis, "bench-a", entries, 0)).await?;
     let sidecar_calls = command_calls(&mut redis).await?;
+    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
+    let batched_took = phase(
+        "batched sidecar throughput",
+        sidecar_throughput(&endpoint, &mut redis, "bench-c", entries, WINDOW as u32),
+    )
+    .await?;
+    let batched_calls = command_calls(&mut redis).await?;
     redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
     let direct_took = phase("direct throughput", direct_throughput(&redis_server, "bench-b", entries)).await?;
     let direct_calls = command_calls(&mut redis).await?;
     let (sidecar_rate, direct_rate) = (rate(entries, sidecar_took), rate(entries, direct_took));
+    let batched_rate = rate(entries, batched_took);
     println!("throughput  {entries} entries each, from group creation until Redis has every entry acknowledged");
     println!(
         "  (a) sidecar  one Consume call, max_in_flight {WINDOW}, one Ack message (one id) per delivery:  {:.3} s = {:>9} entries/s",
@@ -108,13 +118,20 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
         thousands(sidecar_rate)
     );
     println!(
+        "  (a2) batched one Consume call, max_in_flight {WINDOW}, max_batch {WINDOW}, one Ack message per frame:  {:.3} s = {:>9} entries/s",
+        batched_took.as_secs_f64(),
+        thousands(batched_rate)
+    );
+    println!(
         "  (b) direct   redis crate, XREADGROUP COUNT {WINDOW} BLOCK {BLOCK_MS}, one XACK of all ids per read:  {:.3} s = {:>9} entries/s",
         direct_took.as_secs_f64(),
         thousands(direct_rate)
     );
     println!("  ratio sidecar/direct: {:.2}", sidecar_rate / direct_rate);
+    println!("  ratio batched/direct: {:.2}", batched_rate / direct_rate);
     println!("  Redis commands (INFO commandstats; the sidecar's include its XPENDING polls):");
     println!("    (a) sidecar  {sidecar_calls}");
+    println!("    (a2) batched {batched_calls}");
     println!("    (b) direct   {direct_calls}");
     println!();
 
@@ -173,15 +190,17 @@ async fn command_calls(redis: &mut MultiplexedConnection) -> Result<String, Erro
     Ok(calls.iter().map(|(name, n)| format!("{name} {n}")).collect::<Vec<_>>().join(", "))
 }
 
-/// (a) throughput: one Consume call acking each delivery as it arrives.
+/// (a) throughput: one Consume call acking each frame as it arrives (one id
+/// per Ack with `max_batch` 0; every id of a frame with batches).
 async fn sidecar_throughput(
     endpoint: &str,
     redis: &mut MultiplexedConnection,
     stream: &str,
     entries: usize,
+    max_batch: u32,
 ) -> Result<Duration, Error> {
     let group = "bench";
-    let mut call = ConsumeCall::open(endpoint, stream, group, GroupStart::Beginning).await?;
+    let mut call = ConsumeCall::open_batched(endpoint, stream, group, GroupStart::Beginning, max_batch).await?;
     // Kept to the end, so that freeing the ids is not timed.
     let _seen = call.ack_each(entries, |_| {}).await?;
     // Acks are applied by the sidecar in batches: done when Redis agrees.
@@ -326,7 +345,7 @@ async fn sidecar_latency(
         };
         for delivery in deliveries {
             latencies.push(latency_of(delivery.payload.get("t"), received)?);
-            call.verdicts.send(ack(delivery.id)).await?;
+            call.verdicts.send(ack_ids(vec![delivery.id])).await?;
         }
     }
     producer.await??;

@@ -179,21 +179,22 @@ pub(crate) async fn append(
     Ok(started.elapsed())
 }
 
-fn subscribe(stream: &str, group: &str, start: GroupStart) -> ConsumeRequest {
+fn subscribe(stream: &str, group: &str, start: GroupStart, max_batch: u32) -> ConsumeRequest {
     ConsumeRequest {
         kind: Some(Kind::Subscribe(Subscribe {
             stream: stream.to_owned(),
             group: group.to_owned(),
             group_start: start as i32,
             max_in_flight: WINDOW as u32,
+            max_batch,
             ..Subscribe::default()
         })),
     }
 }
 
-/// An `Ack` message with one id.
-pub(crate) fn ack(id: String) -> ConsumeRequest {
-    ConsumeRequest { kind: Some(Kind::Ack(Ack { ids: vec![id] })) }
+/// An `Ack` message with these ids.
+pub(crate) fn ack_ids(ids: Vec<String>) -> ConsumeRequest {
+    ConsumeRequest { kind: Some(Kind::Ack(Ack { ids })) }
 }
 
 /// An open Consume call.
@@ -217,9 +218,20 @@ impl ConsumeCall {
         group: &str,
         start: GroupStart,
     ) -> Result<ConsumeCall, Error> {
+        ConsumeCall::open_batched(endpoint, stream, group, start, 0).await
+    }
+
+    /// [`ConsumeCall::open`] asking for frames of up to `max_batch` deliveries.
+    pub(crate) async fn open_batched(
+        endpoint: &str,
+        stream: &str,
+        group: &str,
+        start: GroupStart,
+        max_batch: u32,
+    ) -> Result<ConsumeCall, Error> {
         let mut client = ConsumerServiceClient::connect(endpoint.to_owned()).await?;
         let (verdicts, outbound) = mpsc::channel(4 * WINDOW);
-        verdicts.send(subscribe(stream, group, start)).await?;
+        verdicts.send(subscribe(stream, group, start, max_batch)).await?;
         let started = Instant::now();
         let inbound = client.consume(ReceiverStream::new(outbound)).await?.into_inner();
         Ok(ConsumeCall { _client: client, verdicts, inbound, started })
@@ -245,6 +257,7 @@ impl ConsumeCall {
                 Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
                 Some(Event::Subscribed(_)) | None => continue,
             };
+            let mut ids = Vec::with_capacity(deliveries.len());
             for delivery in deliveries {
                 if !delivery.payload.contains_key("n") {
                     return Err(format!("delivery {} has no field `n`", delivery.id).into());
@@ -253,8 +266,10 @@ impl ConsumeCall {
                     return Err(format!("entry {} was delivered twice", delivery.id).into());
                 }
                 from(delivery.stream);
-                self.verdicts.send(ack(delivery.id)).await?;
+                ids.push(delivery.id);
             }
+            // One Ack message per frame: one id for a single delivery, all of a batch's.
+            self.verdicts.send(ack_ids(ids)).await?;
         }
         Ok(seen)
     }
