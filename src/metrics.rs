@@ -3,7 +3,8 @@
 //! Names follow Prometheus conventions: the `echomq_` prefix, base units in
 //! the name (`_seconds`), `_total` on counters (added by the encoder). Labels
 //! are the stream and group (bounded by what the sidecar's clients subscribe
-//! to), the Redis operation, or the Redis command name.
+//! to), the Redis operation, the Redis command name, or why a reader
+//! connection was closed.
 
 use std::{
     collections::HashMap,
@@ -43,6 +44,35 @@ pub struct OperationLabels {
     pub operation: String,
 }
 
+/// Labels of closed reader connections: why the connection was closed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `health_check` (PING failed when it was to be reused), `read_error` (a
+    /// read failed on it; replaced), `stopped_mid_read` (its reader was cut
+    /// off during a blocked read, so it was not handed to another group).
+    pub reason: &'static str,
+}
+
+impl ReasonLabels {
+    /// Every reason a reader connection is closed for.
+    pub const ALL: [&'static str; 3] = ["health_check", "read_error", "stopped_mid_read"];
+}
+
+/// The reader pool's state at a scrape (connections), as [`Metrics::watch_reader_pool`] reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReaderPoolStatus {
+    /// The pool's bound (`--reader-connections`).
+    pub max: usize,
+    /// Connections open: in use and idle.
+    pub open: usize,
+    /// Connections held by group readers.
+    pub in_use: usize,
+    /// Groups waiting for a connection now.
+    pub waiting: usize,
+}
+
+type ReaderPoolSource = Box<dyn Fn() -> ReaderPoolStatus + Send + Sync>;
+
 /// Labels of Redis latency: the command (`XACK`, `EVALSHA`, … or `pipeline`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CommandLabels {
@@ -78,6 +108,33 @@ pub struct Metrics {
     redis_errors: Family<OperationLabels, Counter>,
     redis_command_errors: Family<CommandLabels, Counter>,
     redis_seconds: Family<CommandLabels, Histogram>,
+    reader_connections_max: Gauge,
+    reader_connections: Gauge,
+    reader_connections_in_use: Gauge,
+    reader_connection_waiters: Gauge,
+    reader: ReaderMetrics,
+    /// Reads the reader pool's state at each scrape (kept by the pool, never copied by hand).
+    reader_pool: std::sync::Mutex<Option<ReaderPoolSource>>,
+}
+
+/// The reader pool's event series (see [`Metrics::reader`]). Cheap to clone.
+#[derive(Clone)]
+pub struct ReaderMetrics {
+    /// `echomq_reader_connection_wait_seconds`: how long a group's first call
+    /// waited for a reader connection (a free one, or a new one connected), refused or not.
+    pub wait_seconds: Histogram,
+    /// `echomq_reader_connection_refusals_total`: subscribes refused
+    /// RESOURCE_EXHAUSTED because every reader connection was in use.
+    pub refusals: Counter,
+    /// `echomq_reader_connections_closed_total{reason}`.
+    pub closed: Family<ReasonLabels, Counter>,
+}
+
+impl ReaderMetrics {
+    /// Counts a reader connection closed for `reason` (see [`ReasonLabels`]).
+    pub fn closed(&self, reason: &'static str) {
+        self.closed.get_or_create(&ReasonLabels { reason }).inc();
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -111,6 +168,16 @@ impl Metrics {
             redis_errors: Family::default(),
             redis_command_errors: Family::default(),
             redis_seconds: Family::new_with_constructor(latency_histogram),
+            reader_connections_max: Gauge::default(),
+            reader_connections: Gauge::default(),
+            reader_connections_in_use: Gauge::default(),
+            reader_connection_waiters: Gauge::default(),
+            reader: ReaderMetrics {
+                wait_seconds: latency_histogram(),
+                refusals: Counter::default(),
+                closed: Family::default(),
+            },
+            reader_pool: std::sync::Mutex::new(None),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -155,12 +222,58 @@ impl Metrics {
             "Latency of commands on the shared Redis connection",
             m.redis_seconds.clone(),
         );
+        r.register(
+            "reader_connections_max",
+            "Most dedicated reader connections (--reader-connections)",
+            m.reader_connections_max.clone(),
+        );
+        r.register(
+            "reader_connections",
+            "Dedicated reader connections open (XREADGROUP BLOCK), in use and idle",
+            m.reader_connections.clone(),
+        );
+        r.register(
+            "reader_connections_in_use",
+            "Reader connections held by groups with calls",
+            m.reader_connections_in_use.clone(),
+        );
+        r.register(
+            "reader_connection_waiters",
+            "Groups waiting for a reader connection now",
+            m.reader_connection_waiters.clone(),
+        );
+        r.register(
+            "reader_connection_wait_seconds",
+            "Time a group's first call waited for a reader connection (free or newly connected)",
+            m.reader.wait_seconds.clone(),
+        );
+        r.register(
+            "reader_connection_refusals",
+            "Subscribes refused RESOURCE_EXHAUSTED: every reader connection was in use",
+            m.reader.refusals.clone(),
+        );
+        // Every reason from the start, so a rate over them needs no first event.
+        for reason in ReasonLabels::ALL {
+            let _ = m.reader.closed.get_or_create(&ReasonLabels { reason });
+        }
+        r.register(
+            "reader_connections_closed",
+            "Reader connections closed, by reason (health_check, read_error, stopped_mid_read)",
+            m.reader.closed.clone(),
+        );
         m.registry = registry;
         m
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        if let Some(source) = self.reader_pool.lock().expect("reader pool source lock").as_ref() {
+            let status = source();
+            self.reader_connections_max.set(status.max as i64);
+            self.reader_connections.set(status.open as i64);
+            self.reader_connections_in_use.set(status.in_use as i64);
+            self.reader_connection_waiters.set(status.waiting as i64);
+        }
         let mut text = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
@@ -195,6 +308,17 @@ impl Metrics {
             lag_family: self.lag.clone(),
             labels,
         }
+    }
+
+    /// Reads the reader pool's gauges from `source` at each scrape, so they
+    /// are the pool's own counts, never a copy kept in step by hand.
+    pub fn watch_reader_pool(&self, source: impl Fn() -> ReaderPoolStatus + Send + Sync + 'static) {
+        *self.reader_pool.lock().expect("reader pool source lock") = Some(Box::new(source));
+    }
+
+    /// The reader pool's event series.
+    pub fn reader(&self) -> ReaderMetrics {
+        self.reader.clone()
     }
 
     /// Counts a failed Redis operation.

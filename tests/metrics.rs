@@ -241,6 +241,8 @@ async fn metric_families_have_prometheus_types_and_names() {
         "acks_not_pending",
         "trimmed_while_pending",
         "group_recreations",
+        "reader_connection_refusals",
+        "reader_connections_closed",
     ];
     let gauges = [
         "in_flight",
@@ -250,8 +252,12 @@ async fn metric_families_have_prometheus_types_and_names() {
         "group_max_delivery_count",
         "group_consumers",
         "stream_length",
+        "reader_connections_max",
+        "reader_connections",
+        "reader_connections_in_use",
+        "reader_connection_waiters",
     ];
-    let histograms = ["handler_duration_seconds", "redis_command_duration_seconds"];
+    let histograms = ["handler_duration_seconds", "redis_command_duration_seconds", "reader_connection_wait_seconds"];
     let mut problems = Vec::new();
     for name in counters {
         // OpenMetrics names the counter family without `_total`; the Prometheus

@@ -8,7 +8,9 @@
 //!   no response timeout, so a blocking read never holds up other commands and
 //!   is never cut short while Redis is handing entries to it. On a cluster it
 //!   is a cluster connection of its own, routed to the node that owns the
-//!   stream's slot.
+//!   stream's slot. They come from a bounded pool, [`readers`].
+
+pub mod readers;
 
 mod fault;
 pub mod group;
@@ -299,6 +301,8 @@ impl Redis {
 
     /// A new connection of its own for blocking reads: no response timeout
     /// (the BLOCK argument bounds the wait), `connect_timeout` to connect.
+    /// The group readers take theirs from [`readers::ReaderPool`], which makes
+    /// them with this.
     pub async fn dedicated(&self, connect_timeout: Duration) -> RedisResult<Connection> {
         match &self.target {
             Target::Single(client) => {

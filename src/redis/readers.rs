@@ -1,0 +1,240 @@
+//! The group readers' connections: a bounded pool of dedicated connections
+//! for `XREADGROUP … BLOCK`, with no response timeout (the BLOCK argument
+//! bounds the wait; redis-rs' default timeout would cut a blocked read short
+//! while Redis hands it entries).
+//!
+//! The pool is deadpool's managed pool, with a manager of our own: it makes
+//! each connection as [`Redis::dedicated`] does (a single server or a
+//! cluster, TLS with the configured CA), names it `echomq-reader` (so
+//! `CLIENT LIST` tells readers apart) and health-checks an idle connection
+//! with `PING` before handing it out again.
+//!
+//! One connection per (stream, group) that has calls on this sidecar (a
+//! sharded stream: one per shard), taken when its first call subscribes and
+//! given back when its last call leaves, at most `--reader-connections` of
+//! them. A subscribe that finds none free within [`READER_WAIT`] is refused
+//! RESOURCE_EXHAUSTED, naming the setting: more groups than connections is a
+//! refusal the client sees at once, never a call that waits for ever.
+//!
+//! A connection is handed back to the pool only between reads. A reader cut
+//! off during a blocked read (its last call left) has a reply still in
+//! flight: that connection is closed instead, so Redis drops the read rather
+//! than hand entries to a group nobody reads for, and the next group's read
+//! never queues behind it.
+
+use std::time::{Duration, Instant};
+
+use deadpool::{
+    managed::{self, Object, Pool, PoolError, RecycleError, TimeoutType},
+    Runtime,
+};
+use redis::{Cmd, RedisError, RedisResult, Value};
+use tracing::{debug, warn};
+
+use super::{Connection, Redis};
+use crate::{
+    error::Error,
+    metrics::{Metrics, ReaderMetrics, ReaderPoolStatus},
+};
+
+/// How long a group's first call waits for a reader connection to come free
+/// before its subscribe is refused.
+pub const READER_WAIT: Duration = Duration::from_secs(1);
+
+/// The name every reader connection gives itself (`CLIENT SETNAME`).
+pub const READER_CLIENT_NAME: &str = "echomq-reader";
+
+/// The bounded pool of reader connections. Cheap to clone (one pool).
+#[derive(Clone)]
+pub struct ReaderPool {
+    pool: Pool<Manager>,
+    max: usize,
+    metrics: ReaderMetrics,
+}
+
+impl ReaderPool {
+    /// A pool of at most `max` connections to `redis` (`--reader-connections`),
+    /// each connected within `timeout` (and health-checked within it). Its
+    /// gauges are read by `metrics` at each scrape. Connects nothing yet.
+    pub fn new(redis: Redis, max: usize, timeout: Duration, metrics: &Metrics) -> ReaderPool {
+        let manager = Manager { redis, timeout, metrics: metrics.reader() };
+        let pool = Pool::builder(manager)
+            .max_size(max)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(READER_WAIT))
+            .build()
+            .expect("a pool with a runtime for its wait timeout builds");
+        let weak = pool.weak();
+        metrics.watch_reader_pool(move || {
+            weak.upgrade().map_or_else(ReaderPoolStatus::default, |pool| {
+                let status = pool.status();
+                ReaderPoolStatus {
+                    max: status.max_size,
+                    open: status.size,
+                    in_use: status.size - status.available,
+                    waiting: status.waiting,
+                }
+            })
+        });
+        ReaderPool { pool, max, metrics: metrics.reader() }
+    }
+
+    /// A connection for the reader of `group` on `stream`: an idle one,
+    /// after a `PING` (a dead one is closed and replaced), or a new one,
+    /// waiting up to [`READER_WAIT`] for one to come free.
+    ///
+    /// Errors: RESOURCE_EXHAUSTED ([`Error::ResourceExhausted`], naming
+    /// `--reader-connections`) when all are in use for that long, logged and
+    /// counted in `echomq_reader_connection_refusals_total`; UNAVAILABLE
+    /// ([`Error::Unavailable`]) when a new connection cannot be made.
+    pub async fn acquire(&self, stream: &str, group: &str) -> Result<ReaderConnection, Error> {
+        let started = Instant::now();
+        let got = self.pool.get().await;
+        self.metrics.wait_seconds.observe(started.elapsed().as_secs_f64());
+        let context = || format!("connecting the reader of group `{group}` on stream `{stream}`");
+        match got {
+            Ok(object) => Ok(ReaderConnection { object: Some(object), state: State::Ready, pool: self.clone() }),
+            Err(PoolError::Timeout(TimeoutType::Wait)) => {
+                self.metrics.refusals.inc();
+                warn!(
+                    stream,
+                    group,
+                    max = self.max,
+                    "refusing a subscribe: every reader connection is in use (--reader-connections)"
+                );
+                Err(Error::ResourceExhausted {
+                    reason: format!(
+                        "all {} of this sidecar's reader connections (--reader-connections / \
+                         ECHOMQ_READER_CONNECTIONS) are in use, none came free within {READER_WAIT:?}: each \
+                         stream and group with calls here holds one for its blocking read (a sharded stream one \
+                         per shard); subscribe again once another group's last call has ended, or raise the setting",
+                        self.max
+                    ),
+                })
+            }
+            Err(PoolError::Backend(source)) => Err(Error::Unavailable { context: context(), source }),
+            Err(PoolError::Closed) => Err(Error::ShuttingDown),
+            // No create or recycle timeout is set (the manager bounds its own
+            // steps) and no hook: what is left is a pool error of no other kind.
+            Err(other) => Err(Error::Unavailable {
+                context: context(),
+                source: RedisError::from((redis::ErrorKind::Io, "the reader pool failed", other.to_string())),
+            }),
+        }
+    }
+}
+
+/// Makes and checks reader connections for the pool.
+struct Manager {
+    redis: Redis,
+    /// Bounds connecting and the health check's PING.
+    timeout: Duration,
+    metrics: ReaderMetrics,
+}
+
+impl Manager {
+    /// A new reader connection, named [`READER_CLIENT_NAME`]. The name is a
+    /// courtesy to operators: a connection that cannot take it still reads.
+    async fn connect(&self) -> RedisResult<Connection> {
+        let mut conn = self.redis.dedicated(self.timeout).await?;
+        let mut naming = redis::cmd("CLIENT");
+        naming.arg("SETNAME").arg(READER_CLIENT_NAME);
+        match tokio::time::timeout(self.timeout, naming.query_async::<Value>(&mut conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => debug!("a reader connection could not name itself ({e}); it reads all the same"),
+            Err(_) => debug!("a reader connection did not answer CLIENT SETNAME in time; it reads all the same"),
+        }
+        Ok(conn)
+    }
+}
+
+impl managed::Manager for Manager {
+    type Type = Connection;
+    type Error = RedisError;
+
+    async fn create(&self) -> RedisResult<Connection> {
+        self.connect().await
+    }
+
+    /// The health check before an idle connection is reused: `PING` (on a
+    /// cluster, every primary), within the timeout. On failure deadpool
+    /// closes it and makes a new one.
+    async fn recycle(&self, conn: &mut Connection, _: &managed::Metrics) -> managed::RecycleResult<RedisError> {
+        let failure = match tokio::time::timeout(self.timeout, redis::cmd("PING").query_async::<Value>(conn)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => RecycleError::Backend(e),
+            Err(_) => RecycleError::message(format!("no answer to PING within {:?}", self.timeout)),
+        };
+        self.metrics.closed("health_check");
+        debug!("an idle reader connection failed its health check ({failure}); replacing it");
+        Err(failure)
+    }
+}
+
+/// Where a reader connection stands, which decides what dropping it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Between reads: back to the pool when dropped.
+    Ready,
+    /// A read was sent and its reply has not arrived: closed when dropped.
+    Reading,
+    /// A read failed on it (connection error): reconnected before the next
+    /// read, closed when dropped.
+    Broken,
+}
+
+/// One group reader's connection, taken from the [`ReaderPool`] for as long
+/// as the group has calls. Dropping it gives it back, unless a read is in
+/// flight or it broke: then it is closed (see the module doc).
+pub struct ReaderConnection {
+    /// `Some` until dropped.
+    object: Option<Object<Manager>>,
+    state: State,
+    /// For reconnecting in place and counting closes.
+    pool: ReaderPool,
+}
+
+impl ReaderConnection {
+    /// Sends `cmd` (the group's `XREADGROUP … BLOCK`) and waits for its reply
+    /// for as long as it blocks. A connection that broke on an earlier read is
+    /// replaced first, in place: the group keeps its place in the pool
+    /// (giving it back and queueing again could lose it to a newcomer and
+    /// leave this group's calls without a reader).
+    ///
+    /// Errors: connecting anew, or the command's own error (a connection
+    /// error marks the connection broken, counted in
+    /// `echomq_reader_connections_closed_total{reason="read_error"}`).
+    pub async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        let object = self.object.as_mut().expect("present until dropped");
+        if self.state == State::Broken {
+            **object = self.pool.pool.manager().connect().await?;
+            self.state = State::Ready;
+        }
+        self.state = State::Reading;
+        let result = cmd.query_async::<Value>(&mut **object).await;
+        self.state = match &result {
+            Err(e) if crate::error::is_transient(e) => {
+                self.pool.metrics.closed("read_error");
+                State::Broken
+            }
+            _ => State::Ready,
+        };
+        result
+    }
+}
+
+impl Drop for ReaderConnection {
+    fn drop(&mut self) {
+        let Some(object) = self.object.take() else { return };
+        match self.state {
+            // Health-checked before its next use.
+            State::Ready => drop(object),
+            State::Reading => {
+                self.pool.metrics.closed("stopped_mid_read");
+                drop(Object::take(object));
+            }
+            // Counted when it broke.
+            State::Broken => drop(Object::take(object)),
+        }
+    }
+}
