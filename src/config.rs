@@ -52,6 +52,9 @@ pub const DEFAULT_MAX_FIELDS_PER_ENTRY: usize = 1_000;
 pub const DEFAULT_MAX_NAME_BYTES: usize = 1_024;
 /// Default most Consume calls open at once.
 pub const DEFAULT_MAX_CONSUME_CALLS: usize = 1_024;
+/// Default most dedicated reader connections (one per (stream, group) with calls; a sharded stream's
+/// shards one each).
+pub const DEFAULT_READER_CONNECTIONS: usize = 64;
 
 /// Where the gRPC API listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -278,6 +281,12 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_MAX_CONSUME_CALLS", default_value_t = DEFAULT_MAX_CONSUME_CALLS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_consume_calls: usize,
 
+    /// Most dedicated Redis connections for the groups' blocking reads (XREADGROUP BLOCK), each
+    /// held by one (stream, group) while it has calls (a sharded stream: one per shard). A subscribe
+    /// that finds none free within a second is refused RESOURCE_EXHAUSTED.
+    #[arg(long, env = "ECHOMQ_READER_CONNECTIONS", default_value_t = DEFAULT_READER_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub reader_connections: usize,
+
     /// Log line format on standard error.
     #[arg(long, env = "ECHOMQ_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -478,5 +487,12 @@ mod tests {
         assert_eq!(config.consumer_name_or(None, None), "echomq-sidecar");
         let config = parse(&["--consumer-name", "me"]).unwrap();
         assert_eq!(config.consumer_name_or(Some("pod-1".into()), None), "me");
+    }
+
+    #[test]
+    fn reader_connections_default_and_bounds() {
+        assert_eq!(parse(&[]).unwrap().reader_connections, DEFAULT_READER_CONNECTIONS);
+        assert_eq!(parse(&["--reader-connections", "2"]).unwrap().reader_connections, 2);
+        assert!(parse(&["--reader-connections", "0"]).is_err(), "no reader could ever read");
     }
 }

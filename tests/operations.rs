@@ -206,6 +206,7 @@ fn help_names_an_env_var_for_every_flag() {
         "shutdown-grace-ms",
         "id-field",
         "redis-timeout-ms",
+        "reader-connections",
         "log-format",
     ];
     let missing: Vec<String> = flags

@@ -47,7 +47,7 @@ use crate::{
     error::Error,
     metrics::Metrics,
     proto::{consume_request::Kind, consumer_service_server::ConsumerService, ConsumeRequest, ConsumeResponse},
-    redis::Redis,
+    redis::{readers::ReaderPool, Redis},
     security::{Caller, Guard},
 };
 use ledger::{Event, Policy, SessionId};
@@ -66,7 +66,9 @@ pub(crate) struct Shared {
     pub(crate) consumer: String,
     pub(crate) id_field: String,
     pub(crate) read_block: Duration,
-    pub(crate) redis_timeout: Duration,
+    /// The group readers' connections (`--reader-connections`): a worker
+    /// takes one for its first call and gives it back when its last leaves.
+    pub(crate) readers: ReaderPool,
     pub(crate) reclaim_min_idle: Duration,
     pub(crate) reclaim_interval: Duration,
     pub(crate) lease_refresh: Duration,
@@ -150,12 +152,13 @@ impl Consumers {
         closing: watch::Receiver<bool>,
         guard: Guard,
     ) -> Consumers {
+        let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
         let shared = Shared {
+            readers: ReaderPool::new(redis.clone(), config.reader_connections, redis_timeout, &metrics),
             redis,
             consumer,
             id_field: config.id_field.clone(),
             read_block: Duration::from_millis(config.read_block_ms),
-            redis_timeout: Duration::from_millis(config.redis_timeout_ms),
             reclaim_min_idle: config.reclaim_min_idle(),
             reclaim_interval: Duration::from_millis(config.reclaim_interval_ms),
             lease_refresh: config.lease_refresh_interval(),

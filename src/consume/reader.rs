@@ -1,7 +1,9 @@
 //! The blocking reader: `XREADGROUP … BLOCK … STREAMS <stream> >` on a
 //! connection of its own (never the shared one, whose response timeout would
 //! cut a blocked read short while Redis hands it entries), one request at a
-//! time, for as many entries as the worker has credit for.
+//! time, for as many entries as the worker has credit for. The connection is
+//! the group's from the reader pool ([`crate::redis::readers`]), taken when
+//! the group's first call subscribes, given back when the reader stops.
 
 use std::sync::Arc;
 
@@ -9,10 +11,11 @@ use redis::{RedisError, RedisResult, Value};
 use tokio::{sync::mpsc, task::JoinHandle};
 
 use super::Shared;
-use crate::redis::{parse_read_reply, RawEntry};
+use crate::redis::{parse_read_reply, readers::ReaderConnection, RawEntry};
 
 /// The reader task and its channels. Dropping it (or [`Reader::stop`]) cuts
-/// off a blocked read with its connection.
+/// off a blocked read; a connection cut off mid-read is closed, one between
+/// reads goes back to the pool.
 pub(crate) struct Reader {
     requests: mpsc::Sender<usize>,
     results: mpsc::Receiver<RedisResult<Vec<RawEntry>>>,
@@ -20,12 +23,18 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
-    /// Starts the reader of `group` on `stream` (`no_ack`: reads with NOACK,
-    /// at-most-once). It connects on its first request.
-    pub(crate) fn spawn(shared: Arc<Shared>, stream: String, group: String, no_ack: bool) -> Reader {
+    /// Starts the reader of `group` on `stream` on `conn` (`no_ack`: reads
+    /// with NOACK, at-most-once).
+    pub(crate) fn spawn(
+        shared: Arc<Shared>,
+        conn: ReaderConnection,
+        stream: String,
+        group: String,
+        no_ack: bool,
+    ) -> Reader {
         let (requests, requests_rx) = mpsc::channel(1);
         let (results_tx, results) = mpsc::channel(1);
-        let task = tokio::spawn(read_loop(shared, stream, group, no_ack, requests_rx, results_tx));
+        let task = tokio::spawn(read_loop(shared, conn, stream, group, no_ack, requests_rx, results_tx));
         Reader { requests, results, task }
     }
 
@@ -34,9 +43,17 @@ impl Reader {
         self.requests.try_send(count).is_ok()
     }
 
-    /// Cuts off the read under way (its connection is dropped), so no entry
+    /// Cuts off the read under way (its connection is closed), so no entry
     /// appended meanwhile is taken with no call to hand it to.
     pub(crate) fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Reader {
+    /// Also when the worker itself is dropped (aborted on shutdown): a reader
+    /// task outliving its worker would hold its connection for nothing.
+    fn drop(&mut self) {
         self.task.abort();
     }
 }
@@ -54,21 +71,17 @@ pub(crate) async fn next_read(reader: &mut Option<Reader>) -> RedisResult<Vec<Ra
 
 async fn read_loop(
     shared: Arc<Shared>,
+    mut conn: ReaderConnection,
     stream: String,
     group: String,
     no_ack: bool,
     mut requests: mpsc::Receiver<usize>,
     results: mpsc::Sender<RedisResult<Vec<RawEntry>>>,
 ) {
-    let mut conn = None;
     while let Some(count) = requests.recv().await {
         let result = async {
-            if conn.is_none() {
-                conn = Some(shared.redis.dedicated(shared.redis_timeout).await?);
-            }
-            let c = conn.as_mut().expect("connected above");
-            let reply: Value = redis::cmd("XREADGROUP")
-                .arg("GROUP")
+            let mut read = redis::cmd("XREADGROUP");
+            read.arg("GROUP")
                 .arg(&group)
                 .arg(&shared.consumer)
                 .arg("COUNT")
@@ -78,17 +91,12 @@ async fn read_loop(
                 .arg(no_ack.then_some("NOACK"))
                 .arg("STREAMS")
                 .arg(&stream)
-                .arg(">")
-                .query_async(c)
-                .await?;
+                .arg(">");
+            // A connection error leaves `conn` to reconnect before the next read.
+            let reply: Value = conn.query(&read).await?;
             parse_read_reply(&reply)
         }
         .await;
-        if let Err(e) = &result {
-            if crate::error::is_transient(e) {
-                conn = None;
-            }
-        }
         if results.send(result).await.is_err() {
             return;
         }

@@ -142,7 +142,9 @@ pub(crate) struct Worker {
     pub(super) flushed: Vec<oneshot::Sender<()>>,
     /// While recovering its own PEL: the last id seen (`None`: from the start).
     pub(super) recovering: Option<Option<StreamId>>,
-    /// The blocking reader, while there are calls to read for.
+    /// The blocking reader and its pool connection, while there are calls to
+    /// read for: started by the first call's Attach, stopped when the last
+    /// call leaves or the sidecar drains.
     pub(super) reader: Option<Reader>,
     pub(super) reclaim_cursor: StreamId,
     /// Entries found deleted while pending since the last log line, so a
@@ -276,7 +278,14 @@ impl Worker {
         let now = Instant::now();
         match command {
             Command::Attach { session, shard, policy, group, events, reply } => {
-                let _ = reply.send(self.ledger.attach(session, shard, policy, group, events));
+                let mut attached = self.ledger.attach(session, shard, policy, group, events);
+                if attached.is_ok() {
+                    attached = self.start_reader().await;
+                    if attached.is_err() {
+                        self.ledger.detach(session, now);
+                    }
+                }
+                let _ = reply.send(attached);
             }
             Command::Ack { session, ids } => {
                 for (text, id) in ids {
@@ -329,7 +338,9 @@ impl Worker {
     }
 
     /// Cuts off the blocked XREADGROUP, so no entry appended meanwhile is
-    /// taken with no call to hand it to: on shutdown, and when the last call leaves.
+    /// taken with no call to hand it to: on shutdown, and when the last call
+    /// leaves. Its connection goes back to the pool for another group (or is
+    /// closed, if a read was in flight).
     fn stop_reading(&mut self) {
         if let Some(reader) = self.reader.take() {
             reader.stop();
@@ -337,13 +348,26 @@ impl Worker {
         self.ledger.read_done();
     }
 
-    /// Asks the reader (started if need be) for `count` new entries.
+    /// Starts the reader on a connection from the pool, for the group's first
+    /// call: taken at subscribe, so a group that cannot have one is refused
+    /// there (RESOURCE_EXHAUSTED, naming `--reader-connections`) instead of
+    /// leaving its call waiting. While draining nothing is read: no reader.
+    ///
+    /// Errors: as [`ReaderPool::acquire`](crate::redis::readers::ReaderPool::acquire).
+    async fn start_reader(&mut self) -> Result<(), Error> {
+        if self.reader.is_some() || self.ledger.draining() {
+            return Ok(());
+        }
+        let conn = self.shared.readers.acquire(&self.keys.stream, &self.keys.group).await?;
+        let (stream, group) = (self.keys.stream.clone(), self.keys.group.clone());
+        self.reader = Some(Reader::spawn(self.shared.clone(), conn, stream, group, self.no_ack));
+        Ok(())
+    }
+
+    /// Asks the reader for `count` new entries. There is one whenever there
+    /// are calls to read for and no drain.
     fn read(&mut self, count: usize) {
-        let (shared, keys, no_ack) = (&self.shared, &self.keys, self.no_ack);
-        let reader = self
-            .reader
-            .get_or_insert_with(|| Reader::spawn(shared.clone(), keys.stream.clone(), keys.group.clone(), no_ack));
-        if reader.request(count) {
+        if self.reader.as_ref().is_some_and(|reader| reader.request(count)) {
             self.ledger.reading(count);
         }
     }
