@@ -16,7 +16,8 @@
 //!   - `consume/ledger.rs`: its bookkeeping (held, ready, waiting, credit,
 //!     deadlines), synchronous and unit-tested;
 //!   - `consume/verdicts.rs`: every verdict error, code and text;
-//!   - `consume/reader.rs`: the blocking XREADGROUP on its own connection;
+//!   - `consume/reader.rs`: the blocking XREADGROUP on its own connection
+//!     (from the reader pool, `redis/readers.rs`);
 //!   - `consume/recovery.rs`: the own PEL at start, a lost group;
 //!   - `consume/retry.rs` + `redeliver.lua`: **the retry policy** (backoff,
 //!     the retry hash, claiming due entries);
@@ -34,7 +35,8 @@
 //!   id; the dead-letter metadata field names.
 //! - [`keys`]: derived key names (dead-letter stream, retry hash) and shard keys.
 //! - [`metrics`]: Prometheus metrics and the timed Redis connection.
-//! - [`redis`]: connections (shared and dedicated), the scripts, reply parsing.
+//! - [`redis`]: connections (the shared one; [`redis::readers`], the bounded
+//!   pool of the group readers' dedicated ones), the scripts, reply parsing.
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
