@@ -588,6 +588,8 @@ class Consumer:
                     await delivery.ack()
             finally:
                 busy.discard(me)
+            if stopping.is_set():
+                return  # stop() waits for this worker: done with its last call
 
     async def _work_batches(self) -> None:
         """A batch handler worker: what the queue holds, up to `max_batch`."""
@@ -617,23 +619,12 @@ class Consumer:
                     for delivery in batch:
                         if not delivery.settled:
                             await delivery.fail(reason)
-                    continue
-                if verdicts is None:
-                    for delivery in batch:
-                        if not delivery.settled:
-                            await delivery.ack()
-                elif len(verdicts) != len(batch):
-                    reason = f"the batch handler answered {len(verdicts)} verdicts for {len(batch)} deliveries"
-                    log.error("%s; failing them", reason)
-                    for delivery in batch:
-                        if not delivery.settled:
-                            await delivery.fail(reason)
                 else:
-                    for delivery, verdict in zip(batch, verdicts):
-                        if not delivery.settled:
-                            await _apply(delivery, verdict)
+                    await _settle_batch(batch, verdicts)
             finally:
                 busy.discard(me)
+            if stopping.is_set():
+                return  # stop() waits for this worker: done with its last call
 
     async def _report(self, error: VerdictError) -> None:
         if self._on_verdict_error is None:
@@ -655,6 +646,24 @@ class Consumer:
         if self._owns_channel and self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close()
+
+
+async def _settle_batch(batch: list[Delivery], verdicts: Sequence[Verdict] | None) -> None:
+    """Settles what a batch handler did not settle itself, as it answered."""
+    if verdicts is None:
+        for delivery in batch:
+            if not delivery.settled:
+                await delivery.ack()
+    elif len(verdicts) != len(batch):
+        reason = f"the batch handler answered {len(verdicts)} verdicts for {len(batch)} deliveries"
+        log.error("%s; failing them", reason)
+        for delivery in batch:
+            if not delivery.settled:
+                await delivery.fail(reason)
+    else:
+        for delivery, verdict in zip(batch, verdicts):
+            if not delivery.settled:
+                await _apply(delivery, verdict)
 
 
 async def _apply(delivery: Delivery, verdict: Verdict) -> None:
