@@ -83,21 +83,27 @@ async def append_n(target: str, stream: str, n: int) -> list[str]:
     return ids
 
 
-async def test_batches_arrive_and_each_delivery_is_settled(live_sidecar: Sidecar, redis_client: redis.Redis) -> None:
-    stream = "py:batch:frames"
+async def consume_all(
+    sidecar: Sidecar, redis_client: redis.Redis, stream: str, n: int, **options: Any
+) -> tuple[list[str], list[str], Wire]:
+    """Appends n entries, consumes them with a handler that records each id,
+    until all are handled and acked; returns (appended ids, handled ids, wire)."""
     redis_client.delete(stream)
-    ids = await append_n(live_sidecar.target, stream, 600)
+    ids = await append_n(sidecar.target, stream, n)
     seen: list[str] = []
 
     async def handle(delivery: Delivery) -> None:
         seen.append(delivery.id)
 
     wire = Wire()
-    async with Consumer(
-        live_sidecar.target, stream, "g", handle, start=Start.BEGINNING, max_in_flight=512, interceptors=[wire]
-    ):
-        await until("every delivery", lambda: len(seen) == 600)
+    async with Consumer(sidecar.target, stream, "g", handle, start=Start.BEGINNING, interceptors=[wire], **options):
+        await until("every delivery", lambda: len(seen) == n)
         await until("every ack applied", lambda: pending(redis_client, stream) == 0)
+    return ids, seen, wire
+
+
+async def test_batches_arrive_and_each_delivery_is_settled(live_sidecar: Sidecar, redis_client: redis.Redis) -> None:
+    ids, seen, wire = await consume_all(live_sidecar, redis_client, "py:batch:frames", 600, max_in_flight=512)
     assert [s.max_batch for s in wire.subscribes] == [256]
     assert 0 not in wire.frames, "a call that asks for batches gets only DeliveryBatch frames"
     assert max(wire.frames) > 1 and max(wire.frames) <= 256 and sum(wire.frames) == 600
@@ -105,21 +111,8 @@ async def test_batches_arrive_and_each_delivery_is_settled(live_sidecar: Sidecar
 
 
 async def test_max_batch_1_gets_single_delivery_frames(live_sidecar: Sidecar, redis_client: redis.Redis) -> None:
-    stream = "py:batch:single"
-    redis_client.delete(stream)
-    ids = await append_n(live_sidecar.target, stream, 20)
-    seen: list[str] = []
-
-    async def handle(delivery: Delivery) -> None:
-        seen.append(delivery.id)
-
-    wire = Wire()
-    async with Consumer(
-        live_sidecar.target, stream, "g", handle, start=Start.BEGINNING, max_batch=1, interceptors=[wire]
-    ):
-        await until("every delivery", lambda: len(seen) == 20)
+    ids, seen, wire = await consume_all(live_sidecar, redis_client, "py:batch:single", 20, max_batch=1)
     assert wire.frames == [0] * 20 and sorted(seen) == sorted(ids)
-    assert pending(redis_client, stream) == 0
 
 
 async def test_a_max_batch_above_the_limit_is_refused(live_sidecar: Sidecar) -> None:
