@@ -171,3 +171,78 @@ async def test_the_payload_and_times_are_converted() -> None:
     assert delivery.minted_at == datetime(2024, 6, 10, 6, 13, 20, 123000, tzinfo=timezone.utc)
     assert delivery.raw_fields == [(b"\xff", b"v")] and delivery.attempts == 3
     await asyncio.sleep(0)
+
+
+def _sent_now(call: _Call) -> list[pb.ConsumeRequest]:
+    """What the call has queued for the wire so far (without closing it)."""
+    queued: list[pb.ConsumeRequest] = []
+    while not call._outbox.empty():
+        item = call._outbox.get_nowait()
+        assert isinstance(item, pb.ConsumeRequest)
+        queued.append(item)
+    return queued
+
+
+async def test_acks_are_coalesced_for_the_linger_window() -> None:
+    call = _Call(ack_linger=0.05)
+    deliveries = [_delivery(call, f"{i:028x}") for i in range(5)]
+    for d in deliveries:
+        assert await d.ack()
+    assert _sent_now(call) == [], "acks wait for the window to close"
+    await asyncio.sleep(0.1)
+    [sent] = _sent_now(call)
+    assert list(sent.ack.ids) == [d.id for d in deliveries]
+
+
+async def test_a_full_ack_window_goes_out_at_once() -> None:
+    call = _Call(ack_linger=60, max_ack_ids=4)
+    for i in range(10):
+        await _delivery(call, f"{i:028x}").ack()
+    sent = _sent_now(call)
+    assert [len(m.ack.ids) for m in sent] == [4, 4], "two full windows sent, the rest still coalescing"
+    rest = await _drain(call)
+    assert [list(m.ack.ids) for m in rest] == [[f"{8:028x}", f"{9:028x}"]], "finish flushes the partial window"
+
+
+async def test_a_fail_flushes_the_acks_given_before_it() -> None:
+    call = _Call(ack_linger=60)
+    a, b, c = (_delivery(call, f"{i:028x}") for i in range(3))
+    await a.ack()
+    await b.fail("later")
+    await c.ack()
+    sent = _sent_now(call)
+    assert [m.WhichOneof("kind") for m in sent] == ["ack", "fail"], "the fail goes out at once, after a's ack"
+    assert list(sent[0].ack.ids) == [a.id] and sent[1].fail.id == b.id
+
+
+async def test_an_ended_call_drops_its_coalesced_acks() -> None:
+    call = _Call(ack_linger=0.01)
+    await _delivery(call).ack()
+    call.end()
+    await asyncio.sleep(0.05)  # the window's timer would have fired by now
+    drained = [m async for m in call.requests(pb.ConsumeRequest())]
+    assert drained == [pb.ConsumeRequest()], "a broken call's acks are never sent"
+
+
+def test_max_batch_defaults_to_256_capped_by_max_in_flight() -> None:
+    def subscribe(**kwargs: int) -> pb.Subscribe:
+        return Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, **kwargs)._subscribe.subscribe
+
+    assert subscribe().max_batch == 64  # max_in_flight's default
+    assert subscribe(max_in_flight=1000).max_batch == 256
+    assert subscribe(max_in_flight=1000, max_batch=1).max_batch == 1
+    with pytest.raises(ValueError):
+        subscribe(max_batch=0)
+
+
+async def _noop_batch(deliveries: list[Delivery]) -> None:
+    pass
+
+
+def test_exactly_one_handler_kind_is_given() -> None:
+    with pytest.raises(TypeError):
+        Consumer("127.0.0.1:1", "s", "g", start=Start.NEW)
+    with pytest.raises(TypeError):
+        Consumer("127.0.0.1:1", "s", "g", _noop, batch_handler=_noop_batch, start=Start.NEW)
+    batch = Consumer("127.0.0.1:1", "s", "g", batch_handler=_noop_batch, start=Start.NEW, max_in_flight=8)
+    assert batch.concurrency == 1 and batch.max_batch == 8

@@ -1,19 +1,20 @@
-"""The asyncio consumer: one Consume call per subscription, handlers with
-bounded concurrency, graceful stop, and reconnect with jittered backoff."""
+"""The asyncio consumer: one Consume call per subscription, batched delivery
+frames, coalesced acks, a bounded pool of handler workers (per delivery or per
+batch), graceful stop, and reconnect with jittered backoff."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
 import grpc
 
 from ._channel import ChannelOptions, aio_channel
-from .delivery import Delivery, VerdictError
+from .delivery import Ack, DeadLetter, Delivery, Fail, Verdict, VerdictError
 from .errors import EchoMQError, PermanentError, from_rpc_error
 from .options import Backoff, Seconds, Start, seconds, to_duration
 from .v1 import consumer_service_pb2 as pb
@@ -23,6 +24,10 @@ log = logging.getLogger("echomq")
 
 #: A handler: returning acks the delivery, raising fails it with the message.
 Handler = Callable[[Delivery], Awaitable[object]]
+#: A batch handler: gets the deliveries at hand (1 to `max_batch`, in delivery
+#: order) and answers one `Verdict` per delivery, in the same order (or None:
+#: ack them all). Raising fails every delivery it did not settle itself.
+BatchHandler = Callable[[list[Delivery]], Awaitable[Sequence[Verdict] | None]]
 #: Called with each verdict error; may be a coroutine function. Keep it quick:
 #: it runs on the task that reads the call.
 VerdictErrorHook = Callable[[VerdictError], object]
@@ -34,8 +39,12 @@ DEFAULT_STOP_DEADLINE = 10.0
 #: After the handlers' deadline, the least time (seconds) `stop()` still gives
 #: the sidecar to take the last verdicts and end the call.
 CLOSE_GRACE = 0.5
-#: Most ids merged into one Ack message when several are queued at once.
+#: Most ids in one Ack message: a full window is sent at once.
 MAX_ACK_BATCH = 256
+#: Default `max_batch` (deliveries per frame), capped by `max_in_flight`.
+DEFAULT_MAX_BATCH = 256
+#: Default `ack_linger` (seconds): how long an ack waits for others to share its Ack message.
+DEFAULT_ACK_LINGER = 0.001
 
 
 @dataclass(frozen=True)
@@ -60,23 +69,55 @@ _FINISH = _Finish()
 class _Call:
     """One Consume call: the queue of client messages and whether it is open.
 
+    Acks are coalesced: `ack()` adds the id to the current window, which goes
+    out as one Ack message after `ack_linger` seconds or as soon as it holds
+    `max_ack_ids` ids. Any other message first flushes the window, so the
+    sidecar sees verdicts in the order they were given. `finish()` flushes it
+    too; `end()` (the call is over) drops it: those entries go back to the
+    group with the call, and their ids are not valid on any later call.
+
     Deliveries keep a reference to the call they arrived on, so a verdict can
     never travel on a later call (which does not hold the id: the sidecar has
     returned the entry to the group when this call ended).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ack_linger: float = DEFAULT_ACK_LINGER, max_ack_ids: int = MAX_ACK_BATCH) -> None:
         # Unbounded on purpose: it holds at most one verdict per delivery the
         # call holds (at most max_in_flight) plus raw sends, and a verdict must
         # never wait behind a full queue while its handler slot is released.
         self._outbox: asyncio.Queue[pb.ConsumeRequest | _Finish] = asyncio.Queue()
+        self._ack_linger = ack_linger
+        self._max_ack_ids = max_ack_ids
+        self._acks: list[str] = []
+        self._flush_timer: asyncio.TimerHandle | None = None
         self.open = True
         self.subscribed = False
         self.drained = False
 
+    def ack(self, id: str) -> bool:
+        """Adds `id` to the coalesced Ack window; False when the call is closed."""
+        if not self.open:
+            return False
+        self._acks.append(id)
+        if len(self._acks) >= self._max_ack_ids:
+            self.flush_acks()
+        elif self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(self._ack_linger, self.flush_acks)
+        return True
+
+    def flush_acks(self) -> None:
+        """Queues the coalesced acks as one Ack message now."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        if self._acks and self.open:
+            ids, self._acks = self._acks, []
+            self._outbox.put_nowait(pb.ConsumeRequest(ack=pb.Ack(ids=ids)))
+
     def send(self, request: pb.ConsumeRequest) -> bool:
         if not self.open:
             return False
+        self.flush_acks()
         self._outbox.put_nowait(request)
         return True
 
@@ -89,22 +130,29 @@ class _Call:
         return self.drained
 
     def finish(self) -> None:
-        """Sends what is queued, then half-closes; later sends are refused."""
+        """Sends the coalesced acks and what is queued, then half-closes; later
+        sends are refused."""
         if self.open:
+            self.flush_acks()
             self.open = False
             self._outbox.put_nowait(_FINISH)
 
     def end(self) -> None:
-        """The call is over: later sends are refused, and `requests()` returns
-        (without this, gRPC's task pulling it would wait forever on a broken
-        call and be destroyed pending)."""
+        """The call is over: coalesced acks are dropped, later sends are
+        refused, and `requests()` returns (without this, gRPC's task pulling it
+        would wait forever on a broken call and be destroyed pending)."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        self._acks = []
         if self.open:
             self.open = False
             self._outbox.put_nowait(_FINISH)
 
     async def requests(self, subscribe: pb.ConsumeRequest) -> AsyncIterator[pb.ConsumeRequest]:
         """The client side of the call: the subscribe, then queued messages.
-        Acks queued together travel as one Ack message."""
+        Ack messages queued back to back (the writer was slower than the
+        windows) travel as one, up to `max_ack_ids` ids."""
         yield subscribe
         held: pb.ConsumeRequest | _Finish | None = None
         while True:
@@ -114,9 +162,13 @@ class _Call:
                 return
             if item.WhichOneof("kind") == "ack":
                 ids = list(item.ack.ids)
-                while len(ids) < MAX_ACK_BATCH and not self._outbox.empty():
+                while len(ids) < self._max_ack_ids and not self._outbox.empty():
                     following = self._outbox.get_nowait()
-                    if isinstance(following, pb.ConsumeRequest) and following.WhichOneof("kind") == "ack":
+                    if (
+                        isinstance(following, pb.ConsumeRequest)
+                        and following.WhichOneof("kind") == "ack"
+                        and len(ids) + len(following.ack.ids) <= self._max_ack_ids
+                    ):
                         ids.extend(following.ack.ids)
                     else:
                         held = following
@@ -137,8 +189,22 @@ class Consumer:
     `target` is `host:port`, `unix:/path`, or a `grpc.aio.Channel` you own.
     `start` is required (see `Start`). `max_in_flight` (entries, default 64) is
     the most deliveries the sidecar hands this consumer un-settled;
-    `concurrency` (default: `max_in_flight`, at most that) the most handlers
-    running at once. `ack_deadline`, `retry_backoff_initial`,
+    `concurrency` the most handler calls running at once (a fixed pool of that
+    many workers; default `max_in_flight` for `handler`, 1 for
+    `batch_handler`; at most `max_in_flight`).
+
+    Give exactly one of `handler` (called once per delivery: returning acks,
+    raising fails) and `batch_handler` (opt-in, for bulk work: called with the
+    deliveries at hand, 1 to `max_batch` of them, and answering one `Verdict`
+    per delivery; see `BatchHandler`).
+
+    `max_batch` (deliveries, default `min(256, max_in_flight)`; the sidecar
+    refuses more than 4096 with INVALID_ARGUMENT) is the most deliveries per
+    frame the sidecar sends, and the largest list a batch handler gets; 1 asks
+    for one delivery per frame. Acks are coalesced: one `Ack` message per
+    `ack_linger` window (seconds, default 0.001) or per `MAX_ACK_BATCH` (256)
+    ids, whichever comes first; fails and dead letters go out at once, after
+    the acks given before them. `ack_deadline`, `retry_backoff_initial`,
     `retry_backoff_max` (seconds or timedelta), `dead_letter_stream` and
     `max_deliveries` (poison entries go to the dead-letter stream after that
     many deliveries) are the subscription's policy; None leaves the sidecar's
@@ -162,11 +228,14 @@ class Consumer:
         target: str | grpc.aio.Channel,
         stream: str,
         group: str,
-        handler: Handler,
+        handler: Handler | None = None,
         *,
         start: Start,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         concurrency: int | None = None,
+        batch_handler: BatchHandler | None = None,
+        max_batch: int | None = None,
+        ack_linger: Seconds = DEFAULT_ACK_LINGER,
         ack_deadline: Seconds | None = None,
         retry_backoff_initial: Seconds | None = None,
         retry_backoff_max: Seconds | None = None,
@@ -182,12 +251,21 @@ class Consumer:
             raise TypeError("start must be a Start (Start.NEW, Start.BEGINNING, Start.after(id), Start.at(time))")
         if not stream or not group:
             raise ValueError("stream and group are required")
+        if (handler is None) == (batch_handler is None):
+            raise TypeError("give exactly one of handler and batch_handler")
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
-        concurrency = max_in_flight if concurrency is None else concurrency
+        if concurrency is None:
+            concurrency = max_in_flight if batch_handler is None else 1
         if not 1 <= concurrency <= max_in_flight:
             raise ValueError(f"concurrency must be between 1 and max_in_flight ({max_in_flight})")
-        subscribe = pb.Subscribe(stream=stream, group=group, max_in_flight=max_in_flight)
+        max_batch = min(DEFAULT_MAX_BATCH, max_in_flight) if max_batch is None else max_batch
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        linger = seconds(ack_linger)
+        if linger < 0:
+            raise ValueError("ack_linger must not be negative")
+        subscribe = pb.Subscribe(stream=stream, group=group, max_in_flight=max_in_flight, max_batch=max_batch)
         start.apply(subscribe)
         if ack_deadline is not None:
             subscribe.ack_deadline.CopyFrom(to_duration(ack_deadline))
@@ -205,9 +283,12 @@ class Consumer:
         self.stream = stream
         self.group = group
         self.concurrency = concurrency
+        self.max_batch = max_batch
+        self.ack_linger = linger
         self._subscribe = pb.ConsumeRequest(subscribe=subscribe)
         self._target = target
         self._handler = handler
+        self._batch_handler = batch_handler
         self._reconnect = reconnect
         self._on_verdict_error = on_verdict_error
         self._channel_options = channel_options
@@ -215,12 +296,14 @@ class Consumer:
         self._channel: grpc.aio.Channel | None = None
         self._owns_channel = False
         # Created in start(), on the running loop.
-        self._slots: asyncio.Semaphore | None = None
+        self._queue: asyncio.Queue[Delivery] | None = None
         self._stopping: asyncio.Event | None = None
         self._subscribed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._call: _Call | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
+        # The handler workers, and those of them running a handler right now.
+        self._workers: list[asyncio.Task[None]] = []
+        self._busy: set[asyncio.Task[None]] = set()
         self._subscription: Subscription | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -229,7 +312,7 @@ class Consumer:
         """Starts consuming in a background task and returns at once."""
         if self._task is not None:
             raise EchoMQError("this consumer was already started; create a new one")
-        self._slots = asyncio.Semaphore(self.concurrency)
+        self._queue = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._subscribed = asyncio.Event()
         if isinstance(self._target, str):
@@ -238,6 +321,11 @@ class Consumer:
         else:
             self._channel = self._target
         self._stub = pb_grpc.ConsumerServiceStub(self._channel)
+        work = self._work if self._batch_handler is None else self._work_batches
+        self._workers = [
+            asyncio.create_task(work(), name=f"echomq-worker-{self.stream}-{self.group}-{i}")
+            for i in range(self.concurrency)
+        ]
         self._task = asyncio.create_task(self._run(), name=f"echomq-consumer-{self.stream}-{self.group}")
 
     async def run(self) -> None:
@@ -285,7 +373,8 @@ class Consumer:
 
     async def stop(self, deadline: Seconds = DEFAULT_STOP_DEADLINE) -> None:
         """Graceful stop: take no new work, let running handlers finish within
-        `deadline` (seconds) and send their verdicts, then close the call.
+        `deadline` (seconds) and send their verdicts, flush the coalesced acks,
+        then close the call.
 
         First a `Drain` goes out on the call: the sidecar hands it nothing more
         and reads nothing more for it, so the credit freed by the last verdicts
@@ -308,9 +397,9 @@ class Consumer:
             # Queued before any verdict of the handlers still running, so the
             # sidecar stops handing out (and reading) before their credit frees.
             call.drain()
-        handlers = set(self._handlers)
-        if handlers:
-            _, late = await asyncio.wait(handlers, timeout=max(0.0, end - loop.time()))
+        busy = self._retire_workers()
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=max(0.0, end - loop.time()))
             if late:
                 log.warning(
                     "stop: %d handler(s) still running at the deadline were cancelled; "
@@ -322,7 +411,7 @@ class Consumer:
                 await asyncio.wait(late, timeout=CLOSE_GRACE)
         call = self._call
         if call is not None:
-            call.finish()
+            call.finish()  # flushes the coalesced acks first
         if not self._task.done():
             done, _ = await asyncio.wait({self._task}, timeout=max(CLOSE_GRACE, end - loop.time()))
             if not done:
@@ -342,11 +431,11 @@ class Consumer:
             self._call.end()
         self._task.cancel()
         await asyncio.wait({self._task})
-        handlers = set(self._handlers)
-        for task in handlers:
+        workers = [w for w in self._workers if not w.done()]
+        for task in workers:
             task.cancel()
-        if handlers:
-            await asyncio.wait(handlers, timeout=CLOSE_GRACE)
+        if workers:
+            await asyncio.wait(workers, timeout=CLOSE_GRACE)
         self._observe_task()
         await self._close_channel()
 
@@ -390,7 +479,7 @@ class Consumer:
         what = f"Consume(stream={self.stream!r}, group={self.group!r})"
         try:
             while not self._stopping.is_set():
-                call = _Call()
+                call = _Call(self.ack_linger)
                 self._call = call
                 try:
                     await self._serve(call)
@@ -419,6 +508,9 @@ class Consumer:
                     pass
         finally:
             self._call = None
+            # Stopped (or failed for good): no handler starts any more.
+            self._stopping.set()
+            self._retire_workers()
 
     async def _serve(self, call: _Call) -> None:
         """Runs one call until it ends; raises `grpc.aio.AioRpcError` on a non-OK status."""
@@ -427,8 +519,10 @@ class Consumer:
         try:
             async for response in stream:
                 kind = response.WhichOneof("kind")
-                if kind == "delivery":
-                    self._dispatch(call, response.delivery)
+                if kind == "batch":
+                    self._dispatch(call, response.batch.deliveries)
+                elif kind == "delivery":
+                    self._dispatch(call, (response.delivery,))
                 elif kind == "verdict_error":
                     await self._report(VerdictError.from_proto(response.verdict_error))
                 elif kind == "subscribed":
@@ -446,22 +540,44 @@ class Consumer:
             if not stream.done():
                 stream.cancel()
 
-    def _dispatch(self, call: _Call, message: pb.Delivery) -> None:
-        assert self._stopping is not None
+    def _dispatch(self, call: _Call, messages: Iterable[pb.Delivery]) -> None:
+        assert self._stopping is not None and self._queue is not None
         if self._stopping.is_set():
-            return  # stopping: left held; the sidecar returns it to the group when the call ends
-        delivery = Delivery.from_proto(message, call)
-        task = asyncio.create_task(self._handle(call, delivery), name=f"echomq-handler-{delivery.id}")
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+            return  # stopping: left held; the sidecar returns them to the group when the call ends
+        put = self._queue.put_nowait
+        for message in messages:
+            put(Delivery.from_proto(message, call))
 
-    async def _handle(self, call: _Call, delivery: Delivery) -> None:
-        assert self._slots is not None and self._stopping is not None
-        async with self._slots:
-            if self._stopping.is_set() or not call.open:
+    def _retire_workers(self) -> set[asyncio.Task[None]]:
+        """Cancels the idle workers (no handler starts any more: `_stopping` is
+        set) and returns the busy ones, which end after their current call."""
+        me = asyncio.current_task()
+        for worker in self._workers:
+            if worker not in self._busy and worker is not me and not worker.done():
+                worker.cancel()
+        return {w for w in self._busy if w is not me and not w.done()}
+
+    async def _work(self) -> None:
+        """A handler worker: one delivery at a time from the queue."""
+        assert self._queue is not None and self._stopping is not None and self._handler is not None
+        queue, stopping, handler, busy = self._queue, self._stopping, self._handler, self._busy
+        me = asyncio.current_task()
+        assert me is not None
+        while True:
+            delivery = await queue.get()
+            if stopping.is_set():
                 return  # never started: the sidecar hands it out again
+            if not delivery._call.open:
+                continue  # its call is over: the sidecar delivers it again
+            busy.add(me)
             try:
-                await self._handler(delivery)
+                await handler(delivery)
+            except asyncio.CancelledError:
+                if _worker_cancelled(me, stopping):
+                    raise
+                # The handler's own cancellation (not the worker's): a failure.
+                if not delivery.settled:
+                    await delivery.fail("CancelledError")
             except Exception as error:  # a handler's failure is a Fail verdict, not ours
                 if not delivery.settled:
                     reason = str(error) or type(error).__name__
@@ -470,6 +586,45 @@ class Consumer:
             else:
                 if not delivery.settled:
                     await delivery.ack()
+            finally:
+                busy.discard(me)
+            if stopping.is_set():
+                return  # stop() waits for this worker: done with its last call
+
+    async def _work_batches(self) -> None:
+        """A batch handler worker: what the queue holds, up to `max_batch`."""
+        assert self._queue is not None and self._stopping is not None and self._batch_handler is not None
+        queue, stopping, handler, busy = self._queue, self._stopping, self._batch_handler, self._busy
+        me = asyncio.current_task()
+        assert me is not None
+        while True:
+            first = await queue.get()
+            if stopping.is_set():
+                return
+            taken = [first]
+            while len(taken) < self.max_batch and not queue.empty():
+                taken.append(queue.get_nowait())
+            batch = [d for d in taken if d._call.open]
+            if not batch:
+                continue
+            busy.add(me)
+            try:
+                try:
+                    verdicts = await handler(batch)
+                except (Exception, asyncio.CancelledError) as error:
+                    if isinstance(error, asyncio.CancelledError) and _worker_cancelled(me, stopping):
+                        raise
+                    reason = str(error) or type(error).__name__
+                    log.info("batch handler failed for %d deliveries: %s", len(batch), reason)
+                    for delivery in batch:
+                        if not delivery.settled:
+                            await delivery.fail(reason)
+                else:
+                    await _settle_batch(batch, verdicts)
+            finally:
+                busy.discard(me)
+            if stopping.is_set():
+                return  # stop() waits for this worker: done with its last call
 
     async def _report(self, error: VerdictError) -> None:
         if self._on_verdict_error is None:
@@ -491,3 +646,44 @@ class Consumer:
         if self._owns_channel and self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close()
+
+
+async def _settle_batch(batch: list[Delivery], verdicts: Sequence[Verdict] | None) -> None:
+    """Settles what a batch handler did not settle itself, as it answered."""
+    if verdicts is None:
+        for delivery in batch:
+            if not delivery.settled:
+                await delivery.ack()
+    elif len(verdicts) != len(batch):
+        reason = f"the batch handler answered {len(verdicts)} verdicts for {len(batch)} deliveries"
+        log.error("%s; failing them", reason)
+        for delivery in batch:
+            if not delivery.settled:
+                await delivery.fail(reason)
+    else:
+        for delivery, verdict in zip(batch, verdicts):
+            if not delivery.settled:
+                await _apply(delivery, verdict)
+
+
+async def _apply(delivery: Delivery, verdict: Verdict) -> None:
+    """Settles `delivery` as a batch handler's `verdict` says."""
+    if verdict is None or isinstance(verdict, Ack):
+        await delivery.ack()
+    elif isinstance(verdict, Fail):
+        await delivery.fail(verdict.reason, retry_after=verdict.retry_after)
+    elif isinstance(verdict, DeadLetter):
+        await delivery.dead_letter(verdict.reason)
+    elif isinstance(verdict, Exception):
+        await delivery.fail(str(verdict) or type(verdict).__name__)
+    else:
+        reason = f"the batch handler answered {verdict!r}, not a verdict"
+        log.error("%s for %s; failing it", reason, delivery.id)
+        await delivery.fail(reason)
+
+
+def _worker_cancelled(worker: asyncio.Task[None], stopping: asyncio.Event) -> bool:
+    """Whether a CancelledError is the worker's own cancellation (stop, abort,
+    the loop shutting down) rather than one a handler raised by itself."""
+    cancelling = getattr(worker, "cancelling", None)  # Python 3.11+
+    return stopping.is_set() or cancelling is None or bool(cancelling())

@@ -1,4 +1,5 @@
-"""What a handler receives (`Delivery`) and what the sidecar reports about a
+"""What a handler receives (`Delivery`), what a batch handler answers per
+delivery (`Ack`, `Fail`, `DeadLetter`), and what the sidecar reports about a
 verdict it did not apply (`VerdictError`)."""
 
 from __future__ import annotations
@@ -6,8 +7,8 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import NamedTuple, Protocol
+from datetime import datetime, timedelta, timezone
+from typing import NamedTuple, Protocol, Union
 
 from .options import Seconds, to_duration
 from .v1 import consumer_service_pb2 as pb
@@ -61,12 +62,51 @@ class VerdictError:
         return cls(id=message.id, code=VerdictErrorCode.of(message.code), message=message.message)
 
 
+@dataclass(frozen=True)
+class Ack:
+    """A batch handler's verdict: acknowledge the delivery (as `None` does)."""
+
+
+@dataclass(frozen=True)
+class Fail:
+    """A batch handler's verdict: fail the delivery, as `Delivery.fail` does
+    (`retry_after` in seconds or a timedelta; None: the subscription's backoff)."""
+
+    reason: str = ""
+    retry_after: Seconds | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A batch handler's verdict: dead-letter the delivery now, as `Delivery.dead_letter` does."""
+
+    reason: str = ""
+
+
+#: One entry of a batch handler's answer: `None` or `Ack()` acks, `Fail(...)`
+#: fails, `DeadLetter(...)` dead-letters, an exception instance fails with its
+#: message (as raising does in a per-delivery handler).
+Verdict = Union[Ack, Fail, DeadLetter, Exception, None]
+
+
 class Outbox(Protocol):
     """The Consume call a delivery arrived on, as far as a delivery sees it."""
 
+    #: False once the call is closed: its deliveries can no longer be settled.
+    open: bool
+
     def send(self, request: pb.ConsumeRequest) -> bool:
-        """Queues a message on this call; False when the call has ended."""
+        """Queues a message on this call (after any coalesced acks); False when
+        the call has ended."""
         ...
+
+    def ack(self, id: str) -> bool:
+        """Queues the id for the call's next (coalesced) Ack message; False
+        when the call has ended."""
+        ...
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class Delivery:
@@ -78,6 +118,11 @@ class Delivery:
     reserved branded-id field), `raw_fields` (fields whose names are not
     UTF-8), `attempts` (1 on the first delivery), `minted_at` (UTC datetime),
     `traceparent` (W3C trace context or "").
+
+    Acks are coalesced: `ack()` queues the id and the consumer sends one `Ack`
+    message per short window (`Consumer(ack_linger=...)`, 1 ms by default, or
+    as soon as `MAX_ACK_BATCH` ids are queued). A fail or dead-letter goes out
+    at once, after the acks queued before it.
 
     Returning from the handler acks the delivery; raising fails it with the
     exception's message. A handler may instead settle it explicitly with
@@ -98,7 +143,9 @@ class Delivery:
         "payload",
         "raw_fields",
         "attempts",
-        "minted_at",
+        "_minted_at",
+        "_minted_s",
+        "_minted_us",
         "traceparent",
         "_call",
         "_settled",
@@ -125,25 +172,40 @@ class Delivery:
         self.payload = payload
         self.raw_fields = raw_fields
         self.attempts = attempts
-        self.minted_at = minted_at
+        self._minted_at: datetime | None = minted_at
+        self._minted_s = 0
+        self._minted_us = 0
         self.traceparent = traceparent
         self._call = call
         self._settled = False
 
     @classmethod
     def from_proto(cls, message: pb.Delivery, call: Outbox) -> Delivery:
-        return cls(
-            id=message.id,
-            stream_id=message.stream_id,
-            stream=message.stream,
-            group=message.group,
-            payload=dict(message.payload),
-            raw_fields=[RawField(f.name, f.value) for f in message.raw_fields],
-            attempts=message.attempts,
-            minted_at=message.minted_at.ToDatetime(tzinfo=timezone.utc),
-            traceparent=message.traceparent,
-            call=call,
-        )
+        # The hot path: slots filled directly, the mint time converted only
+        # when a handler reads it.
+        self = cls.__new__(cls)
+        self.id = message.id
+        self.stream_id = message.stream_id
+        self.stream = message.stream
+        self.group = message.group
+        self.payload = dict(message.payload)
+        self.raw_fields = [RawField(f.name, f.value) for f in message.raw_fields] if message.raw_fields else []
+        self.attempts = message.attempts
+        minted = message.minted_at
+        self._minted_at = None
+        self._minted_s = minted.seconds
+        self._minted_us = minted.nanos // 1000
+        self.traceparent = message.traceparent
+        self._call = call
+        self._settled = False
+        return self
+
+    @property
+    def minted_at(self) -> datetime:
+        """When the branded id was minted (UTC; millisecond precision)."""
+        if self._minted_at is None:
+            self._minted_at = _EPOCH + timedelta(seconds=self._minted_s, microseconds=self._minted_us)
+        return self._minted_at
 
     @property
     def settled(self) -> bool:
@@ -151,8 +213,16 @@ class Delivery:
         return self._settled
 
     async def ack(self) -> bool:
-        """Acknowledges the delivery (XACK): it leaves the group's PEL for good."""
-        return self._settle(pb.ConsumeRequest(ack=pb.Ack(ids=[self.id])), "ack")
+        """Acknowledges the delivery (XACK): it leaves the group's PEL for good.
+        The id travels in the call's next coalesced Ack message."""
+        if self._settled:
+            log.debug("delivery %s is already settled; ack ignored", self.id)
+            return False
+        self._settled = True
+        if not self._call.ack(self.id):
+            self._dropped("ack")
+            return False
+        return True
 
     async def fail(self, reason: str = "", *, retry_after: Seconds | None = None) -> bool:
         """Fails the delivery: it stays pending and comes back after
@@ -184,13 +254,14 @@ class Delivery:
             return False
         self._settled = True
         if not self._call.send(request):
-            log.info(
-                "%s of %s dropped: the call it arrived on has ended, the sidecar will deliver it again",
-                what,
-                self.id,
-            )
+            self._dropped(what)
             return False
         return True
+
+    def _dropped(self, what: str) -> None:
+        log.info(
+            "%s of %s dropped: the call it arrived on has ended, the sidecar will deliver it again", what, self.id
+        )
 
     def __repr__(self) -> str:
         return (

@@ -141,8 +141,8 @@ class SyncDelivery:
 
 
 class Consumer:
-    """The blocking twin of `echomq.Consumer`: same arguments, but `handler`
-    and `on_verdict_error` are plain functions. Handlers run on a pool of
+    """The blocking twin of `echomq.Consumer`: same arguments (no
+    `batch_handler`), but `handler` and `on_verdict_error` are plain functions. Handlers run on a pool of
     `concurrency` threads. `run()` blocks until `stop()` (from another thread,
     or SIGINT/SIGTERM when `run()` is on the main thread) and raises
     `PermanentError` like the asyncio consumer. A thread cannot be cancelled:
@@ -160,6 +160,8 @@ class Consumer:
         start: Start,
         max_in_flight: int = aio.DEFAULT_MAX_IN_FLIGHT,
         concurrency: int | None = None,
+        max_batch: int | None = None,
+        ack_linger: Seconds = aio.DEFAULT_ACK_LINGER,
         ack_deadline: Seconds | None = None,
         retry_backoff_initial: Seconds | None = None,
         retry_backoff_max: Seconds | None = None,
@@ -186,6 +188,8 @@ class Consumer:
             start=start,
             max_in_flight=max_in_flight,
             concurrency=concurrency,
+            max_batch=max_batch,
+            ack_linger=ack_linger,
             ack_deadline=ack_deadline,
             retry_backoff_initial=retry_backoff_initial,
             retry_backoff_max=retry_backoff_max,
