@@ -266,7 +266,7 @@ func TestStopFlushesCoalescedAcks(t *testing.T) {
 	var mu sync.Mutex
 	var handled []string
 	stopped := make(chan error, 1)
-	acksBeforeStop := -1
+	acksBeforeStop, pendingBeforeStop := -1, int64(-1)
 	done := make(chan error, 1)
 	go func() {
 		done <- consumer.Run(context.Background(), func(_ context.Context, d *echomq.Delivery) error {
@@ -278,7 +278,11 @@ func TestStopFlushesCoalescedAcks(t *testing.T) {
 			last := len(handled) == handledBeforeStop
 			mu.Unlock()
 			if last {
+				// Time for the sender to send what it would; with the hour-long
+				// linger and 20 held for 9 acked, it must send nothing.
+				time.Sleep(100 * time.Millisecond)
 				acksBeforeStop = w.ackMessages()
+				pendingBeforeStop = pendingCount(cl.redisAddr, stream)
 				go func() { stopped <- consumer.Stop(withTimeout(t, 10*time.Second)) }()
 				time.Sleep(100 * time.Millisecond) // Stop has begun: no new handler starts
 			}
@@ -297,8 +301,8 @@ func TestStopFlushesCoalescedAcks(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if acksBeforeStop != 0 {
-		t.Fatalf("%d Ack messages before Stop: the test needs them still coalesced", acksBeforeStop)
+	if acksBeforeStop != 0 || pendingBeforeStop != n {
+		t.Fatalf("%d Ack messages and %d pending before Stop, want 0 and %d: the acks must wait for the linger", acksBeforeStop, pendingBeforeStop, n)
 	}
 	mu.Lock()
 	defer mu.Unlock()
