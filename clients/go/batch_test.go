@@ -18,10 +18,11 @@ import (
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
 
-// wire records the Consume frames a connection receives and the Ack messages
-// it sends.
+// wire records the Consume frames a connection receives and the Subscribe and
+// Ack messages it sends (over every call of the connection).
 type wire struct {
-	mu sync.Mutex
+	mu         sync.Mutex
+	subscribes int
 	// frames holds the ids of each delivery frame, in arrival order; batch
 	// whether it was a DeliveryBatch.
 	frames [][]string
@@ -45,9 +46,14 @@ type wireStream struct {
 
 func (s *wireStream) SendMsg(m any) error {
 	err := s.ClientStream.SendMsg(m)
-	if req, ok := m.(*pb.ConsumeRequest); ok && err == nil && req.GetAck() != nil {
+	if req, ok := m.(*pb.ConsumeRequest); ok && err == nil {
 		s.w.mu.Lock()
-		s.w.ackMsgs = append(s.w.ackMsgs, slices.Clone(req.GetAck().GetIds()))
+		if req.GetSubscribe() != nil {
+			s.w.subscribes++
+		}
+		if req.GetAck() != nil {
+			s.w.ackMsgs = append(s.w.ackMsgs, slices.Clone(req.GetAck().GetIds()))
+		}
 		s.w.mu.Unlock()
 	}
 	return err
@@ -98,6 +104,23 @@ func (w *wire) acked() map[string]int {
 		}
 	}
 	return out
+}
+
+func (w *wire) subscribed() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.subscribes
+}
+
+// stopRun stops consumer gracefully and checks that its Run (done) returned nil.
+func stopRun(t *testing.T, consumer *echomq.Consumer, done <-chan error) {
+	t.Helper()
+	if err := consumer.Stop(withTimeout(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (w *wire) ackMessages() int {
@@ -182,12 +205,7 @@ func TestBatchFramesAreSettledWithFewAckMessages(t *testing.T) {
 	if err := waitFor(30*time.Second, func() bool { return pendingCount(cl.redisAddr, stream) == 0 && w.received() >= n }); err != nil {
 		t.Fatalf("received %d of %d, XPENDING %d", w.received(), n, pendingCount(cl.redisAddr, stream))
 	}
-	if err := consumer.Stop(withTimeout(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stopRun(t, consumer, done)
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -239,12 +257,7 @@ func TestSingleFramesWhenMaxBatchIsOne(t *testing.T) {
 	if err := waitFor(20*time.Second, func() bool { return w.received() >= n && pendingCount(cl.redisAddr, stream) == 0 }); err != nil {
 		t.Fatalf("received %d of %d", w.received(), n)
 	}
-	if err := consumer.Stop(withTimeout(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stopRun(t, consumer, done)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i := range w.frames {
@@ -411,12 +424,7 @@ func TestDisconnectWithAPartlyAckedBatchRedeliversTheUnacked(t *testing.T) {
 		t.Fatal("the unacked entries were not delivered again and acked")
 	}
 	time.Sleep(300 * time.Millisecond) // room for a wrong extra delivery
-	if err := second.Stop(withTimeout(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done2; err != nil {
-		t.Fatal(err)
-	}
+	stopRun(t, second, done2)
 	mu.Lock()
 	defer mu.Unlock()
 	for i, id := range ids {
@@ -466,12 +474,7 @@ func TestBatchHandlerSettlesEachEntryByItsVerdict(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("%d of %d entries seen, XPENDING %d", len(attempts), n, pendingCount(cl.redisAddr, stream))
 	}
-	if err := consumer.Stop(withTimeout(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stopRun(t, consumer, done)
 	mu.Lock()
 	defer mu.Unlock()
 	if slices.Max(sizes) < 2 || slices.Max(sizes) > 32 {
