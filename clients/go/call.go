@@ -6,81 +6,110 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
 
-// maxAckBatch bounds how many queued acks the sender folds into one Ack message.
-const maxAckBatch = 512
-
 // closeMarker, queued after the last verdict of a graceful stop, makes the
-// sender half-close the call.
+// sender flush the coalesced acks and half-close the call.
 var closeMarker = &pb.ConsumeRequest{}
 
-// call is one subscribed Consume call. Three goroutines serve it:
+// outgoing is one verdict queued for the sender: an ack of one id (req nil),
+// or a message to send as it is, after the acks queued before it.
+type outgoing struct {
+	ack string
+	req *pb.ConsumeRequest
+}
+
+// drainingBit, set in call.running, refuses new handler runs.
+const drainingBit = int64(1) << 62
+
+// call is one subscribed Consume call. Two goroutines serve it, and the
+// consumer's pool of handler workers (see pool.go) runs its deliveries:
 //
-//   - receive: reads frames; queues deliveries, reports verdict errors;
-//   - dispatch: starts a handler per queued delivery while a slot is free and
-//     the consumer is not stopping;
+//   - receive: reads frames; queues their deliveries on the pool's work
+//     channel (one item per delivery, or per frame for a batch handler);
+//     reports verdict errors;
 //   - sendLoop: the only writer of the stream (gRPC allows one): sends the
-//     queued verdicts, folding consecutive acks into one message.
+//     queued verdicts in order, coalescing acks into one Ack message per short
+//     window (ackLinger) or size (ackBatch).
 //
 // Deliveries keep a pointer to their call, so a verdict can only ever travel
-// on the call that holds the delivery; once the call ends, send refuses.
+// on the call that holds the delivery; once the call ends, send refuses and
+// the sender's coalesced acks are dropped with it.
 type call struct {
 	c      *Consumer
 	stream pb.ConsumerService_ConsumeClient
-	// ctx ends with the call; handlers of its deliveries get it.
+	// ctx ends with the call; handlers of its deliveries get a child of it.
 	ctx    context.Context
 	cancel context.CancelFunc
-	slots  chan struct{}
+	pool   *pool
 
-	// queue holds received deliveries not yet started. Its capacity is the
-	// effective max_in_flight, which the sidecar never exceeds, so receive
-	// does not block on it.
-	queue chan *Delivery
-	// sendq holds verdicts for sendLoop; sized like queue plus room for
-	// raw verdicts.
-	sendq      chan *pb.ConsumeRequest
+	// sendq holds verdicts for sendLoop; sized for one verdict per delivery
+	// the call may hold, plus room for raw verdicts and extensions.
+	sendq      chan outgoing
 	sendClosed atomic.Bool
+	// held counts deliveries received and not yet settled on the wire (acks
+	// sent, fails sent); the sender flushes at once when every one of them
+	// has an ack waiting, since no more can come until new deliveries do.
+	held atomic.Int64
+	// ackLinger and ackBatch bound the coalescing window (ackLinger ≤ 0:
+	// send as soon as the sender is free).
+	ackLinger time.Duration
+	ackBatch  int
 
-	// leases maps the branded id of each delivery received and not yet
-	// finished to it, so a LEASE_LOST can cancel its context.
-	leasesMu sync.Mutex
-	leases   map[string]*Delivery
+	// running counts this call's handler runs in progress, with drainingBit
+	// set once a graceful stop refuses new ones; idle is closed when it is
+	// draining with none running.
+	running  atomic.Int64
+	idle     chan struct{}
+	idleOnce sync.Once
 
-	recvDone     chan struct{}
-	recvErr      error // set before recvDone is closed
-	dispatchDone chan struct{}
-	// handlers counts this call's running handlers.
-	handlers sync.WaitGroup
+	// lost holds ids whose lease the sidecar reported lost before a worker
+	// started them (rare: only touched on CodeLeaseLost); lostN is its size.
+	lostMu sync.Mutex
+	lost   map[string]struct{}
+	lostN  atomic.Int32
+
+	recvDone chan struct{}
+	recvErr  error // set before recvDone is closed
 }
 
 func newCall(c *Consumer, stream pb.ConsumerService_ConsumeClient, ctx context.Context, cancel context.CancelFunc, maxInFlight int) *call {
+	linger := c.cfg.AckLinger
+	if linger == 0 {
+		linger = DefaultAckLinger
+	}
+	batch := c.cfg.AckBatch
+	if batch <= 0 {
+		batch = DefaultAckBatch
+	}
+	// A quarter of the credit is what makes the sidecar read again: waiting
+	// for more acks than that only stalls the flow.
+	batch = max(1, min(batch, maxInFlight/4))
 	return &call{
-		c:            c,
-		stream:       stream,
-		ctx:          ctx,
-		cancel:       cancel,
-		slots:        c.handlerSlots(maxInFlight),
-		queue:        make(chan *Delivery, maxInFlight),
-		sendq:        make(chan *pb.ConsumeRequest, maxInFlight+16),
-		leases:       make(map[string]*Delivery),
-		recvDone:     make(chan struct{}),
-		dispatchDone: make(chan struct{}),
+		c:         c,
+		stream:    stream,
+		ctx:       ctx,
+		cancel:    cancel,
+		pool:      c.startPool(maxInFlight),
+		sendq:     make(chan outgoing, maxInFlight+16),
+		ackLinger: linger,
+		ackBatch:  batch,
+		idle:      make(chan struct{}),
+		recvDone:  make(chan struct{}),
 	}
 }
 
 // serve runs the call until it ends. It returns nil when a graceful stop
 // closed it, otherwise why it ended.
-func (k *call) serve(h Handler) error {
+func (k *call) serve() error {
 	go k.receive()
 	go k.sendLoop()
-	go k.dispatch(h)
 	select {
 	case <-k.recvDone:
 		k.cancel()
-		<-k.dispatchDone
 		return k.endError()
 	case <-k.c.stopping:
 		return k.drain()
@@ -90,26 +119,23 @@ func (k *call) serve(h Handler) error {
 // drain is the graceful end: a Drain tells the sidecar to hand this call
 // nothing more (so the credit freed by the last acks pulls no new entry into
 // the PEL); no new handler starts; the running ones finish and queue their
-// verdicts; the sender half-closes after them; the sidecar, having applied
-// them, ends the call. Deliveries already on the wire are left un-settled:
-// the call's end returns them to the group. The call breaking or Stop's
-// deadline cuts it short.
+// verdicts; the sender flushes the coalesced acks and half-closes after them;
+// the sidecar, having applied them, ends the call. Deliveries already on the
+// wire are left un-settled: the call's end returns them to the group. The
+// call breaking or Stop's deadline cuts it short.
 func (k *call) drain() error {
 	defer k.cancel()
 	drainReq := &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Drain{Drain: &pb.Drain{}}}
 	select {
-	case k.sendq <- drainReq:
+	case k.sendq <- outgoing{req: drainReq}:
 	case <-k.recvDone:
 	case <-k.ctx.Done():
 	}
-	<-k.dispatchDone
-	idle := make(chan struct{})
-	go func() {
-		k.handlers.Wait()
-		close(idle)
-	}()
+	if k.running.Or(drainingBit) == 0 {
+		k.setIdle()
+	}
 	select {
-	case <-idle:
+	case <-k.idle:
 	case <-k.recvDone:
 		return nil
 	case <-k.ctx.Done():
@@ -117,7 +143,7 @@ func (k *call) drain() error {
 	}
 	k.sendClosed.Store(true)
 	select {
-	case k.sendq <- closeMarker:
+	case k.sendq <- outgoing{req: closeMarker}:
 	case <-k.recvDone:
 		return nil
 	case <-k.ctx.Done():
@@ -128,6 +154,28 @@ func (k *call) drain() error {
 	case <-k.ctx.Done():
 	}
 	return nil
+}
+
+func (k *call) setIdle() { k.idleOnce.Do(func() { close(k.idle) }) }
+
+// begin admits one handler run, unless the call ended or a stop began: a stop
+// wins over a delivery that is ready at the same moment. end must follow a
+// true begin.
+func (k *call) begin() bool {
+	if k.ctx.Err() != nil || k.c.isStopping() {
+		return false
+	}
+	if k.running.Add(1)&drainingBit != 0 {
+		k.end()
+		return false
+	}
+	return true
+}
+
+func (k *call) end() {
+	if k.running.Add(-1) == drainingBit {
+		k.setIdle()
+	}
 }
 
 func (k *call) endError() error {
@@ -147,15 +195,11 @@ func (k *call) receive() {
 		}
 		switch kind := m.GetKind().(type) {
 		case *pb.ConsumeResponse_Delivery:
-			d := newDelivery(k, kind.Delivery)
-			d.ctx, d.cancel = context.WithCancel(k.ctx)
-			k.leasesMu.Lock()
-			k.leases[d.ID] = d
-			k.leasesMu.Unlock()
-			select {
-			case k.queue <- d:
-			case <-k.ctx.Done():
-				k.recvErr = k.ctx.Err()
+			if !k.deliver([]*pb.Delivery{kind.Delivery}) {
+				return
+			}
+		case *pb.ConsumeResponse_Batch:
+			if !k.deliver(kind.Batch.GetDeliveries()) {
 				return
 			}
 		case *pb.ConsumeResponse_VerdictError:
@@ -170,124 +214,159 @@ func (k *call) receive() {
 	}
 }
 
-func (k *call) dispatch(h Handler) {
-	defer close(k.dispatchDone)
-	for {
-		// A stop wins over a delivery that is ready at the same moment.
-		if k.c.isStopping() || k.ctx.Err() != nil {
-			return
+// deliver queues the deliveries of one frame for the workers: one item per
+// delivery, or the whole frame for a batch handler. The pool's work channel
+// holds the call's max_in_flight, which the sidecar never exceeds, so this
+// blocks only while a broken call's leftovers are skipped. false: the call
+// ended.
+func (k *call) deliver(frame []*pb.Delivery) bool {
+	if len(frame) == 0 {
+		return true
+	}
+	slab := make([]Delivery, len(frame))
+	k.held.Add(int64(len(frame)))
+	if k.pool.batch {
+		batch := make([]*Delivery, len(frame))
+		for i, m := range frame {
+			slab[i].fill(k, m)
+			batch[i] = &slab[i]
 		}
-		var d *Delivery
-		select {
-		case d = <-k.queue:
-		case <-k.c.stopping:
-			return
-		case <-k.ctx.Done():
-			return
+		return k.queue(work{k: k, batch: batch})
+	}
+	for i, m := range frame {
+		slab[i].fill(k, m)
+		if !k.queue(work{k: k, d: &slab[i]}) {
+			return false
 		}
-		select {
-		case k.slots <- struct{}{}:
-		case <-k.c.stopping:
-			return
-		case <-k.ctx.Done():
-			return
-		}
-		if k.c.isStopping() {
-			<-k.slots
-			return
-		}
-		if d.ctx.Err() != nil {
-			// Its lease was lost before it started: a peer has it now.
-			<-k.slots
-			k.finished(d)
-			continue
-		}
-		k.handlers.Add(1)
-		k.c.handlers.Add(1)
-		go func() {
-			defer func() {
-				k.finished(d)
-				<-k.slots
-				k.handlers.Done()
-				k.c.handlers.Done()
-			}()
-			k.c.handle(d.ctx, d, h)
-		}()
+	}
+	return true
+}
+
+func (k *call) queue(w work) bool {
+	select {
+	case k.pool.work <- w:
+		return true
+	case <-k.ctx.Done():
+		k.recvErr = k.ctx.Err()
+		return false
 	}
 }
 
-// leaseLost cancels the context of the delivery id, if this call still has it.
+// leaseLost cancels the handler context of the delivery id if a worker runs
+// it, and keeps a worker from starting it if it is still queued.
 func (k *call) leaseLost(id string) {
-	k.leasesMu.Lock()
-	d := k.leases[id]
-	k.leasesMu.Unlock()
-	if d != nil {
-		d.cancel()
+	k.lostMu.Lock()
+	if k.lost == nil {
+		k.lost = map[string]struct{}{}
+	}
+	k.lost[id] = struct{}{}
+	k.lostN.Store(int32(len(k.lost)))
+	k.lostMu.Unlock()
+	if k.pool.cancelRunning(k, id) {
+		k.forgetLost(id)
 	}
 }
 
-// finished forgets a delivery whose handler is done (or will not run).
-func (k *call) finished(d *Delivery) {
-	k.leasesMu.Lock()
-	if k.leases[d.ID] == d {
-		delete(k.leases, d.ID)
+// takeLost reports whether id's lease was lost, forgetting it.
+func (k *call) takeLost(id string) bool {
+	if k.lostN.Load() == 0 {
+		return false
 	}
-	k.leasesMu.Unlock()
-	if d.cancel != nil {
-		d.cancel()
-	}
+	return k.forgetLost(id)
+}
+
+func (k *call) forgetLost(id string) bool {
+	k.lostMu.Lock()
+	defer k.lostMu.Unlock()
+	_, ok := k.lost[id]
+	delete(k.lost, id)
+	k.lostN.Store(int32(len(k.lost)))
+	return ok
 }
 
 // send queues a verdict for this call, or refuses once the call has ended or
 // half-closed.
 func (k *call) send(req *pb.ConsumeRequest) error {
+	return k.enqueue(outgoing{req: req})
+}
+
+// ack queues the acknowledgement of id, coalesced by the sender.
+func (k *call) ack(id string) error {
+	return k.enqueue(outgoing{ack: id})
+}
+
+func (k *call) enqueue(o outgoing) error {
 	if k.sendClosed.Load() || k.ctx.Err() != nil {
 		return ErrCallEnded
 	}
 	select {
-	case k.sendq <- req:
+	case k.sendq <- o:
 		return nil
 	case <-k.ctx.Done():
 		return ErrCallEnded
 	}
 }
 
+// sendLoop sends the queued verdicts in order. Acks wait in ids until one of:
+// ackBatch of them, ackLinger since the first, every delivery the call holds
+// has one, or another message (a Fail, an Extend, a raw verdict, the
+// half-close) is to go out after them; only a Drain overtakes them. When the call ends the waiting acks end with it:
+// they are never sent on another call.
 func (k *call) sendLoop() {
-	var next *pb.ConsumeRequest
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var ids []string
+	flush := func() bool {
+		if len(ids) == 0 {
+			return true
+		}
+		timer.Stop()
+		req := &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Ack{Ack: &pb.Ack{Ids: ids}}}
+		k.held.Add(-int64(len(ids)))
+		ids = make([]string, 0, k.ackBatch)
+		// An error means the call is over; receive reports why.
+		return k.stream.Send(req) == nil
+	}
 	for {
-		req := next
-		next = nil
-		if req == nil {
-			select {
-			case req = <-k.sendq:
-			case <-k.ctx.Done():
+		var lingered <-chan time.Time
+		if len(ids) > 0 {
+			lingered = timer.C
+		}
+		select {
+		case o := <-k.sendq:
+			if o.req == nil {
+				if len(ids) == 0 && k.ackLinger > 0 {
+					timer.Reset(k.ackLinger)
+				}
+				ids = append(ids, o.ack)
+				full := len(ids) >= k.ackBatch || int64(len(ids)) >= k.held.Load() ||
+					(k.ackLinger < 0 && len(k.sendq) == 0)
+				if full && !flush() {
+					return
+				}
+				continue
+			}
+			// The Drain goes ahead of the waiting acks, so the credit they
+			// free pulls no new entry; every other message goes after them.
+			if o.req.GetDrain() == nil && !flush() {
 				return
 			}
-		}
-		if req == closeMarker {
-			_ = k.stream.CloseSend()
-			return
-		}
-		if ack := req.GetAck(); ack != nil {
-			ids := append([]string(nil), ack.GetIds()...)
-		fold:
-			for len(ids) < maxAckBatch {
-				select {
-				case more := <-k.sendq:
-					if a := more.GetAck(); a != nil {
-						ids = append(ids, a.GetIds()...)
-						continue
-					}
-					next = more
-					break fold
-				default:
-					break fold
-				}
+			if o.req == closeMarker {
+				_ = k.stream.CloseSend()
+				return
 			}
-			req = &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Ack{Ack: &pb.Ack{Ids: ids}}}
-		}
-		if err := k.stream.Send(req); err != nil {
-			// The call is over; receive reports why.
+			if o.req.GetFail() != nil {
+				k.held.Add(-1)
+			}
+			if err := k.stream.Send(o.req); err != nil {
+				return
+			}
+		case <-lingered:
+			if !flush() {
+				return
+			}
+		case <-k.ctx.Done():
 			return
 		}
 	}

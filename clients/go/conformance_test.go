@@ -157,7 +157,7 @@ func TestConformance(t *testing.T) {
 		}
 		t.Run(sc.Name, func(t *testing.T) {
 			r := &run{t: t, sc: &sc, cl: cl, stream: "conf:go:" + sc.Name + suffix, appended: map[string]map[string][]byte{},
-				acks: map[string]int{}, release: make(chan struct{})}
+				wire: &wire{}, release: make(chan struct{})}
 			defer r.cleanup()
 			r.execute()
 		})
@@ -199,7 +199,7 @@ type run struct {
 	running       int
 	maxRunning    int
 	verdictErrors []string
-	acks          map[string]int // ids the clients sent in Ack messages
+	wire          *wire // what the consumers' connections sent and received
 	badAction     string
 	stopTook      time.Duration
 	stopped       bool
@@ -383,7 +383,7 @@ func (r *run) append(entries []map[string][]byte, retry bool) {
 
 func (r *run) startConsumer() {
 	t := r.t
-	conn, err := echomq.Dial(r.cl.listen, grpc.WithStreamInterceptor(r.countAcks))
+	conn, err := echomq.Dial(r.cl.listen, grpc.WithStreamInterceptor(r.wire.intercept))
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
@@ -555,32 +555,6 @@ func (r *run) unknownAction(what string) {
 	r.badAction = what
 }
 
-// countAcks counts every id the client sends in an Ack, per id.
-func (r *run) countAcks(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	s, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil {
-		return nil, err
-	}
-	return &ackCountingStream{ClientStream: s, r: r}, nil
-}
-
-type ackCountingStream struct {
-	grpc.ClientStream
-	r *run
-}
-
-func (s *ackCountingStream) SendMsg(m any) error {
-	err := s.ClientStream.SendMsg(m)
-	if req, ok := m.(*pb.ConsumeRequest); ok && err == nil {
-		s.r.mu.Lock()
-		for _, id := range req.GetAck().GetIds() {
-			s.r.acks[id]++
-		}
-		s.r.mu.Unlock()
-	}
-	return err
-}
-
 func (r *run) expectInt(key string) (int, bool) {
 	raw, ok := r.sc.Expect[key]
 	if !ok {
@@ -686,13 +660,14 @@ func (r *run) check() {
 			var want bool
 			decode(&want)
 			if want {
+				acks := r.wire.acked()
 				for id := range distinct {
-					if r.acks[id] != 1 {
-						t.Errorf("each_acked_once: %s acked %d times", id, r.acks[id])
+					if acks[id] != 1 {
+						t.Errorf("each_acked_once: %s acked %d times", id, acks[id])
 					}
 				}
-				if len(r.acks) != len(distinct) {
-					t.Errorf("each_acked_once: acks for %d ids, %d ids handled", len(r.acks), len(distinct))
+				if len(acks) != len(distinct) {
+					t.Errorf("each_acked_once: acks for %d ids, %d ids handled", len(acks), len(distinct))
 				}
 			}
 		case "payload_equals_appended":

@@ -20,6 +20,18 @@ import (
 // [ConsumerConfig.MaxInFlight] is set and the sidecar does not report its own.
 const DefaultMaxInFlight = 64
 
+// DefaultMaxBatch is the most deliveries per frame the consumer asks for when
+// [ConsumerConfig.MaxBatch] is 0 (capped by MaxInFlight when that is set).
+const DefaultMaxBatch = 256
+
+// DefaultAckLinger is how long an ack may wait for others to share its Ack
+// message when [ConsumerConfig.AckLinger] is 0.
+const DefaultAckLinger = time.Millisecond
+
+// DefaultAckBatch is the most ids of one Ack message when
+// [ConsumerConfig.AckBatch] is 0.
+const DefaultAckBatch = 256
+
 // ConsumerConfig is a subscription and how to run its handler. Stream, Group,
 // Start and one of Target or Conn are required; every other field has a
 // default.
@@ -45,9 +57,32 @@ type ConsumerConfig struct {
 	// (`--default-max-in-flight`, 64). Above the sidecar's limit (10000 by
 	// default) the subscription fails with INVALID_ARGUMENT.
 	MaxInFlight uint32
-	// Concurrency is the most handlers running at once. 0: the effective
-	// MaxInFlight. More than MaxInFlight is never used.
+	// Concurrency is the most handlers running at once: the consumer starts
+	// this many handler goroutines once and feeds them every delivery (or,
+	// with [Consumer.RunBatch], every frame). 0: the effective MaxInFlight.
+	// More than MaxInFlight is never used.
 	Concurrency int
+
+	// MaxBatch is the most deliveries the sidecar may put in one frame
+	// (Subscribe.max_batch). Frames never wait to fill, so batching adds no
+	// latency at low rates; at high rates it saves a gRPC message per entry.
+	// A [Handler] still sees one delivery at a time; a [BatchHandler] sees one
+	// frame. 0: [DefaultMaxBatch] (256), or MaxInFlight if that is set and
+	// smaller. 1: one delivery per frame. Above 4096 the subscription fails
+	// with INVALID_ARGUMENT.
+	MaxBatch uint32
+	// AckLinger is how long an ack waits for others to travel in the same
+	// Ack message. An ack goes out at the latest this long after it was
+	// given, sooner when AckBatch acks are waiting, when every delivery the
+	// call holds has its ack waiting, or when a Fail, an Extend or a graceful
+	// Stop's end is sent (in order, after the acks before it). Fails are
+	// never delayed. 0: [DefaultAckLinger] (1 ms). Negative: no linger: acks
+	// go out as soon as the sender is free, folding only those already queued.
+	AckLinger time.Duration
+	// AckBatch is the most ids in one Ack message. 0: [DefaultAckBatch]
+	// (256). Never more than a quarter of the effective MaxInFlight (at
+	// least 1): the sidecar reads again when that much credit is free.
+	AckBatch int
 
 	// AckDeadline is how long a delivery may stay un-settled before the
 	// sidecar treats it as failed. 0: no deadline while the call lives.
@@ -105,6 +140,9 @@ func (cfg *ConsumerConfig) validate() error {
 	if cfg.Concurrency < 0 {
 		problems = append(problems, "Concurrency must not be negative")
 	}
+	if cfg.AckBatch < 0 {
+		problems = append(problems, "AckBatch must not be negative")
+	}
 	if cfg.AckDeadline < 0 || cfg.RetryBackoffInitial < 0 || cfg.RetryBackoffMax < 0 {
 		problems = append(problems, "durations must not be negative")
 	}
@@ -122,6 +160,7 @@ func (cfg *ConsumerConfig) subscribe() *pb.ConsumeRequest {
 		DeadLetterStream: cfg.DeadLetterStream,
 		MaxDeliveries:    cfg.MaxDeliveries,
 		NoAck:            cfg.NoAck,
+		MaxBatch:         cfg.maxBatch(),
 	}
 	cfg.Start.apply(sub)
 	if cfg.AckDeadline > 0 {
@@ -134,6 +173,17 @@ func (cfg *ConsumerConfig) subscribe() *pb.ConsumeRequest {
 		sub.RetryBackoffMax = durationpb.New(cfg.RetryBackoffMax)
 	}
 	return &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Subscribe{Subscribe: sub}}
+}
+
+// maxBatch is the Subscribe.max_batch asked for.
+func (cfg *ConsumerConfig) maxBatch() uint32 {
+	if cfg.MaxBatch > 0 {
+		return cfg.MaxBatch
+	}
+	if cfg.MaxInFlight > 0 && cfg.MaxInFlight < DefaultMaxBatch {
+		return cfg.MaxInFlight
+	}
+	return DefaultMaxBatch
 }
 
 // Consumer runs a handler over one subscription, one Consume call at a time,
@@ -157,13 +207,15 @@ type Consumer struct {
 	// and replaced whenever current changes.
 	current *call
 	changed chan struct{}
-	// slots bounds the running handlers across calls (a handler of a broken
-	// call may still run while the next call delivers). Sized on the first
-	// subscribe.
-	slots chan struct{}
+	// pool is the handler workers, shared by the calls (a handler of a
+	// broken call may still run while the next call delivers). Started on
+	// the first subscribe.
+	pool *pool
 
-	// handlers counts running handler goroutines of every call.
-	handlers sync.WaitGroup
+	// handler or batchHandler is what Run or RunBatch runs; set before the
+	// first call.
+	handler      Handler
+	batchHandler BatchHandler
 }
 
 // NewConsumer returns a consumer for cfg. It does not connect: [Consumer.Run]
@@ -203,6 +255,19 @@ func NewConsumer(cfg ConsumerConfig) *Consumer {
 // When Run returns, no handler is running, except after an abrupt end, where
 // handlers that ignore their context may still be returning.
 func (c *Consumer) Run(ctx context.Context, h Handler) error {
+	return c.run(ctx, h, nil)
+}
+
+// RunBatch is [Consumer.Run] with a [BatchHandler]: h gets the deliveries of
+// each frame together (1 to MaxBatch of them) and returns their verdicts, at
+// most Concurrency batches at once. Everything else (Stop, reconnects, errors,
+// coalesced acks) is as for Run. For handlers that process in bulk, such as
+// one database write per batch.
+func (c *Consumer) RunBatch(ctx context.Context, h BatchHandler) error {
+	return c.run(ctx, nil, h)
+}
+
+func (c *Consumer) run(ctx context.Context, h Handler, bh BatchHandler) error {
 	c.mu.Lock()
 	if c.ran {
 		c.mu.Unlock()
@@ -211,11 +276,12 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	c.ran = true
 	runCtx, abort := context.WithCancel(ctx)
 	c.abort = abort
+	c.handler, c.batchHandler = h, bh
 	c.mu.Unlock()
 	defer close(c.done)
 	defer abort()
 
-	if h == nil {
+	if h == nil && bh == nil {
 		return fmt.Errorf("%w: the handler is nil", ErrInvalidConfig)
 	}
 	if err := c.cfg.validate(); err != nil {
@@ -230,7 +296,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 		defer cc.Close()
 		conn = cc
 	}
-	err := c.loop(ctx, runCtx, pb.NewConsumerServiceClient(conn), h)
+	err := c.loop(ctx, runCtx, pb.NewConsumerServiceClient(conn))
 	c.waitHandlers(runCtx)
 	return err
 }
@@ -294,7 +360,7 @@ func (c *Consumer) Send(ctx context.Context, req *pb.ConsumeRequest) error {
 
 // loop opens calls until a graceful stop, a permanent error or ctx's end.
 // parent is Run's context; ctx is also cancelled by a Stop past its deadline.
-func (c *Consumer) loop(parent, ctx context.Context, client pb.ConsumerServiceClient, h Handler) error {
+func (c *Consumer) loop(parent, ctx context.Context, client pb.ConsumerServiceClient) error {
 	backoff := c.cfg.Reconnect.withDefaults()
 	for attempt := 0; ; {
 		if c.isStopping() {
@@ -304,7 +370,7 @@ func (c *Consumer) loop(parent, ctx context.Context, client pb.ConsumerServiceCl
 		if err == nil {
 			attempt = 0
 			c.setCurrent(k)
-			err = k.serve(h)
+			err = k.serve()
 			c.setCurrent(nil)
 			if err == nil {
 				return nil
@@ -397,21 +463,6 @@ func (c *Consumer) setCurrent(k *call) {
 	c.changed = make(chan struct{})
 }
 
-// handlerSlots returns the semaphore bounding running handlers, sizing it on
-// first use from Concurrency, else the call's effective max_in_flight.
-func (c *Consumer) handlerSlots(effective int) chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.slots == nil {
-		n := c.cfg.Concurrency
-		if n <= 0 || n > effective {
-			n = effective
-		}
-		c.slots = make(chan struct{}, max(n, 1))
-	}
-	return c.slots
-}
-
 func (c *Consumer) isStopping() bool {
 	select {
 	case <-c.stopping:
@@ -421,12 +472,19 @@ func (c *Consumer) isStopping() bool {
 	}
 }
 
-// waitHandlers waits for running handlers unless ctx ended (an abrupt end
-// does not wait for handlers that ignore their context).
+// waitHandlers ends the handler workers and waits for them unless ctx ended
+// (an abrupt end does not wait for handlers that ignore their context).
 func (c *Consumer) waitHandlers(ctx context.Context) {
+	c.mu.Lock()
+	p := c.pool
+	c.mu.Unlock()
+	if p == nil {
+		return
+	}
+	p.stop()
 	idle := make(chan struct{})
 	go func() {
-		c.handlers.Wait()
+		p.wg.Wait()
 		close(idle)
 	}()
 	select {
@@ -441,30 +499,4 @@ func (c *Consumer) verdictError(e VerdictError) {
 		return
 	}
 	c.log.Warn("echomq: verdict not applied", "id", e.ID, "code", CodeName(e.Code), "message", e.Message)
-}
-
-// handle runs h on d and settles d by h's result unless h settled it.
-func (c *Consumer) handle(ctx context.Context, d *Delivery, h Handler) {
-	err := runHandler(ctx, h, d)
-	if d.Settled() {
-		return
-	}
-	var sendErr error
-	if err == nil {
-		sendErr = d.Ack()
-	} else {
-		sendErr = d.Fail(err.Error(), 0)
-	}
-	if sendErr != nil {
-		c.log.Debug("echomq: verdict dropped", "id", d.ID, "error", sendErr)
-	}
-}
-
-func runHandler(ctx context.Context, h Handler, d *Delivery) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panicked: %v", r)
-		}
-	}()
-	return h(ctx, d)
 }

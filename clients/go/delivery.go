@@ -20,7 +20,29 @@ import (
 // ctx is cancelled when the delivery can no longer be settled: its call ended
 // (the entry will come back), the sidecar reported its lease lost to a peer
 // ([CodeLeaseLost]), Run's context was cancelled, or the Stop deadline passed.
+// It is valid until the handler returns: the handler's worker reuses it for
+// its next delivery, so do not keep it (or cancel-sensitive work on it) past
+// the return.
 type Handler func(ctx context.Context, d *Delivery) error
+
+// BatchHandler handles the deliveries of one frame at once: 1 to
+// [ConsumerConfig.MaxBatch] of them, in delivery order, as the sidecar sent
+// them (a batch never waits to fill: at low rates it holds one delivery). Run
+// it with [Consumer.RunBatch].
+//
+// The verdicts are the returned slice: nil acknowledges every delivery;
+// otherwise it must have one entry per delivery, where a nil error
+// acknowledges batch[i] and an error fails it with err.Error() as the reason
+// (delivered again after the retry backoff). Deliveries the handler settled
+// itself ([Delivery.Ack], [Delivery.Fail], [Delivery.DeadLetter]) keep that
+// verdict. A slice of the wrong length or a panic fails every delivery not
+// settled yet.
+//
+// ctx is cancelled when the batch's call ended, Run's context was cancelled,
+// or the Stop deadline passed; as for [Handler], it is valid until the
+// handler returns. A lease lost by one entry of the batch does not cancel it:
+// the sidecar answers that entry's verdict with a [VerdictError].
+type BatchHandler func(ctx context.Context, batch []*Delivery) []error
 
 // RawField is an entry field whose name is not valid UTF-8 (a proto map key
 // must be), byte for byte.
@@ -42,6 +64,9 @@ const (
 // carry its verdict.
 type verdictSender interface {
 	send(*pb.ConsumeRequest) error
+	// ack queues the acknowledgement of id, to be coalesced with others into
+	// one Ack message.
+	ack(id string) error
 }
 
 // Delivery is one hand-over of a stream entry to this consumer. Settle it at
@@ -72,23 +97,24 @@ type Delivery struct {
 
 	call    verdictSender
 	settled atomic.Int32
-	// ctx is the handler's context: the call's, also cancelled when the
-	// lease is lost.
-	ctx    context.Context
-	cancel context.CancelFunc
 }
 
 func newDelivery(call verdictSender, m *pb.Delivery) *Delivery {
-	d := &Delivery{
-		ID:          m.GetId(),
-		StreamID:    m.GetStreamId(),
-		Stream:      m.GetStream(),
-		Group:       m.GetGroup(),
-		Payload:     m.GetPayload(),
-		Attempts:    m.GetAttempts(),
-		Traceparent: m.GetTraceparent(),
-		call:        call,
-	}
+	d := &Delivery{}
+	d.fill(call, m)
+	return d
+}
+
+// fill sets d from m; d is fresh (deliveries of one frame share one slab).
+func (d *Delivery) fill(call verdictSender, m *pb.Delivery) {
+	d.ID = m.GetId()
+	d.StreamID = m.GetStreamId()
+	d.Stream = m.GetStream()
+	d.Group = m.GetGroup()
+	d.Payload = m.GetPayload()
+	d.Attempts = m.GetAttempts()
+	d.Traceparent = m.GetTraceparent()
+	d.call = call
 	if d.Payload == nil {
 		d.Payload = map[string][]byte{}
 	}
@@ -98,11 +124,12 @@ func newDelivery(call verdictSender, m *pb.Delivery) *Delivery {
 	for _, f := range m.GetRawFields() {
 		d.RawFields = append(d.RawFields, RawField{Name: f.GetName(), Value: f.GetValue()})
 	}
-	return d
 }
 
 // Ack acknowledges the delivery: the sidecar XACKs it and it is gone for good.
-// It returns [ErrAlreadySettled] after an earlier verdict and [ErrCallEnded]
+// Acks are coalesced: the consumer sends the acks of a short window
+// ([ConsumerConfig.AckLinger], [ConsumerConfig.AckBatch]) in one Ack message,
+// and a graceful [Consumer.Stop] sends them before it returns. It returns [ErrAlreadySettled] after an earlier verdict and [ErrCallEnded]
 // when the call it came on has ended (nothing is sent; it will come back).
 // The sidecar reports a verdict it could not apply through
 // [ConsumerConfig.OnVerdictError].
@@ -110,7 +137,7 @@ func (d *Delivery) Ack() error {
 	if !d.settle(acked) {
 		return ErrAlreadySettled
 	}
-	return d.call.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Ack{Ack: &pb.Ack{Ids: []string{d.ID}}}})
+	return d.call.ack(d.ID)
 }
 
 // Fail reports that the delivery could not be handled: the entry stays pending

@@ -2,9 +2,11 @@
 // wrapper over the generated gRPC stubs in [echomqv1].
 //
 // The sidecar owns the Redis Streams consumer groups; this package opens the
-// one bidirectional Consume call per subscription, runs your [Handler] with
-// bounded concurrency, answers every delivery with a verdict, and re-opens the
-// call with jittered exponential backoff when it breaks.
+// one bidirectional Consume call per subscription, asks for batched delivery
+// frames, runs your [Handler] (or, opt-in, a [BatchHandler]) on a fixed pool of
+// handler goroutines, answers every delivery with a verdict (acks coalesced
+// into one Ack message per short window), and re-opens the call with jittered
+// exponential backoff when it breaks.
 //
 // Delivery is at-least-once: an entry may be handed to a handler more than once
 // (after a Fail, a dropped call, a sidecar restart or a peer's reclaim). The
@@ -15,7 +17,8 @@
 //
 //   - dial.go: [Dial], a connection to the sidecar (TCP `host:port` or `unix:/path`).
 //   - consumer.go: [Consumer] and [ConsumerConfig]: Run, Stop, the reconnect loop, the raw escape hatch.
-//   - call.go: one Consume call: receive loop, bounded dispatch to handlers, the verdict sender.
+//   - call.go: one Consume call: receive loop, the verdict sender that coalesces acks, the graceful drain.
+//   - pool.go: the handler workers shared by the calls; settling by a handler's or batch handler's result.
 //   - delivery.go: [Delivery] and its explicit settlement (Ack, Fail, DeadLetter, Extend).
 //   - start.go: [Start], where a new group begins reading (required, no default).
 //   - errors.go: [SubscriptionError], which gRPC codes are permanent, [VerdictError].

@@ -78,5 +78,27 @@ func ExampleNewerWins() {
 	log.Fatal(consumer.Run(context.Background(), handler))
 }
 
+// A batch handler gets the deliveries of one frame together (1 to MaxBatch)
+// and answers each: here one bulk write per batch, with a verdict per entry.
+func ExampleConsumer_RunBatch() {
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
+		Target: "127.0.0.1:50051", Stream: "orders", Group: "warehouse", Start: echomq.StartBeginning(),
+		MaxInFlight: 1024, // credit for several frames in flight
+		MaxBatch:    256,  // the most deliveries per frame, and per call of the handler
+		Concurrency: 4,    // batch handlers at once
+	})
+	err := consumer.RunBatch(context.Background(), func(ctx context.Context, batch []*echomq.Delivery) []error {
+		rows := make([]map[string][]byte, len(batch))
+		for i, d := range batch {
+			rows[i] = d.Payload
+		}
+		return insertRows(ctx, rows) // nil: all acked; else one error (or nil) per delivery
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+func insertRows(context.Context, []map[string][]byte) []error { return nil }
 func busy() bool                                              { return false }
 func saveOrderState(context.Context, map[string][]byte) error { return nil }

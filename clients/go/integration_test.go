@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	echomq "github.com/echomq/echomq-sidecar/clients/go"
-	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
 
 // uniqueStream names a fresh stream, so repeated runs (-count=N) start clean.
@@ -157,41 +156,6 @@ func TestUnixSocketTarget(t *testing.T) {
 	}
 }
 
-// subscribeCounter counts the Subscribe and Ack messages a connection sends.
-type subscribeCounter struct {
-	mu         sync.Mutex
-	subscribes int
-	acks       map[string]int
-}
-
-func (s *subscribeCounter) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	cs, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil {
-		return nil, err
-	}
-	return &countingClientStream{ClientStream: cs, s: s}, nil
-}
-
-type countingClientStream struct {
-	grpc.ClientStream
-	s *subscribeCounter
-}
-
-func (c *countingClientStream) SendMsg(m any) error {
-	err := c.ClientStream.SendMsg(m)
-	if req, ok := m.(*pb.ConsumeRequest); ok && err == nil {
-		c.s.mu.Lock()
-		if req.GetSubscribe() != nil {
-			c.s.subscribes++
-		}
-		for _, id := range req.GetAck().GetIds() {
-			c.s.acks[id]++
-		}
-		c.s.mu.Unlock()
-	}
-	return err
-}
-
 func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 	fixture(t)
 	var file scenarioFile
@@ -207,7 +171,7 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counter := &subscribeCounter{acks: map[string]int{}}
+	counter := &wire{}
 	conn, err := echomq.Dial(cl.listen, grpc.WithStreamInterceptor(counter.intercept))
 	if err != nil {
 		t.Fatal(err)
@@ -242,7 +206,7 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 	if err := cl.startSidecar(); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(20*time.Second, func() bool { counter.mu.Lock(); defer counter.mu.Unlock(); return counter.subscribes >= 2 }); err != nil {
+	if err := waitFor(20*time.Second, func() bool { return counter.subscribed() >= 2 }); err != nil {
 		t.Fatal("the consumer did not re-subscribe after the sidecar restart")
 	}
 	close(release)
@@ -255,10 +219,8 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	counter.mu.Lock()
-	defer counter.mu.Unlock()
-	if counter.acks[appended.ID] != 1 {
-		t.Fatalf("%s acked %d times; the old call's verdict must be dropped, the new call's sent once", appended.ID, counter.acks[appended.ID])
+	if n := counter.acked()[appended.ID]; n != 1 {
+		t.Fatalf("%s acked %d times; the old call's verdict must be dropped, the new call's sent once", appended.ID, n)
 	}
 	if len(attempts) != 2 || attempts[1] < 2 {
 		t.Fatalf("attempts %v, want the redelivery to count a second attempt", attempts)

@@ -3,6 +3,7 @@ package echomq
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,11 @@ func (r *recordingSender) send(req *pb.ConsumeRequest) error {
 	}
 	r.sent = append(r.sent, req)
 	return nil
+}
+
+// ack records an ack as the one-id Ack message it stands for.
+func (r *recordingSender) ack(id string) error {
+	return r.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Ack{Ack: &pb.Ack{Ids: []string{id}}}})
 }
 
 func delivery(s verdictSender, id string) *Delivery {
@@ -203,14 +209,15 @@ func TestSenderFoldsQueuedAcksAndHalfClosesLast(t *testing.T) {
 	stream := &fakeStream{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	k := newCall(c, stream, ctx, cancel, 8)
+	k := newCall(c, stream, ctx, cancel, 64)
+	k.held.Store(5) // the five deliveries below, as receive counts them
 	for _, id := range []string{"a", "b", "c"} {
 		_ = delivery(k, id).Ack()
 	}
 	_ = delivery(k, "d").Fail("x", 0)
 	_ = delivery(k, "e").Ack()
 	k.sendClosed.Store(true)
-	k.sendq <- closeMarker
+	k.sendq <- outgoing{req: closeMarker}
 	k.sendLoop()
 	if len(stream.sent) != 3 || !stream.halfClosed {
 		t.Fatalf("sent %v, half-closed %v", stream.sent, stream.halfClosed)
@@ -342,4 +349,179 @@ func TestCodeNameIsTheShortName(t *testing.T) {
 	if CodeName(CodeUnknownID) != "UNKNOWN_ID" || CodeName(CodeNotPending) != "NOT_PENDING" {
 		t.Fatal(CodeName(CodeUnknownID))
 	}
+}
+
+func (f *fakeStream) acks() [][]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out [][]string
+	for _, m := range f.sent {
+		if a := m.GetAck(); a != nil {
+			out = append(out, a.GetIds())
+		}
+	}
+	return out
+}
+
+// senderCall is a call on a fakeStream with its sender running, holding held
+// deliveries.
+func senderCall(t *testing.T, cfg ConsumerConfig, maxInFlight int, held int64) (*call, *fakeStream, context.CancelFunc) {
+	t.Helper()
+	c := NewConsumer(cfg)
+	stream := &fakeStream{}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	k := newCall(c, stream, ctx, cancel, maxInFlight)
+	k.held.Store(held)
+	done := make(chan struct{})
+	go func() { defer close(done); k.sendLoop() }()
+	t.Cleanup(func() { cancel(); <-done })
+	return k, stream, cancel
+}
+
+func TestAcksLingerIntoOneMessage(t *testing.T) {
+	k, stream, _ := senderCall(t, ConsumerConfig{AckLinger: 80 * time.Millisecond}, 1000, 100)
+	for _, id := range []string{"a", "b", "c"} {
+		if err := delivery(k, id).Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := stream.acks(); len(got) != 0 {
+		t.Fatalf("acks sent before the linger ended: %v", got)
+	}
+	if err := waitForUnit(2*time.Second, func() bool { return len(stream.acks()) == 1 }); err != nil {
+		t.Fatalf("after the linger: %v, want one Ack message", stream.acks())
+	}
+	if ids := strings.Join(stream.acks()[0], ","); ids != "a,b,c" {
+		t.Fatalf("one Ack of %s, want a,b,c", ids)
+	}
+}
+
+func TestAckBatchBoundsOneMessage(t *testing.T) {
+	k, stream, _ := senderCall(t, ConsumerConfig{AckLinger: time.Hour, AckBatch: 4}, 1000, 100)
+	for i := range 9 {
+		_ = delivery(k, strconv.Itoa(i)).Ack()
+	}
+	if err := waitForUnit(2*time.Second, func() bool { return len(stream.acks()) == 2 }); err != nil {
+		t.Fatalf("acks %v, want two messages of 4", stream.acks())
+	}
+	time.Sleep(20 * time.Millisecond)
+	got := stream.acks()
+	if len(got) != 2 || len(got[0]) != 4 || len(got[1]) != 4 {
+		t.Fatalf("acks %v, want two messages of 4 and the ninth still waiting", got)
+	}
+}
+
+func TestAckBatchIsAtMostAQuarterOfTheCredit(t *testing.T) {
+	k, stream, _ := senderCall(t, ConsumerConfig{AckLinger: time.Hour}, 8, 100)
+	for _, id := range []string{"a", "b", "c"} {
+		_ = delivery(k, id).Ack()
+	}
+	if err := waitForUnit(2*time.Second, func() bool { return len(stream.acks()) == 1 }); err != nil || len(stream.acks()[0]) != 2 {
+		t.Fatalf("acks %v, want a message of 2 (max_in_flight 8 / 4)", stream.acks())
+	}
+}
+
+func TestAcksGoOutAtOnceWhenEveryHeldDeliveryIsAcked(t *testing.T) {
+	k, stream, _ := senderCall(t, ConsumerConfig{AckLinger: time.Hour}, 1000, 2)
+	_ = delivery(k, "a").Ack()
+	_ = delivery(k, "b").Ack()
+	if err := waitForUnit(2*time.Second, func() bool { return len(stream.acks()) == 1 }); err != nil {
+		t.Fatalf("acks %v: nothing else is held, so waiting gains nothing", stream.acks())
+	}
+	if ids := strings.Join(stream.acks()[0], ","); ids != "a,b" {
+		t.Fatalf("one Ack of %s, want a,b", ids)
+	}
+}
+
+func TestCoalescedAcksOfAnEndedCallAreNeverSent(t *testing.T) {
+	k, stream, cancel := senderCall(t, ConsumerConfig{AckLinger: time.Hour}, 1000, 100)
+	_ = delivery(k, "a").Ack()
+	time.Sleep(20 * time.Millisecond)
+	cancel() // the call broke while "a" waited
+	time.Sleep(20 * time.Millisecond)
+	if got := stream.acks(); len(got) != 0 {
+		t.Fatalf("acks %v sent after the call ended", got)
+	}
+}
+
+func TestBatchVerdictsSettleEachDelivery(t *testing.T) {
+	c := NewConsumer(ConsumerConfig{})
+	batch := func(rec *recordingSender, ids ...string) []*Delivery {
+		var out []*Delivery
+		for _, id := range ids {
+			out = append(out, delivery(rec, id))
+		}
+		return out
+	}
+	verdicts := func(rec *recordingSender) string {
+		var out []string
+		for _, m := range rec.sent {
+			if a := m.GetAck(); a != nil {
+				out = append(out, "ack:"+a.GetIds()[0])
+			} else if f := m.GetFail(); f != nil {
+				out = append(out, "fail:"+f.GetId()+":"+f.GetReason())
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	cases := []struct {
+		name string
+		h    BatchHandler
+		want string
+	}{
+		{"nil acks all", func(context.Context, []*Delivery) []error { return nil }, "ack:a ack:b ack:c"},
+		{"one verdict each", func(context.Context, []*Delivery) []error {
+			return []error{nil, errors.New("bad"), nil}
+		}, "ack:a fail:b:bad ack:c"},
+		{"explicit settlement wins", func(_ context.Context, b []*Delivery) []error {
+			_ = b[0].DeadLetter("poison")
+			return []error{nil, nil, nil}
+		}, "fail:a:poison ack:b ack:c"},
+		{"wrong length fails the rest", func(_ context.Context, b []*Delivery) []error {
+			_ = b[1].Ack()
+			return []error{nil}
+		}, "ack:b fail:a:batch handler returned 1 verdicts for 3 deliveries fail:c:batch handler returned 1 verdicts for 3 deliveries"},
+		{"panic fails all", func(context.Context, []*Delivery) []error { panic("boom") }, "fail:a:batch handler panicked: boom fail:b:batch handler panicked: boom fail:c:batch handler panicked: boom"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recordingSender{}
+			c.handleBatch(context.Background(), batch(rec, "a", "b", "c"), tc.h)
+			if got := verdicts(rec); got != tc.want {
+				t.Fatalf("verdicts %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSubscribeAsksForBatches(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  ConsumerConfig
+		want uint32
+	}{
+		{ConsumerConfig{}, DefaultMaxBatch},
+		{ConsumerConfig{MaxInFlight: 32}, 32},
+		{ConsumerConfig{MaxInFlight: 1000}, DefaultMaxBatch},
+		{ConsumerConfig{MaxBatch: 1}, 1},
+		{ConsumerConfig{MaxBatch: 1000, MaxInFlight: 10}, 1000},
+	} {
+		cfg := tc.cfg
+		cfg.Stream, cfg.Group, cfg.Start = "s", "g", StartNew()
+		if got := cfg.subscribe().GetSubscribe().GetMaxBatch(); got != tc.want {
+			t.Errorf("MaxBatch %d MaxInFlight %d: max_batch %d, want %d", tc.cfg.MaxBatch, tc.cfg.MaxInFlight, got, tc.want)
+		}
+	}
+}
+
+func waitForUnit(limit time.Duration, ok func() bool) error {
+	deadline := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(deadline) {
+			return errors.New("timed out")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
 }

@@ -1,0 +1,227 @@
+package echomq
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// work is one queued run for a worker: a delivery, or a frame for a batch
+// handler.
+type work struct {
+	k     *call
+	d     *Delivery
+	batch []*Delivery
+}
+
+// pool is the consumer's fixed set of handler workers: Concurrency goroutines
+// (at most the effective max_in_flight) started on the first subscribe and
+// reading work until Run ends. Shared by the consumer's calls, so a handler of
+// a broken call still counts against the bound while the next call delivers.
+// Nothing is started per delivery.
+type pool struct {
+	work    chan work
+	quit    chan struct{}
+	workers []*worker
+	wg      sync.WaitGroup
+	// batch: the items are frames for a BatchHandler.
+	batch bool
+}
+
+// worker is one handler goroutine. mu guards what it runs, so that a lost
+// lease cancels the right delivery's context.
+type worker struct {
+	mu sync.Mutex
+	// k and d are the call and delivery being handled (d nil for a batch).
+	k *call
+	d *Delivery
+	// ctx is the handlers' context, a child of ctxCall's context, reused
+	// across deliveries until that call ends or a lost lease cancels it.
+	ctx     context.Context
+	cancel  context.CancelFunc
+	ctxCall *call
+}
+
+// startPool starts the workers on first use, sized from Concurrency, else the
+// call's effective max_in_flight.
+func (c *Consumer) startPool(effective int) *pool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pool != nil {
+		return c.pool
+	}
+	n := c.cfg.Concurrency
+	if n <= 0 || n > effective {
+		n = effective
+	}
+	n = max(n, 1)
+	p := &pool{
+		work:  make(chan work, max(effective, 1)),
+		quit:  make(chan struct{}),
+		batch: c.batchHandler != nil,
+	}
+	for range n {
+		w := &worker{}
+		p.workers = append(p.workers, w)
+		p.wg.Add(1)
+		go c.runWorker(p, w)
+	}
+	c.pool = p
+	return p
+}
+
+func (c *Consumer) runWorker(p *pool, w *worker) {
+	defer p.wg.Done()
+	defer w.release()
+	for {
+		select {
+		case it := <-p.work:
+			c.runWork(w, it)
+		case <-p.quit:
+			return
+		}
+	}
+}
+
+// runWork runs one item unless its call ended or a stop began: then it is
+// left un-settled, and the call's end returns it to the group.
+func (c *Consumer) runWork(w *worker, it work) {
+	k := it.k
+	if !k.begin() {
+		return
+	}
+	defer k.end()
+	ctx := w.enter(k, it.d)
+	defer w.leave()
+	if it.d != nil {
+		if k.takeLost(it.d.ID) {
+			return // its lease was lost before it started: a peer has it now
+		}
+		c.handle(ctx, it.d, c.handler)
+		return
+	}
+	batch := it.batch
+	if k.lostN.Load() > 0 {
+		kept := batch[:0:0]
+		for _, d := range batch {
+			if !k.takeLost(d.ID) {
+				kept = append(kept, d)
+			}
+		}
+		batch = kept
+	}
+	if len(batch) > 0 {
+		c.handleBatch(ctx, batch, c.batchHandler)
+	}
+}
+
+// enter records what w runs and returns the handler context for k.
+func (w *worker) enter(k *call, d *Delivery) context.Context {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ctx == nil || w.ctxCall != k {
+		if w.cancel != nil {
+			w.cancel()
+		}
+		w.ctx, w.cancel = context.WithCancel(k.ctx)
+		w.ctxCall = k
+	}
+	w.k, w.d = k, d
+	return w.ctx
+}
+
+func (w *worker) leave() {
+	w.mu.Lock()
+	w.k, w.d = nil, nil
+	w.mu.Unlock()
+}
+
+func (w *worker) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cancel != nil {
+		w.cancel()
+	}
+	w.ctx, w.cancel, w.ctxCall = nil, nil, nil
+}
+
+// cancelRunning cancels the context of the worker running delivery id of k;
+// false if none runs it.
+func (p *pool) cancelRunning(k *call, id string) bool {
+	for _, w := range p.workers {
+		w.mu.Lock()
+		if w.k == k && w.d != nil && w.d.ID == id {
+			w.cancel()
+			w.ctx = nil // the next delivery gets a fresh context
+			w.mu.Unlock()
+			return true
+		}
+		w.mu.Unlock()
+	}
+	return false
+}
+
+// stop ends the workers once Run is over (no call is left to feed them).
+func (p *pool) stop() { close(p.quit) }
+
+// handle runs h on d and settles d by h's result unless h settled it.
+func (c *Consumer) handle(ctx context.Context, d *Delivery, h Handler) {
+	err := runHandler(ctx, h, d)
+	if d.Settled() {
+		return
+	}
+	c.settle(d, err)
+}
+
+// handleBatch runs h on batch and settles each delivery h did not settle by
+// its verdict.
+func (c *Consumer) handleBatch(ctx context.Context, batch []*Delivery, h BatchHandler) {
+	errs, err := runBatchHandler(ctx, h, batch)
+	if err == nil && errs != nil && len(errs) != len(batch) {
+		err = fmt.Errorf("batch handler returned %d verdicts for %d deliveries", len(errs), len(batch))
+	}
+	for i, d := range batch {
+		if d.Settled() {
+			continue
+		}
+		switch {
+		case err != nil:
+			c.settle(d, err)
+		case errs == nil:
+			c.settle(d, nil)
+		default:
+			c.settle(d, errs[i])
+		}
+	}
+}
+
+// settle acks d (err nil) or fails it with err as the reason.
+func (c *Consumer) settle(d *Delivery, err error) {
+	var sendErr error
+	if err == nil {
+		sendErr = d.Ack()
+	} else {
+		sendErr = d.Fail(err.Error(), 0)
+	}
+	if sendErr != nil {
+		c.log.Debug("echomq: verdict dropped", "id", d.ID, "error", sendErr)
+	}
+}
+
+func runHandler(ctx context.Context, h Handler, d *Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return h(ctx, d)
+}
+
+func runBatchHandler(ctx context.Context, h BatchHandler, batch []*Delivery) (errs []error, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("batch handler panicked: %v", r)
+		}
+	}()
+	return h(ctx, batch), nil
+}
