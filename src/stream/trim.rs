@@ -6,7 +6,7 @@ use crate::{
     error::Error,
     id::StreamId,
     proto::{TrimRequest, TrimResponse},
-    redis::bytes,
+    redis::{bytes, Redis},
     security::Caller,
 };
 
@@ -22,31 +22,73 @@ pub(super) async fn trim(
     if bounds.iter().filter(|set| **set).count() != 1 {
         return Err(Error::invalid("max_len", "give exactly one of max_len, min_id and before"));
     }
-    let (mode, value) = if request.max_len > 0 {
-        ("maxlen", request.max_len.to_string())
+    let bound = if request.max_len > 0 {
+        Bound::KeepNewest(request.max_len)
     } else if let Some(before) = request.before {
-        let ms = crate::entry::unix_ms_of("before", before)?;
-        ("minid", StreamId { ms, seq: 0 }.to_string())
+        Bound::Below(StreamId { ms: crate::entry::unix_ms_of("before", before)?, seq: 0 })
     } else {
-        ("minid", request.min_id.parse::<StreamId>().map_err(|e| Error::invalid("min_id", e.to_string()))?.to_string())
+        Bound::Below(request.min_id.parse::<StreamId>().map_err(|e| Error::invalid("min_id", e.to_string()))?)
     };
-    let mut conn = streams.redis.conn.clone();
-    let reply: (u64, redis::Value, i64) = streams
-        .redis
+    let trim = Trim { bound, approximate: request.approximate, safe: !request.ignore_groups };
+    let Trimmed { trimmed, applied_min_id, held_back } = run(&streams.redis, stream, &trim).await?;
+    if held_back {
+        tracing::info!(%stream, %applied_min_id, "trim held back to keep entries that groups still need");
+    }
+    Ok(TrimResponse { trimmed, applied_min_id, held_back_by_groups: held_back })
+}
+
+/// Where a trim stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bound {
+    /// Keep the newest N entries.
+    KeepNewest(u64),
+    /// Remove the entries below this id (XTRIM MINID).
+    Below(StreamId),
+}
+
+/// One trim, as `trim.lua` applies it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Trim {
+    pub(crate) bound: Bound,
+    /// `MINID ~`: whole radix-tree nodes only (cheaper, removes up to the bound).
+    pub(crate) approximate: bool,
+    /// Never past an entry a group still has pending or has not been delivered.
+    pub(crate) safe: bool,
+}
+
+/// What `trim.lua` did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Trimmed {
+    /// Entries removed.
+    pub(crate) trimmed: u64,
+    /// The MINID applied (`<ms>-<seq>`), empty when nothing was to be trimmed.
+    pub(crate) applied_min_id: String,
+    /// The safe mode stopped short of the bound for a group.
+    pub(crate) held_back: bool,
+}
+
+/// Runs `trim.lua` on `stream`: the safe bound and XTRIM MINID in one script.
+///
+/// Errors: [`Error::WrongType`] when the key is not a stream;
+/// [`Error::Unavailable`] and [`Error::Redis`] as Redis fails.
+pub(crate) async fn run(redis: &Redis, stream: &str, trim: &Trim) -> Result<Trimmed, Error> {
+    let (keep, below) = match trim.bound {
+        Bound::KeepNewest(n) => (n.to_string(), String::new()),
+        Bound::Below(id) => (String::new(), id.to_string()),
+    };
+    let flag = |on: bool| if on { "1" } else { "0" };
+    let mut conn = redis.conn.clone();
+    let (trimmed, applied, held_back): (u64, redis::Value, i64) = redis
         .scripts
         .trim
         .key(stream)
-        .arg(mode)
-        .arg(value)
-        .arg(if request.approximate { "1" } else { "0" })
-        .arg(if request.ignore_groups { "1" } else { "0" })
+        .arg(keep)
+        .arg(below)
+        .arg(flag(trim.approximate))
+        .arg(flag(!trim.safe))
         .invoke_async(&mut conn)
         .await
         .map_err(|e| Error::from_redis(e, "trimming (trim.lua)", stream))?;
-    let (trimmed, applied, held_back) = reply;
     let applied_min_id = bytes(&applied).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-    if held_back == 1 {
-        tracing::info!(%stream, %applied_min_id, "trim held back to keep entries that groups still need");
-    }
-    Ok(TrimResponse { trimmed, applied_min_id, held_back_by_groups: held_back == 1 })
+    Ok(Trimmed { trimmed, applied_min_id, held_back: held_back == 1 })
 }

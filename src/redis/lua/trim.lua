@@ -3,10 +3,11 @@
 -- in one script, so no group can move in between.
 --
 -- KEYS[1]  the stream
--- ARGV[1]  'maxlen' (keep the newest N) or 'minid' (remove ids below)
--- ARGV[2]  N, or the min id `<ms>-<seq>`
+-- ARGV[1]  keep at least the newest N entries ('' : no such bound)
+-- ARGV[2]  remove the ids below this one, `<ms>-<seq>` ('' : no such bound)
 -- ARGV[3]  '1' for MINID ~ (whole nodes only), '0' for exact
 -- ARGV[4]  '1' to ignore groups (unsafe), '0' for the safe mode
+-- The caller gives one bound; with both, the one that removes less wins.
 -- Returns { trimmed, applied min id or '', held back by groups 1/0 }.
 
 local stream = KEYS[1]
@@ -48,23 +49,19 @@ local function successor(id)
   return ms .. '-' .. string.format('%d', tonumber(seq) + 1)
 end
 
-local target
-if ARGV[1] == 'maxlen' then
-  local keep = tonumber(ARGV[2])
-  if keep == 0 then
-    local newest = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-    if #newest == 0 then
-      return { 0, '', 0 }
-    end
+local target = '0-0'
+if ARGV[1] ~= '' then
+  local keep = tonumber(ARGV[1])
+  local newest = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', math.max(keep, 1))
+  if keep == 0 and #newest == 1 then
     target = successor(newest[1][1])
+  elseif keep == 0 or #newest < keep then
+    return { 0, '', 0 }
   else
-    local newest = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', keep)
-    if #newest < keep then
-      return { 0, '', 0 }
-    end
     target = newest[#newest][1]
   end
-else
+end
+if ARGV[2] ~= '' and (ARGV[1] == '' or less(ARGV[2], target)) then
   target = ARGV[2]
 end
 
