@@ -391,6 +391,8 @@ token, TLS and Redis password/CA files come from the volume that
       value: {{ $c.maxNameBytes | int64 | quote }}
     - name: ECHOMQ_MAX_CONSUME_CALLS
       value: {{ $c.maxConsumeCalls | int64 | quote }}
+    - name: ECHOMQ_READER_CONNECTIONS
+      value: {{ $c.readerConnections | int64 | quote }}
     {{- with $c.allowStreams }}
     - name: ECHOMQ_ALLOW_STREAMS
       value: {{ join "," . | quote }}
