@@ -5,7 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.echomq.client.testing.Resp;
-import io.echomq.client.testing.SidecarFixture;
+import io.echomq.client.testing.LiveSidecar;
 import io.echomq.v1.ConsumeRequest;
 import io.echomq.v1.ConsumeResponse;
 import io.echomq.v1.Subscribe;
@@ -30,35 +30,13 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
-import java.util.function.BooleanSupplier;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInstance;
 
 /** Batched frames, coalesced acks and the batch handler, against a real sidecar and Redis. */
-@TestInstance(TestInstance.Lifecycle.PER_CLASS)
-class BatchesTest {
-  private static final List<String> SIDECAR_ARGS =
-      List.of("--retry-backoff-initial-ms", "100", "--retry-backoff-max-ms", "1000", "--shutdown-grace-ms", "1000");
-
-  private SidecarFixture fixture;
-  private EchoMqProducer producer;
-
-  @BeforeAll
-  void start() throws Exception {
-    fixture = SidecarFixture.start("batches-java", SIDECAR_ARGS);
-    producer = EchoMqProducer.connect(fixture.target());
-  }
-
-  @AfterAll
-  void stop() {
-    if (producer != null) {
-      producer.close();
-    }
-    if (fixture != null) {
-      fixture.close();
-    }
+class BatchesTest extends LiveSidecar {
+  @Override
+  protected String consumerName() {
+    return "batches-java";
   }
 
   /** Records what the Consume calls put on the wire: the Subscribe, the Ack messages, the frames received. */
@@ -379,15 +357,5 @@ class BatchesTest {
 
   private void assertPending(String stream, long want) {
     assertEquals(want, pending(stream), "XPENDING " + stream);
-  }
-
-  private static void waitUntil(BooleanSupplier condition, String what) throws InterruptedException {
-    long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
-    while (!condition.getAsBoolean()) {
-      if (System.nanoTime() > until) {
-        throw new AssertionError("not within 30 s: " + what);
-      }
-      Thread.sleep(10);
-    }
   }
 }
