@@ -1,44 +1,85 @@
 package io.echomq.client;
 
+import io.echomq.v1.Ack;
 import io.echomq.v1.ConsumeRequest;
 import io.echomq.v1.ConsumeResponse;
 import io.echomq.v1.Drain;
 import io.grpc.Status;
 import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
 
 /**
  * One Consume call: the unit that holds deliveries. Verdicts for its deliveries go only through it;
  * once it has ended (or was cancelled or half-closed) it drops them, so a verdict can never reach a
  * later call, which would not hold the id.
+ *
+ * <p>Acks are coalesced: {@link #ack} adds the id to the current window, which goes out as one
+ * {@code Ack} message when the first ack in it has waited the linger, when it holds
+ * {@code ackBatch} ids, or when every delivery the call holds has its ack waiting (no further ack
+ * can come until new deliveries do). Any other message ({@code Fail}, {@code Extend}, a raw
+ * verdict, the half-close) first sends the window, so the sidecar sees verdicts in the order they
+ * were given; only {@code Drain} goes ahead of it, so the credit those acks free pulls nothing new.
+ * When the call ends the window is dropped: those ids are valid on no other call.
  */
 final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, ConsumeResponse>, VerdictSink {
   /** What the consumer does with the call's events; invoked on gRPC's callback threads. */
   interface Listener {
     void onSubscribed(ConsumerCall call, io.echomq.v1.Subscribed subscribed);
 
-    void onDelivery(ConsumerCall call, Delivery delivery);
+    /** The deliveries of one frame (1 for a {@code Delivery} frame, 1 to max_batch for a batch). */
+    void onDeliveries(ConsumerCall call, List<Delivery> frame);
 
     void onVerdictError(ConsumerCall call, VerdictError error);
 
     void onEnded(ConsumerCall call, Status status);
   }
 
+  /** How acks are coalesced. */
+  record AckWindow(long lingerNanos, int maxIds, ScheduledExecutorService timers) {}
+
   /** Tells the sidecar the client is stopping: hand this call nothing more (verdicts still work). */
   private static final ConsumeRequest DRAIN = ConsumeRequest.newBuilder().setDrain(Drain.getDefaultInstance()).build();
 
   private final long generation;
   private final Listener listener;
+  private final AckWindow settings;
   private final CompletableFuture<Status> ended = new CompletableFuture<>();
   /** Set once by gRPC before the call starts; used under {@code this}: request observers are not thread-safe. */
   private ClientCallStreamObserver<ConsumeRequest> requests;
-  /** True while verdicts may be sent: not ended, cancelled or half-closed. Guarded by {@code this}. */
-  private boolean open = true;
+  /** True while verdicts may be sent: not ended, cancelled or half-closed. Written under {@code this}. */
+  private volatile boolean open = true;
 
-  ConsumerCall(long generation, Listener listener) {
+  // The ack window; all guarded by this.
+  /** Most ids per Ack message: the setting, capped at a quarter of the call's max_in_flight. */
+  private int ackBatch;
+  private List<String> acks = new ArrayList<>();
+  private ScheduledFuture<?> lingerTimer;
+  /** Bumped at every flush, so a linger timer that lost the race to a flush does nothing. */
+  private long window;
+  /** Deliveries received and not yet settled on the wire (their Ack or Fail sent). */
+  private long held;
+
+  ConsumerCall(long generation, Listener listener, AckWindow settings, int maxInFlight) {
     this.generation = generation;
     this.listener = listener;
+    this.settings = settings;
+    this.ackBatch = ackBatchFor(settings.maxIds(), maxInFlight);
+  }
+
+  /**
+   * The most ids of one Ack message: {@code maxIds}, but never more than a quarter of
+   * {@code maxInFlight} (the sidecar reads again when that much credit is free, so waiting for
+   * more only stalls the flow), and at least 1.
+   */
+  static int ackBatchFor(int maxIds, int maxInFlight) {
+    return Math.max(1, maxInFlight > 0 ? Math.min(maxIds, maxInFlight / 4) : maxIds);
   }
 
   long generation() {
@@ -48,6 +89,11 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   /** Completes with the status the call ended with. */
   CompletableFuture<Status> ended() {
     return ended;
+  }
+
+  /** Sizes the ack window by the max_in_flight the sidecar confirmed. */
+  synchronized void confirmMaxInFlight(int maxInFlight) {
+    ackBatch = ackBatchFor(settings.maxIds(), maxInFlight);
   }
 
   @Override
@@ -60,12 +106,76 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
     if (!open) {
       return false;
     }
+    if (!request.hasDrain() && !flushAcksLocked()) {
+      return false;
+    }
+    if (request.hasFail()) {
+      held--;
+    }
+    return writeLocked(request);
+  }
+
+  @Override
+  public synchronized boolean ack(String id) {
+    if (!open) {
+      return false;
+    }
+    acks.add(id);
+    if (acks.size() >= ackBatch || acks.size() >= held || settings.lingerNanos() <= 0) {
+      return flushAcksLocked();
+    }
+    if (acks.size() == 1) {
+      long mine = window;
+      try {
+        lingerTimer = settings.timers().schedule(() -> flushWindow(mine), settings.lingerNanos(), TimeUnit.NANOSECONDS);
+      } catch (RejectedExecutionException e) {
+        return flushAcksLocked(); // The consumer is shutting down: no linger.
+      }
+    }
+    return true;
+  }
+
+  /** The linger timer of window {@code which} fired: sends it unless it went out already. */
+  private synchronized void flushWindow(long which) {
+    if (which == window && open) {
+      flushAcksLocked();
+    }
+  }
+
+  /** Sends the waiting acks as one Ack message; false when the call is over. */
+  private boolean flushAcksLocked() {
+    if (acks.isEmpty()) {
+      return true;
+    }
+    window++;
+    if (lingerTimer != null) {
+      lingerTimer.cancel(false);
+      lingerTimer = null;
+    }
+    ConsumeRequest request = ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addAllIds(acks)).build();
+    held -= acks.size();
+    acks = new ArrayList<>(Math.min(ackBatch, 64));
+    return writeLocked(request);
+  }
+
+  /** The call is over: the waiting acks are dropped (their entries return to the group with it). */
+  private void dropAcksLocked() {
+    window++;
+    if (lingerTimer != null) {
+      lingerTimer.cancel(false);
+      lingerTimer = null;
+    }
+    acks = new ArrayList<>();
+  }
+
+  private boolean writeLocked(ConsumeRequest request) {
     try {
       requests.onNext(request);
       return true;
     } catch (RuntimeException e) {
       // The call was closed under us (cancelled by the transport): nothing more goes out on it.
       open = false;
+      dropAcksLocked();
       return false;
     }
   }
@@ -73,7 +183,7 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   /**
    * Sends {@code Drain}: the sidecar hands this call no more deliveries and reads nothing more from
    * Redis on its behalf, while verdicts keep working. Deliveries already on the wire may still
-   * arrive; the consumer leaves them un-settled.
+   * arrive; the consumer leaves them un-settled. It goes ahead of the waiting acks.
    *
    * @return false when the call is no longer open: nothing was sent
    */
@@ -81,22 +191,28 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
     return send(DRAIN);
   }
 
-  synchronized boolean isOpen() {
+  @Override
+  public boolean isOpen() {
     return open;
   }
 
-  /** Closes the client's side: the sidecar applies what was sent, then ends the call with OK. */
+  /**
+   * Closes the client's side after sending the waiting acks: the sidecar applies what was sent,
+   * then ends the call with OK.
+   */
   synchronized void halfClose() {
     if (open) {
+      flushAcksLocked();
       open = false;
       requests.onCompleted();
     }
   }
 
-  /** Ends the call at once; what it holds stays pending and is delivered again after the backoff. */
+  /** Ends the call at once, dropping waiting acks; what it holds is delivered again after the backoff. */
   void cancel(String why) {
     synchronized (this) {
       open = false;
+      dropAcksLocked();
     }
     if (!ended.isDone()) {
       requests.cancel(why, null);
@@ -107,12 +223,31 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   public void onNext(ConsumeResponse response) {
     switch (response.getKindCase()) {
       case SUBSCRIBED -> listener.onSubscribed(this, response.getSubscribed());
-      case DELIVERY -> listener.onDelivery(this, new Delivery(response.getDelivery(), this));
+      case DELIVERY -> {
+        received(1);
+        listener.onDeliveries(this, List.of(new Delivery(response.getDelivery(), this)));
+      }
+      case BATCH -> {
+        List<io.echomq.v1.Delivery> protos = response.getBatch().getDeliveriesList();
+        if (protos.isEmpty()) {
+          return;
+        }
+        List<Delivery> frame = new ArrayList<>(protos.size());
+        for (io.echomq.v1.Delivery proto : protos) {
+          frame.add(new Delivery(proto, this));
+        }
+        received(frame.size());
+        listener.onDeliveries(this, frame);
+      }
       case VERDICT_ERROR -> listener.onVerdictError(this, VerdictError.of(response.getVerdictError()));
       default -> {
         // A message kind newer than this client: nothing to do with it.
       }
     }
+  }
+
+  private synchronized void received(int deliveries) {
+    held += deliveries;
   }
 
   @Override
@@ -128,6 +263,7 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   private void end(Status status) {
     synchronized (this) {
       open = false;
+      dropAcksLocked();
     }
     listener.onEnded(this, status);
     ended.complete(status);

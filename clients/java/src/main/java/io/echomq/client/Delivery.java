@@ -1,6 +1,5 @@
 package io.echomq.client;
 
-import io.echomq.v1.Ack;
 import io.echomq.v1.ConsumeRequest;
 import io.echomq.v1.Extend;
 import io.echomq.v1.Fail;
@@ -115,12 +114,19 @@ public final class Delivery {
   }
 
   /**
-   * Acknowledges the entry (XACK): it leaves the group's pending list for good.
+   * Acknowledges the entry (XACK): it leaves the group's pending list for good. The ack is
+   * coalesced with others into one {@code Ack} message: it goes out within the consumer's
+   * {@code ackLinger} (default 1 ms), sooner when the window is full or every delivery the call
+   * holds has its ack waiting, and always before a later {@code Fail} or {@code Extend} and before
+   * a graceful stop closes the call.
    *
-   * @return true when this call settled the delivery and the verdict was sent
+   * @return true when this call settled the delivery and the ack was queued on its call
    */
   public boolean ack() {
-    return settle(ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addIds(id())).build());
+    if (!settled.compareAndSet(false, true)) {
+      return false;
+    }
+    return sink.ack(id());
   }
 
   /**
@@ -165,6 +171,11 @@ public final class Delivery {
         ConsumeRequest.newBuilder()
             .setExtend(Extend.newBuilder().addIds(id()).setBy(toProto(by)))
             .build());
+  }
+
+  /** The call that delivered this. */
+  VerdictSink sink() {
+    return sink;
   }
 
   /** Sends the verdict unless one was given already. */

@@ -17,13 +17,10 @@ import java.util.List;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
-import java.util.concurrent.Executors;
-import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.RejectedExecutionException;
-import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.ThreadFactory;
-import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -31,7 +28,8 @@ import java.util.function.Consumer;
 
 /**
  * Consumes one stream through one consumer group of the EchoMQ sidecar, handing each delivery to a
- * {@link DeliveryHandler} on a pool of at most {@code concurrency} threads.
+ * {@link DeliveryHandler} (or each frame to a {@link BatchHandler}) on a fixed pool of
+ * {@code concurrency} threads that read from one bounded queue.
  *
  * <pre>{@code
  * try (var consumer = EchoMqConsumer.builder()
@@ -43,6 +41,14 @@ import java.util.function.Consumer;
  *   consumer.terminated().join(); // runs until stop(), close() or a permanent error
  * }
  * }</pre>
+ *
+ * <h2>Batched frames and coalesced acks</h2>
+ * The consumer always asks the sidecar for batched frames ({@code Subscribe.max_batch}, see
+ * {@link Builder#maxBatch}): up to that many deliveries arrive in one gRPC message, and never wait
+ * to fill one, so batching adds no latency at low rates. A {@link DeliveryHandler} still sees one
+ * delivery at a time. Acks are coalesced into one {@code Ack} message per short window
+ * ({@link Builder#ackLinger}, {@link Builder#ackBatch}); fails and extensions go out at once,
+ * after the acks given before them.
  *
  * <h2>Lifecycle</h2>
  * <ul>
@@ -56,7 +62,7 @@ import java.util.function.Consumer;
  *       FAILED_PRECONDITION, UNIMPLEMENTED) is not retried: {@link #terminated()} fails with it.</li>
  *   <li>{@link #stop(Duration)} sends {@code Drain} (the sidecar hands the call nothing more),
  *       stops taking work, lets running handlers finish within the deadline, sends their
- *       verdicts, then closes the call. Deliveries that were received but
+ *       verdicts (the coalesced acks included), then closes the call. Deliveries that were received but
  *       not yet handed to a handler stay pending and come back after the sidecar's backoff.</li>
  *   <li>{@link #abort()} drops the call at once, with no verdicts.</li>
  * </ul>
@@ -66,19 +72,35 @@ public final class EchoMqConsumer implements AutoCloseable {
 
   private enum State { NEW, RUNNING, STOPPING, STOPPED }
 
+  /** The most deliveries per frame asked for by default ({@link Builder#maxBatch}). */
+  public static final int DEFAULT_MAX_BATCH = 256;
+  /** The sidecar refuses a {@code max_batch} above this with INVALID_ARGUMENT. */
+  public static final int MAX_BATCH_LIMIT = 4096;
+  /** How long an ack waits for others to share its Ack message by default ({@link Builder#ackLinger}). */
+  public static final Duration DEFAULT_ACK_LINGER = Duration.ofMillis(1);
+  /** The most ids of one Ack message by default ({@link Builder#ackBatch}). */
+  public static final int DEFAULT_ACK_BATCH = 256;
+  /** The sidecar's default limit of {@code max_in_flight}: the handler queue's bound when it is 0. */
+  private static final int MAX_IN_FLIGHT_LIMIT = 10_000;
+
   private final String stream;
   private final String group;
   private final ConsumeRequest subscribe;
+  /** Exactly one of handler and batchHandler is set. */
   private final DeliveryHandler handler;
+  private final BatchHandler batchHandler;
   private final Consumer<VerdictError> verdictErrors;
   private final Duration closeTimeout;
   /** The channel this consumer built and closes; null when the caller supplied one. */
   private final ManagedChannel ownedChannel;
   private final ConsumerServiceGrpc.ConsumerServiceStub stub;
   /** Runs handlers: exactly {@code concurrency} threads, so never more handlers at once. */
-  private final ThreadPoolExecutor handlers;
-  /** Runs reconnect attempts after their backoff delay. */
-  private final ScheduledExecutorService scheduler;
+  private final HandlerPool handlers;
+  /** Runs reconnect attempts after their backoff delay, and the ack windows' linger timers. */
+  private final ScheduledThreadPoolExecutor scheduler;
+  private final ConsumerCall.AckWindow ackWindow;
+  /** The max_in_flight asked for (0: the sidecar's default). */
+  private final int maxInFlight;
   private final Backoff backoff;
   private final CompletableFuture<Void> subscribed = new CompletableFuture<>();
   private final CompletableFuture<Void> terminated = new CompletableFuture<>();
@@ -96,12 +118,18 @@ public final class EchoMqConsumer implements AutoCloseable {
     this.stream = b.stream;
     this.group = b.group;
     this.handler = b.handler;
+    this.batchHandler = b.batchHandler;
+    this.maxInFlight = b.effectiveMaxInFlight();
     this.verdictErrors = b.verdictErrors;
     this.closeTimeout = b.closeTimeout;
     this.backoff = new Backoff(b.reconnectBackoffInitial, b.reconnectBackoffMax);
 
     Subscribe.Builder sub =
-        Subscribe.newBuilder().setStream(b.stream).setGroup(b.group).setMaxInFlight(b.effectiveMaxInFlight());
+        Subscribe.newBuilder()
+            .setStream(b.stream)
+            .setGroup(b.group)
+            .setMaxInFlight(maxInFlight)
+            .setMaxBatch(b.effectiveMaxBatch());
     b.startPosition.applyTo(sub);
     if (b.ackDeadline != null) {
       sub.setAckDeadline(Delivery.toProto(b.ackDeadline));
@@ -126,11 +154,14 @@ public final class EchoMqConsumer implements AutoCloseable {
       channel = ownedChannel;
     }
     this.stub = ConsumerServiceGrpc.newStub(ClientInterceptors.intercept(channel, b.interceptors));
+    // The sidecar never hands a call more than its max_in_flight (at most 10,000) un-settled.
     this.handlers =
-        new ThreadPoolExecutor(
-            b.concurrency, b.concurrency, 0, TimeUnit.MILLISECONDS, new LinkedBlockingQueue<>(),
-            threads("echomq-handler-" + b.stream + "-"));
-    this.scheduler = Executors.newSingleThreadScheduledExecutor(threads("echomq-reconnect-"));
+        new HandlerPool(
+            b.concurrency, maxInFlight > 0 ? maxInFlight : MAX_IN_FLIGHT_LIMIT,
+            "echomq-handler-" + b.stream + "-", this::runItem);
+    this.scheduler = new ScheduledThreadPoolExecutor(1, threads("echomq-timer-"));
+    scheduler.setRemoveOnCancelPolicy(true);
+    this.ackWindow = new ConsumerCall.AckWindow(b.ackLinger.toNanos(), b.ackBatch, scheduler);
   }
 
   /** A builder; {@code target} (or {@code channel}), stream, group, start position and handler are required. */
@@ -151,6 +182,7 @@ public final class EchoMqConsumer implements AutoCloseable {
         throw new IllegalStateException("a consumer starts once (state: " + state + ")");
       }
       state = State.RUNNING;
+      handlers.start();
       connectLocked();
     }
     return subscribed.copy();
@@ -292,7 +324,7 @@ public final class EchoMqConsumer implements AutoCloseable {
 
   /** Opens a new call and sends the subscribe. Holds {@code lock}. */
   private void connectLocked() {
-    ConsumerCall call = new ConsumerCall(++generations, listener);
+    ConsumerCall call = new ConsumerCall(++generations, listener, ackWindow, maxInFlight);
     current = call;
     try {
       stub.consume(call);
@@ -331,8 +363,18 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
   }
 
-  private void runHandler(ConsumerCall call, Delivery delivery) {
-    if (state != State.RUNNING || !call.isOpen()) {
+  /** Runs one item of the handler queue: a delivery, or a frame for the batch handler. */
+  @SuppressWarnings("unchecked")
+  private void runItem(Object item) {
+    if (item instanceof Delivery delivery) {
+      runHandler(delivery);
+    } else {
+      runBatchHandler((List<Delivery>) item);
+    }
+  }
+
+  private void runHandler(Delivery delivery) {
+    if (state != State.RUNNING || !delivery.sink().isOpen()) {
       // Stopping, or the call broke while the delivery waited: leave it to come back.
       return;
     }
@@ -351,6 +393,49 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
   }
 
+  private void runBatchHandler(List<Delivery> batch) {
+    if (state != State.RUNNING || !batch.get(0).sink().isOpen()) {
+      return; // As for a single delivery: left to come back.
+    }
+    List<Verdict> verdicts;
+    try {
+      verdicts = batchHandler.handle(batch);
+    } catch (Throwable t) {
+      String reason = reasonOf(t);
+      for (Delivery delivery : batch) {
+        if (!delivery.isSettled()) {
+          delivery.fail(reason);
+        }
+      }
+      if (t instanceof Error) {
+        LOG.log(Level.WARNING, "batch handler threw on " + batch.size() + " deliveries; failed them", t);
+      }
+      return;
+    }
+    if (verdicts != null && verdicts.size() != batch.size()) {
+      String reason = "the batch handler answered " + verdicts.size() + " verdicts for " + batch.size() + " deliveries";
+      LOG.log(Level.ERROR, reason + "; failing them");
+      for (Delivery delivery : batch) {
+        if (!delivery.isSettled()) {
+          delivery.fail(reason);
+        }
+      }
+      return;
+    }
+    for (int i = 0; i < batch.size(); i++) {
+      Delivery delivery = batch.get(i);
+      if (delivery.isSettled()) {
+        continue;
+      }
+      Verdict verdict = verdicts == null ? null : verdicts.get(i);
+      if (verdict == null) {
+        delivery.ack();
+      } else {
+        verdict.applyTo(delivery);
+      }
+    }
+  }
+
   /** The rest of a graceful stop, after the Drain: on its own thread. */
   private void finishStop(Duration deadline, CompletableFuture<Boolean> result) {
     long start = System.nanoTime();
@@ -360,7 +445,7 @@ public final class EchoMqConsumer implements AutoCloseable {
     handlers.shutdown();
     boolean drained;
     try {
-      drained = handlers.awaitTermination(Math.max(0, total - closeReserve), TimeUnit.NANOSECONDS);
+      drained = handlers.awaitTermination(Math.max(0, total - closeReserve));
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       drained = false;
@@ -372,6 +457,7 @@ public final class EchoMqConsumer implements AutoCloseable {
     boolean closed = true;
     if (call != null) {
       if (drained) {
+        // Sends the coalesced acks first: a graceful stop settles on the wire all that was handled.
         call.halfClose();
         long left = total - (System.nanoTime() - start);
         closed = awaitQuietly(call.ended(), left);
@@ -430,6 +516,7 @@ public final class EchoMqConsumer implements AutoCloseable {
           return;
         }
         backoff.reset();
+        call.confirmMaxInFlight(confirmed.getMaxInFlight());
       }
       LOG.log(
           Level.DEBUG, "subscribed to stream {0} group {1} as consumer {2} (max_in_flight {3})",
@@ -438,16 +525,23 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
 
     @Override
-    public void onDelivery(ConsumerCall call, Delivery delivery) {
+    public void onDeliveries(ConsumerCall call, List<Delivery> frame) {
+      // Stopping (Drain sent; these were already on the wire), or the call broke: not handed to a
+      // handler and not settled; they stay pending and come back after the backoff. The queue holds
+      // the call's max_in_flight, which the sidecar never exceeds, so this waits only while a
+      // broken call's leftovers are skipped.
       if (state != State.RUNNING) {
-        // Stopping (Drain sent; this one was already on the wire): not handed to a handler and not
-        // settled; it stays pending and comes back after the backoff.
         return;
       }
-      try {
-        handlers.execute(() -> runHandler(call, delivery));
-      } catch (RejectedExecutionException e) {
-        // Stopped meanwhile: same as above.
+      java.util.function.BooleanSupplier wanted = () -> state == State.RUNNING && call.isOpen();
+      if (batchHandler != null) {
+        handlers.offer(frame, wanted);
+        return;
+      }
+      for (Delivery delivery : frame) {
+        if (!handlers.offer(delivery, wanted)) {
+          return;
+        }
       }
     }
 
@@ -516,6 +610,10 @@ public final class EchoMqConsumer implements AutoCloseable {
     private int maxInFlight = -1;
     private int concurrency = 1;
     private DeliveryHandler handler;
+    private BatchHandler batchHandler;
+    private int maxBatch = -1;
+    private Duration ackLinger = DEFAULT_ACK_LINGER;
+    private int ackBatch = DEFAULT_ACK_BATCH;
     private Consumer<VerdictError> verdictErrors =
         error -> LOG.log(Level.WARNING, "verdict not applied: {0} {1}: {2}", error.code(), error.id(), error.message());
     private Duration ackDeadline;
@@ -575,9 +673,55 @@ public final class EchoMqConsumer implements AutoCloseable {
       return this;
     }
 
-    /** The handler. Required. */
+    /** The handler, called once per delivery. Required, unless {@link #batchHandler} is set instead. */
     public Builder handler(DeliveryHandler handler) {
       this.handler = handler;
+      return this;
+    }
+
+    /**
+     * Opt-in, instead of {@link #handler}: a handler of whole frames, for work done in bulk. It gets
+     * the deliveries of one frame (1 to {@link #maxBatch} of them) and answers one {@link Verdict}
+     * per delivery; at most {@code concurrency} batches run at once. Everything else (stop,
+     * reconnects, coalesced acks) is as with a {@link DeliveryHandler}.
+     */
+    public Builder batchHandler(BatchHandler batchHandler) {
+      this.batchHandler = batchHandler;
+      return this;
+    }
+
+    /**
+     * The most deliveries the sidecar may put in one frame ({@code Subscribe.max_batch}). Frames
+     * never wait to fill, so batching adds no latency at low rates; at high rates it saves a gRPC
+     * message per entry. A {@link DeliveryHandler} still sees one delivery at a time; a
+     * {@link BatchHandler} sees one frame. Default {@value EchoMqConsumer#DEFAULT_MAX_BATCH}, or the max in flight
+     * if that is set and smaller. 1: one delivery per frame. Above {@value EchoMqConsumer#MAX_BATCH_LIMIT} the
+     * sidecar refuses the subscription with INVALID_ARGUMENT ({@link #start()} fails).
+     */
+    public Builder maxBatch(int maxBatch) {
+      this.maxBatch = maxBatch;
+      return this;
+    }
+
+    /**
+     * How long an ack waits for others to travel in the same {@code Ack} message. An ack goes out
+     * at the latest this long after it was given, sooner when {@link #ackBatch} acks are waiting,
+     * when every delivery the call holds has its ack waiting, or when a fail, an extension or a
+     * graceful stop's end is sent (in order, after the acks before it). Fails are never delayed.
+     * Default 1 ms. {@link Duration#ZERO}: no linger, each ack goes out when given.
+     */
+    public Builder ackLinger(Duration ackLinger) {
+      this.ackLinger = Objects.requireNonNull(ackLinger, "ackLinger");
+      return this;
+    }
+
+    /**
+     * The most ids in one {@code Ack} message. Default {@value EchoMqConsumer#DEFAULT_ACK_BATCH}. Never more than
+     * a quarter of the effective max in flight (at least 1): the sidecar reads again when that much
+     * credit is free, so waiting for more would only stall the flow.
+     */
+    public Builder ackBatch(int ackBatch) {
+      this.ackBatch = ackBatch;
       return this;
     }
 
@@ -637,6 +781,14 @@ public final class EchoMqConsumer implements AutoCloseable {
       return maxInFlight >= 0 ? maxInFlight : 2 * concurrency;
     }
 
+    int effectiveMaxBatch() {
+      if (maxBatch > 0) {
+        return maxBatch;
+      }
+      int inFlight = effectiveMaxInFlight();
+      return inFlight > 0 ? Math.min(DEFAULT_MAX_BATCH, inFlight) : DEFAULT_MAX_BATCH;
+    }
+
     /**
      * Checks the settings and builds the consumer (not started).
      *
@@ -657,8 +809,20 @@ public final class EchoMqConsumer implements AutoCloseable {
         throw new IllegalStateException(
             "startPosition is required: StartPosition.newEntries(), beginning(), afterId(id) or at(instant)");
       }
-      if (handler == null) {
-        throw new IllegalStateException("handler is required");
+      if (handler == null && batchHandler == null) {
+        throw new IllegalStateException("handler (or batchHandler) is required");
+      }
+      if (handler != null && batchHandler != null) {
+        throw new IllegalStateException("set handler or batchHandler, not both");
+      }
+      if (maxBatch == 0 || maxBatch < -1) {
+        throw new IllegalArgumentException("maxBatch must be at least 1, got " + maxBatch);
+      }
+      if (ackLinger.isNegative()) {
+        throw new IllegalArgumentException("ackLinger must not be negative, got " + ackLinger);
+      }
+      if (ackBatch < 1) {
+        throw new IllegalArgumentException("ackBatch must be at least 1, got " + ackBatch);
       }
       if (concurrency < 1) {
         throw new IllegalArgumentException("concurrency must be at least 1, got " + concurrency);

@@ -1,5 +1,6 @@
 package io.echomq.client;
 
+import io.echomq.v1.Ack;
 import io.echomq.v1.ConsumeRequest;
 
 /**
@@ -8,6 +9,22 @@ import io.echomq.v1.ConsumeRequest;
  * them again).
  */
 interface VerdictSink {
-  /** Sends {@code request} on the call; false when the call has ended and it was dropped. */
+  /**
+   * Sends {@code request} on the call, after any acks it holds back; false when the call has ended
+   * and it was dropped.
+   */
   boolean send(ConsumeRequest request);
+
+  /**
+   * Acknowledges {@code id}; a call coalesces acks into one {@code Ack} message per short window.
+   * False when the call has ended and the ack was dropped.
+   */
+  default boolean ack(String id) {
+    return send(ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addIds(id)).build());
+  }
+
+  /** False once verdicts given to this sink can no longer reach the sidecar. */
+  default boolean isOpen() {
+    return true;
+  }
 }

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.echomq.client.testing.Resp;
+import io.echomq.client.testing.LiveSidecar;
 import io.echomq.client.testing.SidecarFixture;
 import io.echomq.v1.ConsumeRequest;
 import io.grpc.CallOptions;
@@ -27,35 +28,13 @@ import java.util.concurrent.CompletionException;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
-import java.util.function.BooleanSupplier;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInstance;
 
 /** Client behaviours beyond the shared conformance scenarios, against a real sidecar. */
-@TestInstance(TestInstance.Lifecycle.PER_CLASS)
-class ConsumerBehaviourTest {
-  private static final List<String> SIDECAR_ARGS =
-      List.of("--retry-backoff-initial-ms", "100", "--retry-backoff-max-ms", "1000", "--shutdown-grace-ms", "1000");
-
-  private SidecarFixture fixture;
-  private EchoMqProducer producer;
-
-  @BeforeAll
-  void start() throws Exception {
-    fixture = SidecarFixture.start("behaviour-java", SIDECAR_ARGS);
-    producer = EchoMqProducer.connect(fixture.target());
-  }
-
-  @AfterAll
-  void stop() {
-    if (producer != null) {
-      producer.close();
-    }
-    if (fixture != null) {
-      fixture.close();
-    }
+class ConsumerBehaviourTest extends LiveSidecar {
+  @Override
+  protected String consumerName() {
+    return "behaviour-java";
   }
 
   /** Records every Consume call opened and the ack ids sent on each, by call number. */
@@ -330,15 +309,5 @@ class ConsumerBehaviourTest {
     assertTrue(consumer.stop(Duration.ofSeconds(1)).get(5, TimeUnit.SECONDS));
     assertFalse(consumer.isConnected());
     assertThrows(IllegalStateException.class, consumer::start);
-  }
-
-  private static void waitUntil(BooleanSupplier condition, String what) throws InterruptedException {
-    long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
-    while (!condition.getAsBoolean()) {
-      if (System.nanoTime() > until) {
-        throw new AssertionError("not within 30 s: " + what);
-      }
-      Thread.sleep(10);
-    }
   }
 }
