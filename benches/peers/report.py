@@ -1,0 +1,84 @@
+"""Prints scripts/bench-peers' table from its RESULT lines.
+
+    python report.py RESULTS_FILE N ROUNDS "LOAD AT START" "LOAD AT END" HEADER...
+
+RESULTS_FILE has one line per contender run: `<round> RESULT <name> <seconds>
+<client cpu> <sidecar cpu> <redis cpu>`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+#: (name, description), in the table's order.
+CONTENDERS = [
+    ("redispy-batched", "redis-py, XREADGROUP COUNT 100 + one XACK per read (hiredis)"),
+    ("redispy-naive", "redis-py, one at a time: COUNT 1 + one XACK per entry (hiredis)"),
+    ("echomq-py", "echomq.Consumer (Python) through the sidecar, max_in_flight 1024"),
+    ("go-redis", "go-redis, XREADGROUP COUNT 256 + one XACK per read"),
+    ("watermill", "Watermill redisstream subscriber, its defaults"),
+    ("echomq-go", "echomq Go client through the sidecar, MaxInFlight 1024"),
+]
+
+#: (ours, peer): the ratios printed.
+RATIOS = [("echomq-py", "redispy-batched"), ("echomq-go", "go-redis"), ("echomq-go", "watermill")]
+
+
+def thousands(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def main() -> None:
+    path, n, rounds, load0, load1 = sys.argv[1:6]
+    header = sys.argv[6:]
+    n_entries = int(n)
+    runs: dict[str, list[tuple[int, float, float, float, float]]] = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) != 7 or parts[1] != "RESULT":
+                continue
+            rnd, _, name, secs, client, sidecar, redis_cpu = parts
+            runs.setdefault(name, []).append(
+                (int(rnd), float(secs), float(client), float(sidecar), float(redis_cpu))
+            )
+
+    for line in header:
+        print(line)
+    print(f"  load     {load0} at start, {load1} at end (1, 5, 15 min)")
+    print(f"  entries  {n_entries} per contender and round, 100-byte body; {rounds} round{"s" if rounds != "1" else ""}, order rotated each round")
+    print()
+    name_w = max(len(name) for name, _ in CONTENDERS)
+    print(
+        f"  {'contender':<{name_w}}  {'median/s':>9}  {'each round (entries/s)':<32}"
+        f"  {'CPU s: client':>13} {'sidecar':>7} {'redis':>6}"
+    )
+    medians: dict[str, float] = {}
+    for name, _ in CONTENDERS:
+        got = sorted(runs.get(name, []))
+        if not got:
+            continue
+        rates = [n_entries / secs for _, secs, *_ in got]
+        medians[name] = statistics.median(rates)
+        each = " ".join(f"{thousands(r):>9}" for r in rates)
+        cpu = [statistics.median(run[i] for run in got) for i in (2, 3, 4)]
+        print(
+            f"  {name:<{name_w}}  {thousands(medians[name]):>9}  {each:<32}"
+            f"  {cpu[0]:>13.2f} {cpu[1]:>7.2f} {cpu[2]:>6.2f}"
+        )
+    print()
+    print("  ratios (medians)")
+    for ours, peer in RATIOS:
+        if ours in medians and peer in medians:
+            print(f"    {ours} / {peer}: {medians[ours] / medians[peer]:.2f}")
+    print()
+    print("  CPU s: medians over the rounds of the CPU time each process spent in the contender's timed window")
+    print("  (client: the contender's own process; the sidecar idles during the direct contenders).")
+    for name, desc in CONTENDERS:
+        print(f"    {name:<{name_w}}  {desc}")
+    print("  The Rust direct consumer and the Rust client through the sidecar: `cargo bench --bench consume`.")
+
+
+if __name__ == "__main__":
+    main()
