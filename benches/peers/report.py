@@ -47,12 +47,12 @@ def main() -> None:
     for line in header:
         print(line)
     print(f"  load     {load0} at start, {load1} at end (1, 5, 15 min)")
-    print(f"  entries  {n_entries} per contender and round, 100-byte body; {rounds} round{"s" if rounds != "1" else ""}, order rotated each round")
+    print(f"  entries  {n_entries} per contender and round, 100-byte body; {rounds} round{'s' if rounds != '1' else ''}, order rotated each round")
     print()
     name_w = max(len(name) for name, _ in CONTENDERS)
     print(
         f"  {'contender':<{name_w}}  {'median/s':>9}  {'each round (entries/s)':<32}"
-        f"  {'CPU s: client':>13} {'sidecar':>7} {'redis':>6}"
+        f"  {'CPU s: client':>13} {'sidecar':>7} {'redis':>6}  {'CPU µs/entry':>12}"
     )
     medians: dict[str, float] = {}
     for name, _ in CONTENDERS:
@@ -65,7 +65,7 @@ def main() -> None:
         cpu = [statistics.median(run[i] for run in got) for i in (2, 3, 4)]
         print(
             f"  {name:<{name_w}}  {thousands(medians[name]):>9}  {each:<32}"
-            f"  {cpu[0]:>13.2f} {cpu[1]:>7.2f} {cpu[2]:>6.2f}"
+            f"  {cpu[0]:>13.2f} {cpu[1]:>7.2f} {cpu[2]:>6.2f}  {sum(cpu) / n_entries * 1e6:>12.1f}"
         )
     print()
     print("  ratios (medians)")
@@ -74,7 +74,8 @@ def main() -> None:
             print(f"    {ours} / {peer}: {medians[ours] / medians[peer]:.2f}")
     print()
     print("  CPU s: medians over the rounds of the CPU time each process spent in the contender's timed window")
-    print("  (client: the contender's own process; the sidecar idles during the direct contenders).")
+    print("  (client: the contender's own process; the sidecar idles during the direct contenders);")
+    print("  CPU µs/entry: the three added up, per entry.")
     for name, desc in CONTENDERS:
         print(f"    {name:<{name_w}}  {desc}")
     print("  The Rust direct consumer and the Rust client through the sidecar: `cargo bench --bench consume`.")
