@@ -16,6 +16,7 @@
 //!   - `consume/ledger.rs`: its bookkeeping (held, ready, waiting, credit,
 //!     deadlines), synchronous and unit-tested;
 //!   - `consume/verdicts.rs`: every verdict error, code and text;
+//!   - `consume/delivery.rs`: a Redis entry as a `Delivery` frame;
 //!   - `consume/reader.rs`: the blocking XREADGROUP on its own connection
 //!     (from the reader pool, `redis/readers.rs`);
 //!   - `consume/recovery.rs`: the own PEL at start, a lost group;
@@ -36,7 +37,10 @@
 //! - [`keys`]: derived key names (dead-letter stream, retry hash) and shard keys.
 //! - [`metrics`]: Prometheus metrics and the timed Redis connection.
 //! - [`redis`]: connections (the shared one; [`redis::readers`], the bounded
-//!   pool of the group readers' dedicated ones), the scripts, reply parsing.
+//!   pool of the group readers' dedicated ones), the scripts and their shared
+//!   `lua/prelude.lua`, reply parsing; and what the services share, below
+//!   them: [`redis::fault`](mod@redis::fault) (a Redis error's kind, decided once),
+//!   [`redis::group`] (a group's state), [`redis::range`] (range paging).
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).

@@ -147,3 +147,40 @@ async fn max_batch_above_the_limit_is_invalid_argument() {
     assert_code(&refused, Code::InvalidArgument);
     assert!(refused.message().contains("max_batch"), "{}", refused.message());
 }
+
+#[tokio::test]
+async fn a_drain_cuts_off_the_read_so_no_entry_is_taken_for_nobody() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::named("batch-h")).await;
+    let mut con = redis.conn().await;
+    for no_ack in [false, true] {
+        let group = if no_ack { "at-most-once" } else { "at-least-once" };
+        let subscribe = Subscribe { no_ack, ..subscribe_msg("du", group, GroupStart::New) };
+        let mut consumer = Consumer::subscribe(&sidecar, subscribe).await;
+        consumer.send(req(echomq::proto::consume_request::Kind::Drain(Default::default()))).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let appended = xadd_raw(&mut con, "du", &[(b"n", b"after the drain")]).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let last_read = last_delivered_id(&mut con, "du", group).await;
+        assert_ne!(last_read, appended, "{group}: the group read an entry no call would take");
+        consumer.assert_quiet(Duration::from_millis(100), "drained: nothing is handed out").await;
+        drop(consumer);
+        let _: i64 = redis::cmd("XTRIM").arg("du").arg("MAXLEN").arg(0).query_async(&mut con).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_call_with_one_free_slot_still_gets_a_new_entry_promptly() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::named("batch-i")).await;
+    let subscribe = Subscribe { max_in_flight: 8, max_batch: 8, ..subscribe_msg("s", "g", GroupStart::Beginning) };
+    append_n(&sidecar, "s", 7, 10).await;
+    let mut consumer = Consumer::subscribe(&sidecar, subscribe).await;
+    consumer.batches(7, WAIT).await;
+    // 7 of 8 held, never acked: below a quarter of the credit is free.
+    let last = append_n(&sidecar, "s", 1, 10).await;
+    let started = std::time::Instant::now();
+    let frame = consumer.next_batch(Duration::from_secs(1)).await;
+    assert_eq!(frame.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), last);
+    assert!(started.elapsed() < Duration::from_millis(500), "took {:?}", started.elapsed());
+}

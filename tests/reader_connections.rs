@@ -233,3 +233,18 @@ async fn the_reader_pool_shows_its_size_use_and_waits_on_metrics() {
     wait_value(&sidecar, "echomq_reader_connections_in_use", 1.0).await;
     assert_eq!(sidecar.counter("echomq_reader_connection_refusals_total").await, 0.0);
 }
+
+#[tokio::test]
+async fn a_sharded_stream_with_more_shards_than_reader_connections_is_refused_at_once() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, pool_of(2).arg("--sharded-streams").arg("shs=4")).await;
+    let asked = Instant::now();
+    let refused = Consumer::try_subscribe(&sidecar, subscribe_msg("shs", "g", GroupStart::New))
+        .await
+        .err()
+        .expect("4 shards cannot be read with 2 connections");
+    assert_code(&refused, Code::ResourceExhausted);
+    assert!(refused.message().contains("needs 4 reader connections"), "{}", refused.message());
+    assert!(refused.message().contains("--reader-connections"), "{}", refused.message());
+    assert!(asked.elapsed() < Duration::from_millis(900), "refused without waiting for a connection to come free");
+}

@@ -271,6 +271,11 @@ impl Ledger {
         }
     }
 
+    /// Whether any call still takes deliveries (attached, not drained, not closed).
+    pub(crate) fn has_open_calls(&self) -> bool {
+        self.calls.values().any(|call| !call.closed)
+    }
+
     /// Shutdown began (or ended): while draining nothing is handed out.
     pub(crate) fn set_draining(&mut self, draining: bool) {
         self.draining = draining;
@@ -512,6 +517,8 @@ impl Ledger {
         let Some(held) = self.settle(session, &text, id, now) else { return };
         held.record_verdict(if dead_letter { "dead_letter" } else { "fail" });
         if dead_letter {
+            let reason =
+                if reason.is_empty() { "dead-lettered by the client (no reason given)".to_owned() } else { reason };
             let order = DeadLetterOrder { stream_id: held.stream_id, reason, verdict: Some((session, text)) };
             return self.orders.dead_letters.push(order);
         }

@@ -304,6 +304,20 @@ impl ConsumerService for Consumers {
             None => return Err(Error::invalid("subscribe", "the call closed before its subscribe").into()),
         };
         let (sub, policy) = self.validate(caller.as_ref(), subscribe)?;
+        // One reader per shard: a subscription that needs more than the pool
+        // holds can never be served, so it is refused at once, not after a wait.
+        let max_readers = self.shared.readers.max();
+        if sub.shards.len() > max_readers {
+            return Err(Error::ResourceExhausted {
+                reason: format!(
+                    "subscribing to `{}` needs {} reader connections (one per shard), more than this sidecar's \
+                     --reader-connections / ECHOMQ_READER_CONNECTIONS ({max_readers}); raise the setting",
+                    sub.stream,
+                    sub.shards.len()
+                ),
+            }
+            .into());
+        }
         // Held for the life of the call.
         let permit = self.calls.clone().try_acquire_owned().map_err(|_| Error::ResourceExhausted {
             reason: format!(

@@ -50,6 +50,10 @@ const DEADLINE_CHECK: Duration = Duration::from_millis(100);
 /// Bounds of the pause after a failed Redis command.
 const REDIS_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const REDIS_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// The longest a read waits for a worthwhile share of credit to come free
+/// (see [`Ledger::worth_reading`]): a call with a free slot gets a new entry
+/// within this, even from a client that holds the rest for good.
+const READ_LINGER: Duration = Duration::from_millis(2);
 /// Commands taken in one go, so that their acks reach Redis as one script run.
 const COMMANDS_PER_TURN: usize = 1024;
 
@@ -157,6 +161,8 @@ pub(crate) struct Worker {
     pub(super) backoff: Duration,
     /// The held count last added to the sidecar-wide one.
     pub(super) published_held: usize,
+    /// Since when free credit has been too little to be worth a read.
+    pub(super) short_of_credit: Option<Instant>,
 }
 
 impl Worker {
@@ -186,6 +192,7 @@ impl Worker {
             paused_until: Instant::now(),
             backoff: REDIS_BACKOFF_MIN,
             published_held: 0,
+            short_of_credit: None,
             shared,
         };
         (commands_tx, tokio::spawn(worker.run(commands)))
@@ -294,7 +301,14 @@ impl Worker {
             }
             Command::Fail { session, fail } => self.ledger.fail(session, fail, now),
             Command::Extend { session, ids, by } => self.ledger.extend(session, ids, by, now),
-            Command::Drain { session } => self.ledger.drain_call(session),
+            Command::Drain { session } => {
+                self.ledger.drain_call(session);
+                // A read blocked for the drained calls would take entries
+                // that no call takes (and, at most once, lose them).
+                if !self.ledger.has_open_calls() {
+                    self.stop_reading();
+                }
+            }
             Command::Detach { session, flushed } => {
                 // The call's last verdicts first, so that their errors still
                 // reach it (after a client closed its side, it still reads).
@@ -381,10 +395,11 @@ impl Worker {
         if self.paused() && (self.ledger.free() > 0 || self.group_lost) {
             return self.paused_until;
         }
+        let read_due = self.short_of_credit.map_or(far, |since| since + READ_LINGER);
         if self.ledger.free_for_due() == 0 {
-            return far;
+            return read_due.min(far);
         }
-        self.ledger.next_due().map_or(far, |at| at.min(far))
+        self.ledger.next_due().map_or(far, |at| at.min(far)).min(read_due)
     }
 
     pub(super) fn paused(&self) -> bool {
@@ -447,7 +462,12 @@ impl Worker {
         }
         if !self.ledger.is_reading() {
             let count = self.ledger.free().min(BATCH_MAX);
-            if count > 0 && count >= self.ledger.worth_reading(BATCH_MAX) {
+            let now = Instant::now();
+            let short_since = *self.short_of_credit.get_or_insert(now);
+            if count == 0 {
+                self.short_of_credit = None;
+            } else if count >= self.ledger.worth_reading(BATCH_MAX) || now >= short_since + READ_LINGER {
+                self.short_of_credit = None;
                 self.read(count);
             }
         }
@@ -468,10 +488,10 @@ impl Worker {
             warn!(stream = %keys.stream, %stream_id, "entry has no branded id (its milliseconds exceed 6 bytes); it stays pending");
             return None;
         };
-        let size = out.delivery.encoded_len();
-        if size + FRAME_OVERHEAD > self.shared.max_message_bytes {
+        let size = out.delivery.encoded_len() + FRAME_OVERHEAD;
+        if size > self.shared.max_message_bytes {
             let reason = format!(
-                "the entry is {size} bytes, over the sidecar's --max-message-bytes ({})",
+                "the entry's delivery frame is {size} bytes, over the sidecar's --max-message-bytes ({})",
                 self.shared.max_message_bytes
             );
             return Some(DeadLetterOrder { stream_id, reason, verdict: None });

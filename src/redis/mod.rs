@@ -12,7 +12,7 @@
 
 pub mod readers;
 
-mod fault;
+pub mod fault;
 pub mod group;
 pub mod range;
 

@@ -79,6 +79,11 @@ impl ReaderPool {
         ReaderPool { pool, max, metrics: metrics.reader() }
     }
 
+    /// The most connections the pool holds (`--reader-connections`).
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
     /// A connection for the reader of `group` on `stream`: an idle one,
     /// after a `PING` (a dead one is closed and replaced), or a new one,
     /// waiting up to [`READER_WAIT`] for one to come free.

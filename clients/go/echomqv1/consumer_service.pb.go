@@ -339,6 +339,8 @@ type Subscribe struct {
 	// On a sharded stream it is shared out evenly over the shards (so a busy
 	// shard cannot starve the others), and raised to the shard count when
 	// smaller (one entry per shard); `Subscribed.max_in_flight` says so.
+	// While the call holds deliveries, new entries are read once a quarter of
+	// it is free, or 2 ms after the first slot came free, whichever is first.
 	MaxInFlight uint32 `protobuf:"varint,6,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	// How long a delivery may stay un-settled before it is treated as failed
 	// (returned to the PEL and delivered again after the backoff). Unset or zero:
@@ -581,8 +583,9 @@ type Fail struct {
 	// most 4096 bytes are kept.
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// How long to wait before the entry is delivered again. Unset: the
-	// subscription's backoff by attempts. A negative value gets a VerdictError
-	// (INVALID_ARGUMENT) and nothing is applied (a held delivery stays held).
+	// subscription's backoff by attempts. A negative value, or one above 365
+	// days, gets a VerdictError (INVALID_ARGUMENT) and nothing is applied (a
+	// held delivery stays held).
 	RetryAfter *durationpb.Duration `protobuf:"bytes,3,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// Moves the entry to the dead-letter stream now instead of retrying it: the
 	// sidecar appends it there (with its branded id, source stream, group,
