@@ -65,6 +65,38 @@ export interface ReconnectInfo {
 /** A handler: resolve to acknowledge, throw (or reject) to fail with the error's message. */
 export type Handler = (delivery: Delivery) => unknown;
 
+/**
+ * What a {@link BatchHandler} answers for one delivery:
+ *
+ * - `undefined`, `null` or `'ack'`: acknowledge it;
+ * - an `Error`: fail it with the error's message as the reason (delivered
+ *   again after the subscription's backoff);
+ * - `{ fail: reason, retryAfterMs? }`: fail it, as {@link Delivery.fail};
+ * - `{ deadLetter: reason }`: move it to the dead-letter stream now, as
+ *   {@link Delivery.deadLetter}.
+ */
+export type Verdict =
+  | undefined
+  | null
+  | 'ack'
+  | Error
+  | { readonly fail: string; readonly retryAfterMs?: number }
+  | { readonly deadLetter: string };
+
+/** What a {@link BatchHandler} returns: one verdict per delivery, in order, or nothing to acknowledge them all. */
+export type BatchVerdicts = readonly Verdict[] | void | undefined;
+
+/**
+ * A batch handler, run by {@link Consumer.runBatch}: gets the deliveries at
+ * hand (1 to `maxBatch` of them, in delivery order; a batch never waits to
+ * fill, so at low rates it holds one) and answers one {@link Verdict} per
+ * delivery, in the same order, or nothing (`undefined`) to acknowledge them
+ * all. Deliveries it settled itself (`ack()`, `fail()`, `deadLetter()`) keep
+ * that verdict. Throwing (or rejecting), or answering an array of the wrong
+ * length, fails every delivery it did not settle itself.
+ */
+export type BatchHandler = (deliveries: readonly Delivery[]) => BatchVerdicts | PromiseLike<BatchVerdicts>;
+
 /** Settings of a {@link Consumer}. Only `stream`, `group` and `start` are required. */
 export interface ConsumerOptions extends ConnectionOptions {
   /** The stream key (1 to 1024 bytes). */
@@ -80,10 +112,40 @@ export interface ConsumerOptions extends ConnectionOptions {
    */
   maxInFlight?: number;
   /**
-   * How many handlers run at once. Default: the effective `maxInFlight`. More
-   * than `maxInFlight` never run, since the call holds no more deliveries.
+   * How many handlers run at once: the consumer runs this many handler
+   * workers, which take deliveries (or, with {@link Consumer.runBatch},
+   * batches) from one queue. Default: the effective `maxInFlight` for `run`,
+   * 1 for `runBatch`. More than `maxInFlight` never run, since the call holds
+   * no more deliveries.
    */
   concurrency?: number;
+  /**
+   * The most deliveries the sidecar may put in one frame (`Subscribe.max_batch`),
+   * and the largest array a {@link BatchHandler} gets. A frame never waits to
+   * fill, so batching adds no latency at low rates; at high rates it saves a
+   * gRPC message per entry. A {@link Handler} still sees one delivery at a
+   * time. 1: one delivery per frame. Default: 256, or `maxInFlight` if that is
+   * set and smaller. Above 4096 the sidecar refuses the subscribe
+   * (INVALID_ARGUMENT).
+   */
+  maxBatch?: number;
+  /**
+   * How long (ms) an ack waits for others to travel in the same `Ack`
+   * message. An ack goes out at the latest this long after it was given,
+   * sooner when `ackBatch` acks are waiting, when every delivery the call
+   * holds has its ack waiting, or when a fail, a dead letter, an extension or
+   * a graceful stop's end is sent (after the acks given before it: fails are
+   * never delayed). 0: no linger (the acks given in one turn of the event loop
+   * still share a message). Default: 1 ms.
+   */
+  ackLingerMs?: number;
+  /**
+   * The most ids in one `Ack` message. Never more than a quarter of the
+   * effective `maxInFlight` (at least 1): the sidecar reads again when that
+   * much credit is free, so waiting for more would only stall the flow.
+   * Default: 256.
+   */
+  ackBatch?: number;
   /** A delivery not settled within this many ms is treated as failed. Default: no deadline. */
   ackDeadlineMs?: number;
   /** The first retry delay after a fail without `retryAfterMs`. Default: the sidecar's (1 s). */
@@ -127,6 +189,15 @@ export interface StopOptions {
   deadlineMs?: number;
 }
 
+/** The default {@link ConsumerOptions.maxBatch} (capped by `maxInFlight` when that is set). */
+export const DEFAULT_MAX_BATCH = 256;
+/** The default {@link ConsumerOptions.ackLingerMs}. */
+export const DEFAULT_ACK_LINGER_MS = 1;
+/** The default {@link ConsumerOptions.ackBatch} (capped by a quarter of the effective `maxInFlight`). */
+export const DEFAULT_ACK_BATCH = 256;
+/** The sidecar's `--default-max-in-flight`, for a sidecar that does not report its effective value. */
+const DEFAULT_MAX_IN_FLIGHT = 64;
+
 const DEFAULT_STOP_DEADLINE_MS = 30_000;
 const DEFAULT_RECONNECT_INITIAL_MS = 100;
 const DEFAULT_RECONNECT_MAX_MS = 5_000;
@@ -135,7 +206,11 @@ const VERDICT_CODE_PREFIX = 'VERDICT_ERROR_CODE_';
 
 /**
  * Consumes one stream through one consumer group over the sidecar's Consume
- * call, running a handler for each delivery with bounded concurrency.
+ * call, running a handler for each delivery (or, with {@link runBatch}, for
+ * each batch) on a fixed set of `concurrency` workers.
+ *
+ * The call asks for batched frames (`maxBatch`) and acks are coalesced into
+ * one `Ack` message per short window (`ackLingerMs`, `ackBatch`).
  *
  * A consumer runs once: `run()` until `stop()`, `close()`, the `signal`, or a
  * permanent error. When the call breaks (the sidecar restarts, the connection
@@ -145,14 +220,19 @@ const VERDICT_CODE_PREFIX = 'VERDICT_ERROR_CODE_';
 export class Consumer {
   readonly #options: ConsumerOptions;
   readonly #client: ConsumerServiceClient;
+  readonly #maxBatch: number;
   #handler: Handler | undefined;
+  #batchHandler: BatchHandler | undefined;
   #state: 'new' | 'running' | 'stopping' | 'stopped' = 'new';
   /** The current call; replaced on reconnect. Deliveries remember theirs. */
   #call: Call | undefined;
   /** Deliveries received and not yet handed to a handler (bounded by maxInFlight). */
-  #queue: DeliveryImpl[] = [];
-  /** Handler runs under way, across calls. */
-  #inFlight = new Set<Promise<void>>();
+  #queue = new Fifo<DeliveryImpl>();
+  /** Worker loops alive, and how many of them run a handler now (across calls). */
+  #workers = 0;
+  #busy = 0;
+  /** Wakes idle workers: something was queued, or the consumer stops. */
+  #idle: (() => void)[] = [];
   #concurrency = 1;
   /** Wakes the reconnect wait early (stop, close). */
   #wake = new AbortController();
@@ -163,26 +243,47 @@ export class Consumer {
   constructor(options: ConsumerOptions) {
     if (!options.stream) throw new TypeError('ConsumerOptions.stream is required');
     if (!options.group) throw new TypeError('ConsumerOptions.group is required');
-    subscribeOf(options); // validates `start` and the numbers now rather than on the first call
+    // Validates `start` and the numbers now rather than on the first call.
+    this.#maxBatch = Math.max(1, subscribeOf(options).maxBatch!);
     this.#options = { ...options };
     this.#client = consumerClient(options);
   }
 
   /**
-   * Runs `handler` for every delivery until the consumer is stopped. Resolves
-   * after a graceful stop (or `close()`); rejects with an {@link EchoMQError}
-   * on a permanent error (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED,
-   * FAILED_PRECONDITION, UNIMPLEMENTED), which is not retried.
+   * Runs `handler` for every delivery until the consumer is stopped, at most
+   * `concurrency` at once. Resolves after a graceful stop (or `close()`);
+   * rejects with an {@link EchoMQError} on a permanent error
+   * (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED, FAILED_PRECONDITION,
+   * UNIMPLEMENTED), which is not retried.
    */
   run(handler: Handler, options: RunOptions = {}): Promise<void> {
+    return this.#run(handler, undefined, options);
+  }
+
+  /**
+   * {@link run} with a {@link BatchHandler}: it gets the deliveries at hand
+   * together (1 to `maxBatch` of them) and answers a verdict per delivery, at
+   * most `concurrency` batches at once (default 1). Everything else (stop,
+   * reconnects, errors, coalesced acks) is as for `run`. For handlers that
+   * process in bulk, such as one database write per batch.
+   */
+  runBatch(handler: BatchHandler, options: RunOptions = {}): Promise<void> {
+    return this.#run(undefined, handler, options);
+  }
+
+  #run(handler: Handler | undefined, batchHandler: BatchHandler | undefined, options: RunOptions): Promise<void> {
     if (this.#state !== 'new') return Promise.reject(new Error('a Consumer runs once; create a new one'));
+    if (typeof (handler ?? batchHandler) !== 'function') return Promise.reject(new TypeError('the handler must be a function'));
     this.#state = 'running';
     this.#handler = handler;
+    this.#batchHandler = batchHandler;
     const { signal } = options;
     const onAbort = () => void this.stop({ deadlineMs: this.#options.stopDeadlineMs ?? DEFAULT_STOP_DEADLINE_MS });
     const loop = this.#loop().finally(() => {
       signal?.removeEventListener('abort', onAbort);
       this.#state = 'stopped';
+      this.#queue.clear();
+      this.#wakeAll();
       this.#client.close();
     });
     this.#done = loop.then(
@@ -199,11 +300,11 @@ export class Consumer {
    * nothing more and reads nothing more for it (the credit the last verdicts
    * free cannot pull another entry into the group's pending list); then
    * handlers under way may finish within `deadlineMs` and their verdicts are
-   * sent; then the call is closed. Deliveries received but not started, and
-   * those still arriving after the Drain, are not handed to a handler: they
-   * stay pending in the group and are delivered again after the sidecar's
-   * backoff. Resolves when `run()` has returned; safe to call more than once
-   * and before `run()`.
+   * sent, coalesced acks included; then the call is closed. Deliveries
+   * received but not started, and those still arriving after the Drain, are
+   * not handed to a handler: they stay pending in the group and are delivered
+   * again after the sidecar's backoff. Resolves when `run()` has returned;
+   * safe to call more than once and before `run()`.
    */
   async stop(options: StopOptions = {}): Promise<void> {
     const deadlineMs = options.deadlineMs ?? DEFAULT_STOP_DEADLINE_MS;
@@ -214,7 +315,8 @@ export class Consumer {
     }
     if (this.#state === 'running') {
       this.#state = 'stopping';
-      this.#queue = [];
+      this.#queue.clear();
+      this.#wakeAll();
       // Before any verdict of the handlers under way: the sidecar stops handing
       // out (and reading) before their credit frees.
       this.#call?.drain();
@@ -225,9 +327,10 @@ export class Consumer {
   }
 
   /**
-   * Stops at once: cancels the call without sending any more verdicts. What
-   * the call held stays pending and is delivered again after the sidecar's
-   * backoff. Handlers under way see their delivery's `signal` aborted.
+   * Stops at once: cancels the call without sending any more verdicts (acks
+   * waiting to be coalesced are dropped). What the call held stays pending
+   * and is delivered again after the sidecar's backoff. Handlers under way
+   * see their delivery's `signal` aborted.
    */
   close(): void {
     if (this.#state === 'new') {
@@ -237,7 +340,8 @@ export class Consumer {
     }
     if (this.#state === 'stopped') return;
     this.#state = 'stopping';
-    this.#queue = [];
+    this.#queue.clear();
+    this.#wakeAll();
     this.#call?.cancel();
     this.#wake.abort();
   }
@@ -245,7 +349,8 @@ export class Consumer {
   /**
    * Low-level: sends an Ack of `ids` on the current call, whether or not this
    * consumer handed them out (the sidecar answers ids the call does not hold
-   * with a {@link VerdictError}). Returns false when no call is open.
+   * with a {@link VerdictError}). Sent at once, after the coalesced acks
+   * waiting. Returns false when no call is open.
    */
   rawAck(ids: readonly string[]): boolean {
     return this.#call?.send({ ack: { ids: [...ids] } }) ?? false;
@@ -263,11 +368,15 @@ export class Consumer {
   async #loop(): Promise<void> {
     const initial = this.#options.reconnect?.initialMs ?? DEFAULT_RECONNECT_INITIAL_MS;
     const max = this.#options.reconnect?.maxMs ?? DEFAULT_RECONNECT_MAX_MS;
+    const acks = {
+      lingerMs: this.#options.ackLingerMs ?? DEFAULT_ACK_LINGER_MS,
+      batch: this.#options.ackBatch ?? DEFAULT_ACK_BATCH,
+    };
     let attempt = 0;
     while (!this.#stopping) {
-      const call: Call = new Call(this.#client.consume(), {
-        subscribed: (subscribed) => this.#onSubscribed(subscribed),
-        delivery: (message) => this.#onDelivery(call, message),
+      const call: Call = new Call(this.#client.consume(), acks, {
+        subscribed: (subscribed) => this.#onSubscribed(call, subscribed),
+        deliveries: (messages) => this.#onDeliveries(call, messages),
         verdictError: (error) => this.#onVerdictError(error),
         ended: () => this.#onCallEnded(call),
       });
@@ -293,12 +402,13 @@ export class Consumer {
 
   /** The graceful part of stop(), after the Drain: let handlers finish, flush, half-close, wait for the end. */
   async #settleAndClose(deadlineAt: number): Promise<void> {
-    const finished = await this.#waitFor(() => this.#inFlight.size === 0, deadlineAt);
+    const finished = await this.#waitFor(() => this.#busy === 0, deadlineAt);
     const call = this.#call;
     if (call && !call.closed) {
       if (finished) {
-        // Verdicts first, then the half-close: the sidecar applies what it read
-        // before the end of the call, then returns anything else it held.
+        // Verdicts first (the coalesced acks too), then the half-close: the
+        // sidecar applies what it read before the end of the call, then
+        // returns anything else it held.
         call.halfClose();
         const ended = await this.#waitFor(() => call.closed, deadlineAt);
         if (!ended) call.cancel();
@@ -333,22 +443,34 @@ export class Consumer {
 
   /** Wakes #waitFor: a handler finished or a call ended. */
   #changed(): void {
+    if (this.#changeWaiters.length === 0) return;
     for (const resolve of this.#changeWaiters.splice(0)) resolve();
   }
 
-  #onSubscribed(subscribed: Subscribed): void {
-    const limit = subscribed.maxInFlight || Number.MAX_SAFE_INTEGER;
-    this.#concurrency = Math.max(1, Math.min(this.#options.concurrency ?? limit, limit));
+  #onSubscribed(call: Call, subscribed: Subscribed): void {
+    const effective = subscribed.maxInFlight || this.#options.maxInFlight || DEFAULT_MAX_IN_FLIGHT;
+    call.setMaxInFlight(effective);
+    const fallback = this.#batchHandler ? 1 : effective;
+    this.#concurrency = Math.max(1, Math.min(this.#options.concurrency || fallback, effective));
+    // The workers, started once and kept across calls (a handler of a broken
+    // call may still run while the next call delivers); a smaller concurrency
+    // after a reconnect retires the extra ones as they come round.
+    while (this.#workers < this.#concurrency) {
+      this.#workers++;
+      void (this.#batchHandler ? this.#workBatches(this.#batchHandler) : this.#work(this.#handler!));
+    }
     this.#options.onSubscribed?.(subscribed);
   }
 
-  #onDelivery(call: Call, message: Delivery__Output): void {
-    const delivery = new DeliveryImpl(message, call);
-    // While stopping, nothing new starts: the entry stays held by the call and
-    // returns to the group's PEL when the call closes.
+  #onDeliveries(call: Call, messages: readonly Delivery__Output[]): void {
+    // While stopping, nothing new starts: the entries stay held by the call
+    // and return to the group's PEL when the call closes.
     if (this.#stopping || call !== this.#call) return;
-    this.#queue.push(delivery);
-    this.#pump();
+    for (const message of messages) this.#queue.push(new DeliveryImpl(message, call));
+    // Wake as many idle workers as there is work for: one per delivery, or
+    // one per batch of up to maxBatch.
+    let wanted = this.#batchHandler ? Math.ceil(this.#queue.length / this.#maxBatch) : this.#queue.length;
+    while (wanted-- > 0 && this.#idle.length > 0) this.#idle.pop()!();
   }
 
   #onVerdictError(error: VerdictError): void {
@@ -364,55 +486,202 @@ export class Consumer {
   #onCallEnded(call: Call): void {
     // Deliveries of a broken call are not the new call's to settle: the
     // sidecar returns them to the PEL and delivers them again.
-    this.#queue = this.#queue.filter((delivery) => delivery.call !== call);
+    this.#queue.removeIf((delivery) => delivery.call === call);
     this.#changed();
   }
 
-  #pump(): void {
-    while (!this.#stopping && this.#inFlight.size < this.#concurrency) {
-      const delivery = this.#queue.shift();
-      if (!delivery) return;
-      if (delivery.call.closed) continue;
-      this.#start(delivery);
+  #wakeAll(): void {
+    for (const wake of this.#idle.splice(0)) wake();
+  }
+
+  /** Resolves when a worker is woken: something was queued, or the consumer stops. */
+  #waitForWork(): Promise<void> {
+    return new Promise((resolve) => this.#idle.push(resolve));
+  }
+
+  /** Whether this worker should end: a stop, or more workers than `concurrency`. */
+  get #retire(): boolean {
+    return this.#stopping || this.#workers > this.#concurrency;
+  }
+
+  /**
+   * One handler worker: takes deliveries from the queue one at a time. A sync
+   * handler runs with no promise of its own; nothing is allocated per
+   * delivery beyond what the handler itself returns.
+   */
+  async #work(handler: Handler): Promise<void> {
+    try {
+      while (!this.#retire) {
+        const delivery = this.#queue.shift();
+        if (delivery === undefined) {
+          await this.#waitForWork();
+          continue;
+        }
+        if (delivery.call.closed) continue;
+        // Busy before the handler runs: a handler may call stop() (or abort
+        // run's signal) synchronously, before its first await, and stop() must
+        // then wait for it and send its verdict before the half-close.
+        this.#busy++;
+        try {
+          const result = handler(delivery);
+          if (isThenable(result)) await result;
+          delivery.ack();
+        } catch (error) {
+          delivery.fail(reasonOf(error));
+        } finally {
+          this.#busy--;
+        }
+        this.#changed();
+      }
+    } finally {
+      this.#workers--;
     }
   }
 
-  #start(delivery: DeliveryImpl): void {
-    const handler = this.#handler!;
-    // In flight before the handler runs: a handler may call stop() (or abort
-    // run's signal) synchronously, before its first await, and stop() must
-    // then wait for it and send its verdict before the half-close.
-    let finished!: () => void;
-    const run = new Promise<void>((resolve) => (finished = resolve));
-    this.#inFlight.add(run);
-    void (async () => {
-      try {
-        await handler(delivery);
-        delivery.ack();
-      } catch (error) {
-        delivery.fail(reasonOf(error));
+  /** One batch handler worker: takes what the queue holds, up to maxBatch, as one batch. */
+  async #workBatches(handler: BatchHandler): Promise<void> {
+    try {
+      while (!this.#retire) {
+        if (this.#queue.length === 0) {
+          await this.#waitForWork();
+          continue;
+        }
+        const batch: DeliveryImpl[] = [];
+        while (batch.length < this.#maxBatch) {
+          const delivery = this.#queue.shift();
+          if (delivery === undefined) break;
+          if (!delivery.call.closed) batch.push(delivery);
+        }
+        if (batch.length === 0) continue;
+        this.#busy++;
+        try {
+          let verdicts = handler(batch);
+          if (isThenable(verdicts)) verdicts = await verdicts;
+          settleBatch(batch, verdicts);
+        } catch (error) {
+          const reason = reasonOf(error);
+          for (const delivery of batch) delivery.fail(reason);
+        } finally {
+          this.#busy--;
+        }
+        this.#changed();
       }
-    })().finally(() => {
-      this.#inFlight.delete(run);
-      finished();
-      this.#pump();
-      this.#changed();
-    });
+    } finally {
+      this.#workers--;
+    }
+  }
+}
+
+/** Settles what a batch handler did not settle itself, as it answered. */
+function settleBatch(batch: readonly DeliveryImpl[], verdicts: BatchVerdicts): void {
+  if (verdicts === undefined || verdicts === null) {
+    for (const delivery of batch) delivery.ack();
+    return;
+  }
+  if (!Array.isArray(verdicts) || verdicts.length !== batch.length) {
+    const got = Array.isArray(verdicts) ? `${verdicts.length} verdicts` : `${typeof verdicts}, not an array of verdicts,`;
+    const reason = `the batch handler answered ${got} for ${batch.length} deliveries`;
+    process.emitWarning(`EchoMQ: ${reason}; failing them`, { code: 'ECHOMQ_BATCH_VERDICTS' });
+    for (const delivery of batch) delivery.fail(reason);
+    return;
+  }
+  for (let i = 0; i < batch.length; i++) applyVerdict(batch[i]!, verdicts[i] as Verdict);
+}
+
+/** Settles `delivery` as a batch handler's `verdict` says (no-op if it is settled already). */
+function applyVerdict(delivery: DeliveryImpl, verdict: Verdict): void {
+  if (verdict === undefined || verdict === null || verdict === 'ack') {
+    delivery.ack();
+  } else if (verdict instanceof Error) {
+    delivery.fail(reasonOf(verdict));
+  } else if (typeof verdict === 'object' && typeof (verdict as { deadLetter?: unknown }).deadLetter === 'string') {
+    delivery.deadLetter((verdict as { deadLetter: string }).deadLetter);
+  } else if (typeof verdict === 'object' && typeof (verdict as { fail?: unknown }).fail === 'string') {
+    const { fail, retryAfterMs } = verdict as { fail: string; retryAfterMs?: number };
+    delivery.fail(fail, retryAfterMs === undefined ? {} : { retryAfterMs });
+  } else if (!delivery.settled) {
+    const reason = `the batch handler answered ${JSON.stringify(verdict) ?? String(verdict)}, not a verdict`;
+    process.emitWarning(`EchoMQ: ${reason} for ${delivery.id}; failing it`, { code: 'ECHOMQ_BATCH_VERDICTS' });
+    delivery.fail(reason);
+  }
+}
+
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return (
+    value !== null &&
+    (typeof value === 'object' || typeof value === 'function') &&
+    typeof (value as { then?: unknown }).then === 'function'
+  );
+}
+
+/**
+ * A first-in first-out queue with O(1) shift (an array and a read index;
+ * `Array.prototype.shift` moves every element).
+ */
+class Fifo<T> {
+  #items: (T | undefined)[] = [];
+  #head = 0;
+
+  get length(): number {
+    return this.#items.length - this.#head;
+  }
+
+  push(item: T): void {
+    this.#items.push(item);
+  }
+
+  shift(): T | undefined {
+    if (this.#head >= this.#items.length) return undefined;
+    const item = this.#items[this.#head];
+    this.#items[this.#head++] = undefined;
+    if (this.#head === this.#items.length) {
+      this.#items.length = 0;
+      this.#head = 0;
+    } else if (this.#head >= 1024 && this.#head * 2 >= this.#items.length) {
+      this.#items = this.#items.slice(this.#head);
+      this.#head = 0;
+    }
+    return item;
+  }
+
+  clear(): void {
+    this.#items = [];
+    this.#head = 0;
+  }
+
+  removeIf(drop: (item: T) => boolean): void {
+    if (this.length === 0) return;
+    this.#items = (this.#items.slice(this.#head) as T[]).filter((item) => !drop(item));
+    this.#head = 0;
   }
 }
 
 /** What a {@link Call} reports to its consumer. */
 interface CallEvents {
   subscribed(subscribed: Subscribed): void;
-  delivery(message: Delivery__Output): void;
+  /** The deliveries of one frame (one, or a batch), in order. */
+  deliveries(messages: readonly Delivery__Output[]): void;
   verdictError(error: VerdictError): void;
   /** The call ended (any status); called once, before `ended` resolves. */
   ended(): void;
 }
 
+/** How a call coalesces acks: {@link ConsumerOptions.ackLingerMs} and {@link ConsumerOptions.ackBatch}. */
+interface AckWindow {
+  lingerMs: number;
+  batch: number;
+}
+
 /**
  * One Consume call: the duplex stream, the deliveries it holds, and its acks
  * waiting to be sent together.
+ *
+ * Acks wait in one window until one of: `ackBatch` of them, `ackLingerMs`
+ * since the first, every delivery the call holds has its ack waiting (no more
+ * can come before new deliveries do), or another message is to go out after
+ * them (a Fail, an Extend, a raw verdict, the half-close). Only the Drain
+ * overtakes them, so the credit they free pulls no new entry. When the call
+ * ends the waiting acks end with it: they are never sent on another call.
  */
 class Call {
   readonly #stream: ClientDuplexStream<ConsumeRequest, ConsumeResponse__Output>;
@@ -426,12 +695,22 @@ class Call {
   #writable = true;
   #closed = false;
   #drained = false;
+  readonly #lingerMs: number;
+  readonly #ackBatchAsked: number;
+  #ackBatch: number;
   #acks: string[] = [];
-  #flushScheduled = false;
+  /** The pending flush of #acks: a timeout (linger > 0) or an immediate (linger 0). */
+  #flushTimer: ReturnType<typeof setTimeout> | undefined;
+  #flushImmediate: ReturnType<typeof setImmediate> | undefined;
+  /** Deliveries received and not yet settled on the wire (ack sent, or fail sent). */
+  #held = 0;
 
-  constructor(stream: ClientDuplexStream<ConsumeRequest, ConsumeResponse__Output>, events: CallEvents) {
+  constructor(stream: ClientDuplexStream<ConsumeRequest, ConsumeResponse__Output>, acks: AckWindow, events: CallEvents) {
     this.#stream = stream;
     this.#events = events;
+    this.#lingerMs = acks.lingerMs;
+    this.#ackBatchAsked = acks.batch;
+    this.#ackBatch = acks.batch;
     this.ended = new Promise((resolve) => {
       // 'error' precedes 'status' for a non-OK status; the status carries all we need.
       stream.on('error', () => undefined);
@@ -447,31 +726,52 @@ class Call {
     return this.#closed;
   }
 
-  /** Writes a frame; false when the call can no longer take one. */
+  /**
+   * The call's effective max_in_flight: an Ack message carries at most a
+   * quarter of it (at least 1), since the sidecar reads again when that much
+   * credit is free.
+   */
+  setMaxInFlight(maxInFlight: number): void {
+    this.#ackBatch = Math.max(1, Math.min(this.#ackBatchAsked, Math.floor(maxInFlight / 4)));
+  }
+
+  /** Writes a frame after the acks waiting; false when the call can no longer take one. */
   send(request: ConsumeRequest): boolean {
     if (!this.#writable) return false;
+    this.#flush();
     this.#stream.write(request);
+    return true;
+  }
+
+  /** Sends the verdict (a Fail) that settles one held delivery, after the acks waiting. */
+  settle(request: ConsumeRequest): boolean {
+    if (!this.send(request)) return false;
+    this.#held--;
     return true;
   }
 
   /**
    * Asks the sidecar for no further deliveries on this call (verdicts still
-   * work). Sent once; false when the call can no longer take a frame or was
-   * already drained.
+   * work), ahead of the acks waiting. Sent once; false when the call can no
+   * longer take a frame or was already drained.
    */
   drain(): boolean {
-    if (this.#drained) return false;
-    this.#drained = this.send({ drain: {} });
-    return this.#drained;
+    if (this.#drained || !this.#writable) return false;
+    this.#drained = true;
+    this.#stream.write({ drain: {} });
+    return true;
   }
 
-  /** Queues an ack; acks queued in one turn of the event loop go out as one Ack frame. */
+  /** Queues an ack, coalesced with others into one Ack message (see the class). */
   ack(id: string): boolean {
     if (!this.#writable) return false;
-    this.#acks.push(id);
-    if (!this.#flushScheduled) {
-      this.#flushScheduled = true;
-      setImmediate(() => this.#flush());
+    const acks = this.#acks;
+    acks.push(id);
+    if (acks.length >= this.#ackBatch || acks.length >= this.#held) {
+      this.#flush();
+    } else if (this.#flushTimer === undefined && this.#flushImmediate === undefined) {
+      if (this.#lingerMs > 0) this.#flushTimer = setTimeout(() => this.#flush(), this.#lingerMs);
+      else this.#flushImmediate = setImmediate(() => this.#flush());
     }
     return true;
   }
@@ -484,26 +784,43 @@ class Call {
     this.#stream.end();
   }
 
-  /** Ends the call now (CANCELLED); nothing more is sent. */
+  /** Ends the call now (CANCELLED); nothing more is sent, the acks waiting are dropped. */
   cancel(): void {
     this.#writable = false;
-    this.#acks = [];
+    this.#dropAcks();
     this.#stream.cancel();
   }
 
   #flush(): void {
-    this.#flushScheduled = false;
+    this.#cancelFlush();
     if (this.#acks.length === 0 || !this.#writable) return;
     const ids = this.#acks;
     this.#acks = [];
+    this.#held -= ids.length;
     this.#stream.write({ ack: { ids } });
+  }
+
+  #cancelFlush(): void {
+    if (this.#flushTimer !== undefined) {
+      clearTimeout(this.#flushTimer);
+      this.#flushTimer = undefined;
+    }
+    if (this.#flushImmediate !== undefined) {
+      clearImmediate(this.#flushImmediate);
+      this.#flushImmediate = undefined;
+    }
+  }
+
+  #dropAcks(): void {
+    this.#cancelFlush();
+    this.#acks = [];
   }
 
   #end(): void {
     if (this.#closed) return;
     this.#closed = true;
     this.#writable = false;
-    this.#acks = [];
+    this.#dropAcks();
     this.abort.abort(new Error('the Consume call that delivered this entry ended'));
     this.#events.ended();
   }
@@ -516,8 +833,15 @@ class Call {
         this.#events.subscribed({ stream: s.stream, group: s.group, consumer: s.consumer, maxInFlight: s.maxInFlight });
         break;
       }
+      case 'batch': {
+        const deliveries = response.batch!.deliveries;
+        this.#held += deliveries.length;
+        if (!this.#closed && deliveries.length > 0) this.#events.deliveries(deliveries);
+        break;
+      }
       case 'delivery':
-        if (!this.#closed) this.#events.delivery(response.delivery!);
+        this.#held++;
+        if (!this.#closed) this.#events.deliveries([response.delivery!]);
         break;
       case 'verdictError': {
         const e = response.verdictError!;
@@ -531,6 +855,8 @@ class Call {
   }
 }
 
+const NO_RAW_FIELDS: readonly RawField[] = Object.freeze([]);
+
 class DeliveryImpl implements Delivery {
   readonly id: BrandedId;
   readonly streamId: string;
@@ -539,9 +865,10 @@ class DeliveryImpl implements Delivery {
   readonly payload: Readonly<Record<string, Buffer>>;
   readonly rawFields: readonly RawField[];
   readonly attempts: number;
-  readonly mintedAt: Date;
   readonly traceparent: string;
   readonly call: Call;
+  /** The Timestamp until mintedAt is first read, then its Date. */
+  #minted: Delivery__Output['mintedAt'] | Date;
   #settled = false;
 
   constructor(message: Delivery__Output, call: Call) {
@@ -550,11 +877,16 @@ class DeliveryImpl implements Delivery {
     this.stream = message.stream;
     this.group = message.group;
     this.payload = message.payload;
-    this.rawFields = message.rawFields.map((f) => ({ name: f.name, value: f.value }));
+    this.rawFields = message.rawFields.length === 0 ? NO_RAW_FIELDS : message.rawFields.map((f) => ({ name: f.name, value: f.value }));
     this.attempts = message.attempts;
-    this.mintedAt = dateOf(message.mintedAt);
+    this.#minted = message.mintedAt;
     this.traceparent = message.traceparent;
     this.call = call;
+  }
+
+  get mintedAt(): Date {
+    if (!(this.#minted instanceof Date)) this.#minted = dateOf(this.#minted);
+    return this.#minted;
   }
 
   get signal(): AbortSignal {
@@ -576,12 +908,12 @@ class DeliveryImpl implements Delivery {
 
   fail(reason = '', options: FailOptions = {}): boolean {
     if (!this.#settle()) return false;
-    return this.call.send({ fail: failOf(this.id, reason, options.retryAfterMs, false) });
+    return this.call.settle({ fail: failOf(this.id, reason, options.retryAfterMs, false) });
   }
 
   deadLetter(reason: string): boolean {
     if (!this.#settle()) return false;
-    return this.call.send({ fail: failOf(this.id, reason, undefined, true) });
+    return this.call.settle({ fail: failOf(this.id, reason, undefined, true) });
   }
 
   extend(byMs: number): boolean {
@@ -619,13 +951,20 @@ function positive(name: string, value: number | undefined): void {
 
 /** The Subscribe frame of `options`; throws on a missing or malformed start. */
 function subscribeOf(options: ConsumerOptions): Subscribe {
-  for (const name of ['maxInFlight', 'concurrency', 'ackDeadlineMs', 'retryBackoffInitialMs', 'retryBackoffMaxMs'] as const) {
+  for (const name of ['maxInFlight', 'concurrency', 'ackDeadlineMs', 'retryBackoffInitialMs', 'retryBackoffMaxMs', 'ackLingerMs'] as const) {
     positive(name, options[name]);
+  }
+  for (const name of ['maxBatch', 'ackBatch'] as const) {
+    const value = options[name];
+    if (value !== undefined && !(Number.isInteger(value) && value >= 1)) {
+      throw new RangeError(`ConsumerOptions.${name} must be an integer >= 1, got ${value}`);
+    }
   }
   const subscribe: Subscribe = {
     stream: options.stream,
     group: options.group,
     maxInFlight: options.maxInFlight ?? 0,
+    maxBatch: options.maxBatch ?? Math.min(DEFAULT_MAX_BATCH, options.maxInFlight || DEFAULT_MAX_BATCH),
     deadLetterStream: options.deadLetterStream ?? '',
   };
   const start = options.start;

@@ -3,7 +3,8 @@
  *
  * Layout:
  * - `consumer.ts`: {@link Consumer}, the Consume call: subscribe, run a handler
- *   per delivery with bounded concurrency, verdicts, reconnect, graceful stop;
+ *   batched frames, a handler per delivery (or per batch) on a fixed set of
+ *   workers, coalesced acks, verdicts, reconnect, graceful stop;
  * - `delivery.ts`: the {@link Delivery} a handler receives and settles;
  * - `producer.ts`: {@link Producer}, Append and AppendBatch;
  * - `branded-id.ts`: the {@link BrandedId} type and helpers;
@@ -16,6 +17,11 @@
  */
 export {
   Consumer,
+  DEFAULT_ACK_BATCH,
+  DEFAULT_ACK_LINGER_MS,
+  DEFAULT_MAX_BATCH,
+  type BatchHandler,
+  type BatchVerdicts,
   type ConsumerOptions,
   type GroupStart,
   type Handler,
@@ -23,6 +29,7 @@ export {
   type RunOptions,
   type StopOptions,
   type Subscribed,
+  type Verdict,
   type VerdictError,
   type VerdictErrorCode,
 } from './consumer.js';
