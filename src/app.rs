@@ -8,7 +8,8 @@
 //! the binary): health NOT_SERVING and `/readyz` 503; workers stop handing out
 //! entries; calls get the grace period to settle what they hold (acks still
 //! work); then calls end with UNAVAILABLE, the server stops, the workers flush
-//! their last acks, and the outcome is logged. What was not acknowledged stays
+//! their last acks, and the outcome is logged. A second SIGTERM or SIGINT
+//! during the grace ends it at once (logged). What was not acknowledged stays
 //! pending in Redis: nothing is lost.
 
 use std::{future::Future, io, path::Path, sync::Arc, time::Duration};
@@ -251,7 +252,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         }
     }
 
-    // The shutdown sequence.
+    // The shutdown sequence. By convention a second SIGTERM or SIGINT ends
+    // the grace at once; listening starts now, so one sent right after the
+    // first is not missed.
+    let second_signal = shutdown_signal();
+    tokio::pin!(second_signal);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     info!(
         ?grace,
@@ -269,7 +274,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     }
     let deadline = Instant::now() + grace;
     while consumers.held() > 0 && Instant::now() < deadline {
-        sleep(Duration::from_millis(20)).await;
+        tokio::select! {
+            _ = sleep(Duration::from_millis(20)) => {}
+            _ = &mut second_signal => {
+                warn!(
+                    held = consumers.held(),
+                    "second signal: ending the grace period now; what calls still hold stays pending"
+                );
+                break;
+            }
+        }
     }
     let _ = closing_tx.send(true);
     if tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await.is_err() {

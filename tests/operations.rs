@@ -112,6 +112,27 @@ async fn sigterm_lets_calls_settle_then_exits_0_keeping_unacked_pending() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_ends_the_grace_at_once_keeping_held_entries_pending() {
+    let redis = RedisServer::start().await;
+    let mut sidecar = Sidecar::start(&redis, SidecarOptions::default().grace(60_000)).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let held = sidecar.append("s", &[("k", b"held")]).await;
+    assert_eq!(call.next_delivery(EVENT_TIMEOUT).await.id, held.id);
+
+    sidecar.sigterm();
+    assert!(eventually(EVENT_TIMEOUT, || async { sidecar.readyz().await == Some(503) }).await, "draining");
+    let second = Instant::now();
+    sidecar.sigterm();
+    let exit = sidecar.wait_exit(Duration::from_secs(15)).await.expect("the sidecar exits long before its 60 s grace");
+    assert!(exit.success(), "exit status {exit}");
+    assert!(second.elapsed() < Duration::from_secs(15), "took {:?}", second.elapsed());
+    assert!(sidecar.log().contains("second signal: ending the grace period now"), "{}", sidecar.log());
+    let pending: Vec<String> = pending_entries(&mut con, "s", "g").await.into_iter().map(|p| p.stream_id).collect();
+    assert_eq!(pending, vec![held.stream_id], "the held entry stays pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_reading_new_entries() {
     let redis = RedisServer::start().await;
     let mut sidecar = Sidecar::start(&redis, SidecarOptions::default().grace(2000)).await;
