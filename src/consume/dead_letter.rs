@@ -13,14 +13,14 @@ use redis::{RedisResult, Value};
 use tracing::warn;
 
 use super::{
-    retry::unknown_tag,
     verdicts,
     worker::{Step, Worker},
     GroupKeys, SessionId,
 };
 use crate::{
     id::StreamId,
-    redis::{array, int, parse_stream_id, tagged},
+    proto::VerdictError,
+    redis::{array, int, parse_stream_id, tagged, unknown_tag},
 };
 
 /// Settings of the whole group on this sidecar: every call on it must agree.
@@ -120,7 +120,8 @@ impl Worker {
         };
         self.redis_ok();
         for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
-            let answer = match outcome {
+            // The Fail that asked for it, if any, is told why nothing moved.
+            let answer: Option<fn(&str) -> VerdictError> = match outcome {
                 DeadLettered::Moved { dead_id, deliveries } => {
                     self.ledger.dead_lettered(stream_id);
                     self.metrics.dead_letters.inc();
@@ -129,9 +130,9 @@ impl Worker {
                 }
                 DeadLettered::Deleted => {
                     self.trimmed_while_pending(stream_id);
-                    Some(verdicts::deleted as fn(&str) -> _)
+                    Some(verdicts::deleted)
                 }
-                DeadLettered::NotOurs => Some(verdicts::not_dead_lettered as fn(&str) -> _),
+                DeadLettered::NotOurs => Some(verdicts::not_dead_lettered),
             };
             if let (Some(answer), Some((session, text))) = (answer, order.verdict) {
                 self.ledger.answer(session, answer(&text));

@@ -19,13 +19,12 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::{
-    retry::unknown_tag,
     worker::{Step, Worker, BATCH_MAX},
     GroupKeys,
 };
 use crate::{
     id::StreamId,
-    redis::{array, parse_stream_id, tagged},
+    redis::{array, parse_stream_id, tagged, unknown_tag},
 };
 
 /// How many XAUTOCLAIM pages one reclaim beat may walk.

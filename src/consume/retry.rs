@@ -28,7 +28,7 @@ use super::{
 };
 use crate::{
     id::StreamId,
-    redis::{array, bytes, int, parse_entry, tagged, RawEntry},
+    redis::{array, bytes, int, parse_entry, tagged, unknown_tag, RawEntry},
 };
 
 /// The retry delays of a subscription.
@@ -126,15 +126,6 @@ fn parse_redelivery(item: &Value) -> RedisResult<(StreamId, Redelivery)> {
         other => return Err(unknown_tag("redeliver.lua", other)),
     };
     Ok((id, outcome))
-}
-
-/// A reply tag the Rust side does not know: the script and its wrapper disagree.
-pub(crate) fn unknown_tag(script: &str, tag: &str) -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::Parse,
-        "unexpected reply from Redis",
-        format!("{script} replied `{tag}`"),
-    ))
 }
 
 impl Worker {

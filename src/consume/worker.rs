@@ -463,12 +463,15 @@ impl Worker {
         if !self.ledger.is_reading() {
             let count = self.ledger.free().min(BATCH_MAX);
             let now = Instant::now();
-            let short_since = *self.short_of_credit.get_or_insert(now);
             if count == 0 {
                 self.short_of_credit = None;
-            } else if count >= self.ledger.worth_reading(BATCH_MAX) || now >= short_since + READ_LINGER {
+            } else if count >= self.ledger.worth_reading(BATCH_MAX)
+                || self.short_of_credit.is_some_and(|since| now >= since + READ_LINGER)
+            {
                 self.short_of_credit = None;
                 self.read(count);
+            } else {
+                self.short_of_credit.get_or_insert(now);
             }
         }
     }

@@ -567,6 +567,16 @@ pub fn tagged(item: &Value) -> RedisResult<(StreamId, String, &[Value])> {
     Ok((parse_stream_id(id)?, tag, &parts[2..]))
 }
 
+/// The Parse error for a [`tagged`] reply whose tag `script`'s wrapper does
+/// not know: the script and its wrapper disagree.
+pub fn unknown_tag(script: &str, tag: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected reply from Redis",
+        format!("{script} replied `{tag}`"),
+    ))
+}
+
 /// An integer reply, or a script's integer.
 pub fn int(value: &Value) -> RedisResult<i64> {
     match value {
