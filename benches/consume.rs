@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench consume                        # or scripts/bench
-//! ECHOMQ_BENCH_ENTRIES=200000 cargo bench --bench consume
+//! ECHOMQ_BENCH_ENTRIES=200000 ECHOMQ_BENCH_ROUNDS=5 cargo bench --bench consume
 //! ```
 //!
 //! It starts its own `redis-server` (free loopback port, no persistence) and the
@@ -12,7 +12,11 @@
 //!
 //! 1. appends N entries (default 50,000; `ECHOMQ_BENCH_ENTRIES`) to each of three
 //!    streams with `AppendBatch` (1,000 per call);
-//! 2. throughput: (a) consumes stream A through the sidecar with one Consume
+//! 2. throughput, over 3 rounds (`ECHOMQ_BENCH_ROUNDS`) in which the contenders
+//!    take turns in a rotating order, each round with groups of its own on the
+//!    same streams; it prints the median of each, the ratios of the medians,
+//!    and the CPU time per entry that the sidecar (`/proc/<pid>/stat`) and Redis
+//!    (`INFO cpu`) used meanwhile: (a) consumes stream A through the sidecar with one Consume
 //!    call (`max_in_flight` 256), the client sending one `Ack` message with one
 //!    id per delivery as it arrives; (a2) consumes stream C the same way with
 //!    batched frames (`max_batch` 64, a quarter of the window, so that a frame
@@ -21,10 +25,14 @@
 //!    directly: `XREADGROUP … COUNT 256 BLOCK 2000` then one `XACK` with all the
 //!    ids of the read. Each time runs from the group's creation until Redis has
 //!    every entry acknowledged (for the sidecar, until `XPENDING` says 0);
-//! 3. latency: a producer appends with a plain `XADD` at a fixed rate (1,000
+//! 3. memory: the sidecar's resident set idle at start, and its peak so far
+//!    right after a phase of one call with `max_in_flight` 10,000;
+//! 4. latency: a producer appends with a plain `XADD` at a fixed rate (1,000
 //!    entries/s for 5 s), writing the send time (unix µs) into the entry, while
-//!    (a) the sidecar's consumer and then (b) the direct one runs; latency is
-//!    the receive time minus the send time, so it includes the XADD itself.
+//!    (a) the sidecar's consumer, (a2) the same with batched frames and then
+//!    (b) the direct one runs; latency is the receive time minus the send
+//!    time, so it includes the XADD itself, and the sidecar's added latency is
+//!    its percentile minus the direct one's.
 //!
 //! Under `cargo test` (`--bench consume` or `--all-targets`: no `--bench` argument) it runs as a quick
 //! smoke test with small counts against the debug build, and says so.
@@ -69,6 +77,7 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     let mut redis = connection(redis_server.port()).await?;
     let version = common::redis_version(&mut redis).await?;
     let (cpus, load) = (common::cpus(), common::load_average());
+    let (idle_rss, _) = sidecar.memory();
 
     common::print_title("consume", full);
     println!(
@@ -95,71 +104,173 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     );
     println!();
 
-    // 2. Throughput.
-    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
-    let sidecar_took =
-        phase("sidecar throughput", sidecar_throughput(&endpoint, &mut redis, "bench-a", entries, 0)).await?;
-    let sidecar_calls = command_calls(&mut redis).await?;
-    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
-    let batched_took = phase(
-        "batched sidecar throughput",
-        sidecar_throughput(&endpoint, &mut redis, "bench-c", entries, (WINDOW / 4) as u32),
-    )
-    .await?;
-    let batched_calls = command_calls(&mut redis).await?;
-    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
-    let direct_took = phase("direct throughput", direct_throughput(&redis_server, "bench-b", entries)).await?;
-    let direct_calls = command_calls(&mut redis).await?;
-    let (sidecar_rate, direct_rate) = (rate(entries, sidecar_took), rate(entries, direct_took));
-    let batched_rate = rate(entries, batched_took);
-    println!("throughput  {entries} entries each, from group creation until Redis has every entry acknowledged");
+    // 2. Throughput, contenders alternated over the rounds.
+    let rounds = common::rounds(full);
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); CONTENDERS.len()];
+    let mut commands = vec![String::new(); CONTENDERS.len()];
+    for round in 0..rounds {
+        for k in 0..CONTENDERS.len() {
+            let which = (round + k) % CONTENDERS.len();
+            let contender = CONTENDERS[which];
+            redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
+            let (cpu_before, redis_before) = (sidecar.cpu_time(), redis_cpu(&mut redis).await?);
+            let group = format!("bench-{round}");
+            let took = phase(contender.label, async {
+                match contender.max_batch {
+                    None => direct_throughput(&redis_server, contender.stream, &group, entries).await,
+                    Some(max_batch) => {
+                        sidecar_throughput(&endpoint, &mut redis, contender.stream, &group, entries, WINDOW, max_batch)
+                            .await
+                    }
+                }
+            })
+            .await?;
+            let redis_cpu_used = redis_cpu(&mut redis).await? - redis_before;
+            let sidecar_cpu_used = contender.max_batch.map(|_| sidecar.cpu_time() - cpu_before);
+            samples[which].push(Sample { took, sidecar_cpu: sidecar_cpu_used, redis_cpu: redis_cpu_used });
+            if round == 0 {
+                commands[which] = command_calls(&mut redis).await?;
+            }
+        }
+    }
     println!(
-        "  (a) sidecar  one Consume call, max_in_flight {WINDOW}, one Ack message (one id) per delivery:  {:.3} s = {:>9} entries/s",
-        sidecar_took.as_secs_f64(),
-        thousands(sidecar_rate)
+        "throughput  {entries} entries each, from group creation until Redis has every entry acknowledged; rounds: {rounds}, contenders alternated, medians"
     );
+    let per_entry = |d: Duration| d.as_secs_f64() * 1e6 / entries as f64;
+    let mut rates = Vec::new();
+    for (contender, samples) in CONTENDERS.iter().zip(&samples) {
+        let rate = median(samples.iter().map(|s| common::rate(entries, s.took)).collect());
+        let redis_us = median(samples.iter().map(|s| per_entry(s.redis_cpu)).collect());
+        let sidecar_us = samples.iter().filter_map(|s| s.sidecar_cpu).map(per_entry).collect::<Vec<_>>();
+        let cpu = if sidecar_us.is_empty() {
+            format!("Redis CPU {redis_us:.2} µs/entry")
+        } else {
+            format!("sidecar CPU {:.2} µs/entry, Redis CPU {redis_us:.2} µs/entry", median(sidecar_us))
+        };
+        let each = samples.iter().map(|s| thousands(common::rate(entries, s.took))).collect::<Vec<_>>().join(" / ");
+        println!("  {} {}:  {:>9} entries/s  ({each}; {cpu})", contender.label, contender.about, thousands(rate));
+        rates.push(rate);
+    }
+    let direct = rates[CONTENDERS.len() - 1];
+    println!("  ratio sidecar/direct: {:.2}", rates[0] / direct);
+    println!("  ratio batched/direct: {:.2}", rates[1] / direct);
+    println!("  Redis commands in the first round (INFO commandstats; the sidecar's include its XPENDING polls):");
+    for (contender, calls) in CONTENDERS.iter().zip(&commands) {
+        println!("    {} {calls}", contender.label);
+    }
+    println!();
+
+    // Memory: idle at start (above), then a call with the largest window the sidecar allows by default.
+    let took =
+        phase("wide window", sidecar_throughput(&endpoint, &mut redis, "bench-c", "wide", entries, WIDE_WINDOW, 256))
+            .await?;
+    let (_, peak_rss) = sidecar.memory();
     println!(
-        "  (a2) batched one Consume call, max_in_flight {WINDOW}, max_batch {}, one Ack message per frame:  {:.3} s = {:>9} entries/s",
-        WINDOW / 4,
-        batched_took.as_secs_f64(),
-        thousands(batched_rate)
+        "memory      sidecar RSS idle {:.1} MB at start; peak {:.1} MB so far, right after one call with max_in_flight {WIDE_WINDOW} and max_batch 256 ({} entries/s)",
+        idle_rss as f64 / 1e6,
+        peak_rss as f64 / 1e6,
+        thousands(common::rate(entries, took))
     );
-    println!(
-        "  (b) direct   redis crate, XREADGROUP COUNT {WINDOW} BLOCK {BLOCK_MS}, one XACK of all ids per read:  {:.3} s = {:>9} entries/s",
-        direct_took.as_secs_f64(),
-        thousands(direct_rate)
-    );
-    println!("  ratio sidecar/direct: {:.2}", sidecar_rate / direct_rate);
-    println!("  ratio batched/direct: {:.2}", batched_rate / direct_rate);
-    println!("  Redis commands (INFO commandstats; the sidecar's include its XPENDING polls):");
-    println!("    (a) sidecar  {sidecar_calls}");
-    println!("    (a2) batched {batched_calls}");
-    println!("    (b) direct   {direct_calls}");
     println!();
 
     // 3. Latency.
     let samples = (LATENCY_RATE as f64 * latency_time.as_secs_f64()) as usize;
-    let sidecar_lat = phase("sidecar latency", sidecar_latency(&endpoint, &redis_server, "lat-a", samples)).await?;
-    let direct_lat = phase("direct latency", direct_latency(&redis_server, "lat-b", samples)).await?;
+    let single = phase("sidecar latency", sidecar_latency(&endpoint, &redis_server, "lat-a", samples, 0)).await?;
+    let batched = phase("batched latency", sidecar_latency(&endpoint, &redis_server, "lat-c", samples, 64)).await?;
+    let mut direct = phase("direct latency", direct_latency(&redis_server, "lat-b", samples)).await?;
+    direct.sort_unstable();
     println!(
         "latency     producer: plain XADD at {LATENCY_RATE} entries/s for {:.1} s with the send time in the entry; latency = receive time - send time",
         latency_time.as_secs_f64()
     );
-    for (label, mut lat) in [("(a) sidecar", sidecar_lat), ("(b) direct ", direct_lat)] {
+    let ms = |us: u64| us as f64 / 1000.0;
+    let (direct_p50, direct_p99) = (percentile(&direct, 50), percentile(&direct, 99));
+    for (label, mut lat) in [("(a) sidecar ", single), ("(a2) batched", batched)] {
         lat.sort_unstable();
+        let (p50, p99) = (percentile(&lat, 50), percentile(&lat, 99));
         println!(
-            "  {label}  p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms   ({} samples)",
-            percentile(&lat, 50) as f64 / 1000.0,
-            percentile(&lat, 99) as f64 / 1000.0,
-            lat.last().copied().unwrap_or(0) as f64 / 1000.0,
-            lat.len()
+            "  {label}  p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms   ({} samples); added over direct: p50 {:+.3} ms, p99 {:+.3} ms",
+            ms(p50),
+            ms(p99),
+            ms(lat.last().copied().unwrap_or(0)),
+            lat.len(),
+            ms(p50) - ms(direct_p50),
+            ms(p99) - ms(direct_p99),
         );
     }
+    println!(
+        "  (b) direct    p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms   ({} samples)",
+        ms(direct_p50),
+        ms(direct_p99),
+        ms(direct.last().copied().unwrap_or(0)),
+        direct.len()
+    );
 
     drop(sidecar);
     drop(redis_server);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// One contender's run: wall time, and the CPU time the sidecar (none for the
+/// direct consumer) and Redis used meanwhile.
+#[derive(Clone, Copy)]
+struct Sample {
+    took: Duration,
+    sidecar_cpu: Option<Duration>,
+    redis_cpu: Duration,
+}
+
+/// A throughput contender: its stream, and how it consumes (`max_batch` for a
+/// Consume call; `None`: the direct consumer).
+#[derive(Clone, Copy)]
+struct Contender {
+    label: &'static str,
+    about: &'static str,
+    stream: &'static str,
+    max_batch: Option<u32>,
+}
+
+/// The direct consumer last: the ratios divide by it.
+const CONTENDERS: [Contender; 3] = [
+    Contender {
+        label: "(a) sidecar ",
+        about: "one Consume call, max_in_flight 256, one Ack message (one id) per delivery",
+        stream: "bench-a",
+        max_batch: Some(0),
+    },
+    Contender {
+        label: "(a2) batched",
+        about: "one Consume call, max_in_flight 256, max_batch 64, one Ack message per frame",
+        stream: "bench-c",
+        max_batch: Some((WINDOW / 4) as u32),
+    },
+    Contender {
+        label: "(b) direct  ",
+        about: "redis crate, XREADGROUP COUNT 256 BLOCK 2000, one XACK of all ids per read",
+        stream: "bench-b",
+        max_batch: None,
+    },
+];
+
+/// The memory phase's `max_in_flight`: the sidecar's default limit.
+const WIDE_WINDOW: usize = 10_000;
+
+/// The median (the mean of the middle two for an even count); 0 for none.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Redis' CPU time so far, user and system (`INFO cpu`).
+async fn redis_cpu(redis: &mut MultiplexedConnection) -> Result<Duration, Error> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(redis).await?;
+    let seconds = |key: &str| info.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<f64>().ok());
+    Ok(Duration::from_secs_f64(seconds("used_cpu_user:").unwrap_or(0.0) + seconds("used_cpu_sys:").unwrap_or(0.0)))
 }
 
 /// The `p`th percentile of sorted samples (nearest rank).
@@ -198,11 +309,13 @@ async fn sidecar_throughput(
     endpoint: &str,
     redis: &mut MultiplexedConnection,
     stream: &str,
+    group: &str,
     entries: usize,
+    max_in_flight: usize,
     max_batch: u32,
 ) -> Result<Duration, Error> {
-    let group = "bench";
-    let mut call = ConsumeCall::open_batched(endpoint, stream, group, GroupStart::Beginning, max_batch).await?;
+    let mut call =
+        ConsumeCall::open_window(endpoint, stream, group, GroupStart::Beginning, max_in_flight, max_batch).await?;
     // Kept to the end, so that freeing the ids is not timed.
     let _seen = call.ack_each(entries, |_| {}).await?;
     // Acks are applied by the sidecar in batches: done when Redis agrees.
@@ -216,8 +329,12 @@ async fn sidecar_throughput(
 }
 
 /// (b) throughput: XREADGROUP COUNT 256 BLOCK, then one XACK per read.
-async fn direct_throughput(redis_server: &RedisServer, stream: &str, entries: usize) -> Result<Duration, Error> {
-    let group = "bench";
+async fn direct_throughput(
+    redis_server: &RedisServer,
+    stream: &str,
+    group: &str,
+    entries: usize,
+) -> Result<Duration, Error> {
     let mut conn = connection(redis_server.port()).await?;
     let started = Instant::now();
     create_group(&mut conn, stream, group, "0").await?;
@@ -321,14 +438,16 @@ fn latency_of(sent: Option<&Vec<u8>>, received: u64) -> Result<u64, Error> {
     Ok(received.saturating_sub(sent))
 }
 
-/// (a) latency: the sidecar's consumer while the producer runs.
+/// (a) and (a2) latency: the sidecar's consumer while the producer runs,
+/// frames of up to `max_batch` deliveries.
 async fn sidecar_latency(
     endpoint: &str,
     redis_server: &RedisServer,
     stream: &str,
     samples: usize,
+    max_batch: u32,
 ) -> Result<Vec<u64>, Error> {
-    let mut call = ConsumeCall::open(endpoint, stream, "latency", GroupStart::New).await?;
+    let mut call = ConsumeCall::open_batched(endpoint, stream, "latency", GroupStart::New, max_batch).await?;
     // The group exists once the call is subscribed: start producing then.
     match call.inbound.message().await?.and_then(|m| m.kind) {
         Some(Event::Subscribed(_)) => {}
@@ -345,10 +464,12 @@ async fn sidecar_latency(
             Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
             Some(Event::Subscribed(_)) | None => continue,
         };
+        let mut ids = Vec::with_capacity(deliveries.len());
         for delivery in deliveries {
             latencies.push(latency_of(delivery.payload.get("t"), received)?);
-            call.verdicts.send(ack_ids(vec![delivery.id])).await?;
+            ids.push(delivery.id);
         }
+        call.verdicts.send(ack_ids(ids)).await?;
     }
     producer.await??;
     drop(call.verdicts);

@@ -127,6 +127,14 @@ pub(crate) async fn redis_version(redis: &mut MultiplexedConnection) -> Result<S
     Ok(info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned())
 }
 
+/// Rounds of alternated contenders: `ECHOMQ_BENCH_ROUNDS` (a positive
+/// integer, else the default), by default 3 for a full run and 1 for the smoke run.
+#[allow(dead_code)] // the consume bench's
+pub(crate) fn rounds(full: bool) -> usize {
+    let default = if full { 3 } else { 1 };
+    std::env::var("ECHOMQ_BENCH_ROUNDS").ok().and_then(|t| t.parse().ok()).filter(|&n| n > 0).unwrap_or(default)
+}
+
 /// Runs one phase under [`PHASE_TIMEOUT`].
 pub(crate) async fn phase<T>(name: &str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
     tokio::time::timeout(PHASE_TIMEOUT, work).await.map_err(|_| format!("{name}: not done within {PHASE_TIMEOUT:?}"))?
@@ -179,13 +187,13 @@ pub(crate) async fn append(
     Ok(started.elapsed())
 }
 
-fn subscribe(stream: &str, group: &str, start: GroupStart, max_batch: u32) -> ConsumeRequest {
+fn subscribe(stream: &str, group: &str, start: GroupStart, max_in_flight: usize, max_batch: u32) -> ConsumeRequest {
     ConsumeRequest {
         kind: Some(Kind::Subscribe(Subscribe {
             stream: stream.to_owned(),
             group: group.to_owned(),
             group_start: start as i32,
-            max_in_flight: WINDOW as u32,
+            max_in_flight: max_in_flight as u32,
             max_batch,
             ..Subscribe::default()
         })),
@@ -212,6 +220,7 @@ pub(crate) struct ConsumeCall {
 impl ConsumeCall {
     /// Opens a Consume call subscribed to `stream` as `group`, `max_in_flight`
     /// [`WINDOW`].
+    #[allow(dead_code)] // the cluster bench's
     pub(crate) async fn open(
         endpoint: &str,
         stream: &str,
@@ -229,9 +238,21 @@ impl ConsumeCall {
         start: GroupStart,
         max_batch: u32,
     ) -> Result<ConsumeCall, Error> {
+        ConsumeCall::open_window(endpoint, stream, group, start, WINDOW, max_batch).await
+    }
+
+    /// [`ConsumeCall::open_batched`] with a `max_in_flight` of its own (entries).
+    pub(crate) async fn open_window(
+        endpoint: &str,
+        stream: &str,
+        group: &str,
+        start: GroupStart,
+        max_in_flight: usize,
+        max_batch: u32,
+    ) -> Result<ConsumeCall, Error> {
         let mut client = ConsumerServiceClient::connect(endpoint.to_owned()).await?;
-        let (verdicts, outbound) = mpsc::channel(4 * WINDOW);
-        verdicts.send(subscribe(stream, group, start, max_batch)).await?;
+        let (verdicts, outbound) = mpsc::channel(4 * max_in_flight.max(WINDOW));
+        verdicts.send(subscribe(stream, group, start, max_in_flight, max_batch)).await?;
         let started = Instant::now();
         let inbound = client.consume(ReceiverStream::new(outbound)).await?.into_inner();
         Ok(ConsumeCall { _client: client, verdicts, inbound, started })
@@ -328,10 +349,35 @@ pub(crate) async fn connection(port: u16) -> Result<MultiplexedConnection, Error
 /// The sidecar binary on free loopback ports, logging to `sidecar.log`.
 pub(crate) struct Sidecar {
     pub(crate) grpc_port: u16,
-    _process: Process,
+    process: Process,
 }
 
 impl Sidecar {
+    /// CPU time the process has used so far, all threads, user and system
+    /// (`/proc/<pid>/stat`, in clock ticks of 10 ms); zero where unknown.
+    #[allow(dead_code)] // the consume bench's
+    pub(crate) fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.process.0.id())).unwrap_or_default();
+        // Fields after the command name (which may hold spaces): state is 3rd, utime 14th, stime 15th.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let ticks: u64 = after.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
+        Duration::from_millis(ticks * 10)
+    }
+
+    /// The process's resident set size now and its peak so far
+    /// (`VmRSS`, `VmHWM` of `/proc/<pid>/status`), in bytes; zero where unknown.
+    #[allow(dead_code)] // the consume bench's
+    pub(crate) fn memory(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.0.id())).unwrap_or_default();
+        let kib = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        };
+        (kib("VmRSS:").unwrap_or(0) * 1024, kib("VmHWM:").unwrap_or(0) * 1024)
+    }
+
     /// Starts `bin` against `redis_url` (comma-separated seeds for a cluster)
     /// with `args` added, without the caller's `ECHOMQ_*` environment; returned
     /// once `/readyz` says 200.
@@ -359,7 +405,7 @@ impl Sidecar {
             .stderr(log)
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-        let sidecar = Sidecar { grpc_port, _process: Process(child) };
+        let sidecar = Sidecar { grpc_port, process: Process(child) };
         let deadline = Instant::now() + START_TIMEOUT;
         while http_status(admin_port, "/readyz").await != Some(200) {
             if Instant::now() > deadline {
