@@ -154,7 +154,7 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     let direct = rates[CONTENDERS.len() - 1];
     println!("  ratio sidecar/direct: {:.2}", rates[0] / direct);
     println!("  ratio batched/direct: {:.2}", rates[1] / direct);
-    println!("  Redis commands in the first round (INFO commandstats; the sidecar's include its XPENDING polls):");
+    println!("  Redis commands in the first round, calls (time in Redis) from INFO commandstats; the sidecar's include the bench's XPENDING polls:");
     for (contender, calls) in CONTENDERS.iter().zip(&commands) {
         println!("    {} {calls}", contender.label);
     }
@@ -286,21 +286,21 @@ fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
-/// What Redis ran since the last `CONFIG RESETSTAT`: calls per command, most
-/// called first, and the average entries per XREADGROUP.
+/// What Redis ran since the last `CONFIG RESETSTAT`: calls per command and
+/// the milliseconds Redis spent in them, most called first.
 async fn command_calls(redis: &mut MultiplexedConnection) -> Result<String, Error> {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(redis).await?;
-    let mut calls: Vec<(String, u64)> = info
+    let mut calls: Vec<(String, u64, f64)> = info
         .lines()
         .filter_map(|line| {
             let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let n = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
-            Some((name.to_uppercase(), n))
+            let field = |key: &str| stats.split(',').find_map(|kv| kv.strip_prefix(key));
+            Some((name.to_uppercase(), field("calls=")?.parse().ok()?, field("usec=")?.parse::<f64>().ok()? / 1000.0))
         })
-        .filter(|(name, _)| !name.starts_with("CONFIG") && !name.starts_with("INFO"))
+        .filter(|(name, _, _)| !name.starts_with("CONFIG") && !name.starts_with("INFO"))
         .collect();
-    calls.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
-    Ok(calls.iter().map(|(name, n)| format!("{name} {n}")).collect::<Vec<_>>().join(", "))
+    calls.sort_by_key(|(_, n, _)| std::cmp::Reverse(*n));
+    Ok(calls.iter().map(|(name, n, ms)| format!("{name} {n} ({ms:.0} ms)")).collect::<Vec<_>>().join(", "))
 }
 
 /// (a) throughput: one Consume call acking each frame as it arrives (one id
@@ -382,7 +382,7 @@ async fn read_group(
         .arg(">")
         .query_async(conn)
         .await?;
-    Ok(echomq::redis::parse_read_reply(&reply)?)
+    Ok(echomq::redis::parse_read_reply(reply)?)
 }
 
 async fn ack_all(

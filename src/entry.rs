@@ -1,7 +1,7 @@
 //! Turning an entry's fields, as Redis stores them, into the wire's `payload`,
 //! `raw_fields` and branded id.
 
-use std::collections::HashMap;
+use std::collections::{hash_map, HashMap};
 
 use prost_types::Timestamp;
 
@@ -50,10 +50,14 @@ pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8
             continue;
         }
         match String::from_utf8(name) {
-            Ok(name) if !out.payload.contains_key(&name) => {
-                out.payload.insert(name, value);
-            }
-            Ok(name) => out.raw_fields.push(RawField { name: name.into_bytes(), value }),
+            Ok(name) => match out.payload.entry(name) {
+                hash_map::Entry::Vacant(slot) => {
+                    slot.insert(value);
+                }
+                hash_map::Entry::Occupied(taken) => {
+                    out.raw_fields.push(RawField { name: taken.key().clone().into_bytes(), value })
+                }
+            },
             Err(name) => out.raw_fields.push(RawField { name: name.into_bytes(), value }),
         }
     }

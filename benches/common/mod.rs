@@ -312,10 +312,12 @@ pub(crate) async fn pending(redis: &mut MultiplexedConnection, stream: &str, gro
 // Processes
 // ---------------------------------------------------------------------------
 
-/// The sidecar binary cargo built for the bench (`cargo bench`: release
-/// profile; `cargo test`: debug).
+/// The sidecar binary: `ECHOMQ_SIDECAR_BIN` if set (to measure another build,
+/// before and after a change), else the one cargo built for the bench
+/// (`cargo bench`: release profile; `cargo test`: debug).
 pub(crate) fn sidecar_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_echomq-sidecar"))
+    std::env::var_os("ECHOMQ_SIDECAR_BIN")
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_echomq-sidecar")), PathBuf::from)
 }
 
 /// A new directory `<prefix>-<pid>` under cargo's target tmpdir for the run's

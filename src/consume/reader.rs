@@ -94,7 +94,7 @@ async fn read_loop(
                 .arg(">");
             // A connection error leaves `conn` to reconnect before the next read.
             let reply: Value = conn.query(&read).await?;
-            parse_read_reply(&reply)
+            parse_read_reply(reply)
         }
         .await;
         if results.send(result).await.is_err() {

@@ -120,7 +120,7 @@ fn parse_redelivery(item: &Value) -> RedisResult<(StreamId, Redelivery)> {
         },
         "claimed" => {
             let entry =
-                parse_entry(&Value::Array(vec![Value::BulkString(id.to_string().into_bytes()), nth(1).clone()]))?;
+                parse_entry(Value::Array(vec![Value::BulkString(id.to_string().into_bytes()), nth(1).clone()]))?;
             Redelivery::Claimed { deliveries: u32::try_from(int(nth(0))?).unwrap_or(u32::MAX), entry }
         }
         other => return Err(unknown_tag("redeliver.lua", other)),

@@ -493,45 +493,60 @@ pub struct RawEntry {
 
 /// Parses a list of entries (`[[id, [field, value, …]], …]`, as XRANGE, XCLAIM
 /// and each stream of XREADGROUP return them). Malformed items are an error, not
-/// skipped, so an entry is never silently dropped.
-pub fn parse_entries(value: &Value) -> RedisResult<Vec<RawEntry>> {
+/// skipped, so an entry is never silently dropped. Takes the reply by value:
+/// field names and values move into the entries, uncopied (on the delivery
+/// path they are most of the bytes).
+pub fn parse_entries(value: Value) -> RedisResult<Vec<RawEntry>> {
     match value {
         Value::Nil => Ok(Vec::new()),
-        Value::Array(items) => items.iter().map(parse_entry).collect(),
-        other => Err(unexpected("a list of stream entries", other)),
+        Value::Array(items) => items.into_iter().map(parse_entry).collect(),
+        other => Err(unexpected("a list of stream entries", &other)),
     }
 }
 
 /// Parses one `[id, [field, value, …]]` (or `[id, nil]`).
-pub fn parse_entry(value: &Value) -> RedisResult<RawEntry> {
+pub fn parse_entry(value: Value) -> RedisResult<RawEntry> {
     let Value::Array(parts) = value else {
-        return Err(unexpected("a stream entry", value));
+        return Err(unexpected("a stream entry", &value));
     };
-    let (Some(id), body) = (parts.first(), parts.get(1)) else {
-        return Err(unexpected("a stream entry", value));
-    };
-    let id = parse_stream_id(id)?;
-    let fields = match body {
+    if parts.is_empty() {
+        return Err(unexpected("a stream entry", &Value::Array(parts)));
+    }
+    let mut parts = parts.into_iter();
+    let id = parse_stream_id(&parts.next().unwrap_or(Value::Nil))?;
+    let fields = match parts.next() {
         None | Some(Value::Nil) => None,
         Some(Value::Array(flat)) if flat.len() % 2 == 0 => {
-            Some(flat.chunks(2).map(|pair| Ok((bytes(&pair[0])?, bytes(&pair[1])?))).collect::<RedisResult<Vec<_>>>()?)
+            let mut fields = Vec::with_capacity(flat.len() / 2);
+            let mut flat = flat.into_iter();
+            while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
+                fields.push((into_bytes(name)?, into_bytes(value)?));
+            }
+            Some(fields)
         }
-        Some(other) => return Err(unexpected("an entry's field list", other)),
+        Some(other) => return Err(unexpected("an entry's field list", &other)),
     };
     Ok(RawEntry { id, fields })
 }
 
 /// Parses an XREADGROUP reply for a single stream: nil on timeout, else
-/// `[[stream, entries]]`.
-pub fn parse_read_reply(value: &Value) -> RedisResult<Vec<RawEntry>> {
+/// `[[stream, entries]]` (a map under RESP3). By value, as [`parse_entries`].
+pub fn parse_read_reply(value: Value) -> RedisResult<Vec<RawEntry>> {
     match value {
         Value::Nil => Ok(Vec::new()),
         Value::Array(streams) => {
             let mut entries = Vec::new();
             for stream in streams {
                 match stream {
-                    Value::Array(pair) if pair.len() == 2 => entries.extend(parse_entries(&pair[1])?),
-                    other => return Err(unexpected("[stream, entries]", other)),
+                    Value::Array(pair) if pair.len() == 2 => {
+                        let list = pair.into_iter().nth(1).unwrap_or(Value::Nil);
+                        if entries.is_empty() {
+                            entries = parse_entries(list)?;
+                        } else {
+                            entries.extend(parse_entries(list)?);
+                        }
+                    }
+                    other => return Err(unexpected("[stream, entries]", &other)),
                 }
             }
             Ok(entries)
@@ -543,7 +558,7 @@ pub fn parse_read_reply(value: &Value) -> RedisResult<Vec<RawEntry>> {
             }
             Ok(entries)
         }
-        other => Err(unexpected("an XREADGROUP reply", other)),
+        other => Err(unexpected("an XREADGROUP reply", &other)),
     }
 }
 
@@ -591,6 +606,15 @@ pub fn parse_stream_id(value: &Value) -> RedisResult<StreamId> {
     text.parse().map_err(|_| unexpected("a stream id", value))
 }
 
+/// The bytes of a bulk or simple string, moved out of the reply.
+fn into_bytes(value: Value) -> RedisResult<Vec<u8>> {
+    match value {
+        Value::BulkString(bytes) => Ok(bytes),
+        Value::SimpleString(text) => Ok(text.into_bytes()),
+        other => bytes(&other),
+    }
+}
+
 /// The bytes of a bulk or simple string.
 pub fn bytes(value: &Value) -> RedisResult<Vec<u8>> {
     match value {
@@ -624,7 +648,7 @@ mod tests {
             Value::Array(vec![bulk(b"1-1"), Value::Array(vec![bulk(b"\xff\x00"), bulk(b"v")])]),
             Value::Array(vec![bulk(b"2-0"), Value::Nil]),
         ]);
-        let entries = parse_entries(&reply).unwrap();
+        let entries = parse_entries(reply).unwrap();
         assert_eq!(entries[0].id, StreamId { ms: 1, seq: 1 });
         assert_eq!(entries[0].fields, Some(vec![(b"\xff\x00".to_vec(), b"v".to_vec())]));
         assert_eq!(entries[1].fields, None);
@@ -633,11 +657,11 @@ mod tests {
     #[test]
     fn odd_field_lists_are_an_error_not_a_drop() {
         let reply = Value::Array(vec![Value::Array(vec![bulk(b"1-1"), Value::Array(vec![bulk(b"k")])])]);
-        assert!(parse_entries(&reply).is_err());
+        assert!(parse_entries(reply).is_err());
     }
 
     #[test]
     fn read_reply_timeout_is_empty() {
-        assert!(parse_read_reply(&Value::Nil).unwrap().is_empty());
+        assert!(parse_read_reply(Value::Nil).unwrap().is_empty());
     }
 }

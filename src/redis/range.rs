@@ -70,7 +70,7 @@ pub async fn page(
         .query_async(&mut conn)
         .await
         .map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
-    let raw = parse_entries(&reply).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
+    let raw = parse_entries(reply).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
     let budget = max_bytes.saturating_sub(PAGE_OVERHEAD);
     let (mut page, mut used) = (Page::default(), 0);
     for (i, entry) in raw.into_iter().enumerate() {
