@@ -82,6 +82,13 @@ impl Keyspace {
         self.derived(stream, &format!(":retries:{group}"))
     }
 
+    /// The heartbeat hash of `group` on `stream` (consumer → Redis time, unix
+    /// ms, of its sidecar's last hygiene beat): `<stream>:heartbeats:<group>`,
+    /// tagged like [`Self::dead_letter_stream`].
+    pub fn heartbeats(&self, stream: &str, group: &str) -> String {
+        self.derived(stream, &format!(":heartbeats:{group}"))
+    }
+
     fn derived(&self, stream: &str, suffix: &str) -> String {
         if self.cluster && hash_tag(stream).is_none() {
             format!("{{{stream}}}{suffix}")

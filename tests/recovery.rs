@@ -372,3 +372,56 @@ async fn an_entry_acknowledged_elsewhere_is_not_a_lost_lease() {
     assert!(error.message.contains("another client acknowledged it"), "{error:?}");
     assert_eq!(sidecar.counter("echomq_leases_lost_total").await, 0.0);
 }
+
+/// The group's consumer names (`XINFO CONSUMERS`).
+async fn consumer_names(con: &mut redis::aio::MultiplexedConnection, stream: &str, group: &str) -> BTreeSet<String> {
+    let reply: redis::Value =
+        redis::cmd("XINFO").arg("CONSUMERS").arg(stream).arg(group).query_async(con).await.expect("XINFO CONSUMERS");
+    let redis::Value::Array(consumers) = reply else { panic!("XINFO CONSUMERS: {reply:?}") };
+    consumers
+        .iter()
+        .map(|consumer| {
+            let fields: Vec<redis::Value> = match consumer {
+                redis::Value::Array(fields) => fields.clone(),
+                redis::Value::Map(kv) => kv.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect(),
+                other => panic!("consumer: {other:?}"),
+            };
+            let at = fields.iter().position(|f| matches!(f, redis::Value::BulkString(b) if b == b"name")).unwrap();
+            match &fields[at + 1] {
+                redis::Value::BulkString(name) => String::from_utf8(name.clone()).unwrap(),
+                other => panic!("name: {other:?}"),
+            }
+        })
+        .collect()
+}
+
+/// A live sidecar on a quiet stream, blocked in XREADGROUP, looks idle to
+/// XINFO on Redis 7.0 (an empty read does not refresh idle): its peers'
+/// consumer hygiene must keep it because it beats, and remove it only once
+/// it is dead (SIGKILL) and holds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hygiene_keeps_a_live_quiet_sidecar_and_removes_it_once_dead() {
+    let redis = RedisServer::start().await;
+    let limit = ["--consumer-idle-limit-ms", "1500"];
+    let mut quiet = Sidecar::start(&redis, SidecarOptions::named("quiet").arg(limit[0]).arg(limit[1])).await;
+    let cleaner = Sidecar::start(&redis, SidecarOptions::named("cleaner").arg(limit[0]).arg(limit[1])).await;
+    let mut con = redis.conn().await;
+    let _quiet_call = Consumer::start(&quiet, "s", "g", GroupStart::New, 0).await;
+    let _cleaner_call = Consumer::start(&cleaner, "s", "g", GroupStart::New, 0).await;
+    assert!(consumer_names(&mut con, "s", "g").await.contains("quiet"));
+
+    // Over three limits of quiet, each sidecar's hygiene beating every 375 ms.
+    tokio::time::sleep(Duration::from_millis(5000)).await;
+    let names = consumer_names(&mut con, "s", "g").await;
+    assert!(names.contains("quiet") && names.contains("cleaner"), "a live sidecar was removed: {names:?}");
+
+    quiet.kill9();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while consumer_names(&mut con, "s", "g").await.contains("quiet") {
+        assert!(Instant::now() < deadline, "the dead sidecar's consumer was never removed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(consumer_names(&mut con, "s", "g").await.contains("cleaner"));
+    let beats: Vec<String> = redis::cmd("HKEYS").arg("s:heartbeats:g").query_async(&mut con).await.unwrap();
+    assert_eq!(beats, vec!["cleaner".to_owned()], "the dead consumer's heartbeat goes with it");
+}

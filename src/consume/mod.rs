@@ -96,6 +96,8 @@ pub(crate) struct GroupKeys {
     pub(crate) consumer: String,
     /// `<stream>:retries:<group>`, the group's retry hash (see [`retry`]).
     pub(crate) retries: String,
+    /// `<stream>:heartbeats:<group>`, the group's heartbeat hash (see [`hygiene`]).
+    pub(crate) heartbeats: String,
     /// The reserved branded-id field.
     pub(crate) id_field: String,
 }
@@ -105,6 +107,7 @@ impl GroupKeys {
         GroupKeys {
             redis: shared.redis.clone(),
             retries: shared.redis.keys.retries(&stream, &group),
+            heartbeats: shared.redis.keys.heartbeats(&stream, &group),
             consumer: shared.consumer.clone(),
             id_field: shared.id_field.clone(),
             stream,

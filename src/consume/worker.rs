@@ -98,7 +98,7 @@ pub(super) enum Step {
     Settle,
     DeadLetter,
     RecreateGroup,
-    ForgetConsumers,
+    Hygiene,
 }
 
 impl Step {
@@ -113,7 +113,7 @@ impl Step {
             Step::Settle => "settle",
             Step::DeadLetter => "dead_letter",
             Step::RecreateGroup => "recreate_group",
-            Step::ForgetConsumers => "forget_consumers",
+            Step::Hygiene => "hygiene",
         }
     }
 
@@ -128,7 +128,7 @@ impl Step {
             Step::Settle => "acknowledging",
             Step::DeadLetter => "dead-lettering",
             Step::RecreateGroup => "re-creating the group",
-            Step::ForgetConsumers => "removing idle consumers",
+            Step::Hygiene => "recording the heartbeat and removing dead consumers",
         }
     }
 }
@@ -205,12 +205,7 @@ impl Worker {
         let mut reclaim = interval(shared.reclaim_interval);
         let mut deadlines = interval(DEADLINE_CHECK);
         let mut poll = interval(shared.metrics_poll.unwrap_or(Duration::from_secs(3600)));
-        // Often enough to notice within about a quarter of the limit, rarely enough to cost nothing.
-        let mut hygiene = interval(
-            shared
-                .consumer_idle_limit
-                .map_or(Duration::from_secs(3600), |limit| (limit / 4).max(Duration::from_secs(1))),
-        );
+        let mut hygiene = interval(super::hygiene::beat_interval(shared.consumer_idle_limit));
         for tick in [&mut refresh, &mut reclaim, &mut deadlines, &mut hygiene, &mut poll] {
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
@@ -249,7 +244,7 @@ impl Worker {
                         gauges::poll(&self.keys, &self.metrics).await;
                     }
                 }
-                _ = hygiene.tick(), if shared.consumer_idle_limit.is_some() => self.forget_dead_consumers().await,
+                _ = hygiene.tick() => self.hygiene().await,
                 Ok(()) = draining.changed() => {
                     let now_draining = *draining.borrow();
                     self.ledger.set_draining(now_draining);

@@ -438,8 +438,8 @@ pub struct Scripts {
     pub refresh: Script,
     /// `consume/dead_letter.lua`: move entries to the dead-letter stream.
     pub dead_letter: Script,
-    /// `consume/forget_consumers.lua`: remove idle consumers that hold nothing.
-    pub forget_consumers: Script,
+    /// `consume/hygiene.lua`: record this sidecar's heartbeat, remove dead consumers that hold nothing.
+    pub hygiene: Script,
     /// `consume/settle.lua`: a batch of XACKs and retry-state writes in one command.
     pub settle: Script,
     /// `trim.lua`: XTRIM MINID, never past what groups still need (safe mode).
@@ -458,7 +458,7 @@ impl Scripts {
             (&self.dead_letter, "dead_letter"),
             (&self.trim, "trim"),
             (&self.settle, "settle"),
-            (&self.forget_consumers, "forget_consumers"),
+            (&self.hygiene, "hygiene"),
             (&self.replay, "replay"),
         ]
         .into_iter()
@@ -475,7 +475,7 @@ impl Scripts {
             dead_letter: script(include_str!("../consume/dead_letter.lua")),
             trim: script(include_str!("lua/trim.lua")),
             settle: script(include_str!("../consume/settle.lua")),
-            forget_consumers: script(include_str!("../consume/forget_consumers.lua")),
+            hygiene: script(include_str!("../consume/hygiene.lua")),
             replay: script(include_str!("lua/replay.lua")),
         }
     }

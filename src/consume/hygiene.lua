@@ -1,0 +1,56 @@
+-- Consumer hygiene, one run per beat of every sidecar serving the group:
+-- records this sidecar's heartbeat, then (when a limit is set) removes the
+-- group's consumers that are dead and hold nothing.
+--
+-- Liveness comes from the heartbeat, not from XINFO's idle time: Redis 7.0
+-- does not refresh a consumer's idle time on an empty XREADGROUP nor on an
+-- XAUTOCLAIM that claims nothing, so a live sidecar on a quiet stream looks
+-- idle. A consumer is removed only when XINFO says it is idle past the limit,
+-- it has no pending entries (XGROUP DELCONSUMER would drop its PEL and lose
+-- them), and its heartbeat is missing (a consumer that is not a sidecar) or
+-- older than the limit. The check and the removal happen in one script, so
+-- nothing can be delivered to it in between. Times are Redis' own (TIME), so
+-- the sidecars' clocks need not agree.
+--
+-- KEYS[1]  the stream
+-- KEYS[2]  the group's heartbeat hash: consumer → Redis time (unix ms) of its last beat
+-- ARGV[1]  the group
+-- ARGV[2]  this sidecar's consumer (never removed)
+-- ARGV[3]  the idle limit, milliseconds; 0: only record the heartbeat
+-- Returns the names removed.
+
+local stream, beats, group, me = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local limit = tonumber(ARGV[3])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('HSET', beats, me, now)
+-- The hash outlives no group for long: a day, or twice the limit if longer.
+redis.call('PEXPIRE', beats, math.max(86400000, 2 * limit))
+local removed = {}
+if limit == 0 then
+  return removed
+end
+local present = {}
+for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
+  local info = {}
+  for i = 1, #consumer, 2 do
+    info[consumer[i]] = consumer[i + 1]
+  end
+  local name = info['name']
+  present[name] = true
+  local beat = tonumber(redis.call('HGET', beats, name))
+  local beating = beat ~= nil and now - beat <= limit
+  if name ~= me and info['pending'] == 0 and info['idle'] > limit and not beating then
+    redis.call('XGROUP', 'DELCONSUMER', stream, group, name)
+    redis.call('HDEL', beats, name)
+    removed[#removed + 1] = name
+  end
+end
+-- Heartbeats of consumers gone from the group some other way, stale past the limit.
+local fields = redis.call('HGETALL', beats)
+for i = 1, #fields, 2 do
+  if not present[fields[i]] and now - tonumber(fields[i + 1]) > limit then
+    redis.call('HDEL', beats, fields[i])
+  end
+end
+return removed

@@ -1,0 +1,489 @@
+//! Prometheus metrics, served as text on the admin port's `/metrics`.
+//!
+//! Names follow Prometheus conventions: the `echomq_` prefix, base units in
+//! the name (`_seconds`), `_total` on counters (added by the encoder). Labels
+//! are the stream and group (bounded by what the sidecar's clients subscribe
+//! to), the Redis operation, the Redis command name, or why a reader
+//! connection was closed. Beside them, unprefixed, the standard process
+//! metrics (`process_cpu_seconds_total`, `process_resident_memory_bytes`, …:
+//! [`process`]) and `echomq_build_info{version}`.
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+mod process;
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Registry,
+};
+use redis::{aio::ConnectionLike, Cmd, Pipeline, RedisFuture, Value};
+use tracing::Instrument;
+
+/// Labels of per-group series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabels {
+    /// The stream key (a shard's key, for a sharded stream).
+    pub stream: String,
+    /// The stream as subscribed: a sharded stream's name, else the stream
+    /// key again; `sum by (sharded_stream, group)` adds up a sharded stream.
+    pub sharded_stream: String,
+    /// The consumer group.
+    pub group: String,
+}
+
+/// The label of `echomq_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    /// The crate's version (`CARGO_PKG_VERSION`).
+    version: &'static str,
+}
+
+/// Labels of Redis error counts: what the sidecar was doing.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    /// E.g. `reading new entries`, `acknowledging`.
+    pub operation: String,
+}
+
+/// Labels of closed reader connections: why the connection was closed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `health_check` (PING failed when it was to be reused), `read_error` (a
+    /// read failed on it; replaced), `stopped_mid_read` (its reader was cut
+    /// off during a blocked read, so it was not handed to another group).
+    pub reason: &'static str,
+}
+
+impl ReasonLabels {
+    /// Every reason a reader connection is closed for.
+    pub const ALL: [&'static str; 3] = ["health_check", "read_error", "stopped_mid_read"];
+}
+
+/// The reader pool's state at a scrape (connections), as [`Metrics::watch_reader_pool`] reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReaderPoolStatus {
+    /// The pool's bound (`--reader-connections`).
+    pub max: usize,
+    /// Connections open: in use and idle.
+    pub open: usize,
+    /// Connections held by group readers.
+    pub in_use: usize,
+    /// Groups waiting for a connection now.
+    pub waiting: usize,
+}
+
+type ReaderPoolSource = Box<dyn Fn() -> ReaderPoolStatus + Send + Sync>;
+
+/// Labels of Redis latency: the command (`XACK`, `EVALSHA`, … or `pipeline`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CommandLabels {
+    /// The command name, upper case.
+    pub command: String,
+}
+
+type GroupCounter = Family<GroupLabels, Counter>;
+type GroupGauge = Family<GroupLabels, Gauge>;
+type GroupGaugeF64 = Family<GroupLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+
+/// Every metric of the sidecar, and the registry that encodes them.
+pub struct Metrics {
+    registry: Registry,
+    deliveries: GroupCounter,
+    acks: GroupCounter,
+    fails: GroupCounter,
+    dead_letters: GroupCounter,
+    reclaimed: GroupCounter,
+    lease_refreshes: GroupCounter,
+    leases_lost: GroupCounter,
+    acks_not_pending: GroupCounter,
+    trimmed_while_pending: GroupCounter,
+    group_recreations: GroupCounter,
+    in_flight: GroupGauge,
+    handler_seconds: Family<GroupLabels, Histogram>,
+    pending: GroupGauge,
+    lag: GroupGauge,
+    oldest_pending_age_seconds: GroupGaugeF64,
+    max_delivery_count: GroupGauge,
+    consumers: GroupGauge,
+    stream_length: GroupGauge,
+    redis_errors: Family<OperationLabels, Counter>,
+    redis_command_errors: Family<CommandLabels, Counter>,
+    redis_seconds: Family<CommandLabels, Histogram>,
+    reader_connections_max: Gauge,
+    reader_connections: Gauge,
+    reader_connections_in_use: Gauge,
+    reader_connection_waiters: Gauge,
+    reader: ReaderMetrics,
+    /// Reads the reader pool's state at each scrape (kept by the pool, never copied by hand).
+    reader_pool: std::sync::Mutex<Option<ReaderPoolSource>>,
+}
+
+/// The reader pool's event series (see [`Metrics::reader`]). Cheap to clone.
+#[derive(Clone)]
+pub struct ReaderMetrics {
+    /// `echomq_reader_connection_wait_seconds`: how long a group's first call
+    /// waited for a reader connection (a free one, or a new one connected), refused or not.
+    pub wait_seconds: Histogram,
+    /// `echomq_reader_connection_refusals_total`: subscribes refused
+    /// RESOURCE_EXHAUSTED because every reader connection was in use.
+    pub refusals: Counter,
+    /// `echomq_reader_connections_closed_total{reason}`.
+    pub closed: Family<ReasonLabels, Counter>,
+}
+
+impl ReaderMetrics {
+    /// Counts a reader connection closed for `reason` (see [`ReasonLabels`]).
+    pub fn closed(&self, reason: &'static str) {
+        self.closed.get_or_create(&ReasonLabels { reason }).inc();
+    }
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs to ~100 s.
+    Histogram::new(exponential_buckets(0.0001, 4.0, 11))
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Metrics {
+        let mut root = Registry::default();
+        root.register_collector(Box::new(process::ProcessCollector));
+        let registry = root.sub_registry_with_prefix("echomq");
+        let build = Family::<BuildLabels, Gauge>::default();
+        build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
+        registry.register("build_info", "The sidecar's version; always 1", build);
+        let mut m = Metrics {
+            deliveries: Family::default(),
+            acks: Family::default(),
+            fails: Family::default(),
+            dead_letters: Family::default(),
+            reclaimed: Family::default(),
+            lease_refreshes: Family::default(),
+            leases_lost: Family::default(),
+            acks_not_pending: Family::default(),
+            trimmed_while_pending: Family::default(),
+            group_recreations: Family::default(),
+            in_flight: Family::default(),
+            handler_seconds: Family::new_with_constructor(latency_histogram),
+            pending: Family::default(),
+            lag: Family::default(),
+            oldest_pending_age_seconds: Family::default(),
+            max_delivery_count: Family::default(),
+            consumers: Family::default(),
+            stream_length: Family::default(),
+            redis_errors: Family::default(),
+            redis_command_errors: Family::default(),
+            redis_seconds: Family::new_with_constructor(latency_histogram),
+            reader_connections_max: Gauge::default(),
+            reader_connections: Gauge::default(),
+            reader_connections_in_use: Gauge::default(),
+            reader_connection_waiters: Gauge::default(),
+            reader: ReaderMetrics {
+                wait_seconds: latency_histogram(),
+                refusals: Counter::default(),
+                closed: Family::default(),
+            },
+            reader_pool: std::sync::Mutex::new(None),
+            registry: Registry::default(),
+        };
+        let r = registry;
+        r.register("deliveries", "Entries handed to clients (each hand-over counts)", m.deliveries.clone());
+        r.register("acks", "Entries acknowledged (XACK answered 1)", m.acks.clone());
+        r.register("fails", "Fail verdicts, deadlines passed and calls ended holding entries", m.fails.clone());
+        r.register("dead_letters", "Entries moved to a dead-letter stream", m.dead_letters.clone());
+        r.register("reclaimed", "Entries taken over from idle consumers (XAUTOCLAIM)", m.reclaimed.clone());
+        r.register("lease_refreshes", "Held entries whose PEL idle time was refreshed", m.lease_refreshes.clone());
+        r.register("leases_lost", "Held entries a peer reclaimed before their verdict", m.leases_lost.clone());
+        r.register("acks_not_pending", "Acks answered NOT_PENDING (nothing applied)", m.acks_not_pending.clone());
+        r.register(
+            "trimmed_while_pending",
+            "Pending entries found deleted from their stream and dropped from the PEL",
+            m.trimmed_while_pending.clone(),
+        );
+        r.register("group_recreations", "Groups re-created after NOGROUP", m.group_recreations.clone());
+        r.register("in_flight", "Deliveries held by clients, waiting for a verdict", m.in_flight.clone());
+        r.register("handler_duration_seconds", "Time from delivery to verdict", m.handler_seconds.clone());
+        r.register("group_pending", "Entries in the group's PEL (polled)", m.pending.clone());
+        r.register("group_lag", "Entries not yet read by the group (polled; absent when unknown)", m.lag.clone());
+        r.register(
+            "group_oldest_pending_age_seconds",
+            "Age of the group's oldest pending entry (polled)",
+            m.oldest_pending_age_seconds.clone(),
+        );
+        r.register(
+            "group_max_delivery_count",
+            "Highest delivery count among the oldest pending entries (polled)",
+            m.max_delivery_count.clone(),
+        );
+        r.register("group_consumers", "Consumers in the group (polled)", m.consumers.clone());
+        r.register("stream_length", "Entries in the stream (polled)", m.stream_length.clone());
+        r.register("redis_errors", "Failed Redis operations of group workers, by operation", m.redis_errors.clone());
+        r.register(
+            "redis_command_errors",
+            "Failed commands on the shared Redis connection (every call's and worker's), by command",
+            m.redis_command_errors.clone(),
+        );
+        r.register(
+            "redis_command_duration_seconds",
+            "Latency of commands on the shared Redis connection",
+            m.redis_seconds.clone(),
+        );
+        r.register(
+            "reader_connections_max",
+            "Most dedicated reader connections (--reader-connections)",
+            m.reader_connections_max.clone(),
+        );
+        r.register(
+            "reader_connections",
+            "Dedicated reader connections open (XREADGROUP BLOCK), in use and idle",
+            m.reader_connections.clone(),
+        );
+        r.register(
+            "reader_connections_in_use",
+            "Reader connections held by groups with calls",
+            m.reader_connections_in_use.clone(),
+        );
+        r.register(
+            "reader_connection_waiters",
+            "Groups waiting for a reader connection now",
+            m.reader_connection_waiters.clone(),
+        );
+        r.register(
+            "reader_connection_wait_seconds",
+            "Time a group's first call waited for a reader connection (free or newly connected)",
+            m.reader.wait_seconds.clone(),
+        );
+        r.register(
+            "reader_connection_refusals",
+            "Subscribes refused RESOURCE_EXHAUSTED: every reader connection was in use",
+            m.reader.refusals.clone(),
+        );
+        // Every reason from the start, so a rate over them needs no first event.
+        for reason in ReasonLabels::ALL {
+            let _ = m.reader.closed.get_or_create(&ReasonLabels { reason });
+        }
+        r.register(
+            "reader_connections_closed",
+            "Reader connections closed, by reason (health_check, read_error, stopped_mid_read)",
+            m.reader.closed.clone(),
+        );
+        m.registry = root;
+        m
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        if let Some(source) = self.reader_pool.lock().expect("reader pool source lock").as_ref() {
+            let status = source();
+            self.reader_connections_max.set(status.max as i64);
+            self.reader_connections.set(status.open as i64);
+            self.reader_connections_in_use.set(status.in_use as i64);
+            self.reader_connection_waiters.set(status.waiting as i64);
+        }
+        let mut text = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+
+    /// The handles of one group's series, looked up once so the hot path only
+    /// touches atomics.
+    pub fn group(&self, stream: &str, sharded_stream: &str, group: &str) -> GroupMetrics {
+        let labels = GroupLabels {
+            stream: stream.to_owned(),
+            sharded_stream: sharded_stream.to_owned(),
+            group: group.to_owned(),
+        };
+        GroupMetrics {
+            deliveries: self.deliveries.get_or_create(&labels).clone(),
+            acks: self.acks.get_or_create(&labels).clone(),
+            fails: self.fails.get_or_create(&labels).clone(),
+            dead_letters: self.dead_letters.get_or_create(&labels).clone(),
+            reclaimed: self.reclaimed.get_or_create(&labels).clone(),
+            lease_refreshes: self.lease_refreshes.get_or_create(&labels).clone(),
+            leases_lost: self.leases_lost.get_or_create(&labels).clone(),
+            acks_not_pending: self.acks_not_pending.get_or_create(&labels).clone(),
+            trimmed_while_pending: self.trimmed_while_pending.get_or_create(&labels).clone(),
+            group_recreations: self.group_recreations.get_or_create(&labels).clone(),
+            in_flight: self.in_flight.get_or_create(&labels).clone(),
+            handler_seconds: self.handler_seconds.get_or_create(&labels).clone(),
+            pending: self.pending.get_or_create(&labels).clone(),
+            oldest_pending_age_seconds: self.oldest_pending_age_seconds.get_or_create(&labels).clone(),
+            max_delivery_count: self.max_delivery_count.get_or_create(&labels).clone(),
+            consumers: self.consumers.get_or_create(&labels).clone(),
+            stream_length: self.stream_length.get_or_create(&labels).clone(),
+            lag_family: self.lag.clone(),
+            labels,
+        }
+    }
+
+    /// Reads the reader pool's gauges from `source` at each scrape, so they
+    /// are the pool's own counts, never a copy kept in step by hand.
+    pub fn watch_reader_pool(&self, source: impl Fn() -> ReaderPoolStatus + Send + Sync + 'static) {
+        *self.reader_pool.lock().expect("reader pool source lock") = Some(Box::new(source));
+    }
+
+    /// The reader pool's event series.
+    pub fn reader(&self) -> ReaderMetrics {
+        self.reader.clone()
+    }
+
+    /// Counts a failed Redis operation.
+    pub fn redis_error(&self, operation: &str) {
+        self.redis_errors.get_or_create(&OperationLabels { operation: operation.to_owned() }).inc();
+    }
+
+    fn observe_command(&self, command: &str, elapsed: Duration, failed: bool) {
+        let labels = CommandLabels { command: command.to_owned() };
+        self.redis_seconds.get_or_create(&labels).observe(elapsed.as_secs_f64());
+        if failed {
+            self.redis_command_errors.get_or_create(&labels).inc();
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+/// One group's series (see [`Metrics::group`]). Cheap to clone: every handle
+/// is an `Arc` around an atomic, so the hot path never hashes labels.
+#[derive(Clone)]
+pub struct GroupMetrics {
+    /// `echomq_deliveries_total`: hand-overs to clients (entries).
+    pub deliveries: Counter,
+    /// `echomq_acks_total`: entries XACK confirmed (entries).
+    pub acks: Counter,
+    /// `echomq_fails_total`: Fail verdicts, passed deadlines, calls ended holding entries.
+    pub fails: Counter,
+    /// `echomq_dead_letters_total`: entries moved to the dead-letter stream.
+    pub dead_letters: Counter,
+    /// `echomq_reclaimed_total`: entries taken over by XAUTOCLAIM.
+    pub reclaimed: Counter,
+    /// `echomq_lease_refreshes_total`: held entries whose idle time was reset.
+    pub lease_refreshes: Counter,
+    /// `echomq_leases_lost_total`: held entries a peer reclaimed.
+    pub leases_lost: Counter,
+    /// `echomq_acks_not_pending_total`: acks XACK answered 0 for.
+    pub acks_not_pending: Counter,
+    /// `echomq_trimmed_while_pending_total`: pending entries found deleted.
+    pub trimmed_while_pending: Counter,
+    /// `echomq_group_recreations_total`: groups re-created after NOGROUP.
+    pub group_recreations: Counter,
+    /// `echomq_in_flight`: deliveries held by calls now (entries).
+    pub in_flight: Gauge,
+    /// `echomq_handler_duration_seconds`: hand-over to verdict (seconds).
+    pub handler_seconds: Histogram,
+    /// `echomq_group_pending` (polled): the PEL's size (entries).
+    pub pending: Gauge,
+    /// `echomq_group_oldest_pending_age_seconds` (polled, seconds).
+    pub oldest_pending_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// `echomq_group_max_delivery_count` (polled).
+    pub max_delivery_count: Gauge,
+    /// `echomq_group_consumers` (polled).
+    pub consumers: Gauge,
+    /// `echomq_stream_length` (polled, entries).
+    pub stream_length: Gauge,
+    lag_family: GroupGauge,
+    labels: GroupLabels,
+}
+
+impl GroupMetrics {
+    /// Sets the lag, or removes the series when Redis cannot say (so a stale
+    /// value is never shown).
+    pub fn set_lag(&self, lag: Option<u64>) {
+        match lag {
+            Some(lag) => {
+                self.lag_family.get_or_create(&self.labels).set(lag as i64);
+            }
+            None => {
+                self.lag_family.remove(&self.labels);
+            }
+        }
+    }
+}
+
+/// The shared Redis connection with every command's latency observed.
+#[derive(Clone)]
+pub struct TimedConnection<C> {
+    inner: C,
+    metrics: Arc<Metrics>,
+    /// Script SHA1 → file name, so EVALSHA is labelled `script:<name>`.
+    scripts: Arc<HashMap<String, &'static str>>,
+}
+
+impl<C> TimedConnection<C> {
+    /// Wraps `inner`; `scripts` names the scripts it runs by their SHA1.
+    pub fn new(inner: C, metrics: Arc<Metrics>, scripts: HashMap<String, &'static str>) -> Self {
+        TimedConnection { inner, metrics, scripts: Arc::new(scripts) }
+    }
+
+    /// The `command` label: the command name, or `script:<name>` for a script.
+    fn label(&self, cmd: &Cmd) -> String {
+        let mut args = cmd.args_iter();
+        let name = match args.next() {
+            Some(redis::Arg::Simple(name)) => String::from_utf8_lossy(name).to_ascii_uppercase(),
+            _ => return "unknown".to_owned(),
+        };
+        if name == "EVALSHA" || name == "EVAL" {
+            if let Some(redis::Arg::Simple(sha)) = args.next() {
+                if let Some(script) = std::str::from_utf8(sha).ok().and_then(|sha| self.scripts.get(sha)) {
+                    return format!("script:{script}");
+                }
+            }
+        }
+        name
+    }
+}
+
+impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let command = self.label(cmd);
+        // A span per command only while traces are exported.
+        let span = if crate::telemetry::exporting() {
+            tracing::info_span!("echomq.redis", command = %command)
+        } else {
+            tracing::Span::none()
+        };
+        Box::pin(
+            async move {
+                let started = Instant::now();
+                let result = self.inner.req_packed_command(cmd).await;
+                // NOSCRIPT is the script cache asking for EVAL, not a failure.
+                let failed = result.as_ref().is_err_and(|e| e.code() != Some("NOSCRIPT"));
+                self.metrics.observe_command(&command, started.elapsed(), failed);
+                result
+            }
+            .instrument(span),
+        )
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = self.inner.req_packed_commands(pipeline, offset, count).await;
+            self.metrics.observe_command("pipeline", started.elapsed(), result.is_err());
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
