@@ -36,6 +36,7 @@ use crate::{
     admin_http::{self, Readiness},
     config::{Config, Listen},
     consume::Consumers,
+    deferred::Deferred,
     metrics::Metrics,
     proto::{
         admin_service_server::AdminServiceServer, consumer_service_server::ConsumerServiceServer,
@@ -46,6 +47,8 @@ use crate::{
     stream::Streams,
 };
 
+/// What the EchoMQ services answer (UNAVAILABLE) until Redis has answered.
+const REDIS_NOT_YET: &str = "the sidecar has not reached Redis yet (it keeps trying; its log says why): retry shortly";
 /// How long the server may take to close connections after calls have ended.
 const SERVER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long group workers may take to flush their last acks.
@@ -153,39 +156,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     };
     info!(admin = %admin_address, grpc = %grpc_address, %consumer, "echomq-sidecar starting");
 
-    tokio::pin!(shutdown);
-    let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
-    let redis = tokio::select! {
-        redis = connect_with_backoff(&config, &files, redis_timeout, metrics.clone()) => redis?,
-        _ = &mut shutdown => {
-            info!("shutdown before Redis was reachable");
-            let _ = stopped_tx.send(true);
-            let _ = admin.await;
-            return Ok(());
-        }
-    };
-    // A count that disagrees with Redis is a setting to fix: exit 2, like a bad flag.
-    if let Err(e) = redis.record_shard_counts().await {
-        let _ = stopped_tx.send(true);
-        let _ = admin.await;
-        return Err(AppError::Config(e.to_string()));
-    }
-    redis.warn_of_plain_namesakes().await;
-    readiness.set_redis_up(true);
-
-    let (draining_tx, draining) = watch::channel(false);
-    let (closing_tx, closing) = watch::channel(false);
-    let consumers =
-        Consumers::new(redis.clone(), metrics.clone(), &config, consumer, draining, closing.clone(), guard.clone());
-    let streams = Streams::new(redis.clone(), config.id_field.clone(), guard.clone());
-    let admin_api = Admin::new(redis.clone(), config.id_field.clone(), guard.clone());
-
+    // Health, reflection and the port are served from the start; the EchoMQ
+    // services answer UNAVAILABLE until Redis has answered (see `deferred`).
     let (health, health_service) = tonic_health::server::health_reporter();
     let services = ["", "echomq.v1.ConsumerService", "echomq.v1.StreamService", "echomq.v1.AdminService"];
     for service in services {
-        health.set_service_status(service, ServingStatus::Serving).await;
+        health.set_service_status(service, ServingStatus::NotServing).await;
     }
-    let pinger = tokio::spawn(ping_loop(redis, readiness.clone(), health.clone(), services));
+    let max = config.max_message_bytes;
+    let consumer_service = Deferred::new(REDIS_NOT_YET);
+    let stream_service = Deferred::new(REDIS_NOT_YET);
+    let admin_service = Deferred::new(REDIS_NOT_YET);
     // Both versions: grpcurl speaks v1, Python's grpcio-reflection only v1alpha.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -201,24 +182,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         let gate = guard.gate().clone();
         move |request| gate.admit(request)
     };
-    let max = config.max_message_bytes;
     let router = builder
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(InterceptedService::new(
-            ConsumerServiceServer::new(consumers.clone()).max_decoding_message_size(max).max_encoding_message_size(max),
-            admit.clone(),
-        ))
-        .add_service(InterceptedService::new(
-            StreamServiceServer::new(streams).max_decoding_message_size(max).max_encoding_message_size(max),
-            admit.clone(),
-        ))
-        .add_service(InterceptedService::new(
-            AdminServiceServer::new(admin_api).max_decoding_message_size(max).max_encoding_message_size(max),
-            admit,
-        ));
-    let stop_serving = wait_true(closing);
+        .add_service(InterceptedService::new(consumer_service.clone(), admit.clone()))
+        .add_service(InterceptedService::new(stream_service.clone(), admit.clone()))
+        .add_service(InterceptedService::new(admin_service.clone(), admit));
+    let (closing_tx, closing) = watch::channel(false);
+    let stop_serving = wait_true(closing.clone());
     let mut server = tokio::spawn(async move {
         match grpc_listener {
             GrpcListener::Tcp(listener) => {
@@ -235,6 +207,57 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             }
         }
     });
+    info!("serving health and reflection; the EchoMQ services wait for Redis");
+
+    tokio::pin!(shutdown);
+    let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
+    let redis = tokio::select! {
+        redis = connect_with_backoff(&config, &files, redis_timeout, metrics.clone()) => redis.map(Some),
+        _ = &mut shutdown => {
+            info!("shutdown before Redis was reachable");
+            Ok(None)
+        }
+    };
+    // A count that disagrees with Redis is a setting to fix: exit 2, like a bad flag.
+    let redis = match redis {
+        Ok(Some(redis)) => match redis.record_shard_counts().await {
+            Ok(()) => Ok(Some(redis)),
+            Err(e) => Err(AppError::Config(e.to_string())),
+        },
+        other => other,
+    };
+    let redis = match redis {
+        Ok(Some(redis)) => redis,
+        stopped_or_failed => {
+            let _ = closing_tx.send(true);
+            let _ = tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await;
+            let _ = stopped_tx.send(true);
+            let _ = admin.await;
+            return stopped_or_failed.map(|_| ());
+        }
+    };
+    redis.warn_of_plain_namesakes().await;
+    readiness.set_redis_up(true);
+
+    let (draining_tx, draining) = watch::channel(false);
+    let consumers = Consumers::new(redis.clone(), metrics.clone(), &config, consumer, draining, closing, guard.clone());
+    consumer_service.set(
+        ConsumerServiceServer::new(consumers.clone()).max_decoding_message_size(max).max_encoding_message_size(max),
+    );
+    stream_service.set(
+        StreamServiceServer::new(Streams::new(redis.clone(), config.id_field.clone(), guard.clone()))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
+    );
+    admin_service.set(
+        AdminServiceServer::new(Admin::new(redis.clone(), config.id_field.clone(), guard.clone()))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
+    );
+    for service in services {
+        health.set_service_status(service, ServingStatus::Serving).await;
+    }
+    let pinger = tokio::spawn(ping_loop(redis, readiness.clone(), health.clone(), services));
     info!("serving");
 
     tokio::select! {

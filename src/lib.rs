@@ -5,6 +5,8 @@
 //!
 //! - [`config`]: flags and `ECHOMQ_*` variables, defaults as named constants.
 //! - [`app`]: start-up order, listeners, the shutdown sequence.
+//! - [`deferred`]: the EchoMQ services answer UNAVAILABLE until Redis has
+//!   answered, while health and reflection serve from the start.
 //! - [`admin_http`]: the admin HTTP port: `/livez`, `/readyz`, `/metrics`.
 //! - [`admin`]: the AdminService: describe a group, list and replay dead letters.
 //! - [`stream`]: the StreamService: Append and AppendBatch, Read, Trim.
@@ -27,14 +29,15 @@
 //!   - `consume/dead_letter.rs` + `dead_letter.lua`: **the dead-letter step**
 //!     (Fail with dead_letter, poison entries, oversized entries);
 //!   - `consume/settle.rs` + `settle.lua`: XACK batches;
-//!   - `consume/hygiene.rs` + `forget_consumers.lua`: removing dead consumers;
+//!   - `consume/hygiene.rs` + `hygiene.lua`: heartbeats, and removing dead consumers;
 //!   - `consume/gauges.rs`: polling the group's state into metrics.
 //! - [`error`]: the API's error enum and its one mapping to `tonic::Status`
 //!   (start-up has its own: [`redis::ShardCountError`], [`config`]'s parse errors).
 //! - [`id`]: stream ids and branded ids.
 //! - [`entry`]: entry fields to the wire's payload, raw fields and branded
 //!   id; the dead-letter metadata field names.
-//! - [`keys`]: derived key names (dead-letter stream, retry hash) and shard keys.
+//! - [`keys`]: derived key names (dead-letter stream, retry hash, heartbeat
+//!   hash) and shard keys.
 //! - [`metrics`]: Prometheus metrics and the timed Redis connection.
 //! - [`redis`]: connections (the shared one; [`redis::readers`], the bounded
 //!   pool of the group readers' dedicated ones), the scripts and their shared
@@ -50,6 +53,7 @@ pub mod admin_http;
 pub mod app;
 pub mod config;
 pub mod consume;
+pub mod deferred;
 pub mod entry;
 pub mod error;
 pub mod id;

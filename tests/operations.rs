@@ -542,3 +542,67 @@ async fn a_sidecar_not_configured_for_a_sharded_stream_refuses_to_touch_it() {
     append(&sharding, "orders:{orders:3}").await.expect_err("orders has shards 0 and 1");
     append(&plain, "invoices").await.expect("a plain stream");
 }
+
+/// Before Redis answers, the port speaks gRPC at once: health says
+/// NOT_SERVING, reflection lists the services, and an EchoMQ call is answered
+/// UNAVAILABLE saying Redis is not reached yet. Once Redis is up, all serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_redis_answers_health_and_reflection_serve_and_calls_are_unavailable() {
+    let mut redis = RedisServer::start().await;
+    redis.kill9();
+    let sidecar = Sidecar::launch(&redis, SidecarOptions::default()).await;
+    let mut health = sidecar.health_client().await;
+
+    let started = Instant::now();
+    let status =
+        health.check(HealthCheckRequest { service: String::new() }).await.expect("health answers").into_inner();
+    assert_eq!(status.status, ServingStatus::NotServing as i32);
+    assert!(started.elapsed() < Duration::from_secs(5), "health took {:?}", started.elapsed());
+    let services = list_services(&sidecar).await;
+    assert!(services.iter().any(|s| s == "echomq.v1.StreamService"), "reflection: {services:?}");
+    let refused = sidecar
+        .stream_client()
+        .await
+        .append(AppendRequest {
+            stream: "s".into(),
+            fields: [("k".into(), b"v".to_vec())].into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("no Redis yet");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("not reached Redis yet"), "{refused:?}");
+    assert_eq!(sidecar.readyz().await, Some(503));
+
+    redis.restart().await;
+    let serving = eventually(Duration::from_secs(20), || {
+        let mut health = health.clone();
+        async move {
+            health.check(HealthCheckRequest { service: String::new() }).await.map(|r| r.into_inner().status).ok()
+                == Some(ServingStatus::Serving as i32)
+        }
+    })
+    .await;
+    assert!(serving, "health never turned SERVING once Redis was up");
+    let appended = sidecar.append("s", &[("k", b"v")]).await;
+    assert_eq!(appended.id.len(), 28);
+}
+
+/// The services reflection (v1) lists.
+async fn list_services(sidecar: &Sidecar) -> Vec<String> {
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+        server_reflection_response::MessageResponse, ServerReflectionRequest,
+    };
+    let mut client = ServerReflectionClient::new(sidecar.channel().await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers =
+        client.server_reflection_info(tokio_stream::iter([request])).await.expect("reflection").into_inner();
+    match answers.message().await.expect("a reflection answer").and_then(|a| a.message_response) {
+        Some(MessageResponse::ListServicesResponse(list)) => list.service.into_iter().map(|s| s.name).collect(),
+        other => panic!("reflection answered {other:?}"),
+    }
+}
