@@ -599,3 +599,46 @@ async fn redis_errors_are_counted_by_operation() {
         .collect();
     assert!(operations.iter().all(|op| !op.is_empty()), "each error series names its operation: {operations:?}");
 }
+
+/// The conventional metrics beside the sidecar's own: `echomq_build_info`
+/// with the version, and the process metrics with values that are this
+/// process's (its pid's RSS and start time, CPU that grows with work).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_info_and_process_metrics_describe_this_process() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let first = Scrape::fetch(&sidecar).await;
+
+    assert_eq!(
+        first.value("echomq_build_info", &[("version", env!("CARGO_PKG_VERSION"))]),
+        Some(1.0),
+        "{}",
+        first.text
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", sidecar.pid().unwrap())).unwrap();
+    let rss_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rss = first.value("process_resident_memory_bytes", &[]).expect("process_resident_memory_bytes");
+    assert!((rss - rss_kb * 1024.0).abs() < 8e6, "RSS {rss} vs /proc's {rss_kb} kB");
+    let started = first.value("process_start_time_seconds", &[]).expect("process_start_time_seconds");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!(now - started >= 0.0 && now - started < 120.0, "started {started}, now {now}");
+    assert!(first.value("process_open_fds", &[]).unwrap() >= 3.0);
+    assert!(first.value("process_max_fds", &[]).unwrap() >= first.value("process_open_fds", &[]).unwrap());
+    assert!(first.value("process_virtual_memory_bytes", &[]).unwrap() > rss);
+    assert!(first.text.contains("# TYPE process_cpu_seconds counter"), "{}", first.text);
+
+    for n in 0..300 {
+        sidecar.append("s", &[("n", n.to_string().as_bytes())]).await;
+    }
+    let cpu = |s: &Scrape| s.value("process_cpu_seconds_total", &[]).expect("process_cpu_seconds_total");
+    let later = Scrape::fetch(&sidecar).await;
+    assert!(cpu(&later) > cpu(&first), "CPU {} then {}", cpu(&first), cpu(&later));
+}
