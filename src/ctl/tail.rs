@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use echomq::id::StreamId;
 use echomq::proto::{
-    consume_request, consume_response, Ack, ConsumeRequest, Delivery, Drain, Entry, GroupStart, ReadRequest, Subscribe,
+    consume_request, consume_response, Ack, ConsumeRequest, ConsumeResponse, Delivery, Drain, Entry, GroupStart,
+    ReadRequest, Subscribe,
 };
 use serde_json::{json, Value};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -258,6 +259,9 @@ async fn consume(args: &Args, group: &str, ctx: &Context, interrupt: &mut Interr
     let settled = tokio::time::timeout(SETTLE_TIMEOUT, async {
         loop {
             match responses.message().await {
+                Ok(Some(ConsumeResponse { kind: Some(consume_response::Kind::VerdictError(e)) })) => {
+                    eprintln!("echomqctl: the ack of {} was not applied: {}", e.id, e.message);
+                }
                 Ok(Some(_)) => continue,
                 Ok(None) => return Ok(()),
                 Err(status) => return Err(status),
