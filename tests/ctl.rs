@@ -456,6 +456,28 @@ async fn tail_ends_cleanly_on_ctrl_c() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_ends_quietly_when_its_output_closes() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let first = sidecar.append("s", &[("k", b"first")]).await;
+
+    let mut tail = spawn_ctl(&sidecar.endpoint(), &["tail", "s", "--from-start", "--interval-ms", "50"]);
+    let stdout = tail.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("read a line");
+        line // the reader, and with it the pipe, is closed here: `| head -n 1`
+    })
+    .await
+    .expect("join");
+    assert!(line.starts_with(&first.stream_id), "{line:?}");
+    sidecar.append("s", &[("k", b"second")]).await; // its write finds the pipe closed
+    let run = finish(tail, EVENT_TIMEOUT).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stderr.is_empty(), "quietly: {run:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_listed_and_replayed() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;

@@ -159,6 +159,25 @@ mod tests {
         assert_eq!(cli.connection.endpoint, "unix:/x");
     }
 
+    /// `--help` is complete: every command and every flag says what it is for.
+    #[test]
+    fn every_command_and_flag_has_help() {
+        fn walk(command: &clap::Command, path: &str) {
+            let path = format!("{path} {}", command.get_name());
+            assert!(command.get_about().is_some(), "`{path}` has no help text");
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if !matches!(id, "help" | "version") {
+                    assert!(arg.get_help().is_some(), "`{path}`: `{id}` has no help text");
+                }
+            }
+            for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
+                walk(sub, &path);
+            }
+        }
+        walk(&Cli::command(), "");
+    }
+
     #[test]
     fn help_lists_the_exit_codes() {
         let help = Cli::command().render_long_help().to_string();

@@ -70,18 +70,17 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    if let Command::Completions(args) = &cli.command {
-        return completions::run(args);
-    }
-    let ctx = connect::Context::open(&cli.connection, cli.json).await?;
+    // Every command but `completions` needs the sidecar: connect first, so an
+    // unreachable one is reported as such, not as the first call's failure.
+    let connect = || connect::Context::open(&cli.connection, cli.json);
     match cli.command {
-        Command::Describe(args) => describe::run(args, &ctx).await,
-        Command::Tail(args) => tail::run(args, &ctx).await,
-        Command::Append(args) => append::run(args, &ctx).await,
-        Command::Dlq(cli::Dlq::List(args)) => dlq::list(args, &ctx).await,
-        Command::Dlq(cli::Dlq::Replay(args)) => dlq::replay(args, &ctx).await,
-        Command::Read(args) => read::run(args, &ctx).await,
-        Command::Trim(args) => trim::run(args, &ctx).await,
-        Command::Completions(_) => unreachable!("handled above"),
+        Command::Completions(args) => completions::run(&args),
+        Command::Describe(args) => describe::run(args, &connect().await?).await,
+        Command::Tail(args) => tail::run(args, &connect().await?).await,
+        Command::Append(args) => append::run(args, &connect().await?).await,
+        Command::Dlq(cli::Dlq::List(args)) => dlq::list(args, &connect().await?).await,
+        Command::Dlq(cli::Dlq::Replay(args)) => dlq::replay(args, &connect().await?).await,
+        Command::Read(args) => read::run(args, &connect().await?).await,
+        Command::Trim(args) => trim::run(args, &connect().await?).await,
     }
 }
