@@ -12,7 +12,7 @@ use crate::time::{duration_ms, format_duration};
 /// `describe`'s flags.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "With --json: one document with `stream`, `group`, `pending`, `lag` (null when Redis \
-    cannot say), `last_delivered_id`, `stream_length`, `oldest_pending_id` (null when nothing is pending), \
+    cannot say), `last_delivered_id` (null for a sharded stream's sum: each shard has its own), `stream_length`, `oldest_pending_id` (null when nothing is pending), \
     `oldest_pending_age_ms`, `max_delivery_count`, `consumers` ([{name, pending, idle_ms}]) and `shards` \
     (the same fields per shard; empty for a plain stream).")]
 pub(crate) struct Args {
