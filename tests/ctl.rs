@@ -599,6 +599,35 @@ async fn tls_and_unix_socket_endpoints_work() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_presents_the_client_certificate() {
+    let pki = TestPki::new("ctl-mtls");
+    let (server, client) = (pki.server_cert(), pki.client_cert("ctl-client", &["URI:spiffe://test/ctl"]));
+    let redis = RedisServer::start().await;
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let ca = path(pki.ca_cert());
+    let options = SidecarOptions::default()
+        .arg("--tls-cert-file")
+        .arg(&path(&server.cert))
+        .arg("--tls-key-file")
+        .arg(&path(&server.key))
+        .arg("--tls-client-ca-file")
+        .arg(&ca);
+    let sidecar = Sidecar::start(&redis, options).await;
+    let mut con = redis.conn().await;
+
+    let without = ctl(&sidecar.https_endpoint(), &["--tls-ca-file", &ca, "append", "s", "-f", "k=v"]).await;
+    assert_ne!(without.code, 0, "no client certificate, no call: {without:?}");
+    assert_eq!(xlen(&mut con, "s").await, 0);
+    let (cert, key) = (path(&client.cert), path(&client.key));
+    let with = ["--tls-ca-file", &ca, "--tls-cert-file", &cert, "--tls-key-file", &key, "append", "s", "-f", "k=v"];
+    ctl(&sidecar.https_endpoint(), &with).await.ok();
+    assert_eq!(xlen(&mut con, "s").await, 1);
+    let half =
+        ctl(&sidecar.https_endpoint(), &["--tls-ca-file", &ca, "--tls-cert-file", &cert, "describe", "s", "g"]).await;
+    assert_eq!(half.code, 2, "a certificate without its key is a usage error: {half:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_for_bash_complete_every_command() {
     let run = ctl("http://127.0.0.1:1", &["completions", "bash"]).await.ok();
     for word in ["describe", "tail", "append", "dlq", "replay", "read", "trim", "--endpoint", "--json"] {
