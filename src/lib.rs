@@ -47,6 +47,11 @@
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
+//!
+//! Two binaries stand on this library: `echomq-sidecar` (`src/main.rs`, thin:
+//! configuration, telemetry, [`app::run`], exit codes) and `echomqctl`, the
+//! admin command line (`src/ctl/`, one file per command; its `main.rs` has its
+//! own Layout), a client of the generated stubs.
 
 pub mod admin;
 pub mod admin_http;

@@ -1,0 +1,216 @@
+//! `append STREAM`: one entry from flags, or entries from JSON
+//! (StreamService.Append, or AppendBatch for several: all or none).
+
+use std::collections::HashMap;
+use std::io::Read as _;
+
+use echomq::proto::{AppendBatchRequest, AppendRequest, AppendResponse, BatchEntry};
+use serde_json::{json, Value};
+
+use crate::connect::Context;
+use crate::exit::Failure;
+use crate::render::{emit, emit_json_line, from_b64, table};
+
+/// Keys of an entry as `read --json` prints it, besides `fields`, that a
+/// re-append ignores: the sidecar mints a new branded id and stream id.
+const READ_KEYS: [&str; 6] = ["stream", "stream_id", "id", "minted_at_ms", "group", "attempts"];
+
+/// `append`'s flags.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "JSON input (--from-json): one or more JSON objects, one entry each (NDJSON or \
+    concatenated). Either a plain object of field names to values (`{\"sku\": \"A-1\", \"qty\": 2}`: a string \
+    is stored as its UTF-8 bytes, a number or boolean as its JSON text), or an object as `read --json` prints \
+    it (`fields`, and `fields_base64` for values that are not UTF-8; its `id`, `stream_id`, … are ignored, \
+    since the sidecar mints new ones; a `traceparent` is kept). Several entries are appended in one \
+    AppendBatch call: all of them or none.\n\nPrints the stream written, the stream id and the branded id \
+    of each entry; with --json one JSON object per entry (NDJSON): `stream`, `stream_id`, `id`.")]
+pub(crate) struct Args {
+    /// The stream key, or a sharded stream's name (the sidecar picks the shard).
+    stream: String,
+    /// A field with a UTF-8 value: `NAME=VALUE` (repeatable).
+    #[arg(short = 'f', long = "field", value_name = "NAME=VALUE", value_parser = parse_field)]
+    fields: Vec<(String, Vec<u8>)>,
+    /// A field with any bytes as its value, in standard base64: `NAME=BASE64` (repeatable); what
+    /// `read` prints as `base64:…`.
+    #[arg(long = "field-base64", value_name = "NAME=BASE64", value_parser = parse_field_base64)]
+    fields_base64: Vec<(String, Vec<u8>)>,
+    /// Entries as JSON: the JSON text itself, `@FILE`, or `-` for standard input.
+    #[arg(long, value_name = "JSON|@FILE|-", conflicts_with_all = ["fields", "fields_base64"])]
+    from_json: Option<String>,
+    /// Trim the stream to about this many entries as part of the XADD (`MAXLEN ~`). Unlike
+    /// `trim`, this does NOT spare entries a group has pending or not read yet.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_len: Option<u64>,
+    /// For a sharded stream: entries with the same key go to the same shard.
+    #[arg(long)]
+    partition_key: Option<String>,
+}
+
+fn parse_field(text: &str) -> Result<(String, Vec<u8>), String> {
+    let (name, value) = text.split_once('=').ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
+    Ok((name.to_owned(), value.as_bytes().to_vec()))
+}
+
+fn parse_field_base64(text: &str) -> Result<(String, Vec<u8>), String> {
+    let (name, value) = text.split_once('=').ok_or_else(|| format!("`{text}` is not NAME=BASE64"))?;
+    Ok((name.to_owned(), from_b64(value)?))
+}
+
+/// The entries given as JSON.
+fn entries_from_json(text: &str) -> Result<Vec<HashMap<String, Vec<u8>>>, String> {
+    let mut entries = Vec::new();
+    for (n, value) in serde_json::Deserializer::from_str(text).into_iter::<Value>().enumerate() {
+        let value = value.map_err(|e| format!("JSON input: {e}"))?;
+        entries.push(entry_from_json(&value).map_err(|e| format!("JSON input, entry {}: {e}", n + 1))?);
+    }
+    if entries.is_empty() {
+        return Err("JSON input: no entry (expected one JSON object per entry)".into());
+    }
+    Ok(entries)
+}
+
+/// One entry: a plain object of values, or the shape `read --json` prints.
+fn entry_from_json(value: &Value) -> Result<HashMap<String, Vec<u8>>, String> {
+    let Value::Object(object) = value else {
+        return Err(format!("expected an object of fields, got {value}"));
+    };
+    let mut fields = HashMap::new();
+    if let Some(Value::Object(text)) = object.get("fields") {
+        for (key, value) in object {
+            match (key.as_str(), value) {
+                ("fields", _) => {}
+                ("fields_base64", Value::Object(encoded)) => {
+                    for (name, value) in encoded {
+                        let Value::String(value) = value else {
+                            return Err(format!("fields_base64.{name}: expected a base64 string"));
+                        };
+                        fields.insert(name.clone(), from_b64(value).map_err(|e| format!("fields_base64.{name}: {e}"))?);
+                    }
+                }
+                ("traceparent", Value::String(trace)) => {
+                    fields.insert("traceparent".to_owned(), trace.as_bytes().to_vec());
+                }
+                ("raw_fields", _) => {
+                    return Err("raw_fields: field names that are not UTF-8 cannot be appended through gRPC".into())
+                }
+                (key, _) if READ_KEYS.contains(&key) => {}
+                (key, _) => return Err(format!("unexpected key `{key}` beside `fields`")),
+            }
+        }
+        for (name, value) in text {
+            fields.insert(name.clone(), scalar(name, value)?);
+        }
+    } else {
+        for (name, value) in object {
+            fields.insert(name.clone(), scalar(name, value)?);
+        }
+    }
+    Ok(fields)
+}
+
+/// A JSON value as field bytes: a string's UTF-8, a number's or boolean's JSON text.
+fn scalar(name: &str, value: &Value) -> Result<Vec<u8>, String> {
+    match value {
+        Value::String(text) => Ok(text.as_bytes().to_vec()),
+        Value::Number(_) | Value::Bool(_) => Ok(value.to_string().into_bytes()),
+        _ => Err(format!("field `{name}`: expected a string, number or boolean, got {value}")),
+    }
+}
+
+/// The JSON text of `--from-json`: itself, a file, or standard input.
+fn json_text(source: &str) -> Result<String, Failure> {
+    if source == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| Failure::Usage(format!("--from-json -: cannot read standard input: {e}")))?;
+        return Ok(text);
+    }
+    match source.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| Failure::Usage(format!("--from-json @{path}: {e}"))),
+        None => Ok(source.to_owned()),
+    }
+}
+
+/// Runs `append`.
+pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
+    let entries = match &args.from_json {
+        Some(source) => entries_from_json(&json_text(source)?).map_err(Failure::Usage)?,
+        None => vec![args.fields.iter().chain(&args.fields_base64).cloned().collect()],
+    };
+    let doing = format!("append to {}", args.stream);
+    let written: Vec<AppendResponse> = if entries.len() == 1 {
+        let request = AppendRequest {
+            stream: args.stream.clone(),
+            fields: entries.into_iter().next().unwrap_or_default(),
+            max_len: args.max_len.unwrap_or(0),
+            partition_key: args.partition_key.clone().unwrap_or_default(),
+        };
+        vec![ctx.stream().append(ctx.request(request)).await.map_err(|s| Failure::status(&doing, s))?.into_inner()]
+    } else {
+        let request = AppendBatchRequest {
+            stream: args.stream.clone(),
+            entries: entries.into_iter().map(|fields| BatchEntry { fields }).collect(),
+            max_len: args.max_len.unwrap_or(0),
+            partition_key: args.partition_key.clone().unwrap_or_default(),
+        };
+        ctx.stream()
+            .append_batch(ctx.request(request))
+            .await
+            .map_err(|s| Failure::status(&doing, s))?
+            .into_inner()
+            .entries
+    };
+    if ctx.json {
+        for w in &written {
+            emit_json_line(&json!({"stream": w.stream, "stream_id": w.stream_id, "id": w.id}))?;
+        }
+        Ok(())
+    } else {
+        let rows: Vec<Vec<String>> =
+            written.iter().map(|w| vec![w.stream.clone(), w.stream_id.clone(), w.id.clone()]).collect();
+        emit(&table(&["STREAM", "STREAM ID", "ID"], &rows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_objects_and_read_output_both_append() {
+        let entries = entries_from_json(
+            r#"{"sku": "A-1", "qty": 2, "ok": true}
+               {"stream": "s", "id": "x", "stream_id": "1-0", "minted_at_ms": 1, "fields": {"a": "b"}, "fields_base64": {"bin": "/wA="}}"#,
+        )
+        .unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0]["sku"], b"A-1");
+        assert_eq!(entries[0]["qty"], b"2");
+        assert_eq!(entries[0]["ok"], b"true");
+        assert_eq!(entries[1].len(), 2);
+        assert_eq!(entries[1]["bin"], vec![0xff, 0x00]);
+    }
+
+    #[test]
+    fn bad_json_is_refused_with_a_reason() {
+        for (text, says) in [
+            ("", "no entry"),
+            ("[1]", "expected an object"),
+            (r#"{"a": null}"#, "field `a`"),
+            (r#"{"fields": {}, "extra": 1}"#, "unexpected key `extra`"),
+            (r#"{"fields": {}, "fields_base64": {"a": "!!"}}"#, "not base64"),
+            ("{", "JSON input"),
+        ] {
+            let error = entries_from_json(text).unwrap_err();
+            assert!(error.contains(says), "{text:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn fields_split_at_the_first_equals_sign() {
+        assert_eq!(parse_field("k=a=b").unwrap(), ("k".to_owned(), b"a=b".to_vec()));
+        assert!(parse_field("k").is_err());
+        assert_eq!(parse_field_base64("k=/wA=").unwrap().1, vec![0xff, 0x00]);
+    }
+}

@@ -1,0 +1,174 @@
+//! `describe STREAM GROUP`: a group's state (AdminService.DescribeGroup), and
+//! each shard's for a sharded stream.
+
+use echomq::proto::{DescribeGroupRequest, DescribeGroupResponse};
+use serde_json::{json, Value};
+
+use crate::connect::Context;
+use crate::exit::Failure;
+use crate::render::{emit, emit_json_document, table};
+use crate::time::{duration_ms, format_duration};
+
+/// `describe`'s flags.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "With --json: one document with `stream`, `group`, `pending`, `lag` (null when Redis \
+    cannot say), `last_delivered_id` (null for a sharded stream's sum: each shard has its own), `stream_length`, `oldest_pending_id` (null when nothing is pending), \
+    `oldest_pending_age_ms`, `max_delivery_count`, `consumers` ([{name, pending, idle_ms}]) and `shards` \
+    (the same fields per shard; empty for a plain stream).")]
+pub(crate) struct Args {
+    /// The stream key, or the name of a sharded stream (the sidecar's --sharded-streams).
+    stream: String,
+    /// The consumer group.
+    group: String,
+}
+
+/// Runs `describe`.
+pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
+    let request = DescribeGroupRequest { stream: args.stream.clone(), group: args.group.clone() };
+    let state = ctx
+        .admin()
+        .describe_group(ctx.request(request))
+        .await
+        .map_err(|s| Failure::status(format!("describe {} {}", args.stream, args.group), s))?
+        .into_inner();
+    if ctx.json {
+        emit_json_document(&to_json(&state))
+    } else {
+        emit(&to_text(&state))
+    }
+}
+
+/// The JSON document (durations in milliseconds).
+fn to_json(state: &DescribeGroupResponse) -> Value {
+    let consumers: Vec<Value> = state
+        .consumers
+        .iter()
+        .map(|c| json!({"name": c.name, "pending": c.pending, "idle_ms": c.idle.as_ref().map(duration_ms)}))
+        .collect();
+    json!({
+        "stream": state.stream,
+        "group": state.group,
+        "pending": state.pending,
+        "lag": state.lag,
+        "last_delivered_id": non_empty(&state.last_delivered_id),
+        "stream_length": state.stream_length,
+        "oldest_pending_id": non_empty(&state.oldest_pending_id),
+        "oldest_pending_age_ms": state.oldest_pending_age.as_ref().map(duration_ms),
+        "max_delivery_count": state.max_delivery_count,
+        "consumers": consumers,
+        "shards": state.shards.iter().map(to_json).collect::<Vec<_>>(),
+    })
+}
+
+fn non_empty(text: &str) -> Option<&str> {
+    (!text.is_empty()).then_some(text)
+}
+
+/// The report for people: the group's numbers, its consumers, its shards.
+fn to_text(state: &DescribeGroupResponse) -> String {
+    let dash = |text: &str| if text.is_empty() { "-".to_owned() } else { text.to_owned() };
+    let lag = state.lag.map_or_else(|| "unknown".to_owned(), |lag| lag.to_string());
+    let oldest = match (&state.oldest_pending_id[..], &state.oldest_pending_age) {
+        ("", _) => "-".to_owned(),
+        (id, Some(age)) => format!("{id} (appended {} ago)", format_duration(duration_ms(age))),
+        (id, None) => id.to_owned(),
+    };
+    let summary = vec![
+        vec!["stream".to_owned(), state.stream.clone()],
+        vec!["group".to_owned(), state.group.clone()],
+        vec!["pending".to_owned(), state.pending.to_string()],
+        vec!["lag".to_owned(), lag],
+        vec!["last delivered".to_owned(), dash(&state.last_delivered_id)],
+        vec!["stream length".to_owned(), state.stream_length.to_string()],
+        vec!["oldest pending".to_owned(), oldest],
+        vec!["max deliveries".to_owned(), state.max_delivery_count.to_string()],
+    ];
+    // A two-column table without a header: the first line of `table` is its header.
+    let mut text = table(&["", ""], &summary).lines().skip(1).collect::<Vec<_>>().join("\n");
+    text.push_str("\n\n");
+    if state.consumers.is_empty() {
+        text.push_str("no consumers");
+    } else {
+        let rows: Vec<Vec<String>> = state
+            .consumers
+            .iter()
+            .map(|c| {
+                let idle = c.idle.as_ref().map_or_else(|| "-".to_owned(), |d| format_duration(duration_ms(d)));
+                vec![c.name.clone(), c.pending.to_string(), idle]
+            })
+            .collect();
+        text.push_str(&table(&["CONSUMER", "PENDING", "IDLE"], &rows));
+    }
+    if !state.shards.is_empty() {
+        let rows: Vec<Vec<String>> = state
+            .shards
+            .iter()
+            .map(|s| {
+                let age =
+                    s.oldest_pending_age.as_ref().map_or_else(|| "-".to_owned(), |d| format_duration(duration_ms(d)));
+                vec![
+                    s.stream.clone(),
+                    s.pending.to_string(),
+                    s.lag.map_or_else(|| "unknown".to_owned(), |lag| lag.to_string()),
+                    s.stream_length.to_string(),
+                    dash(&s.oldest_pending_id),
+                    age,
+                    s.max_delivery_count.to_string(),
+                    dash(&s.last_delivered_id),
+                ]
+            })
+            .collect();
+        text.push_str("\n\n");
+        text.push_str(&table(
+            &["SHARD", "PENDING", "LAG", "LENGTH", "OLDEST PENDING", "AGE", "MAX DELIVERIES", "LAST DELIVERED"],
+            &rows,
+        ));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use echomq::proto::ConsumerInfo;
+
+    use super::*;
+
+    fn state() -> DescribeGroupResponse {
+        DescribeGroupResponse {
+            stream: "s".into(),
+            group: "g".into(),
+            pending: 2,
+            lag: Some(3),
+            last_delivered_id: "5-0".into(),
+            consumers: vec![ConsumerInfo {
+                name: "pod-a".into(),
+                pending: 2,
+                idle: Some(prost_types::Duration { seconds: 61, nanos: 0 }),
+            }],
+            oldest_pending_id: "4-0".into(),
+            oldest_pending_age: Some(prost_types::Duration { seconds: 3, nanos: 250_000_000 }),
+            max_delivery_count: 1,
+            stream_length: 5,
+            shards: vec![],
+        }
+    }
+
+    #[test]
+    fn the_table_names_every_number_and_durations_read_well() {
+        let text = to_text(&state());
+        for line in ["pending         2", "lag             3", "oldest pending  4-0 (appended 3.2s ago)"] {
+            assert!(text.contains(line), "{line:?} not in\n{text}");
+        }
+        assert!(text.contains("CONSUMER  PENDING  IDLE\npod-a     2        1m 1s"), "{text}");
+    }
+
+    #[test]
+    fn json_has_milliseconds_and_nulls_for_unknowns() {
+        let mut unknown = state();
+        unknown.lag = None;
+        let json = to_json(&unknown);
+        assert_eq!(json["lag"], Value::Null);
+        assert_eq!(json["oldest_pending_age_ms"], 3_250);
+        assert_eq!(json["consumers"][0]["idle_ms"], 61_000);
+    }
+}

@@ -1,0 +1,649 @@
+//! `echomqctl` end to end: the built binary against a real sidecar and
+//! redis-server. Each test checks what the command printed (tables and JSON),
+//! its exit code, and what it did (or did not do) in Redis.
+
+// Tests fail loudly by design; `..Default::default()` on proto messages keeps them
+// compiling when the contract gains fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
+mod support;
+
+use std::io::Write as _;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use echomq::proto::GroupStart;
+use redis::Value;
+use serde_json::Value as Json;
+use support::*;
+
+/// The longest a one-shot command may run.
+const RUN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A finished `echomqctl` run.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    #[track_caller]
+    fn ok(self) -> Run {
+        assert_eq!(self.code, 0, "echomqctl failed: {self:?}");
+        self
+    }
+
+    /// Standard output as NDJSON: one value per line.
+    fn json_lines(&self) -> Vec<Json> {
+        self.stdout.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"))).collect()
+    }
+
+    /// Standard output as one JSON document.
+    fn json(&self) -> Json {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not one JSON document ({e}):\n{}", self.stdout))
+    }
+}
+
+/// The binary, with the test process' ECHOMQ_* variables removed.
+fn ctl_command(endpoint: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_echomqctl"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(|k| k.starts_with("ECHOMQ_")) {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.arg("--endpoint").arg(endpoint).args(args);
+    cmd
+}
+
+/// Runs `echomqctl --endpoint <endpoint> <args>` to its end, with `stdin`.
+async fn ctl_with_stdin(endpoint: &str, args: &[&str], stdin: &str) -> Run {
+    let mut cmd = ctl_command(endpoint, args);
+    let shown = format!("echomqctl {}", args.join(" "));
+    let stdin = stdin.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut child =
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn echomqctl");
+        let _ = child.stdin.take().expect("stdin").write_all(stdin.as_bytes());
+        let deadline = Instant::now() + RUN_TIMEOUT;
+        while child.try_wait().expect("try_wait").is_none() {
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("`{shown}` still ran after {RUN_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().expect("wait");
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8(out.stdout).expect("stdout is UTF-8"),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    })
+    .await
+    .expect("join")
+}
+
+async fn ctl(endpoint: &str, args: &[&str]) -> Run {
+    ctl_with_stdin(endpoint, args, "").await
+}
+
+/// Starts a long-running command (a tail) with its output captured.
+fn spawn_ctl(endpoint: &str, args: &[&str]) -> Child {
+    ctl_command(endpoint, args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn echomqctl")
+}
+
+/// Waits for a spawned command to end by itself, then collects it.
+async fn finish(mut child: Child, within: Duration) -> Run {
+    let status = wait_child(&mut child, within).await;
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("wait");
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(status.is_some(), "echomqctl still ran after {within:?}: {run:?}");
+    run
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill").arg(format!("-{name}")).arg(child.id().to_string()).status().expect("kill");
+    assert!(status.success());
+}
+
+/// The line of a two-column report whose first words are `label`, as its value.
+fn row<'a>(text: &'a str, label: &str) -> &'a str {
+    text.lines()
+        .find_map(|line| line.strip_prefix(label).filter(|rest| rest.starts_with("  ")).map(str::trim))
+        .unwrap_or_else(|| panic!("no `{label}` line in\n{text}"))
+}
+
+/// XINFO GROUPS of one group, the fields a peek must not move, and the PEL.
+async fn group_state(con: &mut redis::aio::MultiplexedConnection, stream: &str, group: &str) -> String {
+    let all = groups(con, stream).await;
+    let g = &all[group];
+    let pick = |k: &str| format!("{k}={:?}", g.get(k).unwrap_or(&Value::Nil));
+    let pel = pending_entries(con, stream, group).await;
+    format!(
+        "{} {} {} {:?}",
+        pick("pending"),
+        pick("last-delivered-id"),
+        pick("entries-read"),
+        pel.iter().map(|p| (p.stream_id.clone(), p.consumer.clone(), p.deliveries)).collect::<Vec<_>>()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_prints_the_groups_state_as_a_table_and_as_json() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::named("pod-d")).await;
+    let mut appended = Vec::new();
+    for i in 0..5 {
+        appended.push(sidecar.append("s", &[("n", i.to_string().as_bytes())]).await);
+    }
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 2).await;
+    call.deliveries(2, EVENT_TIMEOUT).await;
+    call.assert_quiet(Duration::from_millis(300), "max_in_flight 2").await;
+
+    let table = ctl(&sidecar.endpoint(), &["describe", "s", "g"]).await.ok().stdout;
+    assert_eq!(row(&table, "pending"), "2");
+    assert_eq!(row(&table, "lag"), "3");
+    assert_eq!(row(&table, "stream length"), "5");
+    assert_eq!(row(&table, "last delivered"), appended[1].stream_id);
+    assert!(row(&table, "oldest pending").starts_with(&format!("{} (appended ", appended[0].stream_id)), "{table}");
+    assert_eq!(row(&table, "max deliveries"), "1");
+    let consumer =
+        table.lines().find(|l| l.starts_with("pod-d")).unwrap_or_else(|| panic!("no consumer row:\n{table}"));
+    let cells: Vec<&str> = consumer.split_whitespace().collect();
+    assert_eq!(cells[..2], ["pod-d", "2"], "{consumer}");
+    assert!(cells[2].ends_with("ms") || cells[2].ends_with('s'), "idle as a duration: {consumer}");
+
+    let json = ctl(&sidecar.endpoint(), &["describe", "s", "g", "--json"]).await.ok().json();
+    assert_eq!(json["stream"], "s");
+    assert_eq!(json["group"], "g");
+    assert_eq!(json["pending"], 2);
+    assert_eq!(json["lag"], 3);
+    assert_eq!(json["stream_length"], 5);
+    assert_eq!(json["last_delivered_id"], appended[1].stream_id.as_str());
+    assert_eq!(json["oldest_pending_id"], appended[0].stream_id.as_str());
+    assert!(json["oldest_pending_age_ms"].as_u64().is_some(), "{json}");
+    assert_eq!(json["max_delivery_count"], 1);
+    assert_eq!(json["consumers"][0]["name"], "pod-d");
+    assert_eq!(json["consumers"][0]["pending"], 2);
+    assert!(json["consumers"][0]["idle_ms"].as_u64().is_some_and(|ms| ms < 60_000), "{json}");
+    assert_eq!(json["shards"], serde_json::json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_a_sharded_stream_lists_each_shard() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--sharded-streams").arg("orders=2")).await;
+    let mut call = Consumer::start(&sidecar, "orders", "g", GroupStart::New, 0).await;
+    for i in 0..4 {
+        sidecar.append("orders", &[("n", i.to_string().as_bytes())]).await;
+    }
+    call.deliveries(4, EVENT_TIMEOUT).await;
+
+    let json = ctl(&sidecar.endpoint(), &["describe", "orders", "g", "--json"]).await.ok().json();
+    assert_eq!(json["pending"], 4);
+    assert_eq!(json["stream_length"], 4);
+    let shards: Vec<(&str, u64)> = json["shards"]
+        .as_array()
+        .expect("shards")
+        .iter()
+        .map(|s| (s["stream"].as_str().unwrap(), s["pending"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(shards, vec![("orders:{orders:0}", 2), ("orders:{orders:1}", 2)]);
+
+    let table = ctl(&sidecar.endpoint(), &["describe", "orders", "g"]).await.ok().stdout;
+    assert!(table.contains("SHARD"), "{table}");
+    for shard in ["orders:{orders:0}", "orders:{orders:1}"] {
+        let line = table.lines().find(|l| l.starts_with(shard)).unwrap_or_else(|| panic!("no {shard} row:\n{table}"));
+        assert_eq!(line.split_whitespace().nth(1), Some("2"), "{line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_takes_fields_from_flags() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+
+    let run = ctl(
+        &sidecar.endpoint(),
+        &["append", "s", "-f", "sku=A-1", "--field", "note=two words=yes", "--field-base64", "bin=/wA=", "--json"],
+    )
+    .await
+    .ok();
+
+    let out = &run.json_lines()[0];
+    let entries = xrange(&mut con, "s").await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(out["stream"], "s");
+    assert_eq!(out["stream_id"], entries[0].stream_id.as_str());
+    assert_eq!(entries[0].field("id"), Some(out["id"].as_str().unwrap().as_bytes()), "the branded id it printed");
+    assert_eq!(entries[0].field("sku"), Some(&b"A-1"[..]));
+    assert_eq!(entries[0].field("note"), Some(&b"two words=yes"[..]));
+    assert_eq!(entries[0].field("bin"), Some(&[0xff, 0x00][..]));
+
+    let table = ctl(&sidecar.endpoint(), &["append", "s", "-f", "k=v"]).await.ok().stdout;
+    let entries = xrange(&mut con, "s").await;
+    assert_eq!(entries.len(), 2);
+    assert!(table.starts_with("STREAM"), "{table}");
+    assert!(table.contains(&entries[1].stream_id), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_takes_entries_from_json_and_read_output_round_trips() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+
+    let run =
+        ctl(&sidecar.endpoint(), &["append", "s", "--json", "--from-json", r#"{"sku": "A-1", "qty": 2}"#]).await.ok();
+    assert_eq!(run.json_lines().len(), 1);
+    let stdin = "{\"sku\": \"B-2\"}\n{\"sku\": \"C-3\", \"ok\": true}\n";
+    let run = ctl_with_stdin(&sidecar.endpoint(), &["append", "s", "--json", "--from-json", "-"], stdin).await.ok();
+    assert_eq!(run.json_lines().len(), 2, "two entries, one batch");
+    let entries = xrange(&mut con, "s").await;
+    let skus: Vec<&[u8]> = entries.iter().map(|e| e.field("sku").unwrap()).collect();
+    assert_eq!(skus, vec![&b"A-1"[..], b"B-2", b"C-3"]);
+    assert_eq!(entries[0].field("qty"), Some(&b"2"[..]));
+    assert_eq!(entries[2].field("ok"), Some(&b"true"[..]));
+
+    // What `read --json` prints appends back as it was, bytes that are not UTF-8 included.
+    xadd_raw(&mut con, "s", &[(b"bin", &[0xff, 0xfe]), (b"text", "é \"q\"\n".as_bytes())]).await;
+    let read = ctl(&sidecar.endpoint(), &["read", "s", "--json"]).await.ok().stdout;
+    ctl_with_stdin(&sidecar.endpoint(), &["append", "copy", "--from-json", "-"], &read).await.ok();
+    let copied = xrange(&mut con, "copy").await;
+    let original = xrange(&mut con, "s").await;
+    assert_eq!(copied.len(), original.len());
+    for (copy, orig) in copied.iter().zip(&original) {
+        let without_id = |e: &RawEntry| {
+            let mut fields: Vec<_> = e.fields.iter().filter(|(k, _)| k != b"id").cloned().collect();
+            fields.sort();
+            fields
+        };
+        assert_eq!(without_id(copy), without_id(orig));
+    }
+
+    let bad = ctl(&sidecar.endpoint(), &["append", "s", "--from-json", "{\"a\": null}"]).await;
+    assert_eq!(bad.code, 2, "{bad:?}");
+    assert!(bad.stderr.contains("field `a`"), "{bad:?}");
+    assert_eq!(xlen(&mut con, "s").await, 4, "nothing appended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_by_id_and_by_instant() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    for (id, value) in
+        [("1000-0", &b"one"[..]), ("2000-0", b"two words"), ("2000-1", &[0xff, 0x00]), ("3000-0", b"three")]
+    {
+        xadd_raw_at(&mut con, "s", id, &[(b"v", value)]).await;
+    }
+    let ids = |run: &Run| -> Vec<String> {
+        run.stdout.lines().map(|l| l.split_whitespace().next().unwrap().to_owned()).collect()
+    };
+
+    let one = ctl(&sidecar.endpoint(), &["read", "s", "--id", "2000-0"]).await.ok();
+    assert_eq!(one.stdout.trim(), format!("2000-0  {}  v=\"two words\"", branded_from_stream_id("2000-0")));
+    let bytes = ctl(&sidecar.endpoint(), &["read", "s", "--id", "2000-1"]).await.ok();
+    assert!(bytes.stdout.trim().ends_with("v=base64:/wA="), "{bytes:?}");
+    let missing = ctl(&sidecar.endpoint(), &["read", "s", "--id", "2500-0"]).await;
+    assert_eq!(missing.code, 4, "{missing:?}");
+    assert!(missing.stdout.is_empty());
+
+    let since = ctl(&sidecar.endpoint(), &["read", "s", "--since", "1970-01-01T00:00:02Z"]).await.ok();
+    assert_eq!(ids(&since), ["2000-0", "2000-1", "3000-0"]);
+    let until = ctl(&sidecar.endpoint(), &["read", "s", "--until", "1970-01-01T00:00:02.500Z"]).await.ok();
+    assert_eq!(ids(&until), ["1000-0", "2000-0", "2000-1"]);
+    let window = ctl(&sidecar.endpoint(), &["read", "s", "--since", "2000", "--until", "2000", "--json"]).await.ok();
+    let lines = window.json_lines();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["stream_id"], "2000-0");
+    assert_eq!(lines[0]["minted_at_ms"], 2000);
+    assert_eq!(lines[0]["fields"]["v"], "two words");
+    assert_eq!(lines[1]["fields_base64"]["v"], "/wA=");
+    let by_ids =
+        ctl(&sidecar.endpoint(), &["read", "s", "--from", "2000-1", "--to", "3000", "--count", "1"]).await.ok();
+    assert_eq!(ids(&by_ids), ["2000-1"]);
+    let bad = ctl(&sidecar.endpoint(), &["read", "s", "--from", "nonsense"]).await;
+    assert_eq!(bad.code, 5, "the sidecar refuses the id: {bad:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trim_removes_the_oldest_and_is_held_back_by_a_group() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    for id in 1..=5 {
+        xadd_raw_at(&mut con, "s", &format!("{id}-0"), &[(b"k", b"v")]).await;
+    }
+
+    let run = ctl(&sidecar.endpoint(), &["trim", "s", "--max-len", "3"]).await.ok();
+    assert!(run.stdout.starts_with("trimmed 2 entries from s"), "{run:?}");
+    assert_eq!(xlen(&mut con, "s").await, 3);
+
+    create_group(&mut con, "s", "g", "0").await; // has read nothing yet
+    let held = ctl(&sidecar.endpoint(), &["trim", "s", "--min-id", "5-0", "--json"]).await.ok().json();
+    assert_eq!(held["trimmed"], 0);
+    assert_eq!(held["held_back_by_groups"], true);
+    assert_eq!(xlen(&mut con, "s").await, 3);
+    let forced =
+        ctl(&sidecar.endpoint(), &["trim", "s", "--min-id", "5-0", "--ignore-groups", "--json"]).await.ok().json();
+    assert_eq!(forced["trimmed"], 2);
+    assert_eq!(forced["applied_min_id"], "5-0");
+    assert_eq!(xlen(&mut con, "s").await, 1);
+
+    let no_bound = ctl(&sidecar.endpoint(), &["trim", "s"]).await;
+    assert_eq!(no_bound.code, 2, "exactly one bound is required: {no_bound:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_peeks_without_taking_entries_from_a_group() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut appended = Vec::new();
+    for i in 0..3 {
+        appended.push(sidecar.append("s", &[("n", i.to_string().as_bytes())]).await);
+    }
+    create_group(&mut con, "s", "g", "0").await;
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("g")
+        .arg("c")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg("s")
+        .arg(">")
+        .query_async(&mut con)
+        .await
+        .expect("XREADGROUP");
+    let before = group_state(&mut con, "s", "g").await;
+
+    let run = ctl(&sidecar.endpoint(), &["tail", "s", "--from-start", "--count", "3", "--json"]).await.ok();
+    let ids: Vec<String> = run.json_lines().iter().map(|l| l["id"].as_str().unwrap().to_owned()).collect();
+    let want: Vec<String> = appended.iter().map(|a| a.id.clone()).collect();
+    assert_eq!(ids, want, "every entry, the pending one and the unread ones");
+    assert_eq!(group_state(&mut con, "s", "g").await, before, "a peek takes nothing from the group");
+
+    // Following: an entry appended while it waits is printed.
+    let follower = spawn_ctl(&sidecar.endpoint(), &["tail", "s", "--count", "1", "--interval-ms", "50"]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = sidecar.append("s", &[("n", b"later")]).await;
+    let run = finish(follower, EVENT_TIMEOUT).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.stdout.trim(), format!("{}  {}  n=\"later\"", later.stream_id, later.id));
+    assert_eq!(group_state(&mut con, "s", "g").await, before, "following takes nothing either");
+    assert_eq!(pending_count(&mut con, "s", "g").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_with_group_and_ack_consumes_what_it_prints() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut appended = Vec::new();
+    for i in 0..3 {
+        appended.push(sidecar.append("s", &[("n", i.to_string().as_bytes())]).await);
+    }
+
+    let run = ctl(
+        &sidecar.endpoint(),
+        &["tail", "s", "--group", "g", "--ack", "--group-start", "beginning", "--count", "3", "--json"],
+    )
+    .await
+    .ok();
+
+    let lines = run.json_lines();
+    let ids: Vec<&str> = lines.iter().map(|l| l["id"].as_str().unwrap()).collect();
+    let want: Vec<&str> = appended.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, want);
+    assert!(lines.iter().all(|l| l["group"] == "g" && l["attempts"] == 1), "{lines:?}");
+    assert!(run.stderr.contains("entries printed are acknowledged"), "{run:?}");
+    assert_eq!(pending_count(&mut con, "s", "g").await, 0, "every printed entry is acknowledged");
+    assert_eq!(last_delivered_id(&mut con, "s", "g").await, appended[2].stream_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_ends_cleanly_on_ctrl_c() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+
+    let peek = spawn_ctl(&sidecar.endpoint(), &["tail", "s", "--interval-ms", "50"]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    signal(&peek, "INT");
+    let run = finish(peek, EVENT_TIMEOUT).await;
+    assert_eq!(run.code, 0, "{run:?}");
+
+    sidecar.append("s", &[("k", b"v")]).await;
+    let consume = spawn_ctl(&sidecar.endpoint(), &["tail", "s", "--group", "g", "--ack", "--group-start", "beginning"]);
+    assert!(
+        eventually(EVENT_TIMEOUT, || {
+            let mut con = con.clone();
+            async move { groups(&mut con, "s").await.contains_key("g") && pending_count(&mut con, "s", "g").await == 0 }
+        })
+        .await
+    );
+    assert!(
+        eventually(EVENT_TIMEOUT, || {
+            let mut con = con.clone();
+            async move { last_delivered_id(&mut con, "s", "g").await != "0-0" }
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal(&consume, "INT");
+    let run = finish(consume, EVENT_TIMEOUT).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.stdout.lines().count(), 1, "{run:?}");
+    assert_eq!(pending_count(&mut con, "s", "g").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_ends_quietly_when_its_output_closes() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let first = sidecar.append("s", &[("k", b"first")]).await;
+
+    let mut tail = spawn_ctl(&sidecar.endpoint(), &["tail", "s", "--from-start", "--interval-ms", "50"]);
+    let stdout = tail.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("read a line");
+        line // the reader, and with it the pipe, is closed here: `| head -n 1`
+    })
+    .await
+    .expect("join");
+    assert!(line.starts_with(&first.stream_id), "{line:?}");
+    sidecar.append("s", &[("k", b"second")]).await; // its write finds the pipe closed
+    let run = finish(tail, EVENT_TIMEOUT).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stderr.is_empty(), "quietly: {run:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_listed_and_replayed() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let a = sidecar.append("s", &[("k", b"a")]).await;
+    let b = sidecar.append("s", &[("k", b"b")]).await;
+    for (d, reason) in call.deliveries(2, EVENT_TIMEOUT).await.iter().zip(["cannot parse", "bad sku"]) {
+        call.dead_letter(&d.id, reason).await;
+    }
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    drop(call);
+
+    let listed = ctl(&sidecar.endpoint(), &["dlq", "list", "s", "--json"]).await.ok().json();
+    let letters = listed["dead_letters"].as_array().expect("dead_letters");
+    assert_eq!(letters.len(), 2);
+    assert_eq!(letters[0]["id"], a.id.as_str());
+    assert_eq!(letters[0]["source_stream"], "s");
+    assert_eq!(letters[0]["source_id"], a.stream_id.as_str());
+    assert_eq!(letters[0]["group"], "g");
+    assert_eq!(letters[0]["attempts"], 1);
+    assert_eq!(letters[0]["reason"], "cannot parse");
+    assert_eq!(letters[0]["fields"]["k"], "a");
+    assert!(letters[0]["dead_lettered_at_ms"].as_u64().is_some());
+    assert_eq!(letters[1]["id"], b.id.as_str());
+    assert_eq!(listed["next_start_id"], Json::Null);
+    let first = letters[0]["dead_letter_id"].as_str().unwrap().to_owned();
+
+    let table = ctl(&sidecar.endpoint(), &["dlq", "list", "s"]).await.ok().stdout;
+    assert!(table.contains("\"cannot parse\"") && table.contains("k=\"b\""), "{table}");
+
+    let replayed = ctl(&sidecar.endpoint(), &["dlq", "replay", "s", &first]).await.ok().stdout;
+    assert!(replayed.contains(&first) && replayed.contains(&a.id), "{replayed}");
+    let back = xrange(&mut con, "s").await;
+    assert_eq!(back.len(), 3, "the dead letter is back in the stream");
+    assert_eq!(back[2].field("id"), Some(a.id.as_bytes()), "with its branded id");
+    assert_eq!(xlen(&mut con, "s:dlq").await, 1);
+
+    let again = ctl(&sidecar.endpoint(), &["dlq", "replay", "s", &first]).await;
+    assert_eq!(again.code, 4, "no longer in the dead-letter stream: {again:?}");
+    let rest = ctl(&sidecar.endpoint(), &["dlq", "replay", "s", "--count", "10", "--json"]).await.ok().json();
+    assert_eq!(rest["replayed"][0]["id"], b.id.as_str());
+    assert_eq!(xlen(&mut con, "s:dlq").await, 0);
+    let none = ctl(&sidecar.endpoint(), &["dlq", "replay", "s"]).await;
+    assert_eq!(none.code, 2, "ids or --count are required: {none:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_say_what_failed() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+
+    let nobody = format!("http://127.0.0.1:{}", free_port());
+    let unreachable = ctl(&nobody, &["describe", "s", "g"]).await;
+    assert_eq!(unreachable.code, 3, "{unreachable:?}");
+    assert!(unreachable.stderr.contains("unreachable"), "{unreachable:?}");
+
+    for (args, flag) in [
+        (&["read", "s", "--since", "yesterday"][..], "--since"),
+        (&["tail", "s", "--group", "g"], "--ack"),
+        (&["describe", "s"], "<GROUP>"),
+        (&["nonsense"], "nonsense"),
+    ] {
+        let bad = ctl(&sidecar.endpoint(), args).await;
+        assert_eq!(bad.code, 2, "{args:?}: {bad:?}");
+        assert!(bad.stderr.contains(flag), "{args:?}: {bad:?}");
+    }
+    let bad_endpoint = ctl("ftp://x:1", &["describe", "s", "g"]).await;
+    assert_eq!(bad_endpoint.code, 2, "{bad_endpoint:?}");
+
+    let missing = ctl(&sidecar.endpoint(), &["describe", "s", "nope"]).await;
+    assert_eq!(missing.code, 4, "NOT_FOUND: {missing:?}");
+    let refused = ctl(&sidecar.endpoint(), &["describe", "s", ""]).await;
+    assert_eq!(refused.code, 5, "INVALID_ARGUMENT: {refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_sent_and_a_missing_one_exits_6() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("ctl-token");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let token = token.to_str().unwrap();
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--auth-token-file").arg(token)).await;
+
+    let denied = ctl(&sidecar.endpoint(), &["append", "s", "-f", "k=v"]).await;
+    assert_eq!(denied.code, 6, "{denied:?}");
+    ctl(&sidecar.endpoint(), &["--auth-token-file", token, "append", "s", "-f", "k=v"]).await.ok();
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "s").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_unix_socket_endpoints_work() {
+    let pki = TestPki::new("ctl");
+    let server = pki.server_cert();
+    let redis = RedisServer::start().await;
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let options = SidecarOptions::default()
+        .arg("--tls-cert-file")
+        .arg(&path(&server.cert))
+        .arg("--tls-key-file")
+        .arg(&path(&server.key));
+    let sidecar = Sidecar::start(&redis, options).await;
+    let ca = path(pki.ca_cert());
+    ctl(&sidecar.https_endpoint(), &["--tls-ca-file", &ca, "append", "s", "-f", "k=tls"]).await.ok();
+    let untrusted = ctl(&sidecar.https_endpoint(), &["append", "s", "-f", "k=v"]).await;
+    assert_ne!(untrusted.code, 0, "the system's roots do not trust the test CA: {untrusted:?}");
+    let plain_with_ca = ctl(&sidecar.endpoint(), &["--tls-ca-file", &ca, "append", "s", "-f", "k=v"]).await;
+    assert_eq!(plain_with_ca.code, 2, "TLS options with http:// are a usage error: {plain_with_ca:?}");
+
+    let unix = Sidecar::start(&redis, SidecarOptions { unix_socket: true, ..SidecarOptions::default() }).await;
+    let socket = format!("unix:{}", unix.unix_path().unwrap().display());
+    ctl(&socket, &["append", "s", "-f", "k=unix"]).await.ok();
+    let mut con = redis.conn().await;
+    let values: Vec<Vec<u8>> = xrange(&mut con, "s").await.iter().map(|e| e.field("k").unwrap().to_vec()).collect();
+    assert_eq!(values, vec![b"tls".to_vec(), b"unix".to_vec()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_presents_the_client_certificate() {
+    let pki = TestPki::new("ctl-mtls");
+    let (server, client) = (pki.server_cert(), pki.client_cert("ctl-client", &["URI:spiffe://test/ctl"]));
+    let redis = RedisServer::start().await;
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let ca = path(pki.ca_cert());
+    let options = SidecarOptions::default()
+        .arg("--tls-cert-file")
+        .arg(&path(&server.cert))
+        .arg("--tls-key-file")
+        .arg(&path(&server.key))
+        .arg("--tls-client-ca-file")
+        .arg(&ca);
+    let sidecar = Sidecar::start(&redis, options).await;
+    let mut con = redis.conn().await;
+
+    let without = ctl(&sidecar.https_endpoint(), &["--tls-ca-file", &ca, "append", "s", "-f", "k=v"]).await;
+    assert_ne!(without.code, 0, "no client certificate, no call: {without:?}");
+    assert_eq!(xlen(&mut con, "s").await, 0);
+    let (cert, key) = (path(&client.cert), path(&client.key));
+    let with = ["--tls-ca-file", &ca, "--tls-cert-file", &cert, "--tls-key-file", &key, "append", "s", "-f", "k=v"];
+    ctl(&sidecar.https_endpoint(), &with).await.ok();
+    assert_eq!(xlen(&mut con, "s").await, 1);
+    let half =
+        ctl(&sidecar.https_endpoint(), &["--tls-ca-file", &ca, "--tls-cert-file", &cert, "describe", "s", "g"]).await;
+    assert_eq!(half.code, 2, "a certificate without its key is a usage error: {half:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_for_bash_complete_every_command() {
+    let run = ctl("http://127.0.0.1:1", &["completions", "bash"]).await.ok();
+    for word in ["describe", "tail", "append", "dlq", "replay", "read", "trim", "--endpoint", "--json"] {
+        assert!(run.stdout.contains(word), "{word} missing from the bash completions");
+    }
+    let dir = TempDir::new("ctl-completions");
+    let script = dir.path().join("echomqctl.bash");
+    std::fs::write(&script, &run.stdout).unwrap();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {} && complete -p echomqctl", script.display()))
+        .output()
+        .expect("run bash");
+    assert!(out.status.success(), "bash could not load it: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("_echomqctl"), "{out:?}");
+
+    let help = ctl("http://127.0.0.1:1", &["--help"]).await.ok().stdout;
+    assert!(help.contains("Exit codes:") && help.contains("6  denied"), "{help}");
+}
