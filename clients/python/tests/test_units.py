@@ -77,22 +77,44 @@ class _FakeError(grpc.RpcError):
         return "what to fix"
 
 
-@pytest.mark.parametrize(
-    "code",
-    [
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.FAILED_PRECONDITION,
-    ],
-)
+#: clients/CONTRACT.md, "Permanent status codes": the same set in all four clients.
+CONTRACT_PERMANENT = [
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNIMPLEMENTED,
+]
+
+
+def test_the_permanent_codes_are_the_contracts_set() -> None:
+    from echomq.errors import PERMANENT_CODES
+
+    assert PERMANENT_CODES == frozenset(CONTRACT_PERMANENT)
+
+
+@pytest.mark.parametrize("code", CONTRACT_PERMANENT)
 def test_permanent_codes_map_to_permanent_error(code: grpc.StatusCode) -> None:
     error = from_rpc_error("Consume", _FakeError(code))
     assert isinstance(error, PermanentError) and error.permanent
     assert "what to fix" in str(error) and code.name in str(error)
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN])
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    ],
+)
 def test_transient_codes_are_retryable(code: grpc.StatusCode) -> None:
     error = from_rpc_error("Consume", _FakeError(code))
     assert type(error) is RpcError and not error.permanent
@@ -239,9 +261,13 @@ async def _noop_batch(deliveries: list[Delivery]) -> None:
     pass
 
 
-def test_exactly_one_handler_kind_is_given() -> None:
+def test_at_most_one_handler_kind_is_given() -> None:
+    iterated = Consumer("127.0.0.1:1", "s", "g", start=Start.NEW)  # neither: iterated with `async for`
+    assert iterated.concurrency == 0
     with pytest.raises(TypeError):
-        Consumer("127.0.0.1:1", "s", "g", start=Start.NEW)
+        Consumer("127.0.0.1:1", "s", "g", start=Start.NEW, concurrency=4)  # no workers to size
+    with pytest.raises(TypeError):
+        Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW).deliveries()  # a handler consumer is not iterated
     with pytest.raises(TypeError):
         Consumer("127.0.0.1:1", "s", "g", _noop, batch_handler=_noop_batch, start=Start.NEW)
     batch = Consumer("127.0.0.1:1", "s", "g", batch_handler=_noop_batch, start=Start.NEW, max_in_flight=8)
