@@ -1,6 +1,6 @@
-"""A small blocking facade for scripts: `Producer` on gRPC's blocking stubs,
-and `Consumer`, which runs the asyncio consumer on its own event loop and calls
-a plain function per delivery on a thread pool.
+"""A small blocking facade for scripts: `Producer`, `Streams` and `Admin` on
+gRPC's blocking stubs, and `Consumer`, which runs the asyncio consumer on its
+own event loop and calls a plain function per delivery on a thread pool.
 
 ::
 
@@ -23,22 +23,35 @@ import asyncio
 import concurrent.futures
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
 
+from . import _convert
 from . import consumer as aio
 from ._channel import MAX_MESSAGE_BYTES, ChannelOptions, authority_options, merge
+from ._convert import Bound
 from .delivery import Delivery, RawField, VerdictError
 from .errors import EchoMQError, from_rpc_error
 from .options import Backoff, Seconds, Start, seconds
 from .producer import Appended, Fields, append_batch_request, append_request, appended
+from .records import DeadLetterEntry, DeadLetterPage, Entry, GroupInfo, ReadPage, ReplayResult, Trimmed
+from .v1 import admin_service_pb2_grpc as admin_grpc
 from .v1 import stream_service_pb2_grpc as stream_grpc
 
-__all__ = ["Consumer", "Producer", "SyncDelivery"]
+__all__ = ["Admin", "Consumer", "Producer", "Streams", "SyncDelivery"]
+
+
+def _blocking_channel(target: str, channel_options: ChannelOptions) -> grpc.Channel:
+    defaults = [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+    defaults += authority_options(target)
+    return grpc.insecure_channel(target, options=merge(defaults, channel_options))
 
 T = TypeVar("T")
 
@@ -50,12 +63,7 @@ class Producer:
         self, target: str | grpc.Channel, *, timeout: Seconds | None = None, channel_options: ChannelOptions = ()
     ) -> None:
         if isinstance(target, str):
-            defaults = [
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ]
-            defaults += authority_options(target)
-            self._channel = grpc.insecure_channel(target, options=merge(defaults, channel_options))
+            self._channel = _blocking_channel(target, channel_options)
             self._owns_channel = True
         else:
             self._channel = target
@@ -99,10 +107,141 @@ class Producer:
         self.close()
 
 
+class Streams(Producer):
+    """The blocking twin of `echomq.Streams`: append, read and trim (same
+    arguments, same errors, iterators instead of async iterators)."""
+
+    def read(self, stream: str, *, start: Bound | None = None, end: Bound | None = None, count: int = 0) -> ReadPage:
+        """One page of `stream`; see `echomq.Streams.read`."""
+        request = _convert.read_request(stream, start, end, count)
+        try:
+            response = self._stub.Read(request, timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(f"Read(stream={stream!r})", error) from None
+        return _convert.read_page(response)
+
+    def read_pages(
+        self, stream: str, *, start: Bound | None = None, end: Bound | None = None, page_size: int = 0
+    ) -> Iterator[ReadPage]:
+        """Every page of the range, following `next_start_id`."""
+        while True:
+            page = self.read(stream, start=start, end=end, count=page_size)
+            yield page
+            if page.next_start_id is None:
+                return
+            start = page.next_start_id
+
+    def read_all(
+        self, stream: str, *, start: Bound | None = None, end: Bound | None = None, page_size: int = 0
+    ) -> Iterator[Entry]:
+        """Every entry of the range, oldest first, page by page."""
+        for page in self.read_pages(stream, start=start, end=end, page_size=page_size):
+            yield from page.entries
+
+    def trim(
+        self,
+        stream: str,
+        *,
+        max_len: int | None = None,
+        min_id: str | None = None,
+        before: datetime | None = None,
+        approximate: bool = False,
+        ignore_groups: bool = False,
+    ) -> Trimmed:
+        """Trims `stream`, safe by default; see `echomq.Streams.trim`."""
+        request = _convert.trim_request(stream, max_len, min_id, before, approximate, ignore_groups)
+        try:
+            response = self._stub.Trim(request, timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(f"Trim(stream={stream!r})", error) from None
+        return _convert.trimmed(response)
+
+    def __enter__(self) -> Streams:
+        return self
+
+
+class Admin:
+    """The blocking twin of `echomq.Admin` (same methods, same errors)."""
+
+    def __init__(
+        self, target: str | grpc.Channel, *, timeout: Seconds | None = None, channel_options: ChannelOptions = ()
+    ) -> None:
+        if isinstance(target, str):
+            self._channel = _blocking_channel(target, channel_options)
+            self._owns_channel = True
+        else:
+            self._channel = target
+            self._owns_channel = False
+        self._stub = admin_grpc.AdminServiceStub(self._channel)
+        self._timeout = None if timeout is None else seconds(timeout)
+
+    def describe_group(self, stream: str, group: str) -> GroupInfo:
+        """A group's state; see `echomq.Admin.describe_group`."""
+        request = _convert.describe_request(stream, group)
+        try:
+            response = self._stub.DescribeGroup(request, timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(f"DescribeGroup(stream={stream!r}, group={group!r})", error) from None
+        return _convert.group_info(response)
+
+    def list_dead_letters(
+        self, stream: str, *, dead_letter_stream: str | None = None, start_id: str | None = None, count: int = 0
+    ) -> DeadLetterPage:
+        """One page of dead letters; see `echomq.Admin.list_dead_letters`."""
+        request = _convert.list_dead_letters_request(stream, dead_letter_stream, start_id, count)
+        try:
+            response = self._stub.ListDeadLetters(request, timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(f"ListDeadLetters(stream={stream!r})", error) from None
+        return _convert.dead_letter_page(response)
+
+    def dead_letters(
+        self, stream: str, *, dead_letter_stream: str | None = None, page_size: int = 0
+    ) -> Iterator[DeadLetterEntry]:
+        """Every dead letter of `stream`, oldest first, page by page."""
+        start: str | None = None
+        while True:
+            page = self.list_dead_letters(stream, dead_letter_stream=dead_letter_stream, start_id=start, count=page_size)
+            yield from page.dead_letters
+            if page.next_start_id is None:
+                return
+            start = page.next_start_id
+
+    def replay_dead_letters(
+        self, stream: str, *, ids: Iterable[str] = (), dead_letter_stream: str | None = None, count: int = 0
+    ) -> ReplayResult:
+        """Moves dead letters back to `stream`; see `echomq.Admin.replay_dead_letters`."""
+        request = _convert.replay_request(stream, ids, dead_letter_stream, count)
+        try:
+            response = self._stub.ReplayDeadLetters(request, timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(f"ReplayDeadLetters(stream={stream!r})", error) from None
+        return _convert.replay_result(response)
+
+    def close(self) -> None:
+        if self._owns_channel:
+            self._channel.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+
 class SyncDelivery:
     """A `Delivery` for a blocking handler: the same attributes, blocking
     `ack()`, `fail()`, `dead_letter()` and `extend()` (safe from the handler's
-    worker thread)."""
+    worker thread).
+
+    `lease_lost` is a `threading.Event`, set when the sidecar reports
+    LEASE_LOST for this delivery (a peer reclaimed the entry): a long handler
+    should check it (`lease_lost.is_set()`, `lease_lost.wait(timeout)`) and
+    give up; the thread is not interrupted. No verdict is sent for the
+    delivery afterwards, whatever the handler returns.
+    """
 
     def __init__(self, delivery: Delivery, loop: asyncio.AbstractEventLoop) -> None:
         self._delivery = delivery
@@ -116,6 +255,9 @@ class SyncDelivery:
         self.attempts: int = delivery.attempts
         self.minted_at: datetime = delivery.minted_at
         self.traceparent: str = delivery.traceparent
+        self.lease_lost = threading.Event()
+        # Constructed on the consumer's loop, where LEASE_LOST is handled.
+        delivery._on_lease_lost(self.lease_lost.set)
 
     @property
     def settled(self) -> bool:
