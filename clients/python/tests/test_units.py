@@ -272,3 +272,57 @@ def test_at_most_one_handler_kind_is_given() -> None:
         Consumer("127.0.0.1:1", "s", "g", _noop, batch_handler=_noop_batch, start=Start.NEW)
     batch = Consumer("127.0.0.1:1", "s", "g", batch_handler=_noop_batch, start=Start.NEW, max_in_flight=8)
     assert batch.concurrency == 1 and batch.max_batch == 8
+
+
+@pytest.mark.parametrize("max_in_flight, ids", [(1, 1), (4, 1), (8, 2), (64, 16), (1024, 256), (10_000, 256)])
+def test_an_ack_carries_at_most_256_ids_and_a_quarter_of_max_in_flight(max_in_flight: int, ids: int) -> None:
+    from echomq.consumer import max_ack_ids
+
+    assert max_ack_ids(max_in_flight) == ids
+    assert Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=max_in_flight)._max_ack_ids == ids
+
+
+async def test_a_lost_lease_sets_the_event_and_no_verdict_is_sent() -> None:
+    call = _Call()
+    delivery = _delivery(call)
+    call.held[delivery.id] = delivery
+    waiting = asyncio.ensure_future(delivery.lease_lost.wait())
+    delivery._lose()
+    await asyncio.wait_for(waiting, 1)
+    assert not await delivery.ack() and not await delivery.fail("x") and not await delivery.dead_letter("y")
+    assert not await delivery.extend(5)
+    assert await _drain(call) == [], "nothing may be sent for a delivery whose lease was lost"
+
+
+async def test_the_lease_lost_event_asked_for_after_the_loss_is_set() -> None:
+    delivery = _delivery(_Call())
+    delivery._lose()
+    assert delivery.lease_lost.is_set()
+
+
+def test_the_sync_delivery_gets_a_threading_event() -> None:
+    import threading
+
+    from echomq.sync import SyncDelivery
+
+    loop = asyncio.new_event_loop()
+    try:
+        before = _delivery(_Call())
+        early = SyncDelivery(before, loop)
+        assert isinstance(early.lease_lost, threading.Event) and not early.lease_lost.is_set()
+        before._lose()
+        assert early.lease_lost.is_set()
+        lost = _delivery(_Call())
+        lost._lose()
+        assert SyncDelivery(lost, loop).lease_lost.is_set()  # created after the loss
+    finally:
+        loop.close()
+
+
+async def test_settling_releases_the_delivery_from_the_call() -> None:
+    call = _Call()
+    acked, failed = _delivery(call, "01" * 14), _delivery(call, "02" * 14)
+    call.held.update({acked.id: acked, failed.id: failed})
+    await acked.ack()
+    await failed.fail("no")
+    assert call.held == {}
