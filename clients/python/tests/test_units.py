@@ -250,7 +250,9 @@ def test_max_batch_defaults_to_256_capped_by_max_in_flight() -> None:
     def subscribe(**kwargs: int) -> pb.Subscribe:
         return Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, **kwargs)._subscribe.subscribe
 
-    assert subscribe().max_batch == 64  # max_in_flight's default
+    assert subscribe().max_batch == 256  # max_in_flight unset: a frame never exceeds the credit anyway
+    assert subscribe().max_in_flight == 0  # unset is sent as 0: the sidecar's default (clients/CONTRACT.md)
+    assert subscribe(max_in_flight=64).max_batch == 64
     assert subscribe(max_in_flight=1000).max_batch == 256
     assert subscribe(max_in_flight=1000, max_batch=1).max_batch == 1
     with pytest.raises(ValueError):
@@ -279,7 +281,7 @@ def test_an_ack_carries_at_most_256_ids_and_a_quarter_of_max_in_flight(max_in_fl
     from echomq.consumer import max_ack_ids
 
     assert max_ack_ids(max_in_flight) == ids
-    assert Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=max_in_flight)._max_ack_ids == ids
+    assert max_ack_ids(Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=max_in_flight)._max_in_flight) == ids
 
 
 async def test_a_lost_lease_sets_the_event_and_no_verdict_is_sent() -> None:

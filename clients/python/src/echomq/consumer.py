@@ -33,8 +33,12 @@ BatchHandler = Callable[[list[Delivery]], Awaitable[Sequence[Verdict] | None]]
 #: it runs on the task that reads the call.
 VerdictErrorHook = Callable[[VerdictError], object]
 
-#: Default `max_in_flight` (entries), the sidecar's own default.
+#: The sidecar's default `max_in_flight` (entries, `--default-max-in-flight`),
+#: which an unset `max_in_flight` gets (it is sent as 0).
 DEFAULT_MAX_IN_FLIGHT = 64
+#: The sidecar's default `--max-in-flight-limit` (entries): the most a
+#: subscribe may ask for.
+MAX_IN_FLIGHT_LIMIT = 10_000
 #: Default graceful-stop deadline (seconds) of `stop()` and `async with`.
 DEFAULT_STOP_DEADLINE = 10.0
 #: After the handlers' deadline, the least time (seconds) `stop()` still gives
@@ -96,7 +100,9 @@ class _Call:
         # never wait behind a full queue while its handler slot is released.
         self._outbox: asyncio.Queue[pb.ConsumeRequest | _Finish] = asyncio.Queue()
         self._ack_linger = ack_linger
-        self._max_ack_ids = max_ack_ids
+        #: The most ids per Ack message; set from the effective max_in_flight
+        #: when the call is subscribed (before any delivery can be acked).
+        self.max_ack_ids = max_ack_ids
         self._acks: list[str] = []
         self._flush_timer: asyncio.TimerHandle | None = None
         #: Deliveries of this call not yet settled, by branded id: where a
@@ -111,7 +117,7 @@ class _Call:
         if not self.open:
             return False
         self._acks.append(id)
-        if len(self._acks) >= self._max_ack_ids:
+        if len(self._acks) >= self.max_ack_ids:
             self.flush_acks()
         elif self._flush_timer is None:
             self._flush_timer = asyncio.get_running_loop().call_later(self._ack_linger, self.flush_acks)
@@ -180,12 +186,12 @@ class _Call:
                 return
             if item.WhichOneof("kind") == "ack":
                 ids = list(item.ack.ids)
-                while len(ids) < self._max_ack_ids and not self._outbox.empty():
+                while len(ids) < self.max_ack_ids and not self._outbox.empty():
                     following = self._outbox.get_nowait()
                     if (
                         isinstance(following, pb.ConsumeRequest)
                         and following.WhichOneof("kind") == "ack"
-                        and len(ids) + len(following.ack.ids) <= self._max_ack_ids
+                        and len(ids) + len(following.ack.ids) <= self.max_ack_ids
                     ):
                         ids.extend(following.ack.ids)
                     else:
@@ -205,11 +211,14 @@ class Consumer:
             await consumer.wait()   # until stop() or a permanent error
 
     `target` is `host:port`, `unix:/path`, or a `grpc.aio.Channel` you own.
-    `start` is required (see `Start`). `max_in_flight` (entries, default 64) is
-    the most deliveries the sidecar hands this consumer un-settled;
-    `concurrency` the most handler calls running at once (a fixed pool of that
-    many workers; default `max_in_flight` for `handler`, 1 for
-    `batch_handler`; at most `max_in_flight`).
+    `start` is required (see `Start`). `max_in_flight` (entries) is the most
+    deliveries the sidecar hands this consumer un-settled; None (the default)
+    sends 0, which is the sidecar's `--default-max-in-flight` (64 unless the
+    sidecar says otherwise), and the effective value comes back in
+    `Subscription.max_in_flight`. `concurrency` is the most handler calls
+    running at once (a fixed pool of that many workers; default: the
+    effective `max_in_flight` for `handler`, known once subscribed; 1 for
+    `batch_handler`; at most `max_in_flight` when that is given).
 
     Give at most one of `handler` (called once per delivery: returning acks,
     raising fails) and `batch_handler` (opt-in, for bulk work: called with the
@@ -218,7 +227,9 @@ class Consumer:
     iterated instead (`async for delivery in consumer`, see `deliveries()`)
     and every delivery must be settled explicitly.
 
-    `max_batch` (deliveries, default `min(256, max_in_flight)`; the sidecar
+    `max_batch` (deliveries, default `min(256, max_in_flight)`, 256 when
+    `max_in_flight` is unset: a frame never holds more than the call's
+    credit anyway; the sidecar
     refuses more than 4096 with INVALID_ARGUMENT) is the most deliveries per
     frame the sidecar sends, and the largest list a batch handler gets; 1 asks
     for one delivery per frame. Acks are coalesced: one `Ack` message per
@@ -258,7 +269,7 @@ class Consumer:
         handler: Handler | None = None,
         *,
         start: Start,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_in_flight: int | None = None,
         concurrency: int | None = None,
         batch_handler: BatchHandler | None = None,
         max_batch: int | None = None,
@@ -280,24 +291,28 @@ class Consumer:
             raise ValueError("stream and group are required")
         if handler is not None and batch_handler is not None:
             raise TypeError("give at most one of handler and batch_handler (neither: iterate the consumer)")
-        if max_in_flight < 1:
-            raise ValueError("max_in_flight must be at least 1")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1 (None: the sidecar's default)")
         iterated = handler is None and batch_handler is None
         if iterated:
             if concurrency is not None:
                 raise TypeError("concurrency is for handlers; an iterated consumer runs no worker")
             concurrency = 0
         elif concurrency is None:
-            concurrency = max_in_flight if batch_handler is None else 1
-        if not iterated and not 1 <= concurrency <= max_in_flight:
-            raise ValueError(f"concurrency must be between 1 and max_in_flight ({max_in_flight})")
-        max_batch = min(DEFAULT_MAX_BATCH, max_in_flight) if max_batch is None else max_batch
+            # Unset with max_in_flight unset too: None, the effective
+            # max_in_flight, spawned when the sidecar says it (_serve).
+            concurrency = 1 if batch_handler is not None else max_in_flight
+        if concurrency is not None and not iterated:
+            if concurrency < 1 or (max_in_flight is not None and concurrency > max_in_flight):
+                raise ValueError(f"concurrency must be between 1 and max_in_flight ({max_in_flight})")
+        if max_batch is None:
+            max_batch = DEFAULT_MAX_BATCH if max_in_flight is None else min(DEFAULT_MAX_BATCH, max_in_flight)
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         linger = seconds(ack_linger)
         if linger < 0:
             raise ValueError("ack_linger must not be negative")
-        subscribe = pb.Subscribe(stream=stream, group=group, max_in_flight=max_in_flight, max_batch=max_batch)
+        subscribe = pb.Subscribe(stream=stream, group=group, max_in_flight=max_in_flight or 0, max_batch=max_batch)
         start.apply(subscribe)
         if ack_deadline is not None:
             subscribe.ack_deadline.CopyFrom(to_duration(ack_deadline))
@@ -314,10 +329,13 @@ class Consumer:
         subscribe.no_ack = no_ack
         self.stream = stream
         self.group = group
-        self.concurrency = concurrency
+        #: The handler pool's size; None until the first subscribe when it is
+        #: the effective max_in_flight; 0 for an iterated consumer.
+        self.concurrency: int | None = concurrency
         self.max_batch = max_batch
         self.ack_linger = linger
-        self._max_ack_ids = max_ack_ids(max_in_flight)
+        # The effective max_in_flight: as asked, until a subscribe says (_serve).
+        self._max_in_flight = max_in_flight or DEFAULT_MAX_IN_FLIGHT
         self._iterated = iterated
         #: Deliveries the iteration handed out; `stop()` waits for the
         #: unsettled ones (pruned as they settle).
@@ -359,13 +377,18 @@ class Consumer:
         else:
             self._channel = self._target
         self._stub = pb_grpc.ConsumerServiceStub(self._channel)
+        if self.concurrency is not None:
+            self._spawn_workers(self.concurrency)  # else at the first subscribe
+        self._task = asyncio.create_task(self._run(), name=f"echomq-consumer-{self.stream}-{self.group}")
+
+    def _spawn_workers(self, count: int) -> None:
+        """The fixed pool of handler workers (none for an iterated consumer)."""
+        self.concurrency = count
         work = self._work if self._batch_handler is None else self._work_batches
-        # No workers for an iterated consumer (concurrency 0).
         self._workers = [
             asyncio.create_task(work(), name=f"echomq-worker-{self.stream}-{self.group}-{i}")
-            for i in range(self.concurrency)
+            for i in range(count)
         ]
-        self._task = asyncio.create_task(self._run(), name=f"echomq-consumer-{self.stream}-{self.group}")
 
     async def run(self) -> None:
         """Starts (if needed) and consumes until `stop()`; raises `PermanentError`."""
@@ -570,7 +593,7 @@ class Consumer:
                 continue
             if stopping.is_set() or not delivery._call.open or delivery._lost:
                 continue  # left to the group: the sidecar delivers it again
-            if len(self._handed) >= 2 * self._subscribe.subscribe.max_in_flight:
+            if len(self._handed) >= 2 * self._max_in_flight:
                 self._handed = set(self._unsettled_handed())
             self._handed.add(delivery)
             yield delivery
@@ -616,7 +639,7 @@ class Consumer:
         what = f"Consume(stream={self.stream!r}, group={self.group!r})"
         try:
             while not self._stopping.is_set():
-                call = _Call(self.ack_linger, self._max_ack_ids)
+                call = _Call(self.ack_linger, max_ack_ids(self._max_in_flight))
                 self._call = call
                 try:
                     await self._serve(call)
@@ -674,6 +697,10 @@ class Consumer:
                         confirmed.stream, confirmed.group, confirmed.consumer, confirmed.max_in_flight
                     )
                     call.subscribed = True
+                    self._max_in_flight = confirmed.max_in_flight or self._max_in_flight
+                    call.max_ack_ids = max_ack_ids(self._max_in_flight)
+                    if self.concurrency is None:
+                        self._spawn_workers(self._max_in_flight)  # before any delivery of this call
                     self._subscribed.set()
                     log.info(
                         "subscribed to %s as %s in group %s", confirmed.stream, confirmed.consumer, confirmed.group

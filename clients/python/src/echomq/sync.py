@@ -300,7 +300,7 @@ class Consumer:
         handler: Callable[[SyncDelivery], object],
         *,
         start: Start,
-        max_in_flight: int = aio.DEFAULT_MAX_IN_FLIGHT,
+        max_in_flight: int | None = None,
         concurrency: int | None = None,
         max_batch: int | None = None,
         ack_linger: Seconds = aio.DEFAULT_ACK_LINGER,
@@ -319,8 +319,11 @@ class Consumer:
         self._stop_deadline = stop_deadline
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
+        # Threads start as work needs them; the asyncio consumer's workers
+        # (`concurrency`, by default the effective max_in_flight) bound how
+        # many handlers run at once, so the pool's cap only has to be enough.
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=concurrency or max_in_flight, thread_name_prefix="echomq-handler"
+            max_workers=concurrency or max_in_flight or aio.MAX_IN_FLIGHT_LIMIT, thread_name_prefix="echomq-handler"
         )
         self._consumer = aio.Consumer(
             target,
