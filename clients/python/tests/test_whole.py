@@ -329,6 +329,50 @@ async def test_the_iteration_raises_the_permanent_error(live_sidecar: Sidecar) -
     await consumer.stop()
 
 
+def test_the_sync_consumer_is_iterated_with_for(live_sidecar: Sidecar, redis_client: redis.Redis, fresh: str) -> None:
+    ids = [redis_client.xadd(fresh, {"n": str(i)}).decode() for i in range(5)]
+    seen: list[str] = []
+    with echomq_sync.Consumer(live_sidecar.target, fresh, "g", start=Start.BEGINNING, max_in_flight=2) as consumer:
+        for delivery in consumer:
+            seen.append(delivery.stream_id)
+            if len(seen) == 5:
+                break  # not settled: left to the group
+            assert delivery.ack()
+    assert seen == ids
+    assert pending(redis_client, fresh, "g") == 1  # the one in hand at the break
+    # An exception out of the block fails what it held, with its message.
+    with pytest.raises(ValueError, match="unparseable"):
+        with echomq_sync.Consumer(live_sidecar.target, fresh, "g", start=Start.BEGINNING, max_deliveries=2,
+                                  retry_backoff_initial=0.05) as consumer:
+            for delivery in consumer:
+                assert delivery.attempts == 2 and delivery.stream_id == ids[4]
+                raise ValueError("unparseable")
+    with echomq_sync.Consumer(live_sidecar.target, fresh, "g", start=Start.BEGINNING, max_deliveries=2):
+        deadline = time.monotonic() + 20
+        while redis_client.xlen(f"{fresh}:dlq") == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    [(_, fields)] = redis_client.xrange(f"{fresh}:dlq")
+    assert fields[b"echomq.reason"] == b"unparseable" and pending(redis_client, fresh, "g") == 0
+
+
+def test_stopping_the_sync_iteration_from_another_thread_ends_it(
+    live_sidecar: Sidecar, redis_client: redis.Redis, fresh: str
+) -> None:
+    redis_client.xadd(fresh, {"n": "1"})
+    consumer = echomq_sync.Consumer(live_sidecar.target, fresh, "g", start=Start.BEGINNING)
+    got = []
+    for delivery in consumer:  # starts it; no `with`
+        got.append(delivery)
+        stopper = threading.Thread(target=consumer.stop, args=(5.0,))
+        stopper.start()
+        time.sleep(0.2)  # stop() waits for the delivery in hand
+        assert stopper.is_alive()
+        delivery.ack()
+        stopper.join(10)
+    assert len(got) == 1 and not stopper.is_alive()
+    assert pending(redis_client, fresh, "g") == 0
+
+
 # -- defaults ----------------------------------------------------------------------
 
 

@@ -284,12 +284,26 @@ class SyncDelivery:
 
 class Consumer:
     """The blocking twin of `echomq.Consumer`: same arguments (no
-    `batch_handler`), but `handler` and `on_verdict_error` are plain functions. Handlers run on a pool of
-    `concurrency` threads. `run()` blocks until `stop()` (from another thread,
-    or SIGINT/SIGTERM when `run()` is on the main thread) and raises
-    `PermanentError` like the asyncio consumer. A thread cannot be cancelled:
-    a handler still running at the stop deadline finishes in the background,
-    its verdict dropped (the entry is delivered again).
+    `batch_handler`), but `handler` and `on_verdict_error` are plain
+    functions. Handlers run on a pool of `concurrency` threads. `run()` blocks
+    until `stop()` (from another thread, or SIGINT/SIGTERM when `run()` is on
+    the main thread) and raises `PermanentError` like the asyncio consumer. A
+    thread cannot be cancelled: a handler still running at the stop deadline
+    finishes in the background, its verdict dropped (the entry is delivered
+    again).
+
+    Without a handler it is iterated instead, with the asyncio consumer's
+    rules (see `echomq.Consumer.deliveries`)::
+
+        with Consumer(target, "orders", "billing", start=Start.BEGINNING) as consumer:
+            for delivery in consumer:
+                process(delivery)
+                delivery.ack()        # settle each one: fail(), dead_letter() …
+
+    The asyncio consumer then runs on an event loop in a background thread;
+    leaving the `with` block stops it (an exception out of the block fails
+    the deliveries handed out and not settled; a normal exit leaves them to
+    the group) and ends that thread.
     """
 
     def __init__(
@@ -297,7 +311,7 @@ class Consumer:
         target: str,
         stream: str,
         group: str,
-        handler: Callable[[SyncDelivery], object],
+        handler: Callable[[SyncDelivery], object] | None = None,
         *,
         start: Start,
         max_in_flight: int | None = None,
@@ -318,6 +332,8 @@ class Consumer:
         self._handler = handler
         self._stop_deadline = stop_deadline
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The background thread running `_loop` for an iterated consumer.
+        self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         # Threads start as work needs them; the asyncio consumer's workers
         # (`concurrency`, by default the effective max_in_flight) bound how
@@ -329,7 +345,7 @@ class Consumer:
             target,
             stream,
             group,
-            self._run_handler,
+            self._run_handler if handler is not None else None,
             start=start,
             max_in_flight=max_in_flight,
             concurrency=concurrency,
@@ -347,11 +363,91 @@ class Consumer:
         )
 
     async def _run_handler(self, delivery: Delivery) -> None:
+        assert self._handler is not None
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._handler, SyncDelivery(delivery, loop))
 
+    # -- the iterated form ------------------------------------------------------------
+
+    def deliveries(self) -> Iterator[SyncDelivery]:
+        """The deliveries, one at a time, for a consumer built without a
+        handler (see the class doc; the rules are `echomq.Consumer.deliveries`'s).
+        Ends when the consumer stops; raises `PermanentError` when a permanent
+        status stopped it."""
+        if self._handler is not None:
+            raise TypeError("this consumer runs a handler; iterate a Consumer built without one")
+        loop = self._start_loop()
+        iterator = self._consumer.deliveries()
+
+        async def next_delivery() -> SyncDelivery:
+            # Built on the loop's thread, where LEASE_LOST is handled.
+            return SyncDelivery(await iterator.__anext__(), loop)
+
+        while not loop.is_closed():
+            try:
+                delivery = asyncio.run_coroutine_threadsafe(next_delivery(), loop).result()
+            except (StopAsyncIteration, concurrent.futures.CancelledError):
+                return  # stopped (the loop's tasks are cancelled when it closes)
+            yield delivery
+
+    def __iter__(self) -> Iterator[SyncDelivery]:
+        return self.deliveries()
+
+    def __enter__(self) -> Consumer:
+        if self._handler is not None:
+            raise TypeError("use run() for a consumer with a handler; `with` is for iterating one")
+        self._start_loop()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            # The asyncio consumer's own exit: fail what the body held on an
+            # exception, leave it to the group otherwise, stop gracefully.
+            asyncio.run_coroutine_threadsafe(self._consumer.__aexit__(exc_type, exc, traceback), loop).result()
+        self._close_loop()
+
+    def _start_loop(self) -> asyncio.AbstractEventLoop:
+        """The background loop of an iterated consumer, started once."""
+        if self._loop is not None:
+            return self._loop
+        loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=loop.run_forever, name="echomq-loop", daemon=True)
+        self._thread.start()
+        self._loop = loop
+        asyncio.run_coroutine_threadsafe(self._consumer.start(), loop).result()
+        self._ready.set()
+        return loop
+
+    def _close_loop(self) -> None:
+        """Ends the background loop: what still runs there (an iteration
+        waiting for its next delivery) is cancelled, then the thread ends."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or loop.is_closed():
+            return
+
+        async def cancel_the_rest() -> None:
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            await loop.shutdown_asyncgens()
+
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(cancel_the_rest(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- the handler form -------------------------------------------------------------
+
     def run(self) -> None:
         """Consumes until stopped; raises `PermanentError` on a permanent failure."""
+        if self._handler is None:
+            raise TypeError("a consumer without a handler is iterated: `for delivery in consumer`")
         try:
             asyncio.run(self._main())
         finally:
@@ -387,6 +483,8 @@ class Consumer:
             return
         deadline = self._stop_deadline if deadline is None else deadline
         asyncio.run_coroutine_threadsafe(self._consumer.stop(deadline), loop).result()
+        if self._thread is not None:
+            self._close_loop()  # an iterated consumer's background loop
 
     def send_ack(self, *ids: str) -> bool:
         """The raw escape hatch; see `echomq.Consumer.send_ack`."""
