@@ -281,7 +281,8 @@ def test_an_ack_carries_at_most_256_ids_and_a_quarter_of_max_in_flight(max_in_fl
     from echomq.consumer import max_ack_ids
 
     assert max_ack_ids(max_in_flight) == ids
-    assert max_ack_ids(Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=max_in_flight)._max_in_flight) == ids
+    consumer = Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=max_in_flight)
+    assert max_ack_ids(consumer._max_in_flight) == ids
 
 
 async def test_a_lost_lease_sets_the_event_and_no_verdict_is_sent() -> None:

@@ -234,8 +234,8 @@ class Consumer:
     frame the sidecar sends, and the largest list a batch handler gets; 1 asks
     for one delivery per frame. Acks are coalesced: one `Ack` message per
     `ack_linger` window (seconds, default 0.001) or per `max_ack_ids` (256, at
-    most a quarter of `max_in_flight`) ids, whichever comes first; fails and dead letters go out at once, after
-    the acks given before them. `ack_deadline`, `retry_backoff_initial`,
+    most a quarter of `max_in_flight`) ids, whichever comes first; fails and
+    dead letters go out at once, after the acks given before them. `ack_deadline`, `retry_backoff_initial`,
     `retry_backoff_max` (seconds or timedelta), `dead_letter_stream` and
     `max_deliveries` (poison entries go to the dead-letter stream after that
     many deliveries) are the subscription's policy; None leaves the sidecar's

@@ -201,7 +201,9 @@ class Admin:
         """Every dead letter of `stream`, oldest first, page by page."""
         start: str | None = None
         while True:
-            page = self.list_dead_letters(stream, dead_letter_stream=dead_letter_stream, start_id=start, count=page_size)
+            page = self.list_dead_letters(
+                stream, dead_letter_stream=dead_letter_stream, start_id=start, count=page_size
+            )
             yield from page.dead_letters
             if page.next_start_id is None:
                 return
