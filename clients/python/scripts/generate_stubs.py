@@ -6,8 +6,11 @@ repository's proto/ directory. tests/test_stubs_fresh.py runs this with
 `--check`, which generates into a temporary directory and fails on any
 difference, so committed stubs can never go stale.
 
-Uses the protoc bundled in grpcio-tools (pinned in pyproject.toml's `dev`
-extra: its version is stamped into the output).
+Uses the protoc bundled in grpcio-tools (pinned in pyproject.toml's `test`
+extra: its version is stamped into the output). That version is chosen on
+purpose, not the newest: the generated modules refuse a protobuf runtime older
+than their gencode and a grpcio older than their generator, so the generator's
+version is the package's floor (see the dependencies in pyproject.toml).
 
     python scripts/generate_stubs.py           # rewrite src/echomq/v1/*_pb2*.py[i]
     python scripts/generate_stubs.py --check   # exit 1 and show a diff when stale

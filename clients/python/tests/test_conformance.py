@@ -57,6 +57,7 @@ class HandlerCall:
     payload: dict[str, bytes]
     started: float
     finished: float | None = None
+    lease_lost_signalled: bool = False
 
 
 @dataclass
@@ -125,6 +126,13 @@ class ScenarioRunner:
             elif kind == "sleep":
                 ms = action["ms"] if "ms" in action else random.randint(0, action["ms_random_max"])
                 await asyncio.sleep(ms / 1000)
+            elif kind == "wait_lease_lost":
+                try:
+                    await asyncio.wait_for(delivery.lease_lost.wait(), WAIT_TIMEOUT)
+                except asyncio.TimeoutError:
+                    raise AssertionError(f"the lease of {delivery.id} was never reported lost") from None
+                call.lease_lost_signalled = True
+                # Returning normally: the client must send no verdict now.
             elif kind == "hang":
                 # A hanging handler never finishes by design; it counts as
                 # handled once it hangs, so that `wait_handled` can see it.
@@ -221,6 +229,11 @@ class ScenarioRunner:
             consumer = self.consumers[-1]
             await consumer.wait_subscribed(WAIT_TIMEOUT)
             assert await consumer.send_ack(arg), "no open call to send the raw ack on"
+        elif name == "steal":
+            # A peer named `thief` takes the entry whose handler started last.
+            stolen = self.run.calls[-1].stream_id
+            claimed = self.redis.xclaim(self.stream, GROUP, "thief", 0, [stolen])
+            assert claimed, f"XCLAIM of {stolen} claimed nothing"
         elif name == "wait_verdict_error":
             await until(f"verdict error {arg}", lambda: arg in self.run.verdict_errors)
         else:
@@ -300,6 +313,9 @@ class ScenarioRunner:
                     assert (c.payload == run.appended[c.stream_id]) == want, f"payload of {c.stream_id} differs"
             elif key == "verdict_errors":
                 assert run.verdict_errors == want, f"verdict errors {run.verdict_errors}, want {want}"
+            elif key == "lease_lost_signalled":
+                got = sum(1 for c in run.calls if c.lease_lost_signalled)
+                assert got == want, f"{got} handler calls saw their lease lost, want {want}"
             elif key == "max_concurrent_handlers":
                 assert run.max_running <= want, f"{run.max_running} handlers ran at once, limit {want}"
             elif key == "stop_returned_within_ms":

@@ -77,22 +77,44 @@ class _FakeError(grpc.RpcError):
         return "what to fix"
 
 
-@pytest.mark.parametrize(
-    "code",
-    [
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.FAILED_PRECONDITION,
-    ],
-)
+#: clients/CONTRACT.md, "Permanent status codes": the same set in all four clients.
+CONTRACT_PERMANENT = [
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNIMPLEMENTED,
+]
+
+
+def test_the_permanent_codes_are_the_contracts_set() -> None:
+    from echomq.errors import PERMANENT_CODES
+
+    assert PERMANENT_CODES == frozenset(CONTRACT_PERMANENT)
+
+
+@pytest.mark.parametrize("code", CONTRACT_PERMANENT)
 def test_permanent_codes_map_to_permanent_error(code: grpc.StatusCode) -> None:
     error = from_rpc_error("Consume", _FakeError(code))
     assert isinstance(error, PermanentError) and error.permanent
     assert "what to fix" in str(error) and code.name in str(error)
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN])
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    ],
+)
 def test_transient_codes_are_retryable(code: grpc.StatusCode) -> None:
     error = from_rpc_error("Consume", _FakeError(code))
     assert type(error) is RpcError and not error.permanent
@@ -228,7 +250,9 @@ def test_max_batch_defaults_to_256_capped_by_max_in_flight() -> None:
     def subscribe(**kwargs: int) -> pb.Subscribe:
         return Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, **kwargs)._subscribe.subscribe
 
-    assert subscribe().max_batch == 64  # max_in_flight's default
+    assert subscribe().max_batch == 256  # max_in_flight unset: a frame never exceeds the credit anyway
+    assert subscribe().max_in_flight == 0  # unset is sent as 0: the sidecar's default (clients/CONTRACT.md)
+    assert subscribe(max_in_flight=64).max_batch == 64
     assert subscribe(max_in_flight=1000).max_batch == 256
     assert subscribe(max_in_flight=1000, max_batch=1).max_batch == 1
     with pytest.raises(ValueError):
@@ -239,10 +263,69 @@ async def _noop_batch(deliveries: list[Delivery]) -> None:
     pass
 
 
-def test_exactly_one_handler_kind_is_given() -> None:
+def test_at_most_one_handler_kind_is_given() -> None:
+    iterated = Consumer("127.0.0.1:1", "s", "g", start=Start.NEW)  # neither: iterated with `async for`
+    assert iterated.concurrency == 0
     with pytest.raises(TypeError):
-        Consumer("127.0.0.1:1", "s", "g", start=Start.NEW)
+        Consumer("127.0.0.1:1", "s", "g", start=Start.NEW, concurrency=4)  # no workers to size
+    with pytest.raises(TypeError):
+        Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW).deliveries()  # a handler consumer is not iterated
     with pytest.raises(TypeError):
         Consumer("127.0.0.1:1", "s", "g", _noop, batch_handler=_noop_batch, start=Start.NEW)
     batch = Consumer("127.0.0.1:1", "s", "g", batch_handler=_noop_batch, start=Start.NEW, max_in_flight=8)
     assert batch.concurrency == 1 and batch.max_batch == 8
+
+
+@pytest.mark.parametrize("max_in_flight, ids", [(1, 1), (4, 1), (8, 2), (64, 16), (1024, 256), (10_000, 256)])
+def test_an_ack_carries_at_most_256_ids_and_a_quarter_of_max_in_flight(max_in_flight: int, ids: int) -> None:
+    from echomq.consumer import max_ack_ids
+
+    assert max_ack_ids(max_in_flight) == ids
+    consumer = Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=max_in_flight)
+    assert max_ack_ids(consumer._max_in_flight) == ids
+
+
+async def test_a_lost_lease_sets_the_event_and_no_verdict_is_sent() -> None:
+    call = _Call()
+    delivery = _delivery(call)
+    call.held[delivery.id] = delivery
+    waiting = asyncio.ensure_future(delivery.lease_lost.wait())
+    delivery._lose()
+    await asyncio.wait_for(waiting, 1)
+    assert not await delivery.ack() and not await delivery.fail("x") and not await delivery.dead_letter("y")
+    assert not await delivery.extend(5)
+    assert await _drain(call) == [], "nothing may be sent for a delivery whose lease was lost"
+
+
+async def test_the_lease_lost_event_asked_for_after_the_loss_is_set() -> None:
+    delivery = _delivery(_Call())
+    delivery._lose()
+    assert delivery.lease_lost.is_set()
+
+
+def test_the_sync_delivery_gets_a_threading_event() -> None:
+    import threading
+
+    from echomq.sync import SyncDelivery
+
+    loop = asyncio.new_event_loop()
+    try:
+        before = _delivery(_Call())
+        early = SyncDelivery(before, loop)
+        assert isinstance(early.lease_lost, threading.Event) and not early.lease_lost.is_set()
+        before._lose()
+        assert early.lease_lost.is_set()
+        lost = _delivery(_Call())
+        lost._lose()
+        assert SyncDelivery(lost, loop).lease_lost.is_set()  # created after the loss
+    finally:
+        loop.close()
+
+
+async def test_settling_releases_the_delivery_from_the_call() -> None:
+    call = _Call()
+    acked, failed = _delivery(call, "01" * 14), _delivery(call, "02" * 14)
+    call.held.update({acked.id: acked, failed.id: failed})
+    await acked.ack()
+    await failed.fail("no")
+    assert call.held == {}

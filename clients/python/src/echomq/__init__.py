@@ -4,47 +4,79 @@ Layout:
 
 - `consumer`: `Consumer`, the asyncio consumer (one Consume call, batched
   frames, coalesced acks, a bounded pool of handler workers, an opt-in batch
-  handler, graceful stop, reconnect with jittered backoff);
+  handler or `async for` iteration, LEASE_LOST signalled to the delivery,
+  graceful stop, reconnect with jittered backoff);
 - `delivery`: `Delivery` (what a handler gets, with ack/fail/dead_letter),
   `Ack`/`Fail`/`DeadLetter` (a batch handler's verdicts) and `VerdictError`
   (a verdict the sidecar did not apply);
 - `producer`: `Producer`, Append and AppendBatch;
+- `streams`: `Streams`, a `Producer` that also reads (by id or instant, paged)
+  and trims (safe by default);
+- `admin`: `Admin`, describe a group, list and replay dead letters;
+- `records`: what Read, Trim and the AdminService answer (`Entry`, `ReadPage`,
+  `Trimmed`, `GroupInfo`, `DeadLetterEntry`, `ReplayResult`, …);
+- `_convert`: the wire ↔ Python conversions behind `streams`, `admin` and `sync`;
 - `options`: `Start` (where a new group starts) and `Backoff`;
 - `idempotency`: `SeenSet` and `NewerWins`, keyed by the branded id;
-- `errors`: `EchoMQError`, `RpcError`, `PermanentError`;
-- `sync`: blocking `Producer` and `Consumer` for scripts;
+- `errors`: `EchoMQError`, `RpcError`, `PermanentError`, `PERMANENT_CODES`;
+- `sync`: blocking `Producer`, `Streams`, `Admin` and `Consumer` for scripts;
 - `v1`: the generated protobuf/gRPC stubs (do not edit).
 """
 
+from .admin import Admin
 from .consumer import BatchHandler, Consumer, Handler, Subscription
 from .delivery import Ack, DeadLetter, Delivery, Fail, RawField, Verdict, VerdictError, VerdictErrorCode
-from .errors import EchoMQError, PermanentError, RpcError
+from .errors import PERMANENT_CODES, EchoMQError, PermanentError, RpcError
 from .idempotency import MemorySeenStore, MemoryVersionStore, NewerWins, SeenSet, SeenStore, VersionStore, is_branded_id
 from .options import Backoff, Start, StartKind
 from .producer import Appended, Producer
+from .records import (
+    ConsumerInfo,
+    DeadLetterEntry,
+    DeadLetterPage,
+    Entry,
+    GroupInfo,
+    ReadPage,
+    Replayed,
+    ReplayResult,
+    Trimmed,
+)
+from .streams import Streams
 
 __all__ = [
+    "PERMANENT_CODES",
     "Ack",
+    "Admin",
     "Appended",
     "Backoff",
     "BatchHandler",
     "Consumer",
+    "ConsumerInfo",
     "DeadLetter",
+    "DeadLetterEntry",
+    "DeadLetterPage",
     "Delivery",
     "EchoMQError",
+    "Entry",
     "Fail",
+    "GroupInfo",
     "Handler",
     "MemorySeenStore",
     "MemoryVersionStore",
     "NewerWins",
     "PermanentError",
     "RawField",
+    "ReadPage",
+    "Replayed",
+    "ReplayResult",
     "RpcError",
     "SeenSet",
     "SeenStore",
     "Start",
     "StartKind",
+    "Streams",
     "Subscription",
+    "Trimmed",
     "Verdict",
     "VerdictError",
     "VerdictErrorCode",

@@ -1,6 +1,7 @@
 """The asyncio consumer: one Consume call per subscription, batched delivery
 frames, coalesced acks, a bounded pool of handler workers (per delivery or per
-batch), graceful stop, and reconnect with jittered backoff."""
+batch) or `async for` iteration, LEASE_LOST signalled to the delivery, graceful
+stop, and reconnect with jittered backoff."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from types import TracebackType
 import grpc
 
 from ._channel import ChannelOptions, aio_channel
-from .delivery import Ack, DeadLetter, Delivery, Fail, Verdict, VerdictError
+from .delivery import Ack, DeadLetter, Delivery, Fail, Verdict, VerdictError, VerdictErrorCode
 from .errors import EchoMQError, PermanentError, from_rpc_error
 from .options import Backoff, Seconds, Start, seconds, to_duration
 from .v1 import consumer_service_pb2 as pb
@@ -32,19 +33,31 @@ BatchHandler = Callable[[list[Delivery]], Awaitable[Sequence[Verdict] | None]]
 #: it runs on the task that reads the call.
 VerdictErrorHook = Callable[[VerdictError], object]
 
-#: Default `max_in_flight` (entries), the sidecar's own default.
+#: The sidecar's default `max_in_flight` (entries, `--default-max-in-flight`),
+#: which an unset `max_in_flight` gets (it is sent as 0).
 DEFAULT_MAX_IN_FLIGHT = 64
+#: The sidecar's default `--max-in-flight-limit` (entries): the most a
+#: subscribe may ask for.
+MAX_IN_FLIGHT_LIMIT = 10_000
 #: Default graceful-stop deadline (seconds) of `stop()` and `async with`.
 DEFAULT_STOP_DEADLINE = 10.0
 #: After the handlers' deadline, the least time (seconds) `stop()` still gives
 #: the sidecar to take the last verdicts and end the call.
 CLOSE_GRACE = 0.5
-#: Most ids in one Ack message: a full window is sent at once.
+#: Most ids in one Ack message: a full window is sent at once. Also at most a
+#: quarter of `max_in_flight` (clients/CONTRACT.md), see `max_ack_ids`.
 MAX_ACK_BATCH = 256
 #: Default `max_batch` (deliveries per frame), capped by `max_in_flight`.
 DEFAULT_MAX_BATCH = 256
 #: Default `ack_linger` (seconds): how long an ack waits for others to share its Ack message.
 DEFAULT_ACK_LINGER = 0.001
+
+
+def max_ack_ids(max_in_flight: int) -> int:
+    """The most ids one coalesced Ack carries: 256, and at most a quarter of
+    `max_in_flight` (at least 1), so that a small window's credit comes back
+    in several steps rather than all at the end."""
+    return max(1, min(MAX_ACK_BATCH, max_in_flight // 4))
 
 
 @dataclass(frozen=True)
@@ -87,9 +100,14 @@ class _Call:
         # never wait behind a full queue while its handler slot is released.
         self._outbox: asyncio.Queue[pb.ConsumeRequest | _Finish] = asyncio.Queue()
         self._ack_linger = ack_linger
-        self._max_ack_ids = max_ack_ids
+        #: The most ids per Ack message; set from the effective max_in_flight
+        #: when the call is subscribed (before any delivery can be acked).
+        self.max_ack_ids = max_ack_ids
         self._acks: list[str] = []
         self._flush_timer: asyncio.TimerHandle | None = None
+        #: Deliveries of this call not yet settled, by branded id: where a
+        #: LEASE_LOST finds the delivery to signal.
+        self.held: dict[str, Delivery] = {}
         self.open = True
         self.subscribed = False
         self.drained = False
@@ -99,11 +117,16 @@ class _Call:
         if not self.open:
             return False
         self._acks.append(id)
-        if len(self._acks) >= self._max_ack_ids:
+        if len(self._acks) >= self.max_ack_ids:
             self.flush_acks()
         elif self._flush_timer is None:
             self._flush_timer = asyncio.get_running_loop().call_later(self._ack_linger, self.flush_acks)
         return True
+
+    def release(self, delivery: Delivery) -> None:
+        """Forgets a settled (or lost) delivery."""
+        if self.held.get(delivery.id) is delivery:
+            del self.held[delivery.id]
 
     def flush_acks(self) -> None:
         """Queues the coalesced acks as one Ack message now."""
@@ -145,6 +168,7 @@ class _Call:
             self._flush_timer.cancel()
             self._flush_timer = None
         self._acks = []
+        self.held = {}
         if self.open:
             self.open = False
             self._outbox.put_nowait(_FINISH)
@@ -162,12 +186,12 @@ class _Call:
                 return
             if item.WhichOneof("kind") == "ack":
                 ids = list(item.ack.ids)
-                while len(ids) < self._max_ack_ids and not self._outbox.empty():
+                while len(ids) < self.max_ack_ids and not self._outbox.empty():
                     following = self._outbox.get_nowait()
                     if (
                         isinstance(following, pb.ConsumeRequest)
                         and following.WhichOneof("kind") == "ack"
-                        and len(ids) + len(following.ack.ids) <= self._max_ack_ids
+                        and len(ids) + len(following.ack.ids) <= self.max_ack_ids
                     ):
                         ids.extend(following.ack.ids)
                     else:
@@ -187,24 +211,31 @@ class Consumer:
             await consumer.wait()   # until stop() or a permanent error
 
     `target` is `host:port`, `unix:/path`, or a `grpc.aio.Channel` you own.
-    `start` is required (see `Start`). `max_in_flight` (entries, default 64) is
-    the most deliveries the sidecar hands this consumer un-settled;
-    `concurrency` the most handler calls running at once (a fixed pool of that
-    many workers; default `max_in_flight` for `handler`, 1 for
-    `batch_handler`; at most `max_in_flight`).
+    `start` is required (see `Start`). `max_in_flight` (entries) is the most
+    deliveries the sidecar hands this consumer un-settled; None (the default)
+    sends 0, which is the sidecar's `--default-max-in-flight` (64 unless the
+    sidecar says otherwise), and the effective value comes back in
+    `Subscription.max_in_flight`. `concurrency` is the most handler calls
+    running at once (a fixed pool of that many workers; default: the
+    effective `max_in_flight` for `handler`, known once subscribed; 1 for
+    `batch_handler`; at most `max_in_flight` when that is given).
 
-    Give exactly one of `handler` (called once per delivery: returning acks,
+    Give at most one of `handler` (called once per delivery: returning acks,
     raising fails) and `batch_handler` (opt-in, for bulk work: called with the
     deliveries at hand, 1 to `max_batch` of them, and answering one `Verdict`
-    per delivery; see `BatchHandler`).
+    per delivery; see `BatchHandler`). With neither, the consumer is
+    iterated instead (`async for delivery in consumer`, see `deliveries()`)
+    and every delivery must be settled explicitly.
 
-    `max_batch` (deliveries, default `min(256, max_in_flight)`; the sidecar
+    `max_batch` (deliveries, default `min(256, max_in_flight)`, 256 when
+    `max_in_flight` is unset: a frame never holds more than the call's
+    credit anyway; the sidecar
     refuses more than 4096 with INVALID_ARGUMENT) is the most deliveries per
     frame the sidecar sends, and the largest list a batch handler gets; 1 asks
     for one delivery per frame. Acks are coalesced: one `Ack` message per
-    `ack_linger` window (seconds, default 0.001) or per `MAX_ACK_BATCH` (256)
-    ids, whichever comes first; fails and dead letters go out at once, after
-    the acks given before them. `ack_deadline`, `retry_backoff_initial`,
+    `ack_linger` window (seconds, default 0.001) or per `max_ack_ids` (256, at
+    most a quarter of `max_in_flight`) ids, whichever comes first; fails and
+    dead letters go out at once, after the acks given before them. `ack_deadline`, `retry_backoff_initial`,
     `retry_backoff_max` (seconds or timedelta), `dead_letter_stream` and
     `max_deliveries` (poison entries go to the dead-letter stream after that
     many deliveries) are the subscription's policy; None leaves the sidecar's
@@ -218,9 +249,16 @@ class Consumer:
 
     When the call breaks (UNAVAILABLE, a refused connection, a sidecar restart)
     the consumer reconnects by itself and subscribes again with the same
-    settings. A permanent status (INVALID_ARGUMENT, PERMISSION_DENIED,
+    settings. A permanent status (`errors.PERMANENT_CODES`: INVALID_ARGUMENT,
+    OUT_OF_RANGE, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
     UNAUTHENTICATED, FAILED_PRECONDITION, UNIMPLEMENTED) stops it: `wait()`,
-    `run()` and `wait_subscribed()` raise it as `PermanentError`.
+    `run()`, `wait_subscribed()` and the iteration raise it as
+    `PermanentError`.
+
+    A `LEASE_LOST` verdict error (a peer reclaimed an entry this consumer
+    holds) sets that delivery's `lease_lost` event and reaches
+    `on_verdict_error` like every verdict error; no verdict is sent for the
+    delivery afterwards, whatever its handler returns.
     """
 
     def __init__(
@@ -231,7 +269,7 @@ class Consumer:
         handler: Handler | None = None,
         *,
         start: Start,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_in_flight: int | None = None,
         concurrency: int | None = None,
         batch_handler: BatchHandler | None = None,
         max_batch: int | None = None,
@@ -251,21 +289,30 @@ class Consumer:
             raise TypeError("start must be a Start (Start.NEW, Start.BEGINNING, Start.after(id), Start.at(time))")
         if not stream or not group:
             raise ValueError("stream and group are required")
-        if (handler is None) == (batch_handler is None):
-            raise TypeError("give exactly one of handler and batch_handler")
-        if max_in_flight < 1:
-            raise ValueError("max_in_flight must be at least 1")
-        if concurrency is None:
-            concurrency = max_in_flight if batch_handler is None else 1
-        if not 1 <= concurrency <= max_in_flight:
-            raise ValueError(f"concurrency must be between 1 and max_in_flight ({max_in_flight})")
-        max_batch = min(DEFAULT_MAX_BATCH, max_in_flight) if max_batch is None else max_batch
+        if handler is not None and batch_handler is not None:
+            raise TypeError("give at most one of handler and batch_handler (neither: iterate the consumer)")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1 (None: the sidecar's default)")
+        iterated = handler is None and batch_handler is None
+        if iterated:
+            if concurrency is not None:
+                raise TypeError("concurrency is for handlers; an iterated consumer runs no worker")
+            concurrency = 0
+        elif concurrency is None:
+            # Unset with max_in_flight unset too: None, the effective
+            # max_in_flight, spawned when the sidecar says it (_serve).
+            concurrency = 1 if batch_handler is not None else max_in_flight
+        if concurrency is not None and not iterated:
+            if concurrency < 1 or (max_in_flight is not None and concurrency > max_in_flight):
+                raise ValueError(f"concurrency must be between 1 and max_in_flight ({max_in_flight})")
+        if max_batch is None:
+            max_batch = DEFAULT_MAX_BATCH if max_in_flight is None else min(DEFAULT_MAX_BATCH, max_in_flight)
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         linger = seconds(ack_linger)
         if linger < 0:
             raise ValueError("ack_linger must not be negative")
-        subscribe = pb.Subscribe(stream=stream, group=group, max_in_flight=max_in_flight, max_batch=max_batch)
+        subscribe = pb.Subscribe(stream=stream, group=group, max_in_flight=max_in_flight or 0, max_batch=max_batch)
         start.apply(subscribe)
         if ack_deadline is not None:
             subscribe.ack_deadline.CopyFrom(to_duration(ack_deadline))
@@ -282,9 +329,17 @@ class Consumer:
         subscribe.no_ack = no_ack
         self.stream = stream
         self.group = group
-        self.concurrency = concurrency
+        #: The handler pool's size; None until the first subscribe when it is
+        #: the effective max_in_flight; 0 for an iterated consumer.
+        self.concurrency: int | None = concurrency
         self.max_batch = max_batch
         self.ack_linger = linger
+        # The effective max_in_flight: as asked, until a subscribe says (_serve).
+        self._max_in_flight = max_in_flight or DEFAULT_MAX_IN_FLIGHT
+        self._iterated = iterated
+        #: Deliveries the iteration handed out; `stop()` waits for the
+        #: unsettled ones (pruned as they settle).
+        self._handed: set[Delivery] = set()
         self._subscribe = pb.ConsumeRequest(subscribe=subscribe)
         self._target = target
         self._handler = handler
@@ -295,8 +350,9 @@ class Consumer:
         self._interceptors = interceptors
         self._channel: grpc.aio.Channel | None = None
         self._owns_channel = False
-        # Created in start(), on the running loop.
-        self._queue: asyncio.Queue[Delivery] | None = None
+        # Created in start(), on the running loop. None in the queue wakes an
+        # iteration when the consumer stops.
+        self._queue: asyncio.Queue[Delivery | None] | None = None
         self._stopping: asyncio.Event | None = None
         self._subscribed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -321,12 +377,18 @@ class Consumer:
         else:
             self._channel = self._target
         self._stub = pb_grpc.ConsumerServiceStub(self._channel)
+        if self.concurrency is not None:
+            self._spawn_workers(self.concurrency)  # else at the first subscribe
+        self._task = asyncio.create_task(self._run(), name=f"echomq-consumer-{self.stream}-{self.group}")
+
+    def _spawn_workers(self, count: int) -> None:
+        """The fixed pool of handler workers (none for an iterated consumer)."""
+        self.concurrency = count
         work = self._work if self._batch_handler is None else self._work_batches
         self._workers = [
             asyncio.create_task(work(), name=f"echomq-worker-{self.stream}-{self.group}-{i}")
-            for i in range(self.concurrency)
+            for i in range(count)
         ]
-        self._task = asyncio.create_task(self._run(), name=f"echomq-consumer-{self.stream}-{self.group}")
 
     async def run(self) -> None:
         """Starts (if needed) and consumes until `stop()`; raises `PermanentError`."""
@@ -386,17 +448,29 @@ class Consumer:
         left of the deadline (at least `CLOSE_GRACE` seconds) to end cleanly.
         Never raises a consumer error: use `wait()` for that. Calling it again
         is harmless.
+
+        An iterated consumer (`async for`) has no handlers: the iteration ends
+        at its next step, and `stop()` waits (within `deadline`) until every
+        delivery it handed out is settled, so the loop body can finish the
+        one in hand. (Leaving `async with` does not wait: the body is over.)
         """
+        await self._stop(deadline, wait_for_handed=True)
+
+    async def _stop(self, deadline: Seconds, *, wait_for_handed: bool) -> None:
         if self._task is None or self._stopping is None:
             return
         loop = asyncio.get_running_loop()
         end = loop.time() + seconds(deadline)
         self._stopping.set()
+        self._wake_iteration()
         call = self._call
         if call is not None:
             # Queued before any verdict of the handlers still running, so the
             # sidecar stops handing out (and reading) before their credit frees.
             call.drain()
+        if wait_for_handed:
+            while self._unsettled_handed() and loop.time() < end and not self._task.done():
+                await asyncio.sleep(0.01)
         busy = self._retire_workers()
         if busy:
             _, late = await asyncio.wait(busy, timeout=max(0.0, end - loop.time()))
@@ -449,7 +523,93 @@ class Consumer:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        await self.stop()
+        """Graceful `stop()`. For an iterated consumer the body is over, so
+        nothing can settle what it left: deliveries handed out and not settled
+        are failed with the exception's message when the body raised (as a
+        raising handler's are), and left to the group otherwise (delivered
+        again after the backoff)."""
+        if self._iterated and isinstance(exc, Exception):
+            reason = str(exc) or type(exc).__name__
+            for delivery in self._unsettled_handed():
+                await delivery.fail(reason)
+        await self._stop(DEFAULT_STOP_DEADLINE, wait_for_handed=False)
+
+    # -- iteration ---------------------------------------------------------------
+
+    def deliveries(self) -> AsyncIterator[Delivery]:
+        """The deliveries, one at a time in arrival order, for a consumer built
+        without a handler::
+
+            async with Consumer(target, "orders", "billing", start=Start.BEGINNING) as consumer:
+                async for delivery in consumer:          # the same as consumer.deliveries()
+                    try:
+                        await process(delivery)
+                    except Exception as error:
+                        await delivery.fail(str(error))  # delivered again after the backoff
+                    else:
+                        await delivery.ack()
+
+        Settle every delivery explicitly: `ack()`, `fail()`, `dead_letter()`.
+        Nothing is settled for you; a delivery left unsettled keeps its
+        `max_in_flight` slot until it is settled, its `ack_deadline` passes,
+        or the call ends (then the sidecar returns it to the group and it is
+        delivered again, with `attempts + 1`). So with `max_in_flight` N, at
+        most N deliveries are out at once: settling frees the next one.
+        Deliveries may be settled later or from other tasks (e.g. handed to
+        a task group), in any order.
+
+        - Starts the consumer if it is not started (prefer `async with`, which
+          also stops it).
+        - `break`, or an exception out of the loop, only stops iterating: the
+          consumer and its call stay open (iterate again to resume) until
+          `stop()` or the end of `async with`. Leaving `async with` with an
+          exception fails the deliveries handed out and not settled, with the
+          exception's message; leaving it normally leaves them to the group.
+        - The iteration ends when the consumer stops (`stop()`, `abort()`),
+          and raises `PermanentError` when a permanent status stopped it.
+          Reconnects are invisible: deliveries of a broken call are skipped
+          (the sidecar delivers them again).
+        - A delivery whose lease was lost before it was handed out is skipped.
+        """
+        if not self._iterated:
+            raise TypeError("this consumer runs a handler; iterate a Consumer built without handler and batch_handler")
+        return self._iterate()
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self.deliveries()
+
+    async def _iterate(self) -> AsyncIterator[Delivery]:
+        if self._task is None:
+            await self.start()
+        assert self._queue is not None and self._stopping is not None and self._task is not None
+        queue, stopping = self._queue, self._stopping
+        while True:
+            if stopping.is_set():
+                self._raise_if_failed()
+                return
+            delivery = queue.get_nowait() if not queue.empty() else await queue.get()
+            if delivery is None:
+                self._wake_iteration()  # for any other iteration of this consumer
+                continue
+            if stopping.is_set() or not delivery._call.open or delivery._lost:
+                continue  # left to the group: the sidecar delivers it again
+            if len(self._handed) >= 2 * self._max_in_flight:
+                self._handed = set(self._unsettled_handed())
+            self._handed.add(delivery)
+            yield delivery
+
+    def _unsettled_handed(self) -> list[Delivery]:
+        """Deliveries the iteration handed out that may still be settled."""
+        return [d for d in self._handed if not d._settled and not d._lost and d._call.open]
+
+    def _wake_iteration(self) -> None:
+        if self._iterated and self._queue is not None:
+            self._queue.put_nowait(None)
+
+    def _raise_if_failed(self) -> None:
+        task = self._task
+        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
     # -- low-level escape hatch ------------------------------------------------
 
@@ -479,7 +639,7 @@ class Consumer:
         what = f"Consume(stream={self.stream!r}, group={self.group!r})"
         try:
             while not self._stopping.is_set():
-                call = _Call(self.ack_linger)
+                call = _Call(self.ack_linger, max_ack_ids(self._max_in_flight))
                 self._call = call
                 try:
                     await self._serve(call)
@@ -511,6 +671,7 @@ class Consumer:
             # Stopped (or failed for good): no handler starts any more.
             self._stopping.set()
             self._retire_workers()
+            self._wake_iteration()
 
     async def _serve(self, call: _Call) -> None:
         """Runs one call until it ends; raises `grpc.aio.AioRpcError` on a non-OK status."""
@@ -524,13 +685,22 @@ class Consumer:
                 elif kind == "delivery":
                     self._dispatch(call, (response.delivery,))
                 elif kind == "verdict_error":
-                    await self._report(VerdictError.from_proto(response.verdict_error))
+                    error = VerdictError.from_proto(response.verdict_error)
+                    if error.code is VerdictErrorCode.LEASE_LOST:
+                        lost = call.held.pop(error.id, None)
+                        if lost is not None:
+                            lost._lose()  # before the hook: it may look at the delivery
+                    await self._report(error)
                 elif kind == "subscribed":
                     confirmed = response.subscribed
                     self._subscription = Subscription(
                         confirmed.stream, confirmed.group, confirmed.consumer, confirmed.max_in_flight
                     )
                     call.subscribed = True
+                    self._max_in_flight = confirmed.max_in_flight or self._max_in_flight
+                    call.max_ack_ids = max_ack_ids(self._max_in_flight)
+                    if self.concurrency is None:
+                        self._spawn_workers(self._max_in_flight)  # before any delivery of this call
                     self._subscribed.set()
                     log.info(
                         "subscribed to %s as %s in group %s", confirmed.stream, confirmed.consumer, confirmed.group
@@ -544,9 +714,11 @@ class Consumer:
         assert self._stopping is not None and self._queue is not None
         if self._stopping.is_set():
             return  # stopping: left held; the sidecar returns them to the group when the call ends
-        put = self._queue.put_nowait
+        put, held = self._queue.put_nowait, call.held
         for message in messages:
-            put(Delivery.from_proto(message, call))
+            delivery = Delivery.from_proto(message, call)
+            held[delivery.id] = delivery
+            put(delivery)
 
     def _retire_workers(self) -> set[asyncio.Task[None]]:
         """Cancels the idle workers (no handler starts any more: `_stopping` is
@@ -567,8 +739,8 @@ class Consumer:
             delivery = await queue.get()
             if stopping.is_set():
                 return  # never started: the sidecar hands it out again
-            if not delivery._call.open:
-                continue  # its call is over: the sidecar delivers it again
+            if delivery is None or not delivery._call.open or delivery._lost:
+                continue  # its call is over, or a peer has it: no handler for it
             busy.add(me)
             try:
                 await handler(delivery)
@@ -604,7 +776,7 @@ class Consumer:
             taken = [first]
             while len(taken) < self.max_batch and not queue.empty():
                 taken.append(queue.get_nowait())
-            batch = [d for d in taken if d._call.open]
+            batch = [d for d in taken if d is not None and d._call.open and not d._lost]
             if not batch:
                 continue
             busy.add(me)

@@ -4,8 +4,10 @@ verdict it did not apply (`VerdictError`)."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple, Protocol, Union
@@ -39,6 +41,8 @@ class VerdictErrorCode(enum.Enum):
     UNAVAILABLE = pb.VERDICT_ERROR_CODE_UNAVAILABLE
     #: Sent unprompted: the sidecar lost this delivery's lease and a peer
     #: reclaimed the entry; a later verdict for it is answered NOT_PENDING.
+    #: The consumer sets the delivery's `lease_lost` event and sends no
+    #: verdict for it afterwards.
     LEASE_LOST = pb.VERDICT_ERROR_CODE_LEASE_LOST
 
     @classmethod
@@ -105,6 +109,10 @@ class Outbox(Protocol):
         when the call has ended."""
         ...
 
+    def release(self, delivery: Delivery) -> None:
+        """The delivery is settled (or lost): the call stops tracking it."""
+        ...
+
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -121,7 +129,7 @@ class Delivery:
 
     Acks are coalesced: `ack()` queues the id and the consumer sends one `Ack`
     message per short window (`Consumer(ack_linger=...)`, 1 ms by default, or
-    as soon as `MAX_ACK_BATCH` ids are queued). A fail or dead-letter goes out
+    as soon as 256 ids, at most a quarter of `max_in_flight`, are queued). A fail or dead-letter goes out
     at once, after the acks queued before it.
 
     Returning from the handler acks the delivery; raising fails it with the
@@ -133,6 +141,16 @@ class Delivery:
     consumer has reconnected since), the sidecar has already returned the entry
     to the group and will deliver it again, so settling it is impossible: the
     methods then send nothing and return False.
+
+    Lease lost: when the sidecar reports `LEASE_LOST` for this delivery (a peer
+    reclaimed the entry while it was held here), `lease_lost` (an
+    `asyncio.Event`) is set. The handler is not cancelled (cancelling user code
+    mid-write loses work): a long handler should check or await it and give
+    up. From then on the delivery is no longer this consumer's: `ack()`,
+    `fail()`, `dead_letter()` and `extend()` send nothing and return False,
+    and the consumer sends no verdict for it whatever the handler returns. If
+    the entry comes back to this consumer, it is a new `Delivery` (with
+    higher `attempts`).
     """
 
     __slots__ = (
@@ -149,6 +167,9 @@ class Delivery:
         "traceparent",
         "_call",
         "_settled",
+        "_lost",
+        "_lost_event",
+        "_lost_hooks",
     )
 
     def __init__(
@@ -178,6 +199,9 @@ class Delivery:
         self.traceparent = traceparent
         self._call = call
         self._settled = False
+        self._lost = False
+        self._lost_event: asyncio.Event | None = None
+        self._lost_hooks: list[Callable[[], object]] | None = None
 
     @classmethod
     def from_proto(cls, message: pb.Delivery, call: Outbox) -> Delivery:
@@ -198,6 +222,9 @@ class Delivery:
         self.traceparent = message.traceparent
         self._call = call
         self._settled = False
+        self._lost = False
+        self._lost_event = None  # created when someone asks: most deliveries never need one
+        self._lost_hooks = None
         return self
 
     @property
@@ -212,13 +239,60 @@ class Delivery:
         """True once an ack, fail or dead-letter has been issued for this delivery."""
         return self._settled
 
+    @property
+    def lease_lost(self) -> asyncio.Event:
+        """Set when the sidecar reported LEASE_LOST for this delivery: a peer
+        reclaimed the entry, which may be running elsewhere now. Await it
+        (`await delivery.lease_lost.wait()`) or poll `is_set()` in a long
+        handler and stop working on the entry; no verdict is sent for it."""
+        if self._lost_event is None:
+            self._lost_event = asyncio.Event()
+            if self._lost:
+                self._lost_event.set()
+        return self._lost_event
+
+    def _lose(self) -> None:
+        """The sidecar said LEASE_LOST: no verdict from now on; signal the handler."""
+        if self._lost:
+            return
+        self._lost = True
+        if self._lost_event is not None:
+            self._lost_event.set()
+        for hook in self._lost_hooks or ():
+            try:
+                hook()
+            except Exception:
+                log.exception("a lease-lost hook raised")
+
+    def _on_lease_lost(self, hook: Callable[[], object]) -> None:
+        """Calls `hook` (on the consumer's loop) when the lease is lost, or now
+        if it already was (how `echomq.sync` sets its `threading.Event`)."""
+        if self._lost:
+            hook()
+            return
+        if self._lost_hooks is None:
+            self._lost_hooks = []
+        self._lost_hooks.append(hook)
+
+    def _closed(self, what: str) -> bool:
+        """True (and logged) when no verdict may be sent: already settled, or the lease lost."""
+        if self._lost:
+            log.debug("the lease of %s was lost; %s not sent (the entry is a peer's now)", self.id, what)
+            return True
+        if self._settled:
+            log.debug("delivery %s is already settled; %s ignored", self.id, what)
+            return True
+        return False
+
     async def ack(self) -> bool:
         """Acknowledges the delivery (XACK): it leaves the group's PEL for good.
-        The id travels in the call's next coalesced Ack message."""
-        if self._settled:
-            log.debug("delivery %s is already settled; ack ignored", self.id)
+        The id travels in the call's next coalesced Ack message. False (and
+        nothing sent) when already settled, when the lease was lost, or when
+        the call it arrived on has ended."""
+        if self._closed("ack"):
             return False
         self._settled = True
+        self._call.release(self)
         if not self._call.ack(self.id):
             self._dropped("ack")
             return False
@@ -243,16 +317,16 @@ class Delivery:
     async def extend(self, by: Seconds) -> bool:
         """Pushes the ack deadline back to `by` from now (only meaningful with
         the consumer's `ack_deadline`). Does not settle the delivery."""
-        if self._settled:
+        if self._settled or self._lost:
             return False
         request = pb.ConsumeRequest(extend=pb.Extend(ids=[self.id], by=to_duration(by)))
         return self._call.send(request)
 
     def _settle(self, request: pb.ConsumeRequest, what: str) -> bool:
-        if self._settled:
-            log.debug("delivery %s is already settled; %s ignored", self.id, what)
+        if self._closed(what):
             return False
         self._settled = True
+        self._call.release(self)
         if not self._call.send(request):
             self._dropped(what)
             return False

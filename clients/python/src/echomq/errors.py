@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import grpc
 
-#: Status codes that no retry can fix: the request or the setup is wrong.
-#: The consumer raises these instead of reconnecting.
+#: Status codes that no retry can fix: the request or the setup is wrong. The
+#: consumer raises these instead of reconnecting, and every call of this
+#: package raises them as `PermanentError`. The same set in all four clients
+#: (clients/CONTRACT.md); every other code (UNAVAILABLE above all,
+#: DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNKNOWN) is
+#: transient: the consumer reconnects with its backoff.
 PERMANENT_CODES: frozenset[grpc.StatusCode] = frozenset(
     {
         grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
         grpc.StatusCode.PERMISSION_DENIED,
         grpc.StatusCode.UNAUTHENTICATED,
         grpc.StatusCode.FAILED_PRECONDITION,

@@ -1,13 +1,10 @@
-import datetime
-
 from echomq.v1 import types_pb2 as _types_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -27,7 +24,7 @@ class ConsumerInfo(_message.Message):
     name: str
     pending: int
     idle: _duration_pb2.Duration
-    def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., idle: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., idle: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class DescribeGroupResponse(_message.Message):
     __slots__ = ("stream", "group", "pending", "lag", "last_delivered_id", "consumers", "oldest_pending_id", "oldest_pending_age", "max_delivery_count", "stream_length", "shards")
@@ -53,7 +50,7 @@ class DescribeGroupResponse(_message.Message):
     max_delivery_count: int
     stream_length: int
     shards: _containers.RepeatedCompositeFieldContainer[DescribeGroupResponse]
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ..., last_delivered_id: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ..., oldest_pending_id: _Optional[str] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_delivery_count: _Optional[int] = ..., stream_length: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[DescribeGroupResponse, _Mapping]]] = ...) -> None: ...
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ..., last_delivered_id: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ..., oldest_pending_id: _Optional[str] = ..., oldest_pending_age: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_delivery_count: _Optional[int] = ..., stream_length: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[DescribeGroupResponse, _Mapping]]] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ("stream", "dead_letter_stream", "start_id", "count")
@@ -83,7 +80,7 @@ class DeadLetter(_message.Message):
     attempts: int
     reason: str
     dead_lettered_at: _timestamp_pb2.Timestamp
-    def __init__(self, entry: _Optional[_Union[_types_pb2.Entry, _Mapping]] = ..., source_stream: _Optional[str] = ..., source_id: _Optional[str] = ..., group: _Optional[str] = ..., attempts: _Optional[int] = ..., reason: _Optional[str] = ..., dead_lettered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, entry: _Optional[_Union[_types_pb2.Entry, _Mapping]] = ..., source_stream: _Optional[str] = ..., source_id: _Optional[str] = ..., group: _Optional[str] = ..., attempts: _Optional[int] = ..., reason: _Optional[str] = ..., dead_lettered_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListDeadLettersResponse(_message.Message):
     __slots__ = ("dead_letters", "next_start_id", "oversized_ids")

@@ -5,7 +5,7 @@ import warnings
 
 from echomq.v1 import admin_service_pb2 as echomq_dot_v1_dot_admin__service__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.66.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in echomq/v1/admin_service_pb2_grpc.py depends on'
+        + f' but the generated code in echomq/v1/admin_service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class AdminServiceStub:
+class AdminServiceStub(object):
     """AdminService shows what is stuck and moves dead letters back.
     """
 
@@ -52,7 +52,7 @@ class AdminServiceStub:
                 _registered_method=True)
 
 
-class AdminServiceServicer:
+class AdminServiceServicer(object):
     """AdminService shows what is stuck and moves dead letters back.
     """
 
@@ -127,7 +127,7 @@ def add_AdminServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class AdminService:
+class AdminService(object):
     """AdminService shows what is stuck and moves dead letters back.
     """
 

@@ -1,5 +1,3 @@
-import datetime
-
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from echomq.v1 import types_pb2 as _types_pb2
@@ -7,8 +5,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -82,7 +79,7 @@ class Subscribe(_message.Message):
     max_deliveries: int
     no_ack: bool
     max_batch: int
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., group_start: _Optional[_Union[GroupStart, str]] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_in_flight: _Optional[int] = ..., ack_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retry_backoff_initial: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retry_backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_stream: _Optional[str] = ..., max_deliveries: _Optional[int] = ..., no_ack: _Optional[bool] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., group_start: _Optional[_Union[GroupStart, str]] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., max_in_flight: _Optional[int] = ..., ack_deadline: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., retry_backoff_initial: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., retry_backoff_max: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dead_letter_stream: _Optional[str] = ..., max_deliveries: _Optional[int] = ..., no_ack: bool = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ids",)
@@ -100,7 +97,7 @@ class Fail(_message.Message):
     reason: str
     retry_after: _duration_pb2.Duration
     dead_letter: bool
-    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dead_letter: bool = ...) -> None: ...
 
 class Extend(_message.Message):
     __slots__ = ("ids", "by")
@@ -108,7 +105,7 @@ class Extend(_message.Message):
     BY_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[str]
     by: _duration_pb2.Duration
-    def __init__(self, ids: _Optional[_Iterable[str]] = ..., by: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., by: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Drain(_message.Message):
     __slots__ = ()
@@ -171,7 +168,7 @@ class Delivery(_message.Message):
     minted_at: _timestamp_pb2.Timestamp
     traceparent: str
     raw_fields: _containers.RepeatedCompositeFieldContainer[_types_pb2.RawField]
-    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., stream: _Optional[str] = ..., group: _Optional[str] = ..., payload: _Optional[_Mapping[str, bytes]] = ..., attempts: _Optional[int] = ..., minted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., raw_fields: _Optional[_Iterable[_Union[_types_pb2.RawField, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., stream: _Optional[str] = ..., group: _Optional[str] = ..., payload: _Optional[_Mapping[str, bytes]] = ..., attempts: _Optional[int] = ..., minted_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., raw_fields: _Optional[_Iterable[_Union[_types_pb2.RawField, _Mapping]]] = ...) -> None: ...
 
 class VerdictError(_message.Message):
     __slots__ = ("id", "code", "message")

@@ -5,7 +5,7 @@ import warnings
 
 from echomq.v1 import consumer_service_pb2 as echomq_dot_v1_dot_consumer__service__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.66.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in echomq/v1/consumer_service_pb2_grpc.py depends on'
+        + f' but the generated code in echomq/v1/consumer_service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ConsumerServiceStub:
+class ConsumerServiceStub(object):
     """ConsumerService hands the entries of a Redis stream to a client through a
     consumer group that the sidecar owns.
 
@@ -47,7 +47,7 @@ class ConsumerServiceStub:
                 _registered_method=True)
 
 
-class ConsumerServiceServicer:
+class ConsumerServiceServicer(object):
     """ConsumerService hands the entries of a Redis stream to a client through a
     consumer group that the sidecar owns.
 
@@ -97,7 +97,7 @@ def add_ConsumerServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class ConsumerService:
+class ConsumerService(object):
     """ConsumerService hands the entries of a Redis stream to a client through a
     consumer group that the sidecar owns.
 

@@ -1,12 +1,9 @@
-import datetime
-
 from echomq.v1 import types_pb2 as _types_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -24,7 +21,7 @@ class ReadRequest(_message.Message):
     end_id: str
     end_time: _timestamp_pb2.Timestamp
     count: int
-    def __init__(self, stream: _Optional[str] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_id: _Optional[str] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count: _Optional[int] = ...) -> None: ...
+    def __init__(self, stream: _Optional[str] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_id: _Optional[str] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
     __slots__ = ("entries", "next_start_id", "oversized_ids")
@@ -50,7 +47,7 @@ class TrimRequest(_message.Message):
     before: _timestamp_pb2.Timestamp
     approximate: bool
     ignore_groups: bool
-    def __init__(self, stream: _Optional[str] = ..., max_len: _Optional[int] = ..., min_id: _Optional[str] = ..., before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., approximate: _Optional[bool] = ..., ignore_groups: _Optional[bool] = ...) -> None: ...
+    def __init__(self, stream: _Optional[str] = ..., max_len: _Optional[int] = ..., min_id: _Optional[str] = ..., before: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., approximate: bool = ..., ignore_groups: bool = ...) -> None: ...
 
 class TrimResponse(_message.Message):
     __slots__ = ("trimmed", "applied_min_id", "held_back_by_groups")
@@ -60,7 +57,7 @@ class TrimResponse(_message.Message):
     trimmed: int
     applied_min_id: str
     held_back_by_groups: bool
-    def __init__(self, trimmed: _Optional[int] = ..., applied_min_id: _Optional[str] = ..., held_back_by_groups: _Optional[bool] = ...) -> None: ...
+    def __init__(self, trimmed: _Optional[int] = ..., applied_min_id: _Optional[str] = ..., held_back_by_groups: bool = ...) -> None: ...
 
 class AppendRequest(_message.Message):
     __slots__ = ("stream", "fields", "max_len", "partition_key")

@@ -5,7 +5,7 @@ import warnings
 
 from echomq.v1 import stream_service_pb2 as echomq_dot_v1_dot_stream__service__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.66.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in echomq/v1/stream_service_pb2_grpc.py depends on'
+        + f' but the generated code in echomq/v1/stream_service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class StreamServiceStub:
+class StreamServiceStub(object):
     """StreamService writes entries to Redis streams.
     """
 
@@ -57,7 +57,7 @@ class StreamServiceStub:
                 _registered_method=True)
 
 
-class StreamServiceServicer:
+class StreamServiceServicer(object):
     """StreamService writes entries to Redis streams.
     """
 
@@ -147,7 +147,7 @@ def add_StreamServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class StreamService:
+class StreamService(object):
     """StreamService writes entries to Redis streams.
     """
 

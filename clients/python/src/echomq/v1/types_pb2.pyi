@@ -1,11 +1,8 @@
-import datetime
-
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -30,7 +27,7 @@ class Entry(_message.Message):
     minted_at: _timestamp_pb2.Timestamp
     raw_fields: _containers.RepeatedCompositeFieldContainer[RawField]
     traceparent: str
-    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., payload: _Optional[_Mapping[str, bytes]] = ..., minted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., raw_fields: _Optional[_Iterable[_Union[RawField, _Mapping]]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., payload: _Optional[_Mapping[str, bytes]] = ..., minted_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., raw_fields: _Optional[_Iterable[_Union[RawField, _Mapping]]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class RawField(_message.Message):
     __slots__ = ("name", "value")
