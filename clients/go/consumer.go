@@ -59,8 +59,9 @@ type ConsumerConfig struct {
 	MaxInFlight uint32
 	// Concurrency is the most handlers running at once: the consumer starts
 	// this many handler goroutines once and feeds them every delivery (or,
-	// with [Consumer.RunBatch], every frame). 0: the effective MaxInFlight.
-	// More than MaxInFlight is never used.
+	// with [Consumer.RunBatch], every frame). 0: the effective MaxInFlight
+	// (the one the sidecar reports, 64 by default), or 1 with RunBatch. More
+	// than the effective MaxInFlight is never used.
 	Concurrency int
 
 	// MaxBatch is the most deliveries the sidecar may put in one frame
@@ -68,8 +69,9 @@ type ConsumerConfig struct {
 	// latency at low rates; at high rates it saves a gRPC message per entry.
 	// A [Handler] still sees one delivery at a time; a [BatchHandler] sees one
 	// frame. 0: [DefaultMaxBatch] (256), or MaxInFlight if that is set and
-	// smaller. 1: one delivery per frame. Above 4096 the subscription fails
-	// with INVALID_ARGUMENT.
+	// smaller (with MaxInFlight unset, the sidecar's in-flight bound, 64 by
+	// default, caps the frames the same way). 1: one delivery per frame.
+	// Above 4096 the subscription fails with INVALID_ARGUMENT.
 	MaxBatch uint32
 	// AckLinger is how long an ack waits for others to travel in the same
 	// Ack message. An ack goes out at the latest this long after it was

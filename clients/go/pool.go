@@ -47,7 +47,7 @@ type worker struct {
 }
 
 // startPool starts the workers on first use, sized from Concurrency, else the
-// call's effective max_in_flight.
+// call's effective max_in_flight (1 for a batch handler), never above it.
 func (c *Consumer) startPool(effective int) *pool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -55,7 +55,10 @@ func (c *Consumer) startPool(effective int) *pool {
 		return c.pool
 	}
 	n := c.cfg.Concurrency
-	if n <= 0 || n > effective {
+	switch {
+	case n <= 0 && c.batchHandler != nil:
+		n = 1 // a batch handler works in bulk: one batch at a time unless asked
+	case n <= 0 || n > effective:
 		n = effective
 	}
 	n = max(n, 1)
