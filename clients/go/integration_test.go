@@ -5,8 +5,10 @@ package echomq_test
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -346,5 +348,23 @@ func TestPartitionKeyKeepsItsEntriesOnOneShardInOrder(t *testing.T) {
 					key, i, d.ID, d.Stream, d.Attempts, entries[i].ID, entries[i].Stream)
 			}
 		}
+	}
+}
+
+// The module as its users get it: a fresh module outside the repository
+// requires it (through a replace, as it is not published), builds and runs a
+// program that appends and reads back through the fixture's sidecar.
+func TestFreshModuleOutsideTheRepository(t *testing.T) {
+	cl := fixture(t)
+	if testing.Short() {
+		t.Skip("builds a program: not in -short")
+	}
+	out, err := exec.Command("./check-fresh-module", cl.listen).CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("check-fresh-module: %v", err)
+	}
+	if !strings.Contains(string(out), "fresh module: appended") {
+		t.Fatal("the fresh module's program did not report its round trip")
 	}
 }
