@@ -525,3 +525,32 @@ func waitForUnit(limit time.Duration, ok func() bool) error {
 	}
 	return nil
 }
+
+func TestALostLeaseEndsSettlementAndAnEarlierVerdictStands(t *testing.T) {
+	c := NewConsumer(ConsumerConfig{})
+	rec := &recordingSender{}
+	d := delivery(rec, "0000000000010000000000000001")
+	if !d.lose() || !d.LeaseLost() || !d.Settled() {
+		t.Fatal("lose on an unsettled delivery must mark it lost")
+	}
+	for name, err := range map[string]error{
+		"Ack": d.Ack(), "Fail": d.Fail("x", 0), "DeadLetter": d.DeadLetter("x"), "Extend": d.Extend(time.Second),
+	} {
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("%s after a lost lease: %v, want ErrLeaseLost", name, err)
+		}
+	}
+	c.handle(context.Background(), d, func(context.Context, *Delivery) error { return errors.New("ignored") })
+	if len(rec.sent) != 0 {
+		t.Fatalf("%d verdicts sent for a lost delivery, want none", len(rec.sent))
+	}
+
+	acked := delivery(rec, "0000000000010000000000000002")
+	_ = acked.Ack()
+	if acked.lose() || acked.LeaseLost() {
+		t.Fatal("a lost lease after the ack must leave the ack standing")
+	}
+	if len(rec.sent) != 1 {
+		t.Fatalf("%d verdicts, want the ack", len(rec.sent))
+	}
+}
