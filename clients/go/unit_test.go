@@ -286,6 +286,18 @@ func TestSkipSeenHandlesEachIDOnce(t *testing.T) {
 	if seen, _ := store.Seen(context.Background(), "0000000000020000000000000001"); seen {
 		t.Fatal("a failed delivery was recorded as seen")
 	}
+	// Nor is one whose lease was lost while it ran, even if it returned nil.
+	gaveUp := SkipSeen(store, func(_ context.Context, d *Delivery) error { d.lose(); return nil })
+	_ = gaveUp(context.Background(), delivery(rec, "0000000000030000000000000001"))
+	if seen, _ := store.Seen(context.Background(), "0000000000030000000000000001"); seen {
+		t.Fatal("a delivery whose lease was lost was recorded as seen")
+	}
+	versions := NewMemoryVersions()
+	newer := NewerWins(versions, func(*Delivery) string { return "k" }, func(_ context.Context, d *Delivery) error { d.lose(); return nil })
+	_ = newer(context.Background(), delivery(rec, "0000000000030000000000000001"))
+	if latest, _ := versions.Latest(context.Background(), "k"); latest != "" {
+		t.Fatalf("a delivery whose lease was lost advanced its key to %s", latest)
+	}
 }
 
 func TestMemorySeenForgetsTheOldestBeyondItsLimit(t *testing.T) {
