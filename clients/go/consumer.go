@@ -404,7 +404,10 @@ func (c *Consumer) loop(parent, ctx context.Context, client pb.ConsumerServiceCl
 
 // open starts a call, subscribes and waits for Subscribed.
 func (c *Consumer) open(ctx context.Context, client pb.ConsumerServiceClient) (*call, error) {
-	callCtx, cancel := context.WithCancel(ctx)
+	// The call's end is its handlers' cancellation cause (ErrCallEnded),
+	// unless Run's context or a Stop deadline ended first.
+	callCtx, cancelCause := context.WithCancelCause(ctx)
+	cancel := func() { cancelCause(ErrCallEnded) }
 	// A Stop while the subscribe is on its way abandons it: no work was taken.
 	opened := make(chan struct{})
 	go func() {

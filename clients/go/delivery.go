@@ -18,7 +18,7 @@ import (
 // entry like an error.
 //
 // ctx is cancelled when the delivery can no longer be settled: its call ended
-// (the entry will come back), the sidecar reported its lease lost to a peer
+// (the entry will come back; [context.Cause] is [ErrCallEnded]), the sidecar reported its lease lost to a peer
 // ([CodeLeaseLost]; then [context.Cause] of ctx is [ErrLeaseLost], and no
 // verdict is sent for the delivery, whatever the handler returns), Run's
 // context was cancelled, or the Stop deadline passed. It is valid until the

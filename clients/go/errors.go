@@ -22,6 +22,8 @@ var (
 	// ended (broken, reconnected, or stopped). Nothing is sent: the entry stays
 	// pending and the sidecar delivers it again, so a verdict can never reach a
 	// call that does not hold the delivery.
+	// It is also the cause ([context.Cause]) of the handler contexts of a
+	// call that ended.
 	ErrCallEnded = errors.New("echomq: the consume call of this delivery has ended; its entry will be delivered again")
 	// ErrNotRunning is returned by [Consumer.Send] once Run has returned.
 	ErrNotRunning = errors.New("echomq: consumer is not running")

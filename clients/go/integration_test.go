@@ -186,6 +186,7 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 	}
 
 	started, release := make(chan struct{}), make(chan struct{})
+	firstCause := make(chan error, 1)
 	var attempts []uint32
 	var mu sync.Mutex
 	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Conn: conn, Stream: stream, Group: "g", Start: echomq.StartBeginning(), Concurrency: 1})
@@ -199,6 +200,7 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 			if first {
 				close(started)
 				<-release // ignores ctx: returns, and "acks", after the call broke
+				firstCause <- context.Cause(ctx)
 			}
 			return nil
 		})
@@ -223,6 +225,9 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 	}
 	if n := counter.acked()[appended.ID]; n != 1 {
 		t.Fatalf("%s acked %d times; the old call's verdict must be dropped, the new call's sent once", appended.ID, n)
+	}
+	if cause := <-firstCause; !errors.Is(cause, echomq.ErrCallEnded) {
+		t.Fatalf("the broken call's handler context ended with cause %v, want ErrCallEnded", cause)
 	}
 	if len(attempts) != 2 || attempts[1] < 2 {
 		t.Fatalf("attempts %v, want the redelivery to count a second attempt", attempts)
