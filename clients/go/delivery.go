@@ -18,12 +18,13 @@ import (
 // entry like an error.
 //
 // ctx is cancelled when the delivery can no longer be settled: its call ended
-// (the entry will come back; [context.Cause] is [ErrCallEnded]), the sidecar reported its lease lost to a peer
-// ([CodeLeaseLost]; then [context.Cause] of ctx is [ErrLeaseLost], and no
-// verdict is sent for the delivery, whatever the handler returns), Run's
-// context was cancelled, or the Stop deadline passed. It is valid until the
-// handler returns: the handler's worker reuses it for its next delivery, so
-// do not keep it (or cancel-sensitive work on it) past the return.
+// (the entry will come back; [context.Cause] of ctx is [ErrCallEnded]), the
+// sidecar reported its lease lost to a peer ([CodeLeaseLost]; the cause is
+// [ErrLeaseLost], and no verdict is sent for the delivery, whatever the
+// handler returns), Run's context was cancelled, or the Stop deadline passed.
+// It is valid until the handler returns: the handler's worker reuses it for
+// its next delivery, so do not keep it (or cancel-sensitive work on it) past
+// the return.
 type Handler func(ctx context.Context, d *Delivery) error
 
 // BatchHandler handles the deliveries of one frame at once: 1 to
