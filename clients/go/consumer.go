@@ -94,7 +94,9 @@ type ConsumerConfig struct {
 	// default (`--retry-backoff-initial-ms`, 1 s).
 	RetryBackoffInitial time.Duration
 	// RetryBackoffMax caps that delay. 0: the sidecar's default
-	// (`--retry-backoff-max-ms`, 60 s).
+	// (`--retry-backoff-max-ms`, 60 s). An initial delay above the cap (either
+	// one given here or the sidecar's default) is refused: Run returns a
+	// [*SubscriptionError] with INVALID_ARGUMENT.
 	RetryBackoffMax time.Duration
 	// DeadLetterStream is where [Delivery.DeadLetter] and poison entries go.
 	// "": `<stream>:dlq`. A group setting: every consumer of the group on one
