@@ -27,8 +27,10 @@ type wire struct {
 	// whether it was a DeliveryBatch.
 	frames [][]string
 	batch  []bool
-	// ackMsgs holds the ids of each Ack message sent.
+	// ackMsgs holds the ids of each Ack message sent; failIDs the id of each
+	// Fail sent.
 	ackMsgs [][]string
+	failIDs []string
 }
 
 func (w *wire) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -53,6 +55,9 @@ func (s *wireStream) SendMsg(m any) error {
 		}
 		if req.GetAck() != nil {
 			s.w.ackMsgs = append(s.w.ackMsgs, slices.Clone(req.GetAck().GetIds()))
+		}
+		if req.GetFail() != nil {
+			s.w.failIDs = append(s.w.failIDs, req.GetFail().GetId())
 		}
 		s.w.mu.Unlock()
 	}
@@ -102,6 +107,17 @@ func (w *wire) acked() map[string]int {
 		for _, id := range m {
 			out[id]++
 		}
+	}
+	return out
+}
+
+// verdicts counts the Ack and Fail messages sent naming each id.
+func (w *wire) verdicts() map[string]int {
+	out := w.acked()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range w.failIDs {
+		out[id]++
 	}
 	return out
 }

@@ -252,8 +252,11 @@ func (k *call) queue(w work) bool {
 	}
 }
 
-// leaseLost cancels the handler context of the delivery id if a worker runs
-// it, and keeps a worker from starting it if it is still queued.
+// leaseLost handles an unprompted LEASE_LOST for id: if a worker runs the
+// delivery, its handler context is cancelled (cause ErrLeaseLost) and no
+// verdict will be sent for it; if it is still queued, no worker starts it.
+// (An id already settled — its ack waiting in the coalescing window — keeps
+// its verdict; its entry in lost is dropped when the call ends.)
 func (k *call) leaseLost(id string) {
 	k.lostMu.Lock()
 	if k.lost == nil {
@@ -262,8 +265,16 @@ func (k *call) leaseLost(id string) {
 	k.lost[id] = struct{}{}
 	k.lostN.Store(int32(len(k.lost)))
 	k.lostMu.Unlock()
-	if k.pool.cancelRunning(k, id) {
+	if k.pool.loseRunning(k, id) {
 		k.forgetLost(id)
+	}
+}
+
+// lose marks d's lease lost unless a verdict came first; the call then no
+// longer holds it (the sidecar freed its slot), so it leaves held.
+func (k *call) lose(d *Delivery) {
+	if d.lose() {
+		k.held.Add(-1)
 	}
 }
 

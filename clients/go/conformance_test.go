@@ -157,7 +157,7 @@ func TestConformance(t *testing.T) {
 		}
 		t.Run(sc.Name, func(t *testing.T) {
 			r := &run{t: t, sc: &sc, cl: cl, stream: "conf:go:" + sc.Name + suffix, appended: map[string]map[string][]byte{},
-				wire: &wire{}, release: make(chan struct{})}
+				wire: &wire{}, release: make(chan struct{}), leaseLost: map[string]int{}}
 			defer r.cleanup()
 			r.execute()
 		})
@@ -171,6 +171,9 @@ type call struct {
 	payload      map[string][]byte
 	started      time.Time
 }
+
+// leaseLostWait bounds the wait_lease_lost action.
+const leaseLostWait = 30 * time.Second
 
 // consumerRun is one running consumer of a scenario.
 type consumerRun struct {
@@ -199,10 +202,13 @@ type run struct {
 	running       int
 	maxRunning    int
 	verdictErrors []string
-	wire          *wire // what the consumers' connections sent and received
-	badAction     string
-	stopTook      time.Duration
-	stopped       bool
+	// leaseLost counts, per branded id, the handler calls that saw their
+	// delivery's lease-lost signal (ctx cancelled with cause ErrLeaseLost).
+	leaseLost map[string]int
+	wire      *wire // what the consumers' connections sent and received
+	badAction string
+	stopTook  time.Duration
+	stopped   bool
 
 	consumers []*consumerRun
 	// release ends "hang" handlers when the scenario is over.
@@ -335,6 +341,22 @@ func (r *run) step(step string) {
 		req := &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Ack{Ack: &pb.Ack{Ids: []string{arg}}}}
 		if err := r.current().consumer.Send(withTimeout(t, stepLimit), req); err != nil {
 			t.Fatalf("raw ack: %v", err)
+		}
+	case "steal":
+		// A peer named thief takes the entry whose handler started last.
+		r.mu.Lock()
+		if len(r.calls) == 0 {
+			r.mu.Unlock()
+			t.Fatal("steal: no handler has started")
+		}
+		last := r.calls[len(r.calls)-1]
+		r.mu.Unlock()
+		reply, err := redisDo(r.cl.redisAddr, "XCLAIM", r.stream, conformanceGroup, "thief", "0", last.streamID)
+		if err != nil {
+			t.Fatalf("steal: XCLAIM: %v", err)
+		}
+		if got, _ := reply.([]any); len(got) != 1 {
+			t.Fatalf("steal: XCLAIM of %s claimed %v, want the entry", last.streamID, reply)
 		}
 	case "wait_verdict_error":
 		r.waitUntil(step, func() bool { return slices.Contains(r.verdictErrors, arg) })
@@ -534,6 +556,19 @@ func (r *run) handle(ctx context.Context, d *echomq.Delivery) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	case "wait_lease_lost":
+		select {
+		case <-ctx.Done():
+			if errors.Is(context.Cause(ctx), echomq.ErrLeaseLost) && d.LeaseLost() {
+				r.mu.Lock()
+				r.leaseLost[d.ID]++
+				r.mu.Unlock()
+			}
+		case <-time.After(leaseLostWait):
+		case <-r.release:
+		}
+		// The client must send no verdict for it, whatever this returns.
+		return nil
 	case "hang":
 		// A hanging call never finishes by itself; it counts as handled once
 		// it hangs, so that wait_handled can see it.
@@ -691,6 +726,24 @@ func (r *run) check() {
 			decode(&want)
 			if !slices.Equal(r.verdictErrors, want) {
 				t.Errorf("verdict_errors: %v, want %v", r.verdictErrors, want)
+			}
+		case "lease_lost_signalled":
+			var n int
+			decode(&n)
+			got := 0
+			for _, k := range r.leaseLost {
+				got += k
+			}
+			if got != n {
+				t.Errorf("lease_lost_signalled: %d handler calls saw the signal, want %d", got, n)
+			}
+			// After the signal the client sends no verdict for that delivery:
+			// the id's Acks and Fails are its other handler calls' only.
+			verdicts := r.wire.verdicts()
+			for id, k := range r.leaseLost {
+				if want := len(distinct[id]) - k; verdicts[id] != want {
+					t.Errorf("lease_lost_signalled: %d verdicts sent for %s, want %d (one per call whose lease held)", verdicts[id], id, want)
+				}
 			}
 		case "max_concurrent_handlers":
 			var n int

@@ -59,8 +59,9 @@ type ConsumerConfig struct {
 	MaxInFlight uint32
 	// Concurrency is the most handlers running at once: the consumer starts
 	// this many handler goroutines once and feeds them every delivery (or,
-	// with [Consumer.RunBatch], every frame). 0: the effective MaxInFlight.
-	// More than MaxInFlight is never used.
+	// with [Consumer.RunBatch], every frame). 0: the effective MaxInFlight
+	// (the one the sidecar reports, 64 by default), or 1 with RunBatch. More
+	// than the effective MaxInFlight is never used.
 	Concurrency int
 
 	// MaxBatch is the most deliveries the sidecar may put in one frame
@@ -68,8 +69,9 @@ type ConsumerConfig struct {
 	// latency at low rates; at high rates it saves a gRPC message per entry.
 	// A [Handler] still sees one delivery at a time; a [BatchHandler] sees one
 	// frame. 0: [DefaultMaxBatch] (256), or MaxInFlight if that is set and
-	// smaller. 1: one delivery per frame. Above 4096 the subscription fails
-	// with INVALID_ARGUMENT.
+	// smaller (with MaxInFlight unset, the sidecar's in-flight bound, 64 by
+	// default, caps the frames the same way). 1: one delivery per frame.
+	// Above 4096 the subscription fails with INVALID_ARGUMENT.
 	MaxBatch uint32
 	// AckLinger is how long an ack waits for others to travel in the same
 	// Ack message. An ack goes out at the latest this long after it was
@@ -92,7 +94,9 @@ type ConsumerConfig struct {
 	// default (`--retry-backoff-initial-ms`, 1 s).
 	RetryBackoffInitial time.Duration
 	// RetryBackoffMax caps that delay. 0: the sidecar's default
-	// (`--retry-backoff-max-ms`, 60 s).
+	// (`--retry-backoff-max-ms`, 60 s). An initial delay above the cap (either
+	// one given here or the sidecar's default) is refused: Run returns a
+	// [*SubscriptionError] with INVALID_ARGUMENT.
 	RetryBackoffMax time.Duration
 	// DeadLetterStream is where [Delivery.DeadLetter] and poison entries go.
 	// "": `<stream>:dlq`. A group setting: every consumer of the group on one
@@ -402,7 +406,10 @@ func (c *Consumer) loop(parent, ctx context.Context, client pb.ConsumerServiceCl
 
 // open starts a call, subscribes and waits for Subscribed.
 func (c *Consumer) open(ctx context.Context, client pb.ConsumerServiceClient) (*call, error) {
-	callCtx, cancel := context.WithCancel(ctx)
+	// The call's end is its handlers' cancellation cause (ErrCallEnded),
+	// unless Run's context or a Stop deadline ended first.
+	callCtx, cancelCause := context.WithCancelCause(ctx)
+	cancel := func() { cancelCause(ErrCallEnded) }
 	// A Stop while the subscribe is on its way abandons it: no work was taken.
 	opened := make(chan struct{})
 	go func() {

@@ -18,8 +18,10 @@ import (
 // entry like an error.
 //
 // ctx is cancelled when the delivery can no longer be settled: its call ended
-// (the entry will come back), the sidecar reported its lease lost to a peer
-// ([CodeLeaseLost]), Run's context was cancelled, or the Stop deadline passed.
+// (the entry will come back; [context.Cause] of ctx is [ErrCallEnded]), the
+// sidecar reported its lease lost to a peer ([CodeLeaseLost]; the cause is
+// [ErrLeaseLost], and no verdict is sent for the delivery, whatever the
+// handler returns), Run's context was cancelled, or the Stop deadline passed.
 // It is valid until the handler returns: the handler's worker reuses it for
 // its next delivery, so do not keep it (or cancel-sensitive work on it) past
 // the return.
@@ -40,8 +42,10 @@ type Handler func(ctx context.Context, d *Delivery) error
 //
 // ctx is cancelled when the batch's call ended, Run's context was cancelled,
 // or the Stop deadline passed; as for [Handler], it is valid until the
-// handler returns. A lease lost by one entry of the batch does not cancel it:
-// the sidecar answers that entry's verdict with a [VerdictError].
+// handler returns. A lease lost by one entry of the batch does not cancel it
+// (the others are still held): that delivery's [Delivery.LeaseLost] turns
+// true, its explicit verdicts return [ErrLeaseLost], and no verdict is sent
+// for it, whatever the handler returns.
 type BatchHandler func(ctx context.Context, batch []*Delivery) []error
 
 // RawField is an entry field whose name is not valid UTF-8 (a proto map key
@@ -58,6 +62,9 @@ const (
 	acked
 	failed
 	deadLettered
+	// lost: the sidecar reported the lease lost (LEASE_LOST); no verdict may
+	// follow.
+	lost
 )
 
 // verdictSender is the Consume call a delivery came on; only that call may
@@ -130,12 +137,13 @@ func (d *Delivery) fill(call verdictSender, m *pb.Delivery) {
 // Acks are coalesced: the consumer sends the acks of a short window
 // ([ConsumerConfig.AckLinger], [ConsumerConfig.AckBatch]) in one Ack message,
 // and a graceful [Consumer.Stop] sends them before it returns. It returns [ErrAlreadySettled] after an earlier verdict and [ErrCallEnded]
-// when the call it came on has ended (nothing is sent; it will come back).
+// when the call it came on has ended (nothing is sent; it will come back),
+// [ErrLeaseLost] after the sidecar reported its lease lost (nothing is sent).
 // The sidecar reports a verdict it could not apply through
 // [ConsumerConfig.OnVerdictError].
 func (d *Delivery) Ack() error {
-	if !d.settle(acked) {
-		return ErrAlreadySettled
+	if err := d.settle(acked); err != nil {
+		return err
 	}
 	return d.call.ack(d.ID)
 }
@@ -146,8 +154,8 @@ func (d *Delivery) Ack() error {
 // zero). reason (at most 4096 bytes kept) is logged by the sidecar and kept
 // for a later dead letter. Errors as for [Delivery.Ack].
 func (d *Delivery) Fail(reason string, retryAfter time.Duration) error {
-	if !d.settle(failed) {
-		return ErrAlreadySettled
+	if err := d.settle(failed); err != nil {
+		return err
 	}
 	f := &pb.Fail{Id: d.ID, Reason: reason}
 	if retryAfter > 0 {
@@ -160,8 +168,8 @@ func (d *Delivery) Fail(reason string, retryAfter time.Duration) error {
 // (default `<stream>:dlq`), with its branded id, payload and reason, and
 // acknowledges it on the source. Errors as for [Delivery.Ack].
 func (d *Delivery) DeadLetter(reason string) error {
-	if !d.settle(deadLettered) {
-		return ErrAlreadySettled
+	if err := d.settle(deadLettered); err != nil {
+		return err
 	}
 	f := &pb.Fail{Id: d.ID, Reason: reason, DeadLetter: true}
 	return d.call.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Fail{Fail: f}})
@@ -171,18 +179,42 @@ func (d *Delivery) DeadLetter(reason string) error {
 // now + by. Without an ack deadline it is not needed: while the call holds a
 // delivery the sidecar keeps it from being reclaimed by peers.
 func (d *Delivery) Extend(by time.Duration) error {
-	if d.settled.Load() != int32(unsettled) {
+	switch d.verdict() {
+	case unsettled:
+	case lost:
+		return ErrLeaseLost
+	default:
 		return ErrAlreadySettled
 	}
 	e := &pb.Extend{Ids: []string{d.ID}, By: durationpb.New(by)}
 	return d.call.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Extend{Extend: e}})
 }
 
-// Settled reports whether a verdict has been given for d.
+// Settled reports whether d needs no more verdict: one has been given, or
+// its lease was lost ([Delivery.LeaseLost]).
 func (d *Delivery) Settled() bool { return d.settled.Load() != int32(unsettled) }
 
-func (d *Delivery) settle(v verdict) bool {
-	return d.settled.CompareAndSwap(int32(unsettled), int32(v))
+// LeaseLost reports whether the sidecar reported d's lease lost
+// ([CodeLeaseLost]) before a verdict was given: a peer has the entry, and no
+// verdict is sent for d. A [Handler] also sees it as its ctx's cancellation
+// with cause [ErrLeaseLost].
+func (d *Delivery) LeaseLost() bool { return d.verdict() == lost }
+
+// settle records v as d's verdict, or says why it cannot be given.
+func (d *Delivery) settle(v verdict) error {
+	if d.settled.CompareAndSwap(int32(unsettled), int32(v)) {
+		return nil
+	}
+	if d.verdict() == lost {
+		return ErrLeaseLost
+	}
+	return ErrAlreadySettled
+}
+
+// lose marks d's lease lost; false if a verdict came first (it stands: the
+// sidecar applies it or answers NOT_PENDING).
+func (d *Delivery) lose() bool {
+	return d.settled.CompareAndSwap(int32(unsettled), int32(lost))
 }
 
 func (d *Delivery) verdict() verdict { return verdict(d.settled.Load()) }

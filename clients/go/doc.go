@@ -8,6 +8,10 @@
 // into one Ack message per short window), and re-opens the call with jittered
 // exponential backoff when it breaks.
 //
+// Besides the consumer and the [Producer], [Streams] reads and trims streams
+// and [Admin] describes groups and lists and replays dead letters; all of them
+// can share one connection from [Dial].
+//
 // Delivery is at-least-once: an entry may be handed to a handler more than once
 // (after a Fail, a dropped call, a sidecar restart or a peer's reclaim). The
 // branded id ([Delivery.ID]) is the idempotency key; [SkipSeen] and
@@ -24,6 +28,8 @@
 //   - errors.go: [SubscriptionError], which gRPC codes are permanent, [VerdictError].
 //   - backoff.go: [Backoff], the jittered exponential reconnect delay.
 //   - producer.go: [Producer]: Append and AppendBatch.
+//   - streams.go: [Streams]: Read (a page, or every page with [Streams.ReadAll]) and Trim.
+//   - admin.go: [Admin]: DescribeGroup, and dead letters: list (a page, or [Admin.DeadLetters]) and replay.
 //   - idempotency.go: [SkipSeen], [NewerWins] and their in-memory stores.
 //   - echomqv1/: generated code (buf + protoc-gen-go + protoc-gen-go-grpc), never edited by hand.
 package echomq

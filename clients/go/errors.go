@@ -22,11 +22,20 @@ var (
 	// ended (broken, reconnected, or stopped). Nothing is sent: the entry stays
 	// pending and the sidecar delivers it again, so a verdict can never reach a
 	// call that does not hold the delivery.
+	// It is also the cause ([context.Cause]) of the handler contexts of a
+	// call that ended.
 	ErrCallEnded = errors.New("echomq: the consume call of this delivery has ended; its entry will be delivered again")
 	// ErrNotRunning is returned by [Consumer.Send] once Run has returned.
 	ErrNotRunning = errors.New("echomq: consumer is not running")
 	// ErrRunTwice is returned by a second [Consumer.Run]: a Consumer runs once.
 	ErrRunTwice = errors.New("echomq: Consumer.Run called more than once")
+	// ErrLeaseLost is the cause ([context.Cause]) of a handler context
+	// cancelled because the sidecar reported the delivery's lease lost
+	// ([CodeLeaseLost]): a peer reclaimed the entry and may be running it now.
+	// Ack, Fail, DeadLetter and Extend of that delivery return it and send
+	// nothing, and the handler's return value is not sent either: the entry
+	// belongs to the peer, and a verdict would only be answered NOT_PENDING.
+	ErrLeaseLost = errors.New("echomq: the delivery's lease was lost: a peer reclaimed the entry; no verdict is sent for it")
 )
 
 // SubscriptionError is a permanent failure of the Consume call: the sidecar
@@ -85,7 +94,9 @@ const (
 	CodeUnavailable = pb.VerdictErrorCode_VERDICT_ERROR_CODE_UNAVAILABLE
 	// CodeLeaseLost, sent unprompted: the sidecar lost the delivery's lease and
 	// a peer reclaimed the entry, which may be running elsewhere now. The
-	// consumer cancels that delivery's context; its verdict is not applied.
+	// consumer cancels that delivery's handler context with cause
+	// [ErrLeaseLost] and sends no verdict for it; if the entry comes back, it
+	// is a new delivery (Attempts higher), settled as usual.
 	CodeLeaseLost = pb.VerdictErrorCode_VERDICT_ERROR_CODE_LEASE_LOST
 )
 

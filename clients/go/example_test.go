@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -102,3 +103,47 @@ func ExampleConsumer_RunBatch() {
 func insertRows(context.Context, []map[string][]byte) []error { return nil }
 func busy() bool                                              { return false }
 func saveOrderState(context.Context, map[string][]byte) error { return nil }
+
+func ExampleStreams_ReadAll() {
+	conn, err := echomq.Dial("127.0.0.1:50051")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	streams := echomq.NewStreams(conn)
+	// The last hour of "orders", 500 entries per page, oldest first.
+	for e, err := range streams.ReadAll(context.Background(), "orders", echomq.ReadRange{StartTime: time.Now().Add(-time.Hour), Count: 500}) {
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(e.StreamID, e.ID, e.Payload)
+	}
+}
+
+func ExampleAdmin_ReplayDeadLetters() {
+	conn, err := echomq.Dial("127.0.0.1:50051")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	admin := echomq.NewAdmin(conn)
+	ctx := context.Background()
+	// Replay the dead letters of "orders" that failed on a timeout.
+	var ids []string
+	for dl, err := range admin.DeadLetters(ctx, "orders", echomq.DeadLetterRange{}) {
+		if err != nil {
+			log.Fatal(err)
+		}
+		if strings.Contains(dl.Reason, "timeout") {
+			ids = append(ids, dl.Entry.StreamID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	replay, err := admin.ReplayDeadLetters(ctx, "orders", echomq.ReplayOptions{IDs: ids})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(replay.Replayed), "replayed;", len(replay.NotFoundIDs), "already gone")
+}

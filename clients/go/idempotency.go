@@ -34,7 +34,8 @@ type SeenStore interface {
 
 // SkipSeen wraps next so that a delivery whose branded id store has seen is
 // acknowledged without calling next, and the id of a delivery next handled
-// successfully (returned nil, or acknowledged it) is recorded. A store error
+// successfully (returned nil, or acknowledged it, before any lost lease) is
+// recorded. A store error
 // fails the delivery, so it is retried rather than lost or handled twice.
 //
 // The id is recorded after next returns: a crash in between re-runs next on
@@ -53,11 +54,20 @@ func SkipSeen(store SeenStore, next Handler) Handler {
 		if err := next(ctx, d); err != nil {
 			return err
 		}
-		if v := d.verdict(); v == failed || v == deadLettered {
+		if notDone(d) {
 			return nil
 		}
 		return store.Record(ctx, d.ID)
 	}
+}
+
+// notDone reports that d's handler did not finish it: it failed or
+// dead-lettered it, or its lease was lost first (the handler may have given
+// up on the cancelled ctx and returned nil; the entry comes back or runs on a
+// peer, and must not then be skipped as seen).
+func notDone(d *Delivery) bool {
+	v := d.verdict()
+	return v == failed || v == deadLettered || v == lost
 }
 
 // MemorySeen is an in-memory [SeenStore] that keeps the most recent ids up to
@@ -141,7 +151,7 @@ func NewerWins(store VersionStore, keyOf func(*Delivery) string, next Handler) H
 		if err := next(ctx, d); err != nil {
 			return err
 		}
-		if v := d.verdict(); v == failed || v == deadLettered {
+		if notDone(d) {
 			return nil
 		}
 		_, err = store.Advance(ctx, key, d.ID)

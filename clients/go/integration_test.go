@@ -5,8 +5,10 @@ package echomq_test
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -184,6 +186,7 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 	}
 
 	started, release := make(chan struct{}), make(chan struct{})
+	firstCause := make(chan error, 1)
 	var attempts []uint32
 	var mu sync.Mutex
 	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Conn: conn, Stream: stream, Group: "g", Start: echomq.StartBeginning(), Concurrency: 1})
@@ -197,6 +200,7 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 			if first {
 				close(started)
 				<-release // ignores ctx: returns, and "acks", after the call broke
+				firstCause <- context.Cause(ctx)
 			}
 			return nil
 		})
@@ -221,6 +225,9 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 	}
 	if n := counter.acked()[appended.ID]; n != 1 {
 		t.Fatalf("%s acked %d times; the old call's verdict must be dropped, the new call's sent once", appended.ID, n)
+	}
+	if cause := <-firstCause; !errors.Is(cause, echomq.ErrCallEnded) {
+		t.Fatalf("the broken call's handler context ended with cause %v, want ErrCallEnded", cause)
 	}
 	if len(attempts) != 2 || attempts[1] < 2 {
 		t.Fatalf("attempts %v, want the redelivery to count a second attempt", attempts)
@@ -346,5 +353,23 @@ func TestPartitionKeyKeepsItsEntriesOnOneShardInOrder(t *testing.T) {
 					key, i, d.ID, d.Stream, d.Attempts, entries[i].ID, entries[i].Stream)
 			}
 		}
+	}
+}
+
+// The module as its users get it: a fresh module outside the repository
+// requires it (through a replace, as it is not published), builds and runs a
+// program that appends and reads back through the fixture's sidecar.
+func TestFreshModuleOutsideTheRepository(t *testing.T) {
+	cl := fixture(t)
+	if testing.Short() {
+		t.Skip("builds a program: not in -short")
+	}
+	out, err := exec.Command("./check-fresh-module", cl.listen).CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("check-fresh-module: %v", err)
+	}
+	if !strings.Contains(string(out), "fresh module: appended") {
+		t.Fatal("the fresh module's program did not report its round trip")
 	}
 }

@@ -32,18 +32,22 @@ type pool struct {
 // lease cancels the right delivery's context.
 type worker struct {
 	mu sync.Mutex
-	// k and d are the call and delivery being handled (d nil for a batch).
-	k *call
-	d *Delivery
+	// k is the call being handled, d its delivery (nil for a batch) or batch
+	// the frame of a batch handler.
+	k     *call
+	d     *Delivery
+	batch []*Delivery
 	// ctx is the handlers' context, a child of ctxCall's context, reused
-	// across deliveries until that call ends or a lost lease cancels it.
+	// across deliveries until that call ends or a lost lease cancels it
+	// (with cause ErrLeaseLost). One context per worker and call, not per
+	// delivery: a lost lease is rare, a delivery is the hot path.
 	ctx     context.Context
-	cancel  context.CancelFunc
+	cancel  context.CancelCauseFunc
 	ctxCall *call
 }
 
 // startPool starts the workers on first use, sized from Concurrency, else the
-// call's effective max_in_flight.
+// call's effective max_in_flight (1 for a batch handler), never above it.
 func (c *Consumer) startPool(effective int) *pool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -51,7 +55,10 @@ func (c *Consumer) startPool(effective int) *pool {
 		return c.pool
 	}
 	n := c.cfg.Concurrency
-	if n <= 0 || n > effective {
+	switch {
+	case n <= 0 && c.batchHandler != nil:
+		n = 1 // a batch handler works in bulk: one batch at a time unless asked
+	case n <= 0 || n > effective:
 		n = effective
 	}
 	n = max(n, 1)
@@ -91,11 +98,14 @@ func (c *Consumer) runWork(w *worker, it work) {
 		return
 	}
 	defer k.end()
-	ctx := w.enter(k, it.d)
+	// enter before takeLost: a LEASE_LOST that arrives in between finds the
+	// worker running the delivery; one that came before is in k's lost set.
+	ctx := w.enter(k, it.d, it.batch)
 	defer w.leave()
 	if it.d != nil {
 		if k.takeLost(it.d.ID) {
-			return // its lease was lost before it started: a peer has it now
+			k.lose(it.d) // its lease was lost before it started: a peer has it now
+			return
 		}
 		c.handle(ctx, it.d, c.handler)
 		return
@@ -104,7 +114,9 @@ func (c *Consumer) runWork(w *worker, it work) {
 	if k.lostN.Load() > 0 {
 		kept := batch[:0:0]
 		for _, d := range batch {
-			if !k.takeLost(d.ID) {
+			if k.takeLost(d.ID) {
+				k.lose(d)
+			} else {
 				kept = append(kept, d)
 			}
 		}
@@ -116,23 +128,23 @@ func (c *Consumer) runWork(w *worker, it work) {
 }
 
 // enter records what w runs and returns the handler context for k.
-func (w *worker) enter(k *call, d *Delivery) context.Context {
+func (w *worker) enter(k *call, d *Delivery, batch []*Delivery) context.Context {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ctx == nil || w.ctxCall != k {
 		if w.cancel != nil {
-			w.cancel()
+			w.cancel(nil)
 		}
-		w.ctx, w.cancel = context.WithCancel(k.ctx)
+		w.ctx, w.cancel = context.WithCancelCause(k.ctx)
 		w.ctxCall = k
 	}
-	w.k, w.d = k, d
+	w.k, w.d, w.batch = k, d, batch
 	return w.ctx
 }
 
 func (w *worker) leave() {
 	w.mu.Lock()
-	w.k, w.d = nil, nil
+	w.k, w.d, w.batch = nil, nil, nil
 	w.mu.Unlock()
 }
 
@@ -140,21 +152,33 @@ func (w *worker) release() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.cancel != nil {
-		w.cancel()
+		w.cancel(nil)
 	}
 	w.ctx, w.cancel, w.ctxCall = nil, nil, nil
 }
 
-// cancelRunning cancels the context of the worker running delivery id of k;
-// false if none runs it.
-func (p *pool) cancelRunning(k *call, id string) bool {
+// loseRunning handles a lost lease of delivery id of k if a worker runs it:
+// no verdict will be sent for it, and a handler's context is cancelled with
+// cause ErrLeaseLost (a batch handler's is not: the rest of its frame is
+// still held). false if no worker runs it.
+func (p *pool) loseRunning(k *call, id string) bool {
 	for _, w := range p.workers {
 		w.mu.Lock()
-		if w.k == k && w.d != nil && w.d.ID == id {
-			w.cancel()
-			w.ctx = nil // the next delivery gets a fresh context
-			w.mu.Unlock()
-			return true
+		if w.k == k {
+			if w.d != nil && w.d.ID == id {
+				k.lose(w.d)
+				w.cancel(ErrLeaseLost)
+				w.ctx = nil // the next delivery gets a fresh context
+				w.mu.Unlock()
+				return true
+			}
+			for _, d := range w.batch {
+				if d.ID == id {
+					k.lose(d)
+					w.mu.Unlock()
+					return true
+				}
+			}
 		}
 		w.mu.Unlock()
 	}

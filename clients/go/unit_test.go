@@ -286,6 +286,18 @@ func TestSkipSeenHandlesEachIDOnce(t *testing.T) {
 	if seen, _ := store.Seen(context.Background(), "0000000000020000000000000001"); seen {
 		t.Fatal("a failed delivery was recorded as seen")
 	}
+	// Nor is one whose lease was lost while it ran, even if it returned nil.
+	gaveUp := SkipSeen(store, func(_ context.Context, d *Delivery) error { d.lose(); return nil })
+	_ = gaveUp(context.Background(), delivery(rec, "0000000000030000000000000001"))
+	if seen, _ := store.Seen(context.Background(), "0000000000030000000000000001"); seen {
+		t.Fatal("a delivery whose lease was lost was recorded as seen")
+	}
+	versions := NewMemoryVersions()
+	newer := NewerWins(versions, func(*Delivery) string { return "k" }, func(_ context.Context, d *Delivery) error { d.lose(); return nil })
+	_ = newer(context.Background(), delivery(rec, "0000000000030000000000000001"))
+	if latest, _ := versions.Latest(context.Background(), "k"); latest != "" {
+		t.Fatalf("a delivery whose lease was lost advanced its key to %s", latest)
+	}
 }
 
 func TestMemorySeenForgetsTheOldestBeyondItsLimit(t *testing.T) {
@@ -524,4 +536,33 @@ func waitForUnit(limit time.Duration, ok func() bool) error {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return nil
+}
+
+func TestALostLeaseEndsSettlementAndAnEarlierVerdictStands(t *testing.T) {
+	c := NewConsumer(ConsumerConfig{})
+	rec := &recordingSender{}
+	d := delivery(rec, "0000000000010000000000000001")
+	if !d.lose() || !d.LeaseLost() || !d.Settled() {
+		t.Fatal("lose on an unsettled delivery must mark it lost")
+	}
+	for name, err := range map[string]error{
+		"Ack": d.Ack(), "Fail": d.Fail("x", 0), "DeadLetter": d.DeadLetter("x"), "Extend": d.Extend(time.Second),
+	} {
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("%s after a lost lease: %v, want ErrLeaseLost", name, err)
+		}
+	}
+	c.handle(context.Background(), d, func(context.Context, *Delivery) error { return errors.New("ignored") })
+	if len(rec.sent) != 0 {
+		t.Fatalf("%d verdicts sent for a lost delivery, want none", len(rec.sent))
+	}
+
+	acked := delivery(rec, "0000000000010000000000000002")
+	_ = acked.Ack()
+	if acked.lose() || acked.LeaseLost() {
+		t.Fatal("a lost lease after the ack must leave the ack standing")
+	}
+	if len(rec.sent) != 1 {
+		t.Fatalf("%d verdicts, want the ack", len(rec.sent))
+	}
 }
