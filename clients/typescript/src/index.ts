@@ -52,5 +52,5 @@ export {
   type NewerWinsStore,
   type SeenStore,
 } from './idempotency.js';
-export { EchoMQError, PERMANENT_CODES } from './errors.js';
+export { CallEndedError, EchoMQError, LeaseLostError, PERMANENT_CODES } from './errors.js';
 export { DEFAULT_TARGET, type ConnectionOptions } from './grpc.js';
