@@ -1,10 +1,9 @@
 // The one place that loads the proto contract and builds gRPC clients, so the
 // proto-loader options and channel defaults are written once.
-import { readdirSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import { EchoMQError } from './errors.js';
+import { DESCRIPTOR } from './gen/descriptor.js';
 import type { ProtoGrpcType as AdminProto } from './gen/admin_service.js';
 import type { ProtoGrpcType as ConsumerProto } from './gen/consumer_service.js';
 import type { ProtoGrpcType as StreamProto } from './gen/stream_service.js';
@@ -29,21 +28,15 @@ const PROTO_LOADER_OPTIONS: protoLoader.Options = {
   oneofs: true,
 };
 
-/** The `.proto` files, copied next to `dist/` from the repository's `proto/` by the build. */
-const PROTO_DIR = fileURLToPath(new URL('../proto/', import.meta.url));
-
 type Proto = ConsumerProto & StreamProto & AdminProto;
 let loaded: Proto | undefined;
 
 function proto(): Proto {
   if (!loaded) {
-    // Every file of the contract, so the services' imports resolve whatever their layout.
-    const files = readdirSync(PROTO_DIR, { recursive: true, encoding: 'utf8' })
-      .filter((name) => name.endsWith('.proto'))
-      .map((name) => name.split('\\').join('/'))
-      .sort();
+    // The contract compiled into the package by scripts/generate.mjs: no file
+    // is read, so this works the same from ESM, CommonJS and a bundle.
     loaded = grpc.loadPackageDefinition(
-      protoLoader.loadSync(files, { ...PROTO_LOADER_OPTIONS, includeDirs: [PROTO_DIR] }),
+      protoLoader.fromJSON(DESCRIPTOR as Parameters<typeof protoLoader.fromJSON>[0], PROTO_LOADER_OPTIONS),
     ) as unknown as Proto;
   }
   return loaded;
