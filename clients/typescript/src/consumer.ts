@@ -245,7 +245,8 @@ const VERDICT_CODE_PREFIX = 'VERDICT_ERROR_CODE_';
 /**
  * Consumes one stream through one consumer group over the sidecar's Consume
  * call, running a handler for each delivery (or, with {@link runBatch}, for
- * each batch) on a fixed set of `concurrency` workers.
+ * each batch) on a fixed set of `concurrency` workers, or handing the
+ * deliveries to a `for await` loop ({@link deliveries}).
  *
  * The call asks for batched frames (`maxBatch`) and acks are coalesced into
  * one `Ack` message per short window (`ackLingerMs`, `ackBatch`).

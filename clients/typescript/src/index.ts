@@ -2,9 +2,10 @@
  * `@echomq/client`: the TypeScript client of the EchoMQ sidecar.
  *
  * Layout:
- * - `consumer.ts`: {@link Consumer}, the Consume call: subscribe, run a handler
- *   batched frames, a handler per delivery (or per batch) on a fixed set of
- *   workers, coalesced acks, verdicts, reconnect, graceful stop;
+ * - `consumer.ts`: {@link Consumer}, the Consume call: subscribe, batched
+ *   frames, a handler per delivery (or per batch) on a fixed set of workers or
+ *   a `for await` loop, coalesced acks, verdicts, LEASE_LOST, reconnect,
+ *   graceful stop;
  * - `delivery.ts`: the {@link Delivery} a handler receives and settles;
  * - `producer.ts`: {@link Streams} (also named {@link Producer}): Append,
  *   AppendBatch, Read (and paging over it) and Trim;
