@@ -808,7 +808,6 @@ interface CallSettings {
  */
 class Call {
   readonly #stream: ClientDuplexStream<ConsumeRequest, ConsumeResponse__Output>;
-  readonly #events: CallEvents;
   /** Resolves with the call's final status. */
   readonly ended: Promise<StatusObject>;
   subscribed = false;
@@ -830,11 +829,11 @@ class Call {
    */
   readonly #held = new Map<string, DeliveryImpl>();
   readonly noAck: boolean;
+  /** What the call reports to its consumer (its deliveries report their settlement here too). */
   readonly events: CallEvents;
 
   constructor(stream: ClientDuplexStream<ConsumeRequest, ConsumeResponse__Output>, settings: CallSettings, events: CallEvents) {
     this.#stream = stream;
-    this.#events = events;
     this.events = events;
     this.noAck = settings.noAck;
     this.#lingerMs = settings.lingerMs;
@@ -960,7 +959,7 @@ class Call {
       for (const delivery of this.#held.values()) delivery.abortWith(reason);
       this.#held.clear();
     }
-    this.#events.ended();
+    this.events.ended();
   }
 
   #hold(message: Delivery__Output): DeliveryImpl {
@@ -989,7 +988,7 @@ class Call {
       case 'subscribed': {
         const s = response.subscribed!;
         this.subscribed = true;
-        this.#events.subscribed({ stream: s.stream, group: s.group, consumer: s.consumer, maxInFlight: s.maxInFlight });
+        this.events.subscribed({ stream: s.stream, group: s.group, consumer: s.consumer, maxInFlight: s.maxInFlight });
         break;
       }
       case 'batch': {
@@ -997,11 +996,11 @@ class Call {
         const messages = response.batch!.deliveries;
         const deliveries = new Array<DeliveryImpl>(messages.length);
         for (let i = 0; i < messages.length; i++) deliveries[i] = this.#hold(messages[i]!);
-        if (deliveries.length > 0) this.#events.deliveries(deliveries);
+        if (deliveries.length > 0) this.events.deliveries(deliveries);
         break;
       }
       case 'delivery':
-        if (!this.#closed) this.#events.deliveries([this.#hold(response.delivery!)]);
+        if (!this.#closed) this.events.deliveries([this.#hold(response.delivery!)]);
         break;
       case 'verdictError': {
         const e = response.verdictError!;
@@ -1009,7 +1008,7 @@ class Call {
         // The signal first, so a handler woken by it finds its delivery
         // already settled; then the hook.
         if (code === 'LEASE_LOST') this.#loseLease(e.id, e.message);
-        this.#events.verdictError({ id: e.id, code, message: e.message });
+        this.events.verdictError({ id: e.id, code, message: e.message });
         break;
       }
       default:
