@@ -1,35 +1,48 @@
-// Generates what the build needs from the repository's proto contract, so it
-// can never be stale: it runs on every `npm run build`, and its outputs are
-// git-ignored, never committed.
+// Generates what the build needs from the proto contract, so it can never be
+// stale: it runs on every `npm run build`, and its outputs are git-ignored,
+// never committed.
 //
-//   ../../proto/echomq/**/*.proto  →  proto/echomq/**  (copied: loaded at run
-//                                      time by @grpc/proto-loader, and shipped
-//                                      in the npm package)
-//                                  →  src/gen/**        (TypeScript types from
-//                                      proto-loader-gen-types, compiled by tsc)
+//   ../../proto/echomq/**/*.proto  →  proto/echomq/**       (copied, inside the
+//                                      repository only; shipped in the npm
+//                                      package, so the package builds outside)
+//   proto/echomq/**/*.proto        →  src/gen/**             (TypeScript types
+//                                      from proto-loader-gen-types)
+//                                  →  src/gen/descriptor.ts  (the contract as
+//                                      protobufjs JSON, which the client loads
+//                                      at run time: no .proto file is read
+//                                      then, so ESM, CommonJS and bundlers all
+//                                      work without locating files)
 //
-// The type options below must match PROTO_LOADER_OPTIONS in src/grpc.ts: the
-// types describe the objects that proto-loader builds at run time.
+// The options below must match PROTO_LOADER_OPTIONS in src/grpc.ts: the types
+// describe the objects that proto-loader builds at run time.
 import { execFileSync } from 'node:child_process';
-import { cpSync, existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
-const source = join(root, '..', '..', 'proto');
 const protoOut = join(root, 'proto');
 const genOut = join(root, 'src', 'gen');
 
-if (!existsSync(join(source, 'echomq'))) {
-  throw new Error(`no proto contract at ${source}: build from inside the EchoMQ repository`);
+// Inside the repository (this package is its clients/typescript), the
+// contract is the repository's proto/, copied afresh. Anywhere else (an
+// unpacked tarball) it is the copy the package ships.
+const repoProto = join(root, '..', '..', 'proto');
+const inRepository =
+  existsSync(join(repoProto, 'echomq')) &&
+  existsSync(join(root, '..', '..', 'clients', 'typescript')) &&
+  realpathSync(join(root, '..', '..', 'clients', 'typescript')) === realpathSync(root);
+if (inRepository) {
+  rmSync(protoOut, { recursive: true, force: true });
+  cpSync(join(repoProto, 'echomq'), join(protoOut, 'echomq'), {
+    recursive: true,
+    filter: (path) => statSync(path).isDirectory() || path.endsWith('.proto'),
+  });
+} else if (!existsSync(join(protoOut, 'echomq'))) {
+  throw new Error(`no proto contract: neither ${repoProto} (the EchoMQ repository) nor ${protoOut} (the packaged copy)`);
 }
-
-rmSync(protoOut, { recursive: true, force: true });
 rmSync(genOut, { recursive: true, force: true });
-cpSync(join(source, 'echomq'), join(protoOut, 'echomq'), {
-  recursive: true,
-  filter: (path) => statSync(path).isDirectory() || path.endsWith('.proto'),
-});
 
 const files = [];
 const walk = (dir) => {
@@ -60,6 +73,20 @@ execFileSync(
     ...files,
   ],
   { stdio: ['ignore', 'ignore', 'inherit'] },
+);
+
+// The contract as protobufjs JSON, loaded exactly as proto-loader's loadSync
+// would load the files (the same protobufjs, through proto-loader's own
+// loader, camelCase field names), so that fromJSON at run time builds the
+// same package definition.
+const requireFromLoader = createRequire(createRequire(import.meta.url).resolve('@grpc/proto-loader'));
+const { loadProtosWithOptionsSync } = requireFromLoader('./util');
+const contract = loadProtosWithOptionsSync(files, { keepCase: false, includeDirs: [protoOut] });
+mkdirSync(genOut, { recursive: true });
+writeFileSync(
+  join(genOut, 'descriptor.ts'),
+  '/** The proto contract (proto/echomq) as protobufjs JSON, for proto-loader\'s fromJSON. */\n' +
+    `export const DESCRIPTOR: Record<string, unknown> = ${JSON.stringify(contract.toJSON({ keepComments: false }))};\n`,
 );
 
 // The generator's output is checked by the generator, not by this package's

@@ -1,4 +1,5 @@
 import type { BrandedId } from './branded-id.js';
+import type { CallEndedError, LeaseLostError } from './errors.js';
 
 /** A field whose name is not valid UTF-8 (a proto map key must be), byte for byte. */
 export interface RawField {
@@ -46,13 +47,22 @@ export interface Delivery {
   /** The W3C trace context stored with the entry; empty when none. */
   readonly traceparent: string;
   /**
-   * Aborted when a verdict for this delivery can no longer be applied: the call
-   * that delivered it broke or was closed, or a graceful stop's deadline passed.
-   * The sidecar delivers the entry again; a long handler may give up early.
+   * Aborted while the delivery is unsettled when a verdict for it can no
+   * longer be applied, with the reason as `signal.reason`:
+   * - a {@link LeaseLostError} (`code` `LEASE_LOST`) when the sidecar said a
+   *   peer reclaimed the entry: it may be running elsewhere now; the client
+   *   sends no verdict for it, whatever the handler then returns or throws;
+   * - a {@link CallEndedError} when the call that delivered it broke or was
+   *   closed, or a graceful stop's deadline passed.
+   * Either way the entry is delivered again (here or to a peer); a long
+   * handler may give up early. Created on first read: a handler that never
+   * reads it pays nothing for it.
    */
   readonly signal: AbortSignal;
-  /** Whether this delivery was settled (by the handler, or automatically). */
+  /** Whether this delivery was settled (by the handler, automatically, or by losing its lease). */
   readonly settled: boolean;
+  /** True once the sidecar said LEASE_LOST for this delivery (see {@link signal}). */
+  readonly leaseLost: boolean;
 
   /** The field `name` decoded as UTF-8 text, or `undefined` when absent. */
   text(name: string): string | undefined;

@@ -1,15 +1,22 @@
 import { status as Status, type ServiceError } from '@grpc/grpc-js';
 
 /**
- * gRPC status codes that retrying cannot fix: the request itself is wrong
- * (INVALID_ARGUMENT), the caller may not do it (PERMISSION_DENIED,
- * UNAUTHENTICATED), the data is in a state that forbids it (FAILED_PRECONDITION,
- * for example a stream key that holds another Redis type), or the server is not
- * an EchoMQ sidecar of a compatible version (UNIMPLEMENTED). A consumer stops
- * and rejects `run()` on these; every other status is retried with backoff.
+ * gRPC status codes that retrying cannot fix, the same in every EchoMQ client
+ * (`clients/CONTRACT.md`): the request itself is wrong (INVALID_ARGUMENT,
+ * OUT_OF_RANGE), names something that is not there or already is (NOT_FOUND,
+ * ALREADY_EXISTS), the caller may not do it (PERMISSION_DENIED,
+ * UNAUTHENTICATED), the data is in a state that forbids it
+ * (FAILED_PRECONDITION, for example a stream key that holds another Redis
+ * type), or the server is not an EchoMQ sidecar of a compatible version
+ * (UNIMPLEMENTED). A consumer stops and rejects `run()` on these; every other
+ * status (UNAVAILABLE above all, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED,
+ * ABORTED, INTERNAL, UNKNOWN, a call reset mid-way) is retried with backoff.
  */
 export const PERMANENT_CODES: ReadonlySet<Status> = new Set([
   Status.INVALID_ARGUMENT,
+  Status.OUT_OF_RANGE,
+  Status.NOT_FOUND,
+  Status.ALREADY_EXISTS,
   Status.PERMISSION_DENIED,
   Status.UNAUTHENTICATED,
   Status.FAILED_PRECONDITION,
@@ -47,5 +54,32 @@ export class EchoMQError extends Error {
     return new EchoMQError(what, Status.UNKNOWN, error instanceof Error ? error.message : String(error), {
       cause: error,
     });
+  }
+}
+
+/**
+ * The reason a delivery's `signal` aborts with when the sidecar said
+ * LEASE_LOST: a peer reclaimed the entry, which may be running elsewhere now.
+ * The client sends no verdict for that delivery, whatever the handler does.
+ */
+export class LeaseLostError extends Error {
+  override readonly name = 'LeaseLostError';
+  /** Always `LEASE_LOST`, the verdict error code that caused it. */
+  readonly code = 'LEASE_LOST' as const;
+  /** The branded id of the delivery whose lease was lost. */
+  readonly id: string;
+
+  constructor(id: string, details: string) {
+    super(`the lease of delivery ${id} was lost (a peer reclaimed the entry; no verdict will be sent for it)${details ? `: ${details}` : ''}`);
+    this.id = id;
+  }
+}
+
+/** The reason a delivery's `signal` aborts with when its Consume call ended before it was settled. */
+export class CallEndedError extends Error {
+  override readonly name = 'CallEndedError';
+
+  constructor() {
+    super('the Consume call that delivered this entry ended: its verdict can no longer be applied (the sidecar delivers it again)');
   }
 }

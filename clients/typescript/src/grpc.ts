@@ -1,11 +1,13 @@
 // The one place that loads the proto contract and builds gRPC clients, so the
 // proto-loader options and channel defaults are written once.
-import { readdirSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
+import { EchoMQError } from './errors.js';
+import { DESCRIPTOR } from './gen/descriptor.js';
+import type { ProtoGrpcType as AdminProto } from './gen/admin_service.js';
 import type { ProtoGrpcType as ConsumerProto } from './gen/consumer_service.js';
 import type { ProtoGrpcType as StreamProto } from './gen/stream_service.js';
+import type { AdminServiceClient } from './gen/echomq/v1/AdminService.js';
 import type { ConsumerServiceClient } from './gen/echomq/v1/ConsumerService.js';
 import type { StreamServiceClient } from './gen/echomq/v1/StreamService.js';
 
@@ -26,21 +28,15 @@ const PROTO_LOADER_OPTIONS: protoLoader.Options = {
   oneofs: true,
 };
 
-/** The `.proto` files, copied next to `dist/` from the repository's `proto/` by the build. */
-const PROTO_DIR = fileURLToPath(new URL('../proto/', import.meta.url));
-
-type Proto = ConsumerProto & StreamProto;
+type Proto = ConsumerProto & StreamProto & AdminProto;
 let loaded: Proto | undefined;
 
 function proto(): Proto {
   if (!loaded) {
-    // Every file of the contract, so the services' imports resolve whatever their layout.
-    const files = readdirSync(PROTO_DIR, { recursive: true, encoding: 'utf8' })
-      .filter((name) => name.endsWith('.proto'))
-      .map((name) => name.split('\\').join('/'))
-      .sort();
+    // The contract compiled into the package by scripts/generate.mjs: no file
+    // is read, so this works the same from ESM, CommonJS and a bundle.
     loaded = grpc.loadPackageDefinition(
-      protoLoader.loadSync(files, { ...PROTO_LOADER_OPTIONS, includeDirs: [PROTO_DIR] }),
+      protoLoader.fromJSON(DESCRIPTOR as Parameters<typeof protoLoader.fromJSON>[0], PROTO_LOADER_OPTIONS),
     ) as unknown as Proto;
   }
   return loaded;
@@ -95,6 +91,76 @@ export function streamClient(options: ConnectionOptions): StreamServiceClient {
     options.credentials ?? grpc.credentials.createInsecure(),
     clientOptions(options),
   );
+}
+
+export function adminClient(options: ConnectionOptions): AdminServiceClient {
+  const Client = proto().echomq.v1.AdminService;
+  return new Client(
+    options.target ?? DEFAULT_TARGET,
+    options.credentials ?? grpc.credentials.createInsecure(),
+    clientOptions(options),
+  );
+}
+
+/** Options of one unary call (append, read, trim, the admin calls). */
+export interface CallOptions {
+  /** Give up after this many milliseconds (DEADLINE_EXCEEDED). Default: no deadline. */
+  deadlineMs?: number;
+  /** Cancels the call (CANCELLED). */
+  signal?: AbortSignal;
+  /**
+   * Wait for the sidecar to become reachable instead of failing at once with
+   * UNAVAILABLE (use with `deadlineMs`). Default: false.
+   */
+  waitForReady?: boolean;
+}
+
+/**
+ * Runs one unary call with `options` (deadline, cancellation, wait for ready)
+ * and maps its answer: a failure becomes an {@link EchoMQError} saying `what`
+ * was being done.
+ */
+export function unary<R, T>(
+  what: string,
+  options: CallOptions,
+  start: (
+    metadata: grpc.Metadata,
+    callOptions: grpc.CallOptions,
+    callback: (error: grpc.ServiceError | null, response?: R) => void,
+  ) => { cancel(): void },
+  map: (response: R) => T,
+): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    options.signal?.throwIfAborted();
+    const callOptions: grpc.CallOptions = {};
+    if (options.deadlineMs !== undefined) callOptions.deadline = Date.now() + options.deadlineMs;
+    const metadata = new grpc.Metadata({ waitForReady: options.waitForReady ?? false });
+    const onAbort = () => call.cancel();
+    const call = start(metadata, callOptions, (error, response) => {
+      options.signal?.removeEventListener('abort', onAbort);
+      if (error || response === undefined) {
+        reject(EchoMQError.from(what, error ?? new Error('empty answer')));
+        return;
+      }
+      try {
+        resolve(map(response));
+      } catch (mapError) {
+        reject(mapError);
+      }
+    });
+    options.signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+/** A `google.protobuf.Duration` as milliseconds; `undefined` when unset. */
+export function msOf(duration: { seconds: string; nanos: number } | null | undefined): number | undefined {
+  if (!duration) return undefined;
+  return Number(duration.seconds) * 1000 + duration.nanos / 1_000_000;
+}
+
+/** A protobuf uint64 (a decimal string with `longs: String`) as a number. */
+export function countOf(value: string | number | null | undefined): number {
+  return value === null || value === undefined || value === '' ? 0 : Number(value);
 }
 
 /** Milliseconds as a `google.protobuf.Duration`. */

@@ -2,11 +2,15 @@
  * `@echomq/client`: the TypeScript client of the EchoMQ sidecar.
  *
  * Layout:
- * - `consumer.ts`: {@link Consumer}, the Consume call: subscribe, run a handler
- *   batched frames, a handler per delivery (or per batch) on a fixed set of
- *   workers, coalesced acks, verdicts, reconnect, graceful stop;
+ * - `consumer.ts`: {@link Consumer}, the Consume call: subscribe, batched
+ *   frames, a handler per delivery (or per batch) on a fixed set of workers or
+ *   a `for await` loop, coalesced acks, verdicts, LEASE_LOST, reconnect,
+ *   graceful stop;
  * - `delivery.ts`: the {@link Delivery} a handler receives and settles;
- * - `producer.ts`: {@link Producer}, Append and AppendBatch;
+ * - `producer.ts`: {@link Streams} (also named {@link Producer}): Append,
+ *   AppendBatch, Read (and paging over it) and Trim;
+ * - `admin.ts`: {@link Admin}: DescribeGroup, dead letters listed and replayed;
+ * - `entry.ts`: the {@link Entry} that reads return;
  * - `branded-id.ts`: the {@link BrandedId} type and helpers;
  * - `idempotency.ts`: {@link SeenSet} and {@link NewerWins}, deduplication by branded id;
  * - `errors.ts`: {@link EchoMQError} and which gRPC codes are permanent;
@@ -34,7 +38,32 @@ export {
   type VerdictErrorCode,
 } from './consumer.js';
 export type { Delivery, FailOptions, RawField } from './delivery.js';
-export { Producer, type AppendOptions, type AppendResult, type FieldValue, type Fields } from './producer.js';
+export {
+  Producer,
+  Streams,
+  type AppendOptions,
+  type AppendResult,
+  type FieldValue,
+  type Fields,
+  type ReadAllOptions,
+  type ReadBound,
+  type ReadPage,
+  type ReadRange,
+  type TrimBound,
+  type TrimOptions,
+  type TrimResult,
+} from './producer.js';
+export type { Entry } from './entry.js';
+export {
+  Admin,
+  type ConsumerInfo,
+  type DeadLetter,
+  type DeadLetterPage,
+  type GroupInfo,
+  type ListDeadLettersOptions,
+  type ReplayOptions,
+  type ReplayResult,
+} from './admin.js';
 export {
   brandedIdFromStreamId,
   brandedIdTime,
@@ -52,5 +81,5 @@ export {
   type NewerWinsStore,
   type SeenStore,
 } from './idempotency.js';
-export { EchoMQError, PERMANENT_CODES } from './errors.js';
-export { DEFAULT_TARGET, type ConnectionOptions } from './grpc.js';
+export { CallEndedError, EchoMQError, LeaseLostError, PERMANENT_CODES } from './errors.js';
+export { DEFAULT_TARGET, type CallOptions, type ConnectionOptions } from './grpc.js';

@@ -1,11 +1,13 @@
-import type { CallOptions, Metadata } from '@grpc/grpc-js';
-import { Metadata as GrpcMetadata } from '@grpc/grpc-js';
 import { parseBrandedId, type BrandedId } from './branded-id.js';
-import { EchoMQError } from './errors.js';
-import { streamClient, type ConnectionOptions } from './grpc.js';
+import { entryOf, type Entry } from './entry.js';
+import { countOf, streamClient, timestampOf, unary, type CallOptions, type ConnectionOptions } from './grpc.js';
+import type { AppendBatchResponse__Output } from './gen/echomq/v1/AppendBatchResponse.js';
 import type { AppendResponse__Output } from './gen/echomq/v1/AppendResponse.js';
+import type { ReadResponse__Output } from './gen/echomq/v1/ReadResponse.js';
+import type { TrimResponse__Output } from './gen/echomq/v1/TrimResponse.js';
+import type { ReadRequest } from './gen/echomq/v1/ReadRequest.js';
 import type { StreamServiceClient } from './gen/echomq/v1/StreamService.js';
-
+import type { TrimRequest } from './gen/echomq/v1/TrimRequest.js';
 /** A field value: bytes, or text (written as UTF-8). */
 export type FieldValue = Uint8Array | string;
 
@@ -26,11 +28,12 @@ export interface AppendResult {
 }
 
 /** Options of one append. */
-export interface AppendOptions {
+export interface AppendOptions extends CallOptions {
   /**
    * Trim the stream to about this many entries as part of the XADD
    * (`MAXLEN ~ maxLen`; Redis trims whole nodes, so a few more may stay).
-   * Default: no trimming.
+   * Unlike {@link Streams.trim} this does NOT spare entries a group still has
+   * pending or has not read. Default: no trimming.
    */
   maxLen?: number | bigint;
   /**
@@ -40,27 +43,107 @@ export interface AppendOptions {
    * `''`): the shards are taken in turn. A stream that is not sharded ignores it.
    */
   partitionKey?: string;
-  /** Give up after this many milliseconds (DEADLINE_EXCEEDED). Default: no deadline. */
-  deadlineMs?: number;
-  /** Cancels the call (CANCELLED). */
-  signal?: AbortSignal;
-  /**
-   * Wait for the sidecar to become reachable instead of failing at once with
-   * UNAVAILABLE (use with `deadlineMs`). Default: false.
-   */
-  waitForReady?: boolean;
 }
 
 /**
- * Appends entries to streams through the sidecar's `StreamService`. The
- * sidecar mints each entry's branded id atomically with the XADD.
- *
- * An append is not retried by this client: if the answer is lost (UNAVAILABLE
- * after the request was sent) the entry may or may not have been written, and
- * a retry could write it twice. Retry yourself where a duplicate is harmless;
- * consumers deduplicate by branded id, but a retried append mints a new one.
+ * One bound of a {@link ReadRange}: a stream id (`<ms>-<seq>` or `<ms>`), or
+ * an instant (a `Date`: the first, or last, possible stream id of that
+ * millisecond).
  */
-export class Producer {
+export type ReadBound = string | Date;
+
+/** Which entries to read. Both bounds are inclusive. */
+export interface ReadRange {
+  /** The first entry to return. Default: the oldest. */
+  start?: ReadBound;
+  /** The last entry to return. Default: the newest. */
+  end?: ReadBound;
+  /**
+   * The most entries per page (entries). Default (or 0): the sidecar's, 100.
+   * At most 10,000 (INVALID_ARGUMENT above). {@link Streams.readAll} reads
+   * pages of this size.
+   */
+  count?: number;
+}
+
+/** One page of {@link Streams.read}. */
+export interface ReadPage {
+  /** The entries, oldest first. */
+  readonly entries: readonly Entry[];
+  /**
+   * Where the next page starts: pass it as `start` (keeping `end`). Empty when
+   * this page reached the end of the range. A page may hold fewer than
+   * `count` entries when more would not fit in one gRPC message.
+   */
+  readonly nextStartId: string;
+  /**
+   * Stream ids in this page's range of entries too large for one gRPC
+   * message on their own (the sidecar's `--max-message-bytes`): left out.
+   */
+  readonly oversizedIds: readonly string[];
+}
+
+/** Options of {@link Streams.readAll}. */
+export interface ReadAllOptions extends CallOptions {
+  /**
+   * Called with the stream ids of entries left out because each alone is too
+   * large for one gRPC message. Default: a process warning (code
+   * `ECHOMQ_OVERSIZED`).
+   */
+  onOversized?: (streamIds: readonly string[]) => void;
+}
+
+/** Where {@link Streams.trim} cuts: exactly one of the three. */
+export type TrimBound =
+  /** Keep the newest `maxLen` entries (entries, at least 1). */
+  | { readonly maxLen: number | bigint }
+  /** Remove entries with a stream id below `minId`. */
+  | { readonly minId: string }
+  /** Remove entries appended before this instant. */
+  | { readonly before: Date };
+
+/** Options of {@link Streams.trim}. */
+export interface TrimOptions extends CallOptions {
+  /**
+   * Let Redis trim whole radix-tree nodes only (`MINID ~`): cheaper, may keep
+   * a few more entries; never removes more than asked. Default: false.
+   */
+  approximate?: boolean;
+  /**
+   * Trim as asked even past entries that groups have pending or not yet
+   * delivered: **those entries are lost to the groups**. Default: false, the
+   * safe mode, which raises the bound to the oldest such entry.
+   */
+  ignoreGroups?: boolean;
+}
+
+/** What {@link Streams.trim} did. */
+export interface TrimResult {
+  /** Entries removed. */
+  readonly trimmed: number;
+  /** The MINID bound applied (entries below it are gone); empty when nothing could be trimmed. */
+  readonly appliedMinId: string;
+  /** True when the safe mode raised the bound to protect a group's pending or undelivered entries. */
+  readonly heldBackByGroups: boolean;
+}
+
+/**
+ * The sidecar's `StreamService`: appends entries (the sidecar mints each
+ * entry's branded id atomically with the XADD), reads ranges of a stream
+ * without a consumer group, and trims.
+ *
+ * Nothing here is retried by this client: if an append's answer is lost
+ * (UNAVAILABLE after the request was sent) the entry may or may not have been
+ * written, and a retry could write it twice. Retry yourself where a duplicate
+ * is harmless; consumers deduplicate by branded id, but a retried append mints
+ * a new one.
+ *
+ * Errors: every method rejects with an {@link EchoMQError}: INVALID_ARGUMENT
+ * for a bad name, id or bound (the message says which); FAILED_PRECONDITION
+ * when the key holds another Redis type; UNAVAILABLE when the sidecar or Redis
+ * cannot be reached.
+ */
+export class Streams {
   readonly #client: StreamServiceClient;
 
   constructor(options: ConnectionOptions = {}) {
@@ -75,10 +158,11 @@ export class Producer {
       maxLen: maxLenOf(options.maxLen),
       partitionKey: options.partitionKey ?? '',
     };
-    return this.#unary(`append to stream ${JSON.stringify(stream)}`, options, (metadata, callOptions, done) =>
-      this.#client.append(request, metadata, callOptions, (error, response) =>
-        done(error, response && resultOf(response)),
-      ),
+    return unary(
+      `append to stream ${JSON.stringify(stream)}`,
+      options,
+      (metadata, callOptions, callback) => this.#client.append(request, metadata, callOptions, callback),
+      resultOf,
     );
   }
 
@@ -93,10 +177,84 @@ export class Producer {
       maxLen: maxLenOf(options.maxLen),
       partitionKey: options.partitionKey ?? '',
     };
-    return this.#unary(`append a batch of ${entries.length} to stream ${JSON.stringify(stream)}`, options, (metadata, callOptions, done) =>
-      this.#client.appendBatch(request, metadata, callOptions, (error, response) =>
-        done(error, response && response.entries.map(resultOf)),
-      ),
+    return unary(
+      `append a batch of ${entries.length} to stream ${JSON.stringify(stream)}`,
+      options,
+      (metadata, callOptions, callback) => this.#client.appendBatch(request, metadata, callOptions, callback),
+      (response: AppendBatchResponse__Output) => response.entries.map(resultOf),
+    );
+  }
+
+  /**
+   * Reads one page of `stream`, oldest first, without a consumer group
+   * (XRANGE): nothing is acknowledged or counted. For the next page pass
+   * `nextStartId` as `start`; or let {@link readAll} page for you.
+   *
+   * Errors: INVALID_ARGUMENT for a bad stream name or id, or `count` over
+   * 10,000; FAILED_PRECONDITION when the key is not a stream; UNAVAILABLE.
+   * A stream that does not exist reads as empty.
+   */
+  read(stream: string, range: ReadRange = {}, options: CallOptions = {}): Promise<ReadPage> {
+    const request = readRequestOf(stream, range);
+    return unary(
+      `read stream ${JSON.stringify(stream)}`,
+      options,
+      (metadata, callOptions, callback) => this.#client.read(request, metadata, callOptions, callback),
+      (response: ReadResponse__Output) => ({
+        entries: response.entries.map(entryOf),
+        nextStartId: response.nextStartId,
+        oversizedIds: response.oversizedIds,
+      }),
+    );
+  }
+
+  /**
+   * Every entry of `range`, oldest first, one page (`range.count`, default
+   * 100) at a time by `nextStartId`: `for await (const entry of
+   * streams.readAll('orders', { start: since })) …`. The next page is asked
+   * for when the loop has taken the last entry of this one; breaking out of
+   * the loop asks for nothing more. Entries appended meanwhile within the range
+   * are read too. Rejects (throws in the loop) as {@link read}.
+   */
+  async *readAll(stream: string, range: ReadRange = {}, options: ReadAllOptions = {}): AsyncGenerator<Entry, void, undefined> {
+    let page = await this.read(stream, range, options);
+    for (;;) {
+      if (page.oversizedIds.length > 0) {
+        if (options.onOversized) options.onOversized(page.oversizedIds);
+        else process.emitWarning(`EchoMQ: read of ${JSON.stringify(stream)} left out ${page.oversizedIds.length} entries too large for one gRPC message: ${page.oversizedIds.join(', ')}`, { code: 'ECHOMQ_OVERSIZED' });
+      }
+      yield* page.entries;
+      if (page.nextStartId === '') return;
+      page = await this.read(stream, { ...range, start: page.nextStartId }, options);
+    }
+  }
+
+  /**
+   * Removes the oldest entries of `stream` (XTRIM MINID) up to `bound`. In the
+   * safe mode (the default) it never removes an entry that any group of the
+   * stream still has pending or has not yet been delivered: the bound is
+   * raised to the oldest such entry (`heldBackByGroups`), computed and applied
+   * atomically in one script.
+   *
+   * Errors: INVALID_ARGUMENT without exactly one bound (a `maxLen` of 0 is no
+   * bound: to remove everything give `minId`); FAILED_PRECONDITION when the
+   * key is not a stream; UNAVAILABLE.
+   */
+  trim(stream: string, bound: TrimBound, options: TrimOptions = {}): Promise<TrimResult> {
+    const request: TrimRequest = { stream, approximate: options.approximate ?? false, ignoreGroups: options.ignoreGroups ?? false };
+    if ('maxLen' in bound) request.maxLen = maxLenOf(bound.maxLen);
+    else if ('minId' in bound) request.minId = bound.minId;
+    else if ('before' in bound && bound.before instanceof Date) request.before = timestampOf(bound.before);
+    else throw new TypeError('trim needs exactly one bound: { maxLen }, { minId } or { before: Date }');
+    return unary(
+      `trim stream ${JSON.stringify(stream)}`,
+      options,
+      (metadata, callOptions, callback) => this.#client.trim(request, metadata, callOptions, callback),
+      (response: TrimResponse__Output) => ({
+        trimmed: countOf(response.trimmed),
+        appliedMinId: response.appliedMinId,
+        heldBackByGroups: response.heldBackByGroups,
+      }),
     );
   }
 
@@ -104,30 +262,24 @@ export class Producer {
   close(): void {
     this.#client.close();
   }
+}
 
-  #unary<T>(
-    what: string,
-    options: AppendOptions,
-    start: (
-      metadata: Metadata,
-      callOptions: CallOptions,
-      done: (error: unknown, value: T | undefined) => void,
-    ) => { cancel(): void },
-  ): Promise<T> {
-    return new Promise<T>((resolve, reject) => {
-      options.signal?.throwIfAborted();
-      const callOptions: CallOptions = {};
-      if (options.deadlineMs !== undefined) callOptions.deadline = Date.now() + options.deadlineMs;
-      const metadata = new GrpcMetadata({ waitForReady: options.waitForReady ?? false });
-      const onAbort = () => call.cancel();
-      const call = start(metadata, callOptions, (error, value) => {
-        options.signal?.removeEventListener('abort', onAbort);
-        if (error || value === undefined) reject(EchoMQError.from(what, error ?? new Error('empty answer')));
-        else resolve(value);
-      });
-      options.signal?.addEventListener('abort', onAbort, { once: true });
-    });
+/**
+ * {@link Streams} under the name for code that appends: the same class, kept
+ * so that `new Producer(...)` goes on working.
+ */
+export class Producer extends Streams {}
+
+function readRequestOf(stream: string, range: ReadRange): ReadRequest {
+  if (range.count !== undefined && !(Number.isInteger(range.count) && range.count >= 0)) {
+    throw new RangeError(`ReadRange.count must be an integer >= 0, got ${range.count}`);
   }
+  const request: ReadRequest = { stream, count: range.count ?? 0 };
+  if (range.start instanceof Date) request.startTime = timestampOf(range.start);
+  else if (range.start !== undefined) request.startId = range.start;
+  if (range.end instanceof Date) request.endTime = timestampOf(range.end);
+  else if (range.end !== undefined) request.endId = range.end;
+  return request;
 }
 
 function encodeFields(fields: Fields): Record<string, Uint8Array> {

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { InterceptingCall, type Interceptor } from '@grpc/grpc-js';
-import { Consumer, Producer, type AppendResult, type Delivery, type VerdictError } from '@echomq/client';
+import { Consumer, LeaseLostError, Producer, type AppendResult, type Delivery, type VerdictError } from '@echomq/client';
 import { eventually, Fixture, REPO_ROOT } from './support/fixture.js';
 
 const LANGUAGE = 'typescript';
@@ -22,7 +22,7 @@ type FieldSpec =
   | { all_bytes: true };
 
 interface Action {
-  action: 'return' | 'raise' | 'fail' | 'dead_letter' | 'sleep' | 'hang';
+  action: 'return' | 'raise' | 'fail' | 'dead_letter' | 'sleep' | 'hang' | 'wait_lease_lost';
   message?: string;
   reason?: string;
   retry_after_ms?: number;
@@ -54,7 +54,7 @@ const KNOWN_SCENARIO_KEYS = new Set([
 const KNOWN_EXPECT_KEYS = new Set([
   'handled', 'distinct_handled', 'attempts', 'min_redelivery_gap_ms', 'pending_after', 'dead_letters',
   'dead_letter_fields', 'dead_letter_keeps_branded_id', 'each_acked_once', 'payload_equals_appended',
-  'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms',
+  'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms', 'lease_lost_signalled',
 ]);
 
 const suite = JSON.parse(readFileSync(join(REPO_ROOT, 'tests', 'conformance', 'scenarios.json'), 'utf8')) as Suite;
@@ -92,6 +92,8 @@ class Run {
   readonly acksSent = new Map<string, number>();
   subscribedCalls = 0;
   stopMs: number | undefined;
+  /** Handler calls that saw their delivery's signal abort with a LeaseLostError. */
+  leaseLostSignalled = 0;
   /** Appended entries by branded id. */
   readonly appended = new Map<string, Map<string, Buffer>>();
   /** Ends hanging handlers when the scenario is over. */
@@ -140,6 +142,24 @@ class Run {
         case 'sleep': {
           const ms = action.ms ?? Math.floor(Math.random() * ((action.ms_random_max ?? 0) + 1));
           await sleep(ms);
+          return;
+        }
+        case 'wait_lease_lost': {
+          // The contract's TypeScript form: the delivery's signal aborts, its
+          // reason a LeaseLostError. Then return normally: the client must
+          // send no verdict (an Ack would be answered NOT_PENDING, which
+          // `verdict_errors` would show).
+          const signal = delivery.signal;
+          const lost = await new Promise<boolean>((resolve) => {
+            const timer = setTimeout(() => resolve(false), WAIT_MS);
+            const seen = () => {
+              clearTimeout(timer);
+              resolve(signal.reason instanceof LeaseLostError && delivery.leaseLost);
+            };
+            if (signal.aborted) seen();
+            else signal.addEventListener('abort', seen, { once: true });
+          });
+          if (lost) this.leaseLostSignalled += 1;
           return;
         }
         case 'hang': {
@@ -284,6 +304,12 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
           await appendAll(producer, stream, entries, run);
           break;
         }
+        case 'steal': {
+          const last = run.calls.reduce<Call | undefined>((latest, call) => (latest && latest.startedAt > call.startedAt ? latest : call), undefined);
+          assert.ok(last, 'steal: no handler has started');
+          await fixture.redis.command('XCLAIM', stream, GROUP, 'thief', '0', last.streamId);
+          break;
+        }
         case 'ack_unknown':
           await waitFor('the consumer to subscribe', () => run.subscribedCalls > 0);
           assert.ok(consumers[0]!.consumer.rawAck([arg]), 'rawAck found no open call');
@@ -369,6 +395,9 @@ async function check(fixture: Fixture, scenario: Scenario, stream: string, run: 
   }
   if (expect.verdict_errors !== undefined) {
     assert.deepEqual(run.verdictErrors.map((e) => e.code), expect.verdict_errors, 'verdict errors surfaced');
+  }
+  if (expect.lease_lost_signalled !== undefined) {
+    assert.equal(run.leaseLostSignalled, expect.lease_lost_signalled, 'handler calls that saw the lease-lost signal');
   }
   if (expect.max_concurrent_handlers !== undefined) {
     assert.ok(run.maxRunning <= (expect.max_concurrent_handlers as number), `${run.maxRunning} handlers ran at once`);
