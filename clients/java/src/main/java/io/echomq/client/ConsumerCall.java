@@ -4,11 +4,14 @@ import io.echomq.v1.Ack;
 import io.echomq.v1.ConsumeRequest;
 import io.echomq.v1.ConsumeResponse;
 import io.echomq.v1.Drain;
+import io.echomq.v1.VerdictErrorCode;
 import io.grpc.Status;
 import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledExecutorService;
@@ -27,6 +30,10 @@ import java.util.concurrent.TimeUnit;
  * verdict, the half-close) first sends the window, so the sidecar sees verdicts in the order they
  * were given; only {@code Drain} goes ahead of it, so the credit those acks free pulls nothing new.
  * When the call ends the window is dropped: those ids are valid on no other call.
+ *
+ * <p>The call indexes the deliveries it holds by branded id (one map entry per delivery, added
+ * when its frame arrives, removed at its verdict), so an unprompted {@code LEASE_LOST} can find
+ * the delivery, signal its handler and make sure no verdict for it goes out.
  */
 final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, ConsumeResponse>, VerdictSink {
   /** What the consumer does with the call's events; invoked on gRPC's callback threads. */
@@ -63,8 +70,11 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   private ScheduledFuture<?> lingerTimer;
   /** Bumped at every flush, so a linger timer that lost the race to a flush does nothing. */
   private long window;
-  /** Deliveries received and not yet settled on the wire (their Ack or Fail sent). */
-  private long held;
+  /**
+   * Deliveries received and given no verdict yet (neither an ack in the window nor a Fail sent),
+   * nor lost to a peer, by branded id.
+   */
+  private final Map<String, Delivery> holding = new HashMap<>();
 
   ConsumerCall(long generation, Listener listener, AckWindow settings, int maxInFlight) {
     this.generation = generation;
@@ -76,10 +86,12 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   /**
    * The most ids of one Ack message: {@code maxIds}, but never more than a quarter of
    * {@code maxInFlight} (the sidecar reads again when that much credit is free, so waiting for
-   * more only stalls the flow), and at least 1.
+   * more only stalls the flow), and at least 1. A {@code maxInFlight} of 0 (the sidecar's default)
+   * counts as {@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT} until {@code Subscribed} says.
    */
   static int ackBatchFor(int maxIds, int maxInFlight) {
-    return Math.max(1, maxInFlight > 0 ? Math.min(maxIds, maxInFlight / 4) : maxIds);
+    int inFlight = maxInFlight > 0 ? maxInFlight : EchoMqConsumer.DEFAULT_MAX_IN_FLIGHT;
+    return Math.max(1, Math.min(maxIds, inFlight / 4));
   }
 
   long generation() {
@@ -110,18 +122,27 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
       return false;
     }
     if (request.hasFail()) {
-      held--;
+      holding.remove(request.getFail().getId());
     }
     return writeLocked(request);
   }
 
   @Override
+  public synchronized boolean fail(String id, ConsumeRequest request) {
+    if (!open || holding.remove(id) == null) {
+      return false; // Ended, or the lease was lost: the entry is a peer's now.
+    }
+    return flushAcksLocked() && writeLocked(request);
+  }
+
+  @Override
   public synchronized boolean ack(String id) {
-    if (!open) {
-      return false;
+    if (!open || holding.remove(id) == null) {
+      return false; // Ended, or the lease was lost: the entry is a peer's now.
     }
     acks.add(id);
-    if (acks.size() >= ackBatch || acks.size() >= held || settings.lingerNanos() <= 0) {
+    // Every delivery still held has its ack waiting: no other ack can join until more arrive.
+    if (acks.size() >= ackBatch || holding.isEmpty() || settings.lingerNanos() <= 0) {
       return flushAcksLocked();
     }
     if (acks.size() == 1) {
@@ -153,7 +174,6 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
       lingerTimer = null;
     }
     ConsumeRequest request = ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addAllIds(acks)).build();
-    held -= acks.size();
     acks = new ArrayList<>(Math.min(ackBatch, 64));
     return writeLocked(request);
   }
@@ -224,8 +244,9 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
     switch (response.getKindCase()) {
       case SUBSCRIBED -> listener.onSubscribed(this, response.getSubscribed());
       case DELIVERY -> {
-        received(1);
-        listener.onDeliveries(this, List.of(new Delivery(response.getDelivery(), this)));
+        List<Delivery> frame = List.of(new Delivery(response.getDelivery(), this));
+        received(frame);
+        listener.onDeliveries(this, frame);
       }
       case BATCH -> {
         List<io.echomq.v1.Delivery> protos = response.getBatch().getDeliveriesList();
@@ -236,18 +257,41 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
         for (io.echomq.v1.Delivery proto : protos) {
           frame.add(new Delivery(proto, this));
         }
-        received(frame.size());
+        received(frame);
         listener.onDeliveries(this, frame);
       }
-      case VERDICT_ERROR -> listener.onVerdictError(this, VerdictError.of(response.getVerdictError()));
+      case VERDICT_ERROR -> {
+        io.echomq.v1.VerdictError error = response.getVerdictError();
+        if (error.getCode() == VerdictErrorCode.VERDICT_ERROR_CODE_LEASE_LOST) {
+          leaseLost(error.getId());
+        }
+        listener.onVerdictError(this, VerdictError.of(error));
+      }
       default -> {
         // A message kind newer than this client: nothing to do with it.
       }
     }
   }
 
-  private synchronized void received(int deliveries) {
-    held += deliveries;
+  private synchronized void received(List<Delivery> frame) {
+    for (Delivery delivery : frame) {
+      holding.put(delivery.id(), delivery);
+    }
+  }
+
+  /**
+   * A peer took the entry {@code id}: the call no longer holds it, so no verdict for it may go out
+   * (it would only be answered NOT_PENDING), and its handler is told. An id the call gave a verdict
+   * already (its ack waiting in the window) has nothing left to signal.
+   */
+  private void leaseLost(String id) {
+    Delivery lost;
+    synchronized (this) {
+      lost = holding.remove(id);
+    }
+    if (lost != null) {
+      lost.markLeaseLost();
+    }
   }
 
   @Override

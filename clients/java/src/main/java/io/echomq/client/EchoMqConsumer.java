@@ -72,6 +72,11 @@ public final class EchoMqConsumer implements AutoCloseable {
 
   private enum State { NEW, RUNNING, STOPPING, STOPPED }
 
+  /**
+   * The sidecar's default {@code max_in_flight} (its {@code --default-max-in-flight}), which an
+   * unset {@link Builder#maxInFlight} (sent as 0) gets; also the default handler concurrency.
+   */
+  public static final int DEFAULT_MAX_IN_FLIGHT = 64;
   /** The most deliveries per frame asked for by default ({@link Builder#maxBatch}). */
   public static final int DEFAULT_MAX_BATCH = 256;
   /** The sidecar refuses a {@code max_batch} above this with INVALID_ARGUMENT. */
@@ -157,7 +162,7 @@ public final class EchoMqConsumer implements AutoCloseable {
     // The sidecar never hands a call more than its max_in_flight (at most 10,000) un-settled.
     this.handlers =
         new HandlerPool(
-            b.concurrency, maxInFlight > 0 ? maxInFlight : MAX_IN_FLIGHT_LIMIT,
+            b.effectiveConcurrency(), maxInFlight > 0 ? maxInFlight : MAX_IN_FLIGHT_LIMIT,
             "echomq-handler-" + b.stream + "-", this::runItem);
     this.scheduler = new ScheduledThreadPoolExecutor(1, threads("echomq-timer-"));
     scheduler.setRemoveOnCancelPolicy(true);
@@ -374,8 +379,9 @@ public final class EchoMqConsumer implements AutoCloseable {
   }
 
   private void runHandler(Delivery delivery) {
-    if (state != State.RUNNING || !delivery.sink().isOpen()) {
-      // Stopping, or the call broke while the delivery waited: leave it to come back.
+    if (state != State.RUNNING || !delivery.sink().isOpen() || delivery.isLeaseLost()) {
+      // Stopping, or the call broke while the delivery waited: leave it to come back. Or a peer
+      // took the entry before its handler started: it is the peer's to run now.
       return;
     }
     try {
@@ -607,8 +613,9 @@ public final class EchoMqConsumer implements AutoCloseable {
     private String stream;
     private String group;
     private StartPosition startPosition;
-    private int maxInFlight = -1;
-    private int concurrency = 1;
+    private int maxInFlight;
+    /** -1: unset, the effective max in flight (1 for a batch handler). */
+    private int concurrency = -1;
     private DeliveryHandler handler;
     private BatchHandler batchHandler;
     private int maxBatch = -1;
@@ -658,16 +665,23 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
 
     /**
-     * Flow control: the most deliveries the call holds un-settled (sent in Subscribe). Default
-     * {@code 2 × concurrency}, so a handler finds the next delivery waiting. 0 takes the sidecar's
-     * default ({@code --default-max-in-flight}).
+     * Flow control: the most deliveries the call holds un-settled (entries, sent in Subscribe).
+     * Default 0: the sidecar's default ({@code --default-max-in-flight}, {@value
+     * EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT}). The sidecar refuses more than its {@code
+     * --max-in-flight-limit} (10,000) with INVALID_ARGUMENT ({@link EchoMqConsumer#start()} fails).
      */
     public Builder maxInFlight(int maxInFlight) {
       this.maxInFlight = maxInFlight;
       return this;
     }
 
-    /** The most handlers running at once (threads of the handler pool). Default 1. */
+    /**
+     * The most handlers running at once: the threads of the handler pool, started once. Default:
+     * the effective max in flight ({@link #maxInFlight}, {@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT}
+     * when unset), so every delivery the call holds can be in a handler; 1 with a {@link
+     * #batchHandler}. At most {@link #maxInFlight} when that is set: a handler can only run on a
+     * delivery the call holds.
+     */
     public Builder concurrency(int concurrency) {
       this.concurrency = concurrency;
       return this;
@@ -694,9 +708,10 @@ public final class EchoMqConsumer implements AutoCloseable {
      * The most deliveries the sidecar may put in one frame ({@code Subscribe.max_batch}). Frames
      * never wait to fill, so batching adds no latency at low rates; at high rates it saves a gRPC
      * message per entry. A {@link DeliveryHandler} still sees one delivery at a time; a
-     * {@link BatchHandler} sees one frame. Default {@value EchoMqConsumer#DEFAULT_MAX_BATCH}, or the max in flight
-     * if that is set and smaller. 1: one delivery per frame. Above {@value EchoMqConsumer#MAX_BATCH_LIMIT} the
-     * sidecar refuses the subscription with INVALID_ARGUMENT ({@link #start()} fails).
+     * {@link BatchHandler} sees one frame. Default: the smaller of {@value EchoMqConsumer#DEFAULT_MAX_BATCH} and
+     * the effective max in flight ({@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT} when unset). 1: one
+     * delivery per frame. Above {@value EchoMqConsumer#MAX_BATCH_LIMIT} the sidecar refuses the
+     * subscription with INVALID_ARGUMENT ({@link EchoMqConsumer#start()} fails).
      */
     public Builder maxBatch(int maxBatch) {
       this.maxBatch = maxBatch;
@@ -726,8 +741,11 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
 
     /**
-     * Called with each verdict the sidecar did not apply (on a gRPC thread: do not block). Default:
-     * a WARNING log line.
+     * Called with each verdict error the sidecar sends: a verdict or extension it did not apply
+     * ({@code UNKNOWN_ID}, {@code NOT_PENDING}, {@code INVALID_ARGUMENT}, {@code UNAVAILABLE}), and
+     * the unprompted {@code LEASE_LOST}, which comes after the consumer has signalled the delivery
+     * ({@link Delivery#leaseLost()}). Called on a gRPC thread: do not block. A listener that throws
+     * is logged and ignored. Default: a WARNING log line.
      */
     public Builder onVerdictError(Consumer<VerdictError> listener) {
       this.verdictErrors = Objects.requireNonNull(listener, "listener");
@@ -777,16 +795,25 @@ public final class EchoMqConsumer implements AutoCloseable {
       return this;
     }
 
+    /** What Subscribe carries: 0 (the sidecar's default) unless set. */
     private int effectiveMaxInFlight() {
-      return maxInFlight >= 0 ? maxInFlight : 2 * concurrency;
+      return maxInFlight;
+    }
+
+    /** The max in flight the sidecar applies: the setting, or its default when 0. */
+    private int appliedMaxInFlight() {
+      return maxInFlight > 0 ? maxInFlight : DEFAULT_MAX_IN_FLIGHT;
+    }
+
+    int effectiveConcurrency() {
+      if (concurrency > 0) {
+        return concurrency;
+      }
+      return batchHandler != null ? 1 : appliedMaxInFlight();
     }
 
     int effectiveMaxBatch() {
-      if (maxBatch > 0) {
-        return maxBatch;
-      }
-      int inFlight = effectiveMaxInFlight();
-      return inFlight > 0 ? Math.min(DEFAULT_MAX_BATCH, inFlight) : DEFAULT_MAX_BATCH;
+      return maxBatch > 0 ? maxBatch : Math.min(DEFAULT_MAX_BATCH, appliedMaxInFlight());
     }
 
     /**
@@ -824,10 +851,10 @@ public final class EchoMqConsumer implements AutoCloseable {
       if (ackBatch < 1) {
         throw new IllegalArgumentException("ackBatch must be at least 1, got " + ackBatch);
       }
-      if (concurrency < 1) {
+      if (concurrency == 0 || concurrency < -1) {
         throw new IllegalArgumentException("concurrency must be at least 1, got " + concurrency);
       }
-      if (maxInFlight < -1 || (maxInFlight > 0 && maxInFlight < concurrency)) {
+      if (maxInFlight < 0 || (maxInFlight > 0 && maxInFlight < concurrency)) {
         throw new IllegalArgumentException(
             "maxInFlight (" + maxInFlight + ") must be 0 (sidecar default) or at least concurrency ("
                 + concurrency + "): handlers can only run on deliveries the call holds");

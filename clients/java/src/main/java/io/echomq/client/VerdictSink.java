@@ -23,6 +23,14 @@ interface VerdictSink {
     return send(ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addIds(id)).build());
   }
 
+  /**
+   * Sends the Fail {@code request} of the delivery {@code id}; false when it was dropped: the call
+   * has ended, or the delivery's lease was lost (the entry belongs to a peer now).
+   */
+  default boolean fail(String id, ConsumeRequest request) {
+    return send(request);
+  }
+
   /** False once verdicts given to this sink can no longer reach the sidecar. */
   default boolean isOpen() {
     return true;
