@@ -48,8 +48,13 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
     void onEnded(ConsumerCall call, Status status);
   }
 
-  /** How acks are coalesced. */
-  record AckWindow(long lingerNanos, int maxIds, ScheduledExecutorService timers) {}
+  /**
+   * How acks are coalesced, and whether the subscription is at-most-once ({@code noAck}: a Fail
+   * cannot be applied there, so the call sends an ack to free the slot instead).
+   */
+  record AckWindow(long lingerNanos, int maxIds, ScheduledExecutorService timers, boolean noAck) {}
+
+  private static final System.Logger LOG = System.getLogger(EchoMqConsumer.class.getName());
 
   /** Tells the sidecar the client is stopping: hand this call nothing more (verdicts still work). */
   private static final ConsumeRequest DRAIN = ConsumeRequest.newBuilder().setDrain(Drain.getDefaultInstance()).build();
@@ -128,18 +133,41 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   }
 
   @Override
-  public synchronized boolean fail(String id, ConsumeRequest request) {
-    if (!open || holding.remove(id) == null) {
-      return false; // Ended, or the lease was lost: the entry is a peer's now.
+  public synchronized boolean fail(Delivery delivery, ConsumeRequest request) {
+    if (!release(delivery)) {
+      return false;
+    }
+    if (settings.noAck()) {
+      // At-most-once: the entry is not pending, so the sidecar would refuse the Fail
+      // (INVALID_ARGUMENT) and keep the slot taken. The entry is lost either way; say so.
+      LOG.log(
+          System.Logger.Level.WARNING,
+          "at-most-once (noAck) subscription: entry {0} failed ({1}) and is lost; acking it to free its slot",
+          delivery.id(), request.getFail().getReason());
+      return queueAckLocked(delivery.id());
     }
     return flushAcksLocked() && writeLocked(request);
   }
 
   @Override
-  public synchronized boolean ack(String id) {
-    if (!open || holding.remove(id) == null) {
-      return false; // Ended, or the lease was lost: the entry is a peer's now.
+  public synchronized boolean ack(Delivery delivery) {
+    return release(delivery) && queueAckLocked(delivery.id());
+  }
+
+  /**
+   * Takes {@code delivery} out of the index before its verdict goes out; false when no verdict may
+   * go out: the call has ended, or the lease was lost (the entry is a peer's now). A delivery that
+   * is not indexed otherwise (a newer delivery of the same entry replaced it, after its ack
+   * deadline passed) still sends its verdict: the sidecar decides.
+   */
+  private boolean release(Delivery delivery) {
+    if (!open) {
+      return false;
     }
+    return holding.remove(delivery.id(), delivery) || !delivery.isLeaseLost();
+  }
+
+  private boolean queueAckLocked(String id) {
     acks.add(id);
     // Every delivery still held has its ack waiting: no other ack can join until more arrive.
     if (acks.size() >= ackBatch || holding.isEmpty() || settings.lingerNanos() <= 0) {

@@ -193,7 +193,7 @@ public final class Delivery {
     if (!settled.compareAndSet(false, true)) {
       return false;
     }
-    return sink.ack(id());
+    return sink.ack(this);
   }
 
   /**
@@ -250,7 +250,7 @@ public final class Delivery {
     if (!settled.compareAndSet(false, true)) {
       return false;
     }
-    return sink.fail(id(), verdict);
+    return sink.fail(this, verdict);
   }
 
   static ConsumeRequest failRequest(String id, String reason, Duration retryAfter, boolean deadLetter) {

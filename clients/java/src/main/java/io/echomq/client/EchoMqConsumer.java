@@ -148,6 +148,8 @@ public final class EchoMqConsumer implements AutoCloseable {
     if (b.deadLetterStream != null) {
       sub.setDeadLetterStream(b.deadLetterStream);
     }
+    sub.setMaxDeliveries(b.maxDeliveries);
+    sub.setNoAck(b.noAck);
     this.subscribe = ConsumeRequest.newBuilder().setSubscribe(sub).build();
 
     Channel channel;
@@ -166,7 +168,7 @@ public final class EchoMqConsumer implements AutoCloseable {
             "echomq-handler-" + b.stream + "-", this::runItem);
     this.scheduler = new ScheduledThreadPoolExecutor(1, threads("echomq-timer-"));
     scheduler.setRemoveOnCancelPolicy(true);
-    this.ackWindow = new ConsumerCall.AckWindow(b.ackLinger.toNanos(), b.ackBatch, scheduler);
+    this.ackWindow = new ConsumerCall.AckWindow(b.ackLinger.toNanos(), b.ackBatch, scheduler, b.noAck);
   }
 
   /** A builder; {@code target} (or {@code channel}), stream, group, start position and handler are required. */
@@ -627,6 +629,8 @@ public final class EchoMqConsumer implements AutoCloseable {
     private Duration retryBackoffInitial;
     private Duration retryBackoffMax;
     private String deadLetterStream;
+    private int maxDeliveries;
+    private boolean noAck;
     private Duration reconnectBackoffInitial = Duration.ofMillis(100);
     private Duration reconnectBackoffMax = Duration.ofSeconds(5);
     private Duration closeTimeout = Duration.ofSeconds(30);
@@ -752,27 +756,83 @@ public final class EchoMqConsumer implements AutoCloseable {
       return this;
     }
 
-    /** How long a delivery may stay un-settled before the sidecar fails it. Default: no deadline. */
+    /**
+     * How long a delivery may stay un-settled before the sidecar treats it as failed: it returns to
+     * the group's pending list and is delivered again after the retry backoff (a verdict given
+     * later is answered {@code UNKNOWN_ID}). {@link Delivery#extend} pushes it back.
+     * Default: unset, no deadline (a delivery is held as long as the call lives). {@code null} or
+     * {@link Duration#ZERO} unsets it.
+     *
+     * @throws IllegalArgumentException from {@link #build()} when negative
+     */
     public Builder ackDeadline(Duration ackDeadline) {
       this.ackDeadline = ackDeadline;
       return this;
     }
 
-    /** First retry delay after a Fail without a delay. Default: the sidecar's ({@code --retry-backoff-initial-ms}). */
+    /**
+     * The first retry delay after a Fail without its own delay, a dropped call or a passed ack
+     * deadline; doubled per attempt, jittered into its upper half, up to {@link
+     * #retryBackoffMax}. Default: unset, the sidecar's ({@code --retry-backoff-initial-ms}, 1 s).
+     *
+     * @throws IllegalArgumentException from {@link #build()} when negative
+     */
     public Builder retryBackoffInitial(Duration delay) {
       this.retryBackoffInitial = delay;
       return this;
     }
 
-    /** Cap of the retry delay. Default: the sidecar's ({@code --retry-backoff-max-ms}). */
+    /**
+     * The cap of the retry delay. Default: unset, the sidecar's ({@code --retry-backoff-max-ms},
+     * 60 s).
+     *
+     * @throws IllegalArgumentException from {@link #build()} when negative
+     */
     public Builder retryBackoffMax(Duration delay) {
       this.retryBackoffMax = delay;
       return this;
     }
 
-    /** The dead-letter stream. Default: the sidecar's, {@code <stream>:dlq}. */
+    /** {@link #retryBackoffInitial} and {@link #retryBackoffMax} in one call. */
+    public Builder retryBackoff(Duration initial, Duration max) {
+      return retryBackoffInitial(initial).retryBackoffMax(max);
+    }
+
+    /**
+     * The dead-letter stream, for poison entries ({@link #maxDeliveries}) and {@link
+     * Delivery#deadLetter}. Default: unset, {@code <stream>:dlq}. A group setting: every
+     * subscription of the group on one sidecar must name the same one (else the sidecar refuses
+     * the later one with FAILED_PRECONDITION, a permanent error).
+     */
     public Builder deadLetterStream(String deadLetterStream) {
       this.deadLetterStream = deadLetterStream;
+      return this;
+    }
+
+    /**
+     * Poison entries: an entry delivered this many times is not handed out again but moved to the
+     * dead-letter stream, with its branded id, source stream, group, attempts and last failure
+     * reason. Default: 0, the sidecar's ({@code --default-max-deliveries}, itself 0: no limit). A
+     * group setting, like {@link #deadLetterStream}.
+     *
+     * @throws IllegalArgumentException from {@link #build()} when negative
+     */
+    public Builder maxDeliveries(int maxDeliveries) {
+      this.maxDeliveries = maxDeliveries;
+      return this;
+    }
+
+    /**
+     * At-most-once mode, off by default: <strong>entries can be lost</strong>. The sidecar reads
+     * with {@code XREADGROUP … NOACK}, so entries are never pending: an entry whose handler
+     * throws, fails or never returns, or that is in flight when the process dies, is gone, with no
+     * retry, reclaim or dead-lettering. Ask for it only where losing entries is acceptable (metrics,
+     * caches). In this mode a handler that throws, {@link Delivery#fail} and {@link
+     * Delivery#deadLetter} settle the delivery like an ack (the sidecar cannot retry it; the ack
+     * only frees its slot) and log a WARNING that the entry was lost.
+     */
+    public Builder noAck(boolean noAck) {
+      this.noAck = noAck;
       return this;
     }
 
@@ -844,6 +904,14 @@ public final class EchoMqConsumer implements AutoCloseable {
       }
       if (maxBatch == 0 || maxBatch < -1) {
         throw new IllegalArgumentException("maxBatch must be at least 1, got " + maxBatch);
+      }
+      for (Duration d : new Duration[] {ackDeadline, retryBackoffInitial, retryBackoffMax}) {
+        if (d != null && d.isNegative()) {
+          throw new IllegalArgumentException("ackDeadline and retry backoffs must not be negative, got " + d);
+        }
+      }
+      if (maxDeliveries < 0) {
+        throw new IllegalArgumentException("maxDeliveries must be 0 (the sidecar's default) or more, got " + maxDeliveries);
       }
       if (ackLinger.isNegative()) {
         throw new IllegalArgumentException("ackLinger must not be negative, got " + ackLinger);

@@ -16,18 +16,18 @@ interface VerdictSink {
   boolean send(ConsumeRequest request);
 
   /**
-   * Acknowledges {@code id}; a call coalesces acks into one {@code Ack} message per short window.
+   * Acknowledges {@code delivery}; a call coalesces acks into one {@code Ack} message per short window.
    * False when the call has ended and the ack was dropped.
    */
-  default boolean ack(String id) {
-    return send(ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addIds(id)).build());
+  default boolean ack(Delivery delivery) {
+    return send(ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addIds(delivery.id())).build());
   }
 
   /**
-   * Sends the Fail {@code request} of the delivery {@code id}; false when it was dropped: the call
-   * has ended, or the delivery's lease was lost (the entry belongs to a peer now).
+   * Sends the Fail {@code request} of {@code delivery}; false when it was dropped: the call has
+   * ended, or the delivery's lease was lost (the entry belongs to a peer now).
    */
-  default boolean fail(String id, ConsumeRequest request) {
+  default boolean fail(Delivery delivery, ConsumeRequest request) {
     return send(request);
   }
 
