@@ -58,8 +58,11 @@ import java.util.function.Consumer;
  *       consumer opens a new one after a jittered exponential backoff and subscribes with the same
  *       settings. Handlers still running for the broken call finish, but their verdicts are
  *       dropped: the new call does not hold those ids, and the sidecar delivers them again.</li>
- *   <li>A permanent error (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED,
- *       FAILED_PRECONDITION, UNIMPLEMENTED) is not retried: {@link #terminated()} fails with it.</li>
+ *   <li>A permanent error ({@link EchoMqException#isPermanent()}: INVALID_ARGUMENT, OUT_OF_RANGE,
+ *       NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, UNAUTHENTICATED, FAILED_PRECONDITION,
+ *       UNIMPLEMENTED) is not retried: {@link #terminated()} fails with it.</li>
+ *   <li>A delivery whose lease a peer took ({@code LEASE_LOST}) is signalled
+ *       ({@link Delivery#leaseLost()}) and gets no verdict from this consumer.</li>
  *   <li>{@link #stop(Duration)} sends {@code Drain} (the sidecar hands the call nothing more),
  *       stops taking work, lets running handlers finish within the deadline, sends their
  *       verdicts (the coalesced acks included), then closes the call. Deliveries that were received but
