@@ -316,9 +316,12 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
     Delivery lost;
     synchronized (this) {
       lost = holding.remove(id);
+      if (lost != null) {
+        lost.loseLease();
+      }
     }
     if (lost != null) {
-      lost.markLeaseLost();
+      lost.signalLeaseLost();
     }
   }
 

@@ -164,12 +164,17 @@ public final class Delivery {
   }
 
   /**
-   * The sidecar said LEASE_LOST: settles the delivery without a verdict (so nothing is sent for
-   * it any more) and signals the handler. Called by the call, on a gRPC thread.
+   * The sidecar said LEASE_LOST, first half: settles the delivery without a verdict, so nothing is
+   * sent for it any more. The call runs this under its lock, so a verdict racing with it either
+   * went out before or sees the flag.
    */
-  void markLeaseLost() {
+  void loseLease() {
     settled.set(true);
     leaseLost = true;
+  }
+
+  /** Second half, outside the call's lock: completes {@link #leaseLost()} (on a gRPC thread). */
+  void signalLeaseLost() {
     CompletableFuture<Void> signal;
     synchronized (this) {
       signal = leaseLostSignal;
@@ -178,6 +183,7 @@ public final class Delivery {
       signal.complete(null);
     }
   }
+
 
   /**
    * Acknowledges the entry (XACK): it leaves the group's pending list for good. The ack is
