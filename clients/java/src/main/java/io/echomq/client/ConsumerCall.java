@@ -133,20 +133,23 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   }
 
   @Override
-  public synchronized boolean fail(Delivery delivery, ConsumeRequest request) {
-    if (!release(delivery)) {
-      return false;
+  public boolean fail(Delivery delivery, ConsumeRequest request) {
+    if (!settings.noAck()) {
+      synchronized (this) {
+        return release(delivery) && flushAcksLocked() && writeLocked(request);
+      }
     }
-    if (settings.noAck()) {
-      // At-most-once: the entry is not pending, so the sidecar would refuse the Fail
-      // (INVALID_ARGUMENT) and keep the slot taken. The entry is lost either way; say so.
+    // At-most-once: the entry is not pending, so the sidecar would refuse the Fail
+    // (INVALID_ARGUMENT) and keep the slot taken. The entry is lost either way: ack, and say so
+    // (outside the lock: a log handler may block).
+    boolean acked = ack(delivery);
+    if (acked) {
       LOG.log(
           System.Logger.Level.WARNING,
-          "at-most-once (noAck) subscription: entry {0} failed ({1}) and is lost; acking it to free its slot",
+          "at-most-once (noAck) subscription: entry {0} failed ({1}) and is lost; acked it to free its slot",
           delivery.id(), request.getFail().getReason());
-      return queueAckLocked(delivery.id());
     }
-    return flushAcksLocked() && writeLocked(request);
+    return acked;
   }
 
   @Override
