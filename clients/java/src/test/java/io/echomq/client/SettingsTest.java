@@ -5,6 +5,14 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.echomq.client.testing.LiveSidecar;
 import io.echomq.client.testing.Resp;
+import io.echomq.v1.ConsumeRequest;
+import io.echomq.v1.Subscribe;
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ClientCall;
+import io.grpc.ClientInterceptor;
+import io.grpc.ForwardingClientCall;
+import io.grpc.MethodDescriptor;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -40,6 +48,63 @@ class SettingsTest extends LiveSidecar {
     try (Resp redis = fixture.redis()) {
       return redis.callLong("XLEN", stream);
     }
+  }
+
+  /** Keeps the Subscribe messages the consumer sends. */
+  private static ClientInterceptor subscribes(List<Subscribe> into) {
+    return new ClientInterceptor() {
+      @Override
+      public <Q, R> ClientCall<Q, R> interceptCall(MethodDescriptor<Q, R> method, CallOptions options, Channel next) {
+        return new ForwardingClientCall.SimpleForwardingClientCall<>(next.newCall(method, options)) {
+          @Override
+          public void sendMessage(Q message) {
+            if (message instanceof ConsumeRequest r && r.hasSubscribe()) {
+              into.add(r.getSubscribe());
+            }
+            super.sendMessage(message);
+          }
+        };
+      }
+    };
+  }
+
+  @Test
+  void unset_settings_leave_the_sidecar_its_defaults_and_64_handlers_run() throws Exception {
+    String stream = "settings:defaults";
+    List<Subscribe> sent = Collections.synchronizedList(new ArrayList<>());
+    try (EchoMqConsumer consumer = consumer(stream).handler(d -> { }).intercept(subscribes(sent)).build()) {
+      consumer.start().get(10, TimeUnit.SECONDS);
+      long handlerThreads =
+          Thread.getAllStackTraces().keySet().stream().filter(t -> t.getName().startsWith("echomq-handler-" + stream + "-")).count();
+      assertEquals(64, handlerThreads, "concurrency = the effective max_in_flight");
+    }
+    Subscribe subscribe = sent.get(0);
+    assertEquals(0, subscribe.getMaxInFlight(), "0: the sidecar's --default-max-in-flight");
+    assertEquals(64, subscribe.getMaxBatch());
+    assertEquals(0, subscribe.getMaxDeliveries());
+    assertEquals("", subscribe.getDeadLetterStream());
+    assertTrue(!subscribe.getNoAck() && !subscribe.hasAckDeadline() && !subscribe.hasRetryBackoffInitial()
+        && !subscribe.hasRetryBackoffMax(), subscribe.toString());
+  }
+
+  @Test
+  void every_setting_travels_in_the_subscribe() throws Exception {
+    String stream = "settings:all";
+    List<Subscribe> sent = Collections.synchronizedList(new ArrayList<>());
+    try (EchoMqConsumer consumer =
+        consumer(stream).maxInFlight(32).maxDeliveries(7).deadLetterStream(stream + ":graveyard")
+            .retryBackoff(Duration.ofMillis(250), Duration.ofSeconds(30)).ackDeadline(Duration.ofSeconds(45))
+            .handler(d -> { }).intercept(subscribes(sent)).build()) {
+      consumer.start().get(10, TimeUnit.SECONDS);
+    }
+    Subscribe subscribe = sent.get(0);
+    assertEquals(32, subscribe.getMaxInFlight());
+    assertEquals(32, subscribe.getMaxBatch());
+    assertEquals(7, subscribe.getMaxDeliveries());
+    assertEquals(stream + ":graveyard", subscribe.getDeadLetterStream());
+    assertEquals(250_000_000, subscribe.getRetryBackoffInitial().getNanos());
+    assertEquals(30, subscribe.getRetryBackoffMax().getSeconds());
+    assertEquals(45, subscribe.getAckDeadline().getSeconds());
   }
 
   @Test
