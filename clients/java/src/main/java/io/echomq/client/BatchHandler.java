@@ -10,7 +10,8 @@ import java.util.List;
  * <p>The answer is one {@link Verdict} per delivery, in the same order; {@code null} (for the list
  * or an entry) acknowledges. Throwing fails every delivery the handler did not settle itself, with
  * the exception's message as the reason; a list of the wrong length fails them too. A delivery the
- * handler settled itself ({@link Delivery#ack()}, …) keeps that verdict.
+ * handler settled itself ({@link Delivery#ack()}, …) keeps that verdict, and one whose lease was
+ * lost while the batch ran ({@link Delivery#isLeaseLost()}) gets none, whatever the list says.
  *
  * <pre>{@code
  * .batchHandler(batch -> {

@@ -4,11 +4,14 @@ import io.echomq.v1.Ack;
 import io.echomq.v1.ConsumeRequest;
 import io.echomq.v1.ConsumeResponse;
 import io.echomq.v1.Drain;
+import io.echomq.v1.VerdictErrorCode;
 import io.grpc.Status;
 import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledExecutorService;
@@ -27,6 +30,10 @@ import java.util.concurrent.TimeUnit;
  * verdict, the half-close) first sends the window, so the sidecar sees verdicts in the order they
  * were given; only {@code Drain} goes ahead of it, so the credit those acks free pulls nothing new.
  * When the call ends the window is dropped: those ids are valid on no other call.
+ *
+ * <p>The call indexes the deliveries it holds by branded id (one map entry per delivery, added
+ * when its frame arrives, removed at its verdict), so an unprompted {@code LEASE_LOST} can find
+ * the delivery, signal its handler and make sure no verdict for it goes out.
  */
 final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, ConsumeResponse>, VerdictSink {
   /** What the consumer does with the call's events; invoked on gRPC's callback threads. */
@@ -41,8 +48,13 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
     void onEnded(ConsumerCall call, Status status);
   }
 
-  /** How acks are coalesced. */
-  record AckWindow(long lingerNanos, int maxIds, ScheduledExecutorService timers) {}
+  /**
+   * How acks are coalesced, and whether the subscription is at-most-once ({@code noAck}: a Fail
+   * cannot be applied there, so the call sends an ack to free the slot instead).
+   */
+  record AckWindow(long lingerNanos, int maxIds, ScheduledExecutorService timers, boolean noAck) {}
+
+  private static final System.Logger LOG = System.getLogger(EchoMqConsumer.class.getName());
 
   /** Tells the sidecar the client is stopping: hand this call nothing more (verdicts still work). */
   private static final ConsumeRequest DRAIN = ConsumeRequest.newBuilder().setDrain(Drain.getDefaultInstance()).build();
@@ -63,8 +75,11 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   private ScheduledFuture<?> lingerTimer;
   /** Bumped at every flush, so a linger timer that lost the race to a flush does nothing. */
   private long window;
-  /** Deliveries received and not yet settled on the wire (their Ack or Fail sent). */
-  private long held;
+  /**
+   * Deliveries received and given no verdict yet (neither an ack in the window nor a Fail sent),
+   * nor lost to a peer, by branded id.
+   */
+  private final Map<String, Delivery> holding = new HashMap<>();
 
   ConsumerCall(long generation, Listener listener, AckWindow settings, int maxInFlight) {
     this.generation = generation;
@@ -76,10 +91,12 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   /**
    * The most ids of one Ack message: {@code maxIds}, but never more than a quarter of
    * {@code maxInFlight} (the sidecar reads again when that much credit is free, so waiting for
-   * more only stalls the flow), and at least 1.
+   * more only stalls the flow), and at least 1. A {@code maxInFlight} of 0 (the sidecar's default)
+   * counts as {@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT} until {@code Subscribed} says.
    */
   static int ackBatchFor(int maxIds, int maxInFlight) {
-    return Math.max(1, maxInFlight > 0 ? Math.min(maxIds, maxInFlight / 4) : maxIds);
+    int inFlight = maxInFlight > 0 ? maxInFlight : EchoMqConsumer.DEFAULT_MAX_IN_FLIGHT;
+    return Math.max(1, Math.min(maxIds, inFlight / 4));
   }
 
   long generation() {
@@ -110,18 +127,53 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
       return false;
     }
     if (request.hasFail()) {
-      held--;
+      holding.remove(request.getFail().getId());
     }
     return writeLocked(request);
   }
 
   @Override
-  public synchronized boolean ack(String id) {
+  public boolean fail(Delivery delivery, ConsumeRequest request) {
+    if (!settings.noAck()) {
+      synchronized (this) {
+        return release(delivery) && flushAcksLocked() && writeLocked(request);
+      }
+    }
+    // At-most-once: the entry is not pending, so the sidecar would refuse the Fail
+    // (INVALID_ARGUMENT) and keep the slot taken. The entry is lost either way: ack, and say so
+    // (outside the lock: a log handler may block).
+    boolean acked = ack(delivery);
+    if (acked) {
+      LOG.log(
+          System.Logger.Level.WARNING,
+          "at-most-once (noAck) subscription: entry {0} failed ({1}) and is lost; acked it to free its slot",
+          delivery.id(), request.getFail().getReason());
+    }
+    return acked;
+  }
+
+  @Override
+  public synchronized boolean ack(Delivery delivery) {
+    return release(delivery) && queueAckLocked(delivery.id());
+  }
+
+  /**
+   * Takes {@code delivery} out of the index before its verdict goes out; false when no verdict may
+   * go out: the call has ended, or the lease was lost (the entry is a peer's now). A delivery that
+   * is not indexed otherwise (a newer delivery of the same entry replaced it, after its ack
+   * deadline passed) still sends its verdict: the sidecar decides.
+   */
+  private boolean release(Delivery delivery) {
     if (!open) {
       return false;
     }
+    return holding.remove(delivery.id(), delivery) || !delivery.isLeaseLost();
+  }
+
+  private boolean queueAckLocked(String id) {
     acks.add(id);
-    if (acks.size() >= ackBatch || acks.size() >= held || settings.lingerNanos() <= 0) {
+    // Every delivery still held has its ack waiting: no other ack can join until more arrive.
+    if (acks.size() >= ackBatch || holding.isEmpty() || settings.lingerNanos() <= 0) {
       return flushAcksLocked();
     }
     if (acks.size() == 1) {
@@ -153,7 +205,6 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
       lingerTimer = null;
     }
     ConsumeRequest request = ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addAllIds(acks)).build();
-    held -= acks.size();
     acks = new ArrayList<>(Math.min(ackBatch, 64));
     return writeLocked(request);
   }
@@ -224,8 +275,9 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
     switch (response.getKindCase()) {
       case SUBSCRIBED -> listener.onSubscribed(this, response.getSubscribed());
       case DELIVERY -> {
-        received(1);
-        listener.onDeliveries(this, List.of(new Delivery(response.getDelivery(), this)));
+        List<Delivery> frame = List.of(new Delivery(response.getDelivery(), this));
+        received(frame);
+        listener.onDeliveries(this, frame);
       }
       case BATCH -> {
         List<io.echomq.v1.Delivery> protos = response.getBatch().getDeliveriesList();
@@ -236,18 +288,44 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
         for (io.echomq.v1.Delivery proto : protos) {
           frame.add(new Delivery(proto, this));
         }
-        received(frame.size());
+        received(frame);
         listener.onDeliveries(this, frame);
       }
-      case VERDICT_ERROR -> listener.onVerdictError(this, VerdictError.of(response.getVerdictError()));
+      case VERDICT_ERROR -> {
+        io.echomq.v1.VerdictError error = response.getVerdictError();
+        if (error.getCode() == VerdictErrorCode.VERDICT_ERROR_CODE_LEASE_LOST) {
+          leaseLost(error.getId());
+        }
+        listener.onVerdictError(this, VerdictError.of(error));
+      }
       default -> {
         // A message kind newer than this client: nothing to do with it.
       }
     }
   }
 
-  private synchronized void received(int deliveries) {
-    held += deliveries;
+  private synchronized void received(List<Delivery> frame) {
+    for (Delivery delivery : frame) {
+      holding.put(delivery.id(), delivery);
+    }
+  }
+
+  /**
+   * A peer took the entry {@code id}: the call no longer holds it, so no verdict for it may go out
+   * (it would only be answered NOT_PENDING), and its handler is told. An id the call gave a verdict
+   * already (its ack waiting in the window) has nothing left to signal.
+   */
+  private void leaseLost(String id) {
+    Delivery lost;
+    synchronized (this) {
+      lost = holding.remove(id);
+      if (lost != null) {
+        lost.loseLease();
+      }
+    }
+    if (lost != null) {
+      lost.signalLeaseLost();
+    }
   }
 
   @Override

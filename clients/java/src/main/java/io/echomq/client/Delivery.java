@@ -12,6 +12,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
@@ -22,6 +23,15 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * <p>A verdict travels on the call that delivered the entry. If that call has broken in the
  * meantime (the consumer reconnected), the verdict is dropped: the new call does not hold the id,
  * and the sidecar delivers the entry again.
+ *
+ * <h2>Lost leases</h2>
+ * While the consumer holds a delivery, the sidecar keeps it from being reclaimed by peers. If a
+ * peer takes it anyway (the sidecar says {@code LEASE_LOST}), the entry may now run elsewhere:
+ * {@link #leaseLost()} completes and {@link #isLeaseLost()} turns true, so a long handler can check
+ * and give up early. The handler thread is not interrupted (cancelling user code mid-write loses
+ * work), and no verdict is sent for this delivery any more, whatever the handler returns or calls:
+ * the entry belongs to the peer. If it comes back to this consumer, it is a new delivery with a
+ * higher {@link #attempts()}.
  */
 public final class Delivery {
   private final io.echomq.v1.Delivery proto;
@@ -29,6 +39,13 @@ public final class Delivery {
   private final Map<String, byte[]> payload;
   private final List<RawField> rawFields;
   private final AtomicBoolean settled = new AtomicBoolean();
+  /** Set once, by the call, when the sidecar says LEASE_LOST. */
+  private volatile boolean leaseLost;
+  /**
+   * Completed when the lease is lost; created only when someone asks ({@link #leaseLost()}), so a
+   * delivery whose handler never looks costs nothing. Guarded by {@code this}.
+   */
+  private CompletableFuture<Void> leaseLostSignal;
 
   /**
    * A field whose name is not valid UTF-8, byte for byte.
@@ -108,10 +125,65 @@ public final class Delivery {
     return proto;
   }
 
-  /** True once a verdict was given (explicitly or by the consumer after the handler). */
+  /**
+   * True once a verdict was given (explicitly or by the consumer after the handler), or the lease
+   * was lost ({@link #isLeaseLost()}): either way no verdict will be sent for this delivery now.
+   */
   public boolean isSettled() {
     return settled.get();
   }
+
+  /**
+   * True once the sidecar said {@code LEASE_LOST} for this delivery: a peer reclaimed the entry,
+   * which may be running elsewhere now. From then on no verdict is sent for it.
+   */
+  public boolean isLeaseLost() {
+    return leaseLost;
+  }
+
+  /**
+   * Completes (with {@code null}) when this delivery's lease is lost ({@link #isLeaseLost()}); it
+   * never completes otherwise, also not when the delivery is settled. Use it to stop long work
+   * early, for example {@code d.leaseLost().thenRun(job::cancel)} or
+   * {@code d.leaseLost().isDone()} in a loop. Each call returns a new dependent future, so
+   * completing or cancelling it does not signal anything. Actions chained without an executor
+   * run on a gRPC thread: keep them short, or use the {@code ...Async} forms.
+   */
+  public CompletableFuture<Void> leaseLost() {
+    CompletableFuture<Void> signal;
+    synchronized (this) {
+      if (leaseLostSignal == null) {
+        leaseLostSignal = new CompletableFuture<>();
+        if (leaseLost) {
+          leaseLostSignal.complete(null);
+        }
+      }
+      signal = leaseLostSignal;
+    }
+    return signal.copy();
+  }
+
+  /**
+   * The sidecar said LEASE_LOST, first half: settles the delivery without a verdict, so nothing is
+   * sent for it any more. The call runs this under its lock, so a verdict racing with it either
+   * went out before or sees the flag.
+   */
+  void loseLease() {
+    settled.set(true);
+    leaseLost = true;
+  }
+
+  /** Second half, outside the call's lock: completes {@link #leaseLost()} (on a gRPC thread). */
+  void signalLeaseLost() {
+    CompletableFuture<Void> signal;
+    synchronized (this) {
+      signal = leaseLostSignal;
+    }
+    if (signal != null) {
+      signal.complete(null);
+    }
+  }
+
 
   /**
    * Acknowledges the entry (XACK): it leaves the group's pending list for good. The ack is
@@ -120,13 +192,14 @@ public final class Delivery {
    * holds has its ack waiting, and always before a later {@code Fail} or {@code Extend} and before
    * a graceful stop closes the call.
    *
-   * @return true when this call settled the delivery and the ack was queued on its call
+   * @return true when this call settled the delivery and the ack was queued on its call; false
+   *     when it was settled already, its lease was lost, or its call has ended (nothing is sent)
    */
   public boolean ack() {
     if (!settled.compareAndSet(false, true)) {
       return false;
     }
-    return sink.ack(id());
+    return sink.ack(this);
   }
 
   /**
@@ -178,12 +251,12 @@ public final class Delivery {
     return sink;
   }
 
-  /** Sends the verdict unless one was given already. */
+  /** Sends the Fail unless a verdict was given already or the lease was lost. */
   private boolean settle(ConsumeRequest verdict) {
     if (!settled.compareAndSet(false, true)) {
       return false;
     }
-    return sink.send(verdict);
+    return sink.fail(this, verdict);
   }
 
   static ConsumeRequest failRequest(String id, String reason, Duration retryAfter, boolean deadLetter) {

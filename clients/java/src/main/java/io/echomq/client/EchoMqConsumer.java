@@ -58,8 +58,11 @@ import java.util.function.Consumer;
  *       consumer opens a new one after a jittered exponential backoff and subscribes with the same
  *       settings. Handlers still running for the broken call finish, but their verdicts are
  *       dropped: the new call does not hold those ids, and the sidecar delivers them again.</li>
- *   <li>A permanent error (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED,
- *       FAILED_PRECONDITION, UNIMPLEMENTED) is not retried: {@link #terminated()} fails with it.</li>
+ *   <li>A permanent error ({@link EchoMqException#isPermanent()}: INVALID_ARGUMENT, OUT_OF_RANGE,
+ *       NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, UNAUTHENTICATED, FAILED_PRECONDITION,
+ *       UNIMPLEMENTED) is not retried: {@link #terminated()} fails with it.</li>
+ *   <li>A delivery whose lease a peer took ({@code LEASE_LOST}) is signalled
+ *       ({@link Delivery#leaseLost()}) and gets no verdict from this consumer.</li>
  *   <li>{@link #stop(Duration)} sends {@code Drain} (the sidecar hands the call nothing more),
  *       stops taking work, lets running handlers finish within the deadline, sends their
  *       verdicts (the coalesced acks included), then closes the call. Deliveries that were received but
@@ -72,6 +75,11 @@ public final class EchoMqConsumer implements AutoCloseable {
 
   private enum State { NEW, RUNNING, STOPPING, STOPPED }
 
+  /**
+   * The sidecar's default {@code max_in_flight} (its {@code --default-max-in-flight}), which an
+   * unset {@link Builder#maxInFlight} (sent as 0) gets; also the default handler concurrency.
+   */
+  public static final int DEFAULT_MAX_IN_FLIGHT = 64;
   /** The most deliveries per frame asked for by default ({@link Builder#maxBatch}). */
   public static final int DEFAULT_MAX_BATCH = 256;
   /** The sidecar refuses a {@code max_batch} above this with INVALID_ARGUMENT. */
@@ -143,6 +151,8 @@ public final class EchoMqConsumer implements AutoCloseable {
     if (b.deadLetterStream != null) {
       sub.setDeadLetterStream(b.deadLetterStream);
     }
+    sub.setMaxDeliveries(b.maxDeliveries);
+    sub.setNoAck(b.noAck);
     this.subscribe = ConsumeRequest.newBuilder().setSubscribe(sub).build();
 
     Channel channel;
@@ -157,11 +167,11 @@ public final class EchoMqConsumer implements AutoCloseable {
     // The sidecar never hands a call more than its max_in_flight (at most 10,000) un-settled.
     this.handlers =
         new HandlerPool(
-            b.concurrency, maxInFlight > 0 ? maxInFlight : MAX_IN_FLIGHT_LIMIT,
+            b.effectiveConcurrency(), maxInFlight > 0 ? maxInFlight : MAX_IN_FLIGHT_LIMIT,
             "echomq-handler-" + b.stream + "-", this::runItem);
     this.scheduler = new ScheduledThreadPoolExecutor(1, threads("echomq-timer-"));
     scheduler.setRemoveOnCancelPolicy(true);
-    this.ackWindow = new ConsumerCall.AckWindow(b.ackLinger.toNanos(), b.ackBatch, scheduler);
+    this.ackWindow = new ConsumerCall.AckWindow(b.ackLinger.toNanos(), b.ackBatch, scheduler, b.noAck);
   }
 
   /** A builder; {@code target} (or {@code channel}), stream, group, start position and handler are required. */
@@ -374,8 +384,9 @@ public final class EchoMqConsumer implements AutoCloseable {
   }
 
   private void runHandler(Delivery delivery) {
-    if (state != State.RUNNING || !delivery.sink().isOpen()) {
-      // Stopping, or the call broke while the delivery waited: leave it to come back.
+    if (state != State.RUNNING || !delivery.sink().isOpen() || delivery.isLeaseLost()) {
+      // Stopping, or the call broke while the delivery waited: leave it to come back. Or a peer
+      // took the entry before its handler started: it is the peer's to run now.
       return;
     }
     try {
@@ -607,8 +618,9 @@ public final class EchoMqConsumer implements AutoCloseable {
     private String stream;
     private String group;
     private StartPosition startPosition;
-    private int maxInFlight = -1;
-    private int concurrency = 1;
+    private int maxInFlight;
+    /** -1: unset, the effective max in flight (1 for a batch handler). */
+    private int concurrency = -1;
     private DeliveryHandler handler;
     private BatchHandler batchHandler;
     private int maxBatch = -1;
@@ -620,6 +632,8 @@ public final class EchoMqConsumer implements AutoCloseable {
     private Duration retryBackoffInitial;
     private Duration retryBackoffMax;
     private String deadLetterStream;
+    private int maxDeliveries;
+    private boolean noAck;
     private Duration reconnectBackoffInitial = Duration.ofMillis(100);
     private Duration reconnectBackoffMax = Duration.ofSeconds(5);
     private Duration closeTimeout = Duration.ofSeconds(30);
@@ -658,16 +672,23 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
 
     /**
-     * Flow control: the most deliveries the call holds un-settled (sent in Subscribe). Default
-     * {@code 2 × concurrency}, so a handler finds the next delivery waiting. 0 takes the sidecar's
-     * default ({@code --default-max-in-flight}).
+     * Flow control: the most deliveries the call holds un-settled (entries, sent in Subscribe).
+     * Default 0: the sidecar's default ({@code --default-max-in-flight}, {@value
+     * EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT}). The sidecar refuses more than its {@code
+     * --max-in-flight-limit} (10,000) with INVALID_ARGUMENT ({@link EchoMqConsumer#start()} fails).
      */
     public Builder maxInFlight(int maxInFlight) {
       this.maxInFlight = maxInFlight;
       return this;
     }
 
-    /** The most handlers running at once (threads of the handler pool). Default 1. */
+    /**
+     * The most handlers running at once: the threads of the handler pool, started once. Default:
+     * the effective max in flight ({@link #maxInFlight}, {@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT}
+     * when unset), so every delivery the call holds can be in a handler; 1 with a {@link
+     * #batchHandler}. At most {@link #maxInFlight} when that is set: a handler can only run on a
+     * delivery the call holds.
+     */
     public Builder concurrency(int concurrency) {
       this.concurrency = concurrency;
       return this;
@@ -694,9 +715,10 @@ public final class EchoMqConsumer implements AutoCloseable {
      * The most deliveries the sidecar may put in one frame ({@code Subscribe.max_batch}). Frames
      * never wait to fill, so batching adds no latency at low rates; at high rates it saves a gRPC
      * message per entry. A {@link DeliveryHandler} still sees one delivery at a time; a
-     * {@link BatchHandler} sees one frame. Default {@value EchoMqConsumer#DEFAULT_MAX_BATCH}, or the max in flight
-     * if that is set and smaller. 1: one delivery per frame. Above {@value EchoMqConsumer#MAX_BATCH_LIMIT} the
-     * sidecar refuses the subscription with INVALID_ARGUMENT ({@link #start()} fails).
+     * {@link BatchHandler} sees one frame. Default: the smaller of {@value EchoMqConsumer#DEFAULT_MAX_BATCH} and
+     * the effective max in flight ({@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT} when unset). 1: one
+     * delivery per frame. Above {@value EchoMqConsumer#MAX_BATCH_LIMIT} the sidecar refuses the
+     * subscription with INVALID_ARGUMENT ({@link EchoMqConsumer#start()} fails).
      */
     public Builder maxBatch(int maxBatch) {
       this.maxBatch = maxBatch;
@@ -726,35 +748,94 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
 
     /**
-     * Called with each verdict the sidecar did not apply (on a gRPC thread: do not block). Default:
-     * a WARNING log line.
+     * Called with each verdict error the sidecar sends: a verdict or extension it did not apply
+     * ({@code UNKNOWN_ID}, {@code NOT_PENDING}, {@code INVALID_ARGUMENT}, {@code UNAVAILABLE}), and
+     * the unprompted {@code LEASE_LOST}, which comes after the consumer has signalled the delivery
+     * ({@link Delivery#leaseLost()}). Called on a gRPC thread: do not block. A listener that throws
+     * is logged and ignored. Default: a WARNING log line.
      */
     public Builder onVerdictError(Consumer<VerdictError> listener) {
       this.verdictErrors = Objects.requireNonNull(listener, "listener");
       return this;
     }
 
-    /** How long a delivery may stay un-settled before the sidecar fails it. Default: no deadline. */
+    /**
+     * How long a delivery may stay un-settled before the sidecar treats it as failed: it returns to
+     * the group's pending list and is delivered again after the retry backoff (a verdict given
+     * later is answered {@code UNKNOWN_ID}). {@link Delivery#extend} pushes it back.
+     * Default: unset, no deadline (a delivery is held as long as the call lives). {@code null} or
+     * {@link Duration#ZERO} unsets it.
+     *
+     * @throws IllegalArgumentException from {@link #build()} when negative
+     */
     public Builder ackDeadline(Duration ackDeadline) {
       this.ackDeadline = ackDeadline;
       return this;
     }
 
-    /** First retry delay after a Fail without a delay. Default: the sidecar's ({@code --retry-backoff-initial-ms}). */
+    /**
+     * The first retry delay after a Fail without its own delay, a dropped call or a passed ack
+     * deadline; doubled per attempt, jittered into its upper half, up to {@link
+     * #retryBackoffMax}. Default: unset, the sidecar's ({@code --retry-backoff-initial-ms}, 1 s).
+     *
+     * @throws IllegalArgumentException from {@link #build()} when negative
+     */
     public Builder retryBackoffInitial(Duration delay) {
       this.retryBackoffInitial = delay;
       return this;
     }
 
-    /** Cap of the retry delay. Default: the sidecar's ({@code --retry-backoff-max-ms}). */
+    /**
+     * The cap of the retry delay. Default: unset, the sidecar's ({@code --retry-backoff-max-ms},
+     * 60 s).
+     *
+     * @throws IllegalArgumentException from {@link #build()} when negative
+     */
     public Builder retryBackoffMax(Duration delay) {
       this.retryBackoffMax = delay;
       return this;
     }
 
-    /** The dead-letter stream. Default: the sidecar's, {@code <stream>:dlq}. */
+    /** {@link #retryBackoffInitial} and {@link #retryBackoffMax} in one call. */
+    public Builder retryBackoff(Duration initial, Duration max) {
+      return retryBackoffInitial(initial).retryBackoffMax(max);
+    }
+
+    /**
+     * The dead-letter stream, for poison entries ({@link #maxDeliveries}) and {@link
+     * Delivery#deadLetter}. Default: unset, {@code <stream>:dlq}. A group setting: every
+     * subscription of the group on one sidecar must name the same one (else the sidecar refuses
+     * the later one with FAILED_PRECONDITION, a permanent error).
+     */
     public Builder deadLetterStream(String deadLetterStream) {
       this.deadLetterStream = deadLetterStream;
+      return this;
+    }
+
+    /**
+     * Poison entries: an entry delivered this many times is not handed out again but moved to the
+     * dead-letter stream, with its branded id, source stream, group, attempts and last failure
+     * reason. Default: 0, the sidecar's ({@code --default-max-deliveries}, itself 0: no limit). A
+     * group setting, like {@link #deadLetterStream}.
+     *
+     * @throws IllegalArgumentException from {@link #build()} when negative
+     */
+    public Builder maxDeliveries(int maxDeliveries) {
+      this.maxDeliveries = maxDeliveries;
+      return this;
+    }
+
+    /**
+     * At-most-once mode, off by default: <strong>entries can be lost</strong>. The sidecar reads
+     * with {@code XREADGROUP … NOACK}, so entries are never pending: an entry whose handler
+     * throws, fails or never returns, or that is in flight when the process dies, is gone, with no
+     * retry, reclaim or dead-lettering. Ask for it only where losing entries is acceptable (metrics,
+     * caches). In this mode a handler that throws, {@link Delivery#fail} and {@link
+     * Delivery#deadLetter} settle the delivery like an ack (the sidecar cannot retry it; the ack
+     * only frees its slot) and log a WARNING that the entry was lost.
+     */
+    public Builder noAck(boolean noAck) {
+      this.noAck = noAck;
       return this;
     }
 
@@ -777,16 +858,25 @@ public final class EchoMqConsumer implements AutoCloseable {
       return this;
     }
 
+    /** What Subscribe carries: 0 (the sidecar's default) unless set. */
     private int effectiveMaxInFlight() {
-      return maxInFlight >= 0 ? maxInFlight : 2 * concurrency;
+      return maxInFlight;
+    }
+
+    /** The max in flight the sidecar applies: the setting, or its default when 0. */
+    private int appliedMaxInFlight() {
+      return maxInFlight > 0 ? maxInFlight : DEFAULT_MAX_IN_FLIGHT;
+    }
+
+    int effectiveConcurrency() {
+      if (concurrency > 0) {
+        return concurrency;
+      }
+      return batchHandler != null ? 1 : appliedMaxInFlight();
     }
 
     int effectiveMaxBatch() {
-      if (maxBatch > 0) {
-        return maxBatch;
-      }
-      int inFlight = effectiveMaxInFlight();
-      return inFlight > 0 ? Math.min(DEFAULT_MAX_BATCH, inFlight) : DEFAULT_MAX_BATCH;
+      return maxBatch > 0 ? maxBatch : Math.min(DEFAULT_MAX_BATCH, appliedMaxInFlight());
     }
 
     /**
@@ -818,16 +908,24 @@ public final class EchoMqConsumer implements AutoCloseable {
       if (maxBatch == 0 || maxBatch < -1) {
         throw new IllegalArgumentException("maxBatch must be at least 1, got " + maxBatch);
       }
+      for (Duration d : new Duration[] {ackDeadline, retryBackoffInitial, retryBackoffMax}) {
+        if (d != null && d.isNegative()) {
+          throw new IllegalArgumentException("ackDeadline and retry backoffs must not be negative, got " + d);
+        }
+      }
+      if (maxDeliveries < 0) {
+        throw new IllegalArgumentException("maxDeliveries must be 0 (the sidecar's default) or more, got " + maxDeliveries);
+      }
       if (ackLinger.isNegative()) {
         throw new IllegalArgumentException("ackLinger must not be negative, got " + ackLinger);
       }
       if (ackBatch < 1) {
         throw new IllegalArgumentException("ackBatch must be at least 1, got " + ackBatch);
       }
-      if (concurrency < 1) {
+      if (concurrency == 0 || concurrency < -1) {
         throw new IllegalArgumentException("concurrency must be at least 1, got " + concurrency);
       }
-      if (maxInFlight < -1 || (maxInFlight > 0 && maxInFlight < concurrency)) {
+      if (maxInFlight < 0 || (maxInFlight > 0 && maxInFlight < concurrency)) {
         throw new IllegalArgumentException(
             "maxInFlight (" + maxInFlight + ") must be 0 (sidecar default) or at least concurrency ("
                 + concurrency + "): handlers can only run on deliveries the call holds");

@@ -8,8 +8,11 @@ import java.util.Set;
  * An error from the sidecar, with the gRPC status code it came with.
  *
  * <p>{@link #isPermanent()} tells whether trying again can help: a permanent error
- * (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED, FAILED_PRECONDITION, UNIMPLEMENTED) means
- * the request or the setup is wrong and must be fixed; the consumer does not retry it.
+ * (INVALID_ARGUMENT, OUT_OF_RANGE, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, UNAUTHENTICATED,
+ * FAILED_PRECONDITION, UNIMPLEMENTED: the set all four EchoMQ clients share, {@code
+ * clients/CONTRACT.md}) means the request or the setup is wrong and must be fixed; the consumer
+ * does not retry it. Every other code ({@code UNAVAILABLE} above all) is transient: the consumer
+ * reconnects with its backoff.
  */
 public class EchoMqException extends RuntimeException {
   private static final long serialVersionUID = 1L;
@@ -18,6 +21,9 @@ public class EchoMqException extends RuntimeException {
   static final Set<Status.Code> PERMANENT =
       EnumSet.of(
           Status.Code.INVALID_ARGUMENT,
+          Status.Code.OUT_OF_RANGE,
+          Status.Code.NOT_FOUND,
+          Status.Code.ALREADY_EXISTS,
           Status.Code.PERMISSION_DENIED,
           Status.Code.UNAUTHENTICATED,
           Status.Code.FAILED_PRECONDITION,

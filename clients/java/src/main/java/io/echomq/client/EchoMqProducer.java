@@ -1,9 +1,6 @@
 package io.echomq.client;
 
-import com.google.common.util.concurrent.FutureCallback;
-import com.google.common.util.concurrent.Futures;
 import com.google.common.util.concurrent.ListenableFuture;
-import com.google.common.util.concurrent.MoreExecutors;
 import com.google.protobuf.ByteString;
 import io.echomq.v1.AppendBatchRequest;
 import io.echomq.v1.AppendBatchResponse;
@@ -13,7 +10,6 @@ import io.echomq.v1.BatchEntry;
 import io.echomq.v1.StreamServiceGrpc;
 import io.grpc.Channel;
 import io.grpc.ManagedChannel;
-import io.grpc.StatusRuntimeException;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
@@ -35,6 +31,9 @@ import java.util.concurrent.TimeUnit;
  * <p>Errors are {@link EchoMqException}s: INVALID_ARGUMENT (bad stream name, a field named like the
  * reserved id field), FAILED_PRECONDITION (the key is not a stream), UNAVAILABLE (Redis or the
  * sidecar unreachable: safe to retry, at the price of a possible duplicate entry).
+ *
+ * <p>Reading and trimming streams is {@link EchoMqStreams}'s; groups and dead letters are
+ * {@link EchoMqAdmin}'s.
  */
 public final class EchoMqProducer implements AutoCloseable {
   /** Default deadline of one append. */
@@ -175,17 +174,7 @@ public final class EchoMqProducer implements AutoCloseable {
   /** Closes the channel if this producer opened it. */
   @Override
   public void close() {
-    if (ownedChannel != null) {
-      ownedChannel.shutdown();
-      try {
-        if (!ownedChannel.awaitTermination(5, TimeUnit.SECONDS)) {
-          ownedChannel.shutdownNow();
-        }
-      } catch (InterruptedException e) {
-        ownedChannel.shutdownNow();
-        Thread.currentThread().interrupt();
-      }
-    }
+    Rpc.close(ownedChannel);
   }
 
   private StreamServiceGrpc.StreamServiceFutureStub deadlined() {
@@ -209,35 +198,10 @@ public final class EchoMqProducer implements AutoCloseable {
   }
 
   private static <T> CompletableFuture<T> toCompletable(ListenableFuture<T> future, String doing) {
-    CompletableFuture<T> out = new CompletableFuture<>();
-    Futures.addCallback(
-        future,
-        new FutureCallback<T>() {
-          @Override
-          public void onSuccess(T value) {
-            out.complete(value);
-          }
-
-          @Override
-          public void onFailure(Throwable t) {
-            out.completeExceptionally(EchoMqException.from(t, doing));
-          }
-        },
-        MoreExecutors.directExecutor());
-    return out;
+    return Rpc.toCompletable(future, doing);
   }
 
   private static <T> T join(CompletableFuture<T> future) {
-    try {
-      return future.join();
-    } catch (java.util.concurrent.CompletionException e) {
-      if (e.getCause() instanceof EchoMqException cause) {
-        // Rethrown from this thread so the stack trace shows the caller.
-        throw new EchoMqException(cause.code(), cause.detail(), cause);
-      }
-      throw e;
-    } catch (StatusRuntimeException e) {
-      throw EchoMqException.from(e, "appending");
-    }
+    return Rpc.join(future);
   }
 }

@@ -14,12 +14,22 @@ public record VerdictError(String id, Code code, String message) {
     UNSPECIFIED,
     /** The id is not held by this call: never delivered to it, already settled, or expired. */
     UNKNOWN_ID,
-    /** Redis no longer has the entry pending for the group (reclaimed by a peer, group re-created). */
+    /**
+     * The entry was held but is no longer pending for this call: its lease was lost to a peer,
+     * it was deleted from the stream, or another client acknowledged it. Nothing was applied.
+     */
     NOT_PENDING,
     /** The id is not a branded id, or another field of the verdict is invalid. */
     INVALID_ARGUMENT,
     /** Redis failed while applying the verdict; the entry stays pending and comes again. */
-    UNAVAILABLE;
+    UNAVAILABLE,
+    /**
+     * Sent unprompted: a peer reclaimed an entry this call held, and it may be running elsewhere
+     * now. The consumer has already signalled the delivery ({@link Delivery#leaseLost()},
+     * {@link Delivery#isLeaseLost()}) and sends no verdict for it, whatever its handler returns;
+     * if the entry comes back to this consumer, it is a new delivery.
+     */
+    LEASE_LOST;
 
     static Code of(io.echomq.v1.VerdictErrorCode code) {
       return switch (code) {
@@ -27,6 +37,7 @@ public record VerdictError(String id, Code code, String message) {
         case VERDICT_ERROR_CODE_NOT_PENDING -> NOT_PENDING;
         case VERDICT_ERROR_CODE_INVALID_ARGUMENT -> INVALID_ARGUMENT;
         case VERDICT_ERROR_CODE_UNAVAILABLE -> UNAVAILABLE;
+        case VERDICT_ERROR_CODE_LEASE_LOST -> LEASE_LOST;
         default -> UNSPECIFIED;
       };
     }

@@ -16,11 +16,19 @@ interface VerdictSink {
   boolean send(ConsumeRequest request);
 
   /**
-   * Acknowledges {@code id}; a call coalesces acks into one {@code Ack} message per short window.
+   * Acknowledges {@code delivery}; a call coalesces acks into one {@code Ack} message per short window.
    * False when the call has ended and the ack was dropped.
    */
-  default boolean ack(String id) {
-    return send(ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addIds(id)).build());
+  default boolean ack(Delivery delivery) {
+    return send(ConsumeRequest.newBuilder().setAck(Ack.newBuilder().addIds(delivery.id())).build());
+  }
+
+  /**
+   * Sends the Fail {@code request} of {@code delivery}; false when it was dropped: the call has
+   * ended, or the delivery's lease was lost (the entry belongs to a peer now).
+   */
+  default boolean fail(Delivery delivery, ConsumeRequest request) {
+    return send(request);
   }
 
   /** False once verdicts given to this sink can no longer reach the sidecar. */

@@ -1,5 +1,7 @@
 /**
- * The Java client of the EchoMQ sidecar.
+ * The Java client of the EchoMQ sidecar. Logging goes through {@link java.lang.System.Logger}
+ * (loggers named after the classes), so it follows whatever backend the application routes the
+ * JDK's platform logging to (java.util.logging by default; SLF4J or Log4j through their bridges).
  *
  * <h2>Layout</h2>
  * <ul>
@@ -7,6 +9,12 @@
  *       handler on a bounded pool; reconnects by itself, stops gracefully.</li>
  *   <li>{@link io.echomq.client.Delivery}: one hand-over of an entry, with its explicit verdicts.</li>
  *   <li>{@link io.echomq.client.EchoMqProducer}: {@code Append} and {@code AppendBatch}.</li>
+ *   <li>{@link io.echomq.client.EchoMqStreams}: {@code Read} (a page, or a lazy stream of a whole
+ *       range) and {@code Trim} (safe by default); {@link io.echomq.client.Entry} is what a read
+ *       returns.</li>
+ *   <li>{@link io.echomq.client.EchoMqAdmin}: describe a group; list and replay dead letters.</li>
+ *   <li>{@link io.echomq.client.EchoMqException}: every sidecar error, with its gRPC code and
+ *       whether retrying can help.</li>
  *   <li>{@link io.echomq.client.StartPosition}: where a new consumer group starts (no default).</li>
  *   <li>{@link io.echomq.client.BrandedIds}: the 28-hex branded id: check, compare, mint time.</li>
  *   <li>{@link io.echomq.client.idempotency}: seen-set and newer-wins helpers keyed by branded id.</li>

@@ -162,13 +162,13 @@ class BatchesTest extends LiveSidecar {
     assertPending(stream, 0);
 
     assertEquals(256, EchoMqConsumer.builder().maxInFlight(1000).effectiveMaxBatch());
-    assertEquals(256, EchoMqConsumer.builder().maxInFlight(0).effectiveMaxBatch(), "the sidecar's max_in_flight");
+    assertEquals(64, EchoMqConsumer.builder().maxInFlight(0).effectiveMaxBatch(), "the sidecar's default max_in_flight, 64");
     assertEquals(16, EchoMqConsumer.builder().maxInFlight(16).effectiveMaxBatch(), "capped by max_in_flight");
-    assertEquals(8, EchoMqConsumer.builder().concurrency(4).effectiveMaxBatch(), "the default max_in_flight, 2 × concurrency");
+    assertEquals(64, EchoMqConsumer.builder().concurrency(4).effectiveMaxBatch(), "the default max_in_flight, 64");
     assertEquals(1, ConsumerCall.ackBatchFor(256, 2), "at least 1");
     assertEquals(128, ConsumerCall.ackBatchFor(256, 512), "a quarter of max_in_flight");
     assertEquals(256, ConsumerCall.ackBatchFor(256, 10_000));
-    assertEquals(256, ConsumerCall.ackBatchFor(256, 0), "the sidecar's default: until Subscribed says");
+    assertEquals(16, ConsumerCall.ackBatchFor(256, 0), "the sidecar's default, 64, until Subscribed says");
   }
 
   @Test

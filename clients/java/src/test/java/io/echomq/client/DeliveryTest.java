@@ -70,4 +70,32 @@ class DeliveryTest {
     assertEquals("billing", d.group());
     assertArrayEquals(new byte[] {(byte) 0xff}, d.rawFields().get(0).name());
   }
+
+  @Test
+  void a_lost_lease_completes_the_future_and_stops_every_verdict() throws Exception {
+    Delivery d = delivery(true);
+    var early = d.leaseLost();
+    assertFalse(early.isDone());
+    assertFalse(d.isLeaseLost());
+    d.loseLease();
+    d.signalLeaseLost();
+    assertTrue(early.isDone(), "a future asked for before the loss completes");
+    assertTrue(d.leaseLost().isDone(), "one asked for after it is complete already");
+    assertTrue(d.isLeaseLost());
+    assertTrue(d.isSettled());
+    assertFalse(d.ack());
+    assertFalse(d.fail("late"));
+    assertFalse(d.deadLetter("late"));
+    assertFalse(d.extend(Duration.ofSeconds(1)));
+    assertTrue(sent.isEmpty(), "nothing is sent for a delivery whose lease was lost");
+  }
+
+  @Test
+  void completing_the_returned_future_signals_nothing() {
+    Delivery d = delivery(true);
+    d.leaseLost().complete(null);
+    assertFalse(d.leaseLost().isDone());
+    assertFalse(d.isLeaseLost());
+    assertTrue(d.ack());
+  }
 }

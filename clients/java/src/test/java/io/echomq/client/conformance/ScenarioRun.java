@@ -64,6 +64,8 @@ final class ScenarioRun {
   private final Set<String> finishedIds = ConcurrentHashMap.newKeySet();
   private final AtomicInteger running = new AtomicInteger();
   private final AtomicInteger maxRunning = new AtomicInteger();
+  /** Handler calls that saw their delivery's lease-lost signal (wait_lease_lost). */
+  private final AtomicInteger leaseLostSignalled = new AtomicInteger();
   /** Released when the scenario ends: the only way a `hang` handler returns on its own. */
   private final CountDownLatch scenarioOver = new CountDownLatch(1);
   /** Acks the client sent, per id, counted on the wire by an interceptor. */
@@ -238,6 +240,21 @@ final class ScenarioRun {
               action.has("ms")
                   ? action.get("ms").getAsLong()
                   : ThreadLocalRandom.current().nextLong(action.get("ms_random_max").getAsLong() + 1));
+          case "wait_lease_lost" -> {
+            try {
+              delivery.leaseLost().get(WAIT.toMillis(), TimeUnit.MILLISECONDS);
+              if (delivery.isLeaseLost() && delivery.isSettled()) {
+                leaseLostSignalled.incrementAndGet();
+              } else {
+                problems.add("leaseLost() completed but isLeaseLost() " + delivery.isLeaseLost() + ", isSettled() " + delivery.isSettled());
+              }
+            } catch (java.util.concurrent.TimeoutException e) {
+              problems.add("wait_lease_lost: no lease-lost signal within " + WAIT.toSeconds() + " s for " + delivery);
+            }
+            if (Thread.currentThread().isInterrupted()) {
+              problems.add("wait_lease_lost: the handler thread was interrupted");
+            }
+          }
           case "hang" -> {
             // A hanging call counts as handled once it hangs: it never finishes on its own,
             // and the scenarios wait for it (wait_handled) before dropping the connection.
@@ -332,6 +349,21 @@ final class ScenarioRun {
         waitFor("a subscribed call for " + step, () -> consumer.isConnected() ? 1 : 0, 1);
         if (!consumer.rawAck(arg)) {
           problems.add(step + ": the raw ack was not sent (no open call)");
+        }
+      }
+      case "steal" -> {
+        Call last;
+        synchronized (calls) {
+          last = calls.stream().max(java.util.Comparator.comparingLong(Call::startedNanos)).orElse(null);
+        }
+        if (last == null) {
+          fail("scenario " + name + ": steal: no handler has started");
+        }
+        try (Resp redis = fixture.redis()) {
+          List<?> claimed = (List<?>) redis.call("XCLAIM", stream, GROUP, "thief", "0", last.streamId());
+          if (claimed.size() != 1) {
+            problems.add("steal: XCLAIM of " + last.streamId() + " claimed " + claimed.size() + " entries");
+          }
         }
       }
       case "wait_verdict_error" -> waitFor(step, () -> verdictErrors.contains(arg) ? 1 : 0, 1);
@@ -449,6 +481,7 @@ final class ScenarioRun {
           want.getAsJsonArray().forEach(v -> wanted.add(v.getAsString()));
           same("verdict_errors", wanted, List.copyOf(verdictErrors));
         }
+        case "lease_lost_signalled" -> same("lease_lost_signalled", want.getAsInt(), leaseLostSignalled.get());
         case "max_concurrent_handlers" -> {
           if (maxRunning.get() > want.getAsInt()) {
             problems.add("max_concurrent_handlers: " + maxRunning.get() + " > " + want.getAsInt());

@@ -1,0 +1,338 @@
+package io.echomq.client;
+
+import io.echomq.v1.ReadRequest;
+import io.echomq.v1.ReadResponse;
+import io.echomq.v1.StreamServiceGrpc;
+import io.echomq.v1.TrimRequest;
+import io.echomq.v1.TrimResponse;
+import io.grpc.Channel;
+import io.grpc.ManagedChannel;
+import java.time.Duration;
+import java.time.Instant;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.Iterator;
+import java.util.List;
+import java.util.NoSuchElementException;
+import java.util.Objects;
+import java.util.Spliterator;
+import java.util.Spliterators;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
+import java.util.stream.StreamSupport;
+
+/**
+ * Reads and trims streams through the sidecar: the StreamService calls besides appending (which
+ * is {@link EchoMqProducer}'s). Reading needs no consumer group and changes nothing: nothing is
+ * acknowledged or counted. Thread-safe.
+ *
+ * <pre>{@code
+ * try (var streams = EchoMqStreams.connect("127.0.0.1:50051")) {
+ *   // Everything appended in the last hour, oldest first, fetched a page at a time.
+ *   try (Stream<Entry> entries = streams.readAll("orders", Range.all().from(Instant.now().minus(Duration.ofHours(1))))) {
+ *     entries.forEach(e -> System.out.println(e.streamId() + " " + e.payloadText("order")));
+ *   }
+ *   // Drop what is older than a day, but nothing a group still needs (the safe mode).
+ *   TrimResult trimmed = streams.trim("orders", Trim.before(Instant.now().minus(Duration.ofDays(1))));
+ * }
+ * }</pre>
+ *
+ * <p>Errors are {@link EchoMqException}s: INVALID_ARGUMENT for a bad stream name or id, both an id
+ * and an instant for one bound, a page size over 10,000, or a trim without exactly one bound;
+ * FAILED_PRECONDITION when the key is not a stream; UNAVAILABLE when the sidecar or Redis cannot be
+ * reached (safe to retry: reads and trims are idempotent); DEADLINE_EXCEEDED past the per-call
+ * timeout ({@link #withTimeout}, default 10 s).
+ */
+public final class EchoMqStreams implements AutoCloseable {
+  /** Default deadline of one call (one page of a read, or a trim). */
+  public static final Duration DEFAULT_TIMEOUT = Duration.ofSeconds(10);
+  /** Entries per page of {@link #readAll(String, Range)}: the most the sidecar returns at once. */
+  public static final int DEFAULT_PAGE_SIZE = 1000;
+  /** The most entries the sidecar returns in one page. */
+  public static final int MAX_PAGE_SIZE = 10_000;
+
+  private final ManagedChannel ownedChannel;
+  private final StreamServiceGrpc.StreamServiceBlockingStub stub;
+  private final Duration timeout;
+
+  private EchoMqStreams(Channel channel, ManagedChannel owned, Duration timeout) {
+    this.ownedChannel = owned;
+    this.stub = StreamServiceGrpc.newBlockingStub(channel);
+    this.timeout = timeout;
+  }
+
+  /** A client on its own channel to {@code host:port} or {@code unix:/path}; {@link #close()} closes it. */
+  public static EchoMqStreams connect(String target) {
+    ManagedChannel channel = Targets.open(target);
+    return new EchoMqStreams(channel, channel, DEFAULT_TIMEOUT);
+  }
+
+  /** A client on a channel the caller owns (and closes). */
+  public static EchoMqStreams create(Channel channel) {
+    return new EchoMqStreams(Objects.requireNonNull(channel, "channel"), null, DEFAULT_TIMEOUT);
+  }
+
+  /** This client with another per-call deadline (default 10 s); shares the channel. */
+  public EchoMqStreams withTimeout(Duration timeout) {
+    return new EchoMqStreams(stub.getChannel(), null, Objects.requireNonNull(timeout, "timeout"));
+  }
+
+  /**
+   * Reads one page of a range, oldest first ({@code XRANGE}).
+   *
+   * @param stream the stream key (for a sharded stream, one shard's key)
+   * @param range the bounds, inclusive; {@link Range#all()} for the whole stream
+   * @param count the most entries to return, 1 to {@value #MAX_PAGE_SIZE}; 0 for the sidecar's
+   *     default, 100. A page holds fewer when more would not fit in one gRPC message.
+   * @return the entries and where the next page starts ({@link ReadPage#nextStartId()}, empty at
+   *     the end of the range)
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public ReadPage read(String stream, Range range, int count) {
+    Objects.requireNonNull(range, "range");
+    if (count < 0 || count > MAX_PAGE_SIZE) {
+      throw new IllegalArgumentException("count must be 0 (the default, 100) to " + MAX_PAGE_SIZE + ", got " + count);
+    }
+    ReadRequest.Builder request = ReadRequest.newBuilder().setStream(stream).setCount(count);
+    range.applyTo(request);
+    ReadResponse response = Rpc.call(() -> deadlined().read(request.build()), "reading stream \"" + stream + "\"");
+    List<Entry> entries = new ArrayList<>(response.getEntriesCount());
+    response.getEntriesList().forEach(e -> entries.add(Entry.of(e)));
+    return new ReadPage(
+        Collections.unmodifiableList(entries), response.getNextStartId(), List.copyOf(response.getOversizedIdsList()));
+  }
+
+  /** Every entry of a range, a page of {@value #DEFAULT_PAGE_SIZE} at a time; see {@link #readAll(String, Range, int)}. */
+  public Stream<Entry> readAll(String stream, Range range) {
+    return readAll(stream, range, DEFAULT_PAGE_SIZE);
+  }
+
+  /**
+   * Every entry of a range, oldest first, read lazily a page at a time (each page one call, paging
+   * by {@code next_start_id}). The range is read as it is when each page is fetched: entries
+   * appended meanwhile below the end bound are included. Entries too large for one gRPC message
+   * are skipped (see {@link ReadPage#oversizedIds()}).
+   *
+   * @param pageSize entries per call, 1 to {@value #MAX_PAGE_SIZE}
+   * @return a sequential, ordered stream; a failed page throws {@link EchoMqException} from the
+   *     stream's terminal operation
+   */
+  public Stream<Entry> readAll(String stream, Range range, int pageSize) {
+    Objects.requireNonNull(range, "range");
+    if (pageSize < 1 || pageSize > MAX_PAGE_SIZE) {
+      throw new IllegalArgumentException("pageSize must be 1 to " + MAX_PAGE_SIZE + ", got " + pageSize);
+    }
+    Iterator<Entry> entries = new Iterator<>() {
+      private Range next = range;
+      private Iterator<Entry> page = Collections.emptyIterator();
+
+      @Override
+      public boolean hasNext() {
+        while (!page.hasNext() && next != null) {
+          ReadPage read = read(stream, next, pageSize);
+          page = read.entries().iterator();
+          next = read.hasMore() ? next.fromId(read.nextStartId()) : null;
+        }
+        return page.hasNext();
+      }
+
+      @Override
+      public Entry next() {
+        if (!hasNext()) {
+          throw new NoSuchElementException();
+        }
+        return page.next();
+      }
+    };
+    return StreamSupport.stream(
+        Spliterators.spliteratorUnknownSize(entries, Spliterator.ORDERED | Spliterator.NONNULL), false);
+  }
+
+  /**
+   * Removes the oldest entries of a stream ({@code XTRIM MINID}). Safe by default: the bound is
+   * raised so that no entry any group of the stream still has pending, or has not yet been
+   * delivered, is removed ({@link TrimResult#heldBackByGroups()} says when that happened), computed
+   * and applied atomically on the Redis host.
+   *
+   * @param how the bound: {@link Trim#maxLen}, {@link Trim#minId} or {@link Trim#before}
+   * @return how many entries went and the bound applied
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public TrimResult trim(String stream, Trim how) {
+    Objects.requireNonNull(how, "how");
+    TrimRequest.Builder request = TrimRequest.newBuilder().setStream(stream);
+    how.applyTo(request);
+    TrimResponse response = Rpc.call(() -> deadlined().trim(request.build()), "trimming stream \"" + stream + "\"");
+    return new TrimResult(response.getTrimmed(), response.getAppliedMinId(), response.getHeldBackByGroups());
+  }
+
+  /** Closes the channel if this client opened it. */
+  @Override
+  public void close() {
+    Rpc.close(ownedChannel);
+  }
+
+  private StreamServiceGrpc.StreamServiceBlockingStub deadlined() {
+    return stub.withDeadlineAfter(timeout.toNanos(), TimeUnit.NANOSECONDS);
+  }
+
+  /**
+   * The bounds of a read, both inclusive, each a stream id or an instant (not both: setting one
+   * replaces the other). Immutable: each method returns a new range.
+   *
+   * <p>{@code Range.all().fromId("1718000000000-0").to(Instant.now())}
+   */
+  public static final class Range {
+    private static final Range ALL = new Range(null, null, null, null);
+
+    private final String startId;
+    private final Instant startTime;
+    private final String endId;
+    private final Instant endTime;
+
+    private Range(String startId, Instant startTime, String endId, Instant endTime) {
+      this.startId = startId;
+      this.startTime = startTime;
+      this.endId = endId;
+      this.endTime = endTime;
+    }
+
+    /** From the oldest entry to the newest. */
+    public static Range all() {
+      return ALL;
+    }
+
+    /** Starting at the stream id {@code <ms>-<seq>} (or {@code <ms>}), inclusive. */
+    public Range fromId(String streamId) {
+      return new Range(Objects.requireNonNull(streamId, "streamId"), null, endId, endTime);
+    }
+
+    /** Starting at entries appended at or after {@code instant} (its first possible stream id). */
+    public Range from(Instant instant) {
+      return new Range(null, Objects.requireNonNull(instant, "instant"), endId, endTime);
+    }
+
+    /** Ending at the stream id {@code <ms>-<seq>} (or {@code <ms>}), inclusive. */
+    public Range toId(String streamId) {
+      return new Range(startId, startTime, Objects.requireNonNull(streamId, "streamId"), null);
+    }
+
+    /** Ending at entries appended at or before {@code instant} (its last possible stream id). */
+    public Range to(Instant instant) {
+      return new Range(startId, startTime, null, Objects.requireNonNull(instant, "instant"));
+    }
+
+    void applyTo(ReadRequest.Builder request) {
+      if (startId != null) {
+        request.setStartId(startId);
+      } else if (startTime != null) {
+        request.setStartTime(Rpc.toProto(startTime));
+      }
+      if (endId != null) {
+        request.setEndId(endId);
+      } else if (endTime != null) {
+        request.setEndTime(Rpc.toProto(endTime));
+      }
+    }
+
+    @Override
+    public String toString() {
+      Object start = startId != null ? startId : startTime != null ? startTime : "-";
+      Object end = endId != null ? endId : endTime != null ? endTime : "+";
+      return "[" + start + ", " + end + "]";
+    }
+  }
+
+  /**
+   * One page of a read.
+   *
+   * @param entries the entries, oldest first; unmodifiable
+   * @param nextStartId where the next page starts (pass it to {@link Range#fromId}, keeping the
+   *     end bound); empty when this page reached the end of the range
+   * @param oversizedIds stream ids of entries in this page's range too large for one gRPC message
+   *     ({@code --max-message-bytes}) on their own: left out of {@code entries}
+   */
+  public record ReadPage(List<Entry> entries, String nextStartId, List<String> oversizedIds) {
+    /** True when the range goes on after this page. */
+    public boolean hasMore() {
+      return !nextStartId.isEmpty();
+    }
+  }
+
+  /**
+   * Which entries a {@link #trim} removes: exactly one bound, and two options. Immutable.
+   */
+  public static final class Trim {
+    private final long maxLen;
+    private final String minId;
+    private final Instant before;
+    private final boolean approximate;
+    private final boolean ignoreGroups;
+
+    private Trim(long maxLen, String minId, Instant before, boolean approximate, boolean ignoreGroups) {
+      this.maxLen = maxLen;
+      this.minId = minId;
+      this.before = before;
+      this.approximate = approximate;
+      this.ignoreGroups = ignoreGroups;
+    }
+
+    /**
+     * Keep the newest {@code maxLen} entries (at least 1; to remove everything, use {@link
+     * #minId} with an id above the last one).
+     */
+    public static Trim maxLen(long maxLen) {
+      if (maxLen < 1) {
+        throw new IllegalArgumentException("maxLen must be at least 1, got " + maxLen);
+      }
+      return new Trim(maxLen, null, null, false, false);
+    }
+
+    /** Remove the entries with a stream id below {@code streamId} ({@code <ms>-<seq>} or {@code <ms>}). */
+    public static Trim minId(String streamId) {
+      return new Trim(0, Objects.requireNonNull(streamId, "streamId"), null, false, false);
+    }
+
+    /** Remove the entries appended before {@code instant}. */
+    public static Trim before(Instant instant) {
+      return new Trim(0, null, Objects.requireNonNull(instant, "instant"), false, false);
+    }
+
+    /**
+     * Let Redis remove whole radix-tree nodes only ({@code MINID ~}): cheaper, may keep a few more
+     * entries; never removes more than asked.
+     */
+    public Trim approximate() {
+      return new Trim(maxLen, minId, before, true, ignoreGroups);
+    }
+
+    /**
+     * Trim as asked even past entries that groups have pending or not yet delivered: those
+     * entries are lost to the groups. Off by default.
+     */
+    public Trim ignoringGroups() {
+      return new Trim(maxLen, minId, before, approximate, true);
+    }
+
+    void applyTo(TrimRequest.Builder request) {
+      request.setMaxLen(maxLen).setApproximate(approximate).setIgnoreGroups(ignoreGroups);
+      if (minId != null) {
+        request.setMinId(minId);
+      }
+      if (before != null) {
+        request.setBefore(Rpc.toProto(before));
+      }
+    }
+  }
+
+  /**
+   * What a trim did.
+   *
+   * @param trimmed entries removed (XTRIM's reply)
+   * @param appliedMinId the MINID bound applied (entries below it are gone); empty when nothing
+   *     could be trimmed
+   * @param heldBackByGroups true when the safe mode raised the bound to protect entries a group
+   *     has pending or not yet delivered
+   */
+  public record TrimResult(long trimmed, String appliedMinId, boolean heldBackByGroups) {}
+}
