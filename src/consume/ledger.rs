@@ -34,6 +34,7 @@ use super::{
     retry::{Backoff, RetryWrite},
     settle::PendingAck,
     verdicts::{self, Gone},
+    IdMap,
 };
 use crate::{
     error::Error,
@@ -122,10 +123,10 @@ struct Call {
     shard: usize,
     policy: Policy,
     events: mpsc::UnboundedSender<Event>,
-    held: HashMap<BrandedId, Held>,
+    held: IdMap<BrandedId, Held>,
     /// Deliveries Redis took from this call, and why: their verdicts are
     /// answered NOT_PENDING until the id is delivered to the call again.
-    gone: HashMap<BrandedId, Gone>,
+    gone: IdMap<BrandedId, Gone>,
     /// The call's receiver is gone (its detach is on the way), or the client
     /// asked to drain: it takes nothing more.
     closed: bool,
@@ -191,7 +192,7 @@ pub(crate) struct Ledger {
     /// The group's settings, set by the first call and shared by the others.
     settings: Option<GroupPolicy>,
     calls: HashMap<SessionId, Call>,
-    entries: HashMap<StreamId, Track>,
+    entries: IdMap<StreamId, Track>,
     waiting: BTreeSet<(Instant, StreamId)>,
     ready: VecDeque<Outgoing>,
     /// Entries asked of the reader and not yet returned (credit spoken for).
@@ -210,7 +211,7 @@ impl Ledger {
             draining,
             settings: None,
             calls: HashMap::new(),
-            entries: HashMap::new(),
+            entries: IdMap::default(),
             waiting: BTreeSet::new(),
             ready: VecDeque::new(),
             read_outstanding: 0,
@@ -241,7 +242,7 @@ impl Ledger {
             }
             _ => self.settings = Some(settings),
         }
-        let call = Call { shard, policy, events, held: HashMap::new(), gone: HashMap::new(), closed: false };
+        let call = Call { shard, policy, events, held: IdMap::default(), gone: IdMap::default(), closed: false };
         self.calls.insert(session, call);
         Ok(())
     }

@@ -136,6 +136,12 @@ pub struct Consumers {
 /// The worker of each (stream, group) this sidecar serves.
 type WorkerMap = HashMap<(String, String, bool), mpsc::Sender<Command>>;
 
+/// The hot path's maps keyed by entry (held deliveries, routes, tracked
+/// entries): several lookups per delivery, where std's SipHash showed in
+/// profiles. foldhash (already in the tree, through hashbrown) with a
+/// per-map random seed is several times faster on these 16-byte keys.
+pub(crate) type IdMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 struct Defaults {
     max_deliveries: u32,
     max_in_flight: u32,

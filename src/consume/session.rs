@@ -13,7 +13,7 @@
 //! worker's answers pile up (one Ack can name thousands of ids), so gRPC
 //! flow control pushes back on the client and nothing grows without bound.
 
-use std::{collections::HashMap, time::Duration};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Status, Streaming};
@@ -23,6 +23,7 @@ use super::{
     ledger::{Event, FailVerdict, SessionId},
     verdicts,
     worker::Command,
+    IdMap,
 };
 use crate::{
     error::Error,
@@ -131,10 +132,10 @@ pub(super) fn response(kind: consume_response::Kind) -> ConsumeResponse {
 pub(super) struct Shards {
     workers: Vec<mpsc::Sender<Command>>,
     /// Branded id → the shard whose delivery the call holds (sharded calls only).
-    routes: HashMap<BrandedId, usize>,
+    routes: IdMap<BrandedId, usize>,
     /// Branded id → the shard a delivery left (a verdict may still come; that
     /// shard's worker answers it), when nothing was parked behind it.
-    left: HashMap<BrandedId, usize>,
+    left: IdMap<BrandedId, usize>,
     /// Deliveries whose branded id the call already holds from another shard
     /// (only entries written around Append can collide): handed over once
     /// that one is settled or left, so a verdict by branded id is never ambiguous.
@@ -144,7 +145,7 @@ pub(super) struct Shards {
 impl Shards {
     /// The workers, in shard order.
     pub(super) fn new(workers: Vec<mpsc::Sender<Command>>) -> Shards {
-        Shards { workers, routes: HashMap::new(), left: HashMap::new(), parked: Vec::new() }
+        Shards { workers, routes: IdMap::default(), left: IdMap::default(), parked: Vec::new() }
     }
 
     fn sharded(&self) -> bool {
