@@ -180,8 +180,12 @@ pub struct Config {
     pub max_in_flight_limit: u32,
 
     /// Idle time (milliseconds) after which another consumer of a group that
-    /// holds no pending entries is removed (XGROUP DELCONSUMER). A consumer
-    /// with pending entries is never removed. 0: never remove.
+    /// holds no pending entries, and whose sidecar has not recorded a
+    /// heartbeat within it, is removed (XGROUP DELCONSUMER). A consumer with
+    /// pending entries is never removed, nor a live sidecar on a quiet stream:
+    /// every sidecar beats every quarter of this limit (at most every 10 s)
+    /// into `<stream>:heartbeats:<group>`. Give all sidecars of a group the
+    /// same limit. 0: never remove.
     #[arg(long, env = "ECHOMQ_CONSUMER_IDLE_LIMIT_MS", default_value_t = DEFAULT_CONSUMER_IDLE_LIMIT_MS)]
     pub consumer_idle_limit_ms: u64,
 
