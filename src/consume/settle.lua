@@ -3,6 +3,13 @@
 -- one, so the reply says which were still pending), and drop the retry state
 -- of those that had any.
 --
+-- One multi-id XACK would cost Redis less (measured on 7.0: ~0.3 µs per id
+-- against ~1.5 µs per id for nested calls here), but it answers one count: when
+-- it falls short, nothing tells which ids were no longer pending, and each
+-- Ack is owed its own answer (NOT_PENDING for the ones that were not applied).
+-- Once XACKed, an entry cannot be asked about again, so there is no cheap
+-- check after the fact; XCLAIM … JUSTID before it measured slower still.
+--
 -- XACK settles the entry for the group, whichever consumer's PEL holds it: an
 -- Ack that crosses a peer's reclaim (before this sidecar's lease refresh
 -- notices, at most a third of the reclaim min-idle) still applies. That is
