@@ -13,8 +13,9 @@ use crate::{error::Error, id::StreamId};
 pub struct GroupState {
     /// Entries in the PEL (XPENDING summary).
     pub pending: u64,
-    /// Entries not yet delivered to the group, as Redis counts them
-    /// (`XINFO GROUPS` `lag`); `None` when Redis cannot say.
+    /// Entries in the stream after the group's last-delivered id
+    /// (`group_lag.lua`); `None` where that cannot be known cheaply (see
+    /// [`group_lag`]). Never XINFO's figure where Redis miscounts it.
     pub lag: Option<u64>,
     /// The group's last-delivered id (empty on a server that does not say).
     pub last_delivered_id: String,
@@ -81,8 +82,7 @@ pub async fn group_state(redis: &Redis, stream: &str, group: &str, scan: usize) 
     let oldest_pending_id = summary.get(1).and_then(|v| parse_stream_id(v).ok());
     Ok(GroupState {
         pending: summary.first().and_then(int).unwrap_or(0),
-        // Redis reports nil when it cannot compute the lag (after deletions).
-        lag: info.get("lag").and_then(int),
+        lag: group_lag(redis, stream, group).await?,
         last_delivered_id: info.get("last-delivered-id").and_then(text).unwrap_or_default(),
         consumers,
         oldest_pending_id,
@@ -91,6 +91,33 @@ pub async fn group_state(redis: &Redis, stream: &str, group: &str, scan: usize) 
         max_delivery_count: array(&oldest).iter().filter_map(|e| array(e).get(3).and_then(int)).max().unwrap_or(0),
         stream_length: int(&length).unwrap_or(0),
     })
+}
+
+/// The most entries [`group_lag`] counts one by one (XRANGE) where Redis'
+/// own figure cannot be trusted.
+const LAG_COUNT_LIMIT: usize = 100;
+
+/// `group`'s lag on `stream` (`group_lag.lua`): the entries after its
+/// last-delivered id. Exact when the group has read everything (0) or
+/// nothing still in the stream (the length); Redis' XINFO `lag` on 7.2 and
+/// later, and on 7.0/7.1 while nothing was ever removed from the stream;
+/// otherwise counted up to [`LAG_COUNT_LIMIT`], and `None` beyond: Redis 7.0
+/// miscounts `lag` for good after a trim removed entries the group had not
+/// read, and 6.2 has none.
+///
+/// Errors: [`Error::NotFound`] when the group is gone; [`Error::Unavailable`].
+pub async fn group_lag(redis: &Redis, stream: &str, group: &str) -> Result<Option<u64>, Error> {
+    let mut conn = redis.conn.clone();
+    let lag: Option<u64> =
+        redis.scripts.group_lag.key(stream).arg(group).arg(LAG_COUNT_LIMIT).invoke_async(&mut conn).await.map_err(
+            |e| match fault(&e) {
+                Fault::NoGroup | Fault::NoSuchKey => {
+                    Error::NotFound { what: format!("group `{group}` of stream `{stream}`") }
+                }
+                _ => Error::from_redis(e, "reading the group's lag", stream),
+            },
+        )?;
+    Ok(lag)
 }
 
 /// A RESP2 flat `[name, value, name, value, …]` reply (or a RESP3 map) as a map.

@@ -446,6 +446,8 @@ pub struct Scripts {
     pub trim: Script,
     /// `replay.lua`: move dead letters back to their source stream.
     pub replay: Script,
+    /// `group_lag.lua`: a group's lag, exact or nil, never Redis 7.0's miscount.
+    pub group_lag: Script,
 }
 
 impl Scripts {
@@ -460,6 +462,7 @@ impl Scripts {
             (&self.settle, "settle"),
             (&self.hygiene, "hygiene"),
             (&self.replay, "replay"),
+            (&self.group_lag, "group_lag"),
         ]
         .into_iter()
         .map(|(script, name)| (script.get_hash().to_owned(), name))
@@ -477,6 +480,7 @@ impl Scripts {
             settle: script(include_str!("../consume/settle.lua")),
             hygiene: script(include_str!("../consume/hygiene.lua")),
             replay: script(include_str!("lua/replay.lua")),
+            group_lag: script(include_str!("lua/group_lag.lua")),
         }
     }
 }

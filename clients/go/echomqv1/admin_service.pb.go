@@ -153,9 +153,13 @@ type DescribeGroupResponse struct {
 	Group string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
 	// Entries delivered and not yet acknowledged (the PEL's size).
 	Pending uint64 `protobuf:"varint,3,opt,name=pending,proto3" json:"pending,omitempty"`
-	// Entries appended that the group has not read yet (XINFO GROUPS `lag`).
-	// Unset when Redis cannot say (after XDEL or trimming in some cases, or
-	// before Redis 7.0).
+	// Entries in the stream after the group's last-delivered id: what it has
+	// not read yet. Exact, or unset, never a miscount: 0 when it has read the
+	// last entry; the stream's length when it has read nothing still there;
+	// Redis' XINFO GROUPS `lag` on 7.2 and later, and on 7.0/7.1 while nothing
+	// was ever trimmed or deleted from the stream (7.0 miscounts it for good
+	// after a trim removed entries the group had not read); otherwise counted,
+	// up to 100 entries, and unset beyond (and on 6.2, which has no `lag`).
 	Lag *uint64 `protobuf:"varint,4,opt,name=lag,proto3,oneof" json:"lag,omitempty"`
 	// The group's last-delivered id.
 	LastDeliveredId string `protobuf:"bytes,5,opt,name=last_delivered_id,json=lastDeliveredId,proto3" json:"last_delivered_id,omitempty"`
