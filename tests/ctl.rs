@@ -161,7 +161,7 @@ async fn describe_prints_the_groups_state_as_a_table_and_as_json() {
     assert_eq!(row(&table, "stream length"), "5");
     assert_eq!(row(&table, "last delivered"), appended[1].stream_id);
     assert!(row(&table, "oldest pending").starts_with(&format!("{} (appended ", appended[0].stream_id)), "{table}");
-    assert_eq!(row(&table, "max deliveries"), "1");
+    assert_eq!(row(&table, "highest delivery count"), "1");
     let consumer =
         table.lines().find(|l| l.starts_with("pod-d")).unwrap_or_else(|| panic!("no consumer row:\n{table}"));
     let cells: Vec<&str> = consumer.split_whitespace().collect();
@@ -475,6 +475,36 @@ async fn tail_ends_quietly_when_its_output_closes() {
     let run = finish(tail, EVENT_TIMEOUT).await;
     assert_eq!(run.code, 0, "{run:?}");
     assert!(run.stderr.is_empty(), "quietly: {run:?}");
+}
+
+/// `tail --group --ack | head -n 1`: the acks sent before the pipe closed are
+/// settled before the command ends (they were dropped with the call), and an
+/// entry whose line could not be written is not acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_group_settles_its_acks_when_its_output_closes() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let first = sidecar.append("s", &[("k", b"first")]).await;
+
+    let mut tail =
+        spawn_ctl(&sidecar.endpoint(), &["tail", "s", "--group", "g", "--ack", "--group-start", "beginning"]);
+    let stdout = tail.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("read a line");
+        line // `| head -n 1`: the pipe closes here
+    })
+    .await
+    .expect("join");
+    assert!(line.starts_with(&first.stream_id), "{line:?}");
+    let second = sidecar.append("s", &[("k", b"second")]).await; // its write finds the pipe closed
+    let run = finish(tail, EVENT_TIMEOUT).await;
+
+    assert_eq!(run.code, 0, "{run:?}");
+    let pending = pending_entries(&mut con, "s", "g").await;
+    let pending: Vec<&str> = pending.iter().map(|p| p.stream_id.as_str()).collect();
+    assert_eq!(pending, vec![second.stream_id.as_str()], "the printed entry acked, the unwritten one pending");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

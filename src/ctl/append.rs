@@ -19,7 +19,9 @@ const READ_KEYS: [&str; 6] = ["stream", "stream_id", "id", "minted_at_ms", "grou
 #[derive(Debug, clap::Args)]
 #[command(after_help = "JSON input (--from-json): one or more JSON objects, one entry each (NDJSON or \
     concatenated). Either a plain object of field names to values (`{\"sku\": \"A-1\", \"qty\": 2}`: a string \
-    is stored as its UTF-8 bytes, a number or boolean as its JSON text), or an object as `read --json` prints \
+    is stored as its UTF-8 bytes, a boolean or an integer as its JSON text, any other number as the \
+    shortest decimal that reads back as the same double (`1e2` becomes `100.0`): quote a number to keep its \
+    exact text), or an object as `read --json` prints \
     it (`fields`, and `fields_base64` for values that are not UTF-8; its `id`, `stream_id`, … are ignored, \
     since the sidecar mints new ones; a `traceparent` is kept). Several entries are appended in one \
     AppendBatch call: all of them or none.\n\nPrints the stream written, the stream id and the branded id \
@@ -117,6 +119,24 @@ fn scalar(name: &str, value: &Value) -> Result<Vec<u8>, String> {
     }
 }
 
+/// The fields of `-f` and `--field-base64`: a name given twice is refused, not
+/// silently overwritten, and so is an empty name.
+fn fields_from_flags(
+    text: &[(String, Vec<u8>)],
+    base64: &[(String, Vec<u8>)],
+) -> Result<HashMap<String, Vec<u8>>, String> {
+    let mut fields = HashMap::new();
+    for (name, value) in text.iter().chain(base64) {
+        if name.is_empty() {
+            return Err("a field needs a name: `NAME=VALUE`, got `=…`".into());
+        }
+        if fields.insert(name.clone(), value.clone()).is_some() {
+            return Err(format!("field `{name}` is given twice; an entry has one value per name"));
+        }
+    }
+    Ok(fields)
+}
+
 /// The JSON text of `--from-json`: itself, a file, or standard input.
 fn json_text(source: &str) -> Result<String, Failure> {
     if source == "-" {
@@ -136,7 +156,7 @@ fn json_text(source: &str) -> Result<String, Failure> {
 pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
     let entries = match &args.from_json {
         Some(source) => entries_from_json(&json_text(source)?).map_err(Failure::Usage)?,
-        None => vec![args.fields.iter().chain(&args.fields_base64).cloned().collect()],
+        None => vec![fields_from_flags(&args.fields, &args.fields_base64).map_err(Failure::Usage)?],
     };
     let doing = format!("append to {}", args.stream);
     let written: Vec<AppendResponse> = if entries.len() == 1 {

@@ -21,7 +21,7 @@ Exit codes:
      (it cannot reach Redis, or is shutting down); retrying later may help
   4  not found: NOT_FOUND (no such stream or group), `read --id` with no such entry,
      a `dlq replay` id that is not in the dead-letter stream
-  5  refused: INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, RESOURCE_EXHAUSTED
+  5  refused: INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, ALREADY_EXISTS, RESOURCE_EXHAUSTED
   6  denied: UNAUTHENTICATED (token) or PERMISSION_DENIED (stream allow-list)
 
 Output: tables for people; with --json, one JSON object per entry (NDJSON) for tail, read

@@ -81,7 +81,7 @@ fn to_text(state: &DescribeGroupResponse) -> String {
         vec!["last delivered".to_owned(), dash(&state.last_delivered_id)],
         vec!["stream length".to_owned(), state.stream_length.to_string()],
         vec!["oldest pending".to_owned(), oldest],
-        vec!["max deliveries".to_owned(), state.max_delivery_count.to_string()],
+        vec!["highest delivery count".to_owned(), state.max_delivery_count.to_string()],
     ];
     // A two-column table without a header: the first line of `table` is its header.
     let mut text = table(&["", ""], &summary).lines().skip(1).collect::<Vec<_>>().join("\n");
@@ -156,7 +156,12 @@ mod tests {
     #[test]
     fn the_table_names_every_number_and_durations_read_well() {
         let text = to_text(&state());
-        for line in ["pending         2", "lag             3", "oldest pending  4-0 (appended 3.2s ago)"] {
+        for line in [
+            "pending                 2",
+            "lag                     3",
+            "oldest pending          4-0 (appended 3.2s ago)",
+            "highest delivery count  1",
+        ] {
             assert!(text.contains(line), "{line:?} not in\n{text}");
         }
         assert!(text.contains("CONSUMER  PENDING  IDLE\npod-a     2        1m 1s"), "{text}");

@@ -65,10 +65,24 @@ impl Failure {
             Failure::Usage(_) => USAGE,
             Failure::Unreachable(_) => UNREACHABLE,
             Failure::NotFound(_) => NOT_FOUND,
+            Failure::Status { status, .. } if is_transport_failure(status) => UNREACHABLE,
             Failure::Status { status, .. } => code_of(status.code()),
             Failure::Other(_) => OTHER,
             Failure::OutputClosed => OK,
         }
+    }
+}
+
+/// A status the client's transport made up, not one the sidecar answered: the
+/// connection broke mid-call (tonic reports `Unknown: transport error` or
+/// `Unknown: h2 protocol error: …`), or `--timeout-ms` passed with no answer
+/// (`Cancelled: Timeout expired`). Both mean the sidecar could not be reached.
+fn is_transport_failure(status: &Status) -> bool {
+    let message = status.message();
+    match status.code() {
+        Code::Unknown => message.starts_with("transport error") || message.starts_with("h2 protocol error"),
+        Code::Cancelled => message == "Timeout expired",
+        _ => false,
     }
 }
 
@@ -128,6 +142,11 @@ mod tests {
         assert_eq!(status(Code::Unauthenticated), DENIED);
         assert_eq!(status(Code::PermissionDenied), DENIED);
         assert_eq!(status(Code::Internal), OTHER);
+        let transport = |code, message| Failure::status("x", Status::new(code, message)).exit_code();
+        assert_eq!(transport(Code::Unknown, "transport error"), UNREACHABLE);
+        assert_eq!(transport(Code::Unknown, "h2 protocol error: error reading a body from connection"), UNREACHABLE);
+        assert_eq!(transport(Code::Cancelled, "Timeout expired"), UNREACHABLE);
+        assert_eq!(transport(Code::Unknown, "something the sidecar said"), OTHER);
         assert_eq!(Failure::Usage("u".into()).exit_code(), USAGE);
         assert_eq!(Failure::OutputClosed.exit_code(), OK);
         let codes = [OK, OTHER, USAGE, UNREACHABLE, NOT_FOUND, REFUSED, DENIED];

@@ -86,6 +86,14 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
         if page.next_start_id.is_empty() {
             break;
         }
+        if left == 0 {
+            // Stopped by --count with more in range: say how to go on (on stderr, so output stays clean).
+            eprintln!(
+                "echomqctl: more entries of {} may follow; read on with --from {} or ask for --all",
+                args.stream, page.next_start_id
+            );
+            break;
+        }
         request.start_id = page.next_start_id;
         request.start_time = None;
     }

@@ -166,6 +166,11 @@ async fn peek(args: &Args, ctx: &Context, interrupt: &mut Interrupt) -> Result<(
     }
 }
 
+/// A deadline that never comes, for a `select!` branch that is switched off.
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
+}
+
 fn message(kind: consume_request::Kind) -> ConsumeRequest {
     ConsumeRequest { kind: Some(kind) }
 }
@@ -201,20 +206,30 @@ async fn consume(args: &Args, group: &str, ctx: &Context, interrupt: &mut Interr
     let mut client = ctx.consumer();
     let mut responses = tokio::select! {
         _ = interrupt.recv() => return Ok(()),
-        call = client.consume(tokio_stream::wrappers::ReceiverStream::new(rx)) => {
+        call = tokio::time::timeout(ctx.timeout, client.consume(tokio_stream::wrappers::ReceiverStream::new(rx))) => {
+            let call = call.map_err(|_| {
+                Failure::Unreachable(format!("{doing}: no answer within --timeout-ms {}", ctx.timeout.as_millis()))
+            })?;
             call.map_err(|s| Failure::status(&doing, s))?.into_inner()
         }
     };
     let mut printed = 0u64;
+    let mut write_failed: Option<Failure> = None;
+    // Until the sidecar confirms the subscription, --timeout-ms bounds the wait.
+    let mut subscribe_deadline = Some(tokio::time::Instant::now() + ctx.timeout);
     let ended = loop {
         let next = tokio::select! {
             _ = interrupt.recv() => break None,
+            _ = tokio::time::sleep_until(subscribe_deadline.unwrap_or_else(far_future)), if subscribe_deadline.is_some() => {
+                return Err(Failure::Unreachable(format!("{doing}: no confirmation of the subscription within --timeout-ms {}", ctx.timeout.as_millis())));
+            }
             next = responses.message() => next,
         };
         let deliveries = match next.map_err(|s| Failure::status(&doing, s))? {
             None => break Some(Failure::Unreachable(format!("{doing}: the sidecar ended the call"))),
             Some(response) => match response.kind {
                 Some(consume_response::Kind::Subscribed(s)) => {
+                    subscribe_deadline = None;
                     eprintln!(
                         "echomqctl: consuming {} in group {} as consumer {}: entries printed are acknowledged",
                         s.stream, s.group, s.consumer
@@ -236,17 +251,26 @@ async fn consume(args: &Args, group: &str, ctx: &Context, interrupt: &mut Interr
                 break; // not printed, so not acknowledged: it is delivered again later
             }
             let entry = as_entry(&delivery);
-            if ctx.json {
+            let written = if ctx.json {
                 let mut object = entry_json(&delivery.stream, &entry);
                 object.insert("group".into(), json!(delivery.group));
                 object.insert("attempts".into(), json!(delivery.attempts));
-                emit_json_line(&Value::Object(object))?;
+                emit_json_line(&Value::Object(object))
             } else {
-                emit(&format!("{}  attempts={}", entry_line(&entry), delivery.attempts))?;
+                emit(&format!("{}  attempts={}", entry_line(&entry), delivery.attempts))
+            };
+            // Not written (a closed pipe above all): not acknowledged, and the
+            // acks already sent are still settled below before the command ends.
+            if let Err(failure) = written {
+                write_failed = Some(failure);
+                break;
             }
             tx.send(message(consume_request::Kind::Ack(Ack { ids: vec![delivery.id] }))).await.map_err(|_| closed())?;
             printed += 1;
             done = args.count.is_some_and(|count| printed >= count);
+        }
+        if let Some(failure) = write_failed.take() {
+            break Some(failure);
         }
         if done {
             break None;

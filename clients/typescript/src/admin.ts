@@ -30,8 +30,8 @@ export interface GroupInfo {
   /** The group's last-delivered stream id (empty for a sharded stream's sum). */
   readonly lastDeliveredId: string;
   readonly consumers: readonly ConsumerInfo[];
-  /** The oldest pending entry's stream id; empty when nothing is pending. */
-  readonly oldestPendingId: string;
+  /** The oldest pending entry's stream id; `undefined` when nothing is pending (as its age). */
+  readonly oldestPendingId: string | undefined;
   /** How long ago (ms) the oldest pending entry was appended; `undefined` when nothing is pending. */
   readonly oldestPendingAgeMs: number | undefined;
   /** The highest delivery count among the oldest 10,000 pending entries. */
@@ -213,7 +213,7 @@ function groupInfoOf(response: DescribeGroupResponse__Output): GroupInfo {
     lag: response._lag === 'lag' ? countOf(response.lag) : undefined,
     lastDeliveredId: response.lastDeliveredId,
     consumers: response.consumers.map((c) => ({ name: c.name, pending: countOf(c.pending), idleMs: msOf(c.idle) ?? 0 })),
-    oldestPendingId: response.oldestPendingId,
+    oldestPendingId: response.oldestPendingId === '' ? undefined : response.oldestPendingId,
     oldestPendingAgeMs: msOf(response.oldestPendingAge),
     maxDeliveryCount: countOf(response.maxDeliveryCount),
     streamLength: countOf(response.streamLength),
