@@ -436,6 +436,9 @@ async fn connect_with_backoff(
             Ok(redis) => {
                 let kind = if redis.keys.is_cluster() { "a Redis Cluster" } else { "Redis" };
                 info!("connected to {kind}");
+                if !redis.keys.is_cluster() {
+                    crate::telemetry::set_redis_server(url);
+                }
                 return Ok(redis);
             }
             Err(e) if e.kind() == redis::ErrorKind::InvalidClientConfig || is_not_a_cluster(&e) => {

@@ -112,7 +112,7 @@ struct Held {
 impl Held {
     fn record_verdict(&self, verdict: &str) {
         if let Some(span) = &self.span {
-            span.record("verdict", verdict);
+            span.record("echomq.verdict", verdict);
         }
     }
 }
@@ -489,7 +489,9 @@ impl Ledger {
         held.record_verdict("ack");
         if !self.no_ack {
             let redelivered = held.attempts > 1;
-            self.orders.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered });
+            // The settle span links to the delivery's (only while exported).
+            let delivery = held.span.as_ref().and_then(telemetry::span_context_of);
+            self.orders.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered, delivery });
         }
     }
 
@@ -642,16 +644,22 @@ impl Ledger {
 }
 
 /// The span of one delivery, from hand-over to verdict, child of the trace
-/// context the entry carries; the delivery then carries the span's own.
+/// context the entry carries; the delivery then carries the span's own. Kind
+/// CONSUMER, operation `process`: the sidecar pushes the entry to its client,
+/// and the span lasts while the client processes it.
 fn delivery_span(stream: &str, group: &str, stream_id: StreamId, delivery: &mut Delivery) -> tracing::Span {
     let span = tracing::info_span!(
         "echomq.deliver",
-        stream = %stream,
-        group = %group,
-        stream_id = %stream_id,
-        id = %delivery.id,
-        attempts = delivery.attempts,
-        verdict = tracing::field::Empty,
+        otel.kind = "consumer",
+        messaging.system = telemetry::MESSAGING_SYSTEM,
+        messaging.operation.type = "process",
+        messaging.operation.name = "deliver",
+        messaging.destination.name = stream,
+        messaging.consumer.group.name = group,
+        messaging.message.id = delivery.id.as_str(),
+        echomq.stream_id = %stream_id,
+        echomq.attempts = delivery.attempts,
+        echomq.verdict = tracing::field::Empty,
     );
     telemetry::set_parent(&span, Some(&delivery.traceparent).filter(|t| !t.is_empty()).map(String::as_str));
     if let Some(traceparent) = telemetry::traceparent_of(&span) {

@@ -2,7 +2,10 @@
 //! commands reach Redis as one `settle.lua` run (one request for Redis to
 //! parse and dispatch, not a pipeline of many).
 
+use opentelemetry::{trace::SpanContext, KeyValue};
 use redis::RedisResult;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{
     retry::RetryWrite,
@@ -10,7 +13,7 @@ use super::{
     worker::{Step, Worker},
     GroupKeys, SessionId,
 };
-use crate::id::StreamId;
+use crate::{id::StreamId, telemetry};
 
 /// A queued XACK.
 #[derive(Debug)]
@@ -22,6 +25,9 @@ pub(crate) struct PendingAck {
     pub(crate) stream_id: StreamId,
     /// The entry was delivered before, so the group's retry hash may hold it.
     pub(crate) redelivered: bool,
+    /// The delivery's span, which the settle span links to (only while
+    /// traces are exported).
+    pub(crate) delivery: Option<SpanContext>,
 }
 
 /// Records `writes` in the retry hash, then XACKs each of `acks` (one by one,
@@ -44,8 +50,43 @@ pub(crate) async fn settle(keys: &GroupKeys, acks: &[PendingAck], writes: &[Retr
         script.arg(write.stream_id.to_string()).arg(write.state());
     }
     let mut conn = keys.redis.conn.clone();
-    let counts: Vec<i64> = script.invoke_async(&mut conn).await?;
+    let counts: Vec<i64> = script.invoke_async(&mut conn).instrument(settle_span(keys, acks, writes)).await?;
     Ok(counts.into_iter().map(|count| count == 1).collect())
+}
+
+/// The span of one settle run (while traces are exported): kind CLIENT and
+/// operation `settle`, as the messaging conventions have it, with a link to
+/// each acknowledged delivery's span (each link naming its
+/// `messaging.message.id`): a batch settles deliveries of many traces, so it
+/// is the child of none of them. At most `OTEL_SPAN_LINK_COUNT_LIMIT` links
+/// (128 by default) are kept; the span's dropped-links count says how many
+/// more there were. Fails are on their delivery spans (`echomq.verdict`):
+/// a run with no ack (retry states only) has no settle span.
+fn settle_span(keys: &GroupKeys, acks: &[PendingAck], writes: &[RetryWrite]) -> tracing::Span {
+    if !telemetry::exporting() || acks.is_empty() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "echomq.settle",
+        otel.kind = "client",
+        messaging.system = telemetry::MESSAGING_SYSTEM,
+        messaging.operation.type = "settle",
+        messaging.operation.name = "ack",
+        messaging.destination.name = keys.stream.as_str(),
+        messaging.consumer.group.name = keys.group.as_str(),
+        messaging.batch.message_count = (acks.len() > 1).then_some(acks.len() as i64),
+        messaging.message.id = (acks.len() == 1).then(|| acks[0].text.as_str()),
+        echomq.retry_writes = writes.len() as i64,
+    );
+    for ack in acks {
+        if let Some(delivery) = &ack.delivery {
+            span.add_link_with_attributes(
+                delivery.clone(),
+                vec![KeyValue::new("messaging.message.id", ack.text.clone())],
+            );
+        }
+    }
+    span
 }
 
 impl Worker {

@@ -450,12 +450,9 @@ impl<C> TimedConnection<C> {
 impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let command = self.label(cmd);
-        // A span per command only while traces are exported.
-        let span = if crate::telemetry::exporting() {
-            tracing::info_span!("echomq.redis", command = %command)
-        } else {
-            tracing::Span::none()
-        };
+        // A span per command only while traces are exported, and only inside
+        // an operation's span (see the function).
+        let span = crate::telemetry::redis_command_span(&command);
         Box::pin(
             async move {
                 let started = Instant::now();

@@ -42,7 +42,24 @@ async fn append_entries(
     let target = keys.append_target(logical, partition_key.as_bytes());
     let stream = target.key.as_str();
     keys.consumable("stream", stream)?;
-    let span = tracing::info_span!("echomq.append", stream = %stream, entries = entries.len());
+    // Only while traces are exported: nothing logs inside it.
+    let span = if telemetry::exporting() {
+        // The conventions' batch count is for batches only, the message id
+        // for single messages (recorded once the script has minted it).
+        let batch = (entries.len() > 1).then_some(entries.len() as i64);
+        tracing::info_span!(
+            "echomq.append",
+            otel.kind = "producer",
+            messaging.system = telemetry::MESSAGING_SYSTEM,
+            messaging.operation.type = "send",
+            messaging.operation.name = "append",
+            messaging.destination.name = stream,
+            messaging.batch.message_count = batch,
+            messaging.message.id = tracing::field::Empty,
+        )
+    } else {
+        tracing::Span::none()
+    };
     telemetry::set_parent(&span, traceparent);
     // The context consumers continue: this append's span when traces are
     // exported, else the caller's own, so it still crosses the stream.
@@ -85,22 +102,28 @@ async fn append_entries(
         }
     }
     let mut conn = streams.redis.conn.clone();
-    let reply: redis::Value = script.invoke_async(&mut conn).instrument(span).await.map_err(|e| match e.code() {
-        Some("ECHOMQ_SHARDED") => keys.unconfigured_sharded(stream, e.detail().unwrap_or("?")),
-        _ => Error::from_redis(e, "appending (append.lua)", stream),
-    })?;
+    let reply: redis::Value =
+        script.invoke_async(&mut conn).instrument(span.clone()).await.map_err(|e| match e.code() {
+            Some("ECHOMQ_SHARDED") => keys.unconfigured_sharded(stream, e.detail().unwrap_or("?")),
+            _ => Error::from_redis(e, "appending (append.lua)", stream),
+        })?;
     let redis::Value::Array(ids) = reply else {
         let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list of ids"));
         return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
     };
-    ids.iter()
+    let written = ids
+        .iter()
         .map(|id| {
             let stream_id: StreamId =
                 parse_stream_id(id).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
             let branded = BrandedId::from_stream_id(stream_id).expect("append.lua mints ids within the branded range");
             Ok(AppendResponse { id: branded.to_string(), stream_id: stream_id.to_string(), stream: stream.to_owned() })
         })
-        .collect()
+        .collect::<Result<Vec<_>, Error>>()?;
+    if let [one] = written.as_slice() {
+        span.record("messaging.message.id", one.id.as_str());
+    }
+    Ok(written)
 }
 
 /// Append: one entry.

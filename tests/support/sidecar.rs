@@ -311,10 +311,11 @@ impl Sidecar {
         let mut cmd = sidecar_command();
         cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(err));
         cmd.env("NO_COLOR", "1");
-        cmd.envs(self.options.env.iter().map(|(k, v)| (k, v)));
-        // The sidecar's log filter (tracing syntax); ECHOMQ_TEST_LOG overrides the tests' default.
+        // The sidecar's log filter (tracing syntax); ECHOMQ_TEST_LOG overrides the tests' default,
+        // and a test's own ECHOMQ_LOG (set next) overrides both.
         let filter = std::env::var("ECHOMQ_TEST_LOG").unwrap_or_else(|_| "info,echomq=debug".to_owned());
         cmd.env("ECHOMQ_LOG", filter);
+        cmd.envs(self.options.env.iter().map(|(k, v)| (k, v)));
         self.child = Some(cmd.spawn().map_err(|e| format!("spawn {}: {e}", sidecar_bin()))?);
         Ok(())
     }
