@@ -141,6 +141,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         })?;
     }
     let metrics = Arc::new(Metrics::new());
+    // Outermost, so every call is counted by the status its client gets,
+    // after the rewrite below (layers added first wrap those added later).
+    let builder = builder.layer(crate::metrics::grpc::GrpcLayer::new(metrics.grpc()));
     // tonic answers an oversized request OUT_OF_RANGE; gRPC's code is RESOURCE_EXHAUSTED.
     let mut builder = builder.layer(tower::util::MapResponseLayer::new(crate::error::oversized_as_resource_exhausted));
     let admin_address = admin_listener.local_addr().map_or_else(|_| config.admin_listen.to_string(), |a| a.to_string());

@@ -791,9 +791,73 @@ async fn consume_calls_gauge_goes_up_and_down_with_the_calls() {
     wait_eq(&sidecar, "echomq_consume_calls", &labels, 0.0).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_server_calls_are_counted_by_method_and_code() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let append = [("grpc_service", "echomq.v1.StreamService"), ("grpc_method", "Append")];
+    let consume = [("grpc_service", "echomq.v1.ConsumerService"), ("grpc_method", "Consume")];
+    let code = |method: [(&'static str, &'static str); 2], code: &'static str| {
+        let [a, b] = method;
+        [a, b, ("grpc_code", code)]
+    };
+    let before = Scrape::fetch(&sidecar).await;
+    // Every method's series from the start, for every code.
+    assert_eq!(before.value("grpc_server_handled_total", &code(append, "Unavailable")), Some(0.0), "{}", before.text);
+    assert_eq!(before.value("grpc_server_started_total", &consume), Some(0.0));
+    assert_eq!(
+        before.find("grpc_server_started_total", &consume).and_then(|s| s.labels.get("grpc_type")).map(String::as_str),
+        Some("bidi_stream")
+    );
+
+    append_n(&sidecar, "s", 2).await;
+    let refused = echomq::proto::AppendRequest {
+        stream: "s".into(),
+        fields: [("id".to_owned(), b"mine".to_vec())].into(),
+        ..Default::default()
+    };
+    sidecar.stream_client().await.append(refused).await.expect_err("the reserved field is refused");
+    let missing =
+        echomq::proto::DescribeGroupRequest { stream: "s".into(), group: "nope".into(), ..Default::default() };
+    sidecar.admin_client().await.describe_group(missing).await.expect_err("no such group");
+
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("grpc_server_started_total", &append), Some(3.0), "{}", scrape.lines_of("Append\""));
+    assert_eq!(scrape.value("grpc_server_handled_total", &code(append, "OK")), Some(2.0));
+    assert_eq!(scrape.value("grpc_server_handled_total", &code(append, "InvalidArgument")), Some(1.0));
+    let describe = [("grpc_method", "DescribeGroup"), ("grpc_code", "NotFound")];
+    assert_eq!(scrape.value("grpc_server_handled_total", &describe), Some(1.0));
+
+    // A streaming call counts as started at once, as handled when it ends.
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let open = Scrape::fetch(&sidecar).await;
+    assert_eq!(open.value("grpc_server_started_total", &consume), Some(1.0));
+    assert_eq!(open.sum("grpc_server_handled_total", &consume), 0.0, "{}", open.lines_of("Consume\""));
+    call.close_send();
+    call.wait_end(EVENT_TIMEOUT).await;
+    wait_eq(&sidecar, "grpc_server_handled_total", &code(consume, "OK"), 1.0).await;
+    let ended = Scrape::fetch(&sidecar).await;
+    assert_eq!(ended.sum("grpc_server_handled_total", &consume), 1.0, "{}", ended.lines_of("Consume\""));
+
+    // A call the client drops is counted when the server sees it end: OK
+    // when its half-close arrived first, Canceled when the reset did (a unit
+    // test in src/metrics/grpc.rs pins that a dropped body is Canceled).
+    let dropped = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    drop(dropped);
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        let scrape = Scrape::fetch(&sidecar).await;
+        if scrape.sum("grpc_server_handled_total", &consume) == 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the dropped call is never counted:\n{}", scrape.lines_of("Consume\""));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Label values are short snake_case words, except the domain's own names:
-/// streams and groups (the user's), Redis commands, the version, and
-/// histogram bounds.
+/// streams and groups (the user's), Redis commands, the version, the gRPC
+/// names of grpc-prometheus, and histogram bounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn label_values_are_short_snake_case_words() {
     let redis = RedisServer::start().await;

@@ -271,10 +271,13 @@ pub(super) async fn relay(
                 Err(status) if crate::error::is_oversized(&status) => {
                     break Some(crate::error::resource_exhausted_if_oversized(status));
                 }
+                // Nobody reads the ending status of a broken call, but the
+                // gRPC server's metrics do: it ends as it broke (CANCELLED
+                // for a client that went away), not OK.
                 Err(status) => {
                     debug!(session, %status, "call broke");
                     listening = false;
-                    break None;
+                    break Some(status);
                 }
             },
             event = events.recv() => {

@@ -6,13 +6,15 @@
 //! and append to), the worker's Redis operation, a verdict error's code, the
 //! Redis command name, or why a reader connection was closed. Beside them,
 //! unprefixed, the standard process metrics (`process_cpu_seconds_total`,
-//! `process_resident_memory_bytes`, …: [`process`]) and
+//! `process_resident_memory_bytes`, …: [`process`]), the gRPC server's calls
+//! by grpc-prometheus' names (`grpc_server_handled_total`, …: [`grpc`]) and
 //! `echomq_build_info{version}`.
 //!
 //! Label values are short snake_case words (`read`, `unknown_id`,
 //! `health_check`), except where a value is another domain's own word, kept
 //! as that domain spells it so it can be looked up there: a Redis command
-//! (`XACK`, `EVALSHA` as `script:settle`).
+//! (`XACK`, `EVALSHA` as `script:settle`), a gRPC service, method and code
+//! (`echomq.v1.StreamService`, `Append`, `NotFound`).
 //!
 //! A subscribed group's series are all present from the group's first call,
 //! at zero, so `rate()` and `increase()` need no first event; only
@@ -27,6 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub mod grpc;
 mod process;
 
 use prometheus_client::{
@@ -167,6 +170,7 @@ pub struct Metrics {
     reader: ReaderMetrics,
     /// Reads the reader pool's state at each scrape (kept by the pool, never copied by hand).
     reader_pool: std::sync::Mutex<Option<ReaderPoolSource>>,
+    grpc: grpc::GrpcMetrics,
 }
 
 /// The reader pool's event series (see [`Metrics::reader`]). Cheap to clone.
@@ -238,6 +242,7 @@ impl Metrics {
                 closed: Family::default(),
             },
             reader_pool: std::sync::Mutex::new(None),
+            grpc: grpc::GrpcMetrics::new(),
             registry: Registry::default(),
         };
         let r = registry;
@@ -340,6 +345,7 @@ impl Metrics {
             "Reader connections closed, by reason (health_check, read_error, stopped_mid_read)",
             m.reader.closed.clone(),
         );
+        m.grpc.register(&mut root);
         m.registry = root;
         m
     }
@@ -414,6 +420,11 @@ impl Metrics {
     pub fn appended(&self, stream: &str, sharded_stream: &str, entries: usize) {
         let labels = StreamLabels { stream: stream.to_owned(), sharded_stream: sharded_stream.to_owned() };
         self.appends.get_or_create(&labels).inc_by(entries as u64);
+    }
+
+    /// The gRPC server's call counters, for [`grpc::GrpcLayer`].
+    pub fn grpc(&self) -> grpc::GrpcMetrics {
+        self.grpc.clone()
     }
 
     /// Reads the reader pool's gauges from `source` at each scrape, so they
