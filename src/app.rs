@@ -140,11 +140,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             AppError::Config(format!("--tls-cert-file/--tls-key-file/--tls-client-ca-file: {}", error_chain(&e)))
         })?;
     }
+    let metrics = Arc::new(Metrics::new());
+    // Outermost, so every call is counted by the status its client gets,
+    // after the rewrite below (layers added first wrap those added later).
+    let builder = builder.layer(crate::metrics::grpc::GrpcLayer::new(metrics.grpc()));
     // tonic answers an oversized request OUT_OF_RANGE; gRPC's code is RESOURCE_EXHAUSTED.
     let mut builder = builder.layer(tower::util::MapResponseLayer::new(crate::error::oversized_as_resource_exhausted));
     let admin_address = admin_listener.local_addr().map_or_else(|_| config.admin_listen.to_string(), |a| a.to_string());
     let readiness = Readiness::default();
-    let metrics = Arc::new(Metrics::new());
     let (stopped_tx, stopped) = watch::channel(false);
     let admin =
         tokio::spawn(admin_http::serve(admin_listener, readiness.clone(), metrics.clone(), wait_true(stopped.clone())));
@@ -245,7 +248,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         ConsumerServiceServer::new(consumers.clone()).max_decoding_message_size(max).max_encoding_message_size(max),
     );
     stream_service.set(
-        StreamServiceServer::new(Streams::new(redis.clone(), config.id_field.clone(), guard.clone()))
+        StreamServiceServer::new(Streams::new(redis.clone(), config.id_field.clone(), guard.clone(), metrics.clone()))
             .max_decoding_message_size(max)
             .max_encoding_message_size(max),
     );

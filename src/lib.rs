@@ -38,7 +38,8 @@
 //!   id; the dead-letter metadata field names.
 //! - [`keys`]: derived key names (dead-letter stream, retry hash, heartbeat
 //!   hash) and shard keys.
-//! - [`metrics`]: Prometheus metrics and the timed Redis connection.
+//! - [`metrics`]: Prometheus metrics, the timed Redis connection, and the
+//!   gRPC server's call counters (a tower layer, `metrics/grpc.rs`).
 //! - [`redis`]: connections (the shared one; [`redis::readers`], the bounded
 //!   pool of the group readers' dedicated ones), the scripts and their shared
 //!   `lua/prelude.lua`, reply parsing; and what the services share, below

@@ -111,6 +111,11 @@ impl Scrape {
         self.find(name, labels).map(|s| s.value)
     }
 
+    /// The sum of every sample `name` whose labels include every pair of `labels`.
+    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples.iter().filter(|s| s.name == name && has_labels(s, labels)).map(|s| s.value).sum()
+    }
+
     fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<&Sample> {
         self.samples
             .iter()
@@ -140,6 +145,10 @@ impl Scrape {
     fn lines_of(&self, name: &str) -> String {
         self.text.lines().filter(|l| l.contains(name)).collect::<Vec<_>>().join("\n")
     }
+}
+
+fn has_labels(sample: &Sample, labels: &[(&str, &str)]) -> bool {
+    labels.iter().all(|(k, v)| sample.labels.get(*k).map(String::as_str) == Some(*v))
 }
 
 /// Scrapes until the sample `name` with `labels` satisfies `check`; its value.
@@ -241,11 +250,15 @@ async fn metric_families_have_prometheus_types_and_names() {
         "acks_not_pending",
         "trimmed_while_pending",
         "group_recreations",
+        "verdict_errors",
+        "appends",
+        "redis_errors",
         "reader_connection_refusals",
         "reader_connections_closed",
     ];
     let gauges = [
         "in_flight",
+        "consume_calls",
         "group_pending",
         "group_lag",
         "group_oldest_pending_age_seconds",
@@ -587,8 +600,15 @@ async fn redis_errors_are_counted_by_operation() {
 
     redis.kill9();
 
-    wait_metric(&sidecar, "echomq_redis_errors_total", &[], "at least 1", |v| v >= 1.0).await;
-    let scrape = Scrape::fetch(&sidecar).await;
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    let scrape = loop {
+        let scrape = Scrape::fetch(&sidecar).await;
+        if scrape.sum("echomq_redis_errors_total", &group("s", "g")) >= 1.0 {
+            break scrape;
+        }
+        assert!(Instant::now() < deadline, "no Redis error counted for s/g:\n{}", scrape.lines_of("redis_errors"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let typed = scrape.type_of("echomq_redis_errors").or_else(|| scrape.type_of("echomq_redis_errors_total"));
     assert_eq!(typed, Some("counter"));
     let operations: Vec<&str> = scrape
@@ -641,4 +661,255 @@ async fn build_info_and_process_metrics_describe_this_process() {
     let cpu = |s: &Scrape| s.value("process_cpu_seconds_total", &[]).expect("process_cpu_seconds_total");
     let later = Scrape::fetch(&sidecar).await;
     assert!(cpu(&later) > cpu(&first), "CPU {} then {}", cpu(&first), cpu(&later));
+}
+
+// ---------------------------------------------------------------------------
+// The conventions: series from the start, appends, verdict errors, calls,
+// the gRPC server, label values, a recovery that is no error
+// ---------------------------------------------------------------------------
+
+/// Every worker step that can fail, as `echomq_redis_errors_total{operation}` names it.
+const OPERATIONS: [&str; 9] =
+    ["read", "recover", "redeliver", "reclaim", "refresh_leases", "settle", "dead_letter", "recreate_group", "hygiene"];
+
+/// Every verdict error code, as `echomq_verdict_errors_total{code}` names it.
+const VERDICT_CODES: [&str; 5] = ["unknown_id", "not_pending", "invalid_argument", "unavailable", "lease_lost"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribed_groups_series_are_present_from_the_start_at_zero() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let _call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+
+    let scrape = Scrape::fetch(&sidecar).await;
+
+    let labels = group("s", "g");
+    let mut missing = Vec::new();
+    let at_zero = [
+        "echomq_deliveries_total",
+        "echomq_acks_total",
+        "echomq_fails_total",
+        "echomq_dead_letters_total",
+        "echomq_reclaimed_total",
+        "echomq_lease_refreshes_total",
+        "echomq_leases_lost_total",
+        "echomq_acks_not_pending_total",
+        "echomq_trimmed_while_pending_total",
+        "echomq_group_recreations_total",
+        "echomq_in_flight",
+        "echomq_handler_duration_seconds_count",
+    ];
+    for name in at_zero {
+        if scrape.value(name, &labels) != Some(0.0) {
+            missing.push(format!("{name}{labels:?}: {:?}", scrape.value(name, &labels)));
+        }
+    }
+    for code in VERDICT_CODES {
+        let labels = [("stream", "s"), ("group", "g"), ("code", code)];
+        if scrape.value("echomq_verdict_errors_total", &labels) != Some(0.0) {
+            missing.push(format!("echomq_verdict_errors_total{labels:?}"));
+        }
+    }
+    for operation in OPERATIONS {
+        let labels = [("stream", "s"), ("group", "g"), ("operation", operation)];
+        if scrape.value("echomq_redis_errors_total", &labels) != Some(0.0) {
+            missing.push(format!("echomq_redis_errors_total{labels:?}"));
+        }
+    }
+    if scrape.value("echomq_appends_total", &[("stream", "s")]) != Some(0.0) {
+        missing.push("echomq_appends_total{stream=s}".to_owned());
+    }
+    if scrape.value("echomq_consume_calls", &labels) != Some(1.0) {
+        missing
+            .push(format!("echomq_consume_calls{labels:?} = 1: {:?}", scrape.value("echomq_consume_calls", &labels)));
+    }
+    assert!(missing.is_empty(), "{missing:#?}\n----- /metrics -----\n{}", scrape.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_are_counted_per_stream_once_redis_confirmed() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut client = sidecar.stream_client().await;
+
+    append_n(&sidecar, "a", 3).await;
+    let entry = || echomq::proto::BatchEntry { fields: [("k".to_owned(), b"v".to_vec())].into(), ..Default::default() };
+    let batch =
+        echomq::proto::AppendBatchRequest { stream: "b".into(), entries: vec![entry(), entry()], ..Default::default() };
+    client.append_batch(batch).await.expect("AppendBatch");
+    // Refused before Redis: the reserved field. Nothing appended, nothing counted.
+    let refused = echomq::proto::AppendRequest {
+        stream: "a".into(),
+        fields: [("id".to_owned(), b"mine".to_vec())].into(),
+        ..Default::default()
+    };
+    client.append(refused).await.expect_err("the reserved field is refused");
+
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("echomq_appends_total", &[("stream", "a")]), Some(3.0), "{}", scrape.lines_of("appends"));
+    assert_eq!(scrape.value("echomq_appends_total", &[("stream", "b")]), Some(2.0), "{}", scrape.lines_of("appends"));
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "a").await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_errors_are_counted_by_code() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+
+    // A well-formed id this call never held (the worker answers), then one
+    // that does not parse (the relay answers).
+    call.ack_one(&"0".repeat(28)).await;
+    call.ack_one("not-an-id").await;
+    call.next_verdict_error(EVENT_TIMEOUT).await;
+    call.next_verdict_error(EVENT_TIMEOUT).await;
+
+    let labels = |code| [("stream", "s"), ("group", "g"), ("code", code)];
+    wait_eq(&sidecar, "echomq_verdict_errors_total", &labels("unknown_id"), 1.0).await;
+    wait_eq(&sidecar, "echomq_verdict_errors_total", &labels("invalid_argument"), 1.0).await;
+    let scrape = Scrape::fetch(&sidecar).await;
+    for code in ["not_pending", "unavailable", "lease_lost"] {
+        assert_eq!(scrape.value("echomq_verdict_errors_total", &labels(code)), Some(0.0), "{code}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_calls_gauge_goes_up_and_down_with_the_calls() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+
+    let mut first = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let second = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    wait_eq(&sidecar, "echomq_consume_calls", &labels, 2.0).await;
+
+    drop(second);
+    wait_eq(&sidecar, "echomq_consume_calls", &labels, 1.0).await;
+    first.close_send();
+    first.wait_end(EVENT_TIMEOUT).await;
+    wait_eq(&sidecar, "echomq_consume_calls", &labels, 0.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_server_calls_are_counted_by_method_and_code() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let append = [("grpc_service", "echomq.v1.StreamService"), ("grpc_method", "Append")];
+    let consume = [("grpc_service", "echomq.v1.ConsumerService"), ("grpc_method", "Consume")];
+    let code = |method: [(&'static str, &'static str); 2], code: &'static str| {
+        let [a, b] = method;
+        [a, b, ("grpc_code", code)]
+    };
+    let before = Scrape::fetch(&sidecar).await;
+    // Every method's series from the start, for every code.
+    assert_eq!(before.value("grpc_server_handled_total", &code(append, "Unavailable")), Some(0.0), "{}", before.text);
+    assert_eq!(before.value("grpc_server_started_total", &consume), Some(0.0));
+    assert_eq!(
+        before.find("grpc_server_started_total", &consume).and_then(|s| s.labels.get("grpc_type")).map(String::as_str),
+        Some("bidi_stream")
+    );
+
+    append_n(&sidecar, "s", 2).await;
+    let refused = echomq::proto::AppendRequest {
+        stream: "s".into(),
+        fields: [("id".to_owned(), b"mine".to_vec())].into(),
+        ..Default::default()
+    };
+    sidecar.stream_client().await.append(refused).await.expect_err("the reserved field is refused");
+    let missing =
+        echomq::proto::DescribeGroupRequest { stream: "s".into(), group: "nope".into(), ..Default::default() };
+    sidecar.admin_client().await.describe_group(missing).await.expect_err("no such group");
+
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.value("grpc_server_started_total", &append), Some(3.0), "{}", scrape.lines_of("Append\""));
+    assert_eq!(scrape.value("grpc_server_handled_total", &code(append, "OK")), Some(2.0));
+    assert_eq!(scrape.value("grpc_server_handled_total", &code(append, "InvalidArgument")), Some(1.0));
+    let describe = [("grpc_method", "DescribeGroup"), ("grpc_code", "NotFound")];
+    assert_eq!(scrape.value("grpc_server_handled_total", &describe), Some(1.0));
+
+    // A streaming call counts as started at once, as handled when it ends.
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let open = Scrape::fetch(&sidecar).await;
+    assert_eq!(open.value("grpc_server_started_total", &consume), Some(1.0));
+    assert_eq!(open.sum("grpc_server_handled_total", &consume), 0.0, "{}", open.lines_of("Consume\""));
+    call.close_send();
+    call.wait_end(EVENT_TIMEOUT).await;
+    wait_eq(&sidecar, "grpc_server_handled_total", &code(consume, "OK"), 1.0).await;
+    let ended = Scrape::fetch(&sidecar).await;
+    assert_eq!(ended.sum("grpc_server_handled_total", &consume), 1.0, "{}", ended.lines_of("Consume\""));
+
+    // A call the client drops is counted when the server sees it end: OK
+    // when its half-close arrived first, Canceled when the reset did (a unit
+    // test in src/metrics/grpc.rs pins that a dropped body is Canceled).
+    let dropped = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    drop(dropped);
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        let scrape = Scrape::fetch(&sidecar).await;
+        if scrape.sum("grpc_server_handled_total", &consume) == 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the dropped call is never counted:\n{}", scrape.lines_of("Consume\""));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Label values are short snake_case words, except the domain's own names:
+/// streams and groups (the user's), Redis commands, the version, the gRPC
+/// names of grpc-prometheus, and histogram bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn label_values_are_short_snake_case_words() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+    call.ack_one(&d.id).await;
+    wait_eq(&sidecar, "echomq_acks_total", &group("s", "g"), 1.0).await;
+
+    let scrape = Scrape::fetch(&sidecar).await;
+
+    let own_words = ["stream", "sharded_stream", "group", "command", "version", "le"];
+    let word = |v: &str| {
+        !v.is_empty()
+            && v.len() <= 32
+            && v.starts_with(|c: char| c.is_ascii_lowercase())
+            && v.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
+    let bad: Vec<String> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.name.starts_with("echomq_"))
+        .flat_map(|s| s.labels.iter().map(move |(k, v)| (s, k, v)))
+        .filter(|(_, k, v)| !own_words.contains(&k.as_str()) && !word(v))
+        .map(|(s, k, v)| format!("{}: {k}={v:?}", s.name))
+        .collect();
+    assert!(bad.is_empty(), "{bad:#?}");
+}
+
+/// A deleted stream's group is re-created: a recovery, counted as one, and
+/// not as a Redis error (neither the worker's step nor the command).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_group_is_counted_as_a_recovery_not_an_error() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(100)).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let first = sidecar.append("s", &[("k", b"first")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(d.id, first.id);
+    call.ack_one(&d.id).await;
+    wait_eq(&sidecar, "echomq_acks_total", &group("s", "g"), 1.0).await;
+
+    let _: () = redis::cmd("DEL").arg("s").query_async(&mut con).await.unwrap();
+    wait_metric(&sidecar, "echomq_group_recreations_total", &group("s", "g"), "at least 1", |v| v >= 1.0).await;
+    // The recreated group serves again.
+    let after = sidecar.append("s", &[("k", b"after")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!(d.id, after.id);
+
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(scrape.sum("echomq_redis_errors_total", &[]), 0.0, "{}", scrape.lines_of("redis_errors"));
+    assert_eq!(scrape.sum("echomq_redis_command_errors_total", &[]), 0.0, "{}", scrape.lines_of("command_errors"));
 }

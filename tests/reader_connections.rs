@@ -176,7 +176,8 @@ async fn an_idle_reader_connection_that_died_fails_its_health_check_and_is_repla
     assert_eq!(second.next_delivery(EVENT_TIMEOUT).await.payload["k"], b"w");
     assert_eq!(closed(&sidecar, "health_check").await, 1.0, "the PING before reuse found it dead");
     assert_eq!(
-        sample(&sidecar, "echomq_redis_errors_total{operation=\"read\"}").await,
+        sample(&sidecar, r#"echomq_redis_errors_total{stream="s2",sharded_stream="s2",group="g2",operation="read"}"#)
+            .await,
         0.0,
         "no read ever ran on the dead connection"
     );

@@ -39,7 +39,7 @@ use super::{
 use crate::{
     error::Error,
     id::{BrandedId, StreamId},
-    metrics::GroupMetrics,
+    metrics::{GroupMetrics, VerdictErrors},
     proto::{Delivery, VerdictError},
     telemetry,
 };
@@ -130,6 +130,8 @@ struct Call {
     /// The call's receiver is gone (its detach is on the way), or the client
     /// asked to drain: it takes nothing more.
     closed: bool,
+    /// The group's `echomq_verdict_errors_total`, counted as each answer is sent.
+    verdict_errors: VerdictErrors,
 }
 
 impl Call {
@@ -140,7 +142,9 @@ impl Call {
         (self.policy.max_in_flight as usize).saturating_sub(self.held.len())
     }
 
+    /// Every verdict error the worker gives passes here, and is counted by its code.
     fn answer(&self, error: VerdictError) {
+        self.verdict_errors.count(error.code);
         let _ = self.events.send(Event::VerdictError(error));
     }
 
@@ -242,8 +246,19 @@ impl Ledger {
             }
             _ => self.settings = Some(settings),
         }
-        let call = Call { shard, policy, events, held: IdMap::default(), gone: IdMap::default(), closed: false };
-        self.calls.insert(session, call);
+        let verdict_errors = self.metrics.verdict_errors.clone();
+        let call = Call {
+            shard,
+            policy,
+            events,
+            held: IdMap::default(),
+            gone: IdMap::default(),
+            closed: false,
+            verdict_errors,
+        };
+        if self.calls.insert(session, call).is_none() {
+            self.metrics.consume_calls.inc();
+        }
         Ok(())
     }
 
@@ -252,6 +267,7 @@ impl Ledger {
         let Some(call) = self.calls.remove(&session) else {
             return Detached { returned: 0, last: self.calls.is_empty() };
         };
+        self.metrics.consume_calls.dec();
         let returned = call.held.len();
         for held in call.held.into_values() {
             self.entries.remove(&held.stream_id);

@@ -352,12 +352,27 @@ impl ConsumerService for Consumers {
         tracing::info!(stream = %sub.stream, group = %sub.group, session, max_in_flight, "call subscribed");
         let closing = self.closing.clone();
         let framing = session::Framing { max_batch: sub.max_batch, max_bytes: self.shared.max_message_bytes };
+        let first_shard = &sub.shards[0].0;
+        let verdict_errors = self.shared.metrics.verdict_errors(
+            first_shard,
+            self.shared.redis.keys.sharded_stream_of(first_shard),
+            &sub.group,
+        );
         tokio::spawn(async move {
             // Should the relay ever panic, its call's entries must not stay
             // held: the worker is told the call ended, as on any other end.
             let detach = workers.clone();
             let shards = session::Shards::new(workers);
-            let relay = tokio::spawn(session::relay(session, inbound, events, outbound, shards, framing, closing));
+            let relay = tokio::spawn(session::relay(
+                session,
+                inbound,
+                events,
+                outbound,
+                shards,
+                framing,
+                closing,
+                verdict_errors,
+            ));
             if let Err(e) = relay.await {
                 tracing::error!(session, "a call's relay failed: {e}; its entries go back to the PEL");
                 for worker in detach {

@@ -28,6 +28,7 @@ use super::{
 use crate::{
     error::Error,
     id::BrandedId,
+    metrics::VerdictErrors,
     proto::{
         consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, Delivery, DeliveryBatch, VerdictError,
     },
@@ -226,6 +227,10 @@ impl Shards {
 /// Runs until the client closes its side, the call breaks, a second subscribe
 /// arrives, or the sidecar closes calls on shutdown; then detaches the call
 /// from its workers, which return what the call held to the PEL's waiting set.
+///
+/// The verdict errors the relay answers itself are counted in
+/// `verdict_errors` (the call's first shard's: such a verdict names no shard).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn relay(
     session: SessionId,
     mut inbound: Streaming<ConsumeRequest>,
@@ -234,6 +239,7 @@ pub(super) async fn relay(
     mut shards: Shards,
     framing: Framing,
     mut closing: watch::Receiver<bool>,
+    verdict_errors: VerdictErrors,
 ) {
     // Whether the client still reads: after it closes its side, the errors
     // of its last verdicts are still sent before the call ends.
@@ -257,7 +263,7 @@ pub(super) async fn relay(
         tokio::select! {
             message = inbound.message(), if events.len() < EVENT_BACKLOG => match message {
                 Ok(Some(request)) => {
-                    if let Err(status) = forward(session, request, &outbound, &mut shards, framing).await {
+                    if let Err(status) = forward(session, request, &outbound, &mut shards, framing, &verdict_errors).await {
                         break Some(status);
                     }
                 }
@@ -265,10 +271,13 @@ pub(super) async fn relay(
                 Err(status) if crate::error::is_oversized(&status) => {
                     break Some(crate::error::resource_exhausted_if_oversized(status));
                 }
+                // Nobody reads the ending status of a broken call, but the
+                // gRPC server's metrics do: it ends as it broke (CANCELLED
+                // for a client that went away), not OK.
                 Err(status) => {
                     debug!(session, %status, "call broke");
                     listening = false;
-                    break None;
+                    break Some(status);
                 }
             },
             event = events.recv() => {
@@ -333,6 +342,7 @@ async fn forward(
     outbound: &Outbound,
     shards: &mut Shards,
     framing: Framing,
+    counted: &VerdictErrors,
 ) -> Result<(), Status> {
     match request.kind {
         Some(Kind::Subscribe(_)) => Err(Error::invalid(
@@ -344,7 +354,7 @@ async fn forward(
         Some(Kind::Ack(ack)) => {
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
             let mut unparked = Vec::new();
-            for (text, id) in parse_ids(ack.ids, outbound).await {
+            for (text, id) in parse_ids(ack.ids, outbound, counted).await {
                 let (shard, behind) = shards.settle(&id);
                 unparked.extend(behind);
                 by_shard[shard].push((text, id));
@@ -356,7 +366,7 @@ async fn forward(
             Ok(())
         }
         Some(Kind::Fail(fail)) => {
-            let Some(id) = parse_id(&fail.id, outbound).await else { return Ok(()) };
+            let Some(id) = parse_id(&fail.id, outbound, counted).await else { return Ok(()) };
             let retry_after =
                 super::subscribe::duration("fail.retry_after", fail.retry_after).map_err(|e| e.to_string());
             // A Fail the worker will refuse as malformed settles nothing.
@@ -379,13 +389,13 @@ async fn forward(
                 Ok(Some(by)) if !by.is_zero() => by,
                 _ => {
                     for id in &extend.ids {
-                        reject(outbound, verdicts::bad_extension(id)).await;
+                        reject(outbound, counted, verdicts::bad_extension(id)).await;
                     }
                     return Ok(());
                 }
             };
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
-            for (text, id) in parse_ids(extend.ids, outbound).await {
+            for (text, id) in parse_ids(extend.ids, outbound, counted).await {
                 by_shard[shards.route(&id)].push((text, id));
             }
             for (shard, ids) in by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()) {
@@ -409,28 +419,30 @@ async fn send_unparked(outbound: &Outbound, framing: Framing, deliveries: impl I
     }
 }
 
-async fn parse_ids(texts: Vec<String>, outbound: &Outbound) -> Vec<(String, BrandedId)> {
+async fn parse_ids(texts: Vec<String>, outbound: &Outbound, counted: &VerdictErrors) -> Vec<(String, BrandedId)> {
     let mut ids = Vec::with_capacity(texts.len());
     for text in texts {
-        if let Some(id) = parse_id(&text, outbound).await {
+        if let Some(id) = parse_id(&text, outbound, counted).await {
             ids.push((text, id));
         }
     }
     ids
 }
 
-async fn parse_id(text: &str, outbound: &Outbound) -> Option<BrandedId> {
+async fn parse_id(text: &str, outbound: &Outbound, counted: &VerdictErrors) -> Option<BrandedId> {
     match text.parse() {
         Ok(id) => Some(id),
         Err(e) => {
             let shown: String = text.chars().take(64).collect();
-            reject(outbound, verdicts::invalid(&shown, e.to_string())).await;
+            reject(outbound, counted, verdicts::invalid(&shown, e.to_string())).await;
             None
         }
     }
 }
 
-async fn reject(outbound: &Outbound, error: VerdictError) {
+/// Answers a verdict the relay cannot route, counted like the worker's answers.
+async fn reject(outbound: &Outbound, counted: &VerdictErrors, error: VerdictError) {
+    counted.count(error.code);
     let _ = outbound.send(Ok(response(consume_response::Kind::VerdictError(error)))).await;
 }
 

@@ -87,7 +87,7 @@ pub(crate) enum Command {
 }
 
 /// A Redis step of the worker, for logs and the `operation` label of
-/// `echomq_redis_errors_total`.
+/// `echomq_redis_errors_total{stream,group,operation}`.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Step {
     Read,
@@ -102,6 +102,19 @@ pub(super) enum Step {
 }
 
 impl Step {
+    /// Every step, so each one's error series exists from the start.
+    const ALL: [Step; 9] = [
+        Step::Read,
+        Step::Recover,
+        Step::Redeliver,
+        Step::Reclaim,
+        Step::RefreshLeases,
+        Step::Settle,
+        Step::DeadLetter,
+        Step::RecreateGroup,
+        Step::Hygiene,
+    ];
+
     /// The metric label: a short snake_case word.
     fn label(self) -> &'static str {
         match self {
@@ -176,6 +189,9 @@ impl Worker {
     ) -> (mpsc::Sender<Command>, JoinHandle<()>) {
         let (commands_tx, commands) = mpsc::channel(COMMANDS_PER_TURN);
         let metrics = shared.metrics.group(&stream, shared.redis.keys.sharded_stream_of(&stream), &group);
+        for step in Step::ALL {
+            let _ = metrics.redis_errors(step.label());
+        }
         let ledger = Ledger::new(&stream, &group, no_ack, *shared.draining.borrow(), metrics.clone());
         let worker = Worker {
             keys: GroupKeys::new(&shared, stream, group),
@@ -408,14 +424,18 @@ impl Worker {
         !(self.no_ack || self.group_lost || self.paused())
     }
 
+    /// A Redis step failed: pause (with backoff), and count it, unless it
+    /// found the group gone, which is expected (the stream was deleted, or
+    /// Redis lost its data) and recovered from by re-creating the group:
+    /// that counts in `echomq_group_recreations_total`, not as an error.
     pub(super) fn redis_failed(&mut self, step: Step, error: &RedisError) {
-        self.shared.metrics.redis_error(step.label());
         if reader::is_group_lost(error) {
             if !self.group_lost {
                 warn!(stream = %self.keys.stream, group = %self.keys.group, "the group is gone ({error}); re-creating it");
             }
             self.group_lost = true;
         } else {
+            self.metrics.redis_errors(step.label()).inc();
             warn!(stream = %self.keys.stream, group = %self.keys.group, "{} failed, retrying in {:?}: {error}", step.doing(), self.backoff);
         }
         self.paused_until = Instant::now() + self.backoff;

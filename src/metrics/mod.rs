@@ -3,10 +3,25 @@
 //! Names follow Prometheus conventions: the `echomq_` prefix, base units in
 //! the name (`_seconds`), `_total` on counters (added by the encoder). Labels
 //! are the stream and group (bounded by what the sidecar's clients subscribe
-//! to), the Redis operation, the Redis command name, or why a reader
-//! connection was closed. Beside them, unprefixed, the standard process
-//! metrics (`process_cpu_seconds_total`, `process_resident_memory_bytes`, …:
-//! [`process`]) and `echomq_build_info{version}`.
+//! and append to), the worker's Redis operation, a verdict error's code, the
+//! Redis command name, or why a reader connection was closed. Beside them,
+//! unprefixed, the standard process metrics (`process_cpu_seconds_total`,
+//! `process_resident_memory_bytes`, …: [`process`]), the gRPC server's calls
+//! by grpc-prometheus' names (`grpc_server_handled_total`, …: [`grpc`]) and
+//! `echomq_build_info{version}`.
+//!
+//! Label values are short snake_case words (`read`, `unknown_id`,
+//! `health_check`), except where a value is another domain's own word, kept
+//! as that domain spells it so it can be looked up there: a Redis command
+//! (`XACK`, `EVALSHA` as `script:settle`), a gRPC service, method and code
+//! (`echomq.v1.StreamService`, `Append`, `NotFound`).
+//!
+//! A subscribed group's series are all present from the group's first call,
+//! at zero, so `rate()` and `increase()` need no first event; only
+//! `echomq_group_lag` is absent, while Redis cannot say. An error that
+//! belongs to a group carries its `stream` and `group`. An expected recovery
+//! is not an error: a group re-created after NOGROUP counts in
+//! `echomq_group_recreations_total` only.
 
 use std::{
     collections::HashMap,
@@ -14,6 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub mod grpc;
 mod process;
 
 use prometheus_client::{
@@ -28,6 +44,8 @@ use prometheus_client::{
 };
 use redis::{aio::ConnectionLike, Cmd, Pipeline, RedisFuture, Value};
 use tracing::Instrument;
+
+use crate::proto::VerdictErrorCode;
 
 /// Labels of per-group series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -48,11 +66,34 @@ struct BuildLabels {
     version: &'static str,
 }
 
-/// Labels of Redis error counts: what the sidecar was doing.
+/// Labels of a group worker's Redis errors: the group, and what the worker was doing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
-    /// E.g. `reading new entries`, `acknowledging`.
-    pub operation: String,
+    /// The group the failed step worked for.
+    #[prometheus(flatten)]
+    pub group: GroupLabels,
+    /// The worker's step, a short snake_case word: `read`, `recover`, `settle`, …
+    pub operation: &'static str,
+}
+
+/// Labels of verdict errors: the group, and the error's code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    /// The group of the call that got the answer.
+    #[prometheus(flatten)]
+    pub group: GroupLabels,
+    /// The `VerdictErrorCode` in snake_case, without its prefix: see [`VerdictErrors::CODES`].
+    pub code: &'static str,
+}
+
+/// Labels of per-stream series (appends): the stream key, and the stream as
+/// appended to (a sharded stream's name), as in [`GroupLabels`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabels {
+    /// The stream key written (a shard's key, for a sharded stream).
+    pub stream: String,
+    /// The stream as named in the call: a sharded stream's name, else the key again.
+    pub sharded_stream: String,
 }
 
 /// Labels of closed reader connections: why the connection was closed.
@@ -108,6 +149,9 @@ pub struct Metrics {
     acks_not_pending: GroupCounter,
     trimmed_while_pending: GroupCounter,
     group_recreations: GroupCounter,
+    verdict_errors: Family<CodeLabels, Counter>,
+    consume_calls: GroupGauge,
+    appends: Family<StreamLabels, Counter>,
     in_flight: GroupGauge,
     handler_seconds: Family<GroupLabels, Histogram>,
     pending: GroupGauge,
@@ -126,6 +170,7 @@ pub struct Metrics {
     reader: ReaderMetrics,
     /// Reads the reader pool's state at each scrape (kept by the pool, never copied by hand).
     reader_pool: std::sync::Mutex<Option<ReaderPoolSource>>,
+    grpc: grpc::GrpcMetrics,
 }
 
 /// The reader pool's event series (see [`Metrics::reader`]). Cheap to clone.
@@ -173,6 +218,9 @@ impl Metrics {
             acks_not_pending: Family::default(),
             trimmed_while_pending: Family::default(),
             group_recreations: Family::default(),
+            verdict_errors: Family::default(),
+            consume_calls: Family::default(),
+            appends: Family::default(),
             in_flight: Family::default(),
             handler_seconds: Family::new_with_constructor(latency_histogram),
             pending: Family::default(),
@@ -194,6 +242,7 @@ impl Metrics {
                 closed: Family::default(),
             },
             reader_pool: std::sync::Mutex::new(None),
+            grpc: grpc::GrpcMetrics::new(),
             registry: Registry::default(),
         };
         let r = registry;
@@ -210,7 +259,22 @@ impl Metrics {
             "Pending entries found deleted from their stream and dropped from the PEL",
             m.trimmed_while_pending.clone(),
         );
-        r.register("group_recreations", "Groups re-created after NOGROUP", m.group_recreations.clone());
+        r.register(
+            "group_recreations",
+            "Groups re-created after NOGROUP (an expected recovery, not counted as a Redis error)",
+            m.group_recreations.clone(),
+        );
+        r.register(
+            "verdict_errors",
+            "Verdicts answered with a VerdictError and not applied, by code",
+            m.verdict_errors.clone(),
+        );
+        r.register("consume_calls", "Consume calls attached to the group now (open)", m.consume_calls.clone());
+        r.register(
+            "appends",
+            "Entries appended (Append, AppendBatch), counted once Redis confirmed",
+            m.appends.clone(),
+        );
         r.register("in_flight", "Deliveries held by clients, waiting for a verdict", m.in_flight.clone());
         r.register("handler_duration_seconds", "Time from delivery to verdict", m.handler_seconds.clone());
         r.register("group_pending", "Entries in the group's PEL (polled)", m.pending.clone());
@@ -227,7 +291,11 @@ impl Metrics {
         );
         r.register("group_consumers", "Consumers in the group (polled)", m.consumers.clone());
         r.register("stream_length", "Entries in the stream (polled)", m.stream_length.clone());
-        r.register("redis_errors", "Failed Redis operations of group workers, by operation", m.redis_errors.clone());
+        r.register(
+            "redis_errors",
+            "Failed Redis steps of group workers, by group and operation (NOGROUP, recovered, is not one)",
+            m.redis_errors.clone(),
+        );
         r.register(
             "redis_command_errors",
             "Failed commands on the shared Redis connection (every call's and worker's), by command",
@@ -277,6 +345,7 @@ impl Metrics {
             "Reader connections closed, by reason (health_check, read_error, stopped_mid_read)",
             m.reader.closed.clone(),
         );
+        m.grpc.register(&mut root);
         m.registry = root;
         m
     }
@@ -303,6 +372,12 @@ impl Metrics {
             sharded_stream: sharded_stream.to_owned(),
             group: group.to_owned(),
         };
+        // The stream's appends from the start too, so `rate()` over a
+        // subscribed stream needs no first append.
+        let _ = self.appends.get_or_create(&StreamLabels {
+            stream: labels.stream.clone(),
+            sharded_stream: labels.sharded_stream.clone(),
+        });
         GroupMetrics {
             deliveries: self.deliveries.get_or_create(&labels).clone(),
             acks: self.acks.get_or_create(&labels).clone(),
@@ -314,6 +389,8 @@ impl Metrics {
             acks_not_pending: self.acks_not_pending.get_or_create(&labels).clone(),
             trimmed_while_pending: self.trimmed_while_pending.get_or_create(&labels).clone(),
             group_recreations: self.group_recreations.get_or_create(&labels).clone(),
+            verdict_errors: VerdictErrors::new(&self.verdict_errors, &labels),
+            consume_calls: self.consume_calls.get_or_create(&labels).clone(),
             in_flight: self.in_flight.get_or_create(&labels).clone(),
             handler_seconds: self.handler_seconds.get_or_create(&labels).clone(),
             pending: self.pending.get_or_create(&labels).clone(),
@@ -322,8 +399,32 @@ impl Metrics {
             consumers: self.consumers.get_or_create(&labels).clone(),
             stream_length: self.stream_length.get_or_create(&labels).clone(),
             lag_family: self.lag.clone(),
+            redis_errors_family: self.redis_errors.clone(),
             labels,
         }
+    }
+
+    /// One group's verdict error counters (as in [`Metrics::group`]), for the
+    /// answers a call's relay gives itself.
+    pub fn verdict_errors(&self, stream: &str, sharded_stream: &str, group: &str) -> VerdictErrors {
+        let labels = GroupLabels {
+            stream: stream.to_owned(),
+            sharded_stream: sharded_stream.to_owned(),
+            group: group.to_owned(),
+        };
+        VerdictErrors::new(&self.verdict_errors, &labels)
+    }
+
+    /// Counts `entries` appended to `stream` (a sharded stream's shard key:
+    /// `sharded_stream` names the sharded stream), once Redis confirmed them.
+    pub fn appended(&self, stream: &str, sharded_stream: &str, entries: usize) {
+        let labels = StreamLabels { stream: stream.to_owned(), sharded_stream: sharded_stream.to_owned() };
+        self.appends.get_or_create(&labels).inc_by(entries as u64);
+    }
+
+    /// The gRPC server's call counters, for [`grpc::GrpcLayer`].
+    pub fn grpc(&self) -> grpc::GrpcMetrics {
+        self.grpc.clone()
     }
 
     /// Reads the reader pool's gauges from `source` at each scrape, so they
@@ -335,11 +436,6 @@ impl Metrics {
     /// The reader pool's event series.
     pub fn reader(&self) -> ReaderMetrics {
         self.reader.clone()
-    }
-
-    /// Counts a failed Redis operation.
-    pub fn redis_error(&self, operation: &str) {
-        self.redis_errors.get_or_create(&OperationLabels { operation: operation.to_owned() }).inc();
     }
 
     fn observe_command(&self, command: &str, elapsed: Duration, failed: bool) {
@@ -381,6 +477,10 @@ pub struct GroupMetrics {
     pub trimmed_while_pending: Counter,
     /// `echomq_group_recreations_total`: groups re-created after NOGROUP.
     pub group_recreations: Counter,
+    /// `echomq_verdict_errors_total{code}`: verdicts answered with a VerdictError.
+    pub verdict_errors: VerdictErrors,
+    /// `echomq_consume_calls`: Consume calls attached to this group's worker now.
+    pub consume_calls: Gauge,
     /// `echomq_in_flight`: deliveries held by calls now (entries).
     pub in_flight: Gauge,
     /// `echomq_handler_duration_seconds`: hand-over to verdict (seconds).
@@ -396,10 +496,17 @@ pub struct GroupMetrics {
     /// `echomq_stream_length` (polled, entries).
     pub stream_length: Gauge,
     lag_family: GroupGauge,
+    redis_errors_family: Family<OperationLabels, Counter>,
     labels: GroupLabels,
 }
 
 impl GroupMetrics {
+    /// The `echomq_redis_errors_total` series of this group's `operation`
+    /// (a short snake_case word); created at zero by the first look-up.
+    pub fn redis_errors(&self, operation: &'static str) -> Counter {
+        self.redis_errors_family.get_or_create(&OperationLabels { group: self.labels.clone(), operation }).clone()
+    }
+
     /// Sets the lag, or removes the series when Redis cannot say (so a stale
     /// value is never shown).
     pub fn set_lag(&self, lag: Option<u64>) {
@@ -410,6 +517,41 @@ impl GroupMetrics {
             None => {
                 self.lag_family.remove(&self.labels);
             }
+        }
+    }
+}
+
+/// One group's `echomq_verdict_errors_total` series, one per code, all
+/// present from the start. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct VerdictErrors {
+    /// In the order of [`VerdictErrors::CODES`].
+    counters: [Counter; 5],
+}
+
+impl VerdictErrors {
+    /// Every code a verdict error carries, as its `code` label: the
+    /// `VerdictErrorCode` name without its prefix, in snake_case.
+    pub const CODES: [(VerdictErrorCode, &'static str); 5] = [
+        (VerdictErrorCode::UnknownId, "unknown_id"),
+        (VerdictErrorCode::NotPending, "not_pending"),
+        (VerdictErrorCode::InvalidArgument, "invalid_argument"),
+        (VerdictErrorCode::Unavailable, "unavailable"),
+        (VerdictErrorCode::LeaseLost, "lease_lost"),
+    ];
+
+    fn new(family: &Family<CodeLabels, Counter>, group: &GroupLabels) -> VerdictErrors {
+        VerdictErrors {
+            counters: Self::CODES
+                .map(|(_, code)| family.get_or_create(&CodeLabels { group: group.clone(), code }).clone()),
+        }
+    }
+
+    /// Counts one verdict error of `code` (as `VerdictError.code` carries it;
+    /// an unspecified or unknown code is not counted: the sidecar sends none).
+    pub fn count(&self, code: i32) {
+        if let Some(at) = Self::CODES.iter().position(|(known, _)| *known as i32 == code) {
+            self.counters[at].inc();
         }
     }
 }
@@ -447,6 +589,17 @@ impl<C> TimedConnection<C> {
     }
 }
 
+/// Error replies that are answers the sidecar expects and acts on, not
+/// failures of the command: NOSCRIPT (the script cache asking for EVAL),
+/// BUSYGROUP (the group door finding the group there), NOGROUP (a group
+/// gone: a worker re-creates it, counted in `echomq_group_recreations_total`;
+/// a call about a missing group is answered NOT_FOUND, counted by the gRPC
+/// server's metrics).
+fn expected_reply(error: &redis::RedisError) -> bool {
+    use crate::redis::Fault;
+    error.code() == Some("NOSCRIPT") || matches!(crate::redis::fault(error), Fault::BusyGroup | Fault::NoGroup)
+}
+
 impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let command = self.label(cmd);
@@ -457,8 +610,7 @@ impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
             async move {
                 let started = Instant::now();
                 let result = self.inner.req_packed_command(cmd).await;
-                // NOSCRIPT is the script cache asking for EVAL, not a failure.
-                let failed = result.as_ref().is_err_and(|e| e.code() != Some("NOSCRIPT"));
+                let failed = result.as_ref().is_err_and(|e| !expected_reply(e));
                 self.metrics.observe_command(&command, started.elapsed(), failed);
                 result
             }

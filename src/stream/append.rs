@@ -111,6 +111,8 @@ async fn append_entries(
         let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list of ids"));
         return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
     };
+    // Written, whatever the reply's parsing says next: counted now.
+    streams.metrics.appended(stream, keys.sharded_stream_of(stream), ids.len());
     let written = ids
         .iter()
         .map(|id| {

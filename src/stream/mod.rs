@@ -5,12 +5,15 @@ mod append;
 mod read;
 mod trim;
 
+use std::sync::Arc;
+
 use tonic::{Request, Response, Status};
 
 pub use append::MAX_BATCH_ENTRIES;
 pub use read::parse_bound;
 
 use crate::{
+    metrics::Metrics,
     proto::{
         stream_service_server::StreamService, AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse,
         ReadRequest, ReadResponse, TrimRequest, TrimResponse,
@@ -25,13 +28,15 @@ pub struct Streams {
     redis: Redis,
     id_field: String,
     guard: Guard,
+    /// Where appends are counted (`echomq_appends_total`).
+    metrics: Arc<Metrics>,
 }
 
 impl Streams {
     /// Serves streams with `redis`; branded ids live in the field `id_field`;
-    /// names are checked by `guard`.
-    pub fn new(redis: Redis, id_field: String, guard: Guard) -> Streams {
-        Streams { redis, id_field, guard }
+    /// names are checked by `guard`; appends are counted in `metrics`.
+    pub fn new(redis: Redis, id_field: String, guard: Guard, metrics: Arc<Metrics>) -> Streams {
+        Streams { redis, id_field, guard, metrics }
     }
 }
 
