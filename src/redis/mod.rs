@@ -15,6 +15,7 @@ pub mod readers;
 pub mod fault;
 pub mod group;
 pub mod range;
+pub mod version;
 
 pub use fault::{fault, Fault};
 
@@ -260,6 +261,23 @@ impl Redis {
             Err(e) => return Err(Error::from_redis(e, "checking the shard count (GET)", name)),
         };
         Ok(recorded.filter(|count| crate::keys::is_recorded_count(count)).and_then(|count| count.parse().ok()))
+    }
+
+    /// The server this connection reaches (`INFO server`); on a cluster, the
+    /// oldest of its primaries. Errors: [`version::VersionError::TooOld`]
+    /// below [`version::FLOOR`], naming what was found;
+    /// [`version::VersionError::Unknown`] when no reply has a readable
+    /// `redis_version`; [`version::VersionError::Redis`] when the command fails.
+    pub async fn check_server_version(&self) -> Result<version::Server, version::VersionError> {
+        let mut conn = self.conn.clone();
+        let reply: Value =
+            redis::cmd("INFO").arg("server").query_async(&mut conn).await.map_err(version::VersionError::Redis)?;
+        let oldest = version::servers_in(&reply).into_iter().min_by_key(|server| server.redis);
+        match oldest {
+            Some(found) if !found.meets_floor() => Err(version::VersionError::TooOld { found }),
+            Some(found) => Ok(found),
+            None => Err(version::VersionError::Unknown),
+        }
     }
 
     /// Logs a warning for each sharded stream whose name is also a plain
