@@ -171,7 +171,7 @@ impl Redis {
     }
 
     /// Records each sharded stream's shard count in Redis the first time
-    /// (`SET <name>:shards <count> NX GET`; on a cluster `{<name>}:shards`, see
+    /// (`SET <name>:shards <count> NX`, then `GET`; on a cluster `{<name>}:shards`, see
     /// [`crate::keys::Keyspace::shard_count_key`]) and checks it every time after, so
     /// sidecars configured with different counts for one stream (whose
     /// entries would sit unread in shards a consumer does not know) refuse to
@@ -183,11 +183,17 @@ impl Redis {
         let mut conn = self.conn.clone();
         for (name, count) in self.keys.sharded() {
             let key = self.keys.shard_count_key(name);
-            let recorded: Option<String> = redis::cmd("SET")
+            // `SET … NX GET` in one command needs Redis 7.0 (6.2 answers a syntax
+            // error to NX with GET): SET NX, then GET what is recorded, which is
+            // this count when the SET took and the first sidecar's when not.
+            let (recorded,): (Option<String>,) = redis::pipe()
+                .cmd("SET")
                 .arg(&key)
                 .arg(count)
                 .arg("NX")
-                .arg("GET")
+                .ignore()
+                .cmd("GET")
+                .arg(&key)
                 .query_async(&mut conn)
                 .await
                 .map_err(|error| ShardCountError::Redis { key: key.clone(), error })?;
@@ -412,7 +418,7 @@ pub enum ShardCountError {
     },
     /// Redis refused or failed the command (`WRONGTYPE`: the key holds
     /// something else, such as a stream appended under that name).
-    #[error("recording the shard count in Redis (SET `{key}` NX GET) failed: {error}")]
+    #[error("recording the shard count in Redis (SET `{key}` NX, GET) failed: {error}")]
     Redis {
         /// The key it was to be recorded in.
         key: String,
