@@ -221,7 +221,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     // A server older than the floor lacks commands the sidecar needs: exit 2,
     // naming what was found, rather than fail call after call later.
     let redis = match redis {
-        Ok(Some(redis)) => match redis.check_server_version().await {
+        Ok(Some(mut redis)) => match redis.check_server_version().await {
             Ok(server) => {
                 info!(%server, "the Redis server is new enough");
                 Ok(Some(redis))

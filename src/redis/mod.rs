@@ -102,6 +102,10 @@ pub struct Redis {
     pub scripts: Scripts,
     /// Key names: derived keys, shard keys.
     pub keys: Arc<Keyspace>,
+    /// What the server said it is at start ([`Redis::check_server_version`]),
+    /// for the few steps that differ by version; `None` until then, or when
+    /// it would not say.
+    pub server: Option<version::Server>,
 }
 
 impl Redis {
@@ -167,6 +171,7 @@ impl Redis {
             conn: TimedConnection::new(conn, metrics, scripts.names()),
             scripts,
             keys: Arc::new(Keyspace::new(cluster, sharded)),
+            server: None,
         })
     }
 
@@ -274,14 +279,18 @@ impl Redis {
     /// below [`version::FLOOR`], naming what was found;
     /// [`version::VersionError::Unknown`] when no reply has a readable
     /// `redis_version`; [`version::VersionError::Redis`] when the command fails.
-    pub async fn check_server_version(&self) -> Result<version::Server, version::VersionError> {
+    /// What it found is kept in [`Redis::server`] (call it before cloning).
+    pub async fn check_server_version(&mut self) -> Result<version::Server, version::VersionError> {
         let mut conn = self.conn.clone();
         let reply: Value =
             redis::cmd("INFO").arg("server").query_async(&mut conn).await.map_err(version::VersionError::Redis)?;
         let oldest = version::servers_in(&reply).into_iter().min_by_key(|server| server.redis);
         match oldest {
             Some(found) if !found.meets_floor() => Err(version::VersionError::TooOld { found }),
-            Some(found) => Ok(found),
+            Some(found) => {
+                self.server = Some(found);
+                Ok(found)
+            }
             None => Err(version::VersionError::Unknown),
         }
     }

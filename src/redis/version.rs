@@ -70,6 +70,14 @@ impl Server {
     pub fn meets_floor(&self) -> bool {
         self.redis >= FLOOR
     }
+
+    /// Whether XCLAIM and XAUTOCLAIM drop an entry deleted from the stream
+    /// from the PEL and leave it out of their reply (Redis 7.0 on, and every
+    /// Valkey). Redis 6.2 claims it as if it were there (JUSTID returns its
+    /// id), so only a look at the stream tells it was deleted.
+    pub fn claims_drop_deleted(&self) -> bool {
+        self.redis >= Version { major: 7, minor: 0, patch: 0 }
+    }
 }
 
 impl fmt::Display for Server {
@@ -152,6 +160,14 @@ mod tests {
         assert!(at("6.2.5"));
         assert!(at("7.0.15"));
         assert!(at("8.2.3"));
+    }
+
+    #[test]
+    fn claims_drop_deleted_entries_from_redis_7_0_and_on_valkey() {
+        let server = |info: &str| Server::from_info(info).unwrap().claims_drop_deleted();
+        assert!(!server("redis_version:6.2.5\r\n"));
+        assert!(server(REDIS_7_0));
+        assert!(server(VALKEY_9_1));
     }
 
     #[test]
