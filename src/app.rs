@@ -42,7 +42,7 @@ use crate::{
         admin_service_server::AdminServiceServer, consumer_service_server::ConsumerServiceServer,
         stream_service_server::StreamServiceServer,
     },
-    redis::Redis,
+    redis::{version::VersionError, Redis},
     security::{Gate, Guard},
     stream::Streams,
 };
@@ -220,6 +220,23 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             info!("shutdown before Redis was reachable");
             Ok(None)
         }
+    };
+    // A server older than the floor lacks commands the sidecar needs: exit 2,
+    // naming what was found, rather than fail call after call later.
+    let redis = match redis {
+        Ok(Some(mut redis)) => match redis.check_server_version().await {
+            Ok(server) => {
+                info!(%server, "the Redis server is new enough");
+                Ok(Some(redis))
+            }
+            Err(e @ VersionError::TooOld { .. }) => Err(AppError::Config(e.to_string())),
+            // INFO refused (an ACL without +info) or unreadable (a proxy): say so, and run.
+            Err(e) => {
+                warn!("{e}; going on without knowing the server's version");
+                Ok(Some(redis))
+            }
+        },
+        other => other,
     };
     // A count that disagrees with Redis is a setting to fix: exit 2, like a bad flag.
     let redis = match redis {

@@ -606,3 +606,33 @@ async fn list_services(sidecar: &Sidecar) -> Vec<String> {
         other => panic!("reflection answered {other:?}"),
     }
 }
+
+/// At start the sidecar asks the server its version (`INFO server`): below
+/// Redis 6.2 (no XAUTOCLAIM, no XGROUP CREATECONSUMER, no exclusive ranges)
+/// it exits 2 naming the version found and the one it needs; at 6.2 or newer
+/// it starts and logs what it found. Which branch runs depends on the
+/// `redis-server` on PATH: `scripts/test-servers` runs this test once more on
+/// Redis 5.0.6.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_refuses_a_server_older_than_redis_6_2() {
+    let redis = RedisServer::start().await;
+    let server = redis.info().await;
+    if server.redis < (6, 2, 0) {
+        let out = run_to_exit(&local_args(&redis.url()), Duration::from_secs(15));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        let (major, minor, patch) = server.redis;
+        let found = format!("Redis {major}.{minor}.{patch}");
+        assert!(stderr.contains(&found) && stderr.contains("Redis 6.2.0"), "{stderr}");
+    } else {
+        let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+        let (major, minor, patch) = server.valkey.unwrap_or(server.redis);
+        let found = format!("{major}.{minor}.{patch}");
+        let logged = eventually(EVENT_TIMEOUT, || async {
+            let log = sidecar.log();
+            log.contains("new enough") && log.contains(&found)
+        })
+        .await;
+        assert!(logged, "the sidecar logs the server's version ({found}); its log:\n{}", sidecar.log());
+    }
+}

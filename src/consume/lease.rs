@@ -49,7 +49,9 @@ pub(crate) enum Unrefreshed {
 /// the script's.
 pub(crate) async fn refresh(keys: &GroupKeys, ids: &[StreamId]) -> RedisResult<Vec<(StreamId, Unrefreshed)>> {
     let mut script = keys.redis.scripts.refresh.prepare_invoke();
-    script.key(&keys.stream).key(&keys.retries).arg(&keys.group).arg(&keys.consumer);
+    // Unknown server: look, which costs an XRANGE per id but is never wrong.
+    let look = keys.redis.server.is_none_or(|server| !server.claims_drop_deleted());
+    script.key(&keys.stream).key(&keys.retries).arg(&keys.group).arg(&keys.consumer).arg(if look { "1" } else { "0" });
     for id in ids {
         script.arg(id.to_string());
     }

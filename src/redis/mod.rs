@@ -15,6 +15,7 @@ pub mod readers;
 pub mod fault;
 pub mod group;
 pub mod range;
+pub mod version;
 
 pub use fault::{fault, Fault};
 
@@ -101,6 +102,10 @@ pub struct Redis {
     pub scripts: Scripts,
     /// Key names: derived keys, shard keys.
     pub keys: Arc<Keyspace>,
+    /// What the server said it is at start ([`Redis::check_server_version`]),
+    /// for the few steps that differ by version; `None` until then, or when
+    /// it would not say.
+    pub server: Option<version::Server>,
 }
 
 impl Redis {
@@ -166,11 +171,12 @@ impl Redis {
             conn: TimedConnection::new(conn, metrics, scripts.names()),
             scripts,
             keys: Arc::new(Keyspace::new(cluster, sharded)),
+            server: None,
         })
     }
 
     /// Records each sharded stream's shard count in Redis the first time
-    /// (`SET <name>:shards <count> NX GET`; on a cluster `{<name>}:shards`, see
+    /// (`SET <name>:shards <count> NX`, then `GET`; on a cluster `{<name>}:shards`, see
     /// [`crate::keys::Keyspace::shard_count_key`]) and checks it every time after, so
     /// sidecars configured with different counts for one stream (whose
     /// entries would sit unread in shards a consumer does not know) refuse to
@@ -182,11 +188,17 @@ impl Redis {
         let mut conn = self.conn.clone();
         for (name, count) in self.keys.sharded() {
             let key = self.keys.shard_count_key(name);
-            let recorded: Option<String> = redis::cmd("SET")
+            // `SET … NX GET` in one command needs Redis 7.0 (6.2 answers a syntax
+            // error to NX with GET): SET NX, then GET what is recorded, which is
+            // this count when the SET took and the first sidecar's when not.
+            let (recorded,): (Option<String>,) = redis::pipe()
+                .cmd("SET")
                 .arg(&key)
                 .arg(count)
                 .arg("NX")
-                .arg("GET")
+                .ignore()
+                .cmd("GET")
+                .arg(&key)
                 .query_async(&mut conn)
                 .await
                 .map_err(|error| ShardCountError::Redis { key: key.clone(), error })?;
@@ -260,6 +272,27 @@ impl Redis {
             Err(e) => return Err(Error::from_redis(e, "checking the shard count (GET)", name)),
         };
         Ok(recorded.filter(|count| crate::keys::is_recorded_count(count)).and_then(|count| count.parse().ok()))
+    }
+
+    /// The server this connection reaches (`INFO server`); on a cluster, the
+    /// oldest of its primaries. Errors: [`version::VersionError::TooOld`]
+    /// below [`version::FLOOR`], naming what was found;
+    /// [`version::VersionError::Unknown`] when no reply has a readable
+    /// `redis_version`; [`version::VersionError::Redis`] when the command fails.
+    /// What it found is kept in [`Redis::server`] (call it before cloning).
+    pub async fn check_server_version(&mut self) -> Result<version::Server, version::VersionError> {
+        let mut conn = self.conn.clone();
+        let reply: Value =
+            redis::cmd("INFO").arg("server").query_async(&mut conn).await.map_err(version::VersionError::Redis)?;
+        let oldest = version::servers_in(&reply).into_iter().min_by_key(|server| server.redis);
+        match oldest {
+            Some(found) if !found.meets_floor() => Err(version::VersionError::TooOld { found }),
+            Some(found) => {
+                self.server = Some(found);
+                Ok(found)
+            }
+            None => Err(version::VersionError::Unknown),
+        }
     }
 
     /// Logs a warning for each sharded stream whose name is also a plain
@@ -394,7 +427,7 @@ pub enum ShardCountError {
     },
     /// Redis refused or failed the command (`WRONGTYPE`: the key holds
     /// something else, such as a stream appended under that name).
-    #[error("recording the shard count in Redis (SET `{key}` NX GET) failed: {error}")]
+    #[error("recording the shard count in Redis (SET `{key}` NX, GET) failed: {error}")]
     Redis {
         /// The key it was to be recorded in.
         key: String,

@@ -78,6 +78,46 @@ impl RedisOptions {
     }
 }
 
+/// A server's versions from `INFO server`: `redis_version` (the Redis command
+/// set it speaks; Valkey says 7.2.4) and, on Valkey, `valkey_version`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerInfo {
+    pub redis: (u32, u32, u32),
+    pub valkey: Option<(u32, u32, u32)>,
+}
+
+impl ServerInfo {
+    fn parse(info: &str) -> ServerInfo {
+        let field = |name: &str| {
+            let value = info.lines().find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))?;
+            let mut parts = value.split('.').map(|p| p.chars().take_while(char::is_ascii_digit).collect::<String>());
+            let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            Some((next(), next(), next()))
+        };
+        ServerInfo {
+            redis: field("redis_version").expect("INFO server has redis_version"),
+            valkey: field("valkey_version"),
+        }
+    }
+
+    /// Redis (not Valkey) at `major.minor` or newer.
+    pub fn is_redis_at_least(&self, major: u32, minor: u32) -> bool {
+        self.valkey.is_none() && (self.redis.0, self.redis.1) >= (major, minor)
+    }
+
+    pub fn is_valkey(&self) -> bool {
+        self.valkey.is_some()
+    }
+
+    /// `7.0.15`, or `valkey 9.1.2`: for messages.
+    pub fn describe(&self) -> String {
+        match self.valkey {
+            Some((a, b, c)) => format!("valkey {a}.{b}.{c}"),
+            None => format!("{}.{}.{}", self.redis.0, self.redis.1, self.redis.2),
+        }
+    }
+}
+
 /// How [`RedisServer::stop_gracefully`] asks Redis to stop. Either way Redis
 /// flushes and fsyncs its append-only file before it exits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,6 +250,14 @@ impl RedisServer {
     pub async fn conn(&self) -> MultiplexedConnection {
         let client = redis::Client::open(self.url()).expect("redis url");
         client.get_multiplexed_async_connection().await.expect("connect to redis")
+    }
+
+    /// What this server says it is (`INFO server`), so a test can expect what
+    /// that server does where servers differ (see `docs/src/servers.md`).
+    pub async fn info(&self) -> ServerInfo {
+        let mut conn = self.conn().await;
+        let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await.expect("INFO server");
+        ServerInfo::parse(&info)
     }
 
     /// The server's log (its stdout and stderr) so far.
