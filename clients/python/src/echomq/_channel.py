@@ -1,9 +1,12 @@
-"""Channel construction shared by the consumer and the producer."""
+"""Channel construction shared by the consumer and the producer, and the
+channel ownership the unary clients (Producer, Streams, Admin; asyncio and
+blocking) share."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeVar
 
 import grpc
 
@@ -62,3 +65,77 @@ def aio_channel(
         options=merge(default_options(backoff) + authority_options(target), options),
         interceptors=list(interceptors) or None,
     )
+
+
+def blocking_channel(target: str, channel_options: ChannelOptions = ()) -> grpc.Channel:
+    """An insecure blocking channel to `target`, with the message limits and
+    the authority that `aio_channel` sets."""
+    defaults = [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+    defaults += authority_options(target)
+    return grpc.insecure_channel(target, options=merge(defaults, channel_options))
+
+
+_Aio = TypeVar("_Aio", bound="AioClient")
+_Blocking = TypeVar("_Blocking", bound="BlockingClient")
+
+
+class AioClient:
+    """One asyncio channel: made from a `host:port` / `unix:/path` target (and
+    closed by `close()`), or given by the caller (and left open). `timeout`
+    (seconds or `None`) is what each call of the subclass passes to gRPC."""
+
+    def __init__(
+        self,
+        target: str | grpc.aio.Channel,
+        timeout: float | None,
+        channel_options: ChannelOptions,
+        interceptors: Sequence[grpc.aio.ClientInterceptor],
+    ) -> None:
+        self._owns_channel = isinstance(target, str)
+        self._channel: grpc.aio.Channel = (
+            aio_channel(target, Backoff(), channel_options, interceptors) if isinstance(target, str) else target
+        )
+        self._timeout = timeout
+
+    async def close(self) -> None:
+        """Closes the channel if this client created it."""
+        if self._owns_channel:
+            await self._channel.close()
+
+    async def __aenter__(self: _Aio) -> _Aio:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class BlockingClient:
+    """`AioClient`'s blocking twin, over a `grpc.Channel`."""
+
+    def __init__(self, target: str | grpc.Channel, timeout: float | None, channel_options: ChannelOptions) -> None:
+        self._owns_channel = isinstance(target, str)
+        self._channel: grpc.Channel = (
+            blocking_channel(target, channel_options) if isinstance(target, str) else target
+        )
+        self._timeout = timeout
+
+    def close(self) -> None:
+        """Closes the channel if this client created it."""
+        if self._owns_channel:
+            self._channel.close()
+
+    def __enter__(self: _Blocking) -> _Blocking:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
-from types import TracebackType
 
 import grpc
 
 from . import _convert
-from ._channel import ChannelOptions, aio_channel
+from ._channel import AioClient, ChannelOptions
 from .errors import from_rpc_error
-from .options import Backoff, Seconds, seconds
+from .options import Seconds, seconds
 from .records import DeadLetterEntry, DeadLetterPage, GroupInfo, ReplayResult
 from .v1 import admin_service_pb2_grpc as pb_grpc
 
 
-class Admin:
+class Admin(AioClient):
     """What is stuck, and moving dead letters back.
 
     ::
@@ -41,14 +40,8 @@ class Admin:
         channel_options: ChannelOptions = (),
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     ) -> None:
-        if isinstance(target, str):
-            self._channel = aio_channel(target, Backoff(), channel_options, interceptors)
-            self._owns_channel = True
-        else:
-            self._channel = target
-            self._owns_channel = False
+        super().__init__(target, None if timeout is None else seconds(timeout), channel_options, interceptors)
         self._stub = pb_grpc.AdminServiceStub(self._channel)
-        self._timeout = None if timeout is None else seconds(timeout)
 
     async def describe_group(self, stream: str, group: str) -> GroupInfo:
         """The state of `group` on `stream` (XINFO GROUPS, XINFO CONSUMERS,
@@ -128,18 +121,3 @@ class Admin:
             raise from_rpc_error(f"ReplayDeadLetters(stream={stream!r})", error) from None
         return _convert.replay_result(response)
 
-    async def close(self) -> None:
-        """Closes the channel if the client created it."""
-        if self._owns_channel:
-            await self._channel.close()
-
-    async def __aenter__(self) -> Admin:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import NamedTuple
 
 import grpc
 
-from ._channel import ChannelOptions, aio_channel
+from ._channel import AioClient, ChannelOptions
 from .errors import from_rpc_error
-from .options import Backoff, Seconds, seconds
+from .options import Seconds, seconds
 from .v1 import stream_service_pb2 as pb
 from .v1 import stream_service_pb2_grpc as pb_grpc
 
@@ -61,7 +60,7 @@ def appended(response: pb.AppendResponse) -> Appended:
     return Appended(response.id, response.stream_id, response.stream)
 
 
-class Producer:
+class Producer(AioClient):
     """Appends entries to streams through the sidecar.
 
     ::
@@ -84,14 +83,8 @@ class Producer:
         channel_options: ChannelOptions = (),
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     ) -> None:
-        if isinstance(target, str):
-            self._channel = aio_channel(target, Backoff(), channel_options, interceptors)
-            self._owns_channel = True
-        else:
-            self._channel = target
-            self._owns_channel = False
+        super().__init__(target, None if timeout is None else seconds(timeout), channel_options, interceptors)
         self._stub = pb_grpc.StreamServiceStub(self._channel)
-        self._timeout = None if timeout is None else seconds(timeout)
 
     async def append(
         self, stream: str, fields: Fields, *, max_len: int = 0, partition_key: str | None = None
@@ -126,18 +119,3 @@ class Producer:
             raise from_rpc_error(f"AppendBatch(stream={stream!r}, entries={len(request.entries)})", error) from None
         return [appended(e) for e in response.entries]
 
-    async def close(self) -> None:
-        """Closes the channel if the producer created it."""
-        if self._owns_channel:
-            await self._channel.close()
-
-    async def __aenter__(self) -> Producer:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -103,6 +103,3 @@ class Streams(Producer):
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(f"Trim(stream={stream!r})", error) from None
         return _convert.trimmed(response)
-
-    async def __aenter__(self) -> Streams:
-        return self

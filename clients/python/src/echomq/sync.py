@@ -32,7 +32,7 @@ import grpc
 
 from . import _convert
 from . import consumer as aio
-from ._channel import MAX_MESSAGE_BYTES, ChannelOptions, authority_options, merge
+from ._channel import BlockingClient, ChannelOptions
 from ._convert import Bound
 from .delivery import Delivery, RawField, VerdictError
 from .errors import EchoMQError, from_rpc_error
@@ -45,31 +45,17 @@ from .v1 import stream_service_pb2_grpc as stream_grpc
 __all__ = ["Admin", "Consumer", "Producer", "Streams", "SyncDelivery"]
 
 
-def _blocking_channel(target: str, channel_options: ChannelOptions) -> grpc.Channel:
-    defaults = [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ]
-    defaults += authority_options(target)
-    return grpc.insecure_channel(target, options=merge(defaults, channel_options))
-
 T = TypeVar("T")
 
 
-class Producer:
+class Producer(BlockingClient):
     """The blocking twin of `echomq.Producer` (same methods, same errors)."""
 
     def __init__(
         self, target: str | grpc.Channel, *, timeout: Seconds | None = None, channel_options: ChannelOptions = ()
     ) -> None:
-        if isinstance(target, str):
-            self._channel = _blocking_channel(target, channel_options)
-            self._owns_channel = True
-        else:
-            self._channel = target
-            self._owns_channel = False
+        super().__init__(target, None if timeout is None else seconds(timeout), channel_options)
         self._stub = stream_grpc.StreamServiceStub(self._channel)
-        self._timeout = None if timeout is None else seconds(timeout)
 
     def append(
         self, stream: str, fields: Fields, *, max_len: int = 0, partition_key: str | None = None
@@ -94,17 +80,6 @@ class Producer:
             raise from_rpc_error(f"AppendBatch(stream={stream!r}, entries={len(request.entries)})", error) from None
         return [appended(e) for e in response.entries]
 
-    def close(self) -> None:
-        if self._owns_channel:
-            self._channel.close()
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class Streams(Producer):
@@ -156,24 +131,15 @@ class Streams(Producer):
             raise from_rpc_error(f"Trim(stream={stream!r})", error) from None
         return _convert.trimmed(response)
 
-    def __enter__(self) -> Streams:
-        return self
 
-
-class Admin:
+class Admin(BlockingClient):
     """The blocking twin of `echomq.Admin` (same methods, same errors)."""
 
     def __init__(
         self, target: str | grpc.Channel, *, timeout: Seconds | None = None, channel_options: ChannelOptions = ()
     ) -> None:
-        if isinstance(target, str):
-            self._channel = _blocking_channel(target, channel_options)
-            self._owns_channel = True
-        else:
-            self._channel = target
-            self._owns_channel = False
+        super().__init__(target, None if timeout is None else seconds(timeout), channel_options)
         self._stub = admin_grpc.AdminServiceStub(self._channel)
-        self._timeout = None if timeout is None else seconds(timeout)
 
     def describe_group(self, stream: str, group: str) -> GroupInfo:
         """A group's state; see `echomq.Admin.describe_group`."""
@@ -220,17 +186,6 @@ class Admin:
             raise from_rpc_error(f"ReplayDeadLetters(stream={stream!r})", error) from None
         return _convert.replay_result(response)
 
-    def close(self) -> None:
-        if self._owns_channel:
-            self._channel.close()
-
-    def __enter__(self) -> Admin:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class SyncDelivery:
