@@ -44,6 +44,11 @@ pub const DEFAULT_ID_FIELD: &str = "id";
 /// Default response timeout (ms) of a non-blocking Redis command.
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 5_000;
 
+/// Default period (ms) of the retention policies (`--retention`).
+pub const DEFAULT_RETENTION_INTERVAL_MS: u64 = 10_000;
+/// Default most entries in one archive file.
+pub const DEFAULT_ARCHIVE_FILE_ENTRIES: u64 = 100_000;
+
 /// Default largest gRPC message, either way (bytes): 4 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Default most fields in one appended entry.
@@ -218,6 +223,31 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_ID_FIELD", default_value = DEFAULT_ID_FIELD, value_parser = parse_id_field)]
     pub id_field: String,
 
+    /// Where what a trim removes is archived first: `file:///absolute/dir`, or `s3://bucket[/prefix]` for
+    /// any S3-compatible store (endpoint, region and credentials from the standard `AWS_*` variables, e.g.
+    /// `AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`). With an archive,
+    /// Trim and `--retention` fold entries into Parquet files before XTRIM removes them, Read returns them
+    /// from there, and an Append's `max_len` is refused. A URL that cannot be parsed, or a store that
+    /// does not accept a write at start, exits 2. Unset: no archive (a trim forgets).
+    #[arg(long, env = "ECHOMQ_ARCHIVE_URL", value_parser = parse_non_empty)]
+    pub archive_url: Option<String>,
+
+    /// Retention policies, `NAME=maxlen:N` (keep the newest N entries) or `NAME=maxage:DURATION` (keep
+    /// what was appended within DURATION: `500ms`, `90s`, `30m`, `12h`, `7d`), repeatable or
+    /// comma-separated. NAME is a stream key, a dead-letter stream or a sharded stream (each shard
+    /// then keeps its own N). Applied every `--retention-interval-ms` as a safe Trim (never past what a
+    /// group still needs; archived first with `--archive-url`), by one sidecar at a time per stream.
+    #[arg(long, env = "ECHOMQ_RETENTION", value_delimiter = ',', value_parser = parse_retention)]
+    pub retention: Vec<Retention>,
+
+    /// Period of the retention policies (milliseconds).
+    #[arg(long, env = "ECHOMQ_RETENTION_INTERVAL_MS", default_value_t = DEFAULT_RETENTION_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(10..))]
+    pub retention_interval_ms: u64,
+
+    /// The most entries folded into one archive file (entries).
+    #[arg(long, env = "ECHOMQ_ARCHIVE_FILE_ENTRIES", default_value_t = DEFAULT_ARCHIVE_FILE_ENTRIES, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub archive_file_entries: u64,
+
     /// Response timeout (milliseconds) of non-blocking Redis commands.
     #[arg(long, env = "ECHOMQ_REDIS_TIMEOUT_MS", default_value_t = DEFAULT_REDIS_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub redis_timeout_ms: u64,
@@ -350,6 +380,59 @@ impl Config {
     }
 }
 
+/// One retention policy (`--retention`): which stream, and what it keeps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// A stream key, or a sharded stream's name.
+    pub stream: String,
+    /// What the stream keeps.
+    pub keep: Keep,
+}
+
+/// What a retention policy keeps of a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// The newest N entries (`maxlen:N`).
+    Newest(u64),
+    /// The entries appended within this long (`maxage:DURATION`), by their stream ids' milliseconds.
+    Within(Duration),
+}
+
+fn parse_retention(text: &str) -> Result<Retention, String> {
+    let shape = "give `NAME=maxlen:N` or `NAME=maxage:DURATION` (e.g. `orders=maxlen:100000`, `orders=maxage:7d`)";
+    let (stream, policy) = text.rsplit_once('=').ok_or_else(|| shape.to_owned())?;
+    if stream.is_empty() {
+        return Err(format!("no stream name: {shape}"));
+    }
+    let keep = match policy.split_once(':') {
+        Some(("maxlen", n)) => match n.parse::<u64>() {
+            Ok(n) if n > 0 => Keep::Newest(n),
+            _ => return Err(format!("maxlen takes a number of entries above 0, not `{n}`")),
+        },
+        Some(("maxage", age)) => Keep::Within(parse_duration(age)?),
+        _ => return Err(format!("`{policy}` is not a policy: {shape}")),
+    };
+    Ok(Retention { stream: stream.to_owned(), keep })
+}
+
+/// `500ms`, `90s`, `30m`, `12h`, `7d`: a whole number and a unit, above 0.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let ms = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("`{text}` is not a duration: give a number and ms, s, m, h or d (e.g. `7d`)")),
+    };
+    match number.parse::<u64>().ok().and_then(|n| n.checked_mul(ms)) {
+        Some(total) if total > 0 => Ok(Duration::from_millis(total)),
+        _ => Err(format!("`{text}` is not a duration above 0 (e.g. `7d`, `12h`)")),
+    }
+}
+
 fn parse_allow_rule(text: &str) -> Result<(String, Vec<String>), String> {
     let (identity, patterns) =
         text.split_once('=').ok_or_else(|| format!("`{text}` is not IDENTITY=PATTERN,PATTERN"))?;
@@ -421,6 +504,23 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Config, clap::Error> {
         Config::try_parse_from(std::iter::once("echomq-sidecar").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn retention_policies_parse_and_bad_ones_say_what_to_give() {
+        let config = parse(&["--retention", "a=maxlen:5,{b}:dlq=maxage:7d", "--retention", "c=maxage:250ms"]).unwrap();
+        assert_eq!(
+            config.retention,
+            [
+                Retention { stream: "a".into(), keep: Keep::Newest(5) },
+                Retention { stream: "{b}:dlq".into(), keep: Keep::Within(Duration::from_secs(7 * 86_400)) },
+                Retention { stream: "c".into(), keep: Keep::Within(Duration::from_millis(250)) },
+            ]
+        );
+        for bad in ["a", "=maxlen:1", "a=maxlen:0", "a=maxlen:x", "a=maxage:7", "a=maxage:0s", "a=keep:1", "a=maxage:1w"] {
+            let error = parse(&["--retention", bad]).unwrap_err().to_string();
+            assert!(error.contains("maxlen") || error.contains("duration"), "{bad}: {error}");
+        }
     }
 
     #[test]

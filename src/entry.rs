@@ -101,6 +101,7 @@ pub fn to_entry(entry: RawEntry, id_field: &str, skip: impl Fn(&[u8]) -> bool) -
         minted_at: Some(timestamp(branded.minted_at_ms())),
         raw_fields: fields.raw_fields,
         traceparent: fields.traceparent.unwrap_or_default(),
+        archived: false,
     })
 }
 

@@ -75,6 +75,24 @@ pub enum Error {
         /// What conflicts, and what to change.
         reason: String,
     },
+    /// The archive (`--archive-url`) refused a read or a write: nothing more
+    /// was trimmed; retrying once the store answers may help.
+    #[error("the archive is unavailable ({context}) for stream `{stream}`: {reason}; nothing was trimmed past what is archived")]
+    ArchiveUnavailable {
+        /// What the sidecar was doing.
+        context: &'static str,
+        /// The stream key.
+        stream: String,
+        /// What the store answered.
+        reason: String,
+    },
+    /// Another sidecar is folding the same stream into the archive (it holds
+    /// the stream's fold lease, or committed first): retry later.
+    #[error("{reason}")]
+    Aborted {
+        /// What ran at the same time.
+        reason: String,
+    },
     /// The sidecar is shutting down; the client should reconnect (to a peer or
     /// after the restart).
     #[error("the sidecar is shutting down; un-settled entries stay pending and will be delivered again")]
@@ -154,7 +172,8 @@ impl From<Error> for Status {
         let code = match &error {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
             Error::WrongType { .. } | Error::Conflict { .. } => Code::FailedPrecondition,
-            Error::Unavailable { .. } | Error::ShuttingDown => Code::Unavailable,
+            Error::Unavailable { .. } | Error::ArchiveUnavailable { .. } | Error::ShuttingDown => Code::Unavailable,
+            Error::Aborted { .. } => Code::Aborted,
             Error::Timeout { .. } => Code::DeadlineExceeded,
             // The Redis ACL user lacks a permission: the operator's to grant.
             Error::Redis { source, .. } if fault(source) == Fault::NoPermission => Code::PermissionDenied,

@@ -27,6 +27,18 @@ impl StreamId {
     /// The smallest id, `0-0`.
     pub const ZERO: StreamId = StreamId { ms: 0, seq: 0 };
 
+    /// The largest id, `18446744073709551615-18446744073709551615`.
+    pub const MAX: StreamId = StreamId { ms: u64::MAX, seq: u64::MAX };
+
+    /// The id just after this one; `None` for [`StreamId::MAX`].
+    pub fn successor(self) -> Option<StreamId> {
+        match (self.ms, self.seq) {
+            (u64::MAX, u64::MAX) => None,
+            (ms, u64::MAX) => Some(StreamId { ms: ms + 1, seq: 0 }),
+            (ms, seq) => Some(StreamId { ms, seq: seq + 1 }),
+        }
+    }
+
     /// The id just before this one, for Redis's inclusive range bounds; `None` for `0-0`.
     pub fn predecessor(self) -> Option<StreamId> {
         match (self.ms, self.seq) {

@@ -75,6 +75,13 @@ impl Keyspace {
         self.derived(stream, ":dlq")
     }
 
+    /// The fold lease of `stream` (the archive's: one sidecar at a time folds
+    /// and trims it; the value is the holder's token): `<stream>:archive:lease`,
+    /// tagged like [`Self::dead_letter_stream`].
+    pub fn fold_lease(&self, stream: &str) -> String {
+        self.derived(stream, ":archive:lease")
+    }
+
     /// The retry hash of `group` on `stream` (stream id → `<due unix ms> <last
     /// failure reason>`): `<stream>:retries:<group>`, tagged like
     /// [`Self::dead_letter_stream`].
@@ -298,6 +305,7 @@ mod tests {
             let dlq = cluster.dead_letter_stream(stream);
             assert_eq!(Slot::for_key(stream), Slot::for_key(&dlq), "{stream} -> {dlq}");
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.retries(stream, "g")), "{stream}");
+            assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.fold_lease(stream)), "{stream}");
             assert!(cluster.same_slot("f", stream, &dlq).is_ok());
         }
         assert_eq!(cluster.dead_letter_stream("orders"), "{orders}:dlq");

@@ -449,3 +449,60 @@ async fn an_append_redis_does_not_answer_in_time_is_deadline_exceeded_with_an_un
     assert_code(&err, Code::DeadlineExceeded);
     assert!(err.message().contains("may have been applied"), "{err:?}");
 }
+
+/// `echomq_trimmed_unread_total` of `group` on stream `s`.
+async fn trimmed_unread(sidecar: &Sidecar, group: &str) -> u64 {
+    let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("GET /metrics").body;
+    let series = format!("echomq_trimmed_unread_total{{stream=\"s\",sharded_stream=\"s\",group=\"{group}\"}} ");
+    metrics.lines().find_map(|line| line.strip_prefix(&series)).map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// The stream ids of `s`, oldest first.
+async fn stream_ids(con: &mut redis::aio::MultiplexedConnection) -> Vec<(u64, u64)> {
+    xrange(con, "s").await.iter().map(|e| parse_stream_id(&e.stream_id)).collect()
+}
+
+/// Entries a trim removes before a group was delivered them are lost to that
+/// group for good: an Append's `max_len` and a Trim with `ignore_groups`
+/// count them per group (`echomq_trimmed_unread_total`) and log them, exactly
+/// as many as Redis shows were removed after each group's last-delivered id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trims_count_per_group_the_entries_it_had_not_been_delivered() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let appended = append_numbered(&sidecar, "s", 300).await;
+    // `none` was delivered nothing, `half` the first 150, `all` every entry.
+    let groups =
+        [("none", "0-0"), ("half", appended[149].stream_id.as_str()), ("all", appended[299].stream_id.as_str())];
+    for (group, last_delivered) in groups {
+        create_group(&mut con, "s", group, last_delivered).await;
+    }
+    let mut expected = std::collections::BTreeMap::new();
+    let mut count_removed = |before: Vec<(u64, u64)>, after: &[(u64, u64)]| {
+        let removed: Vec<_> = before.into_iter().filter(|id| !after.contains(id)).collect();
+        for (group, last_delivered) in groups {
+            let last = parse_stream_id(last_delivered);
+            *expected.entry(group).or_insert(0) += removed.iter().filter(|id| **id > last).count() as u64;
+        }
+        removed.len()
+    };
+
+    let before = stream_ids(&mut con).await;
+    let request =
+        AppendRequest { stream: "s".into(), fields: fields(&[("n", b"cap")]), max_len: 40, ..Default::default() };
+    sidecar.stream_client().await.append(request).await.expect("append");
+    let removed = count_removed(before, &stream_ids(&mut con).await);
+    assert!(removed > 150, "the cap removed whole nodes past the first 150: {removed}");
+
+    let before = stream_ids(&mut con).await;
+    let request = TrimRequest { stream: "s".into(), max_len: 5, ignore_groups: true, ..Default::default() };
+    sidecar.stream_client().await.trim(request).await.expect("trim");
+    assert!(count_removed(before, &stream_ids(&mut con).await) > 0);
+
+    assert!(expected["none"] > expected["half"] && expected["half"] > 0 && expected["all"] == 0, "{expected:?}");
+    for (group, n) in &expected {
+        assert_eq!(trimmed_unread(&sidecar, group).await, *n, "{group}");
+    }
+    assert!(sidecar.log().contains("a trim removed entries before the group was delivered them"), "{}", sidecar.log());
+}

@@ -70,6 +70,7 @@ fn sum_shards(stream: &str, group: &str, shards: Vec<DescribeGroupResponse>) -> 
         max_delivery_count: shards.iter().map(|s| s.max_delivery_count).max().unwrap_or(0),
         stream_length: shards.iter().map(|s| s.stream_length).sum(),
         shards,
+        archive: None,
     }
 }
 
@@ -93,5 +94,6 @@ async fn describe(redis: &Redis, stream: &str, group: &str) -> Result<DescribeGr
         max_delivery_count: state.max_delivery_count,
         stream_length: state.stream_length,
         shards: Vec::new(),
+        archive: None,
     })
 }

@@ -150,6 +150,7 @@ mod tests {
             max_delivery_count: 1,
             stream_length: 5,
             shards: vec![],
+            archive: None,
         }
     }
 

@@ -184,6 +184,7 @@ fn as_entry(delivery: &Delivery) -> Entry {
         minted_at: delivery.minted_at,
         raw_fields: delivery.raw_fields.clone(),
         traceparent: delivery.traceparent.clone(),
+        archived: false,
     }
 }
 

@@ -152,6 +152,7 @@ pub struct Metrics {
     verdict_errors: Family<CodeLabels, Counter>,
     consume_calls: GroupGauge,
     appends: Family<StreamLabels, Counter>,
+    trimmed_unread: GroupCounter,
     in_flight: GroupGauge,
     handler_seconds: Family<GroupLabels, Histogram>,
     pending: GroupGauge,
@@ -171,6 +172,32 @@ pub struct Metrics {
     /// Reads the reader pool's state at each scrape (kept by the pool, never copied by hand).
     reader_pool: std::sync::Mutex<Option<ReaderPoolSource>>,
     grpc: grpc::GrpcMetrics,
+    archive: ArchiveMetrics,
+}
+
+/// The archive's series (`echomq_archive_*`), per stream key.
+struct ArchiveMetrics {
+    folded_entries: Family<StreamLabels, Counter>,
+    folded_bytes: Family<StreamLabels, Counter>,
+    fold_errors: Family<StreamLabels, Counter>,
+    fold_seconds: Family<StreamLabels, Histogram>,
+    files: Family<StreamLabels, Gauge>,
+    bytes: Family<StreamLabels, Gauge>,
+    entries: Family<StreamLabels, Gauge>,
+    oldest_seconds: Family<StreamLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+/// What the archive holds of one stream key, for [`Metrics::archive_extent`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArchiveExtent {
+    /// Archive files.
+    pub files: u64,
+    /// Their size (bytes).
+    pub bytes: u64,
+    /// Archived entries.
+    pub entries: u64,
+    /// The oldest archived entry's stream id milliseconds (unix ms); `None` when empty.
+    pub oldest_ms: Option<u64>,
 }
 
 /// The reader pool's event series (see [`Metrics::reader`]). Cheap to clone.
@@ -221,6 +248,7 @@ impl Metrics {
             verdict_errors: Family::default(),
             consume_calls: Family::default(),
             appends: Family::default(),
+            trimmed_unread: Family::default(),
             in_flight: Family::default(),
             handler_seconds: Family::new_with_constructor(latency_histogram),
             pending: Family::default(),
@@ -243,6 +271,16 @@ impl Metrics {
             },
             reader_pool: std::sync::Mutex::new(None),
             grpc: grpc::GrpcMetrics::new(),
+            archive: ArchiveMetrics {
+                folded_entries: Family::default(),
+                folded_bytes: Family::default(),
+                fold_errors: Family::default(),
+                fold_seconds: Family::new_with_constructor(latency_histogram),
+                files: Family::default(),
+                bytes: Family::default(),
+                entries: Family::default(),
+                oldest_seconds: Family::default(),
+            },
             registry: Registry::default(),
         };
         let r = registry;
@@ -274,6 +312,28 @@ impl Metrics {
             "appends",
             "Entries appended (Append, AppendBatch), counted once Redis confirmed",
             m.appends.clone(),
+        );
+        let a = &m.archive;
+        r.register("archive_folded_entries", "Entries folded into the archive", a.folded_entries.clone());
+        r.register("archive_folded_bytes", "Bytes of archive files written", a.folded_bytes.clone());
+        r.register(
+            "archive_fold_errors",
+            "Folds that failed (the store refused, Redis failed); nothing was trimmed past the archive",
+            a.fold_errors.clone(),
+        );
+        r.register("archive_fold_duration_seconds", "Time of one fold-then-trim", a.fold_seconds.clone());
+        r.register("archive_files", "Archive files of the stream", a.files.clone());
+        r.register("archive_bytes", "Bytes of the stream's archive files", a.bytes.clone());
+        r.register("archive_entries", "Entries of the stream in the archive", a.entries.clone());
+        r.register(
+            "archive_oldest_entry_timestamp_seconds",
+            "When the oldest archived entry was appended (unix seconds, from its stream id)",
+            a.oldest_seconds.clone(),
+        );
+        r.register(
+            "trimmed_unread",
+            "Entries a trim removed (Trim with ignore_groups, an Append's max_len) before the group was delivered them",
+            m.trimmed_unread.clone(),
         );
         r.register("in_flight", "Deliveries held by clients, waiting for a verdict", m.in_flight.clone());
         r.register("handler_duration_seconds", "Time from delivery to verdict", m.handler_seconds.clone());
@@ -372,6 +432,7 @@ impl Metrics {
             sharded_stream: sharded_stream.to_owned(),
             group: group.to_owned(),
         };
+        let _ = self.trimmed_unread.get_or_create(&labels);
         // The stream's appends from the start too, so `rate()` over a
         // subscribed stream needs no first append.
         let _ = self.appends.get_or_create(&StreamLabels {
@@ -420,6 +481,49 @@ impl Metrics {
     pub fn appended(&self, stream: &str, sharded_stream: &str, entries: usize) {
         let labels = StreamLabels { stream: stream.to_owned(), sharded_stream: sharded_stream.to_owned() };
         self.appends.get_or_create(&labels).inc_by(entries as u64);
+    }
+
+    /// Counts `entries` of `stream` removed by a trim before `group` was
+    /// delivered them (`echomq_trimmed_unread_total`).
+    pub fn trimmed_unread(&self, stream: &str, sharded_stream: &str, group: &str, entries: u64) {
+        let labels = GroupLabels {
+            stream: stream.to_owned(),
+            sharded_stream: sharded_stream.to_owned(),
+            group: group.to_owned(),
+        };
+        self.trimmed_unread.get_or_create(&labels).inc_by(entries);
+    }
+
+    /// Counts a fold of `entries` into archive files of `bytes`.
+    pub fn archive_folded(&self, stream: &str, sharded_stream: &str, entries: u64, bytes: u64) {
+        let labels = StreamLabels { stream: stream.to_owned(), sharded_stream: sharded_stream.to_owned() };
+        self.archive.folded_entries.get_or_create(&labels).inc_by(entries);
+        self.archive.folded_bytes.get_or_create(&labels).inc_by(bytes);
+    }
+
+    /// Counts a fold of `stream` that failed.
+    pub fn archive_fold_error(&self, stream: &str, sharded_stream: &str) {
+        let labels = StreamLabels { stream: stream.to_owned(), sharded_stream: sharded_stream.to_owned() };
+        self.archive.fold_errors.get_or_create(&labels).inc();
+    }
+
+    /// Records how long one fold-then-trim of `stream` took.
+    pub fn archive_fold_duration(&self, stream: &str, sharded_stream: &str, took: std::time::Duration) {
+        let labels = StreamLabels { stream: stream.to_owned(), sharded_stream: sharded_stream.to_owned() };
+        self.archive.fold_seconds.get_or_create(&labels).observe(took.as_secs_f64());
+    }
+
+    /// Sets what the archive holds of `stream`.
+    pub fn archive_extent(&self, stream: &str, sharded_stream: &str, extent: ArchiveExtent) {
+        let labels = StreamLabels { stream: stream.to_owned(), sharded_stream: sharded_stream.to_owned() };
+        let a = &self.archive;
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        a.files.get_or_create(&labels).set(gauge(extent.files));
+        a.bytes.get_or_create(&labels).set(gauge(extent.bytes));
+        a.entries.get_or_create(&labels).set(gauge(extent.entries));
+        if let Some(ms) = extent.oldest_ms {
+            a.oldest_seconds.get_or_create(&labels).set(ms as f64 / 1000.0);
+        }
     }
 
     /// The gRPC server's call counters, for [`grpc::GrpcLayer`].

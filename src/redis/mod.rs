@@ -643,6 +643,34 @@ pub fn parse_stream_id(value: &Value) -> RedisResult<StreamId> {
     text.parse().map_err(|_| unexpected("a stream id", value))
 }
 
+/// Entries a trim removed before a consumer group had been delivered them,
+/// as `trim_counting_unread` (`lua/prelude.lua`) reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnreadTrimmed {
+    /// The consumer group that lost them.
+    pub group: String,
+    /// How many (entries); `None`: more than the script could count (it reads
+    /// at most 100,000 ids ahead), never a guess.
+    pub entries: Option<u64>,
+}
+
+/// Parses the flat `{ group, count, … }` list of `trim_counting_unread`.
+pub fn parse_unread_trimmed(value: &Value) -> RedisResult<Vec<UnreadTrimmed>> {
+    let Value::Array(items) = value else {
+        return Err(unexpected("a list of groups and counts", value));
+    };
+    items
+        .chunks(2)
+        .map(|pair| match pair {
+            [group, Value::Int(count)] => Ok(UnreadTrimmed {
+                group: String::from_utf8_lossy(&bytes(group)?).into_owned(),
+                entries: u64::try_from(*count).ok(),
+            }),
+            _ => Err(unexpected("a group and a count", value)),
+        })
+        .collect()
+}
+
 /// The bytes of a bulk or simple string, moved out of the reply.
 fn into_bytes(value: Value) -> RedisResult<Vec<u8>> {
     match value {

@@ -60,17 +60,30 @@ pub async fn page(
     count: usize,
     max_bytes: usize,
 ) -> Result<Page, Error> {
+    Ok(fit(range(redis, stream, start, end, count + 1).await?, count, max_bytes))
+}
+
+/// Up to `count` entries of `stream` between the XRANGE bounds `start` and
+/// `end`, oldest first (XRANGE … COUNT).
+///
+/// Errors: [`Error::WrongType`], [`Error::Unavailable`].
+pub async fn range(redis: &Redis, stream: &str, start: &str, end: &str, count: usize) -> Result<Vec<RawEntry>, Error> {
     let mut conn = redis.conn.clone();
     let reply: redis::Value = redis::cmd("XRANGE")
         .arg(stream)
         .arg(start)
         .arg(end)
         .arg("COUNT")
-        .arg(count + 1)
+        .arg(count)
         .query_async(&mut conn)
         .await
         .map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
-    let raw = parse_entries(reply).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
+    parse_entries(reply).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))
+}
+
+/// A page of `raw` (oldest first, one more than `count` when there is a
+/// next page): as [`page`] sizes it.
+pub fn fit(raw: Vec<RawEntry>, count: usize, max_bytes: usize) -> Page {
     let budget = max_bytes.saturating_sub(PAGE_OVERHEAD);
     let (mut page, mut used) = (Page::default(), 0);
     for (i, entry) in raw.into_iter().enumerate() {
@@ -86,7 +99,7 @@ pub async fn page(
         used += size;
         page.entries.push(entry);
     }
-    Ok(page)
+    page
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::{
     error::Error,
     id::{BrandedId, StreamId},
     proto::{AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse},
-    redis::parse_stream_id,
+    redis::{parse_stream_id, parse_unread_trimmed},
     security::Caller,
     telemetry::{self, TRACE_FIELD},
 };
@@ -107,12 +107,19 @@ async fn append_entries(
             Some("ECHOMQ_SHARDED") => keys.unconfigured_sharded(stream, e.detail().unwrap_or("?")),
             _ => Error::from_redis(e, "appending (append.lua)", stream),
         })?;
-    let redis::Value::Array(ids) = reply else {
-        let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list of ids"));
+    let redis::Value::Array(reply) = reply else {
+        let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list"));
+        return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
+    };
+    let [redis::Value::Array(ids), unread] = reply.as_slice() else {
+        let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return ids and groups"));
         return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
     };
     // Written, whatever the reply's parsing says next: counted now.
     streams.metrics.appended(stream, keys.sharded_stream_of(stream), ids.len());
+    let unread =
+        parse_unread_trimmed(unread).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
+    streams.report_unread_trimmed(stream, &unread, "append_max_len");
     let written = ids
         .iter()
         .map(|id| {

@@ -18,7 +18,7 @@ use crate::{
         stream_service_server::StreamService, AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse,
         ReadRequest, ReadResponse, TrimRequest, TrimResponse,
     },
-    redis::Redis,
+    redis::{Redis, UnreadTrimmed},
     security::Guard,
 };
 
@@ -37,6 +37,28 @@ impl Streams {
     /// names are checked by `guard`; appends are counted in `metrics`.
     pub fn new(redis: Redis, id_field: String, guard: Guard, metrics: Arc<Metrics>) -> Streams {
         Streams { redis, id_field, guard, metrics }
+    }
+}
+
+impl Streams {
+    /// Counts and logs the entries a trim of `stream` (by `cause`: `trim`,
+    /// `append_max_len`) removed before a group was delivered them.
+    fn report_unread_trimmed(&self, stream: &str, unread: &[UnreadTrimmed], cause: &'static str) {
+        let sharded_stream = self.redis.keys.sharded_stream_of(stream);
+        for UnreadTrimmed { group, entries } in unread {
+            match entries {
+                Some(entries) => {
+                    self.metrics.trimmed_unread(stream, sharded_stream, group, *entries);
+                    tracing::warn!(%stream, %group, entries, cause, "a trim removed entries before the group was delivered them");
+                }
+                None => tracing::warn!(
+                    %stream,
+                    %group,
+                    cause,
+                    "a trim removed more than 100,000 entries before the group was delivered them (not counted)"
+                ),
+            }
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use crate::{
     error::Error,
     id::StreamId,
     proto::{TrimRequest, TrimResponse},
-    redis::{bytes, Redis},
+    redis::{bytes, parse_unread_trimmed, Redis, UnreadTrimmed},
     security::Caller,
 };
 
@@ -30,11 +30,13 @@ pub(super) async fn trim(
         Bound::Below(request.min_id.parse::<StreamId>().map_err(|e| Error::invalid("min_id", e.to_string()))?)
     };
     let trim = Trim { bound, approximate: request.approximate, safe: !request.ignore_groups };
-    let Trimmed { trimmed, applied_min_id, held_back } = run(&streams.redis, stream, &trim).await?;
+    let (Trimmed { trimmed, applied_min_id, held_back, unread }, archived) =
+        (run(&streams.redis, stream, &trim, None, false).await?, 0);
+    streams.report_unread_trimmed(stream, &unread, "trim");
     if held_back {
         tracing::info!(%stream, %applied_min_id, "trim held back to keep entries that groups still need");
     }
-    Ok(TrimResponse { trimmed, applied_min_id, held_back_by_groups: held_back })
+    Ok(TrimResponse { trimmed, applied_min_id, held_back_by_groups: held_back, archived })
 }
 
 /// Where a trim stops.
@@ -65,30 +67,63 @@ pub(crate) struct Trimmed {
     pub(crate) applied_min_id: String,
     /// The safe mode stopped short of the bound for a group.
     pub(crate) held_back: bool,
+    /// The groups whose undelivered entries were removed (only without the safe mode).
+    pub(crate) unread: Vec<UnreadTrimmed>,
 }
 
-/// Runs `trim.lua` on `stream`: the safe bound and XTRIM MINID in one script.
+/// The archive's hold on a trim: the fold lease it must still hold, and the
+/// first id not archived, which the bound never passes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Fence<'a> {
+    /// The fold lease key ([`crate::keys::Keyspace::fold_lease`]).
+    pub(crate) lease: &'a str,
+    /// The token this sidecar wrote there.
+    pub(crate) token: &'a str,
+    /// The first stream id the archive does not hold.
+    pub(crate) unarchived: StreamId,
+}
+
+/// Runs `trim.lua` on `stream`: the safe bound and XTRIM MINID in one script;
+/// with `fence`, capped at what is archived and only while the lease holds;
+/// with `dry`, the bound only (`applied_min_id`), nothing removed.
 ///
 /// Errors: [`Error::WrongType`] when the key is not a stream;
+/// [`Error::Aborted`] when the fold lease is no longer this sidecar's;
 /// [`Error::Unavailable`] and [`Error::Redis`] as Redis fails.
-pub(crate) async fn run(redis: &Redis, stream: &str, trim: &Trim) -> Result<Trimmed, Error> {
+pub(crate) async fn run(
+    redis: &Redis,
+    stream: &str,
+    trim: &Trim,
+    fence: Option<Fence<'_>>,
+    dry: bool,
+) -> Result<Trimmed, Error> {
     let (keep, below) = match trim.bound {
         Bound::KeepNewest(n) => (n.to_string(), String::new()),
         Bound::Below(id) => (String::new(), id.to_string()),
     };
     let flag = |on: bool| if on { "1" } else { "0" };
     let mut conn = redis.conn.clone();
-    let (trimmed, applied, held_back): (u64, redis::Value, i64) = redis
+    let (trimmed, applied, held_back, unread): (u64, redis::Value, i64, redis::Value) = redis
         .scripts
         .trim
         .key(stream)
+        .key(fence.map_or(stream, |f| f.lease))
         .arg(keep)
         .arg(below)
         .arg(flag(trim.approximate))
         .arg(flag(!trim.safe))
+        .arg(fence.map_or("", |f| f.token))
+        .arg(fence.map_or_else(String::new, |f| f.unarchived.to_string()))
+        .arg(flag(dry))
         .invoke_async(&mut conn)
         .await
-        .map_err(|e| Error::from_redis(e, "trimming (trim.lua)", stream))?;
+        .map_err(|e| match e.code() {
+            Some("ECHOMQ_FENCED") => Error::Aborted {
+                reason: format!("another sidecar took over folding stream `{stream}` into the archive; try again"),
+            },
+            _ => Error::from_redis(e, "trimming (trim.lua)", stream),
+        })?;
     let applied_min_id = bytes(&applied).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-    Ok(Trimmed { trimmed, applied_min_id, held_back: held_back == 1 })
+    let unread = parse_unread_trimmed(&unread).map_err(|e| Error::from_redis(e, "reading trim.lua's reply", stream))?;
+    Ok(Trimmed { trimmed, applied_min_id, held_back: held_back == 1, unread })
 }

@@ -8,13 +8,15 @@
 --          `ECHOMQ_SHARDED <count>` (its entries would land in a key no shard
 --          consumer reads)
 -- ARGV[1]  the reserved field that carries the branded id
--- ARGV[2]  max_len: 0 for no trimming, else XADD ... MAXLEN ~ max_len
+-- ARGV[2]  max_len: 0 for no trimming, else XTRIM MAXLEN ~ max_len after the
+--          entries are added
 -- ARGV[3]  the shard's index k and ARGV[4] the shard count n (0 and 1 for a
 --          plain stream): every sequence number minted is k modulo n, so the
 --          shards of one sharded stream never mint the same id
 -- ARGV[5]  the number of entries; then, per entry, its field count m followed
 --          by m name/value pairs
--- Returns the stream ids, in order.
+-- Returns { the stream ids in order, lost }, lost as trim_counting_unread
+-- gives it (the groups whose unread entries the cap removed).
 --
 -- Why a script: the branded id is the stream id the entry gets, and it must be
 -- written inside the entry. The script picks the id itself (Redis time, after
@@ -65,13 +67,7 @@ for entry = 1, tonumber(ARGV[5]) do
     return redis.error_reply('ERR echomq: the stream id would exceed the branded id range (milliseconds past 2^48)')
   end
   local id = string.format('%d-%d', ms, seq)
-  local command = { 'XADD', stream }
-  if trim > 0 then
-    command[#command + 1] = 'MAXLEN'
-    command[#command + 1] = '~'
-    command[#command + 1] = ARGV[2]
-  end
-  command[#command + 1] = id
+  local command = { 'XADD', stream, id }
   command[#command + 1] = ARGV[1]
   command[#command + 1] = branded_text(ms, seq)
   local fields = tonumber(ARGV[arg])
@@ -83,4 +79,14 @@ for entry = 1, tonumber(ARGV[5]) do
   ids[entry] = id
   seq = seq + shards
 end
-return ids
+-- The cap once, after the batch, as XADD's MAXLEN ~ would leave it, counting
+-- what it removed before a group read it.
+local lost = {}
+if trim > 0 then
+  local excess = redis.call('XLEN', stream) - trim
+  if excess > 0 then
+    local _
+    _, lost = trim_counting_unread(stream, { 'MAXLEN', '~', ARGV[2] }, excess)
+  end
+end
+return { ids, lost }

@@ -25,23 +25,6 @@ local function fields_of(flat)
   return out
 end
 
--- Stream ids compared exactly, as decimal texts (Lua's doubles lose digits
--- past 2^53): -1, 0 or 1.
-local function compare_ids(a, b)
-  local a_ms, a_seq = string.match(a, '^(%d+)%-(%d+)$')
-  local b_ms, b_seq = string.match(b, '^(%d+)%-(%d+)$')
-  for _, pair in ipairs({ { a_ms, b_ms }, { a_seq, b_seq } }) do
-    local x, y = pair[1], pair[2]
-    if #x ~= #y then
-      return #x < #y and -1 or 1
-    end
-    if x ~= y then
-      return x < y and -1 or 1
-    end
-  end
-  return 0
-end
-
 local info
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
   local candidate = fields_of(g)
@@ -59,10 +42,10 @@ end
 local last_delivered = info['last-delivered-id']
 local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1][1]
 local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1][1]
-if compare_ids(last_delivered, last) >= 0 then
+if not id_less(last_delivered, last) then
   return 0
 end
-if compare_ids(last_delivered, first) < 0 then
+if id_less(last_delivered, first) then
   return length
 end
 local reported = info['lag']

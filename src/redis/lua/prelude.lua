@@ -50,3 +50,93 @@ end
 local function is_recorded_count(text)
   return string.match(text, '^[1-9]%d?%d?%d?$') ~= nil and tonumber(text) <= 1024
 end
+
+-- Stream ids `<ms>-<seq>` compared exactly, as decimal texts (Lua's doubles
+-- lose digits past 2^53): true when a < b.
+local function id_less(a, b)
+  local a_ms, a_seq = string.match(a, '^(%d+)%-(%d+)$')
+  local b_ms, b_seq = string.match(b, '^(%d+)%-(%d+)$')
+  if a_ms ~= b_ms then
+    if #a_ms ~= #b_ms then
+      return #a_ms < #b_ms
+    end
+    return a_ms < b_ms
+  end
+  if #a_seq ~= #b_seq then
+    return #a_seq < #b_seq
+  end
+  return a_seq < b_seq
+end
+
+-- The most ids `trim_counting_unread` reads ahead to count a group whose
+-- last-delivered id falls inside the stream; past it that group's count is
+-- unknown (reported as -1), never guessed.
+local UNREAD_COUNT_LIMIT = 100000
+
+-- Runs `xtrim` (a list: the XTRIM arguments after the key) on `stream` and
+-- counts, per consumer group, the removed entries the group had not been
+-- delivered yet: entries lost to that group for good. A trim removes the
+-- oldest entries, so a group that has read into the stream lost
+-- `removed - (entries up to its last-delivered id)`; those are read ahead
+-- (ids up to the furthest such group's last-delivered id, at most
+-- `most_removed` of them, nil: UNREAD_COUNT_LIMIT). Returns the number
+-- removed and a flat list { group, count, … } of the groups that lost
+-- entries (count -1: more than could be counted).
+local function trim_counting_unread(stream, xtrim, most_removed)
+  local oldest = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+  if oldest == nil then
+    return 0, {}
+  end
+  local newest = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1][1]
+  -- The groups that have not read the whole stream: { name, last, read
+  -- into it (true) or not at all (false) }.
+  local behind, furthest = {}, nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local info = {}
+    for i = 1, #g, 2 do
+      info[g[i]] = g[i + 1]
+    end
+    local last = info['last-delivered-id']
+    if id_less(last, oldest[1]) then
+      behind[#behind + 1] = { info['name'], last, false }
+    elseif id_less(last, newest) then
+      behind[#behind + 1] = { info['name'], last, true }
+      if furthest == nil or id_less(furthest, last) then
+        furthest = last
+      end
+    end
+  end
+  local limit = math.min(most_removed or UNREAD_COUNT_LIMIT, UNREAD_COUNT_LIMIT)
+  local ahead = {}
+  if furthest ~= nil and limit > 0 then
+    for _, entry in ipairs(redis.call('XRANGE', stream, '-', furthest, 'COUNT', limit)) do
+      ahead[#ahead + 1] = entry[1]
+    end
+  end
+  local removed = redis.call('XTRIM', stream, unpack(xtrim))
+  local lost = {}
+  if removed == 0 then
+    return removed, lost
+  end
+  for _, g in ipairs(behind) do
+    local name, last, read_into = g[1], g[2], g[3]
+    local count = removed
+    if read_into then
+      -- Entries up to `last`, of the oldest `removed`.
+      local read = 0
+      while read < #ahead and read < removed and not id_less(last, ahead[read + 1]) do
+        read = read + 1
+      end
+      if read == #ahead and read < removed and #ahead == limit then
+        count = -1
+      else
+        count = removed - read
+      end
+    end
+    if count ~= 0 then
+      lost[#lost + 1] = name
+      lost[#lost + 1] = count
+    end
+  end
+  return removed, lost
+end

@@ -7,12 +7,19 @@
 -- ARGV[2]  remove the ids below this one, `<ms>-<seq>` ('' : no such bound)
 -- ARGV[3]  '1' for MINID ~ (whole nodes only), '0' for exact
 -- ARGV[4]  '1' to ignore groups (unsafe), '0' for the safe mode
+-- ARGV[5]  with an archive: the fold lease's token, which KEYS[2] must still
+--          hold (else ECHOMQ_FENCED and nothing is trimmed); '' without one
+-- ARGV[6]  with an archive: the first id not archived; the bound never passes
+--          it ('' : no such cap)
+-- ARGV[7]  '1' for a dry run: the bound only, nothing trimmed
+-- KEYS[2]  the fold lease (KEYS[1] again without an archive)
 -- The caller gives one bound; with both, the one that removes less wins.
--- Returns { trimmed, applied min id or '', held back by groups 1/0 }.
+-- Returns { trimmed, applied min id or '', held back by groups 1/0, lost },
+-- lost as trim_counting_unread gives it (empty in the safe mode).
 
 local stream = KEYS[1]
 if redis.call('EXISTS', stream) == 0 then
-  return { 0, '', 0 }
+  return { 0, '', 0, {} }
 end
 -- Raises WRONGTYPE for another type.
 redis.call('XLEN', stream)
@@ -20,23 +27,6 @@ redis.call('XLEN', stream)
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
   return ms, seq
-end
-
--- Compares decimal strings of any length as numbers.
-local function less_number(a, b)
-  if #a ~= #b then
-    return #a < #b
-  end
-  return a < b
-end
-
-local function less(a, b)
-  local a_ms, a_seq = parse(a)
-  local b_ms, b_seq = parse(b)
-  if a_ms ~= b_ms then
-    return less_number(a_ms, b_ms)
-  end
-  return less_number(a_seq, b_seq)
 end
 
 -- The id right after `id`; past 2^53 the next millisecond is used (still
@@ -51,17 +41,21 @@ end
 
 local target = '0-0'
 if ARGV[1] ~= '' then
-  local keep = tonumber(ARGV[1])
-  local newest = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', math.max(keep, 1))
-  if keep == 0 and #newest == 1 then
-    target = successor(newest[1][1])
-  elseif keep == 0 or #newest < keep then
-    return { 0, '', 0 }
-  else
+  -- The oldest id kept, read from whichever end is nearer.
+  local keep, length = tonumber(ARGV[1]), redis.call('XLEN', stream)
+  if length == 0 or length <= keep then
+    return { 0, '', 0, {} }
+  elseif keep == 0 then
+    target = successor(redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1][1])
+  elseif keep <= length - keep then
+    local newest = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', keep)
     target = newest[#newest][1]
+  else
+    local oldest = redis.call('XRANGE', stream, '-', '+', 'COUNT', length - keep + 1)
+    target = oldest[#oldest][1]
   end
 end
-if ARGV[2] ~= '' and (ARGV[1] == '' or less(ARGV[2], target)) then
+if ARGV[2] ~= '' and (ARGV[1] == '' or id_less(ARGV[2], target)) then
   target = ARGV[2]
 end
 
@@ -76,20 +70,32 @@ if ARGV[4] ~= '1' then
     local bound = successor(info['last-delivered-id'])
     if tonumber(info['pending']) > 0 then
       local summary = redis.call('XPENDING', stream, info['name'])
-      if summary[2] and less(summary[2], bound) then
+      if summary[2] and id_less(summary[2], bound) then
         bound = summary[2]
       end
     end
-    if less(bound, applied) then
+    if id_less(bound, applied) then
       applied, held_back = bound, 1
     end
   end
 end
 
-local trimmed
-if ARGV[3] == '1' then
-  trimmed = redis.call('XTRIM', stream, 'MINID', '~', applied)
-else
-  trimmed = redis.call('XTRIM', stream, 'MINID', applied)
+if ARGV[6] ~= '' and id_less(ARGV[6], applied) then
+  applied = ARGV[6]
 end
-return { trimmed, applied, held_back }
+if ARGV[7] == '1' then
+  return { 0, applied, held_back, {} }
+end
+if ARGV[5] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[5] then
+  return redis.error_reply('ECHOMQ_FENCED another sidecar holds the fold lease of ' .. stream)
+end
+local xtrim = { 'MINID', applied }
+if ARGV[3] == '1' then
+  xtrim = { 'MINID', '~', applied }
+end
+if ARGV[4] ~= '1' then
+  -- The safe bound keeps every entry a group has not been delivered.
+  return { redis.call('XTRIM', stream, unpack(xtrim)), applied, held_back, {} }
+end
+local trimmed, lost = trim_counting_unread(stream, xtrim, nil)
+return { trimmed, applied, held_back, lost }
