@@ -165,18 +165,8 @@ async fn chaos_nothing_is_lost() {
         sidecars.push(Sidecar::start(&redis, options).await);
     }
     let endpoints: Vec<String> = sidecars.iter().map(Sidecar::endpoint).collect();
-    let n = settings.entries;
-    let clients = SIDECARS * settings.clients_per_sidecar;
-    let ledger = Arc::new(Ledger::new(n, clients, SIDECARS));
-
-    let started = Instant::now();
-    let mut client_tasks = Vec::new();
-    for c in 0..clients {
-        let sidecar = c % SIDECARS;
-        let seed = settings.seed.wrapping_add(c as u64 + 1);
-        client_tasks.push(tokio::spawn(client(ledger.clone(), c, sidecar, endpoints[sidecar].clone(), seed)));
-    }
-    let appending = tokio::spawn(appender(ledger.clone(), endpoints.clone(), redis_url.clone(), settings.clone()));
+    let Run { ledger, started, clients: client_tasks, appending } = start_run(&endpoints, &redis_url, &settings);
+    let (n, clients) = (settings.entries, client_tasks.len());
     let mut injecting = Some(tokio::spawn(injector(redis, sidecars, ledger.clone(), settings.clone())));
 
     let (processes, settled_at) = settle(&ledger, &redis_url, &settings, started, &appending, &mut injecting).await;
@@ -190,22 +180,15 @@ async fn chaos_nothing_is_lost() {
     };
 
     let verdict = verdict(&ledger, &redis_url, &sidecars).await;
-    let elapsed = settled_at.unwrap_or_else(|| started.elapsed());
     println!(
-        "chaos: calls ended by kind {:?}; verdict errors {:?}; deliveries by sidecar {:?}; highest attempts {}; \
-         longest sidecar downtime {:?}, longest Redis downtime {:?}",
-        ledger.call_ends.lock().unwrap(),
-        verdict.verdict_errors,
-        ledger.deliveries_by_sidecar.iter().map(|d| d.load(Relaxed)).collect::<Vec<_>>(),
-        ledger.max_attempts.load(Relaxed),
+        "chaos: {}; longest sidecar downtime {:?}, longest Redis downtime {:?}",
+        verdict.calls(&ledger),
         faults.longest_sidecar_down,
         faults.longest_redis_down,
     );
     println!(
         "chaos report: entries={} sidecars={SIDECARS} clients={clients} | faults: sidecar SIGKILL={} redis restarts={} \
-         (SHUTDOWN {}, SIGTERM {}) calls dropped mid-handler={} (injector {}, handler {}) handler Fails={} | \
-         lost={} | duplicates={} (handler calls {} for {} keys; {} after an ack was sent) | \
-         dead-lettered={} | pending={} | elapsed={:.1}s{} | seed={}",
+         (SHUTDOWN {}, SIGTERM {}) calls dropped mid-handler={} (injector {}, handler {}) handler Fails={} | {}",
         settings.entries,
         faults.sidecar_kills,
         faults.redis_shutdowns + faults.redis_sigterms,
@@ -215,16 +198,7 @@ async fn chaos_nothing_is_lost() {
         ledger.drops_by_injector.load(Relaxed),
         ledger.drops_by_handler.load(Relaxed),
         ledger.fails_sent.load(Relaxed),
-        verdict.lost,
-        verdict.duplicates,
-        verdict.handler_calls,
-        verdict.keys_handled,
-        ledger.delivered_after_ack.load(Relaxed),
-        verdict.dead_lettered,
-        verdict.pending,
-        elapsed.as_secs_f64(),
-        if settled_at.is_some() { "" } else { " (TIMED OUT)" },
-        settings.seed,
+        verdict.outcome(&ledger, settled_at, started, settings.seed),
     );
     verdict.assert_passed(settled_at, settings.timeout);
 }

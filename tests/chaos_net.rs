@@ -302,7 +302,7 @@ async fn net_injector(
 async fn chaos_net_nothing_is_lost() {
     use std::sync::atomic::Ordering::Relaxed;
     use std::sync::Arc;
-    use support::chaos::{appender, client, settle, verdict, Ledger, Settings};
+    use support::chaos::{settle, start_run, verdict, Run, Settings};
 
     let settings = Settings::from_env("ECHOMQ_CHAOS_NET", 1_500, 18.0);
     println!(
@@ -339,18 +339,8 @@ async fn chaos_net_nothing_is_lost() {
         sidecars.push(sidecar);
     }
     let endpoints: Vec<String> = grpc_proxies.iter().map(Proxy::endpoint).collect();
-    let n = settings.entries;
-    let clients = NET_SIDECARS * settings.clients_per_sidecar;
-    let ledger = Arc::new(Ledger::new(n, clients, NET_SIDECARS));
-
-    let started = Instant::now();
-    let mut client_tasks = Vec::new();
-    for c in 0..clients {
-        let sidecar = c % NET_SIDECARS;
-        let seed = settings.seed.wrapping_add(c as u64 + 1);
-        client_tasks.push(tokio::spawn(client(ledger.clone(), c, sidecar, endpoints[sidecar].clone(), seed)));
-    }
-    let appending = tokio::spawn(appender(ledger.clone(), endpoints.clone(), redis_url.clone(), settings.clone()));
+    let Run { ledger, started, clients: client_tasks, appending } = start_run(&endpoints, &redis_url, &settings);
+    let (n, clients) = (settings.entries, client_tasks.len());
     let admin_ports = sidecars.iter().map(Sidecar::admin_port).collect();
     let redis_pid = redis.pid().expect("redis-server runs");
     let mut injecting =
@@ -378,33 +368,18 @@ async fn chaos_net_nothing_is_lost() {
     if !missing.is_empty() {
         verdict.problems.push(format!("the window was too short for every fault kind: {missing:?} never ran"));
     }
-    let elapsed = settled_at.unwrap_or_else(|| started.elapsed());
     println!(
-        "chaos-net: calls ended by kind {:?}; verdict errors {:?}; deliveries by sidecar {:?}; highest attempts {}; \
-         not ready after each Redis black hole {:?}",
-        ledger.call_ends.lock().unwrap(),
-        verdict.verdict_errors,
-        ledger.deliveries_by_sidecar.iter().map(|d| d.load(Relaxed)).collect::<Vec<_>>(),
-        ledger.max_attempts.load(Relaxed),
-        faults.not_ready_after,
+        "chaos-net: {}; not ready after each Redis black hole {:?}",
+        verdict.calls(&ledger),
+        faults.not_ready_after
     );
     println!(
         "chaos-net report: entries={n} sidecars={NET_SIDECARS} clients={clients} | faults: {:?} | handler Fails={} \
-         calls dropped by handlers={} | lost={} | duplicates={} (handler calls {} for {} keys; {} after an ack was \
-         sent) | dead-lettered={} | pending={} | elapsed={:.1}s{} | seed={}",
+         calls dropped by handlers={} | {}",
         faults.by_kind,
         ledger.fails_sent.load(Relaxed),
         ledger.drops_by_handler.load(Relaxed),
-        verdict.lost,
-        verdict.duplicates,
-        verdict.handler_calls,
-        verdict.keys_handled,
-        ledger.delivered_after_ack.load(Relaxed),
-        verdict.dead_lettered,
-        verdict.pending,
-        elapsed.as_secs_f64(),
-        if settled_at.is_some() { "" } else { " (TIMED OUT)" },
-        settings.seed,
+        verdict.outcome(&ledger, settled_at, started, settings.seed),
     );
     verdict.assert_passed(settled_at, settings.timeout);
 }

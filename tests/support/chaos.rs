@@ -520,6 +520,34 @@ pub async fn redis_conn(url: &str) -> MultiplexedConnection {
     panic!("cannot connect to {url}");
 }
 
+/// A run under way: its ledger, its clients and its appender.
+pub struct Run {
+    pub ledger: Arc<Ledger>,
+    pub started: Instant,
+    pub clients: Vec<tokio::task::JoinHandle<()>>,
+    pub appending: tokio::task::JoinHandle<()>,
+}
+
+/// Starts a run: `settings.clients_per_sidecar` clients on each of
+/// `endpoints` (a sidecar's gRPC address, or a proxy in front of it), and the
+/// appender, which sends through random ones of them and checks unknown
+/// outcomes in Redis at `redis_url`.
+pub fn start_run(endpoints: &[String], redis_url: &str, settings: &Settings) -> Run {
+    let sidecars = endpoints.len();
+    let clients = sidecars * settings.clients_per_sidecar;
+    let ledger = Arc::new(Ledger::new(settings.entries, clients, sidecars));
+    let started = Instant::now();
+    let clients = (0..clients)
+        .map(|c| {
+            let sidecar = c % sidecars;
+            let seed = settings.seed.wrapping_add(c as u64 + 1);
+            tokio::spawn(client(ledger.clone(), c, sidecar, endpoints[sidecar].clone(), seed))
+        })
+        .collect();
+    let appending = tokio::spawn(appender(ledger.clone(), endpoints.to_vec(), redis_url.to_owned(), settings.clone()));
+    Run { ledger, started, clients, appending }
+}
+
 /// Waits until every key is acked or dead-lettered and Redis agrees (the
 /// PEL empty), or `settings.timeout` passes since `started`, printing progress
 /// every 5 s. Takes the injector's result once it has finished (it must have,
@@ -714,6 +742,37 @@ pub async fn verdict(ledger: &Ledger, redis_url: &str, sidecars: &[Sidecar]) -> 
 }
 
 impl Verdict {
+    /// The report line's common tail: `lost=… | duplicates=… (…) |
+    /// dead-lettered=… | pending=… | elapsed=…s | seed=…`.
+    pub fn outcome(&self, ledger: &Ledger, settled_at: Option<Duration>, started: Instant, seed: u64) -> String {
+        let elapsed = settled_at.unwrap_or_else(|| started.elapsed());
+        format!(
+            "lost={} | duplicates={} (handler calls {} for {} keys; {} after an ack was sent) | dead-lettered={} | \
+             pending={} | elapsed={:.1}s{} | seed={seed}",
+            self.lost,
+            self.duplicates,
+            self.handler_calls,
+            self.keys_handled,
+            ledger.delivered_after_ack.load(Relaxed),
+            self.dead_lettered,
+            self.pending,
+            elapsed.as_secs_f64(),
+            if settled_at.is_some() { "" } else { " (TIMED OUT)" },
+        )
+    }
+
+    /// How the calls went: `calls ended by kind {…}; verdict errors {…};
+    /// deliveries by sidecar […]; highest attempts N`.
+    pub fn calls(&self, ledger: &Ledger) -> String {
+        format!(
+            "calls ended by kind {:?}; verdict errors {:?}; deliveries by sidecar {:?}; highest attempts {}",
+            ledger.call_ends.lock().unwrap(),
+            self.verdict_errors,
+            ledger.deliveries_by_sidecar.iter().map(|d| d.load(Relaxed)).collect::<Vec<_>>(),
+            ledger.max_attempts.load(Relaxed),
+        )
+    }
+
     /// Panics with every problem found, or if the run did not settle.
     pub fn assert_passed(&self, settled_at: Option<Duration>, timeout: Duration) {
         if self.dead_twice > 0 {
