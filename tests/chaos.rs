@@ -166,7 +166,7 @@ async fn chaos_nothing_is_lost() {
     }
     let endpoints: Vec<String> = sidecars.iter().map(Sidecar::endpoint).collect();
     let Run { ledger, started, clients: client_tasks, appending } = start_run(&endpoints, &redis_url, &settings);
-    let (n, clients) = (settings.entries, client_tasks.len());
+    let clients = client_tasks.len();
     let mut injecting = Some(tokio::spawn(injector(redis, sidecars, ledger.clone(), settings.clone())));
 
     let (processes, settled_at) = settle(&ledger, &redis_url, &settings, started, &appending, &mut injecting).await;

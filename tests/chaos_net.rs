@@ -301,7 +301,6 @@ async fn net_injector(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_net_nothing_is_lost() {
     use std::sync::atomic::Ordering::Relaxed;
-    use std::sync::Arc;
     use support::chaos::{settle, start_run, verdict, Run, Settings};
 
     let settings = Settings::from_env("ECHOMQ_CHAOS_NET", 1_500, 18.0);
