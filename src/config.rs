@@ -208,7 +208,9 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_RETRY_BACKOFF_MAX_MS", default_value_t = DEFAULT_RETRY_BACKOFF_MAX_MS)]
     pub retry_backoff_max_ms: u64,
 
-    /// XREADGROUP BLOCK timeout (milliseconds) of a group's reader.
+    /// XREADGROUP BLOCK timeout (milliseconds) of a group's reader. A read
+    /// with no reply within this plus --redis-timeout-ms (a black-holed or
+    /// stalled Redis) is given up and retried on a new connection.
     #[arg(long, env = "ECHOMQ_READ_BLOCK_MS", default_value_t = DEFAULT_READ_BLOCK_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub read_block_ms: u64,
 
@@ -248,7 +250,10 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_ARCHIVE_FILE_ENTRIES", default_value_t = DEFAULT_ARCHIVE_FILE_ENTRIES, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub archive_file_entries: u64,
 
-    /// Response timeout (milliseconds) of non-blocking Redis commands.
+    /// Response timeout (milliseconds) of non-blocking Redis commands. A
+    /// command with no reply in time retires its connection (the next one
+    /// goes out on a new one), and readiness turns NOT_SERVING within 1 s
+    /// plus this when Redis goes silent.
     #[arg(long, env = "ECHOMQ_REDIS_TIMEOUT_MS", default_value_t = DEFAULT_REDIS_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub redis_timeout_ms: u64,
 

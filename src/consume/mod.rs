@@ -163,7 +163,13 @@ impl Consumers {
     ) -> Consumers {
         let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
         let shared = Shared {
-            readers: ReaderPool::new(redis.clone(), config.reader_connections, redis_timeout, &metrics),
+            readers: ReaderPool::new(
+                redis.clone(),
+                config.reader_connections,
+                redis_timeout,
+                Duration::from_millis(config.read_block_ms),
+                &metrics,
+            ),
             redis,
             consumer,
             id_field: config.id_field.clone(),

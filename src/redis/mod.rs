@@ -3,14 +3,26 @@
 //! Two kinds of connection, to a single Redis server or to a Redis Cluster:
 //! - one shared, multiplexed connection (it reconnects by itself; on a cluster
 //!   it follows MOVED/ASK and topology changes) for every non-blocking command,
-//!   with a response timeout;
-//! - one dedicated connection per group reader for `XREADGROUP … BLOCK`, with
-//!   no response timeout, so a blocking read never holds up other commands and
-//!   is never cut short while Redis is handing entries to it. On a cluster it
-//!   is a cluster connection of its own, routed to the node that owns the
-//!   stream's slot. They come from a bounded pool, [`readers`].
+//!   with a response timeout (`--redis-timeout-ms`); on a single server, a
+//!   command that gets no reply in time retires the connection ([`shared`]);
+//! - one dedicated connection per group reader for `XREADGROUP … BLOCK`, whose
+//!   response timeout is the BLOCK time plus `--redis-timeout-ms`, so a blocking
+//!   read never holds up other commands, is never cut short while Redis is
+//!   handing entries to it, and still ends when Redis has gone silent. On a
+//!   cluster it is a cluster connection of its own, routed to the node that
+//!   owns the stream's slot. They come from a bounded pool, [`readers`].
+//!
+//! Every socket to Redis has TCP keepalive on ([`TCP_KEEPALIVE_IDLE`]), so an
+//! idle connection to a peer that vanished (a host gone, a partition that
+//! drops packets) fails within about 25 s instead of the kernel's two hours.
+//!
+//! What that bounds (`docs/src/operations.md`, "When Redis goes silent"):
+//! a black-holed or stalled Redis turns readiness NOT_SERVING within one
+//! readiness interval (1 s) plus `--redis-timeout-ms`; a blocked reader gives
+//! up within `--read-block-ms` plus `--redis-timeout-ms` and reconnects.
 
 pub mod readers;
+pub mod shared;
 
 pub mod fault;
 pub mod group;
@@ -21,8 +33,10 @@ pub use fault::{fault, Fault};
 
 use std::{sync::Arc, time::Duration};
 
+pub use shared::SharedConnection;
+
 use redis::{
-    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
+    aio::{ConnectionLike, ConnectionManagerConfig, MultiplexedConnection},
     cluster::{ClusterClient, ClusterClientBuilder},
     cluster_async::ClusterConnection,
     AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, RedisFuture, RedisResult, Script, Value,
@@ -38,8 +52,9 @@ use crate::{
 /// A connection to a single Redis server or to a Redis Cluster.
 #[derive(Clone)]
 pub enum Connection {
-    /// The shared connection to a single server: reconnects by itself.
-    Managed(ConnectionManager),
+    /// The shared connection to a single server: reconnects by itself, and
+    /// is replaced after a response timeout.
+    Managed(SharedConnection),
     /// A reader's own connection to a single server.
     Dedicated(MultiplexedConnection),
     /// A connection to a cluster: routes each command to the node that owns
@@ -131,7 +146,7 @@ impl Redis {
             .split(',')
             .map(str::trim)
             .filter(|url| !url.is_empty())
-            .map(|url| with_password(url.into_connection_info()?, password))
+            .map(|url| Ok(with_password(url.into_connection_info()?, password)?.set_tcp_settings(tcp_settings())))
             .collect::<RedisResult<Vec<ConnectionInfo>>>()?;
         let Some(first) = seeds.first().cloned() else {
             return Err((redis::ErrorKind::InvalidClientConfig, "no Redis URL given").into());
@@ -155,7 +170,7 @@ impl Redis {
                 .set_response_timeout(Some(timeout))
                 .set_number_of_retries(2)
                 .set_max_delay(Duration::from_secs(2));
-            let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+            let mut conn = SharedConnection::connect(client.clone(), config, timeout).await?;
             // Connecting does not prove the credentials: without a password Redis
             // accepts the connection and refuses every command (NOAUTH).
             redis::cmd("PING").query_async::<String>(&mut conn).await?;
@@ -332,16 +347,26 @@ impl Redis {
         }
     }
 
-    /// A new connection of its own for blocking reads: no response timeout
-    /// (the BLOCK argument bounds the wait), `connect_timeout` to connect.
-    /// The group readers take theirs from [`readers::ReaderPool`], which makes
+    /// A new connection of its own for blocking reads: `connect_timeout` to
+    /// connect, `response_timeout` for each reply (`None`: none; a group
+    /// reader's is its BLOCK time plus `--redis-timeout-ms`, so that a read
+    /// is never cut short while Redis hands it entries, yet ends when Redis
+    /// has gone silent). On a cluster no response timeout is set: the cluster
+    /// client's retries and topology refreshes bound what it waits for. The
+    /// group readers take theirs from [`readers::ReaderPool`], which makes
     /// them with this.
-    pub async fn dedicated(&self, connect_timeout: Duration) -> RedisResult<Connection> {
+    ///
+    /// Errors: connecting failed or took longer than `connect_timeout`.
+    pub async fn dedicated(
+        &self,
+        connect_timeout: Duration,
+        response_timeout: Option<Duration>,
+    ) -> RedisResult<Connection> {
         match &self.target {
             Target::Single(client) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(None);
+                    .set_response_timeout(response_timeout);
                 Ok(Connection::Dedicated(client.get_multiplexed_async_connection_with_config(&config).await?))
             }
             Target::Cluster { seeds, ca_pem } => {
@@ -393,8 +418,11 @@ fn cluster_client(
     response_timeout: Option<Duration>,
     ca_pem: Option<&[u8]>,
 ) -> RedisResult<ClusterClient> {
-    let mut builder =
-        ClusterClientBuilder::new(nodes).connection_timeout(connect_timeout).retries(6).max_retry_wait(1_000);
+    let mut builder = ClusterClientBuilder::new(nodes)
+        .connection_timeout(connect_timeout)
+        .retries(6)
+        .max_retry_wait(1_000)
+        .tcp_settings(tcp_settings());
     if let Some(ca) = ca_pem {
         builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) });
     }
@@ -434,6 +462,24 @@ pub enum ShardCountError {
         /// What Redis said.
         error: redis::RedisError,
     },
+}
+
+/// How long a connection to Redis may be idle before TCP starts probing its peer.
+pub const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// Time between TCP keepalive probes.
+pub const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unanswered probes after which the kernel closes the connection: an idle
+/// connection to a vanished peer fails within idle + retries × interval = 25 s.
+pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
+
+/// The TCP settings of every socket to Redis: no Nagle delay (commands are
+/// small and latency-bound) and keepalive probes (the constants above).
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    let keepalive = redis::io::tcp::socket2::TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_IDLE)
+        .with_interval(TCP_KEEPALIVE_INTERVAL)
+        .with_retries(TCP_KEEPALIVE_RETRIES);
+    redis::io::tcp::TcpSettings::default().set_nodelay(true).set_keepalive(keepalive)
 }
 
 fn with_password(info: ConnectionInfo, password: Option<&str>) -> RedisResult<ConnectionInfo> {

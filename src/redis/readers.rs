@@ -1,7 +1,9 @@
 //! The group readers' connections: a bounded pool of dedicated connections
-//! for `XREADGROUP … BLOCK`, with no response timeout (the BLOCK argument
-//! bounds the wait; redis-rs' default timeout would cut a blocked read short
-//! while Redis hands it entries).
+//! for `XREADGROUP … BLOCK`, whose response timeout is the BLOCK time plus the
+//! Redis timeout (redis-rs' default timeout would cut a blocked read short
+//! while Redis hands it entries; none at all would leave a reader waiting for
+//! ever on a black-holed or stalled Redis). A read that times out marks its
+//! connection broken: the next read goes out on a new one.
 //!
 //! The pool is deadpool's managed pool, with a manager of our own: it makes
 //! each connection as [`Redis::dedicated`] does (a single server or a
@@ -54,10 +56,12 @@ pub struct ReaderPool {
 
 impl ReaderPool {
     /// A pool of at most `max` connections to `redis` (`--reader-connections`),
-    /// each connected within `timeout` (and health-checked within it). Its
-    /// gauges are read by `metrics` at each scrape. Connects nothing yet.
-    pub fn new(redis: Redis, max: usize, timeout: Duration, metrics: &Metrics) -> ReaderPool {
-        let manager = Manager { redis, timeout, metrics: metrics.reader() };
+    /// each connected within `timeout` (and health-checked within it), each
+    /// read given up after `read_block` (`--read-block-ms`) plus `timeout`
+    /// without a reply. Its gauges are read by `metrics` at each scrape.
+    /// Connects nothing yet.
+    pub fn new(redis: Redis, max: usize, timeout: Duration, read_block: Duration, metrics: &Metrics) -> ReaderPool {
+        let manager = Manager { redis, timeout, read_timeout: read_block + timeout, metrics: metrics.reader() };
         let pool = Pool::builder(manager)
             .max_size(max)
             .runtime(Runtime::Tokio1)
@@ -134,6 +138,8 @@ struct Manager {
     redis: Redis,
     /// Bounds connecting and the health check's PING.
     timeout: Duration,
+    /// Bounds each reply on the connection: the BLOCK time plus `timeout`.
+    read_timeout: Duration,
     metrics: ReaderMetrics,
 }
 
@@ -141,7 +147,7 @@ impl Manager {
     /// A new reader connection, named [`READER_CLIENT_NAME`]. The name is a
     /// courtesy to operators: a connection that cannot take it still reads.
     async fn connect(&self) -> RedisResult<Connection> {
-        let mut conn = self.redis.dedicated(self.timeout).await?;
+        let mut conn = self.redis.dedicated(self.timeout, Some(self.read_timeout)).await?;
         let mut naming = redis::cmd("CLIENT");
         naming.arg("SETNAME").arg(READER_CLIENT_NAME);
         match tokio::time::timeout(self.timeout, naming.query_async::<Value>(&mut conn)).await {

@@ -1,5 +1,6 @@
 //! HTTP/1.0 over plain TCP, for the sidecar's admin port (`/livez`, `/readyz`,
-//! `/metrics`): no HTTP client crate, so a test sees exactly what the port sends.
+//! `/metrics`) and toxiproxy's API: no HTTP client crate, so a test sees
+//! exactly what the port sends.
 
 use std::time::Duration;
 
@@ -48,9 +49,24 @@ impl HttpResponse {
 /// `GET <path>` on a loopback port with a plain HTTP/1.0 request over TCP, read
 /// until the server closes the connection. `None` when nothing answers.
 pub async fn http_get(port: u16, path: &str) -> Option<HttpResponse> {
+    http_request(port, "GET", path, None).await
+}
+
+/// `<method> <path>` on a loopback port with a plain HTTP/1.0 request over TCP
+/// (a JSON `body` with its `Content-Length` when given), read until the
+/// server closes the connection, which HTTP/1.0 has it do after one response.
+/// `None` when nothing answers within 5 s. For the admin port and
+/// toxiproxy's API (`support::toxiproxy`).
+pub async fn http_request(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<HttpResponse> {
     let fetch = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await.ok()?;
+        let mut request = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n");
+        if let Some(body) = body {
+            request.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+        }
+        request.push_str("\r\n");
+        request.push_str(body.unwrap_or(""));
+        stream.write_all(request.as_bytes()).await.ok()?;
         let mut buf = Vec::new();
         stream.read_to_end(&mut buf).await.ok()?;
         let text = String::from_utf8_lossy(&buf).into_owned();

@@ -16,17 +16,20 @@
 //! | `process.rs` | free ports, unique names, temp dirs, child processes, logs, the fixtures' waits |
 //! | `redis_server.rs` | the `redis-server` launcher (also the benches'): plain, password, TLS, cluster node; kill, restart, graceful stop |
 //! | `sidecar.rs` | the sidecar process: options, start, readiness, channels and clients, signals, restart, its log |
+//! | `chaos.rs` | the chaos suites' ledger, appender, clients, settle wait and verdict (used as `support::chaos`) |
 //! | `cluster.rs` | a local Redis Cluster of [`RedisServer`] nodes, failover and kills (used as `support::cluster`) |
 //! | `redis_probe.rs` | Redis probes: entries, pending entries, groups, lengths, keys, seeding |
 //! | `consume.rs` | the Consume call's test client ([`Consumer`]) and subscribe helpers |
 //! | `wire.rs` | branded and stream ids, timestamps, durations, fields, the bearer token, status codes |
 //! | `refusal.rs` | table-driven checks that a call is refused with the right status and leaves Redis alone |
 //! | `pki.rs` | a throw-away CA ([`TestPki`]) and its certificates |
-//! | `http.rs` | plain HTTP/1.0 probes of the admin port |
+//! | `http.rs` | plain HTTP/1.0 probes of the admin port, and requests to toxiproxy's API |
+//! | `toxiproxy.rs` | Shopify's toxiproxy ([`Toxiproxy`]): TCP proxies between the processes, and their faults |
 //!
 //! Each file in `tests/` is its own crate and uses only part of this module.
 #![allow(dead_code, unreachable_pub, clippy::needless_update)]
 
+pub mod chaos;
 pub mod cluster;
 mod consume;
 mod http;
@@ -36,10 +39,12 @@ mod redis_probe;
 mod redis_server;
 mod refusal;
 mod sidecar;
+mod toxiproxy;
 mod wire;
 
 // Each test crate uses part of these: an unused one is no mistake there.
 #[allow(unused_imports)]
 pub use self::{
-    consume::*, http::*, pki::*, process::*, redis_probe::*, redis_server::*, refusal::*, sidecar::*, wire::*,
+    consume::*, http::*, pki::*, process::*, redis_probe::*, redis_server::*, refusal::*, sidecar::*, toxiproxy::*,
+    wire::*,
 };
