@@ -28,7 +28,9 @@
 //! legitimately acked or dead-lettered must account for the group's state: such
 //! entries left the PEL, every other entry the group has read is still pending
 //! (nothing was acknowledged that should not be), and the dead-letter stream
-//! holds exactly the entries the test dead-lettered.
+//! holds exactly the entries the test dead-lettered. The PEL and the group's
+//! read position are read in one MULTI, as the sidecar may still be reading
+//! for the pool; two tests at the end check that check itself.
 //!
 //! `ECHOMQ_FUZZ_SEED` reproduces a run's message sequences (the seed is printed;
 //! timing still varies), `ECHOMQ_FUZZ_SEQUENCES` sets their number (default 400).
@@ -722,4 +724,94 @@ async fn consume_and_append_survive_bad_input() {
         failures.len(),
         summary.join("\n")
     );
+}
+
+// ---------------------------------------------------------------------------
+// The ledger check itself
+// ---------------------------------------------------------------------------
+
+/// A pool of `n` entries appended to `name` behind the sidecar (a group `g`
+/// created from the start), as the ledger records Append's answers.
+async fn bare_pool(con: &mut MultiplexedConnection, name: &str, n: usize) -> (Pool, Vec<String>) {
+    create_group(con, name, GROUP, "0").await;
+    let mut pool = Pool { name: name.to_owned(), subscribed: true, ..Pool::default() };
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let sid = xadd_raw(con, name, &[(b"n", i.to_string().as_bytes())]).await;
+        pool.appended.insert(sid.clone(), branded_from_stream_id(&sid));
+        ids.push(sid);
+    }
+    (pool, ids)
+}
+
+/// Reads up to `count` new entries for the group as consumer `fuzz` (into the PEL, acked by nobody).
+async fn read_new(con: &mut MultiplexedConnection, stream: &str, count: usize) -> redis::Value {
+    redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("fuzz")
+        .arg("COUNT")
+        .arg(count)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(">")
+        .query_async(con)
+        .await
+        .expect("XREADGROUP")
+}
+
+/// The check catches a lost entry: one the group read and that left the PEL
+/// without an Ack from the test (here XACKed behind its back, as a sidecar
+/// bug would) is reported, and nothing else is.
+#[tokio::test]
+async fn the_ledger_check_reports_an_entry_that_left_the_pel_without_the_tests_ack() {
+    let redis = RedisServer::start().await;
+    let mut con = redis.conn().await;
+    let (mut pool, ids) = bare_pool(&mut con, "fz-lost", 4).await;
+    read_new(&mut con, "fz-lost", 3).await;
+    assert_eq!(pool.check(&mut con).await, Vec::<String>::new(), "read and pending, or not read: accounted for");
+
+    let _: i64 = redis::cmd("XACK").arg("fz-lost").arg(GROUP).arg(&ids[1]).query_async(&mut con).await.unwrap();
+    let problems = pool.check(&mut con).await;
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    assert!(
+        problems[0].contains(&format!("entry {} was read by the group and is not pending", ids[1])),
+        "{problems:#?}"
+    );
+
+    pool.acked.insert(ids[1].clone());
+    assert_eq!(pool.check(&mut con).await, Vec::<String>::new(), "acked by the test: accounted for");
+}
+
+/// The check reads the PEL and the group's read position as of one instant.
+/// A call of an earlier step can still be attached and read more while the
+/// check runs (a dropped call until the sidecar sees it go); read apart, a
+/// read between the two made its entries look read and not pending, a loss
+/// that was none. Here a reader reads one entry at a time, and acks none,
+/// all through the checks: none may report a thing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_check_is_not_fooled_by_a_read_while_it_runs() {
+    const ENTRIES: usize = 3000;
+    const CHECKS: usize = 40;
+    let redis = RedisServer::start().await;
+    let mut con = redis.conn().await;
+    let (pool, _) = bare_pool(&mut con, "fz-busy", ENTRIES).await;
+    let mut reader_con = redis.conn().await;
+    let reader = tokio::spawn(async move {
+        let mut reads = 0;
+        while !matches!(read_new(&mut reader_con, "fz-busy", 1).await, redis::Value::Nil) {
+            reads += 1;
+        }
+        reads
+    });
+    // Checks while the reader reads (it may run out of entries first on a fast machine).
+    let mut checks = 0;
+    while checks < CHECKS && !reader.is_finished() {
+        let problems = pool.check(&mut con).await;
+        assert_eq!(problems, Vec::<String>::new(), "check {checks}, while a reader reads");
+        checks += 1;
+    }
+    assert_eq!(reader.await.unwrap(), ENTRIES);
+    assert!(checks >= 10, "only {checks} checks ran while the reader read");
+    assert_eq!(pool.check(&mut con).await, Vec::<String>::new());
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 
 use super::call::Call;
-use super::support::{is_branded, last_delivered_id, parse_stream_id, pending_entries, xrange};
+use super::support::{is_branded, parse_stream_id, pel_and_last_delivered, xrange};
 use super::{Seq, ANSWER, GROUP, MAX_REASON_BYTES};
 
 /// One pool stream's ledger.
@@ -55,24 +55,30 @@ impl Pool {
         let mut problems = Vec::new();
         let settled: BTreeSet<&String> = pool.acked.iter().chain(&pool.dead).collect();
         let uncertain = &pool.uncertain;
+        // The PEL and how far the group has read, both as of one instant
+        // (one MULTI): the sidecar may still read for this pool while the
+        // check runs (a dropped call stays attached until the sidecar sees it
+        // go, and a read it asked for still reaches Redis). Read one after the
+        // other, such a read in between made the entries it took look read and
+        // not pending, a loss that was none.
         // What the test settled leaves the PEL (the XACK may still be on its way).
         let deadline = Instant::now() + ANSWER;
-        let pel: BTreeSet<String> = loop {
-            let pel: BTreeSet<String> =
-                pending_entries(con, &pool.name, GROUP).await.into_iter().map(|p| p.stream_id).collect();
+        let (pel, last) = loop {
+            let (pending, last) = pel_and_last_delivered(con, &pool.name, GROUP).await;
+            let pel: BTreeSet<String> = pending.into_iter().map(|p| p.stream_id).collect();
             let lingering: Vec<&String> =
                 settled.iter().copied().filter(|s| pel.contains(*s) && !uncertain.contains(*s)).collect();
             if lingering.is_empty() {
-                break pel;
+                break (pel, last);
             }
             if Instant::now() >= deadline {
                 problems.push(format!("{}: acked or dead-lettered entries still pending: {lingering:?}", pool.name));
-                break pel;
+                break (pel, last);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         // Everything else the group has read is still pending: nobody acknowledged it.
-        let last = parse_stream_id(&last_delivered_id(con, &pool.name, GROUP).await);
+        let last = parse_stream_id(&last);
         let unaccounted: Vec<&String> = pool
             .appended
             .keys()

@@ -137,17 +137,15 @@ pub struct PendingEntry {
     pub deliveries: i64,
 }
 
-pub async fn pending_entries(con: &mut MultiplexedConnection, stream: &str, group: &str) -> Vec<PendingEntry> {
-    let v: Value = redis::cmd("XPENDING")
-        .arg(stream)
-        .arg(group)
-        .arg("-")
-        .arg("+")
-        .arg(10_000)
-        .query_async(con)
-        .await
-        .expect("XPENDING detail");
-    as_array(&v)
+/// `XPENDING stream group - + 10000`: the group's PEL, up to 10,000 entries.
+fn pending_detail(stream: &str, group: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("XPENDING");
+    cmd.arg(stream).arg(group).arg("-").arg("+").arg(10_000);
+    cmd
+}
+
+fn parse_pending(v: &Value) -> Vec<PendingEntry> {
+    as_array(v)
         .iter()
         .map(|row| {
             let row = as_array(row);
@@ -161,11 +159,45 @@ pub async fn pending_entries(con: &mut MultiplexedConnection, stream: &str, grou
         .collect()
 }
 
+pub async fn pending_entries(con: &mut MultiplexedConnection, stream: &str, group: &str) -> Vec<PendingEntry> {
+    let v: Value = pending_detail(stream, group).query_async(con).await.expect("XPENDING detail");
+    parse_pending(&v)
+}
+
+/// The group's PEL and its `last-delivered-id`, read in one MULTI/EXEC, so
+/// both describe the same instant. Read one after the other, a consumer's
+/// XREADGROUP can run in between: then the id has moved past entries that
+/// the PEL read before it does not list yet, and they look read but not
+/// pending, i.e. acknowledged.
+pub async fn pel_and_last_delivered(
+    con: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+) -> (Vec<PendingEntry>, String) {
+    let (pending, groups): (Value, Value) = redis::pipe()
+        .atomic()
+        .add_command(pending_detail(stream, group))
+        .cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(con)
+        .await
+        .expect("MULTI XPENDING, XINFO GROUPS EXEC");
+    let all = parse_groups(&groups);
+    let last =
+        as_string(&all.get(group).unwrap_or_else(|| panic!("no group {group} on {stream}"))["last-delivered-id"]);
+    (parse_pending(&pending), last)
+}
+
 /// `XINFO GROUPS stream` as one name → (field → value) map per group.
 pub async fn groups(con: &mut MultiplexedConnection, stream: &str) -> BTreeMap<String, BTreeMap<String, Value>> {
     let v: Value = redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(con).await.expect("XINFO GROUPS");
+    parse_groups(&v)
+}
+
+fn parse_groups(v: &Value) -> BTreeMap<String, BTreeMap<String, Value>> {
     let mut out = BTreeMap::new();
-    for group in as_array(&v) {
+    for group in as_array(v) {
         let fields: BTreeMap<String, Value> = match group {
             Value::Map(kv) => kv.iter().map(|(k, v)| (as_string(k), v.clone())).collect(),
             other => as_array(other).chunks(2).map(|kv| (as_string(&kv[0]), kv[1].clone())).collect(),
