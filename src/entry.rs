@@ -34,8 +34,8 @@ pub struct Fields {
 pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8]) -> bool) -> Fields {
     let mut out = Fields { payload: HashMap::with_capacity(fields.len()), ..Fields::default() };
     for (name, value) in fields {
-        if out.branded.is_none() && name == id_field.as_bytes() {
-            if let Some(id) = std::str::from_utf8(&value).ok().and_then(|text| text.parse::<BrandedId>().ok()) {
+        if out.branded.is_none() {
+            if let Some(id) = reserved_branded(&name, &value, id_field) {
                 out.branded = Some(id);
                 continue;
             }
@@ -62,6 +62,26 @@ pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8
         }
     }
     out
+}
+
+/// The branded id a reserved-name field holds: `Some` when `name` is `id_field`
+/// and `value` is a valid branded id's text; otherwise the field is payload.
+fn reserved_branded(name: &[u8], value: &[u8], id_field: &str) -> Option<BrandedId> {
+    if name != id_field.as_bytes() {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+/// The branded id of an entry with stream id `id` and these fields, by the
+/// rule [`split`] and [`to_entry`] apply: the first reserved-name field holding
+/// a valid branded id, else the one derived from the stream id; `None` only
+/// when there is no such field and the milliseconds do not fit in 6 bytes.
+pub fn branded_id(id: StreamId, fields: &[(Vec<u8>, Vec<u8>)], id_field: &str) -> Option<BrandedId> {
+    fields
+        .iter()
+        .find_map(|(name, value)| reserved_branded(name, value, id_field))
+        .or_else(|| BrandedId::from_stream_id(id))
 }
 
 /// A protobuf Timestamp as unix milliseconds, for request field `field`.

@@ -8,6 +8,8 @@
 //! - [`deferred`]: the EchoMQ services answer UNAVAILABLE until Redis has
 //!   answered, while health and reflection serve from the start.
 //! - [`admin_http`]: the admin HTTP port: `/livez`, `/readyz`, `/metrics`.
+//! - [`archive`]: the archive's storage: Parquet files and per-stream
+//!   manifests on object storage (a directory or S3), written and read back.
 //! - [`admin`]: the AdminService: describe a group, list and replay dead letters.
 //! - [`stream`]: the StreamService: Append and AppendBatch, Read, Trim.
 //! - [`consume`]: the ConsumerService's Consume call. Its doc is the spec of
@@ -57,6 +59,7 @@
 pub mod admin;
 pub mod admin_http;
 pub mod app;
+pub mod archive;
 pub mod config;
 pub mod consume;
 pub mod deferred;
