@@ -34,6 +34,7 @@ use tracing::{error, info, warn};
 use crate::{
     admin::Admin,
     admin_http::{self, Readiness},
+    archive::{fold::Folding, Archive},
     config::{Config, Listen},
     consume::Consumers,
     deferred::Deferred,
@@ -113,6 +114,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let _ = rustls::crypto::ring::default_provider().install_default();
     let consumer = config.consumer_name();
     let files = Files::read(&config)?;
+    let archive = open_archive(&config).await?;
     let guard = Guard::new(
         Gate::new(
             files.auth_token.clone(),
@@ -260,17 +262,34 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     readiness.set_redis_up(true);
 
     let (draining_tx, draining) = watch::channel(false);
+    let folding = archive.map(|archive| {
+        let file_entries = usize::try_from(config.archive_file_entries).unwrap_or(usize::MAX);
+        Arc::new(Folding::new(archive, config.id_field.clone(), file_entries, consumer.clone(), metrics.clone()))
+    });
+    let retention = tokio::spawn(crate::stream::retention::run(
+        redis.clone(),
+        folding.clone(),
+        config.retention.clone(),
+        Duration::from_millis(config.retention_interval_ms),
+        draining.clone(),
+    ));
     let consumers = Consumers::new(redis.clone(), metrics.clone(), &config, consumer, draining, closing, guard.clone());
     consumer_service.set(
         ConsumerServiceServer::new(consumers.clone()).max_decoding_message_size(max).max_encoding_message_size(max),
     );
     stream_service.set(
-        StreamServiceServer::new(Streams::new(redis.clone(), config.id_field.clone(), guard.clone(), metrics.clone()))
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max),
+        StreamServiceServer::new(Streams::new(
+            redis.clone(),
+            config.id_field.clone(),
+            guard.clone(),
+            metrics.clone(),
+            folding.clone(),
+        ))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max),
     );
     admin_service.set(
-        AdminServiceServer::new(Admin::new(redis.clone(), config.id_field.clone(), guard.clone()))
+        AdminServiceServer::new(Admin::new(redis.clone(), config.id_field.clone(), guard.clone(), folding))
             .max_decoding_message_size(max)
             .max_encoding_message_size(max),
     );
@@ -334,6 +353,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         server.abort();
     }
     consumers.shutdown(WORKER_STOP_TIMEOUT).await;
+    // A fold in progress stops where it is: committed files stay, the trim
+    // that would follow simply does not happen.
+    retention.abort();
     pinger.abort();
     let _ = stopped_tx.send(true);
     let _ = admin.await;
@@ -348,6 +370,27 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         warn!(unsettled, "shut down: un-settled deliveries stay pending and will be delivered again");
     }
     Ok(())
+}
+
+/// How long the archive may take to answer the start's probe write.
+const ARCHIVE_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens `--archive-url` and checks that the store accepts a write (a probe
+/// object written, read and deleted): a URL that cannot be used, or a store
+/// that refuses or does not answer within 10 s, is [`AppError::Config`] (exit 2).
+async fn open_archive(config: &Config) -> Result<Option<Archive>, AppError> {
+    let Some(url) = &config.archive_url else { return Ok(None) };
+    let archive = Archive::open(url).map_err(|e| AppError::Config(format!("--archive-url: {e}")))?;
+    match tokio::time::timeout(ARCHIVE_PROBE_TIMEOUT, archive.probe()).await {
+        Ok(Ok(())) => {
+            info!(archive = %archive.url(), "the archive accepts writes: trims fold into it first");
+            Ok(Some(archive))
+        }
+        Ok(Err(e)) => Err(AppError::Config(format!("--archive-url {url}: the archive refused a probe write: {e}"))),
+        Err(_) => Err(AppError::Config(format!(
+            "--archive-url {url}: the archive did not answer within {ARCHIVE_PROBE_TIMEOUT:?}"
+        ))),
+    }
 }
 
 enum GrpcListener {

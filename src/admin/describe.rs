@@ -7,7 +7,7 @@ use super::Admin;
 use crate::{
     error::Error,
     id::StreamId,
-    proto::{ConsumerInfo, DescribeGroupRequest, DescribeGroupResponse},
+    proto::{ArchiveInfo, ConsumerInfo, DescribeGroupRequest, DescribeGroupResponse},
     redis::{group::group_state, Redis},
     security::Caller,
 };
@@ -26,13 +26,35 @@ pub(super) async fn describe_group(
     let Some(shard_keys) = admin.redis.keys.shards(stream) else {
         // Sharded by other sidecars only: the logical name is no key here.
         admin.redis.refuse_sharded("stream", stream).await?;
-        return describe(&admin.redis, stream, &request.group).await;
+        let state = describe(&admin.redis, stream, &request.group).await?;
+        return Ok(DescribeGroupResponse { archive: archive_info(admin, stream).await, ..state });
     };
     let mut shards = Vec::with_capacity(shard_keys.len());
     for key in &shard_keys {
-        shards.push(describe(&admin.redis, key, &request.group).await?);
+        let state = describe(&admin.redis, key, &request.group).await?;
+        shards.push(DescribeGroupResponse { archive: archive_info(admin, key).await, ..state });
     }
     Ok(sum_shards(stream, &request.group, shards))
+}
+
+/// What the archive holds of stream key `stream`, and this sidecar's last
+/// fold error; unset without an archive. A manifest that cannot be read is
+/// reported in `last_error`, not as the call's error.
+async fn archive_info(admin: &Admin, stream: &str) -> Option<ArchiveInfo> {
+    let folding = admin.archive.as_deref()?;
+    let manifest = match folding.archive().manifest(stream).await {
+        Ok(manifest) => manifest,
+        Err(e) => return Some(ArchiveInfo { last_error: format!("reading the manifest: {e}"), ..Default::default() }),
+    };
+    let id = |id: Option<StreamId>| id.map(|id| id.to_string()).unwrap_or_default();
+    Some(ArchiveInfo {
+        oldest_id: id(manifest.oldest()),
+        archived_through: id(manifest.archived_through()),
+        entries: manifest.entries(),
+        files: manifest.files.len() as u64,
+        bytes: manifest.bytes(),
+        last_error: folding.last_error(stream).unwrap_or_default(),
+    })
 }
 
 /// A sharded stream's state: the shards' states added up, each kept in `shards`.

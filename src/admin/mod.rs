@@ -21,13 +21,20 @@ pub struct Admin {
     redis: Redis,
     id_field: String,
     guard: Guard,
+    /// The archive DescribeGroup reports on (`--archive-url`).
+    archive: Option<std::sync::Arc<crate::archive::fold::Folding>>,
 }
 
 impl Admin {
     /// Serves the AdminService with `redis`; branded ids live in `id_field`;
-    /// names are checked by `guard`.
-    pub fn new(redis: Redis, id_field: String, guard: Guard) -> Admin {
-        Admin { redis, id_field, guard }
+    /// names are checked by `guard`; DescribeGroup reports on `archive`.
+    pub fn new(
+        redis: Redis,
+        id_field: String,
+        guard: Guard,
+        archive: Option<std::sync::Arc<crate::archive::fold::Folding>>,
+    ) -> Admin {
+        Admin { redis, id_field, guard, archive }
     }
 }
 

@@ -32,6 +32,7 @@
 //! - Local writes are fsynced (the file and its directory) before they
 //!   return, matching what S3 promises when a PUT succeeds.
 
+pub mod fold;
 mod format;
 mod manifest;
 

@@ -37,6 +37,14 @@ async fn append_entries(
     max_len: u64,
 ) -> Result<Vec<AppendResponse>, Error> {
     let logical = streams.guard.stream(caller, "stream", stream)?;
+    if max_len > 0 && streams.archive.is_some() {
+        return Err(Error::Conflict {
+            reason: "max_len: this sidecar archives what trims remove (--archive-url), and an Append's max_len \
+                     trims inside XADD, before anything could be archived; drop max_len and cap the stream with \
+                     --retention NAME=maxlen:N"
+                .to_owned(),
+        });
+    }
     let keys = &streams.redis.keys;
     streams.redis.refuse_foreign_shard_key("stream", logical).await?;
     let target = keys.append_target(logical, partition_key.as_bytes());

@@ -3,7 +3,8 @@
 
 mod append;
 mod read;
-mod trim;
+pub mod retention;
+pub(crate) mod trim;
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ pub use append::MAX_BATCH_ENTRIES;
 pub use read::parse_bound;
 
 use crate::{
+    archive::fold::Folding,
     metrics::Metrics,
     proto::{
         stream_service_server::StreamService, AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse,
@@ -30,13 +32,22 @@ pub struct Streams {
     guard: Guard,
     /// Where appends are counted (`echomq_appends_total`).
     metrics: Arc<Metrics>,
+    /// The archive trims fold into and Read reads from (`--archive-url`).
+    archive: Option<Arc<Folding>>,
 }
 
 impl Streams {
     /// Serves streams with `redis`; branded ids live in the field `id_field`;
-    /// names are checked by `guard`; appends are counted in `metrics`.
-    pub fn new(redis: Redis, id_field: String, guard: Guard, metrics: Arc<Metrics>) -> Streams {
-        Streams { redis, id_field, guard, metrics }
+    /// names are checked by `guard`; appends are counted in `metrics`; trims
+    /// fold into `archive` first, and Read reads it, when there is one.
+    pub fn new(
+        redis: Redis,
+        id_field: String,
+        guard: Guard,
+        metrics: Arc<Metrics>,
+        archive: Option<Arc<Folding>>,
+    ) -> Streams {
+        Streams { redis, id_field, guard, metrics, archive }
     }
 }
 

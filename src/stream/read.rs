@@ -5,11 +5,12 @@ use prost_types::Timestamp;
 
 use super::Streams;
 use crate::{
+    archive::fold::Folding,
     entry,
     error::Error,
     id::StreamId,
-    proto::{ReadRequest, ReadResponse},
-    redis::range::{page, page_size},
+    proto::{Entry, ReadRequest, ReadResponse},
+    redis::range::{fit, page, page_size, range, Page},
     security::Caller,
 };
 
@@ -43,7 +44,8 @@ pub fn parse_bound(
     }
 }
 
-/// Read: one page of the range, oldest first.
+/// Read: one page of the range, oldest first; with an archive, the part of
+/// the range up to its `archived_through` from there, the rest from the stream.
 pub(super) async fn read(
     streams: &Streams,
     caller: Option<&Caller>,
@@ -54,9 +56,64 @@ pub(super) async fn read(
     let start = parse_bound("start_id", &request.start_id, "start_time", request.start_time, End::Start)?;
     let end = parse_bound("end_id", &request.end_id, "end_time", request.end_time, End::End)?;
     let count = page_size("count", request.count)?;
-    let page = page(&streams.redis, stream, &start, &end, count, streams.guard.max_message_bytes).await?;
-    let entries = page.entries.into_iter().filter_map(|e| entry::to_entry(e, &streams.id_field, |_| false)).collect();
+    let max_bytes = streams.guard.max_message_bytes;
+    let (page, archived_through) = match &streams.archive {
+        Some(folding) => spanning_page(streams, folding, stream, &start, &end, count).await?,
+        None => (page(&streams.redis, stream, &start, &end, count, max_bytes).await?, None),
+    };
+    let entries = page
+        .entries
+        .into_iter()
+        .filter_map(|e| {
+            let archived = archived_through.is_some_and(|through| e.id <= through);
+            entry::to_entry(e, &streams.id_field, |_| false).map(|entry| Entry { archived, ..entry })
+        })
+        .collect();
     Ok(ReadResponse { entries, next_start_id: page.next_start_id, oversized_ids: page.oversized_ids })
+}
+
+/// A page of the range `start`..=`end` (XRANGE bounds) across the archive and
+/// the stream: entries up to the manifest's `archived_through` come from the
+/// archive (also those a crash left in the stream too), the rest from the
+/// stream, so none is missed or returned twice. Returns the page and
+/// `archived_through`.
+async fn spanning_page(
+    streams: &Streams,
+    folding: &Folding,
+    stream: &str,
+    start: &str,
+    end: &str,
+    count: usize,
+) -> Result<(Page, Option<StreamId>), Error> {
+    let max_bytes = streams.guard.max_message_bytes;
+    let archive = folding.archive();
+    let manifest = archive
+        .manifest(stream)
+        .await
+        .map_err(|e| crate::archive::fold::store_error(e, "reading the manifest", stream))?;
+    let through = manifest.archived_through();
+    let first = bound_id(start, StreamId::ZERO);
+    let last = bound_id(end, StreamId::MAX);
+    let Some(through) = through.filter(|through| first <= *through && first <= last) else {
+        return Ok((page(&streams.redis, stream, start, end, count, max_bytes).await?, through));
+    };
+    // One more than the page, to know where the next starts.
+    let mut raw = archive
+        .read(stream, &manifest, first, last.min(through), count + 1)
+        .await
+        .map_err(|e| crate::archive::fold::store_error(e, "reading archive files", stream))?;
+    if raw.len() <= count && last > through {
+        if let Some(after) = through.successor() {
+            let live = range(&streams.redis, stream, &after.to_string(), end, count + 1 - raw.len()).await?;
+            raw.extend(live);
+        }
+    }
+    Ok((fit(raw, count, max_bytes), Some(through)))
+}
+
+/// The id of an XRANGE bound from [`parse_bound`]: `-` and `+` as `open`.
+fn bound_id(bound: &str, open: StreamId) -> StreamId {
+    bound.parse().unwrap_or(open)
 }
 
 #[cfg(test)]

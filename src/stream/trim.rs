@@ -3,6 +3,7 @@
 
 use super::Streams;
 use crate::{
+    archive::fold::Folding,
     error::Error,
     id::StreamId,
     proto::{TrimRequest, TrimResponse},
@@ -31,12 +32,29 @@ pub(super) async fn trim(
     };
     let trim = Trim { bound, approximate: request.approximate, safe: !request.ignore_groups };
     let (Trimmed { trimmed, applied_min_id, held_back, unread }, archived) =
-        (run(&streams.redis, stream, &trim, None, false).await?, 0);
+        trim_stream(&streams.redis, streams.archive.as_deref(), stream, &trim).await?;
     streams.report_unread_trimmed(stream, &unread, "trim");
     if held_back {
         tracing::info!(%stream, %applied_min_id, "trim held back to keep entries that groups still need");
     }
     Ok(TrimResponse { trimmed, applied_min_id, held_back_by_groups: held_back, archived })
+}
+
+/// Trims `stream`; with an archive (`folding`), folds what the trim removes
+/// first. Returns the trim and how many entries it archived. Trim calls and
+/// the retention policies both trim through here.
+///
+/// Errors: as [`run`] and [`Folding::fold_then_trim`].
+pub(crate) async fn trim_stream(
+    redis: &Redis,
+    folding: Option<&Folding>,
+    stream: &str,
+    trim: &Trim,
+) -> Result<(Trimmed, u64), Error> {
+    match folding {
+        Some(folding) => folding.fold_then_trim(redis, stream, trim).await,
+        None => Ok((run(redis, stream, trim, None, false).await?, 0)),
+    }
 }
 
 /// Where a trim stops.

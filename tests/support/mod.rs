@@ -29,6 +29,7 @@
 //! Each file in `tests/` is its own crate and uses only part of this module.
 #![allow(dead_code, unreachable_pub, clippy::needless_update)]
 
+pub mod archive_tools;
 pub mod chaos;
 pub mod cluster;
 mod consume;

@@ -1,0 +1,261 @@
+//! Fold, then trim: with an archive, what a trim would remove is folded into
+//! archive files first, in the order that loses nothing whatever crashes —
+//! file durable → manifest → XTRIM — by one sidecar at a time per stream.
+//!
+//! A crash after the file leaves an orphan that the next fold overwrites (a
+//! file is named by its stream and first id, and the next fold starts at the
+//! same id); after the manifest, entries both archived and live, which the
+//! next fold does not archive again (it starts after `archived_through`) and
+//! Read takes from the archive only. The trim is capped at the first id not
+//! archived and runs only while this sidecar holds the stream's fold lease
+//! (`trim.lua` checks it), and two sidecars can never commit the same
+//! manifest version (create-if-absent), so a sidecar that lost its lease
+//! while stalled can neither archive a range twice nor trim past the archive.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    archive::{Archive, ArchiveError, Manifest},
+    error::Error,
+    id::StreamId,
+    metrics::{ArchiveExtent, Metrics},
+    redis::{range::range, Redis},
+    stream::trim::{run, Fence, Trim, Trimmed},
+};
+
+/// How long a fold lease lasts unless renewed (ms): renewed before each file,
+/// so a sidecar that dies mid-fold holds the stream up no longer than this.
+pub const FOLD_LEASE_MS: u64 = 30_000;
+/// How long a Trim waits for another sidecar's fold of the same stream.
+const LEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// The archive as the trims use it: where files go, and what each stream's
+/// last fold did.
+pub struct Folding {
+    archive: Archive,
+    id_field: String,
+    /// The most entries in one file (`--archive-file-entries`).
+    file_entries: usize,
+    /// This sidecar's consumer name, the first part of its lease tokens.
+    owner: String,
+    metrics: Arc<Metrics>,
+    /// Stream key → why its last fold failed (absent after a success).
+    errors: Mutex<HashMap<String, String>>,
+}
+
+impl Folding {
+    /// Folds into `archive`; entries' branded ids are in `id_field`; files hold
+    /// at most `file_entries` entries; `owner` names this sidecar in leases.
+    pub fn new(
+        archive: Archive,
+        id_field: String,
+        file_entries: usize,
+        owner: String,
+        metrics: Arc<Metrics>,
+    ) -> Folding {
+        Folding { archive, id_field, file_entries, owner, metrics, errors: Mutex::default() }
+    }
+
+    /// The archive read from.
+    pub fn archive(&self) -> &Archive {
+        &self.archive
+    }
+
+    /// Why this sidecar's last fold of `stream` failed; `None` after a success.
+    pub fn last_error(&self, stream: &str) -> Option<String> {
+        self.errors.lock().expect("fold errors").get(stream).cloned()
+    }
+
+    /// Folds into the archive what `trim` would remove from `stream`, then
+    /// trims (never past what is archived). Returns the trim and how many
+    /// entries this call archived.
+    ///
+    /// Errors: [`Error::ArchiveUnavailable`] when the store refuses (nothing
+    /// more is trimmed; what was committed stays); [`Error::Aborted`] when
+    /// another sidecar holds the stream's fold lease for longer than 5 s, or
+    /// took it over; the trim's own errors.
+    pub(crate) async fn fold_then_trim(
+        &self,
+        redis: &Redis,
+        stream: &str,
+        trim: &Trim,
+    ) -> Result<(Trimmed, u64), Error> {
+        let started = Instant::now();
+        let result = self.fold_then_trim_leased(redis, stream, trim).await;
+        let mut errors = self.errors.lock().expect("fold errors");
+        match &result {
+            Ok(_) => {
+                errors.remove(stream);
+            }
+            Err(Error::Aborted { .. }) => {}
+            Err(error) => {
+                self.metrics.archive_fold_error(stream, redis.keys.sharded_stream_of(stream));
+                tracing::warn!(%stream, %error, "folding into the archive failed: nothing more is trimmed until it succeeds");
+                errors.insert(stream.to_owned(), error.to_string());
+            }
+        }
+        self.metrics.archive_fold_duration(stream, redis.keys.sharded_stream_of(stream), started.elapsed());
+        result
+    }
+
+    async fn fold_then_trim_leased(&self, redis: &Redis, stream: &str, trim: &Trim) -> Result<(Trimmed, u64), Error> {
+        let lease = redis.keys.fold_lease(stream);
+        let token = format!("{}:{:016x}", self.owner, fastrand::u64(..));
+        self.acquire(redis, stream, &lease, &token).await?;
+        let result = self.fold_and_trim(redis, stream, trim, &lease, &token).await;
+        release(redis, &lease, &token).await;
+        result
+    }
+
+    async fn fold_and_trim(
+        &self,
+        redis: &Redis,
+        stream: &str,
+        trim: &Trim,
+        lease: &str,
+        token: &str,
+    ) -> Result<(Trimmed, u64), Error> {
+        let mut manifest =
+            self.archive.manifest(stream).await.map_err(|e| store_error(e, "reading the manifest", stream))?;
+        // What the trim would remove: entries below this bound.
+        let bound = run(redis, stream, trim, None, true).await?.applied_min_id;
+        let mut archived = 0;
+        if let Ok(bound) = bound.parse::<StreamId>() {
+            loop {
+                let start = manifest.archived_through().and_then(StreamId::successor);
+                let start = start.map_or_else(|| "-".to_owned(), |id| id.to_string());
+                let entries = range(redis, stream, &start, &format!("({bound}"), self.file_entries).await?;
+                let Some(last) = entries.last().map(|e| e.id) else { break };
+                renew(redis, stream, lease, token).await?;
+                let file = self
+                    .archive
+                    .write_file(stream, &self.id_field, &entries)
+                    .await
+                    .map_err(|e| fold_error(e, "writing a file", stream))?;
+                let bytes = file.bytes;
+                pause_point("after_file").await;
+                manifest = self
+                    .archive
+                    .commit(stream, &manifest, file)
+                    .await
+                    .map_err(|e| fold_error(e, "writing the manifest", stream))?;
+                pause_point("after_manifest").await;
+                archived += entries.len() as u64;
+                self.metrics.archive_folded(stream, redis.keys.sharded_stream_of(stream), entries.len() as u64, bytes);
+                tracing::debug!(%stream, entries = entries.len(), %last, "folded into the archive");
+                if entries.len() < self.file_entries {
+                    break;
+                }
+            }
+        }
+        self.metrics.archive_extent(stream, redis.keys.sharded_stream_of(stream), extent(&manifest));
+        pause_point("before_trim").await;
+        let unarchived =
+            manifest.archived_through().map_or(StreamId::ZERO, |through| through.successor().unwrap_or(through));
+        let trimmed = run(redis, stream, trim, Some(Fence { lease, token, unarchived }), false).await?;
+        Ok((trimmed, archived))
+    }
+
+    /// Takes `stream`'s fold lease, waiting up to [`LEASE_WAIT`] for another
+    /// holder to finish.
+    async fn acquire(&self, redis: &Redis, stream: &str, lease: &str, token: &str) -> Result<(), Error> {
+        let deadline = Instant::now() + LEASE_WAIT;
+        loop {
+            let mut conn = redis.conn.clone();
+            let taken: Option<String> = redis::cmd("SET")
+                .arg(lease)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(FOLD_LEASE_MS)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| Error::from_redis(e, "taking the fold lease (SET NX)", stream))?;
+            if taken.is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Aborted {
+                    reason: format!("another sidecar is folding stream `{stream}` into the archive; try again"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Extends the lease while it is still `token`'s ([`Error::Aborted`] if not).
+async fn renew(redis: &Redis, stream: &str, lease: &str, token: &str) -> Result<(), Error> {
+    let mut conn = redis.conn.clone();
+    let renewed: i64 = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0",
+    )
+    .key(lease)
+    .arg(token)
+    .arg(FOLD_LEASE_MS)
+    .invoke_async(&mut conn)
+    .await
+    .map_err(|e| Error::from_redis(e, "renewing the fold lease", stream))?;
+    if renewed == 1 {
+        Ok(())
+    } else {
+        Err(Error::Aborted { reason: format!("another sidecar took over folding stream `{stream}`; try again") })
+    }
+}
+
+/// Gives the lease up if it is still `token`'s; a failure only delays the
+/// next fold until the lease expires.
+async fn release(redis: &Redis, lease: &str, token: &str) {
+    let mut conn = redis.conn.clone();
+    let released: redis::RedisResult<i64> = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+    .key(lease)
+    .arg(token)
+    .invoke_async(&mut conn)
+    .await;
+    if let Err(error) = released {
+        tracing::debug!(%lease, %error, "the fold lease stays until it expires");
+    }
+}
+
+/// A store error met while folding: a conflict means another sidecar folded
+/// the same range first ([`Error::Aborted`]), anything else [`store_error`].
+fn fold_error(error: ArchiveError, context: &'static str, stream: &str) -> Error {
+    match error {
+        ArchiveError::Conflict { .. } => {
+            Error::Aborted { reason: format!("another sidecar archived stream `{stream}` at the same time; try again") }
+        }
+        error => store_error(error, context, stream),
+    }
+}
+
+/// What `manifest` holds, for the metrics.
+pub fn extent(manifest: &Manifest) -> ArchiveExtent {
+    ArchiveExtent {
+        files: manifest.files.len() as u64,
+        bytes: manifest.bytes(),
+        entries: manifest.entries(),
+        oldest_ms: manifest.oldest().map(|id| id.ms),
+    }
+}
+
+/// An archive error as the API's: UNAVAILABLE, naming what was being done.
+pub(crate) fn store_error(error: ArchiveError, context: &'static str, stream: &str) -> Error {
+    Error::ArchiveUnavailable { context, stream: stream.to_owned(), reason: error.to_string() }
+}
+
+/// For the crash tests: with `ECHOMQ_ARCHIVE_PAUSE_AT` naming this step
+/// (`after_file`, `after_manifest`, `before_trim`), logs it and stops here
+/// for good, so the test can kill the process at exactly this point.
+async fn pause_point(step: &'static str) {
+    static PAUSE_AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if PAUSE_AT.get_or_init(|| std::env::var("ECHOMQ_ARCHIVE_PAUSE_AT").ok()).as_deref() == Some(step) {
+        tracing::warn!(step, "paused for a crash test (ECHOMQ_ARCHIVE_PAUSE_AT)");
+        std::future::pending::<()>().await;
+    }
+}

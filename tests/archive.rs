@@ -1,0 +1,365 @@
+//! The archive through the sidecar (`--archive-url`): Trim and `--retention`
+//! fold what they remove into Parquet files first (file → manifest → XTRIM),
+//! Read spans the archive and the stream, a crash at each step loses nothing
+//! and archives nothing twice, and a store that refuses writes stops the
+//! trimming, visibly, without making the sidecar unready. Against a local
+//! directory and a real S3-compatible server (MinIO), with DuckDB reading the
+//! files as they are.
+
+// Tests fail loudly by design; `..Default::default()` on proto messages keeps them
+// compiling when the contract gains fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
+mod support;
+
+use std::{collections::BTreeSet, path::Path, time::Duration};
+
+use echomq::{
+    archive::{Archive, Manifest},
+    id::StreamId,
+    proto::{AppendRequest, DescribeGroupRequest, Entry, ReadRequest, TrimRequest},
+};
+use support::{archive_tools::*, *};
+use tonic::Code;
+
+/// Options for a sidecar that archives into `url`, with `env` (AWS_*).
+fn archiving(url: &str, env: Vec<(String, String)>, extra: &[&str]) -> SidecarOptions {
+    let mut extra_args = vec!["--archive-url".to_owned(), url.to_owned()];
+    extra_args.extend(extra.iter().map(|s| (*s).to_owned()));
+    SidecarOptions { extra_args, env, ..SidecarOptions::default() }
+}
+
+fn file_url(dir: &Path) -> String {
+    format!("file://{}", dir.display())
+}
+
+/// Appends `n` entries to `stream` through the sidecar, each with a text
+/// field `k` (its index) and a binary one; then two by hand (XADD) with a
+/// name that is not UTF-8 and a repeated name. Returns the stream ids.
+async fn append_awkward(sidecar: &Sidecar, redis: &RedisServer, stream: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut client = sidecar.stream_client().await;
+    for k in 0..n {
+        let request = AppendRequest {
+            stream: stream.into(),
+            fields: fields(&[("k", k.to_string().as_bytes()), ("bin", &[0, 255, k as u8])]),
+            ..Default::default()
+        };
+        ids.push(client.append(request).await.expect("append").into_inner().stream_id);
+    }
+    let mut con = redis.conn().await;
+    for value in [&b"\xff\x00"[..], b""] {
+        let id: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg(&b"\xfe name"[..])
+            .arg(value)
+            .arg("dup")
+            .arg("a")
+            .arg("dup")
+            .arg("b")
+            .query_async(&mut con)
+            .await
+            .expect("XADD");
+        ids.push(id);
+    }
+    ids
+}
+
+/// Every entry of `stream` Read returns, paging `page` at a time.
+async fn read_all(sidecar: &Sidecar, stream: &str, page: u32) -> Vec<Entry> {
+    let mut client = sidecar.stream_client().await;
+    let (mut entries, mut start) = (Vec::new(), String::new());
+    loop {
+        let request = ReadRequest { stream: stream.into(), start_id: start, count: page, ..Default::default() };
+        let response = client.read(request).await.expect("read").into_inner();
+        assert!(response.oversized_ids.is_empty());
+        entries.extend(response.entries);
+        if response.next_start_id.is_empty() {
+            return entries;
+        }
+        start = response.next_start_id;
+    }
+}
+
+fn without_flag(entries: &[Entry]) -> Vec<Entry> {
+    entries.iter().map(|e| Entry { archived: false, ..e.clone() }).collect()
+}
+
+async fn trim(sidecar: &Sidecar, stream: &str, max_len: u64) -> Result<echomq::proto::TrimResponse, tonic::Status> {
+    let request = TrimRequest { stream: stream.into(), max_len, ..Default::default() };
+    sidecar.stream_client().await.trim(request).await.map(|r| r.into_inner())
+}
+
+async fn archive_info(sidecar: &Sidecar, stream: &str) -> echomq::proto::ArchiveInfo {
+    let request = DescribeGroupRequest { stream: stream.into(), group: "g".into(), ..Default::default() };
+    let response = sidecar.admin_client().await.describe_group(request).await.expect("describe").into_inner();
+    response.archive.expect("describe reports the archive")
+}
+
+/// Trim folds, then trims; Read returns the same entries as before the trim,
+/// in order, none twice, paging across the boundary; describe and the
+/// metrics show the archive's extent. Returns the trimmed stream ids.
+async fn fold_then_trim_and_read_back(sidecar: &Sidecar, redis: &RedisServer) -> Vec<String> {
+    let stream = "orders";
+    let mut con = redis.conn().await;
+    let ids = append_awkward(sidecar, redis, stream, 40).await;
+    // Delivered everything: the safe trim is not held back.
+    create_group(&mut con, stream, "g", "$").await;
+    let before = read_all(sidecar, stream, 100).await;
+    assert_eq!(before.len(), 42);
+
+    let trimmed = trim(sidecar, stream, 10).await.expect("trim");
+    assert_eq!((trimmed.trimmed, trimmed.archived), (32, 32), "{trimmed:?}");
+    assert_eq!(xlen(&mut con, stream).await, 10);
+
+    for page in [7, 32, 100] {
+        let after = read_all(sidecar, stream, page).await;
+        assert_eq!(without_flag(&after), before, "page {page}: the same entries, in order, none twice");
+        let archived: Vec<bool> = after.iter().map(|e| e.archived).collect();
+        assert_eq!(archived, [vec![true; 32], vec![false; 10]].concat(), "page {page}");
+    }
+    // A range inside the archive, by instant, ends where asked.
+    let request =
+        ReadRequest { stream: stream.into(), start_id: ids[3].clone(), end_id: ids[5].clone(), ..Default::default() };
+    let some = sidecar.stream_client().await.read(request).await.expect("read").into_inner();
+    assert_eq!(some.entries.iter().map(|e| e.stream_id.clone()).collect::<Vec<_>>(), ids[3..=5]);
+
+    // A second trim archives nothing again.
+    let again = trim(sidecar, stream, 5).await.expect("trim");
+    assert_eq!((again.trimmed, again.archived), (5, 5));
+    assert_eq!(without_flag(&read_all(sidecar, stream, 9).await), before);
+
+    let info = archive_info(sidecar, stream).await;
+    assert_eq!((info.entries, info.files), (37, 2), "{info:?}");
+    assert_eq!((info.oldest_id.as_str(), info.archived_through.as_str()), (ids[0].as_str(), ids[36].as_str()));
+    assert!(info.bytes > 0 && info.last_error.is_empty(), "{info:?}");
+    assert_eq!(sidecar.counter("echomq_archive_folded_entries_total").await, 37.0);
+    assert_eq!(sidecar.counter("echomq_archive_entries").await, 37.0);
+    ids[..37].to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_trim_folds_first_and_read_spans_the_archive_and_the_stream() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &[])).await;
+    let trimmed = fold_then_trim_and_read_back(&sidecar, &redis).await;
+
+    // DuckDB sees exactly the entries that were trimmed, as they are.
+    let Some(python) = duckdb_python() else { return };
+    let rows = duckdb_rows(&python, dir.path());
+    let seen: Vec<String> = rows.iter().map(|row| row[1].as_str().unwrap().to_owned()).collect();
+    let mut sorted = seen.clone();
+    sorted.sort_by_key(|id| id.parse::<StreamId>().unwrap());
+    assert_eq!(sorted, trimmed);
+    assert!(rows.iter().all(|row| row[0] == "orders"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minio_trim_folds_first_and_read_spans_the_archive_and_the_stream() {
+    let Some(minio) = Minio::start().await else { return };
+    let redis = RedisServer::start().await;
+    let url = format!("s3://{BUCKET}/sidecar");
+    let sidecar = Sidecar::start(&redis, archiving(&url, minio.aws_env(), &[])).await;
+    fold_then_trim_and_read_back(&sidecar, &redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_max_len_is_refused_with_an_archive() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &[])).await;
+    let request =
+        AppendRequest { stream: "s".into(), fields: fields(&[("k", b"v")]), max_len: 10, ..Default::default() };
+    let refused = sidecar.stream_client().await.append(request).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("--retention"), "{}", refused.message());
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "s").await, 0, "nothing written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_or_unreachable_archive_url_exits_2_with_the_reason() {
+    let dir = TempDir::new("archive");
+    let missing = dir.path().join("missing");
+    for (url, says) in [("ftp://host/x".to_owned(), "ftp"), (file_url(&missing), "missing")] {
+        let mut args = local_args("redis://127.0.0.1:1");
+        args.extend(["--archive-url".to_owned(), url.clone()]);
+        let out = run_to_exit(&args, Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        assert!(stderr.contains("--archive-url") && stderr.contains(says), "{url}: {stderr}");
+    }
+}
+
+/// Retention runs on its timer, folds first, and is safe: it keeps what a
+/// group has not been delivered; a sharded stream is kept per shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_folds_on_its_timer_and_never_past_what_a_group_needs() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let options = archiving(
+        &file_url(dir.path()),
+        vec![],
+        &["--retention", "kept=maxlen:5,sh=maxlen:2", "--retention-interval-ms", "100", "--sharded-streams", "sh=2"],
+    );
+    let sidecar = Sidecar::start(&redis, options).await;
+    let mut con = redis.conn().await;
+    create_group(&mut con, "kept", "g", "$").await;
+    let ids = append_awkward(&sidecar, &redis, "kept", 28).await;
+    // The group has been delivered nothing: retention keeps it all.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(xlen(&mut con, "kept").await, 30, "held back for the group");
+    let _: redis::Value =
+        redis::cmd("XGROUP").arg("SETID").arg("kept").arg("g").arg("$").query_async(&mut con).await.unwrap();
+    assert!(eventually(Duration::from_secs(10), || stream_length_is(&redis, "kept", 5)).await, "{}", sidecar.log());
+    let all = read_all(&sidecar, "kept", 8).await;
+    assert_eq!(all.iter().map(|e| e.stream_id.clone()).collect::<Vec<_>>(), ids);
+    assert_eq!(all.iter().filter(|e| e.archived).count(), 25);
+
+    // A sharded stream: each shard key keeps its own 2, archived per key.
+    let mut client = sidecar.stream_client().await;
+    for k in 0..20 {
+        let request = AppendRequest {
+            stream: "sh".into(),
+            fields: fields(&[("k", k.to_string().as_bytes())]),
+            ..Default::default()
+        };
+        client.append(request).await.expect("append");
+    }
+    let shards = ["sh:{sh:0}", "sh:{sh:1}"];
+    let settled = eventually(Duration::from_secs(10), || async {
+        stream_length_is(&redis, shards[0], 2).await && stream_length_is(&redis, shards[1], 2).await
+    })
+    .await;
+    assert!(settled, "{}", sidecar.log());
+    let archive = Archive::open(&file_url(dir.path())).unwrap();
+    let mut total = 0;
+    for shard in shards {
+        let manifest = archive.manifest(shard).await.unwrap();
+        total += manifest.entries();
+        assert_eq!(manifest.entries() + 2, read_all(&sidecar, shard, 100).await.len() as u64, "{shard}");
+    }
+    assert_eq!(total, 16);
+}
+
+/// A kill -9 after the file, after the manifest, or before the trim loses
+/// nothing; after a restart nothing is archived twice or read twice, and no
+/// file outside the manifest is left for DuckDB to count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_each_step_loses_nothing_and_archives_nothing_twice() {
+    for step in ["after_file", "after_manifest", "before_trim"] {
+        let redis = RedisServer::start().await;
+        let dir = TempDir::new("archive");
+        let url = file_url(dir.path());
+        let paused = SidecarOptions {
+            env: vec![("ECHOMQ_ARCHIVE_PAUSE_AT".into(), step.into())],
+            ..archiving(&url, vec![], &["--archive-file-entries", "7"])
+        };
+        let mut crashing = Sidecar::start(&redis, paused).await;
+        let ids = append_awkward(&crashing, &redis, "s", 18).await;
+        let client = crashing.stream_client().await;
+        let pending_trim = tokio::spawn(async move {
+            let mut client = client;
+            client.trim(TrimRequest { stream: "s".into(), max_len: 4, ..Default::default() }).await
+        });
+        let reached =
+            eventually(Duration::from_secs(10), || async { crashing.log().contains("paused for a crash test") }).await;
+        assert!(reached, "{step}: {}", crashing.log());
+        crashing.kill9();
+        assert!(pending_trim.await.unwrap().is_err(), "{step}: the trim died with the sidecar");
+        let mut con = redis.conn().await;
+        assert_eq!(xlen(&mut con, "s").await, 20, "{step}: nothing trimmed before the crash");
+
+        // The lease the dead sidecar held expires; a new sidecar folds on.
+        let _: i64 = redis::cmd("DEL").arg("s:archive:lease").query_async(&mut con).await.unwrap();
+        let sidecar = Sidecar::start(&redis, archiving(&url, vec![], &["--archive-file-entries", "7"])).await;
+        let response = trim(&sidecar, "s", 4).await.expect("trim after the restart");
+        assert_eq!(response.trimmed, 16, "{step}: {response:?}");
+        assert_eq!(xlen(&mut con, "s").await, 4);
+
+        let all = read_all(&sidecar, "s", 5).await;
+        assert_eq!(all.iter().map(|e| e.stream_id.clone()).collect::<Vec<_>>(), ids, "{step}");
+        let archive = Archive::open(&url).unwrap();
+        let manifest = archive.manifest("s").await.unwrap();
+        let archived = archive.read("s", &manifest, StreamId::ZERO, StreamId::MAX, 1000).await.unwrap();
+        let unique: BTreeSet<StreamId> = archived.iter().map(|e| e.id).collect();
+        assert_eq!((archived.len(), unique.len()), (16, 16), "{step}: each trimmed entry archived once");
+        assert_eq!(parquet_files(dir.path()), manifest.files.len(), "{step}: no orphan beside the manifest's files");
+    }
+}
+
+async fn stream_length_is(redis: &RedisServer, stream: &str, length: i64) -> bool {
+    xlen(&mut redis.conn().await, stream).await == length
+}
+
+fn parquet_files(dir: &Path) -> usize {
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            count += parquet_files(&path);
+        } else if path.extension().is_some_and(|e| e == "parquet") {
+            count += 1;
+        }
+    }
+    count
+}
+
+/// An archive that refuses writes pauses trimming: the Trim fails
+/// UNAVAILABLE and removes nothing, describe and the metrics say why, the
+/// sidecar stays ready; once the store takes writes again, trimming resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archive_that_refuses_writes_pauses_trimming_visibly() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &[])).await;
+    append_awkward(&sidecar, &redis, "s", 10).await;
+    create_group(&mut redis.conn().await, "s", "g", "$").await;
+    // The stream's directory is a file now: no file can be written under it.
+    std::fs::write(dir.path().join("s"), b"in the way").unwrap();
+
+    let refused = trim(&sidecar, "s", 2).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("archive"), "{}", refused.message());
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "s").await, 12, "nothing trimmed unarchived");
+    assert!(!archive_info(&sidecar, "s").await.last_error.is_empty());
+    assert_eq!(sidecar.counter("echomq_archive_fold_errors_total").await, 1.0);
+    assert_eq!(sidecar.readyz().await, Some(200), "a refusing archive does not make the sidecar unready");
+
+    std::fs::remove_file(dir.path().join("s")).unwrap();
+    let response = trim(&sidecar, "s", 2).await.expect("trim once the store takes writes");
+    assert_eq!((response.trimmed, response.archived), (10, 10));
+    assert!(archive_info(&sidecar, "s").await.last_error.is_empty());
+}
+
+/// Two sidecars apply the same retention to one stream while entries keep
+/// coming: the fold lease lets one at a time fold, so every entry is in the
+/// archive or the stream exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sidecars_folding_one_stream_never_archive_an_entry_twice() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let url = file_url(dir.path());
+    let policy = ["--retention", "s=maxlen:3", "--retention-interval-ms", "20", "--archive-file-entries", "5"];
+    let a = Sidecar::start(&redis, archiving(&url, vec![], &policy)).await;
+    let b = Sidecar::start(&redis, archiving(&url, vec![], &policy)).await;
+    let mut ids = Vec::new();
+    for round in 0..10 {
+        let sidecar = if round % 2 == 0 { &a } else { &b };
+        ids.extend(append_awkward(sidecar, &redis, "s", 8).await);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let settled = eventually(Duration::from_secs(10), || stream_length_is(&redis, "s", 3)).await;
+    assert!(settled, "{}", a.log());
+    let all = read_all(&a, "s", 13).await;
+    assert_eq!(all.iter().map(|e| e.stream_id.clone()).collect::<Vec<_>>(), ids);
+    let archive = Archive::open(&url).unwrap();
+    let manifest: Manifest = archive.manifest("s").await.unwrap();
+    assert_eq!(manifest.entries(), ids.len() as u64 - 3);
+    for pair in manifest.files.windows(2) {
+        assert!(pair[0].last_id < pair[1].first_id, "files overlap: {pair:?}");
+    }
+}
