@@ -259,7 +259,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         }
     };
     redis.warn_of_plain_namesakes().await;
-    readiness.set_redis_up(true);
 
     let (draining_tx, draining) = watch::channel(false);
     let folding = archive.map(|archive| {
@@ -293,6 +292,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             .max_decoding_message_size(max)
             .max_encoding_message_size(max),
     );
+    // Ready only once the services answer: a probe that sees 200 (or
+    // SERVING) before they are set would send calls to the placeholders.
+    readiness.set_redis_up(true);
     for service in services {
         health.set_service_status(service, ServingStatus::Serving).await;
     }

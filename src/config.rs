@@ -47,7 +47,7 @@ pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 5_000;
 /// Default period (ms) of the retention policies (`--retention`).
 pub const DEFAULT_RETENTION_INTERVAL_MS: u64 = 10_000;
 /// Default most entries in one archive file.
-pub const DEFAULT_ARCHIVE_FILE_ENTRIES: u64 = 100_000;
+pub const DEFAULT_ARCHIVE_FILE_ENTRIES: u64 = 25_000;
 
 /// Default largest gRPC message, either way (bytes): 4 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
@@ -246,7 +246,8 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_RETENTION_INTERVAL_MS", default_value_t = DEFAULT_RETENTION_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(10..))]
     pub retention_interval_ms: u64,
 
-    /// The most entries folded into one archive file (entries).
+    /// The most entries folded into one archive file (entries): also the most a fold holds in memory at
+    /// once (about 25,000 × the entry size).
     #[arg(long, env = "ECHOMQ_ARCHIVE_FILE_ENTRIES", default_value_t = DEFAULT_ARCHIVE_FILE_ENTRIES, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub archive_file_entries: u64,
 

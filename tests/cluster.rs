@@ -17,7 +17,7 @@ use echomq::proto::{
 };
 use redis::cluster_async::ClusterConnection;
 use support::cluster::{key_slot, RedisCluster, Role};
-use support::{assert_code, req, subscribe_msg, unique, Consumer, Event, Sidecar, SidecarOptions};
+use support::{assert_code, req, subscribe_msg, unique, Consumer, Event, Sidecar, SidecarOptions, TempDir};
 use tonic::Code;
 
 async fn xadd(con: &mut ClusterConnection, key: &str, n: usize) {
@@ -512,4 +512,47 @@ async fn a_failover_under_a_blocked_reader_is_not_a_lost_group() {
         .filter(|l| l.starts_with("echomq_group_recreations_total") && !l.trim_end().ends_with(" 0"))
         .collect();
     assert!(recreated.is_empty(), "no group was lost: {recreated:?}\n{}", sidecar.log());
+}
+
+/// The archive on a cluster: each shard key of a sharded stream is folded
+/// and trimmed on its own slot (its fold lease shares the key's hash tag),
+/// and Read spans each shard's archive and stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_stream_is_archived_per_shard_key_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0).await;
+    let stream = unique("archived");
+    let dir = TempDir::new("archive");
+    let options = SidecarOptions::default()
+        .arg("--sharded-streams")
+        .arg(&format!("{stream}=3"))
+        .arg("--archive-url")
+        .arg(&format!("file://{}", dir.path().display()));
+    let sidecar = Sidecar::start_with_url(&cluster.seed_urls(), options).await;
+    let mut streams = sidecar.stream_client().await;
+    let mut written: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for k in 0..30 {
+        let request =
+            AppendRequest { stream: stream.clone(), fields: fields(&[("k", &k.to_string())]), ..Default::default() };
+        let response = streams.append(request).await.unwrap().into_inner();
+        written.entry(response.stream).or_default().push(response.stream_id);
+    }
+    assert_eq!(written.len(), 3, "round-robin over the shards: {written:?}");
+    let mut con = cluster.conn().await;
+    for (shard, ids) in &written {
+        let trimmed = streams
+            .trim(TrimRequest { stream: shard.clone(), max_len: 2, ..Default::default() })
+            .await
+            .unwrap_or_else(|s| panic!("trim {shard}: {s:?}"))
+            .into_inner();
+        assert_eq!((trimmed.trimmed, trimmed.archived), (8, 8), "{shard}");
+        assert_eq!(xlen(&mut con, shard).await, 2);
+        let read = streams
+            .read(ReadRequest { stream: shard.clone(), count: 100, ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        let back: Vec<String> = read.entries.iter().map(|e| e.stream_id.clone()).collect();
+        assert_eq!(&back, ids, "{shard}: archived then live, in order");
+        assert_eq!(read.entries.iter().filter(|e| e.archived).count(), 8);
+    }
 }
