@@ -522,7 +522,9 @@ mod tests {
                 Retention { stream: "c".into(), keep: Keep::Within(Duration::from_millis(250)) },
             ]
         );
-        for bad in ["a", "=maxlen:1", "a=maxlen:0", "a=maxlen:x", "a=maxage:7", "a=maxage:0s", "a=keep:1", "a=maxage:1w"] {
+        for bad in
+            ["a", "=maxlen:1", "a=maxlen:0", "a=maxlen:x", "a=maxage:7", "a=maxage:0s", "a=keep:1", "a=maxage:1w"]
+        {
             let error = parse(&["--retention", bad]).unwrap_err().to_string();
             assert!(error.contains("maxlen") || error.contains("duration"), "{bad}: {error}");
         }

@@ -8,6 +8,10 @@
 //! unless `ECHOMQ_REQUIRE_ARCHIVE_TOOLS` is set — scripts/test sets it — and
 //! then they fail.
 
+// Tests fail loudly by design (and `mod support` brings the shared fixtures,
+// which do too), as in every other test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_update)]
+
 mod support;
 
 use std::{
