@@ -1,5 +1,10 @@
 //! Crash recovery with real processes: a SIGKILLed sidecar, a dead peer, a slow
-//! client, a destroyed group, a flushed or restarted Redis.
+//! client, a destroyed group, a flushed or restarted Redis, a read whose reply
+//! is lost.
+//!
+//! The lost-read tests put the sidecar's Redis connections through toxiproxy
+//! (`support::toxiproxy`): they need `toxiproxy-server` on PATH, as
+//! `scripts/test` puts it (or `ECHOMQ_TOXIPROXY`), and fail without it.
 
 // Tests fail loudly by design; `..Default::default()` on proto messages keeps them
 // compiling when the contract gains fields.
@@ -10,7 +15,8 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use echomq::proto::{AppendRequest, GroupStart, VerdictErrorCode};
+use echomq::proto::consume_request::Kind;
+use echomq::proto::{AppendRequest, Drain, GroupStart, VerdictErrorCode};
 use support::*;
 use tonic::Code;
 
@@ -424,4 +430,190 @@ async fn hygiene_keeps_a_live_quiet_sidecar_and_removes_it_once_dead() {
     assert!(consumer_names(&mut con, "s", "g").await.contains("cleaner"));
     let beats: Vec<String> = redis::cmd("HKEYS").arg("s:heartbeats:g").query_async(&mut con).await.unwrap();
     assert_eq!(beats, vec!["cleaner".to_owned()], "the dead consumer's heartbeat goes with it");
+}
+
+// ---------------------------------------------------------------------------
+// A read whose reply is lost: its entries come first, not after the reclaim
+// ---------------------------------------------------------------------------
+
+/// Far beyond these tests: only the sidecar's own recovery may bring the
+/// entries of a lost read back within [`LOST_READ_BACK`], never the reclaim
+/// beat or the lease refresh.
+const LOST_READ_MIN_IDLE_MS: u64 = 60_000;
+/// How soon an entry of a lost read must come back.
+const LOST_READ_BACK: Duration = Duration::from_secs(2);
+/// How long toxiproxy holds back Redis' replies: the sidecar gives up the
+/// read long before the reply could reach it.
+const HOLD_REPLIES_MS: u64 = 3_000;
+
+/// A sidecar that reaches Redis through `proxy`, whose beats (reclaim, lease
+/// refresh, gauges) stay out of the few seconds a test takes, and whose
+/// reader blocks for longer than that, so its one read is the one that is lost.
+async fn sidecar_through(redis: &RedisServer, proxy: &Proxy, name: &str) -> Sidecar {
+    let mut options = SidecarOptions::named(name)
+        .reclaim(LOST_READ_MIN_IDLE_MS, LOST_READ_MIN_IDLE_MS)
+        .arg("--read-block-ms")
+        .arg("30000")
+        .arg("--metrics-poll-interval-ms")
+        .arg("0");
+    options.redis_url = Some(proxy.redis_url());
+    Sidecar::start(redis, options).await
+}
+
+/// `echomq_reader_connections_closed_total{reason}` of `sidecar`.
+async fn readers_closed(sidecar: &Sidecar, reason: &str) -> f64 {
+    let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("GET /metrics").body;
+    let label = format!("reason=\"{reason}\"");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("echomq_reader_connections_closed_total{") && line.contains(&label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until `reason` closed a reader connection of `sidecar`.
+async fn wait_reader_closed(sidecar: &Sidecar, reason: &str, why: &str) {
+    let closed = eventually(EVENT_TIMEOUT, || async move { readers_closed(sidecar, reason).await >= 1.0 }).await;
+    assert!(
+        closed,
+        "{why}: no reader connection closed with reason {reason}\n----- sidecar log -----\n{}",
+        sidecar.log()
+    );
+}
+
+/// Waits until the group's worker is idle: its reader blocked in Redis in its
+/// `>` read, and the beats that every worker runs once when it starts (the
+/// heartbeat, the reclaim, the lease refresh) done, so no reply of theirs is
+/// held back with the read's and delays the worker (their next run is 10 s
+/// and more away).
+async fn wait_worker_idle(con: &mut redis::aio::MultiplexedConnection) {
+    let idle = eventually(EVENT_TIMEOUT, || {
+        let mut con = con.clone();
+        async move {
+            let info: String = redis::cmd("INFO").arg("clients").query_async(&mut con).await.expect("INFO clients");
+            info.lines().any(|line| line.trim() == "blocked_clients:1") && exists(&mut con, "s:heartbeats:g").await
+        }
+    })
+    .await;
+    assert!(idle, "the group's reader never blocked in XREADGROUP, or its worker never beat");
+    // The replies of the start beats that Redis has run are on their way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// Appends one entry straight to Redis while the sidecar's reader is blocked
+/// for it, so Redis hands it to that read at once (into `consumer`'s PEL), and
+/// checks that it did; the reply is then on its way to the sidecar.
+async fn append_into_the_blocked_read(
+    con: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    consumer: &str,
+) -> String {
+    let id = xadd_raw(con, stream, &[(b"k", b"v")]).await;
+    let pending = pending_entries(con, stream, "g").await;
+    assert!(
+        pending.iter().any(|p| p.stream_id == id && p.consumer == consumer && p.deliveries == 1),
+        "the blocked read did not take {id} (the test's premise): {pending:?}"
+    );
+    id
+}
+
+/// How the group's last taking call stops taking while its read is blocked.
+#[derive(Clone, Copy, Debug)]
+enum Leave {
+    /// The client goes away (the call is cancelled).
+    Drop,
+    /// The client sends `Drain` and stays.
+    Drain,
+}
+
+/// The group's only call leaves (`how`) while its worker's `XREADGROUP … >`
+/// is out, after Redis ran it and put an entry in this consumer's PEL, but
+/// before the reply reached the sidecar (toxiproxy holds Redis' replies back).
+/// The worker stops its reader and the reply is lost. The next call on the
+/// same sidecar must get that entry at once (attempts 2: the lost read counted
+/// as a delivery), not after `--reclaim-min-idle-ms` or a restart.
+async fn entry_of_a_cut_off_read_goes_to_the_next_call(how: Leave) {
+    let redis = RedisServer::start().await;
+    let toxiproxy = Toxiproxy::start().await;
+    let proxy = toxiproxy.proxy("redis", redis.port()).await;
+    let sidecar = sidecar_through(&redis, &proxy, "pod-a").await;
+    let mut con = redis.conn().await;
+    let mut first = Some(Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await);
+    wait_worker_idle(&mut con).await;
+
+    proxy.add("hold-replies", Direction::Downstream, Toxic::Latency { ms: HOLD_REPLIES_MS, jitter_ms: 0 }).await;
+    let held_back_at = Instant::now();
+    let id = append_into_the_blocked_read(&mut con, "s", "pod-a").await;
+    match how {
+        Leave::Drop => drop(first.take()),
+        Leave::Drain => first.as_ref().unwrap().send(req(Kind::Drain(Drain {}))).await,
+    }
+    wait_reader_closed(&sidecar, "stopped_mid_read", "the read was not cut off").await;
+    assert!(
+        held_back_at.elapsed() < Duration::from_millis(HOLD_REPLIES_MS),
+        "the reader stopped only after the held-back reply could have reached it: the race was not set up"
+    );
+    proxy.remove("hold-replies").await;
+
+    let mut next = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let got = match next.next_event(LOST_READ_BACK).await {
+        Event::Delivery(d) => d,
+        other => panic!(
+            "{how:?}: the entry the cut-off read took ({id}) was not delivered to the next call within \
+             {LOST_READ_BACK:?}, got {other:?}; pending: {:?}\n----- sidecar log -----\n{}",
+            pending_entries(&mut con, "s", "g").await,
+            sidecar.log()
+        ),
+    };
+    assert_eq!(got.stream_id, id, "{how:?}");
+    assert_eq!(got.attempts, 2, "{how:?}: the cut-off read was the first delivery");
+    next.ack_one(&got.id).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "{how:?}");
+    next.assert_quiet(Duration::from_millis(500), "acked, nothing comes back").await;
+    if let Some(drained) = first.as_mut() {
+        drained.assert_quiet(Duration::from_millis(100), "a drained call gets nothing").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_of_a_read_cut_off_by_the_last_call_leaving_goes_to_the_next_call() {
+    entry_of_a_cut_off_read_goes_to_the_next_call(Leave::Drop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_of_a_read_cut_off_by_a_drain_goes_to_the_next_call() {
+    entry_of_a_cut_off_read_goes_to_the_next_call(Leave::Drain).await;
+}
+
+/// The reader's connection is reset after Redis ran its read and before the
+/// reply arrived: the call still subscribed gets the entry as soon as Redis
+/// is reachable again, not after `--reclaim-min-idle-ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_of_a_read_whose_connection_broke_is_delivered_at_once() {
+    let redis = RedisServer::start().await;
+    let toxiproxy = Toxiproxy::start().await;
+    let proxy = toxiproxy.proxy("redis", redis.port()).await;
+    let sidecar = sidecar_through(&redis, &proxy, "pod-a").await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    wait_worker_idle(&mut con).await;
+
+    proxy.add("reset", Direction::Downstream, Toxic::ResetPeer { after_ms: 0 }).await;
+    let id = append_into_the_blocked_read(&mut con, "s", "pod-a").await;
+    wait_reader_closed(&sidecar, "read_error", "the read's connection did not break").await;
+    proxy.remove("reset").await;
+
+    let got = match call.next_event(LOST_READ_BACK + Duration::from_secs(1)).await {
+        Event::Delivery(d) => d,
+        other => panic!(
+            "the entry the broken read took ({id}) was not delivered, got {other:?}; pending: {:?}\n----- sidecar \
+             log -----\n{}",
+            pending_entries(&mut con, "s", "g").await,
+            sidecar.log()
+        ),
+    };
+    assert_eq!(got.stream_id, id);
+    assert_eq!(got.attempts, 2, "the broken read was the first delivery");
+    call.ack_one(&got.id).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
 }

@@ -1,12 +1,13 @@
 //! Recovery: of this consumer's own PEL at start (entries it was handed
-//! before a crash or restart come back first, in stream order), and of a
-//! group that vanished (NOGROUP: the stream was deleted, Redis flushed or
-//! restarted without persistence).
+//! before a crash or restart come back first, in stream order) and after a
+//! read whose reply was lost (see [`Worker::recover_after_lost_read`]), and
+//! of a group that vanished (NOGROUP: the stream was deleted, Redis flushed
+//! or restarted without persistence).
 
 use redis::{RedisResult, Value};
 
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{debug, info};
 
 use super::{
     worker::{Step, Worker},
@@ -83,6 +84,22 @@ impl Worker {
         true
     }
 
+    /// A `>` read was outstanding when its reply was lost: the reader was
+    /// stopped under it (the group's last call left or drained), or its
+    /// connection broke or timed out. Redis may have run it all the same and
+    /// put its entries in this consumer's PEL, where nothing else would find
+    /// them before the reclaim beat (after `--reclaim-min-idle-ms`) or a
+    /// restart. So the own PEL is walked again, as at start, before the next
+    /// new read: the next call gets those entries first. A read that took
+    /// nothing costs one `XPENDING`; a worker whose reads all returned pays
+    /// nothing. At most once (NOACK) nothing is pending: nothing to find.
+    pub(super) fn recover_after_lost_read(&mut self) {
+        if !self.no_ack && self.recovering.is_none() {
+            debug!(stream = %self.keys.stream, group = %self.keys.group, "a read's reply was lost; recovering own pending entries before the next read");
+            self.recovering = Some(None);
+        }
+    }
+
     /// Reads one page of this consumer's own PEL and queues the entries for
     /// re-delivery, in stream order.
     pub(super) async fn recover_page(&mut self, after: Option<StreamId>, count: usize) {
@@ -95,10 +112,16 @@ impl Worker {
         for &id in &ids {
             if !self.ledger.tracks(id) {
                 self.ledger.wait(id, now);
+                self.recovered += 1;
             }
         }
         if ids.len() < count {
-            info!(stream = %self.keys.stream, group = %self.keys.group, "recovered own pending entries; reading new ones");
+            let entries = std::mem::take(&mut self.recovered);
+            if entries > 0 {
+                info!(stream = %self.keys.stream, group = %self.keys.group, entries, "recovered own pending entries; reading new ones");
+            } else {
+                debug!(stream = %self.keys.stream, group = %self.keys.group, "no own pending entries to recover; reading new ones");
+            }
             self.recovering = None;
         } else {
             self.recovering = Some(ids.last().copied().or(after));

@@ -159,6 +159,8 @@ pub(crate) struct Worker {
     pub(super) flushed: Vec<oneshot::Sender<()>>,
     /// While recovering its own PEL: the last id seen (`None`: from the start).
     pub(super) recovering: Option<Option<StreamId>>,
+    /// Entries the walk under way queued for re-delivery, for its log line.
+    pub(super) recovered: u64,
     /// The blocking reader and its pool connection, while there are calls to
     /// read for: started by the first call's Attach, stopped when the last
     /// call leaves or the sidecar drains.
@@ -201,6 +203,7 @@ impl Worker {
             flushed: Vec::new(),
             // Nothing of an at-most-once reader is ever pending: nothing to recover.
             recovering: if no_ack { None } else { Some(None) },
+            recovered: 0,
             reader: None,
             reclaim_cursor: StreamId::ZERO,
             trimmed_unlogged: 0,
@@ -366,9 +369,16 @@ impl Worker {
     /// taken with no call to hand it to: on shutdown, and when the last call
     /// leaves. Its connection goes back to the pool for another group (or is
     /// closed, if a read was in flight).
+    ///
+    /// A read cut off may already have run in Redis (its reply on the way, or
+    /// even queued here unread): its entries are then pending for this
+    /// consumer, so the own PEL is recovered before the next new read.
     fn stop_reading(&mut self) {
         if let Some(reader) = self.reader.take() {
             reader.stop();
+            if self.ledger.is_reading() {
+                self.recover_after_lost_read();
+            }
         }
         self.ledger.read_done();
     }
@@ -522,7 +532,14 @@ impl Worker {
         self.ledger.read_done();
         let entries = match result {
             Ok(entries) => entries,
-            Err(e) => return self.redis_failed(Step::Read, &e),
+            Err(e) => {
+                // A reply lost to a broken or silent connection: Redis may
+                // have run the read. An error reply (NOGROUP, …) took nothing.
+                if crate::error::is_transient(&e) {
+                    self.recover_after_lost_read();
+                }
+                return self.redis_failed(Step::Read, &e);
+            }
         };
         self.redis_ok();
         // A `>` read hands each entry over for the first time: attempts 1.
