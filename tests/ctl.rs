@@ -352,6 +352,71 @@ async fn trim_removes_the_oldest_and_is_held_back_by_a_group() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_archive_trim_folds_describe_shows_it_and_read_marks_archived_entries() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("ctl-archive");
+    let options = SidecarOptions {
+        extra_args: vec!["--archive-url".to_owned(), format!("file://{}", dir.path().display())],
+        ..SidecarOptions::default()
+    };
+    let sidecar = Sidecar::start(&redis, options).await;
+    let mut appended = Vec::new();
+    for i in 0..5 {
+        appended.push(sidecar.append("s", &[("n", i.to_string().as_bytes())]).await);
+    }
+    let mut con = redis.conn().await;
+    create_group(&mut con, "s", "g", "$").await;
+
+    // Nothing archived yet: the rows are there, empty.
+    let table = ctl(&sidecar.endpoint(), &["describe", "s", "g"]).await.ok().stdout;
+    assert_eq!(row(&table, "archived entries"), "0");
+    assert_eq!(row(&table, "oldest archived"), "-");
+
+    let trim = ctl(&sidecar.endpoint(), &["trim", "s", "--max-len", "2"]).await.ok();
+    assert!(trim.stdout.starts_with("trimmed 3 entries from s"), "{trim:?}");
+    assert!(trim.stdout.contains("archived 3 entries first"), "{trim:?}");
+    assert_eq!(xlen(&mut con, "s").await, 2);
+
+    let table = ctl(&sidecar.endpoint(), &["describe", "s", "g"]).await.ok().stdout;
+    assert_eq!(row(&table, "archived entries"), "3");
+    assert_eq!(row(&table, "archive files"), "1");
+    assert!(row(&table, "archive bytes").parse::<u64>().unwrap() > 0, "{table}");
+    assert_eq!(row(&table, "oldest archived"), appended[0].stream_id);
+    assert_eq!(row(&table, "archived through"), appended[2].stream_id);
+    assert_eq!(row(&table, "last fold error"), "-");
+    let json = ctl(&sidecar.endpoint(), &["describe", "s", "g", "--json"]).await.ok().json();
+    let archive = &json["archive"];
+    assert_eq!(archive["entries"], 3, "{json}");
+    assert_eq!(archive["files"], 1);
+    assert!(archive["bytes"].as_u64().is_some_and(|b| b > 0), "{json}");
+    assert_eq!(archive["oldest_id"], appended[0].stream_id.as_str());
+    assert_eq!(archive["archived_through"], appended[2].stream_id.as_str());
+    assert_eq!(archive["last_error"], Json::Null);
+
+    // Read spans both: the archived entries say so, the live ones do not.
+    let lines = ctl(&sidecar.endpoint(), &["read", "s"]).await.ok().stdout;
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    for (i, line) in lines.iter().enumerate() {
+        assert!(line.starts_with(&format!("{}  {}  n=\"{i}\"", appended[i].stream_id, appended[i].id)), "{line}");
+        assert_eq!(line.ends_with("  [archived]"), i < 3, "{line}");
+    }
+    let entries = ctl(&sidecar.endpoint(), &["read", "s", "--json"]).await.ok().json_lines();
+    let marked: Vec<bool> = entries.iter().map(|e| e["archived"] == Json::Bool(true)).collect();
+    assert_eq!(marked, [true, true, true, false, false]);
+    assert!(entries[3].get("archived").is_none(), "a live entry carries no archived key: {}", entries[3]);
+    assert_eq!(entries[0]["id"], appended[0].id.as_str());
+    // One archived entry by id.
+    let one = ctl(&sidecar.endpoint(), &["read", "s", "--id", &appended[1].stream_id, "--json"]).await.ok().json();
+    assert_eq!(one["archived"], true);
+    assert_eq!(one["fields"]["n"], "1");
+    // What `read --json` prints of archived entries appends back as it is (the flag is ignored).
+    let read = ctl(&sidecar.endpoint(), &["read", "s", "--json"]).await.ok().stdout;
+    ctl_with_stdin(&sidecar.endpoint(), &["append", "copy", "--from-json", "-"], &read).await.ok();
+    assert_eq!(xlen(&mut con, "copy").await, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_peeks_without_taking_entries_from_a_group() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;

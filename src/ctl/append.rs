@@ -13,7 +13,7 @@ use crate::render::{emit, emit_json_line, from_b64, table};
 
 /// Keys of an entry as `read --json` prints it, besides `fields`, that a
 /// re-append ignores: the sidecar mints a new branded id and stream id.
-const READ_KEYS: [&str; 6] = ["stream", "stream_id", "id", "minted_at_ms", "group", "attempts"];
+const READ_KEYS: [&str; 7] = ["stream", "stream_id", "id", "minted_at_ms", "group", "attempts", "archived"];
 
 /// `append`'s flags.
 #[derive(Debug, clap::Args)]

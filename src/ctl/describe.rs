@@ -1,7 +1,7 @@
 //! `describe STREAM GROUP`: a group's state (AdminService.DescribeGroup), and
 //! each shard's for a sharded stream.
 
-use echomq::proto::{DescribeGroupRequest, DescribeGroupResponse};
+use echomq::proto::{ArchiveInfo, DescribeGroupRequest, DescribeGroupResponse};
 use serde_json::{json, Value};
 
 use crate::connect::Context;
@@ -13,7 +13,9 @@ use crate::time::{duration_ms, format_duration};
 #[derive(Debug, clap::Args)]
 #[command(after_help = "With --json: one document with `stream`, `group`, `pending`, `lag` (null when Redis \
     cannot say), `last_delivered_id` (null for a sharded stream's sum: each shard has its own), `stream_length`, `oldest_pending_id` (null when nothing is pending), \
-    `oldest_pending_age_ms`, `max_delivery_count`, `consumers` ([{name, pending, idle_ms}]) and `shards` \
+    `oldest_pending_age_ms`, `max_delivery_count`, `consumers` ([{name, pending, idle_ms}]), `archive` (null \
+    when the sidecar has no --archive-url; else {entries, files, bytes, oldest_id, archived_through, \
+    last_error}, ids and error null when unset; for a sharded stream, per shard) and `shards` \
     (the same fields per shard; empty for a plain stream).")]
 pub(crate) struct Args {
     /// The stream key, or the name of a sharded stream (the sidecar's --sharded-streams).
@@ -56,8 +58,34 @@ fn to_json(state: &DescribeGroupResponse) -> Value {
         "oldest_pending_age_ms": state.oldest_pending_age.as_ref().map(duration_ms),
         "max_delivery_count": state.max_delivery_count,
         "consumers": consumers,
+        "archive": state.archive.as_ref().map(archive_json),
         "shards": state.shards.iter().map(to_json).collect::<Vec<_>>(),
     })
+}
+
+/// What the archive holds of the stream key, as JSON (ids and the error null when unset).
+fn archive_json(archive: &ArchiveInfo) -> Value {
+    json!({
+        "entries": archive.entries,
+        "files": archive.files,
+        "bytes": archive.bytes,
+        "oldest_id": non_empty(&archive.oldest_id),
+        "archived_through": non_empty(&archive.archived_through),
+        "last_error": non_empty(&archive.last_error),
+    })
+}
+
+/// The archive's rows of the summary table.
+fn archive_rows(archive: &ArchiveInfo) -> Vec<Vec<String>> {
+    let dash = |text: &str| if text.is_empty() { "-".to_owned() } else { text.to_owned() };
+    vec![
+        vec!["archived entries".to_owned(), archive.entries.to_string()],
+        vec!["archive files".to_owned(), archive.files.to_string()],
+        vec!["archive bytes".to_owned(), archive.bytes.to_string()],
+        vec!["oldest archived".to_owned(), dash(&archive.oldest_id)],
+        vec!["archived through".to_owned(), dash(&archive.archived_through)],
+        vec!["last fold error".to_owned(), dash(&archive.last_error)],
+    ]
 }
 
 fn non_empty(text: &str) -> Option<&str> {
@@ -73,7 +101,7 @@ fn to_text(state: &DescribeGroupResponse) -> String {
         (id, Some(age)) => format!("{id} (appended {} ago)", format_duration(duration_ms(age))),
         (id, None) => id.to_owned(),
     };
-    let summary = vec![
+    let mut summary = vec![
         vec!["stream".to_owned(), state.stream.clone()],
         vec!["group".to_owned(), state.group.clone()],
         vec!["pending".to_owned(), state.pending.to_string()],
@@ -83,6 +111,10 @@ fn to_text(state: &DescribeGroupResponse) -> String {
         vec!["oldest pending".to_owned(), oldest],
         vec!["highest delivery count".to_owned(), state.max_delivery_count.to_string()],
     ];
+    // A plain stream's archive; a sharded stream's is per shard, below.
+    if let Some(archive) = &state.archive {
+        summary.extend(archive_rows(archive));
+    }
     // A two-column table without a header: the first line of `table` is its header.
     let mut text = table(&["", ""], &summary).lines().skip(1).collect::<Vec<_>>().join("\n");
     text.push_str("\n\n");
@@ -123,6 +155,30 @@ fn to_text(state: &DescribeGroupResponse) -> String {
             &["SHARD", "PENDING", "LAG", "LENGTH", "OLDEST PENDING", "AGE", "MAX DELIVERIES", "LAST DELIVERED"],
             &rows,
         ));
+        let archived: Vec<Vec<String>> = state
+            .shards
+            .iter()
+            .filter_map(|s| {
+                let a = s.archive.as_ref()?;
+                let dash = |text: &str| if text.is_empty() { "-".to_owned() } else { text.to_owned() };
+                Some(vec![
+                    s.stream.clone(),
+                    a.entries.to_string(),
+                    a.files.to_string(),
+                    a.bytes.to_string(),
+                    dash(&a.oldest_id),
+                    dash(&a.archived_through),
+                    dash(&a.last_error),
+                ])
+            })
+            .collect();
+        if !archived.is_empty() {
+            text.push_str("\n\n");
+            text.push_str(&table(
+                &["SHARD", "ARCHIVED", "FILES", "BYTES", "OLDEST ARCHIVED", "ARCHIVED THROUGH", "LAST FOLD ERROR"],
+                &archived,
+            ));
+        }
     }
     text
 }
@@ -166,6 +222,70 @@ mod tests {
             assert!(text.contains(line), "{line:?} not in\n{text}");
         }
         assert!(text.contains("CONSUMER  PENDING  IDLE\npod-a     2        1m 1s"), "{text}");
+    }
+
+    fn archive() -> ArchiveInfo {
+        ArchiveInfo {
+            oldest_id: "1-0".into(),
+            archived_through: "3-0".into(),
+            entries: 3,
+            files: 1,
+            bytes: 2_048,
+            last_error: String::new(),
+        }
+    }
+
+    #[test]
+    fn without_an_archive_nothing_of_it_prints() {
+        let text = to_text(&state());
+        assert!(!text.contains("archive"), "{text}");
+        assert_eq!(to_json(&state())["archive"], Value::Null);
+    }
+
+    #[test]
+    fn the_archive_shows_in_the_table_and_in_json() {
+        let mut with = state();
+        with.archive = Some(ArchiveInfo { last_error: "archive store: disk full".into(), ..archive() });
+        let text = to_text(&with);
+        for line in [
+            "highest delivery count  1\narchived entries        3",
+            "archive files           1",
+            "archive bytes           2048",
+            "oldest archived         1-0",
+            "archived through        3-0",
+            "last fold error         archive store: disk full",
+        ] {
+            assert!(text.contains(line), "{line:?} not in\n{text}");
+        }
+        let json = to_json(&with);
+        assert_eq!(
+            json["archive"],
+            json!({"entries": 3, "files": 1, "bytes": 2048, "oldest_id": "1-0", "archived_through": "3-0",
+                   "last_error": "archive store: disk full"})
+        );
+        with.archive = Some(ArchiveInfo::default());
+        let json = to_json(&with);
+        assert_eq!(json["archive"]["oldest_id"], Value::Null);
+        assert_eq!(json["archive"]["last_error"], Value::Null);
+        assert!(to_text(&with).contains("oldest archived         -"));
+    }
+
+    #[test]
+    fn a_sharded_streams_archive_is_per_shard() {
+        let mut shard = state();
+        shard.stream = "s:{s:0}".into();
+        shard.archive = Some(archive());
+        let mut sum = state();
+        sum.shards = vec![shard];
+        let text = to_text(&sum);
+        assert!(
+            text.contains(
+                "SHARD    ARCHIVED  FILES  BYTES  OLDEST ARCHIVED  ARCHIVED THROUGH  LAST FOLD ERROR\n\
+                 s:{s:0}  3         1      2048   1-0              3-0               -"
+            ),
+            "{text}"
+        );
+        assert_eq!(to_json(&sum)["shards"][0]["archive"]["entries"], 3);
     }
 
     #[test]

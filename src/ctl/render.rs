@@ -85,18 +85,23 @@ pub(crate) fn fields_json(payload: &HashMap<String, Vec<u8>>, raw: &[RawField], 
     }
 }
 
-/// An entry as one line for people: `<stream id>  <branded id>  name="value" …`.
+/// An entry as one line for people: `<stream id>  <branded id>  name="value" …`,
+/// then `traceparent=…` when set and `[archived]` when it was read from the archive.
 pub(crate) fn entry_line(entry: &Entry) -> String {
     let mut line = format!("{}  {}  {}", entry.stream_id, entry.id, fields_text(&entry.payload, &entry.raw_fields));
     if !entry.traceparent.is_empty() {
         line.push_str(&format!("  traceparent={}", entry.traceparent));
     }
-    line.trim_end().to_owned()
+    let mut line = line.trim_end().to_owned();
+    if entry.archived {
+        line.push_str("  [archived]");
+    }
+    line
 }
 
 /// An entry as a JSON object: `stream`, `stream_id`, `id` (branded),
 /// `minted_at_ms` (unix ms), `fields`, `fields_base64`, and `raw_fields` and
-/// `traceparent` when set.
+/// `traceparent` when set, and `archived: true` for an entry read from the archive.
 pub(crate) fn entry_json(stream: &str, entry: &Entry) -> Map<String, Value> {
     let mut object = Map::new();
     object.insert("stream".into(), json!(stream));
@@ -106,6 +111,9 @@ pub(crate) fn entry_json(stream: &str, entry: &Entry) -> Map<String, Value> {
     fields_json(&entry.payload, &entry.raw_fields, &mut object);
     if !entry.traceparent.is_empty() {
         object.insert("traceparent".into(), json!(entry.traceparent));
+    }
+    if entry.archived {
+        object.insert("archived".into(), json!(true));
     }
     object
 }
@@ -201,6 +209,25 @@ mod tests {
             Value::Object(object),
             json!({"fields": {"b": "2"}, "fields_base64": {"a b": "/g=="}, "raw_fields": [{"name_base64": "/w==", "value_base64": "dg=="}]})
         );
+    }
+
+    #[test]
+    fn archived_entries_say_so_and_live_ones_do_not() {
+        let mut entry = Entry {
+            id: "0".repeat(28),
+            stream_id: "1-0".into(),
+            payload: [("a".to_owned(), b"1".to_vec())].into_iter().collect(),
+            ..Default::default()
+        };
+        assert_eq!(entry_line(&entry), format!("1-0  {}  a=\"1\"", "0".repeat(28)));
+        assert!(!entry_json("s", &entry).contains_key("archived"));
+        entry.archived = true;
+        entry.traceparent = "00-t-s-01".into();
+        assert_eq!(entry_line(&entry), format!("1-0  {}  a=\"1\"  traceparent=00-t-s-01  [archived]", "0".repeat(28)));
+        assert_eq!(entry_json("s", &entry)["archived"], json!(true));
+        entry.payload.clear();
+        entry.traceparent.clear();
+        assert_eq!(entry_line(&entry), format!("1-0  {}  [archived]", "0".repeat(28)));
     }
 
     #[test]

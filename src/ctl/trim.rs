@@ -15,7 +15,9 @@ use crate::time::{parse_instant, timestamp_of_ms};
     group(clap::ArgGroup::new("bound").required(true).args(["max_len", "min_id", "before"])),
     after_help = "Exactly one bound. The safe mode (the default) raises the bound to the oldest entry \
     that any group still has pending or has not yet been delivered, atomically. With --json: one \
-    document, `{\"trimmed\": N, \"applied_min_id\": ID|null, \"held_back_by_groups\": BOOL}`."
+    document, `{\"trimmed\": N, \"applied_min_id\": ID|null, \"held_back_by_groups\": BOOL, \
+    \"archived\": N}` (`archived`: entries this trim folded into the sidecar's --archive-url first; 0 \
+    without an archive)."
 )]
 pub(crate) struct Args {
     /// The stream key (for a sharded stream, one shard's key).
@@ -60,11 +62,15 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
             "trimmed": done.trimmed,
             "applied_min_id": applied,
             "held_back_by_groups": done.held_back_by_groups,
+            "archived": done.archived,
         }));
     }
     let mut text = format!("trimmed {} entries from {}", done.trimmed, args.stream);
     if !done.applied_min_id.is_empty() {
         text.push_str(&format!(": those below {}", done.applied_min_id));
+    }
+    if done.archived > 0 {
+        text.push_str(&format!("\narchived {} entries first", done.archived));
     }
     if done.held_back_by_groups {
         text.push_str("\nheld back: a group still has entries pending or unread beyond that bound");

@@ -18,6 +18,10 @@ set -u
 stream=${ECHOMQ_DEMO_STREAM:-echomq-demo}
 group=${ECHOMQ_DEMO_GROUP:-echomq-demo}
 interval=${ECHOMQ_DEMO_PRODUCE_INTERVAL:-5}
+# The Append's max_len; 0 appends without one (a sidecar with an archive refuses it).
+max_len=${ECHOMQ_APPEND_MAX_LEN:-10000}
+cap=
+[ "$max_len" = 0 ] || cap=",\"maxLen\":\"$max_len\""
 work=$(mktemp -d "${TMPDIR:-/tmp}/echomq-demo.XXXXXX")
 
 here=$(dirname "$0")
@@ -50,7 +54,7 @@ produce() {
     n=$((n + 1))
     body=$(printf 'demo entry %s from %s' "$n" "$(hostname)" | base64 | tr -d '\n')
     if out=$(grpc -max-time 10 \
-      -d "{\"stream\":\"$stream\",\"fields\":{\"body\":\"$body\"},\"maxLen\":\"10000\"}" \
+      -d "{\"stream\":\"$stream\",\"fields\":{\"body\":\"$body\"}$cap}" \
       "$target" echomq.v1.StreamService/Append 2>&1); then
       say "appended $(printf '%s\n' "$out" | sed -n 's/^  "id": "\([0-9a-f]*\)".*/\1/p')"
     else

@@ -243,7 +243,9 @@ files the chart's scripts (files/tests/grpc-client.sh) hand to grpcurl.
 ECHOMQ_CLIENT_TOKEN_FILE: send `authorization: Bearer <its content>`;
 ECHOMQ_CLIENT_CA_FILE: use TLS, trusting this CA; ECHOMQ_CLIENT_SERVER_NAME: the
 name to verify in the sidecar's certificate; ECHOMQ_CLIENT_CERT_FILE and
-ECHOMQ_CLIENT_KEY_FILE: the client certificate (mTLS).
+ECHOMQ_CLIENT_KEY_FILE: the client certificate (mTLS). And, with an archive
+(archive.url), ECHOMQ_APPEND_MAX_LEN=0: the sidecar refuses an Append's
+max_len then, so the chart's scripts append without it.
 */}}
 {{- define "echomq-sidecar.clientEnv" -}}
 {{- $s := .Values.sidecar }}
@@ -261,6 +263,9 @@ ECHOMQ_CLIENT_KEY_FILE: the client certificate (mTLS).
 {{- $env = append $env (dict "name" "ECHOMQ_CLIENT_CERT_FILE" "value" (printf "%s/tls.crt" $dir)) }}
 {{- $env = append $env (dict "name" "ECHOMQ_CLIENT_KEY_FILE" "value" (printf "%s/tls.key" $dir)) }}
 {{- end }}
+{{- end }}
+{{- if .Values.archive.url }}
+{{- $env = append $env (dict "name" "ECHOMQ_APPEND_MAX_LEN" "value" "0") }}
 {{- end }}
 {{- with $env }}
 {{- toYaml . }}
@@ -313,6 +318,11 @@ token, TLS and Redis password/CA files come from the volume that
 {{- $s := $v.sidecar }}
 {{- if and $c.consumerName (gt (int64 $replicas) 1) }}
 {{- fail (printf "sidecar.config.consumerName (%q) is fixed, but %d pods would run the sidecar: every pod would be the same consumer of each group, and two consumers with one name hand entries to each other's calls. Leave consumerName empty (each pod is a consumer named after itself) or run one replica." $c.consumerName (int64 $replicas)) }}
+{{- end }}
+{{- range $s.extraEnv }}
+{{- if and (has .name (list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN")) (hasKey . "value") }}
+{{- fail (printf "sidecar.extraEnv sets %s as a plain value: S3 credentials belong in a Secret; name it with archive.existingSecret (keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN)" .name) }}
+{{- end }}
 {{- end }}
 {{- $dir := include "echomq-sidecar.secretsDir" $ctx -}}
 - name: {{ $s.name }}
@@ -404,6 +414,51 @@ token, TLS and Redis password/CA files come from the volume that
     {{- end }}
     - name: ECHOMQ_ALLOW_STREAMS_FOR
       value: {{ join ";" $rules | quote }}
+    {{- end }}
+    {{- with $v.archive.url }}
+    - name: ECHOMQ_ARCHIVE_URL
+      value: {{ . | quote }}
+    - name: ECHOMQ_ARCHIVE_FILE_ENTRIES
+      value: {{ $v.archive.fileEntries | int64 | quote }}
+    {{- if hasPrefix "s3://" . }}
+    {{- with $v.archive.s3.endpoint }}
+    - name: AWS_ENDPOINT_URL
+      value: {{ . | quote }}
+    {{- end }}
+    {{- with $v.archive.s3.region }}
+    - name: AWS_REGION
+      value: {{ . | quote }}
+    {{- end }}
+    {{- if $v.archive.s3.allowHttp }}
+    - name: AWS_ALLOW_HTTP
+      value: "true"
+    {{- end }}
+    {{- with $v.archive.existingSecret }}
+    {{- /* Credentials only by reference to the Secret: never a value of the chart. */}}
+    - name: AWS_ACCESS_KEY_ID
+      valueFrom:
+        secretKeyRef:
+          name: {{ . }}
+          key: AWS_ACCESS_KEY_ID
+    - name: AWS_SECRET_ACCESS_KEY
+      valueFrom:
+        secretKeyRef:
+          name: {{ . }}
+          key: AWS_SECRET_ACCESS_KEY
+    - name: AWS_SESSION_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ . }}
+          key: AWS_SESSION_TOKEN
+          optional: true
+    {{- end }}
+    {{- end }}
+    {{- end }}
+    {{- with $c.retention }}
+    - name: ECHOMQ_RETENTION
+      value: {{ join "," . | quote }}
+    - name: ECHOMQ_RETENTION_INTERVAL_MS
+      value: {{ $c.retentionIntervalMs | int64 | quote }}
     {{- end }}
     {{- if $s.auth.enabled }}
     - name: ECHOMQ_AUTH_TOKEN_FILE

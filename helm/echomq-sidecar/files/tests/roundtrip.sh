@@ -16,7 +16,9 @@
 #
 # Input: ECHOMQ_SIDECAR_ADDRESS (`host:port` or `unix:/path`, default
 # 127.0.0.1:50051), ECHOMQ_TEST_STREAM, ECHOMQ_TEST_GROUP, ECHOMQ_TEST_TIMEOUT
-# (seconds per step, default 60), and the ECHOMQ_CLIENT_* variables of
+# (seconds per step, default 60), ECHOMQ_APPEND_MAX_LEN (the Append's max_len,
+# default 100; 0 appends without one, as a sidecar with an archive demands),
+# and the ECHOMQ_CLIENT_* variables of
 # grpc-client.sh (token, TLS, client certificate). Needs a POSIX shell,
 # grpcurl, base64, mkfifo.
 set -eu
@@ -24,6 +26,7 @@ set -eu
 stream=${ECHOMQ_TEST_STREAM:-echomq-chart-test}
 group=${ECHOMQ_TEST_GROUP:-echomq-chart-test}
 timeout=${ECHOMQ_TEST_TIMEOUT:-60}
+max_len=${ECHOMQ_APPEND_MAX_LEN:-100}
 work=$(mktemp -d "${TMPDIR:-/tmp}/echomq-roundtrip.XXXXXX")
 # shellcheck source=grpc-client.sh
 . "$(dirname "$0")/grpc-client.sh"
@@ -125,7 +128,9 @@ echo "ok: subscribed to $stream as group $group"
 
 nonce="chart test $(date +%s) $$"
 body=$(printf '%s' "$nonce" | base64 | tr -d '\n')
-call_once -d "{\"stream\":\"$stream\",\"fields\":{\"body\":\"$body\"},\"maxLen\":\"100\"}" \
+cap=
+[ "$max_len" = 0 ] || cap=",\"maxLen\":\"$max_len\""
+call_once -d "{\"stream\":\"$stream\",\"fields\":{\"body\":\"$body\"}$cap}" \
   "$target" echomq.v1.StreamService/Append || fail "Append to $stream failed"
 id=$(sed -n 's/^  "id": "\([0-9a-f]\{28\}\)".*/\1/p' "$work/last")
 [ -n "$id" ] || fail "Append returned no 28-hex branded id"
