@@ -351,9 +351,7 @@ impl Redis {
     /// connect, `response_timeout` for each reply (`None`: none; a group
     /// reader's is its BLOCK time plus `--redis-timeout-ms`, so that a read
     /// is never cut short while Redis hands it entries, yet ends when Redis
-    /// has gone silent). On a cluster no response timeout is set: the cluster
-    /// client's retries and topology refreshes bound what it waits for. The
-    /// group readers take theirs from [`readers::ReaderPool`], which makes
+    /// has gone silent), on a single server and on a cluster alike. The group readers take theirs from [`readers::ReaderPool`], which makes
     /// them with this.
     ///
     /// Errors: connecting failed or took longer than `connect_timeout`.
@@ -372,7 +370,7 @@ impl Redis {
             Target::Cluster { seeds, ca_pem } => {
                 let mut nodes = self.primaries(&seeds[0]).await.unwrap_or_default();
                 nodes.extend(seeds.iter().cloned());
-                let client = cluster_client(nodes, connect_timeout, None, ca_pem.as_deref())?;
+                let client = cluster_client(nodes, connect_timeout, response_timeout, ca_pem.as_deref())?;
                 let connecting = tokio::time::timeout(connect_timeout * 2, client.get_async_connection());
                 let timed_out =
                     || redis::RedisError::from((redis::ErrorKind::Io, "connecting to the cluster timed out"));
