@@ -415,15 +415,24 @@ fn parse_retention(text: &str) -> Result<Retention, String> {
             Ok(n) if n > 0 => Keep::Newest(n),
             _ => return Err(format!("maxlen takes a number of entries above 0, not `{n}`")),
         },
-        Some(("maxage", age)) => Keep::Within(parse_duration(age)?),
+        Some(("maxage", age)) => match parse_duration(age) {
+            Some(age) if !age.is_zero() => Keep::Within(age),
+            _ => {
+                return Err(format!(
+                    "`{age}` is not a duration above 0: give a number and ms, s, m, h or d (e.g. `7d`)"
+                ))
+            }
+        },
         _ => return Err(format!("`{policy}` is not a policy: {shape}")),
     };
     Ok(Retention { stream: stream.to_owned(), keep })
 }
 
-/// `500ms`, `90s`, `30m`, `12h`, `7d`: a whole number and a unit, above 0.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+/// `500ms`, `90s`, `30m`, `12h`, `7d`: a whole number and a unit (`ms`,
+/// `s`, `m`, `h`, `d`); `None` for anything else or an overflow. The
+/// retention policies and echomqctl's durations both read this form.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
     let (number, unit) = text.split_at(split);
     let ms = match unit {
         "ms" => 1,
@@ -431,12 +440,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        _ => return Err(format!("`{text}` is not a duration: give a number and ms, s, m, h or d (e.g. `7d`)")),
+        _ => return None,
     };
-    match number.parse::<u64>().ok().and_then(|n| n.checked_mul(ms)) {
-        Some(total) if total > 0 => Ok(Duration::from_millis(total)),
-        _ => Err(format!("`{text}` is not a duration above 0 (e.g. `7d`, `12h`)")),
-    }
+    Some(Duration::from_millis(number.parse::<u64>().ok()?.checked_mul(ms)?))
 }
 
 fn parse_allow_rule(text: &str) -> Result<(String, Vec<String>), String> {

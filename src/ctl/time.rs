@@ -1,7 +1,8 @@
 //! Instants and durations, without a date library: RFC 3339 in and out (UTC
 //! out), unix milliseconds, "that long ago", and human durations for tables.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use echomq::config::parse_duration;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What an instant flag accepts, for `--help`.
 pub(crate) const INSTANT_FORMS: &str =
@@ -27,22 +28,6 @@ fn parse_instant_at(text: &str, now: u64) -> Result<u64, String> {
         return Ok(now.saturating_sub(ago.as_millis() as u64));
     }
     parse_rfc3339(text).ok_or_else(|| format!("`{text}` is not an instant: expected {INSTANT_FORMS}"))
-}
-
-/// `90s`, `15m`, `2h`, `1d`, `250ms`: a number and a unit.
-pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().ok()?;
-    let ms = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    Some(Duration::from_millis(n.checked_mul(ms)?))
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.fff…](Z|±HH:MM)`; a space or `t` may stand for `T`.
