@@ -190,8 +190,9 @@ pub struct Config {
     /// pending entries is never removed, nor a live sidecar on a quiet stream:
     /// every sidecar beats every quarter of this limit (at most every 10 s)
     /// into `<stream>:heartbeats:<group>`. Give all sidecars of a group the
-    /// same limit. 0: never remove.
-    #[arg(long, env = "ECHOMQ_CONSUMER_IDLE_LIMIT_MS", default_value_t = DEFAULT_CONSUMER_IDLE_LIMIT_MS)]
+    /// same limit. 0: never remove; else at least 1000 (shorter, a heartbeat
+    /// could not keep up and live sidecars would remove each other).
+    #[arg(long, env = "ECHOMQ_CONSUMER_IDLE_LIMIT_MS", default_value_t = DEFAULT_CONSUMER_IDLE_LIMIT_MS, value_parser = off_or_at_least::<1_000>)]
     pub consumer_idle_limit_ms: u64,
 
     /// Deliveries after which an entry is dead-lettered, for subscriptions
@@ -259,8 +260,9 @@ pub struct Config {
     pub redis_timeout_ms: u64,
 
     /// How often (milliseconds) each subscribed group's state (pending, lag,
-    /// oldest pending age, …) is polled into the `/metrics` gauges. 0: never.
-    #[arg(long, env = "ECHOMQ_METRICS_POLL_INTERVAL_MS", default_value_t = DEFAULT_METRICS_POLL_INTERVAL_MS)]
+    /// oldest pending age, …) is polled into the `/metrics` gauges. 0: never;
+    /// else at least 100.
+    #[arg(long, env = "ECHOMQ_METRICS_POLL_INTERVAL_MS", default_value_t = DEFAULT_METRICS_POLL_INTERVAL_MS, value_parser = off_or_at_least::<100>)]
     pub metrics_poll_interval_ms: u64,
 
     /// Serve gRPC over TLS with this PEM certificate chain (with --tls-key-file).
@@ -383,6 +385,17 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+/// Milliseconds that are 0 (off) or at least `MIN`: below it, a heartbeat
+/// cannot keep up with the idle limit (live sidecars would remove each
+/// other), or polling would keep Redis busy for no reader.
+fn off_or_at_least<const MIN: u64>(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(ms) if ms == 0 || ms >= MIN => Ok(ms),
+        Ok(ms) => Err(format!("{ms} ms is too short: give 0 (off) or at least {MIN} ms")),
+        Err(_) => Err(format!("`{text}` is not a number of milliseconds")),
     }
 }
 
@@ -516,6 +529,18 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Config, clap::Error> {
         Config::try_parse_from(std::iter::once("echomq-sidecar").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn idle_limit_and_poll_interval_are_off_or_long_enough() {
+        let config = parse(&["--consumer-idle-limit-ms", "0", "--metrics-poll-interval-ms", "0"]).unwrap();
+        assert_eq!((config.consumer_idle_limit_ms, config.metrics_poll_interval_ms), (0, 0));
+        let config = parse(&["--consumer-idle-limit-ms", "1000", "--metrics-poll-interval-ms", "100"]).unwrap();
+        assert_eq!((config.consumer_idle_limit_ms, config.metrics_poll_interval_ms), (1_000, 100));
+        for (flag, value) in [("--consumer-idle-limit-ms", "1"), ("--metrics-poll-interval-ms", "99")] {
+            let error = parse(&[flag, value]).unwrap_err().to_string();
+            assert!(error.contains("too short"), "{flag} {value}: {error}");
+        }
     }
 
     #[test]
