@@ -181,7 +181,9 @@ type DescribeGroupResponse struct {
 	// `oldest_pending_*` and `max_delivery_count` are over all shards, and
 	// `last_delivered_id` is empty (each shard has its own). Empty for a plain
 	// stream.
-	Shards        []*DescribeGroupResponse `protobuf:"bytes,11,rep,name=shards,proto3" json:"shards,omitempty"`
+	Shards []*DescribeGroupResponse `protobuf:"bytes,11,rep,name=shards,proto3" json:"shards,omitempty"`
+	// The stream's archive (`--archive-url`); unset without one.
+	Archive       *ArchiveInfo `protobuf:"bytes,12,opt,name=archive,proto3" json:"archive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +295,106 @@ func (x *DescribeGroupResponse) GetShards() []*DescribeGroupResponse {
 	return nil
 }
 
+func (x *DescribeGroupResponse) GetArchive() *ArchiveInfo {
+	if x != nil {
+		return x.Archive
+	}
+	return nil
+}
+
+// What the archive holds of one stream key, and how its folding goes.
+type ArchiveInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The oldest archived entry's stream id; empty when nothing is archived.
+	OldestId string `protobuf:"bytes,1,opt,name=oldest_id,json=oldestId,proto3" json:"oldest_id,omitempty"`
+	// The newest archived entry's stream id: the stream's entries up to it are
+	// in the archive (and trimmed from the stream, or about to be).
+	ArchivedThrough string `protobuf:"bytes,2,opt,name=archived_through,json=archivedThrough,proto3" json:"archived_through,omitempty"`
+	// Archived entries (entries).
+	Entries uint64 `protobuf:"varint,3,opt,name=entries,proto3" json:"entries,omitempty"`
+	// Archive files (Parquet).
+	Files uint64 `protobuf:"varint,4,opt,name=files,proto3" json:"files,omitempty"`
+	// Their size (bytes).
+	Bytes uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Why this sidecar's last fold of the stream failed, when it did; empty
+	// after a fold that succeeded. While folding fails, nothing is trimmed.
+	LastError     string `protobuf:"bytes,6,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveInfo) Reset() {
+	*x = ArchiveInfo{}
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveInfo) ProtoMessage() {}
+
+func (x *ArchiveInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveInfo.ProtoReflect.Descriptor instead.
+func (*ArchiveInfo) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ArchiveInfo) GetOldestId() string {
+	if x != nil {
+		return x.OldestId
+	}
+	return ""
+}
+
+func (x *ArchiveInfo) GetArchivedThrough() string {
+	if x != nil {
+		return x.ArchivedThrough
+	}
+	return ""
+}
+
+func (x *ArchiveInfo) GetEntries() uint64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *ArchiveInfo) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *ArchiveInfo) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ArchiveInfo) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 // Which dead letters to list.
 type ListDeadLettersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -312,7 +414,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[3]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -324,7 +426,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[3]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -337,7 +439,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListDeadLettersRequest) GetStream() string {
@@ -393,7 +495,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[4]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +507,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[4]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +520,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{4}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DeadLetter) GetEntry() *Entry {
@@ -488,7 +590,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[5]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +602,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[5]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +615,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{5}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -556,7 +658,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[6]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +670,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[6]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +683,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{6}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReplayDeadLettersRequest) GetStream() string {
@@ -628,7 +730,7 @@ type Replayed struct {
 
 func (x *Replayed) Reset() {
 	*x = Replayed{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +742,7 @@ func (x *Replayed) String() string {
 func (*Replayed) ProtoMessage() {}
 
 func (x *Replayed) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +755,7 @@ func (x *Replayed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replayed.ProtoReflect.Descriptor instead.
 func (*Replayed) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{7}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Replayed) GetId() string {
@@ -696,7 +798,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +810,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +823,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{8}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() []*Replayed {
@@ -756,7 +858,7 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\fConsumerInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\apending\x18\x02 \x01(\x04R\apending\x12-\n" +
-	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idle\"\xe3\x03\n" +
+	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idle\"\x95\x04\n" +
 	"\x15DescribeGroupResponse\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x18\n" +
@@ -769,8 +871,17 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\x12max_delivery_count\x18\t \x01(\x04R\x10maxDeliveryCount\x12#\n" +
 	"\rstream_length\x18\n" +
 	" \x01(\x04R\fstreamLength\x128\n" +
-	"\x06shards\x18\v \x03(\v2 .echomq.v1.DescribeGroupResponseR\x06shardsB\x06\n" +
-	"\x04_lag\"\x8f\x01\n" +
+	"\x06shards\x18\v \x03(\v2 .echomq.v1.DescribeGroupResponseR\x06shards\x120\n" +
+	"\aarchive\x18\f \x01(\v2\x16.echomq.v1.ArchiveInfoR\aarchiveB\x06\n" +
+	"\x04_lag\"\xba\x01\n" +
+	"\vArchiveInfo\x12\x1b\n" +
+	"\toldest_id\x18\x01 \x01(\tR\boldestId\x12)\n" +
+	"\x10archived_through\x18\x02 \x01(\tR\x0farchivedThrough\x12\x18\n" +
+	"\aentries\x18\x03 \x01(\x04R\aentries\x12\x14\n" +
+	"\x05files\x18\x04 \x01(\x04R\x05files\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x06 \x01(\tR\tlastError\"\x8f\x01\n" +
 	"\x16ListDeadLettersRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12,\n" +
 	"\x12dead_letter_stream\x18\x02 \x01(\tR\x10deadLetterStream\x12\x19\n" +
@@ -821,41 +932,43 @@ func file_echomq_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_echomq_v1_admin_service_proto_rawDescData
 }
 
-var file_echomq_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_echomq_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_echomq_v1_admin_service_proto_goTypes = []any{
 	(*DescribeGroupRequest)(nil),      // 0: echomq.v1.DescribeGroupRequest
 	(*ConsumerInfo)(nil),              // 1: echomq.v1.ConsumerInfo
 	(*DescribeGroupResponse)(nil),     // 2: echomq.v1.DescribeGroupResponse
-	(*ListDeadLettersRequest)(nil),    // 3: echomq.v1.ListDeadLettersRequest
-	(*DeadLetter)(nil),                // 4: echomq.v1.DeadLetter
-	(*ListDeadLettersResponse)(nil),   // 5: echomq.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),  // 6: echomq.v1.ReplayDeadLettersRequest
-	(*Replayed)(nil),                  // 7: echomq.v1.Replayed
-	(*ReplayDeadLettersResponse)(nil), // 8: echomq.v1.ReplayDeadLettersResponse
-	(*durationpb.Duration)(nil),       // 9: google.protobuf.Duration
-	(*Entry)(nil),                     // 10: echomq.v1.Entry
-	(*timestamppb.Timestamp)(nil),     // 11: google.protobuf.Timestamp
+	(*ArchiveInfo)(nil),               // 3: echomq.v1.ArchiveInfo
+	(*ListDeadLettersRequest)(nil),    // 4: echomq.v1.ListDeadLettersRequest
+	(*DeadLetter)(nil),                // 5: echomq.v1.DeadLetter
+	(*ListDeadLettersResponse)(nil),   // 6: echomq.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),  // 7: echomq.v1.ReplayDeadLettersRequest
+	(*Replayed)(nil),                  // 8: echomq.v1.Replayed
+	(*ReplayDeadLettersResponse)(nil), // 9: echomq.v1.ReplayDeadLettersResponse
+	(*durationpb.Duration)(nil),       // 10: google.protobuf.Duration
+	(*Entry)(nil),                     // 11: echomq.v1.Entry
+	(*timestamppb.Timestamp)(nil),     // 12: google.protobuf.Timestamp
 }
 var file_echomq_v1_admin_service_proto_depIdxs = []int32{
-	9,  // 0: echomq.v1.ConsumerInfo.idle:type_name -> google.protobuf.Duration
+	10, // 0: echomq.v1.ConsumerInfo.idle:type_name -> google.protobuf.Duration
 	1,  // 1: echomq.v1.DescribeGroupResponse.consumers:type_name -> echomq.v1.ConsumerInfo
-	9,  // 2: echomq.v1.DescribeGroupResponse.oldest_pending_age:type_name -> google.protobuf.Duration
+	10, // 2: echomq.v1.DescribeGroupResponse.oldest_pending_age:type_name -> google.protobuf.Duration
 	2,  // 3: echomq.v1.DescribeGroupResponse.shards:type_name -> echomq.v1.DescribeGroupResponse
-	10, // 4: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
-	11, // 5: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
-	4,  // 6: echomq.v1.ListDeadLettersResponse.dead_letters:type_name -> echomq.v1.DeadLetter
-	7,  // 7: echomq.v1.ReplayDeadLettersResponse.replayed:type_name -> echomq.v1.Replayed
-	0,  // 8: echomq.v1.AdminService.DescribeGroup:input_type -> echomq.v1.DescribeGroupRequest
-	3,  // 9: echomq.v1.AdminService.ListDeadLetters:input_type -> echomq.v1.ListDeadLettersRequest
-	6,  // 10: echomq.v1.AdminService.ReplayDeadLetters:input_type -> echomq.v1.ReplayDeadLettersRequest
-	2,  // 11: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
-	5,  // 12: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
-	8,  // 13: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	3,  // 4: echomq.v1.DescribeGroupResponse.archive:type_name -> echomq.v1.ArchiveInfo
+	11, // 5: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
+	12, // 6: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	5,  // 7: echomq.v1.ListDeadLettersResponse.dead_letters:type_name -> echomq.v1.DeadLetter
+	8,  // 8: echomq.v1.ReplayDeadLettersResponse.replayed:type_name -> echomq.v1.Replayed
+	0,  // 9: echomq.v1.AdminService.DescribeGroup:input_type -> echomq.v1.DescribeGroupRequest
+	4,  // 10: echomq.v1.AdminService.ListDeadLetters:input_type -> echomq.v1.ListDeadLettersRequest
+	7,  // 11: echomq.v1.AdminService.ReplayDeadLetters:input_type -> echomq.v1.ReplayDeadLettersRequest
+	2,  // 12: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
+	6,  // 13: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
+	9,  // 14: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
+	12, // [12:15] is the sub-list for method output_type
+	9,  // [9:12] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_echomq_v1_admin_service_proto_init() }
@@ -871,7 +984,7 @@ func file_echomq_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_echomq_v1_admin_service_proto_rawDesc), len(file_echomq_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

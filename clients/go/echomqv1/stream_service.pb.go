@@ -295,8 +295,13 @@ type TrimResponse struct {
 	// True when the safe mode raised the bound to protect a group's pending or
 	// undelivered entries.
 	HeldBackByGroups bool `protobuf:"varint,3,opt,name=held_back_by_groups,json=heldBackByGroups,proto3" json:"held_back_by_groups,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// With an archive (`--archive-url`): entries this call folded into the
+	// archive before trimming (entries). Entries an earlier call archived but
+	// did not trim (it was interrupted) are trimmed without being archived
+	// again, so `trimmed` may exceed it. 0 without an archive.
+	Archived      uint64 `protobuf:"varint,4,opt,name=archived,proto3" json:"archived,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TrimResponse) Reset() {
@@ -350,6 +355,13 @@ func (x *TrimResponse) GetHeldBackByGroups() bool {
 	return false
 }
 
+func (x *TrimResponse) GetArchived() uint64 {
+	if x != nil {
+		return x.Archived
+	}
+	return 0
+}
+
 // One entry to append.
 type AppendRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -368,7 +380,10 @@ type AppendRequest struct {
 	// stream may keep a few more. This is Redis' plain cap: unlike `Trim`, it
 	// does NOT spare entries a group still has pending or has not read yet;
 	// use `Trim` (safe by default) where groups must not lose entries. On a
-	// sharded stream it applies to the shard written. 0: no trimming.
+	// sharded stream it applies to the shard written. 0: no trimming. Refused
+	// with FAILED_PRECONDITION when the sidecar archives what trims remove
+	// (`--archive-url`): Redis trims inside XADD, before anything could be
+	// archived; cap the stream with `--retention NAME=maxlen:N` instead.
 	MaxLen uint64 `protobuf:"varint,3,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
 	// For a sharded stream (`--sharded-streams`): entries with the same
 	// partition key go to the same shard, so they are consumed in the order they
@@ -693,11 +708,12 @@ const file_echomq_v1_stream_service_proto_rawDesc = "" +
 	"\x06min_id\x18\x03 \x01(\tR\x05minId\x122\n" +
 	"\x06before\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x06before\x12 \n" +
 	"\vapproximate\x18\x05 \x01(\bR\vapproximate\x12#\n" +
-	"\rignore_groups\x18\x06 \x01(\bR\fignoreGroups\"}\n" +
+	"\rignore_groups\x18\x06 \x01(\bR\fignoreGroups\"\x99\x01\n" +
 	"\fTrimResponse\x12\x18\n" +
 	"\atrimmed\x18\x01 \x01(\x04R\atrimmed\x12$\n" +
 	"\x0eapplied_min_id\x18\x02 \x01(\tR\fappliedMinId\x12-\n" +
-	"\x13held_back_by_groups\x18\x03 \x01(\bR\x10heldBackByGroups\"\xde\x01\n" +
+	"\x13held_back_by_groups\x18\x03 \x01(\bR\x10heldBackByGroups\x12\x1a\n" +
+	"\barchived\x18\x04 \x01(\x04R\barchived\"\xde\x01\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12<\n" +
 	"\x06fields\x18\x02 \x03(\v2$.echomq.v1.AppendRequest.FieldsEntryR\x06fields\x12\x17\n" +

@@ -39,7 +39,10 @@ type Entry struct {
 	RawFields []*RawField `protobuf:"bytes,5,rep,name=raw_fields,json=rawFields,proto3" json:"raw_fields,omitempty"`
 	// The W3C trace context stored with the entry (its `traceparent` field), if
 	// any; empty otherwise.
-	Traceparent   string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// True when Read returned it from the archive (`--archive-url`): a trim had
+	// removed it from the stream after folding it into an archive file.
+	Archived      bool `protobuf:"varint,7,opt,name=archived,proto3" json:"archived,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -116,6 +119,13 @@ func (x *Entry) GetTraceparent() string {
 	return ""
 }
 
+func (x *Entry) GetArchived() bool {
+	if x != nil {
+		return x.Archived
+	}
+	return false
+}
+
 // A field whose name is not valid UTF-8.
 type RawField struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -175,7 +185,7 @@ var File_echomq_v1_types_proto protoreflect.FileDescriptor
 
 const file_echomq_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x15echomq/v1/types.proto\x12\techomq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x02\n" +
+	"\x15echomq/v1/types.proto\x12\techomq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd4\x02\n" +
 	"\x05Entry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tstream_id\x18\x02 \x01(\tR\bstreamId\x127\n" +
@@ -183,7 +193,8 @@ const file_echomq_v1_types_proto_rawDesc = "" +
 	"\tminted_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bmintedAt\x122\n" +
 	"\n" +
 	"raw_fields\x18\x05 \x03(\v2\x13.echomq.v1.RawFieldR\trawFields\x12 \n" +
-	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\x1a:\n" +
+	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\x12\x1a\n" +
+	"\barchived\x18\a \x01(\bR\barchived\x1a:\n" +
 	"\fPayloadEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"4\n" +

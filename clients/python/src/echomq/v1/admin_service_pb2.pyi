@@ -27,7 +27,7 @@ class ConsumerInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., idle: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class DescribeGroupResponse(_message.Message):
-    __slots__ = ("stream", "group", "pending", "lag", "last_delivered_id", "consumers", "oldest_pending_id", "oldest_pending_age", "max_delivery_count", "stream_length", "shards")
+    __slots__ = ("stream", "group", "pending", "lag", "last_delivered_id", "consumers", "oldest_pending_id", "oldest_pending_age", "max_delivery_count", "stream_length", "shards", "archive")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class DescribeGroupResponse(_message.Message):
     MAX_DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
     STREAM_LENGTH_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     stream: str
     group: str
     pending: int
@@ -50,7 +51,24 @@ class DescribeGroupResponse(_message.Message):
     max_delivery_count: int
     stream_length: int
     shards: _containers.RepeatedCompositeFieldContainer[DescribeGroupResponse]
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ..., last_delivered_id: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ..., oldest_pending_id: _Optional[str] = ..., oldest_pending_age: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_delivery_count: _Optional[int] = ..., stream_length: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[DescribeGroupResponse, _Mapping]]] = ...) -> None: ...
+    archive: ArchiveInfo
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ..., last_delivered_id: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ..., oldest_pending_id: _Optional[str] = ..., oldest_pending_age: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_delivery_count: _Optional[int] = ..., stream_length: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[DescribeGroupResponse, _Mapping]]] = ..., archive: _Optional[_Union[ArchiveInfo, _Mapping]] = ...) -> None: ...
+
+class ArchiveInfo(_message.Message):
+    __slots__ = ("oldest_id", "archived_through", "entries", "files", "bytes", "last_error")
+    OLDEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVED_THROUGH_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    oldest_id: str
+    archived_through: str
+    entries: int
+    files: int
+    bytes: int
+    last_error: str
+    def __init__(self, oldest_id: _Optional[str] = ..., archived_through: _Optional[str] = ..., entries: _Optional[int] = ..., files: _Optional[int] = ..., bytes: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ("stream", "dead_letter_stream", "start_id", "count")

@@ -50,14 +50,16 @@ class TrimRequest(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., max_len: _Optional[int] = ..., min_id: _Optional[str] = ..., before: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., approximate: bool = ..., ignore_groups: bool = ...) -> None: ...
 
 class TrimResponse(_message.Message):
-    __slots__ = ("trimmed", "applied_min_id", "held_back_by_groups")
+    __slots__ = ("trimmed", "applied_min_id", "held_back_by_groups", "archived")
     TRIMMED_FIELD_NUMBER: _ClassVar[int]
     APPLIED_MIN_ID_FIELD_NUMBER: _ClassVar[int]
     HELD_BACK_BY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVED_FIELD_NUMBER: _ClassVar[int]
     trimmed: int
     applied_min_id: str
     held_back_by_groups: bool
-    def __init__(self, trimmed: _Optional[int] = ..., applied_min_id: _Optional[str] = ..., held_back_by_groups: bool = ...) -> None: ...
+    archived: int
+    def __init__(self, trimmed: _Optional[int] = ..., applied_min_id: _Optional[str] = ..., held_back_by_groups: bool = ..., archived: _Optional[int] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
     __slots__ = ("stream", "fields", "max_len", "partition_key")

@@ -93,6 +93,10 @@ class StreamServiceServicer(object):
     def Read(self, request, context):
         """Read replays a range of a stream, oldest first, without a consumer group
         (XRANGE): nothing is acknowledged or counted. Page with `next_start_id`.
+        With an archive (`--archive-url`), the part of the range a trim folded
+        into the archive is read from there, then the rest from the stream: one
+        range in id order, no gap and no entry twice; archived entries say so
+        (`Entry.archived`).
 
         Errors: INVALID_ARGUMENT for a bad stream name or id, both an id and an
         instant for one bound, or `count` over 10,000; FAILED_PRECONDITION when the
@@ -108,6 +112,11 @@ class StreamServiceServicer(object):
         an entry that any group of the stream still has pending or has not yet
         been delivered: the bound is raised to the oldest such entry, computed and
         applied atomically in one script.
+
+        With an archive (`--archive-url`), what the trim would remove is first
+        folded into Parquet files (file durable, then the manifest, then XTRIM),
+        so nothing leaves the stream unarchived; UNAVAILABLE when the archive
+        refuses a write (nothing more is trimmed; what was folded stays).
 
         Errors: INVALID_ARGUMENT without exactly one bound; FAILED_PRECONDITION
         when the key is not a stream; UNAVAILABLE when Redis cannot be reached.

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65\x63homq/v1/types.proto\x12\techomq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x01\n\x05\x45ntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12.\n\x07payload\x18\x03 \x03(\x0b\x32\x1d.echomq.v1.Entry.PayloadEntry\x12-\n\tminted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\nraw_fields\x18\x05 \x03(\x0b\x32\x13.echomq.v1.RawField\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x1a.\n\x0cPayloadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\'\n\x08RawField\x12\x0c\n\x04name\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65\x63homq/v1/types.proto\x12\techomq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\x02\n\x05\x45ntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12.\n\x07payload\x18\x03 \x03(\x0b\x32\x1d.echomq.v1.Entry.PayloadEntry\x12-\n\tminted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\nraw_fields\x18\x05 \x03(\x0b\x32\x13.echomq.v1.RawField\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x10\n\x08\x61rchived\x18\x07 \x01(\x08\x1a.\n\x0cPayloadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\'\n\x08RawField\x12\x0c\n\x04name\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENTRY_PAYLOADENTRY']._loaded_options = None
   _globals['_ENTRY_PAYLOADENTRY']._serialized_options = b'8\001'
   _globals['_ENTRY']._serialized_start=70
-  _globals['_ENTRY']._serialized_end=313
-  _globals['_ENTRY_PAYLOADENTRY']._serialized_start=267
-  _globals['_ENTRY_PAYLOADENTRY']._serialized_end=313
-  _globals['_RAWFIELD']._serialized_start=315
-  _globals['_RAWFIELD']._serialized_end=354
+  _globals['_ENTRY']._serialized_end=331
+  _globals['_ENTRY_PAYLOADENTRY']._serialized_start=285
+  _globals['_ENTRY_PAYLOADENTRY']._serialized_end=331
+  _globals['_RAWFIELD']._serialized_start=333
+  _globals['_RAWFIELD']._serialized_end=372
 # @@protoc_insertion_point(module_scope)

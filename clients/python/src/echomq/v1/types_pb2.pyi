@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Entry(_message.Message):
-    __slots__ = ("id", "stream_id", "payload", "minted_at", "raw_fields", "traceparent")
+    __slots__ = ("id", "stream_id", "payload", "minted_at", "raw_fields", "traceparent", "archived")
     class PayloadEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -21,13 +21,15 @@ class Entry(_message.Message):
     MINTED_AT_FIELD_NUMBER: _ClassVar[int]
     RAW_FIELDS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVED_FIELD_NUMBER: _ClassVar[int]
     id: str
     stream_id: str
     payload: _containers.ScalarMap[str, bytes]
     minted_at: _timestamp_pb2.Timestamp
     raw_fields: _containers.RepeatedCompositeFieldContainer[RawField]
     traceparent: str
-    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., payload: _Optional[_Mapping[str, bytes]] = ..., minted_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., raw_fields: _Optional[_Iterable[_Union[RawField, _Mapping]]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    archived: bool
+    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., payload: _Optional[_Mapping[str, bytes]] = ..., minted_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., raw_fields: _Optional[_Iterable[_Union[RawField, _Mapping]]] = ..., traceparent: _Optional[str] = ..., archived: bool = ...) -> None: ...
 
 class RawField(_message.Message):
     __slots__ = ("name", "value")
