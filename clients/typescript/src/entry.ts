@@ -45,5 +45,5 @@ class EntryImpl implements Entry {
 
 /** The wire entry as an {@link Entry}. */
 export function entryOf(message: Entry__Output | null | undefined): Entry {
-  return new EntryImpl(message ?? { id: '', streamId: '', payload: {}, rawFields: [], mintedAt: null, traceparent: '' });
+  return new EntryImpl(message ?? { id: '', streamId: '', payload: {}, rawFields: [], mintedAt: null, traceparent: '', archived: false });
 }
