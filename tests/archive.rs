@@ -17,7 +17,7 @@ use std::{collections::BTreeSet, path::Path, time::Duration};
 use echomq::{
     archive::{Archive, Manifest},
     id::StreamId,
-    proto::{AppendRequest, DescribeGroupRequest, Entry, ReadRequest, TrimRequest},
+    proto::{AppendRequest, DescribeGroupRequest, Entry, GroupStart, ReadRequest, TrimRequest},
 };
 use support::{archive_tools::*, *};
 use tonic::Code;
@@ -124,6 +124,25 @@ async fn fold_then_trim_and_read_back(sidecar: &Sidecar, redis: &RedisServer) ->
         ReadRequest { stream: stream.into(), start_id: ids[3].clone(), end_id: ids[5].clone(), ..Default::default() };
     let some = sidecar.stream_client().await.read(request).await.expect("read").into_inner();
     assert_eq!(some.entries.iter().map(|e| e.stream_id.clone()).collect::<Vec<_>>(), ids[3..=5]);
+
+    // By instant, from inside the archive across the boundary, paging on by id.
+    let from_ms: u64 = ids[20].split('-').next().unwrap().parse().unwrap();
+    let from = prost_types::Timestamp { seconds: (from_ms / 1000) as i64, nanos: (from_ms % 1000) as i32 * 1_000_000 };
+    let expected: Vec<Entry> =
+        before.iter().filter(|e| e.stream_id.parse::<StreamId>().unwrap().ms >= from_ms).cloned().collect();
+    let mut client = sidecar.stream_client().await;
+    let mut request = ReadRequest { stream: stream.into(), start_time: Some(from), count: 4, ..Default::default() };
+    let mut by_time = Vec::new();
+    loop {
+        let page = client.read(request.clone()).await.expect("read by start_time").into_inner();
+        by_time.extend(page.entries);
+        if page.next_start_id.is_empty() {
+            break;
+        }
+        request = ReadRequest { stream: stream.into(), start_id: page.next_start_id, count: 4, ..Default::default() };
+    }
+    assert!(by_time.first().is_some_and(|e| e.archived) && by_time.last().is_some_and(|e| !e.archived));
+    assert_eq!(without_flag(&by_time), expected, "from {from_ms} ms: archive, then stream, none twice");
 
     // A second trim archives nothing again.
     let again = trim(sidecar, stream, 5).await.expect("trim");
@@ -336,8 +355,9 @@ async fn an_archive_that_refuses_writes_pauses_trimming_visibly() {
 }
 
 /// Two sidecars apply the same retention to one stream while entries keep
-/// coming: the fold lease lets one at a time fold, so every entry is in the
-/// archive or the stream exactly once.
+/// coming, until both have folded: the fold lease lets one at a time fold, so
+/// every entry is in the archive or the stream exactly once, and the two
+/// folded, between them, exactly what the archive holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sidecars_folding_one_stream_never_archive_an_entry_twice() {
     let redis = RedisServer::start().await;
@@ -347,10 +367,14 @@ async fn two_sidecars_folding_one_stream_never_archive_an_entry_twice() {
     let a = Sidecar::start(&redis, archiving(&url, vec![], &policy)).await;
     let b = Sidecar::start(&redis, archiving(&url, vec![], &policy)).await;
     let mut ids = Vec::new();
-    for round in 0..10 {
+    for round in 0.. {
         let sidecar = if round % 2 == 0 { &a } else { &b };
         ids.extend(append_awkward(sidecar, &redis, "s", 8).await);
         tokio::time::sleep(Duration::from_millis(30)).await;
+        if round >= 10 && folded(&a).await > 0.0 && folded(&b).await > 0.0 {
+            break;
+        }
+        assert!(round < 500, "one sidecar never folded: {}", b.log());
     }
     let settled = eventually(Duration::from_secs(10), || stream_length_is(&redis, "s", 3)).await;
     assert!(settled, "{}", a.log());
@@ -359,7 +383,76 @@ async fn two_sidecars_folding_one_stream_never_archive_an_entry_twice() {
     let archive = Archive::open(&url).unwrap();
     let manifest: Manifest = archive.manifest("s").await.unwrap();
     assert_eq!(manifest.entries(), ids.len() as u64 - 3);
+    assert_eq!(folded(&a).await + folded(&b).await, manifest.entries() as f64, "each entry folded by one sidecar once");
     for pair in manifest.files.windows(2) {
         assert!(pair[0].last_id < pair[1].first_id, "files overlap: {pair:?}");
+    }
+}
+
+async fn folded(sidecar: &Sidecar) -> f64 {
+    sidecar.counter("echomq_archive_folded_entries_total").await
+}
+
+/// A Trim its client cancels half-way through the fold gives the stream's
+/// fold lease up at once, instead of holding the stream's folding up until
+/// the lease expires (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_cancelled_mid_fold_gives_the_lease_up() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let paused = SidecarOptions {
+        env: vec![("ECHOMQ_ARCHIVE_PAUSE_AT".into(), "after_file".into())],
+        ..archiving(&file_url(dir.path()), vec![], &[])
+    };
+    let sidecar = Sidecar::start(&redis, paused).await;
+    append_awkward(&sidecar, &redis, "s", 5).await;
+    let client = sidecar.stream_client().await;
+    let call = tokio::spawn(async move {
+        let mut client = client;
+        client.trim(TrimRequest { stream: "s".into(), max_len: 2, ..Default::default() }).await
+    });
+    let reached =
+        eventually(Duration::from_secs(10), || async { sidecar.log().contains("paused for a crash test") }).await;
+    assert!(reached, "{}", sidecar.log());
+    let lease_held = || async {
+        let held: i64 = redis::cmd("EXISTS").arg("s:archive:lease").query_async(&mut redis.conn().await).await.unwrap();
+        held == 1
+    };
+    assert!(lease_held().await, "the fold holds the lease");
+    call.abort();
+    let given_up = eventually(Duration::from_secs(3), || async { !lease_held().await }).await;
+    assert!(given_up, "the lease outlived the cancelled Trim: {}", sidecar.log());
+    assert_eq!(xlen(&mut redis.conn().await, "s").await, 7, "nothing trimmed");
+}
+
+/// A dead-letter stream is archived like any other: its retention folds the
+/// oldest dead letters, and Read returns them from the archive with the
+/// branded id, the payload and the reason they were dead-lettered with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_stream_is_archived_like_any_other() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let retention = ["--retention", "orders:dlq=maxlen:1", "--retention-interval-ms", "100"];
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &retention)).await;
+    let mut call = Consumer::subscribe(&sidecar, subscribe_msg("orders", "g", GroupStart::New)).await;
+    let mut branded = Vec::new();
+    for k in 0..3 {
+        sidecar.append("orders", &[("k", k.to_string().as_bytes())]).await;
+        let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+        call.dead_letter(&delivery.id, "poison").await;
+        branded.push(delivery.id);
+    }
+    let archive = Archive::open(&file_url(dir.path())).unwrap();
+    let folded = eventually(Duration::from_secs(10), || async {
+        archive.manifest("orders:dlq").await.unwrap().entries() == 2 && stream_length_is(&redis, "orders:dlq", 1).await
+    })
+    .await;
+    assert!(folded, "{}", sidecar.log());
+    let letters = read_all(&sidecar, "orders:dlq", 10).await;
+    assert_eq!(letters.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), branded);
+    assert_eq!(letters.iter().map(|e| e.archived).collect::<Vec<_>>(), [true, true, false]);
+    for (k, letter) in letters.iter().enumerate() {
+        assert_eq!(letter.payload.get("k").map(Vec::as_slice), Some(k.to_string().as_bytes()), "{letter:?}");
+        assert_eq!(letter.payload.get("echomq.reason").map(Vec::as_slice), Some(&b"poison"[..]), "{letter:?}");
     }
 }

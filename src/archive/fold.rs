@@ -106,8 +106,9 @@ impl Folding {
         let lease = redis.keys.fold_lease(stream);
         let token = format!("{}:{:016x}", self.owner, fastrand::u64(..));
         self.acquire(redis, stream, &lease, &token).await?;
-        let result = self.fold_and_trim(redis, stream, trim, &lease, &token).await;
-        release(redis, &lease, &token).await;
+        let held = Held { redis, lease, token, released: false };
+        let result = self.fold_and_trim(redis, stream, trim, &held.lease, &held.token).await;
+        held.release().await;
         result
     }
 
@@ -191,15 +192,15 @@ impl Folding {
 /// Extends the lease while it is still `token`'s ([`Error::Aborted`] if not).
 async fn renew(redis: &Redis, stream: &str, lease: &str, token: &str) -> Result<(), Error> {
     let mut conn = redis.conn.clone();
-    let renewed: i64 = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0",
-    )
-    .key(lease)
-    .arg(token)
-    .arg(FOLD_LEASE_MS)
-    .invoke_async(&mut conn)
-    .await
-    .map_err(|e| Error::from_redis(e, "renewing the fold lease", stream))?;
+    let renewed: i64 = redis
+        .scripts
+        .lease_renew
+        .key(lease)
+        .arg(token)
+        .arg(FOLD_LEASE_MS)
+        .invoke_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(e, "renewing the fold lease (lease_renew.lua)", stream))?;
     if renewed == 1 {
         Ok(())
     } else {
@@ -207,17 +208,41 @@ async fn renew(redis: &Redis, stream: &str, lease: &str, token: &str) -> Result<
     }
 }
 
-/// Gives the lease up if it is still `token`'s; a failure only delays the
-/// next fold until the lease expires.
-async fn release(redis: &Redis, lease: &str, token: &str) {
-    let mut conn = redis.conn.clone();
-    let released: redis::RedisResult<i64> = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    )
-    .key(lease)
-    .arg(token)
-    .invoke_async(&mut conn)
-    .await;
+/// A fold lease this sidecar holds. Given up when the fold ends, and also when
+/// the fold is dropped half-way (a Trim call cancelled by its client), so the
+/// stream's next fold need not wait [`FOLD_LEASE_MS`] for it to expire.
+struct Held<'a> {
+    redis: &'a Redis,
+    lease: String,
+    token: String,
+    released: bool,
+}
+
+impl Held<'_> {
+    async fn release(mut self) {
+        self.released = true;
+        let mut conn = self.redis.conn.clone();
+        release(&mut conn, &self.redis.scripts.lease_release, &self.lease, &self.token).await;
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let (mut conn, script) = (self.redis.conn.clone(), self.redis.scripts.lease_release.clone());
+        let (lease, token) = (std::mem::take(&mut self.lease), std::mem::take(&mut self.token));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { release(&mut conn, &script, &lease, &token).await });
+        }
+    }
+}
+
+/// Gives the lease up if it is still `token`'s (`lease_release.lua`); a
+/// failure only delays the next fold until the lease expires.
+async fn release<C: redis::aio::ConnectionLike + Send>(conn: &mut C, script: &redis::Script, lease: &str, token: &str) {
+    let released: redis::RedisResult<i64> = script.key(lease).arg(token).invoke_async(conn).await;
     if let Err(error) = released {
         tracing::debug!(%lease, %error, "the fold lease stays until it expires");
     }

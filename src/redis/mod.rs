@@ -525,6 +525,10 @@ pub struct Scripts {
     pub replay: Script,
     /// `group_lag.lua`: a group's lag, exact or nil, never Redis 7.0's miscount.
     pub group_lag: Script,
+    /// `lease_renew.lua`: extend the archive's fold lease while this sidecar holds it.
+    pub lease_renew: Script,
+    /// `lease_release.lua`: give the archive's fold lease up while this sidecar holds it.
+    pub lease_release: Script,
 }
 
 impl Scripts {
@@ -540,6 +544,8 @@ impl Scripts {
             (&self.hygiene, "hygiene"),
             (&self.replay, "replay"),
             (&self.group_lag, "group_lag"),
+            (&self.lease_renew, "lease_renew"),
+            (&self.lease_release, "lease_release"),
         ]
         .into_iter()
         .map(|(script, name)| (script.get_hash().to_owned(), name))
@@ -558,6 +564,8 @@ impl Scripts {
             hygiene: script(include_str!("../consume/hygiene.lua")),
             replay: script(include_str!("lua/replay.lua")),
             group_lag: script(include_str!("lua/group_lag.lua")),
+            lease_renew: script(include_str!("lua/lease_renew.lua")),
+            lease_release: script(include_str!("lua/lease_release.lua")),
         }
     }
 }
