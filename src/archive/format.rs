@@ -30,7 +30,7 @@ use bytes::Bytes;
 use parquet::{
     arrow::{arrow_reader::ParquetRecordBatchReaderBuilder, ArrowWriter, ProjectionMask},
     basic::{Compression, ZstdLevel},
-    file::properties::WriterProperties,
+    file::{metadata::KeyValue, properties::WriterProperties},
 };
 
 use super::ArchiveError;
@@ -42,6 +42,16 @@ const ZSTD_LEVEL: i32 = 3;
 /// Rows decoded per Arrow batch on the read path: bounds the memory of one
 /// decoding step independently of the file's size.
 const READ_BATCH_ROWS: usize = 4096;
+
+/// Rows per Parquet row group, the unit a Read decodes: a page of a Read
+/// decodes at most about two row groups beyond what it returns, not the whole
+/// file (25,000 entries by default).
+const ROW_GROUP_ROWS: usize = 4096;
+
+/// The footer key (Parquet key-value metadata) that holds each row group's
+/// first stream id, comma-separated in row group order, so a Read decodes only
+/// the row groups that overlap its range. A file without it is read whole.
+const FIRST_IDS_KEY: &str = "echomq.row_group_first_ids";
 
 /// The column names, as DuckDB users see them.
 const STREAM: &str = "stream";
@@ -150,10 +160,20 @@ pub(super) fn encode(stream: &str, id_field: &str, entries: &[RawEntry]) -> Resu
     let properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(level))
         .set_created_by(concat!("echomq-sidecar ", env!("CARGO_PKG_VERSION")).to_owned())
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .build();
     let mut file = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(properties)).map_err(|e| failed(&e))?;
     writer.write(&batch).map_err(|e| failed(&e))?;
+    writer.flush().map_err(|e| failed(&e))?;
+    // The first id of each row group as the writer cut them.
+    let mut first_ids = Vec::with_capacity(writer.flushed_row_groups().len());
+    let mut row = 0;
+    for group in writer.flushed_row_groups() {
+        first_ids.push(entries[row].id.to_string());
+        row += usize::try_from(group.num_rows()).unwrap_or(usize::MAX);
+    }
+    writer.append_key_value_metadata(KeyValue::new(FIRST_IDS_KEY.to_owned(), first_ids.join(",")));
     writer.close().map_err(|e| failed(&e))?;
     Ok(Encoded { bytes: file.into(), first_id: first.id, last_id: last.id })
 }
@@ -169,7 +189,8 @@ pub(super) struct Want {
 /// Decodes the entries of the Parquet file `bytes` (at `path`, for messages)
 /// that `want` asks for, appending them to `out` in file order (ascending).
 /// Returns the file's row count, from its footer, so the caller can check it
-/// against the manifest. Only `stream_id` and `fields` are decoded.
+/// against the manifest. Only `stream_id` and `fields` are decoded, and only
+/// of the row groups that overlap `want` (by the footer's first ids).
 ///
 /// Errors: [`ArchiveError::Format`] for a file that is not Parquet or lacks
 /// the columns, or whose types are not the archive's.
@@ -179,6 +200,12 @@ pub(super) fn decode(path: &str, bytes: Bytes, want: Want, out: &mut Vec<RawEntr
     let rows = u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
     let index = |name: &str| builder.schema().index_of(name).map_err(|e| failed(&e));
     let mask = ProjectionMask::roots(builder.parquet_schema(), [index(STREAM_ID)?, index(FIELDS)?]);
+    let groups = overlapping_row_groups(builder.metadata().file_metadata().key_value_metadata(), want)
+        .filter(|groups| groups.iter().all(|&group| group < builder.metadata().num_row_groups()));
+    let builder = match groups {
+        Some(groups) => builder.with_row_groups(groups),
+        None => builder,
+    };
     let reader = builder.with_projection(mask).with_batch_size(READ_BATCH_ROWS).build().map_err(|e| failed(&e))?;
 
     fn column<'a, T: 'static>(array: Option<&'a ArrayRef>, name: &str) -> Result<&'a T, String> {
@@ -212,4 +239,64 @@ pub(super) fn decode(path: &str, bytes: Bytes, want: Want, out: &mut Vec<RawEntr
         }
     }
     Ok(rows)
+}
+
+/// The row groups whose ids can fall in `want.start..=want.end`, by the first
+/// ids under [`FIRST_IDS_KEY`]; `None` (read them all) when the footer has no
+/// such list or one that does not parse.
+fn overlapping_row_groups(metadata: Option<&Vec<KeyValue>>, want: Want) -> Option<Vec<usize>> {
+    let listed = metadata?.iter().find(|kv| kv.key == FIRST_IDS_KEY)?.value.as_deref()?;
+    let first_ids = listed.split(',').map(str::parse::<StreamId>).collect::<Result<Vec<_>, _>>().ok()?;
+    let overlapping = (0..first_ids.len()).filter(|&group| {
+        let starts_by_the_end = first_ids[group] <= want.end;
+        let ends_after_the_start = first_ids.get(group + 1).is_none_or(|next| *next > want.start);
+        starts_by_the_end && ends_after_the_start
+    });
+    Some(overlapping.collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(count: u64) -> Vec<RawEntry> {
+        (0..count)
+            .map(|seq| RawEntry {
+                id: StreamId { ms: 7, seq },
+                fields: Some(vec![(b"n".to_vec(), seq.to_string().into())]),
+            })
+            .collect()
+    }
+
+    fn ids(entries: &[RawEntry]) -> Vec<u64> {
+        entries.iter().map(|e| e.id.seq).collect()
+    }
+
+    #[test]
+    fn a_range_decodes_only_the_row_groups_it_overlaps() {
+        let count = ROW_GROUP_ROWS as u64 * 2 + 10;
+        let file = encode("s", "id", &entries(count)).unwrap();
+        let metadata = ParquetRecordBatchReaderBuilder::try_new(file.bytes.clone()).unwrap().metadata().clone();
+        assert_eq!(metadata.num_row_groups(), 3);
+        let at = |seq| StreamId { ms: 7, seq };
+        let groups = |start, end| {
+            overlapping_row_groups(
+                metadata.file_metadata().key_value_metadata(),
+                Want { start: at(start), end: at(end), limit: usize::MAX },
+            )
+            .unwrap()
+        };
+        let last_of_first = ROW_GROUP_ROWS as u64 - 1;
+        assert_eq!(groups(0, 0), [0]);
+        assert_eq!(groups(last_of_first, last_of_first + 1), [0, 1]);
+        assert_eq!(groups(last_of_first + 1, count), [1, 2]);
+        assert_eq!(groups(count + 5, count + 9), [2]);
+
+        for (start, end) in [(0, 3), (last_of_first - 2, last_of_first + 3), (count - 4, count + 100)] {
+            let mut out = Vec::new();
+            let want = Want { start: at(start), end: at(end), limit: usize::MAX };
+            assert_eq!(decode("f", file.bytes.clone(), want, &mut out).unwrap(), count);
+            assert_eq!(ids(&out), (start..=end.min(count - 1)).collect::<Vec<_>>(), "{start}..={end}");
+        }
+    }
 }
