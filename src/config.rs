@@ -378,6 +378,14 @@ impl Config {
                         (without client certificates no caller has an identity)"
                 .to_owned());
         }
+        let repeated = self
+            .retention
+            .iter()
+            .enumerate()
+            .find(|(k, policy)| self.retention[..*k].iter().any(|earlier| earlier.stream == policy.stream));
+        if let Some((_, policy)) = repeated {
+            return Err(format!("--retention names stream `{}` twice: give each stream one policy", policy.stream));
+        }
         if self.retry_backoff_initial_ms > self.retry_backoff_max_ms {
             return Err(format!(
                 "--retry-backoff-initial-ms ({}) is above --retry-backoff-max-ms ({})",
@@ -607,6 +615,9 @@ mod tests {
         }
         let config = parse(&["--default-max-in-flight", "20", "--max-in-flight-limit", "10"]).unwrap();
         assert!(config.validate().unwrap_err().contains("--max-in-flight-limit"));
+        let twice = parse(&["--retention", "x=maxlen:3,y=maxlen:1,x=maxage:1d"]).unwrap();
+        assert!(twice.validate().unwrap_err().contains("`x` twice"));
+        assert!(parse(&["--retention", "x=maxlen:3,y=maxlen:1"]).unwrap().validate().is_ok());
     }
 
     #[test]

@@ -75,9 +75,10 @@ pub enum Error {
         /// What conflicts, and what to change.
         reason: String,
     },
-    /// The archive (`--archive-url`) refused a read or a write: nothing more
-    /// was trimmed; retrying once the store answers may help.
-    #[error("the archive is unavailable ({context}) for stream `{stream}`: {reason}; nothing was trimmed past what is archived")]
+    /// The archive (`--archive-url`) refused a read or a write, or did not
+    /// answer: retrying once the store answers may help. A trim that meets it
+    /// removes nothing (what it had archived stays archived).
+    #[error("the archive is unavailable ({context}) for stream `{stream}`: {reason}{}", if *.trimming { "; this trim removed nothing" } else { "" })]
     ArchiveUnavailable {
         /// What the sidecar was doing.
         context: &'static str,
@@ -85,6 +86,8 @@ pub enum Error {
         stream: String,
         /// What the store answered.
         reason: String,
+        /// Met by a trim (which then removed nothing), not by a read.
+        trimming: bool,
     },
     /// Another sidecar is folding the same stream into the archive (it holds
     /// the stream's fold lease, or committed first): retry later.

@@ -82,6 +82,16 @@ impl Keyspace {
         self.derived(stream, ":archive:lease")
     }
 
+    /// Where the archive of `stream` ends, as far as trims went: the
+    /// `archived_through` id (`<ms>-<seq>`) of the manifest its last fold
+    /// trimmed by, written by `trim.lua` in the same step as the XTRIM. Every
+    /// entry trimmed into the archive is at or below it, so a Read that starts
+    /// after it needs the stream only: `<stream>:archive:through`, tagged like
+    /// [`Self::dead_letter_stream`].
+    pub fn archive_through(&self, stream: &str) -> String {
+        self.derived(stream, ":archive:through")
+    }
+
     /// The retry hash of `group` on `stream` (stream id → `<due unix ms> <last
     /// failure reason>`): `<stream>:retries:<group>`, tagged like
     /// [`Self::dead_letter_stream`].
@@ -306,6 +316,7 @@ mod tests {
             assert_eq!(Slot::for_key(stream), Slot::for_key(&dlq), "{stream} -> {dlq}");
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.retries(stream, "g")), "{stream}");
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.fold_lease(stream)), "{stream}");
+            assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.archive_through(stream)), "{stream}");
             assert!(cluster.same_slot("f", stream, &dlq).is_ok());
         }
         assert_eq!(cluster.dead_letter_stream("orders"), "{orders}:dlq");

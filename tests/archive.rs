@@ -184,6 +184,94 @@ async fn minio_trim_folds_first_and_read_spans_the_archive_and_the_stream() {
     fold_then_trim_and_read_back(&sidecar, &redis).await;
 }
 
+/// A store that stops answering (MinIO under SIGSTOP): a Read of the tail,
+/// after the archive's end, is served from the stream without asking it; a
+/// Read and a Trim that need it fail UNAVAILABLE within the store's bound,
+/// not object_store's default minutes; once it answers, both work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_store_leaves_tail_reads_alone_and_fails_the_rest_in_bounded_time() {
+    let Some(minio) = Minio::start().await else { return };
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, archiving(&format!("s3://{BUCKET}/stall"), minio.aws_env(), &[])).await;
+    let ids = append_awkward(&sidecar, &redis, "s", 20).await;
+    create_group(&mut redis.conn().await, "s", "g", "$").await;
+    assert_eq!(trim(&sidecar, "s", 5).await.expect("trim").archived, 17);
+
+    minio.stall(true);
+    let mut client = sidecar.stream_client().await;
+    let tail = ReadRequest { stream: "s".into(), start_id: ids[17].clone(), ..Default::default() };
+    let read = tokio::time::timeout(Duration::from_secs(5), client.read(tail)).await;
+    let page = read.expect("a tail Read does not wait for the store").expect("read").into_inner();
+    assert_eq!(page.entries.iter().map(|e| e.stream_id.clone()).collect::<Vec<_>>(), ids[17..]);
+
+    let started = std::time::Instant::now();
+    let whole = ReadRequest { stream: "s".into(), ..Default::default() };
+    let refused = client.read(whole.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(!refused.message().contains("trim"), "a Read says nothing of trims: {}", refused.message());
+    let refused = trim(&sidecar, "s", 2).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("removed nothing"), "{}", refused.message());
+    assert!(started.elapsed() < Duration::from_secs(70), "two calls took {:?}", started.elapsed());
+    assert_eq!(xlen(&mut redis.conn().await, "s").await, 5, "nothing trimmed");
+
+    minio.stall(false);
+    assert_eq!(client.read(whole).await.expect("read once the store answers").into_inner().entries.len(), 22);
+}
+
+/// An entry at or below the archive's end that the archive does not hold (the
+/// stream deleted and written again with an id given by hand): Read returns
+/// it among the archived ones, and a trim refuses (FAILED_PRECONDITION)
+/// rather than remove it into nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_below_the_archive_that_it_lacks_is_read_and_never_trimmed() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &[])).await;
+    let ids = append_awkward(&sidecar, &redis, "s", 6).await;
+    assert_eq!(trim(&sidecar, "s", 1).await.expect("trim").archived, 7);
+    let mut con = redis.conn().await;
+    let _: i64 = redis::cmd("DEL").arg("s").query_async(&mut con).await.unwrap();
+    let low: String = redis::cmd("XADD").arg("s").arg("5-1").arg("low").arg("1").query_async(&mut con).await.unwrap();
+    let new: String = redis::cmd("XADD").arg("s").arg("*").arg("new").arg("1").query_async(&mut con).await.unwrap();
+    create_group(&mut con, "s", "g", "$").await;
+
+    let all = read_all(&sidecar, "s", 3).await;
+    let expected = [vec![low.clone()], ids[..7].to_vec(), vec![new]].concat();
+    assert_eq!(all.iter().map(|e| e.stream_id.clone()).collect::<Vec<_>>(), expected);
+    assert!(!all[0].archived && all[1..8].iter().all(|e| e.archived) && !all[8].archived);
+
+    let refused = trim(&sidecar, "s", 1).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains(&low), "names the entry: {}", refused.message());
+    assert_eq!(xlen(&mut con, "s").await, 2, "nothing trimmed");
+    assert!(archive_info(&sidecar, "s").await.last_error.contains(&low));
+}
+
+/// Bounds that remove nothing (`min_id` 0-0, an instant at the epoch) trim
+/// nothing, as without an archive, and are no fold failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_that_removes_nothing_is_no_fold_error() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &[])).await;
+    append_awkward(&sidecar, &redis, "s", 3).await;
+    let mut client = sidecar.stream_client().await;
+    for request in [
+        TrimRequest { stream: "s".into(), min_id: "0-0".into(), ..Default::default() },
+        TrimRequest { stream: "s".into(), before: Some(prost_types::Timestamp::default()), ..Default::default() },
+    ] {
+        let response = client.trim(request.clone()).await.unwrap_or_else(|e| panic!("{request:?}: {e:?}")).into_inner();
+        assert_eq!((response.trimmed, response.archived), (0, 0), "{request:?}");
+    }
+    let mut con = redis.conn().await;
+    let _: () = redis::cmd("SET").arg("text").arg("v").query_async(&mut con).await.unwrap();
+    let wrong = trim(&sidecar, "text", 1).await.unwrap_err();
+    assert_eq!(wrong.code(), Code::FailedPrecondition, "{wrong:?}");
+    assert_eq!(sidecar.counter("echomq_archive_fold_errors_total").await, 0.0);
+    assert_eq!(xlen(&mut con, "s").await, 5);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_max_len_is_refused_with_an_archive() {
     let redis = RedisServer::start().await;
@@ -345,6 +433,7 @@ async fn an_archive_that_refuses_writes_pauses_trimming_visibly() {
     let mut con = redis.conn().await;
     assert_eq!(xlen(&mut con, "s").await, 12, "nothing trimmed unarchived");
     assert!(!archive_info(&sidecar, "s").await.last_error.is_empty());
+    assert!(refused.message().contains("removed nothing"), "{}", refused.message());
     assert_eq!(sidecar.counter("echomq_archive_fold_errors_total").await, 1.0);
     assert_eq!(sidecar.readyz().await, Some(200), "a refusing archive does not make the sidecar unready");
 

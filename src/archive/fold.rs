@@ -85,13 +85,20 @@ impl Folding {
         trim: &Trim,
     ) -> Result<(Trimmed, u64), Error> {
         let started = Instant::now();
-        let result = self.fold_then_trim_leased(redis, stream, trim).await;
+        let result = self.fold_then_trim_leased(redis, stream, trim).await.map_err(|error| match error {
+            Error::ArchiveUnavailable { context, stream, reason, .. } => {
+                Error::ArchiveUnavailable { context, stream, reason, trimming: true }
+            }
+            error => error,
+        });
         let mut errors = self.errors.lock().expect("fold errors");
         match &result {
             Ok(_) => {
                 errors.remove(stream);
             }
-            Err(Error::Aborted { .. }) => {}
+            // The caller's mistakes (another type at the key, a bad bound) and another
+            // sidecar folding at the moment are no failure of folding.
+            Err(Error::Aborted { .. } | Error::WrongType { .. } | Error::InvalidArgument { .. }) => {}
             Err(error) => {
                 self.metrics.archive_fold_error(stream, redis.keys.sharded_stream_of(stream));
                 tracing::warn!(%stream, %error, "folding into the archive failed: nothing more is trimmed until it succeeds");
@@ -122,10 +129,12 @@ impl Folding {
     ) -> Result<(Trimmed, u64), Error> {
         let mut manifest =
             self.archive.manifest(stream).await.map_err(|e| store_error(e, "reading the manifest", stream))?;
+        let sharded = redis.keys.sharded_stream_of(stream);
+        self.metrics.archive_extent(stream, sharded, extent(&manifest));
         // What the trim would remove: entries below this bound.
         let bound = run(redis, stream, trim, None, true).await?.applied_min_id;
         let mut archived = 0;
-        if let Ok(bound) = bound.parse::<StreamId>() {
+        if let Some(bound) = bound.parse::<StreamId>().ok().filter(|bound| *bound > StreamId::ZERO) {
             loop {
                 let start = manifest.archived_through().and_then(StreamId::successor);
                 let start = start.map_or_else(|| "-".to_owned(), |id| id.to_string());
@@ -146,19 +155,57 @@ impl Folding {
                     .map_err(|e| fold_error(e, "writing the manifest", stream))?;
                 pause_point("after_manifest").await;
                 archived += entries.len() as u64;
-                self.metrics.archive_folded(stream, redis.keys.sharded_stream_of(stream), entries.len() as u64, bytes);
+                self.metrics.archive_folded(stream, sharded, entries.len() as u64, bytes);
+                self.metrics.archive_extent(stream, sharded, extent(&manifest));
                 tracing::debug!(%stream, entries = entries.len(), %last, "folded into the archive");
                 if entries.len() < self.file_entries {
                     break;
                 }
             }
         }
-        self.metrics.archive_extent(stream, redis.keys.sharded_stream_of(stream), extent(&manifest));
+        self.refuse_unarchived_below(redis, stream, &manifest).await?;
         pause_point("before_trim").await;
-        let unarchived =
-            manifest.archived_through().map_or(StreamId::ZERO, |through| through.successor().unwrap_or(through));
-        let trimmed = run(redis, stream, trim, Some(Fence { lease, token, unarchived }), false).await?;
+        let fence = Fence { lease, token, through: manifest.archived_through() };
+        let trimmed = run(redis, stream, trim, Some(fence), false).await?;
         Ok((trimmed, archived))
+    }
+
+    /// Refuses ([`Error::Conflict`]) when `stream` holds an entry at or below
+    /// the archive's end that the archive does not hold: the trim, capped at
+    /// the archive's end, would remove it, and it would be nowhere. Entries
+    /// there are normally ones a crash left both archived and live; another
+    /// can only come from a stream deleted and written again with ids given
+    /// by hand, or a restored backup. Reads the stream and the archive over
+    /// that span only (nothing to read in the usual case: one XRANGE).
+    async fn refuse_unarchived_below(&self, redis: &Redis, stream: &str, manifest: &Manifest) -> Result<(), Error> {
+        let Some(through) = manifest.archived_through() else { return Ok(()) };
+        let mut from = "-".to_owned();
+        loop {
+            let live = range(redis, stream, &from, &through.to_string(), self.file_entries).await?;
+            let (Some(first), Some(last)) = (live.first().map(|e| e.id), live.last().map(|e| e.id)) else {
+                return Ok(());
+            };
+            let archived = self
+                .archive
+                .read(stream, manifest, first, last, usize::MAX)
+                .await
+                .map_err(|e| store_error(e, "reading archive files", stream))?;
+            let archived: std::collections::HashSet<StreamId> = archived.iter().map(|e| e.id).collect();
+            if let Some(stray) = live.iter().find(|e| !archived.contains(&e.id)) {
+                return Err(Error::Conflict {
+                    reason: format!(
+                        "entry {} of stream `{stream}` is at or below the end of its archive ({through}) but not in \
+                         it (was the stream deleted and written again with ids given by hand?): nothing is trimmed \
+                         while it is there; read it, then XDEL it (Append it again for a new id)",
+                        stray.id
+                    ),
+                });
+            }
+            if live.len() < self.file_entries {
+                return Ok(());
+            }
+            from = format!("({last}");
+        }
     }
 
     /// Takes `stream`'s fold lease, waiting up to [`LEASE_WAIT`] for another
@@ -271,7 +318,7 @@ pub fn extent(manifest: &Manifest) -> ArchiveExtent {
 
 /// An archive error as the API's: UNAVAILABLE, naming what was being done.
 pub(crate) fn store_error(error: ArchiveError, context: &'static str, stream: &str) -> Error {
-    Error::ArchiveUnavailable { context, stream: stream.to_owned(), reason: error.to_string() }
+    Error::ArchiveUnavailable { context, stream: stream.to_owned(), reason: error.to_string(), trimming: false }
 }
 
 /// For the crash tests: with `ECHOMQ_ARCHIVE_PAUSE_AT` naming this step

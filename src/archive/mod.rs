@@ -40,6 +40,7 @@ use std::{
     collections::HashMap,
     fmt::{self, Write as _},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use futures_util::TryStreamExt;
@@ -47,8 +48,21 @@ use object_store::{
     aws::{AmazonS3Builder, AmazonS3ConfigKey},
     local::LocalFileSystem,
     path::{Path, PathPart},
-    ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
 };
+
+/// How long one request to an S3 store may take before it is retried: a
+/// store that stops answering fails a fold or a Read `UNAVAILABLE` within
+/// about [`STORE_RETRY_TIMEOUT`] + this, not object_store's default of minutes.
+/// Enough for a default-sized file (25,000 entries, a few MB) on any link a
+/// sidecar should fold over.
+const STORE_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting to an S3 store may take.
+const STORE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Retries of a failed or timed-out request (with object_store's backoff).
+const STORE_RETRIES: usize = 2;
+/// No retry starts later than this after the first attempt.
+const STORE_RETRY_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub use manifest::{FileMeta, Manifest};
 
@@ -176,7 +190,18 @@ impl Archive {
                 // client would panic. The sidecar installs ring at start; so does this, for any
                 // other caller (a second install is a no-op).
                 let _ = rustls::crypto::ring::default_provider().install_default();
-                let mut builder = AmazonS3Builder::new().with_region("us-east-1");
+                let mut builder = AmazonS3Builder::new()
+                    .with_region("us-east-1")
+                    .with_client_options(
+                        ClientOptions::new()
+                            .with_timeout(STORE_REQUEST_TIMEOUT)
+                            .with_connect_timeout(STORE_CONNECT_TIMEOUT),
+                    )
+                    .with_retry(RetryConfig {
+                        backoff: BackoffConfig::default(),
+                        max_retries: STORE_RETRIES,
+                        retry_timeout: STORE_RETRY_TIMEOUT,
+                    });
                 for (key, value) in aws {
                     // As AmazonS3Builder::from_env does, without reading the process environment.
                     if key.starts_with("AWS_") {

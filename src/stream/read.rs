@@ -1,6 +1,8 @@
 //! Read: validate the range → XRANGE (one entry more than asked, to know where
 //! the next page starts) → entries.
 
+use std::collections::HashSet;
+
 use prost_types::Timestamp;
 
 use super::Streams;
@@ -10,7 +12,11 @@ use crate::{
     error::Error,
     id::StreamId,
     proto::{Entry, ReadRequest, ReadResponse},
-    redis::range::{fit, page, page_size, range, Page},
+    redis::{
+        parse_entries,
+        range::{fit, page, page_size, Page},
+        RawEntry,
+    },
     security::Caller,
 };
 
@@ -44,8 +50,8 @@ pub fn parse_bound(
     }
 }
 
-/// Read: one page of the range, oldest first; with an archive, the part of
-/// the range up to its `archived_through` from there, the rest from the stream.
+/// Read: one page of the range, oldest first; with an archive, entries the
+/// archive holds come from there, the rest from the stream.
 pub(super) async fn read(
     streams: &Streams,
     caller: Option<&Caller>,
@@ -57,15 +63,15 @@ pub(super) async fn read(
     let end = parse_bound("end_id", &request.end_id, "end_time", request.end_time, End::End)?;
     let count = page_size("count", request.count)?;
     let max_bytes = streams.guard.max_message_bytes;
-    let (page, archived_through) = match &streams.archive {
+    let (page, from_archive) = match &streams.archive {
         Some(folding) => spanning_page(streams, folding, stream, &start, &end, count).await?,
-        None => (page(&streams.redis, stream, &start, &end, count, max_bytes).await?, None),
+        None => (page(&streams.redis, stream, &start, &end, count, max_bytes).await?, HashSet::new()),
     };
     let entries = page
         .entries
         .into_iter()
         .filter_map(|e| {
-            let archived = archived_through.is_some_and(|through| e.id <= through);
+            let archived = from_archive.contains(&e.id);
             entry::to_entry(e, &streams.id_field, |_| false).map(|entry| Entry { archived, ..entry })
         })
         .collect();
@@ -73,10 +79,16 @@ pub(super) async fn read(
 }
 
 /// A page of the range `start`..=`end` (XRANGE bounds) across the archive and
-/// the stream: entries up to the manifest's `archived_through` come from the
-/// archive (also those a crash left in the stream too), the rest from the
-/// stream, so none is missed or returned twice. Returns the page and
-/// `archived_through`.
+/// the stream, with the ids of its entries that came from the archive.
+///
+/// The stream's part and where the archive ends (`<stream>:archive:through`,
+/// [`crate::keys::Keyspace::archive_through`]) come first, in that order in
+/// one pipeline: every entry a trim moved into the archive is at or below
+/// that id, and it only grows, so a range that starts after it is whole in
+/// the stream and the store is not asked (a Read of the tail works while the
+/// store is down). Otherwise the archive's part, up to the manifest's
+/// `archived_through`, is merged with the stream's by id, an entry in both
+/// (a crash left it archived and live) taken once, from the archive.
 async fn spanning_page(
     streams: &Streams,
     folding: &Folding,
@@ -84,31 +96,81 @@ async fn spanning_page(
     start: &str,
     end: &str,
     count: usize,
-) -> Result<(Page, Option<StreamId>), Error> {
+) -> Result<(Page, HashSet<StreamId>), Error> {
     let max_bytes = streams.guard.max_message_bytes;
+    // One more than the page, to know where the next starts.
+    let (live, trimmed_through) = live_and_archive_end(streams, stream, start, end, count + 1).await?;
+    let first = bound_id(start, StreamId::ZERO);
+    let last = bound_id(end, StreamId::MAX);
+    if trimmed_through.is_none_or(|through| first > through) || first > last {
+        return Ok((fit(live, count, max_bytes), HashSet::new()));
+    }
     let archive = folding.archive();
     let manifest = archive
         .manifest(stream)
         .await
         .map_err(|e| crate::archive::fold::store_error(e, "reading the manifest", stream))?;
-    let through = manifest.archived_through();
-    let first = bound_id(start, StreamId::ZERO);
-    let last = bound_id(end, StreamId::MAX);
-    let Some(through) = through.filter(|through| first <= *through && first <= last) else {
-        return Ok((page(&streams.redis, stream, start, end, count, max_bytes).await?, through));
+    let Some(through) = manifest.archived_through().filter(|through| first <= *through) else {
+        return Ok((fit(live, count, max_bytes), HashSet::new()));
     };
-    // One more than the page, to know where the next starts.
-    let mut raw = archive
+    let archived = archive
         .read(stream, &manifest, first, last.min(through), count + 1)
         .await
         .map_err(|e| crate::archive::fold::store_error(e, "reading archive files", stream))?;
-    if raw.len() <= count && last > through {
-        if let Some(after) = through.successor() {
-            let live = range(&streams.redis, stream, &after.to_string(), end, count + 1 - raw.len()).await?;
-            raw.extend(live);
+    let from_archive = archived.iter().map(|e| e.id).collect();
+    Ok((fit(merge(archived, live, count + 1), count, max_bytes), from_archive))
+}
+
+/// Up to `count` entries of `stream` in the XRANGE bounds, then the id in
+/// `<stream>:archive:through` (none when absent or not an id), in one
+/// pipeline: XRANGE before GET, so an entry trimmed after the XRANGE is at or
+/// below the id the GET returns.
+async fn live_and_archive_end(
+    streams: &Streams,
+    stream: &str,
+    start: &str,
+    end: &str,
+    count: usize,
+) -> Result<(Vec<RawEntry>, Option<StreamId>), Error> {
+    let redis = &streams.redis;
+    let mut conn = redis.conn.clone();
+    let (entries, through): (redis::Value, Option<String>) = redis::pipe()
+        .cmd("XRANGE")
+        .arg(stream)
+        .arg(start)
+        .arg(end)
+        .arg("COUNT")
+        .arg(count)
+        .cmd("GET")
+        .arg(redis.keys.archive_through(stream))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(e, "reading (XRANGE, GET)", stream))?;
+    let entries = parse_entries(entries).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
+    Ok((entries, through.and_then(|id| id.parse().ok())))
+}
+
+/// The first `limit` entries of two ascending lists, in id order; an id in
+/// both is taken once, from `archived`.
+fn merge(archived: Vec<RawEntry>, live: Vec<RawEntry>, limit: usize) -> Vec<RawEntry> {
+    let mut merged = Vec::with_capacity(limit.min(archived.len() + live.len()));
+    let (mut archived, mut live) = (archived.into_iter().peekable(), live.into_iter().peekable());
+    while merged.len() < limit {
+        let next = match (archived.peek(), live.peek()) {
+            (Some(a), Some(l)) if a.id == l.id => {
+                live.next();
+                archived.next()
+            }
+            (Some(a), Some(l)) if l.id < a.id => live.next(),
+            (Some(_), _) => archived.next(),
+            (None, _) => live.next(),
+        };
+        match next {
+            Some(entry) => merged.push(entry),
+            None => break,
         }
     }
-    Ok((fit(raw, count, max_bytes), Some(through)))
+    merged
 }
 
 /// The id of an XRANGE bound from [`parse_bound`]: `-` and `+` as `open`.
@@ -128,5 +190,21 @@ mod tests {
         assert_eq!(parse_bound("a", "", "b", None, End::End).unwrap(), "+");
         assert!(parse_bound("a", "1-1", "b", at, End::Start).is_err());
         assert!(parse_bound("a", "x", "b", None, End::Start).is_err());
+    }
+
+    #[test]
+    fn merge_keeps_id_order_takes_an_id_in_both_once_and_stops_at_the_limit() {
+        let entry = |seq: u64, from: &[u8]| RawEntry {
+            id: StreamId { ms: 1, seq },
+            fields: Some(vec![(b"from".to_vec(), from.to_vec())]),
+        };
+        let archived = vec![entry(1, b"a"), entry(3, b"a"), entry(4, b"a")];
+        let live = vec![entry(2, b"l"), entry(4, b"l"), entry(5, b"l")];
+        let merged = merge(archived.clone(), live.clone(), 10);
+        let seen: Vec<(u64, &[u8])> =
+            merged.iter().map(|e| (e.id.seq, e.fields.as_ref().unwrap()[0].1.as_slice())).collect();
+        assert_eq!(seen, [(1, &b"a"[..]), (2, b"l"), (3, b"a"), (4, b"a"), (5, b"l")]);
+        assert_eq!(merge(archived, live, 3).len(), 3);
+        assert!(merge(Vec::new(), Vec::new(), 3).is_empty());
     }
 }

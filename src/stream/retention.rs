@@ -31,6 +31,9 @@ pub async fn run(
     if policies.is_empty() {
         return;
     }
+    for policy in &policies {
+        tracing::info!(stream = %policy.stream, keep = ?policy.keep, interval_ms = interval.as_millis() as u64, archived = folding.is_some(), "retention policy");
+    }
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -46,7 +49,11 @@ pub async fn run(
                     Ok((trimmed, archived)) if trimmed.trimmed > 0 || archived > 0 => {
                         tracing::info!(stream = %key, trimmed = trimmed.trimmed, archived, "retention applied");
                     }
+                    // A failed fold was logged, counted and described where it failed.
                     Ok(_) | Err(Error::Aborted { .. }) => {}
+                    Err(error) if folding.as_deref().is_some_and(|f| f.last_error(&key).is_some()) => {
+                        tracing::debug!(stream = %key, %error, "retention could not be applied; retrying next round")
+                    }
                     Err(error) => {
                         tracing::warn!(stream = %key, %error, "retention could not be applied; retrying next round")
                     }

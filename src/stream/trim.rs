@@ -89,16 +89,17 @@ pub(crate) struct Trimmed {
     pub(crate) unread: Vec<UnreadTrimmed>,
 }
 
-/// The archive's hold on a trim: the fold lease it must still hold, and the
-/// first id not archived, which the bound never passes.
+/// The archive's hold on a trim: the fold lease it must still hold, and where
+/// the archive ends, which the bound never passes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Fence<'a> {
     /// The fold lease key ([`crate::keys::Keyspace::fold_lease`]).
     pub(crate) lease: &'a str,
     /// The token this sidecar wrote there.
     pub(crate) token: &'a str,
-    /// The first stream id the archive does not hold.
-    pub(crate) unarchived: StreamId,
+    /// The manifest's `archived_through`; `None` while the archive holds
+    /// nothing of the stream (then nothing is trimmed).
+    pub(crate) through: Option<StreamId>,
 }
 
 /// Runs `trim.lua` on `stream`: the safe bound and XTRIM MINID in one script;
@@ -121,18 +122,24 @@ pub(crate) async fn run(
     };
     let flag = |on: bool| if on { "1" } else { "0" };
     let mut conn = redis.conn.clone();
+    let through_key = fence.map(|_| redis.keys.archive_through(stream));
+    let through = fence.and_then(|f| f.through);
+    // The first id not archived: the bound never passes it.
+    let unarchived = fence.map(|_| through.map_or(StreamId::ZERO, |id| id.successor().unwrap_or(id)));
     let (trimmed, applied, held_back, unread): (u64, redis::Value, i64, redis::Value) = redis
         .scripts
         .trim
         .key(stream)
         .key(fence.map_or(stream, |f| f.lease))
+        .key(through_key.as_deref().unwrap_or(stream))
         .arg(keep)
         .arg(below)
         .arg(flag(trim.approximate))
         .arg(flag(!trim.safe))
         .arg(fence.map_or("", |f| f.token))
-        .arg(fence.map_or_else(String::new, |f| f.unarchived.to_string()))
+        .arg(unarchived.map_or_else(String::new, |id| id.to_string()))
         .arg(flag(dry))
+        .arg(through.map_or_else(String::new, |id| id.to_string()))
         .invoke_async(&mut conn)
         .await
         .map_err(|e| match e.code() {

@@ -104,6 +104,14 @@ impl Drop for Minio {
 }
 
 impl Minio {
+    /// Stops the server (SIGSTOP: it takes connections and never answers) or
+    /// lets it go on (SIGCONT).
+    pub fn stall(&self, stalled: bool) {
+        let signal = if stalled { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill").arg(signal).arg(self.child.id().to_string()).status().expect("run kill");
+        assert!(status.success(), "kill {signal} MinIO: {status}");
+    }
+
     /// The `AWS_*` settings a sidecar needs for this server.
     pub fn aws_env(&self) -> Vec<(String, String)> {
         [

@@ -12,12 +12,28 @@
 -- ARGV[6]  with an archive: the first id not archived; the bound never passes
 --          it ('' : no such cap)
 -- ARGV[7]  '1' for a dry run: the bound only, nothing trimmed
+-- ARGV[8]  with an archive: its archived_through id, recorded in KEYS[3]
+--          (never moved back) before anything is trimmed ('' : none)
 -- KEYS[2]  the fold lease (KEYS[1] again without an archive)
+-- KEYS[3]  where the archive ends (`<stream>:archive:through`; KEYS[1] again
+--          without an archive): every entry trimmed into the archive is at or
+--          below it, which lets a Read after it skip the archive
 -- The caller gives one bound; with both, the one that removes less wins.
 -- Returns { trimmed, applied min id or '', held back by groups 1/0, lost },
 -- lost as trim_counting_unread gives it (empty in the safe mode).
 
 local stream = KEYS[1]
+if ARGV[7] ~= '1' and ARGV[5] ~= '' then
+  if redis.call('GET', KEYS[2]) ~= ARGV[5] then
+    return redis.error_reply('ECHOMQ_FENCED another sidecar holds the fold lease of ' .. stream)
+  end
+  if ARGV[8] ~= '' then
+    local through = redis.call('GET', KEYS[3])
+    if not through or id_less(through, ARGV[8]) then
+      redis.call('SET', KEYS[3], ARGV[8])
+    end
+  end
+end
 if redis.call('EXISTS', stream) == 0 then
   return { 0, '', 0, {} }
 end
@@ -85,9 +101,6 @@ if ARGV[6] ~= '' and id_less(ARGV[6], applied) then
 end
 if ARGV[7] == '1' then
   return { 0, applied, held_back, {} }
-end
-if ARGV[5] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[5] then
-  return redis.error_reply('ECHOMQ_FENCED another sidecar holds the fold lease of ' .. stream)
 end
 local xtrim = { 'MINID', applied }
 if ARGV[3] == '1' then
