@@ -34,7 +34,10 @@ use tracing::{error, info, warn};
 use crate::{
     admin::Admin,
     admin_http::{self, Readiness},
-    archive::{fold::Folding, Archive},
+    archive::{
+        fold::{FileSizes, Folding},
+        Archive,
+    },
     config::{Config, Listen},
     consume::Consumers,
     deferred::Deferred,
@@ -263,7 +266,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let (draining_tx, draining) = watch::channel(false);
     let folding = archive.map(|archive| {
         let file_entries = usize::try_from(config.archive_file_entries).unwrap_or(usize::MAX);
-        Arc::new(Folding::new(archive, config.id_field.clone(), file_entries, consumer.clone(), metrics.clone()))
+        let partial_interval = Duration::from_millis(config.archive_partial_file_interval_ms);
+        Arc::new(Folding::new(
+            archive,
+            config.id_field.clone(),
+            FileSizes { entries: file_entries, partial_interval },
+            consumer.clone(),
+            metrics.clone(),
+        ))
     });
     let retention = tokio::spawn(crate::stream::retention::run(
         redis.clone(),

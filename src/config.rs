@@ -48,6 +48,9 @@ pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 5_000;
 pub const DEFAULT_RETENTION_INTERVAL_MS: u64 = 10_000;
 /// Default most entries in one archive file.
 pub const DEFAULT_ARCHIVE_FILE_ENTRIES: u64 = 25_000;
+/// Default least time (ms) between two files of fewer entries than that,
+/// folded by retention, per stream: an hour.
+pub const DEFAULT_ARCHIVE_PARTIAL_FILE_INTERVAL_MS: u64 = 3_600_000;
 
 /// Default largest gRPC message, either way (bytes): 4 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
@@ -251,6 +254,14 @@ pub struct Config {
     /// once (about 25,000 × the entry size).
     #[arg(long, env = "ECHOMQ_ARCHIVE_FILE_ENTRIES", default_value_t = DEFAULT_ARCHIVE_FILE_ENTRIES, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub archive_file_entries: u64,
+
+    /// Least time (milliseconds) between two partial archive files (fewer entries than
+    /// --archive-file-entries) that retention folds of one stream. Between them retention folds whole
+    /// files only and leaves the rest in the stream (at most one file's worth more than the policy
+    /// keeps), so a steady stream does not become thousands of tiny files. 0: a partial file every
+    /// round. A Trim call always folds everything it removes.
+    #[arg(long, env = "ECHOMQ_ARCHIVE_PARTIAL_FILE_INTERVAL_MS", default_value_t = DEFAULT_ARCHIVE_PARTIAL_FILE_INTERVAL_MS)]
+    pub archive_partial_file_interval_ms: u64,
 
     /// Response timeout (milliseconds) of non-blocking Redis commands. A
     /// command with no reply in time retires its connection (the next one

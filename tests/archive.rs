@@ -309,7 +309,16 @@ async fn retention_folds_on_its_timer_and_never_past_what_a_group_needs() {
     let options = archiving(
         &file_url(dir.path()),
         vec![],
-        &["--retention", "kept=maxlen:5,sh=maxlen:2", "--retention-interval-ms", "100", "--sharded-streams", "sh=2"],
+        &[
+            "--retention",
+            "kept=maxlen:5,sh=maxlen:2",
+            "--retention-interval-ms",
+            "100",
+            "--archive-partial-file-interval-ms",
+            "0",
+            "--sharded-streams",
+            "sh=2",
+        ],
     );
     let sidecar = Sidecar::start(&redis, options).await;
     let mut con = redis.conn().await;
@@ -349,6 +358,35 @@ async fn retention_folds_on_its_timer_and_never_past_what_a_group_needs() {
         assert_eq!(manifest.entries() + 2, read_all(&sidecar, shard, 100).await.len() as u64, "{shard}");
     }
     assert_eq!(total, 16);
+}
+
+/// Retention folds whole files and leaves the rest in the stream until the
+/// partial-file interval has passed, so a steady stream does not turn into
+/// one tiny file per round; a Trim call folds everything it removes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_folds_whole_files_and_leaves_the_rest_in_the_stream() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let policy = ["--retention", "s=maxlen:3", "--retention-interval-ms", "50", "--archive-file-entries", "10"];
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &policy)).await;
+    let archive = Archive::open(&file_url(dir.path())).unwrap();
+    let files = || async { archive.manifest("s").await.unwrap().files.iter().map(|f| f.entries).collect::<Vec<_>>() };
+    let mut ids = append_awkward(&sidecar, &redis, "s", 23).await;
+    // 22 due: two whole files, two entries left beyond the policy's 3.
+    assert!(eventually(Duration::from_secs(10), || stream_length_is(&redis, "s", 5)).await, "{}", sidecar.log());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(files().await, [10, 10]);
+    assert_eq!(xlen(&mut redis.conn().await, "s").await, 5, "no partial file within the interval");
+
+    ids.extend(append_awkward(&sidecar, &redis, "s", 6).await);
+    assert!(eventually(Duration::from_secs(10), || stream_length_is(&redis, "s", 3)).await, "{}", sidecar.log());
+    assert_eq!(files().await, [10, 10, 10]);
+
+    // A Trim folds what it removes, a partial file too.
+    assert_eq!(trim(&sidecar, "s", 1).await.expect("trim").archived, 2);
+    assert_eq!(files().await, [10, 10, 10, 2]);
+    let all = read_all(&sidecar, "s", 7).await;
+    assert_eq!(all.iter().map(|e| e.stream_id.clone()).collect::<Vec<_>>(), ids);
 }
 
 /// A kill -9 after the file, after the manifest, or before the trim loses
@@ -452,7 +490,16 @@ async fn two_sidecars_folding_one_stream_never_archive_an_entry_twice() {
     let redis = RedisServer::start().await;
     let dir = TempDir::new("archive");
     let url = file_url(dir.path());
-    let policy = ["--retention", "s=maxlen:3", "--retention-interval-ms", "20", "--archive-file-entries", "5"];
+    let policy = [
+        "--retention",
+        "s=maxlen:3",
+        "--retention-interval-ms",
+        "20",
+        "--archive-file-entries",
+        "5",
+        "--archive-partial-file-interval-ms",
+        "0",
+    ];
     let a = Sidecar::start(&redis, archiving(&url, vec![], &policy)).await;
     let b = Sidecar::start(&redis, archiving(&url, vec![], &policy)).await;
     let mut ids = Vec::new();
@@ -521,7 +568,14 @@ async fn a_trim_cancelled_mid_fold_gives_the_lease_up() {
 async fn a_dead_letter_stream_is_archived_like_any_other() {
     let redis = RedisServer::start().await;
     let dir = TempDir::new("archive");
-    let retention = ["--retention", "orders:dlq=maxlen:1", "--retention-interval-ms", "100"];
+    let retention = [
+        "--retention",
+        "orders:dlq=maxlen:1",
+        "--retention-interval-ms",
+        "100",
+        "--archive-partial-file-interval-ms",
+        "0",
+    ];
     let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &retention)).await;
     let mut call = Consumer::subscribe(&sidecar, subscribe_msg("orders", "g", GroupStart::New)).await;
     let mut branded = Vec::new();

@@ -16,7 +16,7 @@ mod support;
 use std::{path::Path, time::Duration};
 
 use echomq::{
-    archive::{Archive, ArchiveError, Manifest},
+    archive::{Archive, ArchiveError, Manifest, MANIFESTS_KEPT},
     entry,
     id::StreamId,
     redis::RawEntry,
@@ -208,6 +208,27 @@ async fn local_manifest_versions_are_numbered_objects_and_survive_a_reopen() {
     let refused = archive.commit(stream, &manifest, overlapping).await.unwrap_err();
     assert!(matches!(refused, ArchiveError::Input(_)) && refused.to_string().contains("not after 10-0"), "{refused}");
     assert_eq!(archive.commit(stream, &manifest, file).await.expect("commit").version, 4);
+}
+
+/// Only the newest MANIFESTS_KEPT versions stay: each lists every file, so
+/// keeping them all would grow with the square of the files. The newest still
+/// lists every file, and a fresh reader finds it.
+#[tokio::test]
+async fn local_old_manifest_versions_are_deleted() {
+    let (dir, archive) = local();
+    let stream = "many";
+    let mut manifest = Manifest::default();
+    let versions = MANIFESTS_KEPT + 5;
+    for k in 0..versions {
+        manifest = fold(&archive, stream, &manifest, &plain_entries(10 * k + 1, 2)).await;
+    }
+    let names = list(&dir.path().join("many/manifest"));
+    let expected: Vec<String> = (versions - MANIFESTS_KEPT + 1..=versions).map(|v| format!("{v:020}.json")).collect();
+    assert_eq!(names, expected);
+    let reopened = Archive::open(&format!("file://{}", dir.path().display())).expect("open");
+    let newest = reopened.manifest(stream).await.expect("manifest");
+    assert_eq!((newest.version, newest.files.len() as u64), (versions, versions));
+    assert_eq!(newest.entries(), 2 * versions);
 }
 
 #[tokio::test]

@@ -33,6 +33,26 @@ pub const FOLD_LEASE_MS: u64 = 30_000;
 /// How long a Trim waits for another sidecar's fold of the same stream.
 const LEASE_WAIT: Duration = Duration::from_secs(5);
 
+/// How big the archive's files are.
+#[derive(Clone, Copy, Debug)]
+pub struct FileSizes {
+    /// The most entries in one file (`--archive-file-entries`).
+    pub entries: usize,
+    /// The least time between two partial files (fewer than `entries`) that
+    /// retention folds of one stream (`--archive-partial-file-interval-ms`).
+    pub partial_interval: Duration,
+}
+
+/// Who asks for a fold, which decides whether it may end in a partial file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// A Trim call: everything the trim removes is folded, however few.
+    ByTrim,
+    /// A retention round: whole files, and a partial one only once
+    /// [`FileSizes::partial_interval`] has passed since the stream's last.
+    ByRetention,
+}
+
 /// The archive as the trims use it: where files go, and what each stream's
 /// last fold did.
 pub struct Folding {
@@ -40,6 +60,11 @@ pub struct Folding {
     id_field: String,
     /// The most entries in one file (`--archive-file-entries`).
     file_entries: usize,
+    partial_interval: Duration,
+    /// Stream key → when retention last folded a partial file of it (absent:
+    /// not since this sidecar started, at `started`).
+    last_partial: Mutex<HashMap<String, Instant>>,
+    started: Instant,
     /// This sidecar's consumer name, the first part of its lease tokens.
     owner: String,
     metrics: Arc<Metrics>,
@@ -48,16 +73,26 @@ pub struct Folding {
 }
 
 impl Folding {
-    /// Folds into `archive`; entries' branded ids are in `id_field`; files hold
-    /// at most `file_entries` entries; `owner` names this sidecar in leases.
-    pub fn new(
-        archive: Archive,
-        id_field: String,
-        file_entries: usize,
-        owner: String,
-        metrics: Arc<Metrics>,
-    ) -> Folding {
-        Folding { archive, id_field, file_entries, owner, metrics, errors: Mutex::default() }
+    /// Folds into `archive`; entries' branded ids are in `id_field`; files are
+    /// as `sizes` says; `owner` names this sidecar in leases.
+    pub fn new(archive: Archive, id_field: String, sizes: FileSizes, owner: String, metrics: Arc<Metrics>) -> Folding {
+        Folding {
+            archive,
+            id_field,
+            file_entries: sizes.entries.max(1),
+            partial_interval: sizes.partial_interval,
+            last_partial: Mutex::default(),
+            started: Instant::now(),
+            owner,
+            metrics,
+            errors: Mutex::default(),
+        }
+    }
+
+    /// Whether a fold `asked` so may write a partial file of `stream` now.
+    fn partial_allowed(&self, stream: &str, asked: Asked) -> bool {
+        let last = self.last_partial.lock().expect("partial files").get(stream).copied();
+        asked == Asked::ByTrim || last.unwrap_or(self.started).elapsed() >= self.partial_interval
     }
 
     /// The archive read from.
@@ -83,9 +118,10 @@ impl Folding {
         redis: &Redis,
         stream: &str,
         trim: &Trim,
+        asked: Asked,
     ) -> Result<(Trimmed, u64), Error> {
         let started = Instant::now();
-        let result = self.fold_then_trim_leased(redis, stream, trim).await.map_err(|error| match error {
+        let result = self.fold_then_trim_leased(redis, stream, trim, asked).await.map_err(|error| match error {
             Error::ArchiveUnavailable { context, stream, reason, .. } => {
                 Error::ArchiveUnavailable { context, stream, reason, trimming: true }
             }
@@ -109,12 +145,18 @@ impl Folding {
         result
     }
 
-    async fn fold_then_trim_leased(&self, redis: &Redis, stream: &str, trim: &Trim) -> Result<(Trimmed, u64), Error> {
+    async fn fold_then_trim_leased(
+        &self,
+        redis: &Redis,
+        stream: &str,
+        trim: &Trim,
+        asked: Asked,
+    ) -> Result<(Trimmed, u64), Error> {
         let lease = redis.keys.fold_lease(stream);
         let token = format!("{}:{:016x}", self.owner, fastrand::u64(..));
         self.acquire(redis, stream, &lease, &token).await?;
         let held = Held { redis, lease, token, released: false };
-        let result = self.fold_and_trim(redis, stream, trim, &held.lease, &held.token).await;
+        let result = self.fold_and_trim(redis, stream, trim, asked, &held.lease, &held.token).await;
         held.release().await;
         result
     }
@@ -124,6 +166,7 @@ impl Folding {
         redis: &Redis,
         stream: &str,
         trim: &Trim,
+        asked: Asked,
         lease: &str,
         token: &str,
     ) -> Result<(Trimmed, u64), Error> {
@@ -140,6 +183,11 @@ impl Folding {
                 let start = start.map_or_else(|| "-".to_owned(), |id| id.to_string());
                 let entries = range(redis, stream, &start, &format!("({bound}"), self.file_entries).await?;
                 let Some(last) = entries.last().map(|e| e.id) else { break };
+                let partial = entries.len() < self.file_entries;
+                if partial && !self.partial_allowed(stream, asked) {
+                    tracing::debug!(%stream, entries = entries.len(), "left in the stream until a whole file is due");
+                    break;
+                }
                 renew(redis, stream, lease, token).await?;
                 let file = self
                     .archive
@@ -158,7 +206,10 @@ impl Folding {
                 self.metrics.archive_folded(stream, sharded, entries.len() as u64, bytes);
                 self.metrics.archive_extent(stream, sharded, extent(&manifest));
                 tracing::debug!(%stream, entries = entries.len(), %last, "folded into the archive");
-                if entries.len() < self.file_entries {
+                if partial {
+                    if asked == Asked::ByRetention {
+                        self.last_partial.lock().expect("partial files").insert(stream.to_owned(), Instant::now());
+                    }
                     break;
                 }
             }

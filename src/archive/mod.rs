@@ -136,6 +136,12 @@ impl fmt::Debug for Archive {
 /// Object names inside a stream's directory.
 const DATA_DIR: &str = "data";
 const MANIFEST_DIR: &str = "manifest";
+
+/// Manifest versions kept per stream: each lists every file, so keeping them
+/// all would grow a stream's manifests with the square of its files. After
+/// committing version v, the committer deletes version v - this. Readers only
+/// ever read the newest.
+pub const MANIFESTS_KEPT: u64 = 16;
 /// Encoded stream keys are cut into directory levels of at most this many
 /// bytes (Linux allows 255 per name); every level but the last ends in `~`,
 /// which the encoding never produces, so one key's levels cannot be another
@@ -321,7 +327,8 @@ impl Archive {
     /// then `file`, so `archived_through` becomes `file.last_id`. `current`
     /// must be what [`Archive::manifest`] (or the previous commit) returned.
     ///
-    /// One PUT with create-if-absent of `<stream>/manifest/<version>.json`.
+    /// One PUT with create-if-absent of `<stream>/manifest/<version>.json`,
+    /// then a DELETE of the version [`MANIFESTS_KEPT`] older (best effort).
     ///
     /// Errors: [`ArchiveError::Conflict`] when that version exists (another
     /// writer committed first; nothing was written); [`ArchiveError::Input`]
@@ -345,6 +352,12 @@ impl Archive {
         match self.store.put_opts(&path, json, PutOptions::from(PutMode::Create)).await {
             Ok(_) => {
                 self.note(stream, next.version);
+                if let Some(old) = next.version.checked_sub(MANIFESTS_KEPT).filter(|old| *old > 0) {
+                    // Best effort: a version left behind (a crash, a refusal) is only storage.
+                    if let Err(error) = self.store.delete(&self.manifest_path(stream, old)?).await {
+                        tracing::debug!(%stream, version = old, %error, "an old manifest version stays");
+                    }
+                }
                 Ok(next)
             }
             Err(object_store::Error::AlreadyExists { .. }) => {

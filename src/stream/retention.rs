@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::watch;
 
 use crate::{
-    archive::fold::Folding,
+    archive::fold::{Asked, Folding},
     config::{Keep, Retention},
     entry::now_unix_ms,
     error::Error,
@@ -45,7 +45,7 @@ pub async fn run(
             let keys = redis.keys.shards(&policy.stream).unwrap_or_else(|| vec![policy.stream.clone()]);
             for key in keys {
                 let trim = Trim { bound: bound(policy.keep, now_unix_ms()), approximate: false, safe: true };
-                match trim_stream(&redis, folding.as_deref(), &key, &trim).await {
+                match trim_stream(&redis, folding.as_deref(), &key, &trim, Asked::ByRetention).await {
                     Ok((trimmed, archived)) if trimmed.trimmed > 0 || archived > 0 => {
                         tracing::info!(stream = %key, trimmed = trimmed.trimmed, archived, "retention applied");
                     }

@@ -3,7 +3,7 @@
 
 use super::Streams;
 use crate::{
-    archive::fold::Folding,
+    archive::fold::{Asked, Folding},
     error::Error,
     id::StreamId,
     proto::{TrimRequest, TrimResponse},
@@ -32,7 +32,7 @@ pub(super) async fn trim(
     };
     let trim = Trim { bound, approximate: request.approximate, safe: !request.ignore_groups };
     let (Trimmed { trimmed, applied_min_id, held_back, unread }, archived) =
-        trim_stream(&streams.redis, streams.archive.as_deref(), stream, &trim).await?;
+        trim_stream(&streams.redis, streams.archive.as_deref(), stream, &trim, Asked::ByTrim).await?;
     streams.report_unread_trimmed(stream, &unread, "trim");
     if held_back {
         tracing::info!(%stream, %applied_min_id, "trim held back to keep entries that groups still need");
@@ -41,8 +41,9 @@ pub(super) async fn trim(
 }
 
 /// Trims `stream`; with an archive (`folding`), folds what the trim removes
-/// first. Returns the trim and how many entries it archived. Trim calls and
-/// the retention policies both trim through here.
+/// first (for retention, whole files only, see [`Asked`]). Returns the trim
+/// and how many entries it archived. Trim calls and the retention policies
+/// both trim through here.
 ///
 /// Errors: as [`run`] and [`Folding::fold_then_trim`].
 pub(crate) async fn trim_stream(
@@ -50,9 +51,10 @@ pub(crate) async fn trim_stream(
     folding: Option<&Folding>,
     stream: &str,
     trim: &Trim,
+    asked: Asked,
 ) -> Result<(Trimmed, u64), Error> {
     match folding {
-        Some(folding) => folding.fold_then_trim(redis, stream, trim).await,
+        Some(folding) => folding.fold_then_trim(redis, stream, trim, asked).await,
         None => Ok((run(redis, stream, trim, None, false).await?, 0)),
     }
 }
