@@ -398,10 +398,33 @@ async fn open_archive(config: &Config) -> Result<Option<Archive>, AppError> {
             info!(archive = %archive.url(), "the archive accepts writes: trims fold into it first");
             Ok(Some(archive))
         }
-        Ok(Err(e)) => Err(AppError::Config(format!("--archive-url {url}: the archive refused a probe write: {e}"))),
-        Err(_) => Err(AppError::Config(format!(
-            "--archive-url {url}: the archive did not answer within {ARCHIVE_PROBE_TIMEOUT:?}"
+        Ok(Err(e)) => Err(AppError::Config(format!(
+            "--archive-url {url}: the archive refused a probe write: {e}{}",
+            s3_settings_hint(url)
         ))),
+        Err(_) => Err(AppError::Config(format!(
+            "--archive-url {url}: the archive did not answer within {ARCHIVE_PROBE_TIMEOUT:?}{}",
+            s3_settings_hint(url)
+        ))),
+    }
+}
+
+/// For an `s3://` URL, which endpoint it was tried at: without
+/// `AWS_ENDPOINT_URL` the S3 client goes to AWS, and without credentials it
+/// asks the instance metadata service (169.254.169.254), which is what a
+/// failure then names.
+fn s3_settings_hint(url: &str) -> String {
+    if !url.starts_with("s3://") {
+        return String::new();
+    }
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").or_else(|_| std::env::var("AWS_ENDPOINT"));
+    let credentials = std::env::var_os("AWS_ACCESS_KEY_ID").is_some();
+    match (endpoint, credentials) {
+        (Ok(endpoint), true) => format!(" (endpoint {endpoint})"),
+        (Ok(endpoint), false) => format!(
+            " (endpoint {endpoint}; no AWS_ACCESS_KEY_ID, so the credentials were sought from the instance metadata service)"
+        ),
+        (Err(_), _) => " (no AWS_ENDPOINT_URL: AWS itself; set it for another S3-compatible store)".to_owned(),
     }
 }
 

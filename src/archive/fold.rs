@@ -174,6 +174,9 @@ impl Folding {
             self.archive.manifest(stream).await.map_err(|e| store_error(e, "reading the manifest", stream))?;
         let sharded = redis.keys.sharded_stream_of(stream);
         self.metrics.archive_extent(stream, sharded, extent(&manifest));
+        // What this fold archives it reads from the stream in whole ranges after
+        // this id, so only live entries up to it can be missing from the archive.
+        let archived_before = manifest.archived_through();
         // What the trim would remove: entries below this bound.
         let bound = run(redis, stream, trim, None, true).await?.applied_min_id;
         let mut archived = 0;
@@ -214,7 +217,7 @@ impl Folding {
                 }
             }
         }
-        self.refuse_unarchived_below(redis, stream, &manifest).await?;
+        self.refuse_unarchived_below(redis, stream, &manifest, archived_before).await?;
         pause_point("before_trim").await;
         let fence = Fence { lease, token, through: manifest.archived_through() };
         let trimmed = run(redis, stream, trim, Some(fence), false).await?;
@@ -222,14 +225,21 @@ impl Folding {
     }
 
     /// Refuses ([`Error::Conflict`]) when `stream` holds an entry at or below
-    /// the archive's end that the archive does not hold: the trim, capped at
-    /// the archive's end, would remove it, and it would be nowhere. Entries
+    /// `through` (where the archive ended when this fold began) that
+    /// `manifest`'s files do not hold: the trim, capped at the archive's end,
+    /// would remove it, and it would be nowhere. Entries
     /// there are normally ones a crash left both archived and live; another
     /// can only come from a stream deleted and written again with ids given
     /// by hand, or a restored backup. Reads the stream and the archive over
     /// that span only (nothing to read in the usual case: one XRANGE).
-    async fn refuse_unarchived_below(&self, redis: &Redis, stream: &str, manifest: &Manifest) -> Result<(), Error> {
-        let Some(through) = manifest.archived_through() else { return Ok(()) };
+    async fn refuse_unarchived_below(
+        &self,
+        redis: &Redis,
+        stream: &str,
+        manifest: &Manifest,
+        through: Option<StreamId>,
+    ) -> Result<(), Error> {
+        let Some(through) = through else { return Ok(()) };
         let mut from = "-".to_owned();
         loop {
             let live = range(redis, stream, &from, &through.to_string(), self.file_entries).await?;
