@@ -420,6 +420,8 @@ token, TLS and Redis password/CA files come from the volume that
       value: {{ . | quote }}
     - name: ECHOMQ_ARCHIVE_FILE_ENTRIES
       value: {{ $v.archive.fileEntries | int64 | quote }}
+    - name: ECHOMQ_ARCHIVE_PARTIAL_FILE_INTERVAL_MS
+      value: {{ $v.archive.partialFileIntervalMs | int64 | quote }}
     {{- if hasPrefix "s3://" . }}
     {{- with $v.archive.s3.endpoint }}
     - name: AWS_ENDPOINT_URL
