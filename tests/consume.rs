@@ -1044,9 +1044,13 @@ async fn an_ack_redis_does_not_answer_in_time_is_reported_as_unknown_and_not_und
     let delivery = consumer.next_delivery(EVENT_TIMEOUT).await;
 
     let mut con = redis.conn().await;
-    // Once OK comes back, Redis holds every client's commands for 1.2 s.
-    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(1200).arg("ALL").query_async(&mut con).await.unwrap();
-    let resumes = Instant::now() + Duration::from_millis(1200);
+    // Once OK comes back, Redis holds every client's commands for 3 s: longer
+    // than the ack can wait when another step (a heartbeat, a gauge poll)
+    // meets the pause first and retires the shared connection, and the ack's
+    // settle has to connect anew (three attempts of 300 ms, ~1.5 s). With
+    // 1.2 s that settle could connect after the pause and succeed.
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(3000).arg("ALL").query_async(&mut con).await.unwrap();
+    let resumes = Instant::now() + Duration::from_millis(3000);
     consumer.ack_one(&delivery.id).await;
     let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
     tokio::time::sleep_until(resumes.into()).await;
