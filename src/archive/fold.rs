@@ -328,9 +328,10 @@ struct Held<'a> {
 
 impl Held<'_> {
     async fn release(mut self) {
-        self.released = true;
         let mut conn = self.redis.conn.clone();
         release(&mut conn, &self.redis.scripts.lease_release, &self.lease, &self.token).await;
+        // Only now: a release cancelled half-way is done again on drop.
+        self.released = true;
     }
 }
 

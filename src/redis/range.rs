@@ -69,16 +69,39 @@ pub async fn page(
 /// Errors: [`Error::WrongType`], [`Error::Unavailable`].
 pub async fn range(redis: &Redis, stream: &str, start: &str, end: &str, count: usize) -> Result<Vec<RawEntry>, Error> {
     let mut conn = redis.conn.clone();
-    let reply: redis::Value = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg(start)
-        .arg(end)
-        .arg("COUNT")
-        .arg(count)
+    let reply: redis::Value = xrange(stream, start, end, count)
         .query_async(&mut conn)
         .await
         .map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
     parse_entries(reply).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))
+}
+
+/// As [`range`], then the string at `key` (none when absent), in one
+/// pipeline: XRANGE before GET, so what the GET returns was written no later
+/// than the range was read.
+///
+/// Errors: [`Error::WrongType`] (of the stream or the key), [`Error::Unavailable`].
+pub async fn range_then_get(
+    redis: &Redis,
+    stream: &str,
+    start: &str,
+    end: &str,
+    count: usize,
+    key: &str,
+) -> Result<(Vec<RawEntry>, Option<String>), Error> {
+    let mut conn = redis.conn.clone();
+    let mut pipe = redis::pipe();
+    pipe.add_command(xrange(stream, start, end, count)).cmd("GET").arg(key);
+    let (entries, value): (redis::Value, Option<String>) =
+        pipe.query_async(&mut conn).await.map_err(|e| Error::from_redis(e, "reading (XRANGE, GET)", stream))?;
+    let entries = parse_entries(entries).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
+    Ok((entries, value))
+}
+
+fn xrange(stream: &str, start: &str, end: &str, count: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("XRANGE");
+    cmd.arg(stream).arg(start).arg(end).arg("COUNT").arg(count);
+    cmd
 }
 
 /// A page of `raw` (oldest first, one more than `count` when there is a

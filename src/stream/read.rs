@@ -13,8 +13,7 @@ use crate::{
     id::StreamId,
     proto::{Entry, ReadRequest, ReadResponse},
     redis::{
-        parse_entries,
-        range::{fit, page, page_size, Page},
+        range::{self, fit, page, page_size, Page},
         RawEntry,
     },
     security::Caller,
@@ -122,9 +121,8 @@ async fn spanning_page(
 }
 
 /// Up to `count` entries of `stream` in the XRANGE bounds, then the id in
-/// `<stream>:archive:through` (none when absent or not an id), in one
-/// pipeline: XRANGE before GET, so an entry trimmed after the XRANGE is at or
-/// below the id the GET returns.
+/// `<stream>:archive:through` (none when absent or not an id): an entry
+/// trimmed after the XRANGE is at or below it.
 async fn live_and_archive_end(
     streams: &Streams,
     stream: &str,
@@ -133,20 +131,8 @@ async fn live_and_archive_end(
     count: usize,
 ) -> Result<(Vec<RawEntry>, Option<StreamId>), Error> {
     let redis = &streams.redis;
-    let mut conn = redis.conn.clone();
-    let (entries, through): (redis::Value, Option<String>) = redis::pipe()
-        .cmd("XRANGE")
-        .arg(stream)
-        .arg(start)
-        .arg(end)
-        .arg("COUNT")
-        .arg(count)
-        .cmd("GET")
-        .arg(redis.keys.archive_through(stream))
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| Error::from_redis(e, "reading (XRANGE, GET)", stream))?;
-    let entries = parse_entries(entries).map_err(|e| Error::from_redis(e, "reading (XRANGE)", stream))?;
+    let through = redis.keys.archive_through(stream);
+    let (entries, through) = range::range_then_get(redis, stream, start, end, count, &through).await?;
     Ok((entries, through.and_then(|id| id.parse().ok())))
 }
 

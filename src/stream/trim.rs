@@ -126,8 +126,6 @@ pub(crate) async fn run(
     let mut conn = redis.conn.clone();
     let through_key = fence.map(|_| redis.keys.archive_through(stream));
     let through = fence.and_then(|f| f.through);
-    // The first id not archived: the bound never passes it.
-    let unarchived = fence.map(|_| through.map_or(StreamId::ZERO, |id| id.successor().unwrap_or(id)));
     let (trimmed, applied, held_back, unread): (u64, redis::Value, i64, redis::Value) = redis
         .scripts
         .trim
@@ -139,7 +137,6 @@ pub(crate) async fn run(
         .arg(flag(trim.approximate))
         .arg(flag(!trim.safe))
         .arg(fence.map_or("", |f| f.token))
-        .arg(unarchived.map_or_else(String::new, |id| id.to_string()))
         .arg(flag(dry))
         .arg(through.map_or_else(String::new, |id| id.to_string()))
         .invoke_async(&mut conn)

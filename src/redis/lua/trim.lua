@@ -9,11 +9,11 @@
 -- ARGV[4]  '1' to ignore groups (unsafe), '0' for the safe mode
 -- ARGV[5]  with an archive: the fold lease's token, which KEYS[2] must still
 --          hold (else ECHOMQ_FENCED and nothing is trimmed); '' without one
--- ARGV[6]  with an archive: the first id not archived; the bound never passes
---          it ('' : no such cap)
--- ARGV[7]  '1' for a dry run: the bound only, nothing trimmed
--- ARGV[8]  with an archive: its archived_through id, recorded in KEYS[3]
---          (never moved back) before anything is trimmed ('' : none)
+-- ARGV[6]  '1' for a dry run: the bound only, nothing trimmed
+-- ARGV[7]  with an archive: its archived_through id, recorded in KEYS[3]
+--          (never moved back) before anything is trimmed, and past which the
+--          bound never goes ('' : the archive holds nothing, so nothing is
+--          trimmed)
 -- KEYS[2]  the fold lease (KEYS[1] again without an archive)
 -- KEYS[3]  where the archive ends (`<stream>:archive:through`; KEYS[1] again
 --          without an archive): every entry trimmed into the archive is at or
@@ -23,14 +23,14 @@
 -- lost as trim_counting_unread gives it (empty in the safe mode).
 
 local stream = KEYS[1]
-if ARGV[7] ~= '1' and ARGV[5] ~= '' then
+if ARGV[6] ~= '1' and ARGV[5] ~= '' then
   if redis.call('GET', KEYS[2]) ~= ARGV[5] then
     return redis.error_reply('ECHOMQ_FENCED another sidecar holds the fold lease of ' .. stream)
   end
-  if ARGV[8] ~= '' then
+  if ARGV[7] ~= '' then
     local through = redis.call('GET', KEYS[3])
-    if not through or id_less(through, ARGV[8]) then
-      redis.call('SET', KEYS[3], ARGV[8])
+    if not through or id_less(through, ARGV[7]) then
+      redis.call('SET', KEYS[3], ARGV[7])
     end
   end
 end
@@ -96,10 +96,17 @@ if ARGV[4] ~= '1' then
   end
 end
 
-if ARGV[6] ~= '' and id_less(ARGV[6], applied) then
-  applied = ARGV[6]
+if ARGV[5] ~= '' then
+  -- The first id not archived.
+  local unarchived = '0-0'
+  if ARGV[7] ~= '' then
+    unarchived = successor(ARGV[7])
+  end
+  if id_less(unarchived, applied) then
+    applied = unarchived
+  end
 end
-if ARGV[7] == '1' then
+if ARGV[6] == '1' then
   return { 0, applied, held_back, {} }
 end
 local xtrim = { 'MINID', applied }
