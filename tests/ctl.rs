@@ -648,6 +648,18 @@ async fn exit_codes_say_what_failed() {
     assert_eq!(missing.code, 4, "NOT_FOUND: {missing:?}");
     let refused = ctl(&sidecar.endpoint(), &["describe", "s", ""]).await;
     assert_eq!(refused.code, 5, "INVALID_ARGUMENT: {refused:?}");
+    // The sidecar names request fields; what the user reads names their flags.
+    for (args, flag) in [
+        (&["read", "s", "--id", "x-1"][..], "--id: "),
+        (&["read", "s", "--from", "x-1"], "--from: "),
+        (&["read", "s", "--to", "1-x"], "--to: "),
+        (&["trim", "s", "--min-id", "x"], "--min-id: "),
+        (&["dlq", "list", "s", "--from", "x"], "--from: "),
+    ] {
+        let bad = ctl(&sidecar.endpoint(), args).await;
+        assert_eq!(bad.code, 5, "{args:?}: {bad:?}");
+        assert!(bad.stderr.contains(flag) && !bad.stderr.contains("_id"), "{args:?}: {bad:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -77,7 +77,7 @@ pub(crate) async fn list(args: ListArgs, ctx: &Context) -> Result<(), Failure> {
             .admin()
             .list_dead_letters(ctx.request(request.clone()))
             .await
-            .map_err(|s| Failure::status(&doing, s))?
+            .map_err(|s| Failure::status_of_flags(&doing, s, &[("start_id", "--from")]))?
             .into_inner();
         left = left.saturating_sub(page.dead_letters.len() as u64);
         letters.extend(page.dead_letters);

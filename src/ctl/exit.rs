@@ -59,6 +59,21 @@ impl Failure {
         Failure::Status { doing: doing.into(), status }
     }
 
+    /// As [`Failure::status`], for a request built from flags: an
+    /// INVALID_ARGUMENT naming one of `flags`' request fields (the sidecar's
+    /// `start_id: …`) names the flag it came from instead (`--from: …`),
+    /// since the user typed flags, not fields.
+    pub(crate) fn status_of_flags(doing: impl Into<String>, status: Status, flags: &[(&str, &str)]) -> Failure {
+        let renamed =
+            (status.code() == Code::InvalidArgument).then(|| status.message().split_once(": ")).flatten().and_then(
+                |(field, reason)| flags.iter().find(|(f, _)| *f == field).map(|(_, flag)| format!("{flag}: {reason}")),
+            );
+        match renamed {
+            Some(message) => Failure::status(doing, Status::invalid_argument(message)),
+            None => Failure::status(doing, status),
+        }
+    }
+
     /// The process exit code for this failure.
     pub(crate) fn exit_code(&self) -> u8 {
         match self {

@@ -12,6 +12,9 @@ use crate::time::{parse_instant, timestamp_of_ms};
 const PAGE: u32 = 1_000;
 /// Default `--count`.
 const DEFAULT_COUNT: u64 = 100;
+/// The request fields a range's flags fill, for errors.
+const RANGE_FLAGS: [(&str, &str); 4] =
+    [("start_id", "--from"), ("start_time", "--since"), ("end_id", "--to"), ("end_time", "--until")];
 
 /// `read`'s flags.
 #[derive(Debug, clap::Args)]
@@ -57,7 +60,12 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
             count: 1,
             ..Default::default()
         };
-        let page = ctx.stream().read(ctx.request(request)).await.map_err(|s| Failure::status(&doing, s))?.into_inner();
+        let page = ctx
+            .stream()
+            .read(ctx.request(request))
+            .await
+            .map_err(|s| Failure::status_of_flags(&doing, s, &[("start_id", "--id"), ("end_id", "--id")]))?
+            .into_inner();
         warn_oversized(&args.stream, &page.oversized_ids);
         return match page.entries.first() {
             Some(entry) => print_entry(ctx.json, &args.stream, entry),
@@ -76,8 +84,12 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
     };
     while left > 0 {
         request.count = left.min(u64::from(PAGE)) as u32;
-        let page =
-            ctx.stream().read(ctx.request(request.clone())).await.map_err(|s| Failure::status(&doing, s))?.into_inner();
+        let page = ctx
+            .stream()
+            .read(ctx.request(request.clone()))
+            .await
+            .map_err(|s| Failure::status_of_flags(&doing, s, &RANGE_FLAGS))?
+            .into_inner();
         warn_oversized(&args.stream, &page.oversized_ids);
         for entry in &page.entries {
             print_entry(ctx.json, &args.stream, entry)?;

@@ -139,7 +139,7 @@ async fn peek(args: &Args, ctx: &Context, interrupt: &mut Interrupt) -> Result<(
     loop {
         let page = tokio::select! {
             _ = interrupt.recv() => return Ok(()),
-            page = client.read(ctx.request(request.clone())) => page.map_err(|s| Failure::status(&doing, s))?.into_inner(),
+            page = client.read(ctx.request(request.clone())) => page.map_err(|s| Failure::status_of_flags(&doing, s, &[("start_id", "--from")]))?.into_inner(),
         };
         warn_oversized(&args.stream, &page.oversized_ids);
         let mut last: Option<StreamId> = None;

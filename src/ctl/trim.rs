@@ -54,7 +54,10 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
         .stream()
         .trim(ctx.request(request))
         .await
-        .map_err(|s| Failure::status(format!("trim {}", args.stream), s))?
+        .map_err(|s| {
+            let flags = [("max_len", "--max-len"), ("min_id", "--min-id"), ("before", "--before")];
+            Failure::status_of_flags(format!("trim {}", args.stream), s, &flags)
+        })?
         .into_inner();
     if ctx.json {
         let applied = (!done.applied_min_id.is_empty()).then_some(&done.applied_min_id);
