@@ -22,7 +22,9 @@ WORKDIR /src
 # empty filesystem (glibc >= 2.34 has the `files` and `dns` name services built
 # in, so host names still resolve through /etc/hosts and /etc/resolv.conf,
 # which the container runtime provides).
-ENV RUSTFLAGS="-C target-feature=+crt-static" \
+# Relative relocations packed (DT_RELR), as .cargo/config.toml says, which
+# RUSTFLAGS replaces: less to read and apply at start, less memory idle.
+ENV RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs" \
     CARGO_TERM_COLOR=never
 # What the build reads: benches/ too, because Cargo.toml names a bench target
 # (tests/ and examples/ are only discovered, so they may stay out).
