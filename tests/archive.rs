@@ -272,6 +272,54 @@ async fn a_trim_that_removes_nothing_is_no_fold_error() {
     assert_eq!(xlen(&mut con, "s").await, 5);
 }
 
+/// A sidecar without the archive beside one with it (a rolling upgrade that
+/// turns the archive on, one replica configured apart) refuses to trim the
+/// archived stream, which would remove entries it never archived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_without_the_archive_refuses_to_trim_an_archived_stream() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let archived = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &[])).await;
+    let plain = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let ids = append_awkward(&archived, &redis, "s", 10).await;
+    trim(&archived, "s", 6).await.unwrap();
+
+    let refused = trim(&plain, "s", 1).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("--archive-url"), "{}", refused.message());
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "s").await, 6, "nothing trimmed");
+    let read: Vec<String> = read_all(&archived, "s", 100).await.into_iter().map(|e| e.stream_id).collect();
+    assert_eq!(read, ids, "every entry, archived or live");
+    // A stream never archived is trimmed by it as before.
+    append_awkward(&plain, &redis, "t", 3).await;
+    trim(&plain, "t", 1).await.unwrap();
+    assert_eq!(xlen(&mut con, "t").await, 1);
+}
+
+/// `<stream>:archive:through` set by hand to what is no id neither hides the
+/// archive from Read nor stops folding: the next trim writes an id again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_garbled_archive_end_key_hides_nothing_and_is_rewritten() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &[])).await;
+    let ids = append_awkward(&sidecar, &redis, "s", 10).await;
+    trim(&sidecar, "s", 6).await.unwrap();
+    let mut con = redis.conn().await;
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*archive:through").query_async(&mut con).await.unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let _: () = redis::cmd("SET").arg(&keys[0]).arg("garbage").query_async(&mut con).await.unwrap();
+
+    let read = read_all(&sidecar, "s", 100).await;
+    assert_eq!(read.iter().map(|e| e.stream_id.clone()).collect::<Vec<_>>(), ids);
+    assert!(read[0].archived, "the archived entries come from the archive");
+    trim(&sidecar, "s", 2).await.unwrap();
+    assert_eq!(xlen(&mut con, "s").await, 2);
+    let through: String = redis::cmd("GET").arg(&keys[0]).query_async(&mut con).await.unwrap();
+    assert!(through.parse::<echomq::id::StreamId>().is_ok(), "{through}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_max_len_is_refused_with_an_archive() {
     let redis = RedisServer::start().await;

@@ -320,6 +320,22 @@ async fn minio_racing_commits_have_exactly_one_winner() {
     check_racing_commits(&minio.archive("race/a"), &minio.archive("race/a")).await;
 }
 
+/// The S3 client would panic on an endpoint it cannot make a request URI of.
+#[test]
+fn an_endpoint_that_is_no_http_url_is_refused_at_open() {
+    for endpoint in ["127.0.0.1:9000", "not a url", "ftp://host:21", "http://"] {
+        let aws = [("AWS_ENDPOINT_URL".to_owned(), endpoint.to_owned())];
+        let refused = Archive::open_with("s3://bucket/x", aws).err();
+        let message = refused.as_ref().map(ToString::to_string).unwrap_or_default();
+        assert!(
+            matches!(refused, Some(ArchiveError::Url { .. })) && message.contains("AWS_ENDPOINT_URL"),
+            "{endpoint}: {refused:?}"
+        );
+    }
+    let fine = [("AWS_ENDPOINT_URL".to_owned(), "http://127.0.0.1:9000".to_owned())];
+    assert!(Archive::open_with("s3://bucket/x", fine).is_ok());
+}
+
 #[tokio::test]
 async fn minio_refused_credentials_are_a_store_error() {
     let Some(minio) = Minio::start().await else { return };

@@ -170,7 +170,8 @@ impl Archive {
     ///   ring at start).
     ///
     /// Errors: [`ArchiveError::Url`] for a URL that does not parse, another
-    /// scheme, a relative or missing directory, or settings the S3 client refuses.
+    /// scheme, a relative or missing directory, an endpoint that is not an
+    /// http(s) URL, or settings the S3 client refuses.
     pub fn open_with(url: &str, aws: impl IntoIterator<Item = (String, String)>) -> Result<Archive, ArchiveError> {
         let bad = |reason: String| ArchiveError::Url { url: url.to_owned(), reason };
         let parsed = url::Url::parse(url)
@@ -210,6 +211,15 @@ impl Archive {
                     });
                 for (key, value) in aws {
                     // As AmazonS3Builder::from_env does, without reading the process environment.
+                    if key == "AWS_ENDPOINT_URL" || key == "AWS_ENDPOINT" {
+                        // The S3 client panics on an endpoint it cannot make a request URI of.
+                        let endpoint = url::Url::parse(&value).ok();
+                        if !endpoint.is_some_and(|e| matches!(e.scheme(), "http" | "https") && e.has_host()) {
+                            return Err(bad(format!(
+                                "{key} `{value}` is not an http(s) URL: write http://host:port or https://host"
+                            )));
+                        }
+                    }
                     if key.starts_with("AWS_") {
                         if let Ok(key) = key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
                             builder = builder.with_config(key, value);

@@ -121,7 +121,8 @@ async fn spanning_page(
 }
 
 /// Up to `count` entries of `stream` in the XRANGE bounds, then the id in
-/// `<stream>:archive:through` (none when absent or not an id): an entry
+/// `<stream>:archive:through` (none when absent; [`StreamId::MAX`] when it
+/// holds no id, so the archive is asked rather than skipped): an entry
 /// trimmed after the XRANGE is at or below it.
 async fn live_and_archive_end(
     streams: &Streams,
@@ -133,7 +134,7 @@ async fn live_and_archive_end(
     let redis = &streams.redis;
     let through = redis.keys.archive_through(stream);
     let (entries, through) = range::range_then_get(redis, stream, start, end, count, &through).await?;
-    Ok((entries, through.and_then(|id| id.parse().ok())))
+    Ok((entries, through.map(|id| id.parse().unwrap_or(StreamId::MAX))))
 }
 
 /// The first `limit` entries of two ascending lists, in id order; an id in

@@ -110,7 +110,9 @@ pub(crate) struct Fence<'a> {
 ///
 /// Errors: [`Error::WrongType`] when the key is not a stream;
 /// [`Error::Aborted`] when the fold lease is no longer this sidecar's;
-/// [`Error::Unavailable`] and [`Error::Redis`] as Redis fails.
+/// [`Error::Conflict`] without `fence` when the stream is archived (its
+/// `<stream>:archive:through` exists); [`Error::Unavailable`] and
+/// [`Error::Redis`] as Redis fails.
 pub(crate) async fn run(
     redis: &Redis,
     stream: &str,
@@ -124,14 +126,14 @@ pub(crate) async fn run(
     };
     let flag = |on: bool| if on { "1" } else { "0" };
     let mut conn = redis.conn.clone();
-    let through_key = fence.map(|_| redis.keys.archive_through(stream));
+    let through_key = redis.keys.archive_through(stream);
     let through = fence.and_then(|f| f.through);
     let (trimmed, applied, held_back, unread): (u64, redis::Value, i64, redis::Value) = redis
         .scripts
         .trim
         .key(stream)
         .key(fence.map_or(stream, |f| f.lease))
-        .key(through_key.as_deref().unwrap_or(stream))
+        .key(&through_key)
         .arg(keep)
         .arg(below)
         .arg(flag(trim.approximate))
@@ -144,6 +146,13 @@ pub(crate) async fn run(
         .map_err(|e| match e.code() {
             Some("ECHOMQ_FENCED") => Error::Aborted {
                 reason: format!("another sidecar took over folding stream `{stream}` into the archive; try again"),
+            },
+            Some("ECHOMQ_ARCHIVED") => Error::Conflict {
+                reason: format!(
+                    "stream `{stream}` is archived (`{through_key}` exists) and this sidecar has no --archive-url: \
+                     it would trim entries it never archived; trim it through a sidecar with the stream's archive \
+                     (or, giving the archive up on purpose, delete `{through_key}`)"
+                ),
             },
             _ => Error::from_redis(e, "trimming (trim.lua)", stream),
         })?;

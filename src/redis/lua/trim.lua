@@ -15,9 +15,11 @@
 --          bound never goes ('' : the archive holds nothing, so nothing is
 --          trimmed)
 -- KEYS[2]  the fold lease (KEYS[1] again without an archive)
--- KEYS[3]  where the archive ends (`<stream>:archive:through`; KEYS[1] again
---          without an archive): every entry trimmed into the archive is at or
---          below it, which lets a Read after it skip the archive
+-- KEYS[3]  where the archive ends (`<stream>:archive:through`): every entry
+--          trimmed into the archive is at or below it, which lets a Read after
+--          it skip the archive. Without an archive, its existence refuses the
+--          trim (ECHOMQ_ARCHIVED): another sidecar archives this stream, and
+--          this one would remove entries it never archived
 -- The caller gives one bound; with both, the one that removes less wins.
 -- Returns { trimmed, applied min id or '', held back by groups 1/0, lost },
 -- lost as trim_counting_unread gives it (empty in the safe mode).
@@ -29,10 +31,14 @@ if ARGV[6] ~= '1' and ARGV[5] ~= '' then
   end
   if ARGV[7] ~= '' then
     local through = redis.call('GET', KEYS[3])
-    if not through or id_less(through, ARGV[7]) then
+    -- A value that is no id (set by hand) is replaced, not compared.
+    if not through or not string.match(through, '^%d+%-%d+$') or id_less(through, ARGV[7]) then
       redis.call('SET', KEYS[3], ARGV[7])
     end
   end
+end
+if ARGV[6] ~= '1' and ARGV[5] == '' and redis.call('EXISTS', KEYS[3]) == 1 then
+  return redis.error_reply('ECHOMQ_ARCHIVED ' .. stream .. ' is archived')
 end
 if redis.call('EXISTS', stream) == 0 then
   return { 0, '', 0, {} }
