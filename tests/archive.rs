@@ -297,6 +297,28 @@ async fn a_sidecar_without_the_archive_refuses_to_trim_an_archived_stream() {
     assert_eq!(xlen(&mut con, "t").await, 1);
 }
 
+/// Two sidecars with different archives on one Redis would split a stream's
+/// history between them: the second to fold finds the stream trimmed past its
+/// archive's end and refuses, trimming nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_with_another_archive_refuses_to_fold_the_stream() {
+    let redis = RedisServer::start().await;
+    let (one, other) = (TempDir::new("archive"), TempDir::new("archive-other"));
+    let first = Sidecar::start(&redis, archiving(&file_url(one.path()), vec![], &[])).await;
+    let second = Sidecar::start(&redis, archiving(&file_url(other.path()), vec![], &[])).await;
+    let ids = append_awkward(&first, &redis, "s", 10).await;
+    trim(&first, "s", 6).await.unwrap();
+
+    let refused = trim(&second, "s", 2).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("--archive-url"), "{}", refused.message());
+    let mut con = redis.conn().await;
+    assert_eq!(xlen(&mut con, "s").await, 6, "nothing trimmed");
+    assert_eq!(parquet_files(other.path()), 0, "nothing folded into the other archive");
+    let read: Vec<String> = read_all(&first, "s", 100).await.into_iter().map(|e| e.stream_id).collect();
+    assert_eq!(read, ids);
+}
+
 /// `<stream>:archive:through` set by hand to what is no id neither hides the
 /// archive from Read nor stops folding: the next trim writes an id again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

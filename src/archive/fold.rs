@@ -177,6 +177,7 @@ impl Folding {
         // What this fold archives it reads from the stream in whole ranges after
         // this id, so only live entries up to it can be missing from the archive.
         let archived_before = manifest.archived_through();
+        self.refuse_another_archive(redis, stream, archived_before).await?;
         // What the trim would remove: entries below this bound.
         let bound = run(redis, stream, trim, None, true).await?.applied_min_id;
         let mut archived = 0;
@@ -222,6 +223,35 @@ impl Folding {
         let fence = Fence { lease, token, through: manifest.archived_through() };
         let trimmed = run(redis, stream, trim, Some(fence), false).await?;
         Ok((trimmed, archived))
+    }
+
+    /// Refuses ([`Error::Conflict`]) when `<stream>:archive:through` says the
+    /// stream was trimmed into an archive past `ends`, where this one ends:
+    /// another sidecar folds it under another `--archive-url`, or this archive
+    /// lost files (a bucket emptied). Folding on would split the history, and
+    /// Read would show a gap. One GET.
+    async fn refuse_another_archive(&self, redis: &Redis, stream: &str, ends: Option<StreamId>) -> Result<(), Error> {
+        let key = redis.keys.archive_through(stream);
+        let mut conn = redis.conn.clone();
+        let through: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| Error::from_redis(e, "reading where the archive ends (GET)", stream))?;
+        let Some(through) = through.and_then(|t| t.parse::<StreamId>().ok()) else { return Ok(()) };
+        if ends.is_some_and(|ends| through <= ends) {
+            return Ok(());
+        }
+        let ends = ends.map_or_else(|| "holds nothing of it".to_owned(), |id| format!("ends at {id}"));
+        Err(Error::Conflict {
+            reason: format!(
+                "stream `{stream}` was trimmed into an archive through {through} (`{key}`), but this sidecar's \
+                 archive ({}) {ends}: another sidecar folds it under another --archive-url, or this archive lost \
+                 files; give every sidecar of this Redis the same --archive-url (delete `{key}` only to start \
+                 this archive afresh on purpose)",
+                self.archive.url()
+            ),
+        })
     }
 
     /// Refuses ([`Error::Conflict`]) when `stream` holds an entry at or below
