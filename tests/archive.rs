@@ -291,6 +291,13 @@ async fn a_sidecar_without_the_archive_refuses_to_trim_an_archived_stream() {
     assert_eq!(xlen(&mut con, "s").await, 6, "nothing trimmed");
     let read: Vec<String> = read_all(&archived, "s", 100).await.into_iter().map(|e| e.stream_id).collect();
     assert_eq!(read, ids, "every entry, archived or live");
+    // Nor does an Append's cap, which trims inside the append.
+    let mut client = plain.stream_client().await;
+    let capped = AppendRequest { stream: "s".into(), fields: fields(&[("k", b"v")]), max_len: 1, ..Default::default() };
+    let refused = client.append(capped).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("--retention"), "{}", refused.message());
+    assert_eq!(xlen(&mut con, "s").await, 6, "nothing appended, nothing trimmed");
     // A stream never archived is trimmed by it as before.
     append_awkward(&plain, &redis, "t", 3).await;
     trim(&plain, "t", 1).await.unwrap();

@@ -25,7 +25,9 @@ pub const MAX_BATCH_ENTRIES: usize = 10_000;
 /// Errors: [`Error::InvalidArgument`] for a bad stream name (on a cluster, also
 /// one no group could consume: see [`crate::keys::Keyspace::consumable`]; a
 /// shard key this sidecar does not shard), too many fields,
-/// or a field named like the reserved id field; [`Error::WrongType`] when the
+/// or a field named like the reserved id field; [`Error::Conflict`] for a
+/// `max_len` when this sidecar archives or the stream is archived (its
+/// `<stream>:archive:through` key exists); [`Error::WrongType`] when the
 /// key is not a stream; [`Error::Unavailable`] when Redis is down.
 async fn append_entries(
     streams: &Streams,
@@ -75,10 +77,12 @@ async fn append_entries(
     let max_fields = streams.guard.max_fields_per_entry;
     let id_field = &streams.id_field;
     let count_key = keys.shard_count_key_to_check(stream).unwrap_or_else(|| stream.to_owned());
+    let through_key = if max_len > 0 { keys.archive_through(stream) } else { stream.to_owned() };
     let mut script = streams.redis.scripts.append.prepare_invoke();
     script
         .key(stream)
         .key(count_key)
+        .key(&through_key)
         .arg(id_field)
         .arg(max_len)
         .arg(target.shard)
@@ -113,6 +117,13 @@ async fn append_entries(
     let reply: redis::Value =
         script.invoke_async(&mut conn).instrument(span.clone()).await.map_err(|e| match e.code() {
             Some("ECHOMQ_SHARDED") => keys.unconfigured_sharded(stream, e.detail().unwrap_or("?")),
+            Some("ECHOMQ_ARCHIVED") => Error::Conflict {
+                reason: format!(
+                    "max_len: stream `{stream}` is archived (`{through_key}` exists), and an Append's max_len trims \
+                     inside the append, before anything could be archived; drop max_len and cap the stream with \
+                     --retention NAME=maxlen:N on the sidecars that archive it"
+                ),
+            },
             _ => Error::from_redis(e, "appending (append.lua)", stream),
         })?;
     let redis::Value::Array(reply) = reply else {

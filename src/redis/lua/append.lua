@@ -7,6 +7,10 @@
 --          sharded stream, and the append is refused with
 --          `ECHOMQ_SHARDED <count>` (its entries would land in a key no shard
 --          consumer reads)
+-- KEYS[3]  where the stream's archive ends (`<stream>:archive:through`), or
+--          KEYS[1] again when max_len is 0: with a max_len, its existence
+--          refuses the append (ECHOMQ_ARCHIVED), since the cap would remove
+--          entries a sidecar archives before anything could archive them
 -- ARGV[1]  the reserved field that carries the branded id
 -- ARGV[2]  max_len: 0 for no trimming, else XTRIM MAXLEN ~ max_len after the
 --          entries are added
@@ -32,6 +36,9 @@ if KEYS[2] ~= stream and redis.call('TYPE', KEYS[2]).ok == 'string' then
   if is_recorded_count(recorded) then
     return redis.error_reply('ECHOMQ_SHARDED ' .. recorded)
   end
+end
+if tonumber(ARGV[2]) > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  return redis.error_reply('ECHOMQ_ARCHIVED ' .. stream .. ' is archived')
 end
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
