@@ -381,9 +381,11 @@ type AppendRequest struct {
 	// does NOT spare entries a group still has pending or has not read yet;
 	// use `Trim` (safe by default) where groups must not lose entries. On a
 	// sharded stream it applies to the shard written. 0: no trimming. Refused
-	// with FAILED_PRECONDITION when the sidecar archives what trims remove
-	// (`--archive-url`): Redis trims inside XADD, before anything could be
-	// archived; cap the stream with `--retention NAME=maxlen:N` instead.
+	// with FAILED_PRECONDITION, nothing appended, when the sidecar archives what
+	// trims remove (`--archive-url`) or the stream is archived by another
+	// (`<stream>:archive:through` exists): the cap trims inside the append,
+	// before anything could be archived; cap the stream with
+	// `--retention NAME=maxlen:N` instead.
 	MaxLen uint64 `protobuf:"varint,3,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
 	// For a sharded stream (`--sharded-streams`): entries with the same
 	// partition key go to the same shard, so they are consumed in the order they
