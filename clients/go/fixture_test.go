@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 
 // fixture returns the shared redis-server + sidecar, started on first use with
 // the conformance suite's sidecar_args.
-func fixture(t *testing.T) *cluster {
+func fixture(t testing.TB) *cluster {
 	t.Helper()
 	fixtureOnce.Do(func() {
 		var file scenarioFile
