@@ -217,7 +217,7 @@ func TestSenderFoldsQueuedAcksAndHalfClosesLast(t *testing.T) {
 	_ = delivery(k, "d").Fail("x", 0)
 	_ = delivery(k, "e").Ack()
 	k.sendClosed.Store(true)
-	k.sendq <- outgoing{req: closeMarker}
+	_ = k.push(outgoing{req: closeMarker}, nil)
 	k.sendLoop()
 	if len(stream.sent) != 3 || !stream.halfClosed {
 		t.Fatalf("sent %v, half-closed %v", stream.sent, stream.halfClosed)
@@ -242,7 +242,7 @@ func TestVerdictOfAnEndedCallIsDropped(t *testing.T) {
 	if err := d.Ack(); !errors.Is(err, ErrCallEnded) {
 		t.Fatalf("got %v, want ErrCallEnded", err)
 	}
-	if len(k.sendq) != 0 {
+	if len(k.out.items) != 0 {
 		t.Fatal("a verdict of an ended call was queued")
 	}
 }
