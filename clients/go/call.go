@@ -73,6 +73,9 @@ type call struct {
 
 	recvDone chan struct{}
 	recvErr  error // set before recvDone is closed
+
+	// frame is receive's scratch for the work items of one frame.
+	frame []work
 }
 
 // outbox is the sender's queue. A verdict is appended under mu, and the
@@ -228,10 +231,10 @@ func (k *call) receive() {
 }
 
 // deliver queues the deliveries of one frame for the workers: one item per
-// delivery, or the whole frame for a batch handler. The pool's work channel
-// holds the call's max_in_flight, which the sidecar never exceeds, so this
-// blocks only while a broken call's leftovers are skipped. false: the call
-// ended.
+// delivery, or the whole frame for a batch handler, in one push. The pool's
+// queue holds the call's max_in_flight, which the sidecar never exceeds, so
+// this blocks only while a broken call's leftovers are skipped. false: the
+// call ended.
 func (k *call) deliver(frame []*pb.Delivery) bool {
 	if len(frame) == 0 {
 		return true
@@ -244,25 +247,24 @@ func (k *call) deliver(frame []*pb.Delivery) bool {
 			slab[i].fill(k, m)
 			batch[i] = &slab[i]
 		}
-		return k.queue(work{k: k, batch: batch})
+		return k.queue(append(k.frame[:0], work{k: k, batch: batch}))
 	}
+	items := k.frame[:0]
 	for i, m := range frame {
 		slab[i].fill(k, m)
-		if !k.queue(work{k: k, d: &slab[i]}) {
-			return false
-		}
+		items = append(items, work{k: k, d: &slab[i]})
 	}
-	return true
+	k.frame = items
+	return k.queue(items)
 }
 
-func (k *call) queue(w work) bool {
-	select {
-	case k.pool.work <- w:
-		return true
-	case <-k.ctx.Done():
+func (k *call) queue(items []work) bool {
+	ok := k.pool.push(items, k.ctx.Done())
+	clear(items) // the queue has its own copy; drop the pointers
+	if !ok {
 		k.recvErr = k.ctx.Err()
-		return false
 	}
+	return ok
 }
 
 // leaseLost handles an unprompted LEASE_LOST for id: if a worker runs the

@@ -16,11 +16,36 @@ type work struct {
 
 // pool is the consumer's fixed set of handler workers: Concurrency goroutines
 // (at most the effective max_in_flight) started on the first subscribe and
-// reading work until Run ends. Shared by the consumer's calls, so a handler of
+// taking work until Run ends. Shared by the consumer's calls, so a handler of
 // a broken call still counts against the bound while the next call delivers.
 // Nothing is started per delivery.
+//
+// The work waits in a queue under mu, not in a channel: a channel send to a
+// parked worker wakes that worker, so a frame of 256 deliveries cost 256
+// wake-ups (selectgo, park, ready: after the unmarshal, the largest cost of
+// the client in BenchmarkConsume's profile) even when one worker could have
+// run them all in the time it takes to wake another. Here a worker wakes
+// another only while work is waiting and no other woken worker is already
+// on its way to it (searching), as the Go scheduler wakes Ps: a backlog
+// still spreads over every worker it needs, one wake-up at a time, and fast
+// handlers are run by the workers already awake.
 type pool struct {
-	work    chan work
+	mu sync.Mutex
+	// queue[head:] is the waiting work, in delivery order.
+	queue []work
+	head  int
+	// limit bounds the waiting work (the call's max_in_flight, which the
+	// sidecar never exceeds); a push beyond it waits until room is closed,
+	// which happens when a worker takes work (only a broken call's leftovers
+	// can fill it).
+	limit int
+	room  chan struct{}
+	// idle holds the parked workers; searching counts those woken and not
+	// yet holding work.
+	idle      []*worker
+	searching int
+	stopped   bool
+
 	quit    chan struct{}
 	workers []*worker
 	wg      sync.WaitGroup
@@ -31,6 +56,9 @@ type pool struct {
 // worker is one handler goroutine. mu guards what it runs, so that a lost
 // lease cancels the right delivery's context.
 type worker struct {
+	// wake (capacity 1) is sent to when the worker is taken off idle.
+	wake chan struct{}
+
 	mu sync.Mutex
 	// k is the call being handled, d its delivery (nil for a batch) or batch
 	// the frame of a batch handler.
@@ -63,12 +91,12 @@ func (c *Consumer) startPool(effective int) *pool {
 	}
 	n = max(n, 1)
 	p := &pool{
-		work:  make(chan work, max(effective, 1)),
+		limit: max(effective, 1),
 		quit:  make(chan struct{}),
 		batch: c.batchHandler != nil,
 	}
 	for range n {
-		w := &worker{}
+		w := &worker{wake: make(chan struct{}, 1)}
 		p.workers = append(p.workers, w)
 		p.wg.Add(1)
 		go c.runWorker(p, w)
@@ -81,12 +109,95 @@ func (c *Consumer) runWorker(p *pool, w *worker) {
 	defer p.wg.Done()
 	defer w.release()
 	for {
-		select {
-		case it := <-p.work:
-			c.runWork(w, it)
-		case <-p.quit:
+		it, ok := p.next(w)
+		if !ok {
 			return
 		}
+		c.runWork(w, it)
+	}
+}
+
+// push queues the work of one frame, waiting while the queue is full; false if
+// done ends first.
+func (p *pool) push(items []work, done <-chan struct{}) bool {
+	p.mu.Lock()
+	for live := len(p.queue) - p.head; live > 0 && live+len(items) > p.limit && !p.stopped; live = len(p.queue) - p.head {
+		if p.room == nil {
+			p.room = make(chan struct{})
+		}
+		room := p.room
+		p.mu.Unlock()
+		select {
+		case <-room:
+		case <-done:
+			return false
+		}
+		p.mu.Lock()
+	}
+	if p.head > 0 && len(p.queue)+len(items) > cap(p.queue) {
+		// Reuse the taken front rather than grow.
+		n := copy(p.queue, p.queue[p.head:])
+		clear(p.queue[n:])
+		p.queue, p.head = p.queue[:n], 0
+	}
+	p.queue = append(p.queue, items...)
+	p.wakeOne()
+	p.mu.Unlock()
+	return true
+}
+
+// next returns w's next work, waiting for it; false when the pool stops.
+func (p *pool) next(w *worker) (work, bool) {
+	p.mu.Lock()
+	woken := false
+	for {
+		if p.stopped {
+			p.mu.Unlock()
+			return work{}, false
+		}
+		if woken {
+			p.searching--
+			woken = false
+		}
+		if p.head < len(p.queue) {
+			it := p.queue[p.head]
+			p.queue[p.head] = work{}
+			p.head++
+			if p.head == len(p.queue) {
+				p.queue, p.head = p.queue[:0], 0
+			} else {
+				p.wakeOne() // more is waiting: let another worker come for it
+			}
+			if p.room != nil {
+				close(p.room)
+				p.room = nil
+			}
+			p.mu.Unlock()
+			return it, true
+		}
+		p.idle = append(p.idle, w)
+		p.mu.Unlock()
+		select {
+		case <-w.wake:
+		case <-p.quit:
+			return work{}, false
+		}
+		p.mu.Lock()
+		woken = true
+	}
+}
+
+// wakeOne wakes an idle worker unless one is already searching. p.mu is held.
+func (p *pool) wakeOne() {
+	if p.searching > 0 || len(p.idle) == 0 {
+		return
+	}
+	w := p.idle[len(p.idle)-1]
+	p.idle = p.idle[:len(p.idle)-1]
+	p.searching++
+	select {
+	case w.wake <- struct{}{}:
+	default: // cannot happen: a worker is on idle only with its wake empty
 	}
 }
 
@@ -186,7 +297,16 @@ func (p *pool) loseRunning(k *call, id string) bool {
 }
 
 // stop ends the workers once Run is over (no call is left to feed them).
-func (p *pool) stop() { close(p.quit) }
+func (p *pool) stop() {
+	p.mu.Lock()
+	p.stopped = true
+	if p.room != nil {
+		close(p.room)
+		p.room = nil
+	}
+	p.mu.Unlock()
+	close(p.quit)
+}
 
 // handle runs h on d and settles d by h's result unless h settled it.
 func (c *Consumer) handle(ctx context.Context, d *Delivery, h Handler) {
