@@ -89,47 +89,54 @@ class _Ready:
     frame of 256 deliveries cost 256 Futures, loop callbacks and task steps.
     Here a frame goes in at once and wakes one idle worker. A worker that
     takes a delivery and leaves others behind wakes one more, in case its
-    handler suspends; a worker woken that way that still finds work knows the
-    handlers suspend, and wakes as many as there are deliveries left, so they
-    run side by side as with one wake-up per delivery. While a woken worker
-    has not run yet nobody else is woken. A handler that never suspends thus
-    lets one worker run a whole frame in one task step (two wake-ups per
-    frame). The pool stays the fixed set of `concurrency` workers.
+    handler suspends, and tells it which delivery it left at the head. If
+    the woken worker finds that same delivery still at the head, the
+    handler before it suspended at once: the handlers suspend, so it wakes
+    as many workers as there are deliveries left, and they run side by side
+    as with one wake-up per delivery. (Finding other deliveries proves
+    nothing: the waker may have run the whole frame, and a new frame come.)
+    While a woken worker has not run yet nobody else is woken. A handler
+    that never suspends thus lets one worker run a whole frame in one task
+    step: two wake-ups per frame. The pool stays the fixed set of
+    `concurrency` workers.
     """
 
     def __init__(self) -> None:
         self.items: deque[Delivery] = deque()
-        self._idle: deque[asyncio.Future[bool]] = deque()
+        #: The idle workers' wake-ups; each is given the delivery its waker
+        #: left at the head (None: woken by a frame, or to stop).
+        self._idle: deque[asyncio.Future[Delivery | None]] = deque()
         #: Workers woken that have not run yet.
         self._waking = 0
 
     def put(self, deliveries: Iterable[Delivery]) -> None:
         self.items.extend(deliveries)
         if self.items and self._waking == 0:
-            self._wake(1, spread=False)
+            self._wake(1, None)
 
-    def take(self, spread: bool) -> Delivery:
-        """The oldest delivery (`items` must not be empty). `spread`: whether
-        the caller was woken by a peer and found work (the handlers suspend)."""
+    def take(self, left: Delivery | None) -> Delivery:
+        """The oldest delivery (`items` must not be empty); `left` is what
+        `wait()` returned."""
         items = self.items
         delivery = items.popleft()
         if items and self._waking == 0 and self._idle:
-            self._wake(len(items) if spread else 1, spread=True)
+            self._wake(len(items) if delivery is left else 1, items[0])
         return delivery
 
-    def take_many(self, most: int, spread: bool) -> list[Delivery]:
+    def take_many(self, most: int, left: Delivery | None) -> list[Delivery]:
         """Up to `most` of the oldest deliveries (at least one: `items` must
         not be empty), waking others as `take` does."""
         items = self.items
+        suspended = items[0] is left
         taken = [items.popleft() for _ in range(min(most, len(items)))]
         if items and self._waking == 0 and self._idle:
-            self._wake(len(items) if spread else 1, spread=True)
+            self._wake(len(items) if suspended else 1, items[0])
         return taken
 
-    async def wait(self) -> bool:
-        """Waits idle until woken; returns whether a peer woke it (then, if it
-        finds work, the handlers suspend: pass it to `take`)."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    async def wait(self) -> Delivery | None:
+        """Waits idle until woken; returns the delivery the waker left at the
+        head, for `take`."""
+        future: asyncio.Future[Delivery | None] = asyncio.get_running_loop().create_future()
         self._idle.append(future)
         try:
             return await future
@@ -144,14 +151,14 @@ class _Ready:
 
     def wake_all(self) -> None:
         """Wakes every waiter (the consumer stops: an iteration must see it)."""
-        self._wake(len(self._idle), spread=False)
+        self._wake(len(self._idle), None)
 
-    def _wake(self, count: int, spread: bool) -> None:
+    def _wake(self, count: int, head: Delivery | None) -> None:
         idle = self._idle
         while count > 0 and idle:
             future = idle.popleft()
             if not future.done():
-                future.set_result(spread)
+                future.set_result(head)
                 self._waking += 1
                 count -= 1
 
@@ -659,16 +666,16 @@ class Consumer:
             await self.start()
         assert self._stopping is not None and self._task is not None
         ready, stopping = self._ready, self._stopping
-        spread = False
+        left: Delivery | None = None
         while True:
             if stopping.is_set():
                 self._raise_if_failed()
                 return
             if not ready.items:
-                spread = await ready.wait()
+                left = await ready.wait()
                 continue
-            delivery = ready.take(spread)
-            spread = False
+            delivery = ready.take(left)
+            left = None
             if not delivery._call.open or delivery._lost:
                 continue  # left to the group: the sidecar delivers it again
             if len(self._handed) >= 2 * self._max_in_flight:
@@ -814,15 +821,15 @@ class Consumer:
         items = ready.items
         me = asyncio.current_task()
         assert me is not None
-        spread = False
+        left: Delivery | None = None
         while True:
             if stopping.is_set():
                 return  # what waits is never started: the sidecar hands it out again
             if not items:
-                spread = await ready.wait()
+                left = await ready.wait()
                 continue
-            delivery = ready.take(spread)
-            spread = False
+            delivery = ready.take(left)
+            left = None
             if not delivery._call.open or delivery._lost:
                 continue  # its call is over, or a peer has it: no handler for it
             busy.add(me)
@@ -853,15 +860,15 @@ class Consumer:
         ready, stopping, handler, busy = self._ready, self._stopping, self._batch_handler, self._busy
         me = asyncio.current_task()
         assert me is not None
-        spread = False
+        left: Delivery | None = None
         while True:
             if stopping.is_set():
                 return
             if not ready.items:
-                spread = await ready.wait()
+                left = await ready.wait()
                 continue
-            taken = ready.take_many(self.max_batch, spread)
-            spread = False
+            taken = ready.take_many(self.max_batch, left)
+            left = None
             batch = [d for d in taken if d._call.open and not d._lost]
             if not batch:
                 continue
