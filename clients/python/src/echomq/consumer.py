@@ -847,8 +847,8 @@ class Consumer:
                     log.info("handler failed for %s (attempt %d): %s", delivery.id, delivery.attempts, reason)
                     await delivery.fail(reason)
             else:
-                if not delivery.settled:
-                    await delivery.ack()
+                if not delivery._settled:
+                    delivery._ack()
             finally:
                 busy.discard(me)
             if stopping.is_set():
@@ -917,8 +917,8 @@ async def _settle_batch(batch: list[Delivery], verdicts: Sequence[Verdict] | Non
     """Settles what a batch handler did not settle itself, as it answered."""
     if verdicts is None:
         for delivery in batch:
-            if not delivery.settled:
-                await delivery.ack()
+            if not delivery._settled:
+                delivery._ack()
     elif len(verdicts) != len(batch):
         reason = f"the batch handler answered {len(verdicts)} verdicts for {len(batch)} deliveries"
         log.error("%s; failing them", reason)
@@ -934,7 +934,7 @@ async def _settle_batch(batch: list[Delivery], verdicts: Sequence[Verdict] | Non
 async def _apply(delivery: Delivery, verdict: Verdict) -> None:
     """Settles `delivery` as a batch handler's `verdict` says."""
     if verdict is None or isinstance(verdict, Ack):
-        await delivery.ack()
+        delivery._ack()
     elif isinstance(verdict, Fail):
         await delivery.fail(verdict.reason, retry_after=verdict.retry_after)
     elif isinstance(verdict, DeadLetter):

@@ -357,6 +357,11 @@ class Delivery:
         The id travels in the call's next coalesced Ack message. False (and
         nothing sent) when already settled, when the lease was lost, or when
         the call it arrived on has ended."""
+        return self._ack()
+
+    def _ack(self) -> bool:
+        """`ack()` without the coroutine, for the consumer's own settling
+        (after every handler that returns: no coroutine object per delivery)."""
         if self._closed("ack"):
             return False
         self._settled = True
