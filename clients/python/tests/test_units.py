@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 
 import grpc
 import pytest
 
 from echomq import Backoff, Consumer, PermanentError, RpcError, Start, StartKind, VerdictErrorCode
-from echomq.consumer import _Call
+from echomq.consumer import _Call, _Ready
 from echomq.delivery import Delivery, VerdictError
 from echomq.errors import from_rpc_error
 from echomq.options import to_duration
@@ -189,10 +190,73 @@ async def test_the_payload_and_times_are_converted() -> None:
     message = pb.Delivery(id="ab" * 14, stream_id="5-1", stream="s", group="g", attempts=3, traceparent="tp")
     message.minted_at.FromMilliseconds(1718000000123)
     message.raw_fields.add(name=b"\xff", value=b"v")
+    message.payload["n"] = b"1"
     delivery = Delivery.from_proto(message, call)
     assert delivery.minted_at == datetime(2024, 6, 10, 6, 13, 20, 123000, tzinfo=timezone.utc)
     assert delivery.raw_fields == [(b"\xff", b"v")] and delivery.attempts == 3
+    assert (delivery.stream_id, delivery.stream, delivery.group, delivery.traceparent) == ("5-1", "s", "g", "tp")
+    assert type(delivery.payload) is dict and delivery.payload == {"n": b"1"}
+    delivery.payload["n"] = b"2"  # the delivery's own dict, converted once
+    assert delivery.payload == {"n": b"2"} and message.payload["n"] == b"1"
     await asyncio.sleep(0)
+
+
+async def _workers(ready: _Ready, count: int, handle: Callable[[Delivery], Awaitable[None]]) -> list[asyncio.Task[None]]:
+    """`count` workers taking from `ready` as the consumer's do."""
+
+    async def work() -> None:
+        left: Delivery | None = None
+        while True:
+            if not ready.items:
+                left = await ready.wait()
+                continue
+            delivery = ready.take(left)
+            left = None
+            await handle(delivery)
+
+    tasks = [asyncio.create_task(work()) for _ in range(count)]
+    await asyncio.sleep(0)  # all idle
+    return tasks
+
+
+async def test_a_frame_of_handlers_that_suspend_runs_side_by_side() -> None:
+    ready, call, release = _Ready(), _Call(), asyncio.Event()
+    running: list[str] = []
+
+    async def handle(delivery: Delivery) -> None:
+        running.append(delivery.id)
+        await release.wait()
+
+    workers = await _workers(ready, 8, handle)
+    frame = [_delivery(call, f"{i:028x}") for i in range(6)]
+    ready.put(frame)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert running == [d.id for d in frame], "every delivery of the frame has a handler running, in order"
+    for task in workers:
+        task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+
+
+async def test_a_frame_of_handlers_that_never_suspend_runs_in_one_worker() -> None:
+    ready, call = _Ready(), _Call()
+    handled: list[tuple[str, asyncio.Task[None] | None]] = []
+
+    async def handle(delivery: Delivery) -> None:
+        handled.append((delivery.id, asyncio.current_task()))
+
+    workers = await _workers(ready, 8, handle)
+    for frame in range(3):
+        ready.put([_delivery(call, f"{frame * 100 + i:028x}") for i in range(50)])
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert [i for i, _ in handled] == [f"{frame * 100 + i:028x}" for frame in range(3) for i in range(50)]
+    for frame in range(3):
+        assert len({task for _, task in handled[frame * 50 : frame * 50 + 50]}) == 1, "one worker ran the frame"
+    assert len(ready._idle) == 8 and ready._waking == 0, "the second worker woken found nothing and went idle again"
+    for task in workers:
+        task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
 
 
 def _sent_now(call: _Call) -> list[pb.ConsumeRequest]:

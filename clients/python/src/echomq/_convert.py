@@ -21,7 +21,7 @@ from .records import (
     ReplayResult,
     Trimmed,
 )
-from .delivery import RawField
+from .delivery import RawField, payload_dict
 from .v1 import admin_service_pb2 as admin_pb
 from .v1 import stream_service_pb2 as stream_pb
 from .v1 import types_pb2 as types_pb
@@ -55,7 +55,7 @@ def entry(message: types_pb.Entry) -> Entry:
     return Entry(
         id=message.id,
         stream_id=message.stream_id,
-        payload=dict(message.payload),
+        payload=payload_dict(message.payload),
         minted_at=from_timestamp(message.minted_at),
         raw_fields=[RawField(f.name, f.value) for f in message.raw_fields],
         traceparent=message.traceparent,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -77,6 +78,89 @@ class _Finish:
 
 
 _FINISH = _Finish()
+
+
+class _Ready:
+    """The hand-off from the task that reads the call to the handler workers
+    (or the iteration): deliveries in arrival order, and the idle workers'
+    wake-ups.
+
+    Not an `asyncio.Queue`: each put there wakes one waiting getter, so a
+    frame of 256 deliveries cost 256 Futures, loop callbacks and task steps.
+    Here a frame goes in at once and wakes one idle worker. A worker that
+    takes a delivery and leaves others behind wakes one more, in case its
+    handler suspends, and tells it which delivery it left at the head. If
+    the woken worker finds that same delivery still at the head, the
+    handler before it suspended at once: the handlers suspend, so it wakes
+    as many workers as there are deliveries left, and they run side by side
+    as with one wake-up per delivery. (Finding other deliveries proves
+    nothing: the waker may have run the whole frame, and a new frame come.)
+    While a woken worker has not run yet nobody else is woken. A handler
+    that never suspends thus lets one worker run a whole frame in one task
+    step: two wake-ups per frame. The pool stays the fixed set of
+    `concurrency` workers.
+    """
+
+    def __init__(self) -> None:
+        self.items: deque[Delivery] = deque()
+        #: The idle workers' wake-ups; each is given the delivery its waker
+        #: left at the head (None: woken by a frame, or to stop).
+        self._idle: deque[asyncio.Future[Delivery | None]] = deque()
+        #: Workers woken that have not run yet.
+        self._waking = 0
+
+    def put(self, deliveries: Iterable[Delivery]) -> None:
+        self.items.extend(deliveries)
+        if self.items and self._waking == 0:
+            self._wake(1, None)
+
+    def take(self, left: Delivery | None) -> Delivery:
+        """The oldest delivery (`items` must not be empty); `left` is what
+        `wait()` returned."""
+        items = self.items
+        delivery = items.popleft()
+        if items and self._waking == 0 and self._idle:
+            self._wake(len(items) if delivery is left else 1, items[0])
+        return delivery
+
+    def take_many(self, most: int, left: Delivery | None) -> list[Delivery]:
+        """Up to `most` of the oldest deliveries (at least one: `items` must
+        not be empty), waking others as `take` does."""
+        items = self.items
+        suspended = items[0] is left
+        taken = [items.popleft() for _ in range(min(most, len(items)))]
+        if items and self._waking == 0 and self._idle:
+            self._wake(len(items) if suspended else 1, items[0])
+        return taken
+
+    async def wait(self) -> Delivery | None:
+        """Waits idle until woken; returns the delivery the waker left at the
+        head, for `take`."""
+        future: asyncio.Future[Delivery | None] = asyncio.get_running_loop().create_future()
+        self._idle.append(future)
+        try:
+            return await future
+        finally:
+            if future.done() and not future.cancelled():
+                self._waking -= 1  # woken: running now (or cancelled after the wake-up)
+            else:
+                try:
+                    self._idle.remove(future)  # cancelled while idle
+                except ValueError:
+                    pass
+
+    def wake_all(self) -> None:
+        """Wakes every waiter (the consumer stops: an iteration must see it)."""
+        self._wake(len(self._idle), None)
+
+    def _wake(self, count: int, head: Delivery | None) -> None:
+        idle = self._idle
+        while count > 0 and idle:
+            future = idle.popleft()
+            if not future.done():
+                future.set_result(head)
+                self._waking += 1
+                count -= 1
 
 
 class _Call:
@@ -350,9 +434,9 @@ class Consumer:
         self._interceptors = interceptors
         self._channel: grpc.aio.Channel | None = None
         self._owns_channel = False
-        # Created in start(), on the running loop. None in the queue wakes an
-        # iteration when the consumer stops.
-        self._queue: asyncio.Queue[Delivery | None] | None = None
+        # Deliveries waiting for a worker or the iteration.
+        self._ready = _Ready()
+        # Created in start(), on the running loop.
         self._stopping: asyncio.Event | None = None
         self._subscribed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -368,7 +452,6 @@ class Consumer:
         """Starts consuming in a background task and returns at once."""
         if self._task is not None:
             raise EchoMQError("this consumer was already started; create a new one")
-        self._queue = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._subscribed = asyncio.Event()
         if isinstance(self._target, str):
@@ -581,17 +664,19 @@ class Consumer:
     async def _iterate(self) -> AsyncIterator[Delivery]:
         if self._task is None:
             await self.start()
-        assert self._queue is not None and self._stopping is not None and self._task is not None
-        queue, stopping = self._queue, self._stopping
+        assert self._stopping is not None and self._task is not None
+        ready, stopping = self._ready, self._stopping
+        left: Delivery | None = None
         while True:
             if stopping.is_set():
                 self._raise_if_failed()
                 return
-            delivery = queue.get_nowait() if not queue.empty() else await queue.get()
-            if delivery is None:
-                self._wake_iteration()  # for any other iteration of this consumer
+            if not ready.items:
+                left = await ready.wait()
                 continue
-            if stopping.is_set() or not delivery._call.open or delivery._lost:
+            delivery = ready.take(left)
+            left = None
+            if not delivery._call.open or delivery._lost:
                 continue  # left to the group: the sidecar delivers it again
             if len(self._handed) >= 2 * self._max_in_flight:
                 self._handed = set(self._unsettled_handed())
@@ -603,8 +688,8 @@ class Consumer:
         return [d for d in self._handed if not d._settled and not d._lost and d._call.open]
 
     def _wake_iteration(self) -> None:
-        if self._iterated and self._queue is not None:
-            self._queue.put_nowait(None)
+        if self._iterated:
+            self._ready.wake_all()
 
     def _raise_if_failed(self) -> None:
         task = self._task
@@ -711,14 +796,14 @@ class Consumer:
                 stream.cancel()
 
     def _dispatch(self, call: _Call, messages: Iterable[pb.Delivery]) -> None:
-        assert self._stopping is not None and self._queue is not None
+        assert self._stopping is not None
         if self._stopping.is_set():
             return  # stopping: left held; the sidecar returns them to the group when the call ends
-        put, held = self._queue.put_nowait, call.held
-        for message in messages:
-            delivery = Delivery.from_proto(message, call)
+        from_proto, held = Delivery.from_proto, call.held
+        deliveries = [from_proto(message, call) for message in messages]
+        for delivery in deliveries:
             held[delivery.id] = delivery
-            put(delivery)
+        self._ready.put(deliveries)
 
     def _retire_workers(self) -> set[asyncio.Task[None]]:
         """Cancels the idle workers (no handler starts any more: `_stopping` is
@@ -730,16 +815,22 @@ class Consumer:
         return {w for w in self._busy if w is not me and not w.done()}
 
     async def _work(self) -> None:
-        """A handler worker: one delivery at a time from the queue."""
-        assert self._queue is not None and self._stopping is not None and self._handler is not None
-        queue, stopping, handler, busy = self._queue, self._stopping, self._handler, self._busy
+        """A handler worker: one delivery at a time, while there are any."""
+        assert self._stopping is not None and self._handler is not None
+        ready, stopping, handler, busy = self._ready, self._stopping, self._handler, self._busy
+        items = ready.items
         me = asyncio.current_task()
         assert me is not None
+        left: Delivery | None = None
         while True:
-            delivery = await queue.get()
             if stopping.is_set():
-                return  # never started: the sidecar hands it out again
-            if delivery is None or not delivery._call.open or delivery._lost:
+                return  # what waits is never started: the sidecar hands it out again
+            if not items:
+                left = await ready.wait()
+                continue
+            delivery = ready.take(left)
+            left = None
+            if not delivery._call.open or delivery._lost:
                 continue  # its call is over, or a peer has it: no handler for it
             busy.add(me)
             try:
@@ -756,27 +847,29 @@ class Consumer:
                     log.info("handler failed for %s (attempt %d): %s", delivery.id, delivery.attempts, reason)
                     await delivery.fail(reason)
             else:
-                if not delivery.settled:
-                    await delivery.ack()
+                if not delivery._settled:
+                    delivery._ack()
             finally:
                 busy.discard(me)
             if stopping.is_set():
                 return  # stop() waits for this worker: done with its last call
 
     async def _work_batches(self) -> None:
-        """A batch handler worker: what the queue holds, up to `max_batch`."""
-        assert self._queue is not None and self._stopping is not None and self._batch_handler is not None
-        queue, stopping, handler, busy = self._queue, self._stopping, self._batch_handler, self._busy
+        """A batch handler worker: the deliveries waiting, up to `max_batch`."""
+        assert self._stopping is not None and self._batch_handler is not None
+        ready, stopping, handler, busy = self._ready, self._stopping, self._batch_handler, self._busy
         me = asyncio.current_task()
         assert me is not None
+        left: Delivery | None = None
         while True:
-            first = await queue.get()
             if stopping.is_set():
                 return
-            taken = [first]
-            while len(taken) < self.max_batch and not queue.empty():
-                taken.append(queue.get_nowait())
-            batch = [d for d in taken if d is not None and d._call.open and not d._lost]
+            if not ready.items:
+                left = await ready.wait()
+                continue
+            taken = ready.take_many(self.max_batch, left)
+            left = None
+            batch = [d for d in taken if d._call.open and not d._lost]
             if not batch:
                 continue
             busy.add(me)
@@ -824,8 +917,8 @@ async def _settle_batch(batch: list[Delivery], verdicts: Sequence[Verdict] | Non
     """Settles what a batch handler did not settle itself, as it answered."""
     if verdicts is None:
         for delivery in batch:
-            if not delivery.settled:
-                await delivery.ack()
+            if not delivery._settled:
+                delivery._ack()
     elif len(verdicts) != len(batch):
         reason = f"the batch handler answered {len(verdicts)} verdicts for {len(batch)} deliveries"
         log.error("%s; failing them", reason)
@@ -841,7 +934,7 @@ async def _settle_batch(batch: list[Delivery], verdicts: Sequence[Verdict] | Non
 async def _apply(delivery: Delivery, verdict: Verdict) -> None:
     """Settles `delivery` as a batch handler's `verdict` says."""
     if verdict is None or isinstance(verdict, Ack):
-        await delivery.ack()
+        delivery._ack()
     elif isinstance(verdict, Fail):
         await delivery.fail(verdict.reason, retry_after=verdict.retry_after)
     elif isinstance(verdict, DeadLetter):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple, Protocol, Union
@@ -117,6 +117,13 @@ class Outbox(Protocol):
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+def payload_dict(fields: Mapping[str, bytes]) -> dict[str, bytes]:
+    """A wire `map<string, bytes>` as a dict. Not `dict(fields)`: on a
+    protobuf map that goes through the `Mapping` mixin's Python-level
+    `keys()`, and costs ~1.8x as much (upb, 2 fields: 3.5 µs against 1.9)."""
+    return {name: fields[name] for name in fields}
+
+
 class Delivery:
     """One hand-over of a stream entry to this consumer.
 
@@ -153,18 +160,23 @@ class Delivery:
     higher `attempts`).
     """
 
+    # The hot path builds a delivery from its wire message and converts each
+    # attribute only when something reads it (most handlers read a few, and a
+    # payload dict costs more than the rest of the delivery): `_message` is
+    # the `pb.Delivery` (None for a delivery built by keyword), the `_`-named
+    # slots keep what was converted. A delivery so keeps its frame's decoded
+    # message alive while it lives: at most `max_batch` entries per frame.
     __slots__ = (
         "id",
-        "stream_id",
-        "stream",
-        "group",
-        "payload",
-        "raw_fields",
-        "attempts",
+        "_message",
+        "_stream_id",
+        "_stream",
+        "_group",
+        "_payload",
+        "_raw_fields",
+        "_attempts",
         "_minted_at",
-        "_minted_s",
-        "_minted_us",
-        "traceparent",
+        "_traceparent",
         "_call",
         "_settled",
         "_lost",
@@ -187,16 +199,15 @@ class Delivery:
         call: Outbox,
     ) -> None:
         self.id = id
-        self.stream_id = stream_id
-        self.stream = stream
-        self.group = group
-        self.payload = payload
-        self.raw_fields = raw_fields
-        self.attempts = attempts
+        self._message: pb.Delivery | None = None
+        self._stream_id: str | None = stream_id
+        self._stream: str | None = stream
+        self._group: str | None = group
+        self._payload: dict[str, bytes] | None = payload
+        self._raw_fields: list[RawField] | None = raw_fields
+        self._attempts: int | None = attempts
         self._minted_at: datetime | None = minted_at
-        self._minted_s = 0
-        self._minted_us = 0
-        self.traceparent = traceparent
+        self._traceparent: str | None = traceparent
         self._call = call
         self._settled = False
         self._lost = False
@@ -205,21 +216,19 @@ class Delivery:
 
     @classmethod
     def from_proto(cls, message: pb.Delivery, call: Outbox) -> Delivery:
-        # The hot path: slots filled directly, the mint time converted only
-        # when a handler reads it.
+        # The hot path: slots filled directly, only the id read now (the call
+        # keys its held deliveries by it); the rest when a handler reads it.
         self = cls.__new__(cls)
         self.id = message.id
-        self.stream_id = message.stream_id
-        self.stream = message.stream
-        self.group = message.group
-        self.payload = dict(message.payload)
-        self.raw_fields = [RawField(f.name, f.value) for f in message.raw_fields] if message.raw_fields else []
-        self.attempts = message.attempts
-        minted = message.minted_at
+        self._message = message
+        self._stream_id = None
+        self._stream = None
+        self._group = None
+        self._payload = None
+        self._raw_fields = None
+        self._attempts = None
         self._minted_at = None
-        self._minted_s = minted.seconds
-        self._minted_us = minted.nanos // 1000
-        self.traceparent = message.traceparent
+        self._traceparent = None
         self._call = call
         self._settled = False
         self._lost = False
@@ -228,11 +237,70 @@ class Delivery:
         return self
 
     @property
+    def stream_id(self) -> str:
+        """The entry's id in this stream (`<ms>-<seq>`)."""
+        if self._stream_id is None:
+            assert self._message is not None
+            self._stream_id = self._message.stream_id
+        return self._stream_id
+
+    @property
+    def stream(self) -> str:
+        """The stream the entry was read from."""
+        if self._stream is None:
+            assert self._message is not None
+            self._stream = self._message.stream
+        return self._stream
+
+    @property
+    def group(self) -> str:
+        """The consumer group it was delivered through."""
+        if self._group is None:
+            assert self._message is not None
+            self._group = self._message.group
+        return self._group
+
+    @property
+    def payload(self) -> dict[str, bytes]:
+        """Field name → bytes, without the reserved branded-id field (a dict
+        of this delivery's own: changing it changes nothing else)."""
+        if self._payload is None:
+            assert self._message is not None
+            self._payload = payload_dict(self._message.payload)
+        return self._payload
+
+    @property
+    def raw_fields(self) -> list[RawField]:
+        """The fields whose names are not valid UTF-8 (so not `payload` keys)."""
+        if self._raw_fields is None:
+            assert self._message is not None
+            self._raw_fields = [RawField(f.name, f.value) for f in self._message.raw_fields]
+        return self._raw_fields
+
+    @property
+    def attempts(self) -> int:
+        """The entry's delivery count in the group: 1 on the first delivery."""
+        if self._attempts is None:
+            assert self._message is not None
+            self._attempts = self._message.attempts
+        return self._attempts
+
+    @property
     def minted_at(self) -> datetime:
         """When the branded id was minted (UTC; millisecond precision)."""
         if self._minted_at is None:
-            self._minted_at = _EPOCH + timedelta(seconds=self._minted_s, microseconds=self._minted_us)
+            assert self._message is not None
+            minted = self._message.minted_at
+            self._minted_at = _EPOCH + timedelta(seconds=minted.seconds, microseconds=minted.nanos // 1000)
         return self._minted_at
+
+    @property
+    def traceparent(self) -> str:
+        """The W3C trace context the entry carries, or ""."""
+        if self._traceparent is None:
+            assert self._message is not None
+            self._traceparent = self._message.traceparent
+        return self._traceparent
 
     @property
     def settled(self) -> bool:
@@ -289,6 +357,11 @@ class Delivery:
         The id travels in the call's next coalesced Ack message. False (and
         nothing sent) when already settled, when the lease was lost, or when
         the call it arrived on has ended."""
+        return self._ack()
+
+    def _ack(self) -> bool:
+        """`ack()` without the coroutine, for the consumer's own settling
+        (after every handler that returns: no coroutine object per delivery)."""
         if self._closed("ack"):
             return False
         self._settled = True
