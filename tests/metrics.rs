@@ -385,6 +385,67 @@ async fn acked_deliveries_count_deliveries_acks_and_handler_time() {
     assert_eq!(scrape.value("echomq_fails_total", &labels), Some(0.0));
 }
 
+/// One Ack of entries another client acknowledged first: XACK finds none
+/// pending, so each is answered NOT_PENDING and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_that_find_nothing_pending_are_each_answered_not_pending() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    append_n(&sidecar, "s", 2).await;
+    let deliveries = call.deliveries(2, EVENT_TIMEOUT).await;
+    let _: i64 = redis::cmd("XACK")
+        .arg("s")
+        .arg("g")
+        .arg(&deliveries[0].stream_id)
+        .arg(&deliveries[1].stream_id)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+
+    call.ack(&[&deliveries[0].id, &deliveries[1].id]).await;
+
+    let mut answered = Vec::new();
+    for _ in 0..2 {
+        let error = call.next_verdict_error(EVENT_TIMEOUT).await;
+        assert_eq!(error.code, echomq::proto::VerdictErrorCode::NotPending as i32, "{error:?}");
+        answered.push(error.id);
+    }
+    answered.sort();
+    assert_eq!(answered, vec![deliveries[0].id.clone(), deliveries[1].id.clone()]);
+    wait_eq(&sidecar, "echomq_acks_not_pending_total", &labels, 2.0).await;
+    assert_eq!(Scrape::fetch(&sidecar).await.value("echomq_acks_total", &labels), Some(0.0));
+}
+
+/// One Ack of three entries, one of which another client acknowledged first:
+/// the multi-id XACK counts two pending and cannot say which one was not, so
+/// no id is answered; the shortfall is counted and logged, and all three are
+/// settled in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_partly_not_pending_counts_the_shortfall_and_answers_no_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    append_n(&sidecar, "s", 3).await;
+    let deliveries = call.deliveries(3, EVENT_TIMEOUT).await;
+    let _: i64 =
+        redis::cmd("XACK").arg("s").arg("g").arg(&deliveries[1].stream_id).query_async(&mut con).await.unwrap();
+
+    call.ack(&[&deliveries[0].id, &deliveries[1].id, &deliveries[2].id]).await;
+
+    wait_eq(&sidecar, "echomq_acks_total", &labels, 2.0).await;
+    wait_eq(&sidecar, "echomq_acks_not_pending_total", &labels, 1.0).await;
+    call.assert_quiet(Duration::from_millis(300), "XACK cannot say which id was not pending").await;
+    let pending: Value = redis::cmd("XPENDING").arg("s").arg("g").query_async(&mut con).await.unwrap();
+    assert!(matches!(&pending, Value::Array(summary) if summary.first() == Some(&Value::Int(0))), "{pending:?}");
+    let log = sidecar.log();
+    assert!(log.contains("no longer pending") && log.contains("not_pending=1"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_deliveries_count_in_flight_until_their_verdict() {
     let redis = RedisServer::start().await;

@@ -1,10 +1,11 @@
 //! Acknowledging in batches: the acks and retry states queued by one batch of
 //! commands reach Redis as one `settle.lua` run (one request for Redis to
-//! parse and dispatch, not a pipeline of many).
+//! parse and dispatch, not a pipeline of many), the acks as multi-id XACKs of
+//! up to [`ACK_CHUNK`] ids.
 
 use opentelemetry::{trace::SpanContext, KeyValue};
 use redis::RedisResult;
-use tracing::Instrument;
+use tracing::{warn, Instrument};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{
@@ -14,6 +15,11 @@ use super::{
     GroupKeys, SessionId,
 };
 use crate::{id::StreamId, telemetry};
+
+/// The most ids in one XACK (and one HDEL, and pairs in one HSET) of
+/// `settle.lua`: Lua's `unpack` spreads them on its C stack, which holds
+/// about 8,000.
+pub(crate) const ACK_CHUNK: usize = 1024;
 
 /// A queued XACK.
 #[derive(Debug)]
@@ -30,14 +36,16 @@ pub(crate) struct PendingAck {
     pub(crate) delivery: Option<SpanContext>,
 }
 
-/// Records `writes` in the retry hash, then XACKs each of `acks` (one by one,
-/// so the reply says which were still pending) and drops the retry state of
-/// the re-delivered ones. Returns, per ack in order, whether it was pending.
+/// Records `writes` in the retry hash, then XACKs `acks` (`XACK <stream>
+/// <group> <id> …`, [`ACK_CHUNK`] ids per command) and drops the retry state
+/// of the re-delivered ones, all in one `settle.lua` run. Returns, per chunk
+/// of `acks` in order (`acks.chunks(ACK_CHUNK)`), how many of its ids Redis
+/// still had pending: XACK counts, it does not say which.
 ///
 /// Errors: Redis' (a timeout leaves the outcome unknown).
-pub(crate) async fn settle(keys: &GroupKeys, acks: &[PendingAck], writes: &[RetryWrite]) -> RedisResult<Vec<bool>> {
+pub(crate) async fn settle(keys: &GroupKeys, acks: &[PendingAck], writes: &[RetryWrite]) -> RedisResult<Vec<usize>> {
     let mut script = keys.redis.scripts.settle.prepare_invoke();
-    script.key(&keys.stream).key(&keys.retries).arg(&keys.group).arg(acks.len());
+    script.key(&keys.stream).key(&keys.retries).arg(&keys.group).arg(ACK_CHUNK).arg(acks.len());
     for ack in acks {
         script.arg(ack.stream_id.to_string());
     }
@@ -50,8 +58,7 @@ pub(crate) async fn settle(keys: &GroupKeys, acks: &[PendingAck], writes: &[Retr
         script.arg(write.stream_id.to_string()).arg(write.state());
     }
     let mut conn = keys.redis.conn.clone();
-    let counts: Vec<i64> = script.invoke_async(&mut conn).instrument(settle_span(keys, acks, writes)).await?;
-    Ok(counts.into_iter().map(|count| count == 1).collect())
+    script.invoke_async(&mut conn).instrument(settle_span(keys, acks, writes)).await
 }
 
 /// The span of one settle run (while traces are exported): kind CLIENT and
@@ -94,13 +101,8 @@ impl Worker {
         match settle(&self.keys, &acks, &writes).await {
             Ok(pending) => {
                 self.redis_ok();
-                for (ack, was_pending) in acks.iter().zip(pending) {
-                    if was_pending {
-                        self.metrics.acks.inc();
-                    } else {
-                        self.metrics.acks_not_pending.inc();
-                        self.ledger.answer(ack.session, verdicts::not_pending_in_group(&ack.text));
-                    }
+                for (chunk, pending) in acks.chunks(ACK_CHUNK).zip(pending) {
+                    self.acked(chunk, pending);
                 }
             }
             Err(e) => {
@@ -120,6 +122,33 @@ impl Worker {
                     self.ledger.wait(ack.stream_id, retry_at);
                 }
             }
+        }
+    }
+
+    /// Counts and answers one XACK of `chunk`, `pending` of whose ids Redis
+    /// still had pending. All or none is exact: the ones not pending are
+    /// answered NOT_PENDING. In between (another client acknowledged some of
+    /// them: an operator, or a peer past a lost lease) XACK cannot say which,
+    /// so none is answered: the shortfall is counted and logged. Every id of
+    /// the chunk is settled for the group either way.
+    fn acked(&mut self, chunk: &[PendingAck], pending: usize) {
+        let pending = pending.min(chunk.len());
+        self.metrics.acks.inc_by(pending as u64);
+        self.metrics.acks_not_pending.inc_by((chunk.len() - pending) as u64);
+        if pending == 0 {
+            for ack in chunk {
+                self.ledger.answer(ack.session, verdicts::not_pending_in_group(&ack.text));
+            }
+        } else if pending < chunk.len() {
+            warn!(
+                stream = %self.keys.stream,
+                group = %self.keys.group,
+                acked = chunk.len(),
+                not_pending = chunk.len() - pending,
+                first = %chunk[0].stream_id,
+                last = %chunk[chunk.len() - 1].stream_id,
+                "some acknowledged entries were no longer pending for the group (another client acknowledged them); XACK does not say which, so none is answered NOT_PENDING"
+            );
         }
     }
 }

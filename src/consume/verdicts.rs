@@ -42,7 +42,7 @@ pub(crate) fn gone(id: &str, gone: Gone) -> VerdictError {
     error(id, VerdictErrorCode::NotPending, message)
 }
 
-/// NOT_PENDING: XACK answered 0.
+/// NOT_PENDING: an XACK found none of its ids pending.
 pub(crate) fn not_pending_in_group(id: &str) -> VerdictError {
     error(
         id,

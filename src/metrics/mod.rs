@@ -285,13 +285,17 @@ impl Metrics {
         };
         let r = registry;
         r.register("deliveries", "Entries handed to clients (each hand-over counts)", m.deliveries.clone());
-        r.register("acks", "Entries acknowledged (XACK answered 1)", m.acks.clone());
+        r.register("acks", "Entries acknowledged (XACK found them pending)", m.acks.clone());
         r.register("fails", "Fail verdicts, deadlines passed and calls ended holding entries", m.fails.clone());
         r.register("dead_letters", "Entries moved to a dead-letter stream", m.dead_letters.clone());
         r.register("reclaimed", "Entries taken over from idle consumers (XAUTOCLAIM)", m.reclaimed.clone());
         r.register("lease_refreshes", "Held entries whose PEL idle time was refreshed", m.lease_refreshes.clone());
         r.register("leases_lost", "Held entries a peer reclaimed before their verdict", m.leases_lost.clone());
-        r.register("acks_not_pending", "Acks answered NOT_PENDING (nothing applied)", m.acks_not_pending.clone());
+        r.register(
+            "acks_not_pending",
+            "Acks XACK found no longer pending (nothing applied)",
+            m.acks_not_pending.clone(),
+        );
         r.register(
             "trimmed_while_pending",
             "Pending entries found deleted from their stream and dropped from the PEL",
@@ -575,7 +579,7 @@ pub struct GroupMetrics {
     pub lease_refreshes: Counter,
     /// `echomq_leases_lost_total`: held entries a peer reclaimed.
     pub leases_lost: Counter,
-    /// `echomq_acks_not_pending_total`: acks XACK answered 0 for.
+    /// `echomq_acks_not_pending_total`: acks XACK found no longer pending.
     pub acks_not_pending: Counter,
     /// `echomq_trimmed_while_pending_total`: pending entries found deleted.
     pub trimmed_while_pending: Counter,
