@@ -340,6 +340,13 @@ pub struct Config {
     #[arg(long, env = "ECHOMQ_READER_CONNECTIONS", default_value_t = DEFAULT_READER_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub reader_connections: usize,
 
+    /// Threads that run the sidecar's work (the async runtime's workers); 0: one per CPU the
+    /// process may use. One costs the least CPU per entry (measured on 2 cores: 10 to 15% less than
+    /// two, with the same throughput, as no work is handed between threads), but caps the sidecar
+    /// at one CPU, and an archive fold (Parquet encoding) then holds deliveries back while it runs.
+    #[arg(long, env = "ECHOMQ_WORKER_THREADS", default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1024))]
+    pub worker_threads: usize,
+
     /// Log line format on standard error.
     #[arg(long, env = "ECHOMQ_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -659,5 +666,13 @@ mod tests {
         assert_eq!(parse(&[]).unwrap().reader_connections, DEFAULT_READER_CONNECTIONS);
         assert_eq!(parse(&["--reader-connections", "2"]).unwrap().reader_connections, 2);
         assert!(parse(&["--reader-connections", "0"]).is_err(), "no reader could ever read");
+    }
+
+    #[test]
+    fn worker_threads_default_to_one_per_cpu() {
+        assert_eq!(parse(&[]).unwrap().worker_threads, 0);
+        assert_eq!(parse(&["--worker-threads", "1"]).unwrap().worker_threads, 1);
+        assert!(parse(&["--worker-threads", "-1"]).is_err());
+        assert!(parse(&["--worker-threads", "1025"]).is_err());
     }
 }

@@ -34,7 +34,11 @@ fn main() -> ExitCode {
         eprintln!("echomq-sidecar: {reason}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if config.worker_threads > 0 {
+        builder.worker_threads(config.worker_threads);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("echomq-sidecar: cannot start the async runtime: {e}");

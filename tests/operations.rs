@@ -196,6 +196,26 @@ async fn consumer_name_defaults_to_pod_name() {
     assert_eq!(call.subscribed.as_ref().unwrap().consumer, "pod-xyz-0");
 }
 
+/// `--worker-threads` sets how many runtime workers the process runs (three
+/// here, more than the two CPUs of this project's machines, so the default
+/// would not pass), and a sidecar so started delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_sets_the_runtime_workers() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--worker-threads").arg("3")).await;
+    let pid = sidecar.pid().expect("the sidecar runs");
+    // Tokio names its workers `tokio-rt-worker` (blocking-pool threads `tokio-runtime-w`).
+    let workers = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the sidecar's threads")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "tokio-rt-worker")
+        .count();
+    assert_eq!(workers, 3, "{}", sidecar.log());
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    let appended = sidecar.append("s", &[("k", b"v")]).await;
+    assert_eq!(call.next_delivery(EVENT_TIMEOUT).await.id, appended.id);
+}
+
 #[test]
 fn help_exits_0_and_names_the_documented_env_vars() {
     let out = run_to_exit(&["--help"], Duration::from_secs(10));
@@ -228,6 +248,7 @@ fn help_names_an_env_var_for_every_flag() {
         "id-field",
         "redis-timeout-ms",
         "reader-connections",
+        "worker-threads",
         "log-format",
     ];
     let missing: Vec<String> = flags
