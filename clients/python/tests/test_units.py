@@ -201,6 +201,26 @@ async def test_the_payload_and_times_are_converted() -> None:
     await asyncio.sleep(0)
 
 
+async def test_a_delivery_built_by_keyword_reads_back_what_it_was_given() -> None:
+    minted = datetime(2024, 6, 10, 6, 13, 20, 123000, tzinfo=timezone.utc)
+    delivery = Delivery(
+        id="cd" * 14,
+        stream_id="7-2",
+        stream="s",
+        group="g",
+        payload={"k": b"v"},
+        raw_fields=[],
+        attempts=2,
+        minted_at=minted,
+        traceparent="tp",
+        call=_Call(),
+    )
+    assert (delivery.id, delivery.stream_id, delivery.stream, delivery.group) == ("cd" * 14, "7-2", "s", "g")
+    assert (delivery.attempts, delivery.traceparent, delivery.minted_at) == (2, "tp", minted)
+    assert delivery.payload == {"k": b"v"} and delivery.raw_fields == []
+    await asyncio.sleep(0)
+
+
 async def _workers(ready: _Ready, count: int, handle: Callable[[Delivery], Awaitable[None]]) -> list[asyncio.Task[None]]:
     """`count` workers taking from `ready` as the consumer's do."""
 

@@ -163,20 +163,16 @@ class Delivery:
     # The hot path builds a delivery from its wire message and converts each
     # attribute only when something reads it (most handlers read a few, and a
     # payload dict costs more than the rest of the delivery): `_message` is
-    # the `pb.Delivery` (None for a delivery built by keyword), the `_`-named
-    # slots keep what was converted. A delivery so keeps its frame's decoded
-    # message alive while it lives: at most `max_batch` entries per frame.
+    # the `pb.Delivery` (one built from the arguments, for a delivery built by
+    # keyword), which the plain attributes read; the `_`-named slots keep what
+    # was converted. A delivery so keeps its frame's decoded message alive
+    # while it lives: at most `max_batch` entries per frame.
     __slots__ = (
         "id",
         "_message",
-        "_stream_id",
-        "_stream",
-        "_group",
         "_payload",
         "_raw_fields",
-        "_attempts",
         "_minted_at",
-        "_traceparent",
         "_call",
         "_settled",
         "_lost",
@@ -199,15 +195,12 @@ class Delivery:
         call: Outbox,
     ) -> None:
         self.id = id
-        self._message: pb.Delivery | None = None
-        self._stream_id: str | None = stream_id
-        self._stream: str | None = stream
-        self._group: str | None = group
+        self._message = pb.Delivery(
+            id=id, stream_id=stream_id, stream=stream, group=group, attempts=attempts, traceparent=traceparent
+        )
         self._payload: dict[str, bytes] | None = payload
         self._raw_fields: list[RawField] | None = raw_fields
-        self._attempts: int | None = attempts
         self._minted_at: datetime | None = minted_at
-        self._traceparent: str | None = traceparent
         self._call = call
         self._settled = False
         self._lost = False
@@ -221,14 +214,9 @@ class Delivery:
         self = cls.__new__(cls)
         self.id = message.id
         self._message = message
-        self._stream_id = None
-        self._stream = None
-        self._group = None
         self._payload = None
         self._raw_fields = None
-        self._attempts = None
         self._minted_at = None
-        self._traceparent = None
         self._call = call
         self._settled = False
         self._lost = False
@@ -239,33 +227,23 @@ class Delivery:
     @property
     def stream_id(self) -> str:
         """The entry's id in this stream (`<ms>-<seq>`)."""
-        if self._stream_id is None:
-            assert self._message is not None
-            self._stream_id = self._message.stream_id
-        return self._stream_id
+        return self._message.stream_id
 
     @property
     def stream(self) -> str:
         """The stream the entry was read from."""
-        if self._stream is None:
-            assert self._message is not None
-            self._stream = self._message.stream
-        return self._stream
+        return self._message.stream
 
     @property
     def group(self) -> str:
         """The consumer group it was delivered through."""
-        if self._group is None:
-            assert self._message is not None
-            self._group = self._message.group
-        return self._group
+        return self._message.group
 
     @property
     def payload(self) -> dict[str, bytes]:
         """Field name → bytes, without the reserved branded-id field (a dict
         of this delivery's own: changing it changes nothing else)."""
         if self._payload is None:
-            assert self._message is not None
             self._payload = payload_dict(self._message.payload)
         return self._payload
 
@@ -273,23 +251,18 @@ class Delivery:
     def raw_fields(self) -> list[RawField]:
         """The fields whose names are not valid UTF-8 (so not `payload` keys)."""
         if self._raw_fields is None:
-            assert self._message is not None
             self._raw_fields = [RawField(f.name, f.value) for f in self._message.raw_fields]
         return self._raw_fields
 
     @property
     def attempts(self) -> int:
         """The entry's delivery count in the group: 1 on the first delivery."""
-        if self._attempts is None:
-            assert self._message is not None
-            self._attempts = self._message.attempts
-        return self._attempts
+        return self._message.attempts
 
     @property
     def minted_at(self) -> datetime:
         """When the branded id was minted (UTC; millisecond precision)."""
         if self._minted_at is None:
-            assert self._message is not None
             minted = self._message.minted_at
             self._minted_at = _EPOCH + timedelta(seconds=minted.seconds, microseconds=minted.nanos // 1000)
         return self._minted_at
@@ -297,10 +270,7 @@ class Delivery:
     @property
     def traceparent(self) -> str:
         """The W3C trace context the entry carries, or ""."""
-        if self._traceparent is None:
-            assert self._message is not None
-            self._traceparent = self._message.traceparent
-        return self._traceparent
+        return self._message.traceparent
 
     @property
     def settled(self) -> bool:
