@@ -10,7 +10,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use echomq::proto::GroupStart;
+use echomq::proto::{Delivery, GroupStart};
 use redis::Value;
 use support::*;
 
@@ -385,6 +385,46 @@ async fn acked_deliveries_count_deliveries_acks_and_handler_time() {
     assert_eq!(scrape.value("echomq_fails_total", &labels), Some(0.0));
 }
 
+/// A call on stream `s`, group `g`, with a window of `max_in_flight`,
+/// holding `n` fresh deliveries.
+async fn holding(sidecar: &Sidecar, n: usize, max_in_flight: u32) -> (Consumer, Vec<Delivery>) {
+    let mut call = Consumer::start(sidecar, "s", "g", GroupStart::Beginning, max_in_flight).await;
+    append_n(sidecar, "s", n).await;
+    let deliveries = call.deliveries(n, EVENT_TIMEOUT).await;
+    (call, deliveries)
+}
+
+/// XACKs `deliveries` in group `g` from outside the sidecar, as another client would.
+async fn ack_elsewhere(redis: &RedisServer, deliveries: &[&Delivery]) {
+    let mut xack = redis::cmd("XACK");
+    xack.arg("s").arg("g");
+    for delivery in deliveries {
+        xack.arg(&delivery.stream_id);
+    }
+    let _: i64 = xack.query_async(&mut redis.conn().await).await.unwrap();
+}
+
+/// The group's pending count (`XPENDING` summary).
+async fn pending_count(redis: &RedisServer) -> Value {
+    let summary: Value = redis::cmd("XPENDING").arg("s").arg("g").query_async(&mut redis.conn().await).await.unwrap();
+    match summary {
+        Value::Array(items) => items.into_iter().next().unwrap_or(Value::Nil),
+        other => other,
+    }
+}
+
+/// The next `n` verdict errors of `call`, each asserted NOT_PENDING; their ids, sorted.
+async fn not_pending_answers(call: &mut Consumer, n: usize) -> Vec<String> {
+    let mut answered = Vec::with_capacity(n);
+    for _ in 0..n {
+        let error = call.next_verdict_error(EVENT_TIMEOUT).await;
+        assert_eq!(error.code, echomq::proto::VerdictErrorCode::NotPending as i32, "{error:?}");
+        answered.push(error.id);
+    }
+    answered.sort();
+    answered
+}
+
 /// One Ack of entries another client acknowledged first: XACK finds none
 /// pending, so each is answered NOT_PENDING and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,29 +432,12 @@ async fn acks_that_find_nothing_pending_are_each_answered_not_pending() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
     let labels = group("s", "g");
-    let mut con = redis.conn().await;
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
-    append_n(&sidecar, "s", 2).await;
-    let deliveries = call.deliveries(2, EVENT_TIMEOUT).await;
-    let _: i64 = redis::cmd("XACK")
-        .arg("s")
-        .arg("g")
-        .arg(&deliveries[0].stream_id)
-        .arg(&deliveries[1].stream_id)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let (mut call, deliveries) = holding(&sidecar, 2, 0).await;
+    ack_elsewhere(&redis, &[&deliveries[0], &deliveries[1]]).await;
 
     call.ack(&[&deliveries[0].id, &deliveries[1].id]).await;
 
-    let mut answered = Vec::new();
-    for _ in 0..2 {
-        let error = call.next_verdict_error(EVENT_TIMEOUT).await;
-        assert_eq!(error.code, echomq::proto::VerdictErrorCode::NotPending as i32, "{error:?}");
-        answered.push(error.id);
-    }
-    answered.sort();
-    assert_eq!(answered, vec![deliveries[0].id.clone(), deliveries[1].id.clone()]);
+    assert_eq!(not_pending_answers(&mut call, 2).await, vec![deliveries[0].id.clone(), deliveries[1].id.clone()]);
     wait_eq(&sidecar, "echomq_acks_not_pending_total", &labels, 2.0).await;
     assert_eq!(Scrape::fetch(&sidecar).await.value("echomq_acks_total", &labels), Some(0.0));
 }
@@ -428,22 +451,40 @@ async fn an_ack_partly_not_pending_counts_the_shortfall_and_answers_no_id() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
     let labels = group("s", "g");
-    let mut con = redis.conn().await;
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
-    append_n(&sidecar, "s", 3).await;
-    let deliveries = call.deliveries(3, EVENT_TIMEOUT).await;
-    let _: i64 =
-        redis::cmd("XACK").arg("s").arg("g").arg(&deliveries[1].stream_id).query_async(&mut con).await.unwrap();
+    let (mut call, deliveries) = holding(&sidecar, 3, 0).await;
+    ack_elsewhere(&redis, &[&deliveries[1]]).await;
 
     call.ack(&[&deliveries[0].id, &deliveries[1].id, &deliveries[2].id]).await;
 
     wait_eq(&sidecar, "echomq_acks_total", &labels, 2.0).await;
     wait_eq(&sidecar, "echomq_acks_not_pending_total", &labels, 1.0).await;
     call.assert_quiet(Duration::from_millis(300), "XACK cannot say which id was not pending").await;
-    let pending: Value = redis::cmd("XPENDING").arg("s").arg("g").query_async(&mut con).await.unwrap();
-    assert!(matches!(&pending, Value::Array(summary) if summary.first() == Some(&Value::Int(0))), "{pending:?}");
+    assert_eq!(pending_count(&redis).await, Value::Int(0));
     let log = sidecar.log();
     assert!(log.contains("no longer pending") && log.contains("not_pending=1"), "{log}");
+}
+
+/// One Ack of more ids than one XACK of settle.lua takes (1,024): every
+/// chunk is acknowledged and counted, and only the chunk that found nothing
+/// pending is answered NOT_PENDING, each of its ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_of_more_ids_than_one_xack_takes_settles_every_chunk() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let (mut call, deliveries) = holding(&sidecar, 1_030, 1_030).await;
+    // The last six form the second chunk; acknowledged elsewhere, it finds none pending.
+    let tail: Vec<&Delivery> = deliveries[1_024..].iter().collect();
+    ack_elsewhere(&redis, &tail).await;
+
+    let ids: Vec<&str> = deliveries.iter().map(|d| d.id.as_str()).collect();
+    call.ack(&ids).await;
+
+    let expected: Vec<String> = tail.iter().map(|d| d.id.clone()).collect();
+    assert_eq!(not_pending_answers(&mut call, tail.len()).await, expected);
+    wait_eq(&sidecar, "echomq_acks_total", &labels, 1_024.0).await;
+    wait_eq(&sidecar, "echomq_acks_not_pending_total", &labels, 6.0).await;
+    assert_eq!(pending_count(&redis).await, Value::Int(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
