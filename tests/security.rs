@@ -723,25 +723,38 @@ async fn redis_password_file_overrides_the_url_password() {
     assert!(becomes_ready(&sidecar, START_TIMEOUT).await, "the file's password wins:\n{}", sidecar.log());
 }
 
-/// Redis refusing a command to the sidecar's ACL user (NOPERM) is the
-/// operator's to fix: PERMISSION_DENIED, not INTERNAL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_acl_refusal_is_permission_denied() {
+/// Adds ACL user `user` with `password`, allowed all commands on `keys`
+/// (`ACL SETUSER … ~<pattern> …`, space-separated rules).
+async fn acl_user(admin: &mut redis::aio::MultiplexedConnection, user: &str, password: &str, keys: &str) {
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg(user).arg("on").arg(format!(">{password}"));
+    setuser.arg(keys.split(' ').collect::<Vec<_>>()).arg("+@all");
+    let _: redis::Value = setuser.query_async(admin).await.expect("ACL SETUSER");
+}
+
+/// Sidecar options that connect to `redis` as `user` (`redis://user@…<path>`,
+/// `path` being `""` or a database like `"/3"`) with `password` from
+/// `--redis-password-file`; and the directory that holds the file.
+fn as_acl_user(redis: &RedisServer, user: &str, password: &str, path: &str) -> (SidecarOptions, TempDir) {
     let dir = TempDir::new("redis-acl");
-    let redis = password_redis().await;
-    let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
-    let _: redis::Value = redis::cmd("ACL")
-        .arg(&["SETUSER", "narrow", "on", ">narrow-pa55", "~orders*", "+@all"])
-        .query_async(&mut admin)
-        .await
-        .expect("ACL SETUSER");
-    let file = write_file(dir.path(), "redis-password", "narrow-pa55\n");
+    let file = write_file(dir.path(), "redis-password", &format!("{password}\n"));
     let options = SidecarOptions {
-        redis_url: Some(format!("redis://narrow@127.0.0.1:{}", redis.port())),
+        redis_url: Some(format!("redis://{user}@127.0.0.1:{}{path}", redis.port())),
         ..SidecarOptions::default()
     }
     .arg("--redis-password-file")
     .arg(&path_str(&file));
+    (options, dir)
+}
+
+/// Redis refusing a command to the sidecar's ACL user (NOPERM) is the
+/// operator's to fix: PERMISSION_DENIED, not INTERNAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_acl_refusal_is_permission_denied() {
+    let redis = password_redis().await;
+    let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
+    acl_user(&mut admin, "narrow", "narrow-pa55", "~orders*").await;
+    let (options, _dir) = as_acl_user(&redis, "narrow", "narrow-pa55", "");
     let sidecar = Sidecar::start(&redis, options).await;
 
     assert!(try_append(&sidecar, "orders").await.is_ok());
@@ -752,21 +765,10 @@ async fn a_redis_acl_refusal_is_permission_denied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_acl_user_with_password_file_connects_as_that_user() {
-    let dir = TempDir::new("redis-acl");
     let redis = password_redis().await;
     let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
-    let _: redis::Value = redis::cmd("ACL")
-        .arg(&["SETUSER", "echomq", "on", ">user-pa55", "~*", "&*", "+@all"])
-        .query_async(&mut admin)
-        .await
-        .expect("ACL SETUSER");
-    let file = write_file(dir.path(), "redis-password", "user-pa55\n");
-    let options = SidecarOptions {
-        redis_url: Some(format!("redis://echomq@127.0.0.1:{}", redis.port())),
-        ..SidecarOptions::default()
-    }
-    .arg("--redis-password-file")
-    .arg(&path_str(&file));
+    acl_user(&mut admin, "echomq", "user-pa55", "~* &*").await;
+    let (options, _dir) = as_acl_user(&redis, "echomq", "user-pa55", "");
 
     let sidecar = Sidecar::start(&redis, options).await;
     let appended = try_append(&sidecar, "s").await.expect("append as the ACL user");
@@ -778,26 +780,38 @@ async fn redis_acl_user_with_password_file_connects_as_that_user() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_for_the_acl_user_keeps_the_sidecar_unready() {
-    let dir = TempDir::new("redis-acl");
     let redis = password_redis().await;
     let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
-    let _: redis::Value = redis::cmd("ACL")
-        .arg(&["SETUSER", "echomq", "on", ">user-pa55", "~*", "&*", "+@all"])
-        .query_async(&mut admin)
-        .await
-        .expect("ACL SETUSER");
+    acl_user(&mut admin, "echomq", "user-pa55", "~* &*").await;
     // The default user's password is not the ACL user's.
-    let file = write_file(dir.path(), "redis-password", REDIS_PASSWORD);
-    let options = SidecarOptions {
-        redis_url: Some(format!("redis://echomq@127.0.0.1:{}", redis.port())),
-        ..SidecarOptions::default()
-    }
-    .arg("--redis-password-file")
-    .arg(&path_str(&file));
+    let (options, _dir) = as_acl_user(&redis, "echomq", REDIS_PASSWORD, "");
 
     let sidecar = Sidecar::launch(&redis, options).await;
 
     assert_never_ready(&sidecar, Duration::from_secs(4), "the ACL user's password is wrong").await;
+}
+
+/// A reader connection is set up as the URL says: the database it names
+/// (`/3`), and the ACL user with the password from `--redis-password-file`.
+/// A reader on another database would find no group there (NOGROUP) and
+/// deliver nothing; one not authenticated would be refused (NOAUTH).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_reads_the_database_and_as_the_user_the_url_names() {
+    let redis = password_redis().await;
+    let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
+    acl_user(&mut admin, "reader", "reader-pa55", "~* &*").await;
+    let (options, _dir) = as_acl_user(&redis, "reader", "reader-pa55", "/3");
+    let sidecar = Sidecar::start(&redis, options).await;
+
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let appended = sidecar.append("s", &[("k", b"in database 3")]).await;
+    let delivery = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    assert_eq!(delivery.stream_id, appended.stream_id);
+    assert_eq!(delivery.payload["k"], b"in database 3");
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut admin).await.expect("CLIENT LIST");
+    let reader = clients.lines().find(|line| line.contains("name=echomq-reader")).expect("a reader");
+    assert!(reader.contains(" db=3 ") && reader.contains(" user=reader "), "{reader}");
 }
 
 /// A redis-server serving TLS only, with a certificate of `pki` for 127.0.0.1.

@@ -7,11 +7,11 @@
 
 use std::sync::Arc;
 
-use redis::{RedisError, RedisResult, Value};
+use redis::{RedisError, RedisResult};
 use tokio::{sync::mpsc, task::JoinHandle};
 
 use super::Shared;
-use crate::redis::{parse_read_reply, readers::ReaderConnection, RawEntry};
+use crate::redis::{readers::ReaderConnection, RawEntry};
 
 /// The reader task and its channels. Dropping it (or [`Reader::stop`]) cuts
 /// off a blocked read; a connection cut off mid-read is closed, one between
@@ -93,8 +93,7 @@ async fn read_loop(
                 .arg(&stream)
                 .arg(">");
             // A connection error leaves `conn` to reconnect before the next read.
-            let reply: Value = conn.query(&read).await?;
-            parse_read_reply(reply)
+            conn.read(&read).await
         }
         .await;
         if results.send(result).await.is_err() {

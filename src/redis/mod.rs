@@ -22,6 +22,7 @@
 //! up within `--read-block-ms` plus `--redis-timeout-ms` and reconnects.
 
 pub mod readers;
+pub mod resp;
 pub mod shared;
 
 pub mod fault;

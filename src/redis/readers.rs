@@ -5,11 +5,13 @@
 //! ever on a black-holed or stalled Redis). A read that times out marks its
 //! connection broken: the next read goes out on a new one.
 //!
-//! The pool is deadpool's managed pool, with a manager of our own: it makes
-//! each connection as [`Redis::dedicated`] does (a single server or a
-//! cluster, TLS with the configured CA), names it `echomq-reader` (so
-//! `CLIENT LIST` tells readers apart) and health-checks an idle connection
-//! with `PING` before handing it out again.
+//! The pool is deadpool's managed pool, with a manager of our own: to a
+//! single server over plain TCP it makes a [`RespConnection`] (which parses
+//! `XREADGROUP` replies straight into entries); otherwise (`rediss://`,
+//! `redis+unix://`, a cluster) it makes one as [`Redis::dedicated`] does, TLS
+//! with the configured CA. Either is named `echomq-reader` (so `CLIENT LIST`
+//! tells readers apart) and health-checked with `PING` before an idle one is
+//! handed out again.
 //!
 //! One connection per (stream, group) that has calls on this sidecar (a
 //! sharded stream: one per shard), taken when its first call subscribes and
@@ -30,10 +32,10 @@ use deadpool::{
     managed::{self, Object, Pool, PoolError, RecycleError, TimeoutType},
     Runtime,
 };
-use redis::{Cmd, RedisError, RedisResult, Value};
+use redis::{Cmd, ConnectionAddr, RedisError, RedisResult, Value};
 use tracing::{debug, warn};
 
-use super::{Connection, Redis};
+use super::{parse_read_reply, resp::RespConnection, Connection, RawEntry, Redis, Target};
 use crate::{
     error::Error,
     metrics::{Metrics, ReaderMetrics, ReaderPoolStatus},
@@ -146,7 +148,17 @@ struct Manager {
 impl Manager {
     /// A new reader connection, named [`READER_CLIENT_NAME`]. The name is a
     /// courtesy to operators: a connection that cannot take it still reads.
-    async fn connect(&self) -> RedisResult<Connection> {
+    async fn connect(&self) -> RedisResult<ReaderLink> {
+        if let Target::Single(client) = &self.redis.target {
+            let info = client.get_connection_info();
+            if let ConnectionAddr::Tcp(host, port) = info.addr() {
+                let settings = info.redis_settings();
+                let conn =
+                    RespConnection::connect(host, *port, settings, READER_CLIENT_NAME, self.timeout, self.read_timeout)
+                        .await?;
+                return Ok(ReaderLink::Resp(conn));
+            }
+        }
         let mut conn = self.redis.dedicated(self.timeout, Some(self.read_timeout)).await?;
         let mut naming = redis::cmd("CLIENT");
         naming.arg("SETNAME").arg(READER_CLIENT_NAME);
@@ -155,30 +167,56 @@ impl Manager {
             Ok(Err(e)) => debug!("a reader connection could not name itself ({e}); it reads all the same"),
             Err(_) => debug!("a reader connection did not answer CLIENT SETNAME in time; it reads all the same"),
         }
-        Ok(conn)
+        Ok(ReaderLink::Redis(conn))
+    }
+}
+
+/// A reader connection of either make (see the module doc).
+enum ReaderLink {
+    /// Plain TCP to a single server: replies parsed straight into entries.
+    Resp(RespConnection),
+    /// redis-rs' connection: TLS, a unix socket, or a cluster.
+    Redis(Connection),
+}
+
+impl ReaderLink {
+    async fn read(&mut self, read: &Cmd) -> RedisResult<Vec<RawEntry>> {
+        match self {
+            ReaderLink::Resp(conn) => conn.read_entries(read).await,
+            ReaderLink::Redis(conn) => parse_read_reply(read.query_async::<Value>(conn).await?),
+        }
+    }
+
+    /// `PING` (on a cluster, every primary), answered within `timeout`.
+    async fn ping(&mut self, timeout: Duration) -> RedisResult<()> {
+        match self {
+            ReaderLink::Resp(conn) => conn.ping(timeout).await,
+            ReaderLink::Redis(conn) => {
+                match tokio::time::timeout(timeout, redis::cmd("PING").query_async::<Value>(conn)).await {
+                    Ok(reply) => reply.map(drop),
+                    Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer to PING").into()),
+                }
+            }
+        }
     }
 }
 
 impl managed::Manager for Manager {
-    type Type = Connection;
+    type Type = ReaderLink;
     type Error = RedisError;
 
-    async fn create(&self) -> RedisResult<Connection> {
+    async fn create(&self) -> RedisResult<ReaderLink> {
         self.connect().await
     }
 
     /// The health check before an idle connection is reused: `PING` (on a
     /// cluster, every primary), within the timeout. On failure deadpool
     /// closes it and makes a new one.
-    async fn recycle(&self, conn: &mut Connection, _: &managed::Metrics) -> managed::RecycleResult<RedisError> {
-        let failure = match tokio::time::timeout(self.timeout, redis::cmd("PING").query_async::<Value>(conn)).await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => RecycleError::Backend(e),
-            Err(_) => RecycleError::message(format!("no answer to PING within {:?}", self.timeout)),
-        };
+    async fn recycle(&self, conn: &mut ReaderLink, _: &managed::Metrics) -> managed::RecycleResult<RedisError> {
+        let Err(failure) = conn.ping(self.timeout).await else { return Ok(()) };
         self.metrics.closed("health_check");
         debug!("an idle reader connection failed its health check ({failure}); replacing it");
-        Err(failure)
+        Err(RecycleError::Backend(failure))
     }
 }
 
@@ -206,25 +244,28 @@ pub struct ReaderConnection {
 }
 
 impl ReaderConnection {
-    /// Sends `cmd` (the group's `XREADGROUP … BLOCK`) and waits for its reply
-    /// for as long as it blocks. A connection that broke on an earlier read is
-    /// replaced first, in place: the group keeps its place in the pool
-    /// (giving it back and queueing again could lose it to a newcomer and
-    /// leave this group's calls without a reader).
+    /// Sends `read` (the group's `XREADGROUP … BLOCK`) and waits for its
+    /// entries for as long as it blocks (none when the BLOCK time passed).
+    /// A connection that broke on an earlier read is replaced first, in
+    /// place: the group keeps its place in the pool (giving it back and
+    /// queueing again could lose it to a newcomer and leave this group's
+    /// calls without a reader).
     ///
-    /// Errors: connecting anew, or the command's own error (a connection
-    /// error marks the connection broken, counted in
+    /// Errors: connecting anew, the command's own error, or a Parse error for
+    /// a reply of another shape (that and a connection error mark the
+    /// connection broken, counted in
     /// `echomq_reader_connections_closed_total{reason="read_error"}`).
-    pub async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+    pub async fn read(&mut self, read: &Cmd) -> RedisResult<Vec<RawEntry>> {
         let object = self.object.as_mut().expect("present until dropped");
         if self.state == State::Broken {
             **object = self.pool.pool.manager().connect().await?;
             self.state = State::Ready;
         }
         self.state = State::Reading;
-        let result = cmd.query_async::<Value>(&mut **object).await;
+        let result = object.read(read).await;
         self.state = match &result {
-            Err(e) if crate::error::is_transient(e) => {
+            // After a reply it could not parse, where the next one starts is unknown.
+            Err(e) if crate::error::is_transient(e) || e.kind() == redis::ErrorKind::Parse => {
                 self.pool.metrics.closed("read_error");
                 State::Broken
             }
