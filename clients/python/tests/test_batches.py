@@ -356,5 +356,36 @@ async def test_a_raising_batch_handler_fails_the_whole_batch(live_sidecar: Sidec
     assert Counter(a for c in calls for a in c) == {1: 8, 2: 8} and len(ids) == 8
 
 
+async def test_an_unusable_batch_answer_fails_the_batch_and_the_consumer_reads_on(
+    live_sidecar: Sidecar, redis_client: redis.Redis
+) -> None:
+    stream = "py:batch:unusable"
+    redis_client.delete(stream)
+    ids = await append_n(live_sidecar.target, stream, 6)
+    seen: dict[str, list[int]] = {}
+
+    async def handle_many(deliveries: list[Delivery]) -> Any:
+        for d in deliveries:
+            seen.setdefault(d.id, []).append(d.attempts)
+        if all(d.attempts > 1 for d in deliveries):
+            return (None for _ in deliveries)  # any iterable of verdicts will do
+        if int(deliveries[0].payload["n"]) % 2:
+            return 42  # not verdicts at all
+        return [Fail("never", retry_after=float("inf"))] * len(deliveries)  # no Duration holds it
+
+    def settled(n: int) -> bool:
+        return len(seen) == n and pending(redis_client, stream) == 0
+
+    async with Consumer(
+        live_sidecar.target, stream, "g", batch_handler=handle_many, start=Start.BEGINNING, max_in_flight=4,
+        max_batch=2, retry_backoff_initial=0.05,
+    ):
+        await until("the first entries settled", lambda: settled(6))
+        ids += await append_n(live_sidecar.target, stream, 2)  # the worker is alive: later entries are handled too
+        await until("the later entries settled", lambda: settled(8))
+    assert set(seen) == set(ids)
+    assert all(attempts[0] == 1 and attempts[-1] > 1 for attempts in seen.values()), seen
+
+
 async def _ack(delivery: Delivery) -> None:
     pass

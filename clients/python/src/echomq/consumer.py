@@ -881,11 +881,14 @@ class Consumer:
                         raise
                     reason = str(error) or type(error).__name__
                     log.info("batch handler failed for %d deliveries: %s", len(batch), reason)
-                    for delivery in batch:
-                        if not delivery.settled:
-                            await delivery.fail(reason)
+                    await _fail_unsettled(batch, reason)
                 else:
-                    await _settle_batch(batch, verdicts)
+                    try:
+                        await _settle_batch(batch, verdicts)
+                    except Exception as error:  # a verdict we cannot send must not end the worker
+                        reason = f"the batch handler's verdicts could not be applied: {error}"
+                        log.error("%s; failing what they left unsettled", reason)
+                        await _fail_unsettled(batch, reason)
             finally:
                 busy.discard(me)
             if stopping.is_set():
@@ -913,22 +916,36 @@ class Consumer:
             await channel.close()
 
 
-async def _settle_batch(batch: list[Delivery], verdicts: Sequence[Verdict] | None) -> None:
-    """Settles what a batch handler did not settle itself, as it answered."""
+async def _settle_batch(batch: list[Delivery], verdicts: Iterable[Verdict] | None) -> None:
+    """Settles what a batch handler did not settle itself, as it answered:
+    None acks them all; otherwise one verdict per delivery, in order (any
+    iterable: a list, a tuple, a generator). An answer that is not that fails
+    the whole batch, logged."""
     if verdicts is None:
         for delivery in batch:
             if not delivery._settled:
                 delivery._ack()
-    elif len(verdicts) != len(batch):
-        reason = f"the batch handler answered {len(verdicts)} verdicts for {len(batch)} deliveries"
+        return
+    try:
+        answered = list(verdicts)
+    except TypeError:
+        answered = None
+    if answered is None or len(answered) != len(batch):
+        got = f"{len(answered)} verdicts" if answered is not None else f"{type(verdicts).__name__}, not verdicts"
+        reason = f"the batch handler answered {got} for {len(batch)} deliveries"
         log.error("%s; failing them", reason)
-        for delivery in batch:
-            if not delivery.settled:
-                await delivery.fail(reason)
-    else:
-        for delivery, verdict in zip(batch, verdicts):
-            if not delivery.settled:
-                await _apply(delivery, verdict)
+        await _fail_unsettled(batch, reason)
+        return
+    for delivery, verdict in zip(batch, answered):
+        if not delivery.settled:
+            await _apply(delivery, verdict)
+
+
+async def _fail_unsettled(batch: list[Delivery], reason: str) -> None:
+    """Fails each delivery of `batch` that is not settled yet."""
+    for delivery in batch:
+        if not delivery.settled:
+            await delivery.fail(reason)
 
 
 async def _apply(delivery: Delivery, verdict: Verdict) -> None:

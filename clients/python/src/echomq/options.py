@@ -4,6 +4,7 @@ reconnect backoff."""
 from __future__ import annotations
 
 import enum
+import math
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -24,8 +25,12 @@ def seconds(value: Seconds) -> float:
 
 
 def to_duration(value: Seconds) -> Duration:
-    """A duration as a `google.protobuf.Duration`."""
+    """A duration as a `google.protobuf.Duration`.
+
+    Raises ValueError for infinity or NaN (no Duration holds them)."""
     total = seconds(value)
+    if not math.isfinite(total):
+        raise ValueError(f"a duration must be a finite number of seconds, got {value!r}")
     whole = int(total // 1)
     nanos = int(round((total - whole) * 1e9))
     if nanos >= 1_000_000_000:
