@@ -379,11 +379,13 @@ type Subscribe struct {
 	// with a VerdictError (INVALID_ARGUMENT). A call with `no_ack` never shares
 	// deliveries with a call without it.
 	NoAck bool `protobuf:"varint,12,opt,name=no_ack,json=noAck,proto3" json:"no_ack,omitempty"`
-	// The most deliveries this call accepts in one frame (entries). Optional,
-	// first message only. 0 or 1: one `Delivery` per `ConsumeResponse`, as a
-	// call that does not ask (grpcurl) gets. Above 1: deliveries come as
-	// `DeliveryBatch` frames of 1 to `max_batch` deliveries and at most the
-	// sidecar's `--max-message-bytes` per frame. A batch goes out as soon as
+	// The most deliveries this call accepts in one frame (entries). Optional;
+	// default 0. 0 or 1: one `Delivery` per `ConsumeResponse`, as a call that
+	// does not ask (grpcurl) gets. Above 1: deliveries come as `DeliveryBatch`
+	// frames of 1 to `max_batch` deliveries, never more than the call's free
+	// credit (`max_in_flight` less what it holds) and at most the sidecar's
+	// `--max-message-bytes` per frame (an entry too large for a frame of its
+	// own is dead-lettered, as without batches). A batch goes out as soon as
 	// the sidecar has entries for the call: it never waits to fill a frame, so
 	// batching adds no latency at low rates. Each delivery of a batch is
 	// answered on its own, by id (one Ack may name ids of several batches).
@@ -520,8 +522,12 @@ func (x *Subscribe) GetMaxBatch() uint32 {
 // An id this call does not hold gets a `VerdictError` (UNKNOWN_ID) and nothing
 // is acknowledged for it; an id whose lease was lost (LEASE_LOST), whose
 // entry was deleted from the stream, or that Redis no longer has pending for
-// the group (XACK answered 0: acknowledged by another client, or its group
-// was re-created) gets NOT_PENDING. Neither ends the call. An Ack that
+// the group (acknowledged by another client, or its group was re-created)
+// gets NOT_PENDING. Neither ends the call. The sidecar acknowledges many ids
+// with one multi-id XACK, which answers only how many were pending: when it
+// finds none, each id gets NOT_PENDING; when it finds some but not all, no
+// id gets an answer, and the shortfall is counted in
+// `echomq_acks_not_pending_total` and logged. Every id is settled either way. An Ack that
 // crosses a peer's reclaim before the sidecar noticed it applies: the handler
 // finished the entry (the peer's own verdict is then answered NOT_PENDING).
 type Ack struct {
