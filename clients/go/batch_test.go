@@ -359,6 +359,84 @@ func TestStopFlushesCoalescedAcks(t *testing.T) {
 	}
 }
 
+// Stop past its deadline: only the handlers still running lose their verdicts.
+// The acks already given, waiting in the coalescing window (a 30 s linger,
+// AckBatch 25 of 100 in flight), still go out on the call, and the sidecar has
+// applied them when Stop returns: XPENDING is exactly the stuck handler's one.
+func TestStopPastItsDeadlineStillSendsTheVerdictsAlreadyGiven(t *testing.T) {
+	const n, stuck = 50, 1
+	cl, stream, w, conn, ids := batchSetup(t, "go:stop-deadline-flush", n)
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
+		Conn: conn, Stream: stream, Group: "g", Start: echomq.StartBeginning(),
+		MaxInFlight: 100, AckLinger: 30 * time.Second,
+	})
+	var mu sync.Mutex
+	returned := 0
+	stuckID := ""
+	stuckEnd := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- consumer.Run(context.Background(), func(ctx context.Context, d *echomq.Delivery) error {
+			if string(d.Payload["n"]) == "0" {
+				mu.Lock()
+				stuckID = d.ID
+				mu.Unlock()
+				<-ctx.Done()
+				stuckEnd <- context.Cause(ctx)
+				return nil // gave up on the cancelled ctx: this must not ack it
+			}
+			mu.Lock()
+			returned++
+			mu.Unlock()
+			return nil
+		})
+	}()
+	if err := waitFor(20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return returned == n-stuck && stuckID != ""
+	}); err != nil {
+		t.Fatalf("%d handlers returned, want %d", returned, n-stuck)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	before := pendingCount(cl.redisAddr, stream)
+	if before <= stuck {
+		t.Fatalf("XPENDING %d before Stop: the test needs acks waiting in the coalescing window", before)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	begin := time.Now()
+	err := consumer.Stop(ctx)
+	took := time.Since(begin)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want DeadlineExceeded", err)
+	}
+	if took > 4*time.Second {
+		t.Fatalf("Stop took %v with a 2 s deadline", took)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Run after Stop: %v", err)
+	}
+	if cause := <-stuckEnd; !errors.Is(cause, context.Canceled) {
+		t.Fatalf("the stuck handler's context ended with %v, want Canceled", cause)
+	}
+	// Stop has returned: what the sidecar applied is in Redis already.
+	if got := pendingCount(cl.redisAddr, stream); got != stuck {
+		t.Fatalf("XPENDING %d after Stop (%d before), want %d: the acks already given were dropped", got, before, stuck)
+	}
+	pending := pendingIDs(t, cl.redisAddr, stream, streamIDs(t, cl.redisAddr, stream))
+	acked := w.acked()
+	for _, id := range ids {
+		if id == stuckID {
+			if !pending[id] || acked[id] != 0 {
+				t.Fatalf("the stuck entry: pending %v, acked %d times; want pending, never acked", pending[id], acked[id])
+			}
+		} else if acked[id] != 1 {
+			t.Fatalf("%s acked %d times, want once", id, acked[id])
+		}
+	}
+}
+
 // streamIDs maps the stream ids of stream's entries to their branded ids.
 func streamIDs(t *testing.T, addr, stream string) map[string]string {
 	t.Helper()

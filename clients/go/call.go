@@ -37,14 +37,21 @@ const drainingBit = int64(1) << 62
 //
 // Deliveries keep a pointer to their call, so a verdict can only ever travel
 // on the call that holds the delivery; once the call ends, send refuses and
-// the sender's coalesced acks are dropped with it.
+// the sender's coalesced acks are dropped with it. A graceful stop, also one
+// past its deadline, half-closes the call instead: the sender sends every
+// verdict queued or waiting in its window before the half-close.
 type call struct {
 	c      *Consumer
 	stream pb.ConsumerService_ConsumeClient
-	// ctx ends with the call; handlers of its deliveries get a child of it.
+	// ctx ends with the call (it is the gRPC call's context).
 	ctx    context.Context
 	cancel context.CancelFunc
-	pool   *pool
+	// handlers is ctx's child that handlers of the call's deliveries get a
+	// child of: a Stop past its deadline cancels it alone, so the call lives
+	// on to carry the verdicts given before.
+	handlers       context.Context
+	cancelHandlers context.CancelCauseFunc
+	pool           *pool
 
 	// out holds verdicts for sendLoop, in order.
 	out        outbox
@@ -91,6 +98,9 @@ type outbox struct {
 	// acks counts the acks given and not yet sent: in items, or in the
 	// sender's window.
 	acks int
+	// closed: the half-close is queued; nothing may follow it (a verdict
+	// either goes out before it or is refused).
+	closed bool
 	// limit bounds items (one verdict per delivery the call may hold, plus
 	// room for raw verdicts and extensions); an enqueue beyond it waits
 	// until room is closed, which the sender does when it takes the items.
@@ -112,17 +122,20 @@ func newCall(c *Consumer, stream pb.ConsumerService_ConsumeClient, ctx context.C
 	// A quarter of the credit is what makes the sidecar read again: waiting
 	// for more acks than that only stalls the flow.
 	batch = max(1, min(batch, maxInFlight/4))
+	handlers, cancelHandlers := context.WithCancelCause(ctx)
 	return &call{
-		c:         c,
-		stream:    stream,
-		ctx:       ctx,
-		cancel:    cancel,
-		pool:      c.startPool(maxInFlight),
-		out:       outbox{limit: maxInFlight + 16, wake: make(chan struct{}, 1)},
-		ackLinger: linger,
-		ackBatch:  batch,
-		idle:      make(chan struct{}),
-		recvDone:  make(chan struct{}),
+		c:              c,
+		stream:         stream,
+		ctx:            ctx,
+		cancel:         cancel,
+		handlers:       handlers,
+		cancelHandlers: cancelHandlers,
+		pool:           c.startPool(maxInFlight),
+		out:            outbox{limit: maxInFlight + 16, wake: make(chan struct{}, 1)},
+		ackLinger:      linger,
+		ackBatch:       batch,
+		idle:           make(chan struct{}),
+		recvDone:       make(chan struct{}),
 	}
 }
 
@@ -145,8 +158,14 @@ func (k *call) serve() error {
 // the PEL); no new handler starts; the running ones finish and queue their
 // verdicts; the sender flushes the coalesced acks and half-closes after them;
 // the sidecar, having applied them, ends the call. Deliveries already on the
-// wire are left un-settled: the call's end returns them to the group. The
-// call breaking or Stop's deadline cuts it short.
+// wire are left un-settled: the call's end returns them to the group.
+//
+// Stop's deadline does not wait for the running handlers: their verdicts are
+// refused from then on and their contexts cancelled (in that order, so one
+// that gives up and returns nil acks nothing), and the half-close follows the
+// verdicts already given at once. Stop bounds the wait for the sidecar's end
+// of the call (stopCloseGrace), then drops it. The call breaking cuts it
+// short.
 func (k *call) drain() error {
 	defer k.cancel()
 	drainReq := &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Drain{Drain: &pb.Drain{}}}
@@ -156,6 +175,9 @@ func (k *call) drain() error {
 	}
 	select {
 	case <-k.idle:
+	case <-k.c.expired:
+		k.sendClosed.Store(true)
+		k.cancelHandlers(nil)
 	case <-k.recvDone:
 		return nil
 	case <-k.ctx.Done():
@@ -167,6 +189,9 @@ func (k *call) drain() error {
 	}
 	select {
 	case <-k.recvDone:
+		if errors.Is(k.recvErr, io.EOF) {
+			k.c.closedClean.Store(true) // the sidecar applied what was sent
+		}
 	case <-k.ctx.Done():
 	}
 	return nil
@@ -334,7 +359,14 @@ func (k *call) enqueue(o outgoing) error {
 func (k *call) push(o outgoing, giveUp <-chan struct{}) error {
 	q := &k.out
 	q.mu.Lock()
-	for len(q.items) >= q.limit {
+	for {
+		if q.closed {
+			q.mu.Unlock()
+			return ErrCallEnded
+		}
+		if len(q.items) < q.limit {
+			break
+		}
 		if q.room == nil {
 			q.room = make(chan struct{})
 		}
@@ -350,6 +382,7 @@ func (k *call) push(o outgoing, giveUp <-chan struct{}) error {
 		q.mu.Lock()
 	}
 	q.items = append(q.items, o)
+	q.closed = o.req == closeMarker
 	wake := true
 	if o.req == nil {
 		q.acks++

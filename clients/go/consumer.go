@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -31,6 +32,12 @@ const DefaultAckLinger = time.Millisecond
 // DefaultAckBatch is the most ids of one Ack message when
 // [ConsumerConfig.AckBatch] is 0.
 const DefaultAckBatch = 256
+
+// stopCloseGrace bounds how long [Consumer.Stop] still waits, once its
+// context has ended, for the call to carry the verdicts already given and for
+// the sidecar to end it (it ends a call only after applying its verdicts). A
+// healthy sidecar needs milliseconds; the bound is for a broken call.
+const stopCloseGrace = time.Second
 
 // ConsumerConfig is a subscription and how to run its handler. Stream, Group,
 // Start and one of Target or Conn are required; every other field has a
@@ -77,7 +84,8 @@ type ConsumerConfig struct {
 	// Ack message. An ack goes out at the latest this long after it was
 	// given, sooner when AckBatch acks are waiting, when every delivery the
 	// call holds has its ack waiting, or when a Fail, an Extend or a graceful
-	// Stop's end is sent (in order, after the acks before it). Fails are
+	// Stop's end is sent (in order, after the acks before it; also when the
+	// Stop's deadline passed: see [Consumer.Stop]). Fails are
 	// never delayed. 0: [DefaultAckLinger] (1 ms). Negative: no linger: acks
 	// go out as soon as the sender is free, folding only those already queued.
 	AckLinger time.Duration
@@ -200,6 +208,13 @@ type Consumer struct {
 	// stopping is closed by Stop: take no new work.
 	stopping chan struct{}
 	stopOnce sync.Once
+	// expired is closed when a Stop's context ends first: the running
+	// handlers lose their verdicts; those already given still go out.
+	expired    chan struct{}
+	expireOnce sync.Once
+	// closedClean is set when a stopping call was ended by the sidecar after
+	// its half-close: every verdict sent on it was applied.
+	closedClean atomic.Bool
 	// done is closed when Run returns.
 	done chan struct{}
 
@@ -233,6 +248,7 @@ func NewConsumer(cfg ConsumerConfig) *Consumer {
 		cfg:      cfg,
 		log:      log.With("stream", cfg.Stream, "group", cfg.Group),
 		stopping: make(chan struct{}),
+		expired:  make(chan struct{}),
 		done:     make(chan struct{}),
 		changed:  make(chan struct{}),
 	}
@@ -301,6 +317,11 @@ func (c *Consumer) run(ctx context.Context, h Handler, bh BatchHandler) error {
 		conn = cc
 	}
 	err := c.loop(ctx, runCtx, pb.NewConsumerServiceClient(conn))
+	if c.isExpired() {
+		// Stop's deadline passed: the call has carried the verdicts given
+		// before it; do not wait for handlers that ignore their context.
+		abort()
+	}
 	c.waitHandlers(runCtx)
 	return err
 }
@@ -311,10 +332,20 @@ func (c *Consumer) run(ctx context.Context, h Handler, bh BatchHandler) error {
 // handled: the call's end returns them to the group, and they are delivered
 // again after the retry backoff.
 //
-// If ctx ends first, Stop cancels the handlers' contexts, drops the call
-// without their verdicts (their entries stay pending and come back), and
-// returns an error wrapping ctx.Err(). Stop before Run makes Run return nil at
-// once. Stop may be called more than once and from any goroutine.
+// If ctx ends first, the handlers still running lose their verdicts: from
+// that moment the call refuses new ones ([ErrCallEnded]) and their contexts
+// are cancelled, so a handler that gives up and returns nil acknowledges
+// nothing; their entries stay pending and are delivered again. Every verdict
+// given before the deadline (acks waiting in the coalescing window, fails,
+// dead letters) still goes out on the call, which is then half-closed; Stop
+// waits until the sidecar has applied them and ended the call (milliseconds;
+// at most 1 s more should the call be broken, which is then dropped and the
+// verdicts it had not applied are lost with it, their entries coming back
+// too). Run then returns nil, and Stop an error wrapping ctx.Err(). Neither
+// waits for handlers that ignore their context.
+//
+// Stop before Run makes Run return nil at once. Stop may be called more than
+// once and from any goroutine.
 func (c *Consumer) Stop(ctx context.Context) error {
 	c.stopOnce.Do(func() { close(c.stopping) })
 	c.mu.Lock()
@@ -327,9 +358,29 @@ func (c *Consumer) Stop(ctx context.Context) error {
 	case <-c.done:
 		return nil
 	case <-ctx.Done():
+	}
+	select {
+	case <-c.done: // it ended as the deadline came
+		return nil
+	default:
+	}
+	c.expireOnce.Do(func() { close(c.expired) })
+	grace := time.NewTimer(stopCloseGrace)
+	defer grace.Stop()
+	select {
+	case <-c.done:
+		if c.closedClean.Load() {
+			return fmt.Errorf("echomq: stop: the deadline passed before the call ended: handlers still running were cancelled and "+
+				"their entries stay pending (delivered again); the verdicts given before it were sent and applied: %w", ctx.Err())
+		}
+		return fmt.Errorf("echomq: stop: the deadline passed before the call ended: handlers still running were cancelled; "+
+			"what the call held without an applied verdict stays pending (delivered again): %w", ctx.Err())
+	case <-grace.C:
 		abort()
 		<-c.done
-		return fmt.Errorf("echomq: stop: handlers still running at the deadline; what they held stays pending and will be delivered again: %w", ctx.Err())
+		return fmt.Errorf("echomq: stop: the deadline passed before the call ended, and the call did not end within %v after it: "+
+			"it was dropped, and every entry it held whose verdict the sidecar had not applied stays pending (delivered again): %w",
+			stopCloseGrace, ctx.Err())
 	}
 }
 
@@ -470,6 +521,15 @@ func (c *Consumer) setCurrent(k *call) {
 	c.current = k
 	close(c.changed)
 	c.changed = make(chan struct{})
+}
+
+func (c *Consumer) isExpired() bool {
+	select {
+	case <-c.expired:
+		return true
+	default:
+		return false
+	}
 }
 
 func (c *Consumer) isStopping() bool {

@@ -136,7 +136,7 @@ func (d *Delivery) fill(call verdictSender, m *pb.Delivery) {
 // Ack acknowledges the delivery: the sidecar XACKs it and it is gone for good.
 // Acks are coalesced: the consumer sends the acks of a short window
 // ([ConsumerConfig.AckLinger], [ConsumerConfig.AckBatch]) in one Ack message,
-// and a graceful [Consumer.Stop] sends them before it returns. It returns [ErrAlreadySettled] after an earlier verdict and [ErrCallEnded]
+// and [Consumer.Stop] sends them before it returns, also past its deadline. It returns [ErrAlreadySettled] after an earlier verdict and [ErrCallEnded]
 // when the call it came on has ended (nothing is sent; it will come back),
 // [ErrLeaseLost] after the sidecar reported its lease lost (nothing is sent).
 // The sidecar reports a verdict it could not apply through

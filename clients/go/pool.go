@@ -65,7 +65,7 @@ type worker struct {
 	k     *call
 	d     *Delivery
 	batch []*Delivery
-	// ctx is the handlers' context, a child of ctxCall's context, reused
+	// ctx is the handlers' context, a child of ctxCall's handlers context, reused
 	// across deliveries until that call ends or a lost lease cancels it
 	// (with cause ErrLeaseLost). One context per worker and call, not per
 	// delivery: a lost lease is rare, a delivery is the hot path.
@@ -246,7 +246,7 @@ func (w *worker) enter(k *call, d *Delivery, batch []*Delivery) context.Context 
 		if w.cancel != nil {
 			w.cancel(nil)
 		}
-		w.ctx, w.cancel = context.WithCancelCause(k.ctx)
+		w.ctx, w.cancel = context.WithCancelCause(k.handlers)
 		w.ctxCall = k
 	}
 	w.k, w.d, w.batch = k, d, batch
