@@ -43,7 +43,8 @@
 //! - [`metrics`]: Prometheus metrics, the timed Redis connection, and the
 //!   gRPC server's call counters (a tower layer, `metrics/grpc.rs`).
 //! - [`redis`]: connections (the shared one; [`redis::readers`], the bounded
-//!   pool of the group readers' dedicated ones), the scripts and their shared
+//!   pool of the group readers' dedicated ones; [`redis::resp`], a reader's
+//!   plain-TCP connection that parses XREADGROUP replies itself), the scripts and their shared
 //!   `lua/prelude.lua`, reply parsing; and what the services share, below
 //!   them: [`redis::fault`](mod@redis::fault) (a Redis error's kind, decided once),
 //!   [`redis::group`] (a group's state), [`redis::range`] (range paging).
