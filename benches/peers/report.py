@@ -19,10 +19,17 @@ CONTENDERS = [
     ("go-redis", "go-redis, XREADGROUP COUNT 256 + one XACK per read"),
     ("watermill", "Watermill redisstream subscriber, its defaults"),
     ("echomq-go", "echomq Go client through the sidecar, MaxInFlight 1024"),
+    ("rust-direct", "redis crate (tokio), XREADGROUP COUNT 256 + one XACK per read"),
+    ("echomq-rs", "Rust tonic client through the sidecar, max_in_flight 1024, max_batch 256, one Ack per frame"),
 ]
 
 #: (ours, peer): the ratios printed.
-RATIOS = [("echomq-py", "redispy-batched"), ("echomq-go", "go-redis"), ("echomq-go", "watermill")]
+RATIOS = [
+    ("echomq-py", "redispy-batched"),
+    ("echomq-go", "go-redis"),
+    ("echomq-go", "watermill"),
+    ("echomq-rs", "rust-direct"),
+]
 
 
 def thousands(x: float) -> str:
@@ -78,7 +85,7 @@ def main() -> None:
     print("  CPU µs/entry: the three added up, per entry.")
     for name, desc in CONTENDERS:
         print(f"    {name:<{name_w}}  {desc}")
-    print("  The Rust direct consumer and the Rust client through the sidecar: `cargo bench --bench consume`.")
+    print("  The Rust pair's latency and the sidecar's memory: `cargo bench --bench consume`.")
 
 
 if __name__ == "__main__":
