@@ -221,8 +221,12 @@ export interface RunOptions {
 export interface StopOptions {
   /**
    * How long in-flight handlers may take to finish and their verdicts to be
-   * sent. Past it, their deliveries are abandoned (they stay pending and are
-   * delivered again) and the call is cancelled. Default: 30,000 ms.
+   * sent. Past it, the handlers still running lose their verdicts (refused,
+   * then their `signal`s abort; their entries stay pending and are delivered
+   * again), while every verdict given before it (acks waiting in the
+   * coalescing window included) still goes out on the call before its
+   * half-close; the stop then waits at most 1 s more for the sidecar to end
+   * the call before cancelling it. Default: 30,000 ms.
    */
   deadlineMs?: number;
 }
@@ -237,6 +241,13 @@ export const DEFAULT_ACK_BATCH = 256;
 const DEFAULT_MAX_IN_FLIGHT = 64;
 
 const DEFAULT_STOP_DEADLINE_MS = 30_000;
+/**
+ * How long a stop still waits, once its deadline has passed, for the sidecar
+ * to end the half-closed call (it ends a call only after applying the
+ * verdicts read before the half-close; a healthy sidecar needs milliseconds).
+ * The bound is for a broken call, which is then cancelled.
+ */
+const STOP_CLOSE_GRACE_MS = 1_000;
 const DEFAULT_RECONNECT_INITIAL_MS = 100;
 const DEFAULT_RECONNECT_MAX_MS = 5_000;
 
@@ -413,8 +424,22 @@ export class Consumer {
    * sent, coalesced acks included; then the call is closed. Deliveries
    * received but not started, and those still arriving after the Drain, are
    * not handed to a handler: they stay pending in the group and are delivered
-   * again after the sidecar's backoff. Resolves when `run()` has returned;
-   * safe to call more than once and before `run()`.
+   * again after the sidecar's backoff.
+   *
+   * At the deadline, only the handlers still running lose their verdicts: the
+   * call refuses verdicts from then on (`ack()`/`fail()` return false), then
+   * the `signal`s of its unsettled deliveries abort with a
+   * {@link CallEndedError}, so a handler that gives up and returns acks
+   * nothing; their entries stay pending and come back. Every verdict given
+   * before the deadline (acks waiting in the coalescing window, fails, dead
+   * letters) still goes out on the same call, which is then half-closed; the
+   * stop waits until the sidecar has applied them and ended the call
+   * (milliseconds), at most 1 s more, then cancels it (a broken call: what it
+   * had not applied comes back too). It does not wait for handlers that
+   * ignore their signal.
+   *
+   * Resolves when `run()` has returned; safe to call more than once and
+   * before `run()`.
    */
   async stop(options: StopOptions = {}): Promise<void> {
     const deadlineMs = options.deadlineMs ?? DEFAULT_STOP_DEADLINE_MS;
@@ -512,21 +537,28 @@ export class Consumer {
     }
   }
 
-  /** The graceful part of stop(), after the Drain: let handlers finish, flush, half-close, wait for the end. */
+  /**
+   * The graceful part of stop(), after the Drain: let handlers finish (until
+   * the deadline), flush, half-close, wait for the end (at most
+   * STOP_CLOSE_GRACE_MS past the deadline), else cancel.
+   */
   async #settleAndClose(deadlineAt: number): Promise<void> {
     const finished = await this.#waitFor(() => this.#busy === 0 && this.#inHand.size === 0, deadlineAt);
     const call = this.#call;
     if (call && !call.closed) {
-      if (finished) {
-        // Verdicts first (the coalesced acks too), then the half-close: the
-        // sidecar applies what it read before the end of the call, then
-        // returns anything else it held.
-        call.halfClose();
-        const ended = await this.#waitFor(() => call.closed, deadlineAt);
-        if (!ended) call.cancel();
-      } else {
-        call.cancel();
+      if (!finished) {
+        // The deadline: the handlers still running lose their verdicts.
+        // Refused first, then their signals abort, so one that gives up and
+        // returns acknowledges nothing. What was given before still goes out.
+        call.refuseVerdicts();
+        call.abortUnsettled(new CallEndedError());
       }
+      // Verdicts first (the coalesced acks too), then the half-close: the
+      // sidecar applies what it read before the end of the call, then
+      // returns anything else it held.
+      call.halfClose();
+      const ended = await this.#waitFor(() => call.closed, Math.max(deadlineAt, Date.now()) + STOP_CLOSE_GRACE_MS);
+      if (!ended) call.cancel();
     }
     this.#wake.abort();
   }
@@ -804,7 +836,9 @@ interface CallSettings {
  * can come before new deliveries do), or another message is to go out after
  * them (a Fail, an Extend, a raw verdict, the half-close). Only the Drain
  * overtakes them, so the credit they free pulls no new entry. When the call
- * ends the waiting acks end with it: they are never sent on another call.
+ * ends the waiting acks end with it: they are never sent on another call. A
+ * graceful stop, also one past its deadline (which refuses new verdicts
+ * first), half-closes instead, after the acks waiting.
  */
 class Call {
   readonly #stream: ClientDuplexStream<ConsumeRequest, ConsumeResponse__Output>;
@@ -813,6 +847,11 @@ class Call {
   subscribed = false;
   /** No more frames may be written (half-closed, cancelled or ended). */
   #writable = true;
+  /**
+   * A stop's deadline passed: no new verdict (or extension, or raw verdict)
+   * is taken; those already waiting still go out before the half-close.
+   */
+  #refusing = false;
   #closed = false;
   #drained = false;
   readonly #lingerMs: number;
@@ -865,7 +904,7 @@ class Call {
 
   /** Writes a frame after the acks waiting; false when the call can no longer take one. */
   send(request: ConsumeRequest): boolean {
-    if (!this.#writable) return false;
+    if (!this.#writable || this.#refusing) return false;
     this.#flush();
     this.#stream.write(request);
     return true;
@@ -897,7 +936,7 @@ class Call {
 
   /** Queues an ack, coalesced with others into one Ack message (see the class). */
   ack(id: string): boolean {
-    if (!this.#writable) return false;
+    if (!this.#writable || this.#refusing) return false;
     const acks = this.#acks;
     acks.push(id);
     if (acks.length >= this.#ackBatch || acks.length >= this.#held.size) {
@@ -907,6 +946,20 @@ class Call {
       else this.#flushImmediate = setImmediate(() => this.#flush());
     }
     return true;
+  }
+
+  /**
+   * A stop's deadline: refuses every verdict from now on (they return false
+   * and send nothing); the acks already waiting still go out with
+   * {@link halfClose}.
+   */
+  refuseVerdicts(): void {
+    this.#refusing = true;
+  }
+
+  /** Aborts the signals of the deliveries held and not settled (no verdict given) with `reason`. */
+  abortUnsettled(reason: Error): void {
+    for (const delivery of this.#held.values()) if (!delivery.settled) delivery.abortWith(reason);
   }
 
   /** Sends queued acks, then ends the client's side; the sidecar then ends the call with OK. */

@@ -68,7 +68,8 @@ export interface Delivery {
   text(name: string): string | undefined;
   /**
    * Acknowledges the entry (XACK). Returns false when it was already settled or
-   * its call is gone (then the sidecar delivers it again).
+   * its call is gone, or a graceful stop's deadline passed (then the sidecar
+   * delivers it again).
    */
   ack(): boolean;
   /**

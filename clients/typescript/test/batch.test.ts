@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { InterceptingCall, status, type Interceptor } from '@grpc/grpc-js';
-import { Consumer, EchoMQError, Producer, type ConsumerOptions, type Verdict } from '@echomq/client';
+import { CallEndedError, Consumer, EchoMQError, Producer, type ConsumerOptions, type Delivery, type Verdict } from '@echomq/client';
 import { eventually, Fixture } from './support/fixture.js';
 
 const GROUP = 'g';
@@ -302,6 +302,47 @@ describe('batched frames and coalesced acks', () => {
     for (const id of ids) assert.equal(acked.get(id), 1, id);
     assert.ok(w.fails.some((f) => f.reason === 'bulk write failed'));
     assert.ok(w.fails.every((f) => f.id !== ids[0]), 'the entry the handler acked itself was not failed');
+  });
+
+  test('a stop past its deadline still sends the acks waiting in the window; only the stuck handler loses its verdict', async () => {
+    // 100 in flight and a 30 s linger: an Ack carries at most 25 ids, so of
+    // the 49 acks given, 24 still wait in the window when stop() is called.
+    const n = 50;
+    const { stream, ids } = await setup('stop-deadline-flush', n);
+    const w = wire();
+    let returned = 0;
+    let stuck: Delivery | undefined;
+    let stuckReason: unknown;
+    let stuckReturned = false;
+    const consumer = consumerOf(stream, w, { maxInFlight: 100, ackLingerMs: 30_000 });
+    const running = consumer.run(async (d) => {
+      if (d.text('n') === '0') {
+        stuck = d;
+        await new Promise((resolve) => d.signal.addEventListener('abort', resolve, { once: true }));
+        stuckReason = d.signal.reason;
+        stuckReturned = true;
+        return; // gave up on the aborted signal: this must not ack it
+      }
+      returned++;
+    });
+    assert.ok(await eventually(() => returned === n - 1 && stuck !== undefined, 20_000), `${returned} handlers returned, want ${n - 1}`);
+    await sleep(1_500);
+    const before = await fixture.pending(stream, GROUP);
+    assert.ok(before > 1, `XPENDING ${before} before the stop: the test needs acks waiting in the window`);
+    const started = Date.now();
+    await consumer.stop({ deadlineMs: 2_000 });
+    const took = Date.now() - started;
+    await running;
+    assert.ok(took >= 1_900 && took < 4_000, `stop took ${took} ms with a 2 s deadline`);
+    assert.ok(await eventually(() => stuckReturned, 2_000), 'the stuck handler saw its signal abort');
+    assert.ok(stuckReason instanceof CallEndedError, `the stuck handler's signal aborted with ${String(stuckReason)}`);
+    // stop() has resolved: what the sidecar applied is in Redis already.
+    const pending = await pendingIds(stream);
+    assert.equal(pending.size, 1, `XPENDING ${pending.size} after the stop (${before} before), want 1: the acks already given were dropped`);
+    assert.ok(pending.has(stuck!.id), 'the stuck entry stays pending');
+    const acked = w.acked();
+    for (const id of ids) assert.equal(acked.get(id) ?? 0, id === stuck!.id ? 0 : 1, id);
+    assert.equal(stuck!.ack(), false, 'the stuck delivery can no longer be acked');
   });
 
   // Last in this suite: it kills and restarts the sidecar.

@@ -29,7 +29,8 @@ import java.util.concurrent.TimeUnit;
  * can come until new deliveries do). Any other message ({@code Fail}, {@code Extend}, a raw
  * verdict, the half-close) first sends the window, so the sidecar sees verdicts in the order they
  * were given; only {@code Drain} goes ahead of it, so the credit those acks free pulls nothing new.
- * When the call ends the window is dropped: those ids are valid on no other call.
+ * When the call ends the window is dropped: those ids are valid on no other call. A graceful stop,
+ * also one past its deadline ({@link #refuseVerdicts} first), half-closes instead, after the window.
  *
  * <p>The call indexes the deliveries it holds by branded id (one map entry per delivery, added
  * when its frame arrives, removed at its verdict), so an unprompted {@code LEASE_LOST} can find
@@ -67,6 +68,12 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   private ClientCallStreamObserver<ConsumeRequest> requests;
   /** True while verdicts may be sent: not ended, cancelled or half-closed. Written under {@code this}. */
   private volatile boolean open = true;
+  /**
+   * A stop's deadline passed with handlers running: no new verdict (or extension, or raw verdict)
+   * is taken; the acks already in the window still go out with {@link #halfClose}. Written under
+   * {@code this}.
+   */
+  private volatile boolean refusing;
 
   // The ack window; all guarded by this.
   /** Most ids per Ack message: the setting, capped at a quarter of the call's max_in_flight. */
@@ -120,7 +127,7 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
 
   @Override
   public synchronized boolean send(ConsumeRequest request) {
-    if (!open) {
+    if (!open || refusing) {
       return false;
     }
     if (!request.hasDrain() && !flushAcksLocked()) {
@@ -159,12 +166,12 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
 
   /**
    * Takes {@code delivery} out of the index before its verdict goes out; false when no verdict may
-   * go out: the call has ended, or the lease was lost (the entry is a peer's now). A delivery that
+   * go out: the call has ended (or refuses verdicts: a stop's deadline passed), or the lease was lost (the entry is a peer's now). A delivery that
    * is not indexed otherwise (a newer delivery of the same entry replaced it, after its ack
    * deadline passed) still sends its verdict: the sidecar decides.
    */
   private boolean release(Delivery delivery) {
-    if (!open) {
+    if (!open || refusing) {
       return false;
     }
     return holding.remove(delivery.id(), delivery) || !delivery.isLeaseLost();
@@ -244,7 +251,17 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
 
   @Override
   public boolean isOpen() {
-    return open;
+    return open && !refusing;
+  }
+
+  /**
+   * A stop's deadline passed: every verdict given from now on is refused (the delivery's
+   * {@code ack()}/{@code fail(…)} return false and send nothing), so a handler that gives up when
+   * interrupted acknowledges nothing. What was given before (the acks in the window) still goes out
+   * with {@link #halfClose}.
+   */
+  synchronized void refuseVerdicts() {
+    refusing = true;
   }
 
   /**

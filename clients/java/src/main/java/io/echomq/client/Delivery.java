@@ -193,7 +193,8 @@ public final class Delivery {
    * a graceful stop closes the call.
    *
    * @return true when this call settled the delivery and the ack was queued on its call; false
-   *     when it was settled already, its lease was lost, or its call has ended (nothing is sent)
+   *     when it was settled already, its lease was lost, its call has ended, or a stop's deadline
+   *     passed while it was unsettled (nothing is sent)
    */
   public boolean ack() {
     if (!settled.compareAndSet(false, true)) {

@@ -66,7 +66,9 @@ import java.util.function.Consumer;
  *   <li>{@link #stop(Duration)} sends {@code Drain} (the sidecar hands the call nothing more),
  *       stops taking work, lets running handlers finish within the deadline, sends their
  *       verdicts (the coalesced acks included), then closes the call. Deliveries that were received but
- *       not yet handed to a handler stay pending and come back after the sidecar's backoff.</li>
+ *       not yet handed to a handler stay pending and come back after the sidecar's backoff. At the
+ *       deadline only the handlers still running lose their verdicts; those given before still
+ *       go out.</li>
  *   <li>{@link #abort()} drops the call at once, with no verdicts.</li>
  * </ul>
  */
@@ -88,6 +90,12 @@ public final class EchoMqConsumer implements AutoCloseable {
   public static final Duration DEFAULT_ACK_LINGER = Duration.ofMillis(1);
   /** The most ids of one Ack message by default ({@link Builder#ackBatch}). */
   public static final int DEFAULT_ACK_BATCH = 256;
+  /**
+   * The least time a stop waits for the sidecar to end the half-closed call, also when its deadline
+   * has (nearly) passed: the sidecar ends a call only after applying the verdicts read before the
+   * half-close (milliseconds); the bound is for a broken call, which is then cancelled.
+   */
+  private static final long STOP_CLOSE_GRACE_NANOS = TimeUnit.SECONDS.toNanos(1);
   /** The sidecar's default limit of {@code max_in_flight}: the handler queue's bound when it is 0. */
   private static final int MAX_IN_FLIGHT_LIMIT = 10_000;
 
@@ -219,12 +227,23 @@ public final class EchoMqConsumer implements AutoCloseable {
    * running handlers finish within {@code deadline}, sends their verdicts, then closes the call.
    * What was received but not started (including deliveries that were already on the wire when
    * the sidecar got the Drain) stays pending in the group and is delivered again after the
-   * sidecar's backoff. Handlers
-   * still running at the deadline are interrupted and their entries stay pending. Safe to call more
-   * than once (later calls return the first call's future).
+   * sidecar's backoff.
+   *
+   * <p>Running handlers get 90 % of the deadline (the rest, at most 1 s, is kept to close the
+   * call). If some are still running then, only they lose their verdicts: the call refuses
+   * verdicts from that moment ({@link Delivery#ack()} and {@code fail(…)} return false), then the
+   * handler threads are interrupted, so a handler that gives up and returns acknowledges nothing;
+   * their entries stay pending and are delivered again. Every verdict given before (acks waiting
+   * in the coalescing window, fails, dead letters) still goes out on the same call, which is then
+   * half-closed; the stop waits for the sidecar to apply them and end the call (milliseconds) for
+   * the rest of the deadline, at least 1 s, then cancels it (a broken call: verdicts it had not
+   * applied are lost with it, and their entries come back too). It does not wait for handlers
+   * that ignore the interrupt. Safe to call more than once (later calls return the first call's
+   * future).
    *
    * @return completes with true when every running handler finished and the call closed cleanly
    *     within the deadline, false otherwise; it completes no later than about {@code deadline}
+   *     (about 1 s after the half-close, for a deadline under 10 s whose handlers ran late)
    */
   public CompletableFuture<Boolean> stop(Duration deadline) {
     Objects.requireNonNull(deadline, "deadline");
@@ -465,23 +484,28 @@ public final class EchoMqConsumer implements AutoCloseable {
     synchronized (lock) {
       call = current;
     }
+    if (!drained) {
+      // The handlers still running lose their verdicts: refused first, then interrupted, so one
+      // that gives up and returns acks nothing. The verdicts given before still go out below.
+      if (call != null) {
+        call.refuseVerdicts();
+      }
+      handlers.shutdownNow();
+      LOG.log(
+          Level.WARNING,
+          "stop deadline {0} passed with handlers still running: they were interrupted and their entries stay pending;"
+              + " the verdicts given before are sent",
+          deadline);
+    }
     boolean closed = true;
     if (call != null) {
-      if (drained) {
-        // Sends the coalesced acks first: a graceful stop settles on the wire all that was handled.
-        call.halfClose();
-        long left = total - (System.nanoTime() - start);
-        closed = awaitQuietly(call.ended(), left);
-        if (!closed) {
-          call.cancel("stop deadline passed before the sidecar closed the call");
-        }
-      } else {
-        call.cancel("stop deadline passed before running handlers finished");
+      // Sends the coalesced acks first: a graceful stop settles on the wire all that was handled.
+      call.halfClose();
+      long left = Math.max(total - (System.nanoTime() - start), STOP_CLOSE_GRACE_NANOS);
+      closed = awaitQuietly(call.ended(), left);
+      if (!closed) {
+        call.cancel("the sidecar did not close the call in time after the stop's half-close");
       }
-    }
-    if (!drained) {
-      handlers.shutdownNow();
-      LOG.log(Level.WARNING, "stop deadline {0} passed with handlers still running; their entries stay pending", deadline);
     }
     synchronized (lock) {
       state = State.STOPPED;

@@ -252,6 +252,77 @@ class BatchesTest extends LiveSidecar {
     }
   }
 
+  /**
+   * A stop past its deadline: only the handler still running loses its verdict. The acks already
+   * given wait in the coalescing window (100 in flight, a 30 s linger, so an Ack carries at most 25
+   * ids: of the 49 acks, 24 still wait when the stop begins); they still go out on the call before
+   * it closes, and the sidecar has applied them when the stop's future completes. The stuck
+   * handler, interrupted, returns normally: that acks nothing, and its entry stays pending.
+   */
+  @Test
+  void a_stop_past_its_deadline_still_sends_the_acks_already_given() throws Exception {
+    String stream = "batches:stop-deadline-flush";
+    int n = 50;
+    List<Map<String, byte[]>> entries = new ArrayList<>();
+    for (int i = 0; i < n; i++) {
+      entries.add(Fields.of("n", String.valueOf(i)));
+    }
+    List<AppendResult> written = producer.appendBatch(stream, entries);
+    Wire wire = new Wire();
+    AtomicInteger returned = new AtomicInteger();
+    AtomicReference<Delivery> stuck = new AtomicReference<>();
+    CountDownLatch interrupted = new CountDownLatch(1);
+    EchoMqConsumer consumer =
+        consumer(stream, wire).maxInFlight(100).ackLinger(Duration.ofSeconds(30))
+            .handler(d -> {
+              if ("0".equals(d.payloadText("n"))) {
+                stuck.set(d);
+                try {
+                  new CountDownLatch(1).await(); // Until the stop's deadline interrupts it.
+                } catch (InterruptedException e) {
+                  interrupted.countDown();
+                }
+                return; // Gave up on the interrupt: this must not ack it.
+              }
+              returned.incrementAndGet();
+            })
+            .build();
+    try {
+      consumer.start().get(10, TimeUnit.SECONDS);
+      waitUntil(() -> returned.get() == n - 1 && stuck.get() != null, (n - 1) + " handlers returned and the stuck one started");
+      Thread.sleep(1500);
+      long before = pending(stream);
+      assertTrue(before > 1, "XPENDING " + before + " before the stop: the test needs acks waiting in the window");
+      long begin = System.nanoTime();
+      boolean clean = consumer.stop(Duration.ofSeconds(2)).get(10, TimeUnit.SECONDS);
+      long tookMs = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - begin);
+      assertFalse(clean, "a handler was still running at the deadline");
+      assertTrue(tookMs < 4000, "the stop took " + tookMs + " ms with a 2 s deadline");
+      assertTrue(interrupted.await(5, TimeUnit.SECONDS), "the stuck handler was interrupted");
+      // The stop has completed: what the sidecar applied is in Redis already.
+      assertEquals(1, pending(stream), "XPENDING after the stop (" + before + " before): the acks already given were dropped");
+      String stuckId = stuck.get().id();
+      Map<String, String> byStreamId = new HashMap<>();
+      written.forEach(r -> byStreamId.put(r.streamId(), r.id()));
+      try (Resp redis = fixture.redis()) {
+        List<?> rows = (List<?>) redis.call("XPENDING", stream, "g", "-", "+", 100);
+        String pendingId =
+            byStreamId.get(new String((byte[]) ((List<?>) rows.get(0)).get(0), java.nio.charset.StandardCharsets.UTF_8));
+        assertEquals(stuckId, pendingId, "the stuck entry is the one pending");
+      }
+      Map<String, Integer> expected = new HashMap<>();
+      written.forEach(r -> {
+        if (!r.id().equals(stuckId)) {
+          expected.put(r.id(), 1);
+        }
+      });
+      assertEquals(expected, wire.ackedTimes(), "every other entry acked once, the stuck one never");
+      assertFalse(stuck.get().ack(), "the stuck delivery can no longer be acked");
+    } finally {
+      consumer.abort();
+    }
+  }
+
   @Test
   void a_disconnect_with_a_partly_acked_batch_redelivers_exactly_the_unacked_entries() throws Exception {
     String stream = "batches:partial";
