@@ -249,3 +249,26 @@ async fn a_sharded_stream_with_more_shards_than_reader_connections_is_refused_at
     assert!(refused.message().contains("--reader-connections"), "{}", refused.message());
     assert!(asked.elapsed() < Duration::from_millis(900), "refused without waiting for a connection to come free");
 }
+
+/// A reader that reconnects to a Redis which now wants a password the
+/// sidecar was not given logs Redis' NOAUTH, not the puzzling error of the
+/// read that would follow an unanswered naming (an unauthenticated XREADGROUP
+/// is cut off as a "Protocol error").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_refused_for_want_of_a_password_says_noauth() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, pool_of(1)).await;
+    let mut con = redis.conn().await;
+    let _consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let reader = blocked_reader(&mut con).await;
+    let _: () = redis::cmd("CONFIG").arg(&["SET", "requirepass", "now-wanted"]).query_async(&mut con).await.unwrap();
+
+    kill_client(&mut con, &reader).await;
+
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    let says_noauth = |log: &str| log.lines().any(|l| l.contains("reading new entries failed") && l.contains("NOAUTH"));
+    while !says_noauth(&sidecar.log()) {
+        assert!(Instant::now() < deadline, "no NOAUTH read failure logged:\n{}", sidecar.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

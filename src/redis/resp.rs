@@ -45,13 +45,15 @@ pub struct RespConnection {
 impl RespConnection {
     /// Connects to `host:port` and sets the connection up for `settings`
     /// (`AUTH`, `SELECT` when the database is not 0) and names it `name`
-    /// (`CLIENT SETNAME`; a server that refuses the name is not an error),
+    /// (`CLIENT SETNAME`; an ACL user without CLIENT, or a server without
+    /// it, is not an error),
     /// all within `connect_timeout`; each later reply is awaited for at most
     /// `reply_timeout`.
     ///
     /// Errors: an I/O error (refused, unreachable), a timed-out I/O error
-    /// after `connect_timeout`, or Redis' own error for `AUTH` (WRONGPASS,
-    /// NOAUTH) or `SELECT`.
+    /// after `connect_timeout`, or Redis' own error for `AUTH` (WRONGPASS),
+    /// `SELECT`, or the naming (NOAUTH when Redis wants a password none was
+    /// given for; `ERR max number of clients reached`).
     pub async fn connect(
         host: &str,
         port: u16,
@@ -103,7 +105,9 @@ impl RespConnection {
         for step in 0..commands.len() {
             let reply = self.reply().await?;
             match parse_error(&reply) {
-                Err(e) if step == naming => tracing::debug!("a reader connection could not name itself ({e})"),
+                Err(e) if step == naming && naming_is_optional(&e) => {
+                    tracing::debug!("a reader connection could not name itself ({e}); it reads all the same")
+                }
                 other => other?,
             }
         }
@@ -145,7 +149,7 @@ impl RespConnection {
         loop {
             if let Some(len) = self.scan.complete(&self.buffer)? {
                 self.scan = Scan::default();
-                return Ok(self.buffer.split_to(len).freeze());
+                return Ok(take_reply(&mut self.buffer, len));
             }
             self.buffer.reserve(READ_CHUNK);
             if self.socket.read_buf(&mut self.buffer).await? == 0 {
@@ -156,10 +160,37 @@ impl RespConnection {
     }
 }
 
+/// Splits the first `len` bytes (a complete reply) off `buffer`. After a
+/// large reply the buffer starts afresh: what is left of a big allocation
+/// would otherwise keep all of it (the reply's bytes share it) for as long as
+/// the group has calls, for every reader that once read a burst of large
+/// entries.
+fn take_reply(buffer: &mut BytesMut, len: usize) -> Bytes {
+    let reply = buffer.split_to(len).freeze();
+    if buffer.capacity() > RETAINED_MAX {
+        let mut fresh = BytesMut::with_capacity(READ_CHUNK.max(buffer.len()));
+        fresh.extend_from_slice(buffer);
+        *buffer = fresh;
+    }
+    reply
+}
+
+/// The most spare buffer a reader keeps between replies (bytes).
+const RETAINED_MAX: usize = 4 * READ_CHUNK;
+
 /// The timed-out I/O error redis-rs gives for a reply that does not come
 /// ([`RedisError::is_timeout`]).
 fn timed_out() -> RedisError {
     std::io::Error::new(std::io::ErrorKind::TimedOut, "Redis did not answer the reader in time").into()
+}
+
+/// Whether a `CLIENT SETNAME` refusal leaves the connection usable: the ACL
+/// user may not run CLIENT (NOPERM), or the server does not know it. Any
+/// other (NOAUTH: a password is needed; `max number of clients reached`)
+/// is the connection's failure, reported as such rather than as the next
+/// read's puzzling error.
+fn naming_is_optional(error: &RedisError) -> bool {
+    error.code() == Some("NOPERM") || error.to_string().contains("unknown")
 }
 
 /// `Err` with Redis' error for an error reply (`-…`), parsed by redis-rs so
@@ -398,6 +429,21 @@ mod tests {
         for bytes in [&odd[..], bad_id, integer] {
             assert_eq!(parse_read_reply(bytes).unwrap_err().kind(), ErrorKind::Parse, "{bytes:?}");
         }
+    }
+
+    #[test]
+    fn a_large_reply_leaves_no_large_buffer_behind() {
+        let mut buffer = BytesMut::from(&vec![b'x'; 8 * 1024 * 1024][..]);
+        buffer.extend_from_slice(b"+PO");
+        let reply = take_reply(&mut buffer, 8 * 1024 * 1024);
+        assert_eq!(reply.len(), 8 * 1024 * 1024);
+        assert_eq!(&buffer[..], b"+PO", "the start of the next reply is kept");
+        assert!(buffer.capacity() <= RETAINED_MAX, "{} bytes kept", buffer.capacity());
+        let mut small = BytesMut::with_capacity(READ_CHUNK);
+        small.extend_from_slice(b"+OK\r\n");
+        let spare = small.capacity();
+        take_reply(&mut small, 5);
+        assert_eq!(small.capacity(), spare - 5, "a small reply's buffer is reused, not reallocated");
     }
 
     #[test]
