@@ -46,15 +46,13 @@ use std::{
 
 use common::redis_server::{RedisOptions, RedisServer};
 use common::{
-    ack_ids, append, connection, pending, phase, rate, thousands, ConsumeCall, Error, Sidecar, APPEND_BATCH,
-    BODY_BYTES, WINDOW,
+    ack_all, ack_ids, append, connection, create_group, pending, phase, rate, read_group, thousands, ConsumeCall,
+    Error, Sidecar, APPEND_BATCH, BODY_BYTES, WINDOW,
 };
 use echomq::proto::{consume_response::Kind as Event, stream_service_client::StreamServiceClient, GroupStart};
-use redis::{aio::MultiplexedConnection, Value};
+use redis::aio::MultiplexedConnection;
 use tokio::time::MissedTickBehavior;
 
-/// The direct consumer's XREADGROUP BLOCK (ms), as the sidecar's default.
-const BLOCK_MS: u64 = 2_000;
 /// The latency phase's producer rate (entries per second).
 const LATENCY_RATE: u64 = 1_000;
 /// How long the latency phase's producer runs, full run and smoke run.
@@ -340,7 +338,7 @@ async fn direct_throughput(
     create_group(&mut conn, stream, group, "0").await?;
     let mut got = 0;
     while got < entries {
-        let read = read_group(&mut conn, stream, group).await?;
+        let read = read_group(&mut conn, stream, group, "direct", WINDOW).await?;
         for entry in &read {
             if entry.fields.as_ref().is_none_or(|fields| !fields.iter().any(|(name, _)| name == b"n")) {
                 return Err(format!("entry {} has no field `n`", entry.id).into());
@@ -350,60 +348,6 @@ async fn direct_throughput(
         ack_all(&mut conn, stream, group, &read).await?;
     }
     Ok(started.elapsed())
-}
-
-async fn create_group(conn: &mut MultiplexedConnection, stream: &str, group: &str, start: &str) -> Result<(), Error> {
-    redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(stream)
-        .arg(group)
-        .arg(start)
-        .arg("MKSTREAM")
-        .query_async::<()>(conn)
-        .await?;
-    Ok(())
-}
-
-async fn read_group(
-    conn: &mut MultiplexedConnection,
-    stream: &str,
-    group: &str,
-) -> Result<Vec<echomq::redis::RawEntry>, Error> {
-    let reply: Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(group)
-        .arg("direct")
-        .arg("COUNT")
-        .arg(WINDOW)
-        .arg("BLOCK")
-        .arg(BLOCK_MS)
-        .arg("STREAMS")
-        .arg(stream)
-        .arg(">")
-        .query_async(conn)
-        .await?;
-    Ok(echomq::redis::parse_read_reply(reply)?)
-}
-
-async fn ack_all(
-    conn: &mut MultiplexedConnection,
-    stream: &str,
-    group: &str,
-    read: &[echomq::redis::RawEntry],
-) -> Result<(), Error> {
-    if read.is_empty() {
-        return Ok(());
-    }
-    let mut xack = redis::cmd("XACK");
-    xack.arg(stream).arg(group);
-    for entry in read {
-        xack.arg(entry.id.to_string());
-    }
-    let acked: usize = xack.query_async(conn).await?;
-    if acked != read.len() {
-        return Err(format!("XACK acknowledged {acked} of {} entries", read.len()).into());
-    }
-    Ok(())
 }
 
 /// The latency phase's producer: `samples` plain XADDs at [`LATENCY_RATE`],
@@ -485,7 +429,7 @@ async fn direct_latency(redis_server: &RedisServer, stream: &str, samples: usize
     let producer = spawn_producer(connection(redis_server.port()).await?, stream.to_owned(), samples);
     let mut latencies = Vec::with_capacity(samples);
     while latencies.len() < samples {
-        let read = read_group(&mut conn, stream, group).await?;
+        let read = read_group(&mut conn, stream, group, "direct", WINDOW).await?;
         let received = now_us();
         for entry in &read {
             let sent = entry.fields.as_ref().and_then(|f| f.iter().find(|(name, _)| name == b"t").map(|(_, v)| v));

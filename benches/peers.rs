@@ -35,14 +35,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{pending, ConsumeCall, Error};
+use common::{ack_all, create_group, pending, read_group, ConsumeCall, Error, DIRECT_BLOCK_MS};
 use echomq::proto::GroupStart;
-use redis::{aio::MultiplexedConnection, AsyncConnectionConfig, Value};
+use redis::{aio::MultiplexedConnection, AsyncConnectionConfig};
 
 /// The direct consumer's XREADGROUP COUNT, as go-redis' in the Go program.
 const COUNT: usize = 256;
-/// The direct consumer's XREADGROUP BLOCK (ms).
-const BLOCK_MS: u64 = 2_000;
 /// The Consume call's `max_in_flight`, as the Go and Python clients' contenders.
 const MAX_IN_FLIGHT: usize = 1024;
 /// The Consume call's `max_batch`: deliveries per frame at most.
@@ -164,33 +162,17 @@ async fn rust_direct(
     group: &str,
     entries: usize,
 ) -> Result<(), Error> {
-    redis::cmd("XGROUP").arg("CREATE").arg(stream).arg(group).arg("0").query_async::<()>(redis).await?;
+    create_group(redis, stream, group, "0").await?;
     let mut seen = 0;
     while seen < entries {
-        let reply: Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(group)
-            .arg("c1")
-            .arg("COUNT")
-            .arg(COUNT)
-            .arg("BLOCK")
-            .arg(BLOCK_MS)
-            .arg("STREAMS")
-            .arg(stream)
-            .arg(">")
-            .query_async(redis)
-            .await?;
-        let read = echomq::redis::parse_read_reply(reply)?;
+        let read = read_group(redis, stream, group, "c1", COUNT).await?;
         if read.is_empty() {
-            return Err(format!("XREADGROUP: nothing within {BLOCK_MS} ms, {seen} of {entries} entries read").into());
+            return Err(
+                format!("XREADGROUP: nothing within {DIRECT_BLOCK_MS} ms, {seen} of {entries} entries read").into()
+            );
         }
         // The handler: nothing to do.
-        let mut xack = redis::cmd("XACK");
-        xack.arg(stream).arg(group);
-        for entry in &read {
-            xack.arg(entry.id.to_string());
-        }
-        xack.query_async::<()>(redis).await?;
+        ack_all(redis, stream, group, &read).await?;
         seen += read.len();
     }
     Ok(())

@@ -296,6 +296,79 @@ impl ConsumeCall {
     }
 }
 
+/// A direct consumer's XREADGROUP BLOCK (ms), as the sidecar's default.
+pub(crate) const DIRECT_BLOCK_MS: u64 = 2_000;
+
+/// `XGROUP CREATE <stream> <group> <start> MKSTREAM`.
+#[allow(dead_code)] // the consume and peers benches'
+pub(crate) async fn create_group(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    start: &str,
+) -> Result<(), Error> {
+    redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(group)
+        .arg(start)
+        .arg("MKSTREAM")
+        .query_async::<()>(conn)
+        .await?;
+    Ok(())
+}
+
+/// One `XREADGROUP GROUP <group> <consumer> COUNT <count> BLOCK` [`DIRECT_BLOCK_MS`]
+/// `STREAMS <stream> >`, as a direct consumer reads: the entries (none when
+/// the BLOCK time passed).
+#[allow(dead_code)] // the consume and peers benches'
+pub(crate) async fn read_group(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+    count: usize,
+) -> Result<Vec<echomq::redis::RawEntry>, Error> {
+    let reply: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(DIRECT_BLOCK_MS)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(">")
+        .query_async(conn)
+        .await?;
+    Ok(echomq::redis::parse_read_reply(reply)?)
+}
+
+/// One `XACK` of every id of `read` (nothing for none); an error unless
+/// Redis acknowledged them all.
+#[allow(dead_code)] // the consume and peers benches'
+pub(crate) async fn ack_all(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    read: &[echomq::redis::RawEntry],
+) -> Result<(), Error> {
+    if read.is_empty() {
+        return Ok(());
+    }
+    let mut xack = redis::cmd("XACK");
+    xack.arg(stream).arg(group);
+    for entry in read {
+        xack.arg(entry.id.to_string());
+    }
+    let acked: usize = xack.query_async(conn).await?;
+    if acked != read.len() {
+        return Err(format!("XACK acknowledged {acked} of {} entries", read.len()).into());
+    }
+    Ok(())
+}
+
 /// The group's pending count (`XPENDING <stream> <group>`, summary form).
 pub(crate) async fn pending(redis: &mut MultiplexedConnection, stream: &str, group: &str) -> Result<i64, Error> {
     let reply: Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(redis).await?;

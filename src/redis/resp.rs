@@ -65,11 +65,7 @@ impl RespConnection {
         let connecting = async {
             let socket = TcpStream::connect((host, port)).await?;
             socket.set_nodelay(true)?;
-            let keepalive = redis::io::tcp::socket2::TcpKeepalive::new()
-                .with_time(super::TCP_KEEPALIVE_IDLE)
-                .with_interval(super::TCP_KEEPALIVE_INTERVAL)
-                .with_retries(super::TCP_KEEPALIVE_RETRIES);
-            redis::io::tcp::socket2::SockRef::from(&socket).set_tcp_keepalive(&keepalive)?;
+            redis::io::tcp::socket2::SockRef::from(&socket).set_tcp_keepalive(&super::tcp_keepalive())?;
             let mut conn = RespConnection {
                 socket,
                 buffer: BytesMut::with_capacity(READ_CHUNK),
@@ -179,8 +175,8 @@ fn take_reply(buffer: &mut BytesMut, len: usize) -> Bytes {
 const RETAINED_MAX: usize = 4 * READ_CHUNK;
 
 /// The timed-out I/O error redis-rs gives for a reply that does not come
-/// ([`RedisError::is_timeout`]).
-fn timed_out() -> RedisError {
+/// ([`RedisError::is_timeout`], so [`super::fault`] says Timeout).
+pub(super) fn timed_out() -> RedisError {
     std::io::Error::new(std::io::ErrorKind::TimedOut, "Redis did not answer the reader in time").into()
 }
 
