@@ -46,7 +46,7 @@ use crate::{
         admin_service_server::AdminServiceServer, consumer_service_server::ConsumerServiceServer,
         stream_service_server::StreamServiceServer,
     },
-    redis::{version::VersionError, Redis},
+    redis::{primary::redacted_url, version::VersionError, ConnectOptions, Redis},
     security::{Gate, Guard},
     stream::Streams,
 };
@@ -469,6 +469,8 @@ struct Files {
     tls: Option<ServerTlsConfig>,
     redis_password: Option<String>,
     redis_ca: Option<Vec<u8>>,
+    /// `--sentinel-password`, or read from `--sentinel-password-file`.
+    sentinel_password: Option<String>,
 }
 
 impl Files {
@@ -490,6 +492,10 @@ impl Files {
         let redis_password =
             config.redis_password_file.as_deref().map(|p| text("--redis-password-file", p)).transpose()?;
         let redis_ca = config.redis_ca_file.as_deref().map(|p| read("--redis-ca-file", p)).transpose()?;
+        let sentinel_password = match &config.sentinel_password_file {
+            Some(path) => Some(text("--sentinel-password-file", path)?),
+            None => config.sentinel_password.clone(),
+        };
         let certificates = |flag: &str, path: &Path| -> Result<Vec<u8>, AppError> {
             let pem = read(flag, path)?;
             let found = CertificateDer::pem_slice_iter(&pem).filter(Result::is_ok).count();
@@ -516,7 +522,7 @@ impl Files {
             }
             _ => None,
         };
-        Ok(Files { auth_token, tls, redis_password, redis_ca })
+        Ok(Files { auth_token, tls, redis_password, redis_ca, sentinel_password })
     }
 }
 
@@ -528,12 +534,26 @@ async fn connect_with_backoff(
 ) -> Result<Redis, AppError> {
     let mut delay = Duration::from_millis(200);
     loop {
-        let password = files.redis_password.as_deref();
-        let (url, ca, sharded) = (&config.redis_url, files.redis_ca.as_deref(), config.sharded_streams.clone());
-        match Redis::connect(url, password, ca, timeout, metrics.clone(), sharded).await {
+        let url = &config.redis_url;
+        let options = ConnectOptions {
+            password: files.redis_password.as_deref(),
+            ca_pem: files.redis_ca.as_deref(),
+            timeout,
+            sharded: &config.sharded_streams,
+            sentinel_username: config.sentinel_username.as_deref(),
+            sentinel_password: files.sentinel_password.as_deref(),
+        };
+        match Redis::connect(url, options, metrics.clone()).await {
             Ok(redis) => {
                 let kind = if redis.keys.is_cluster() { "a Redis Cluster" } else { "Redis" };
-                info!("connected to {kind}");
+                let target = redacted_url(url);
+                match redis.primary() {
+                    Some(primary) => {
+                        let node = primary.state().client.get_connection_info().addr().to_string();
+                        info!(redis_url = %target, primary = %node, "connected to {kind}");
+                    }
+                    None => info!(redis_url = %target, "connected to {kind}"),
+                }
                 if !redis.keys.is_cluster() {
                     crate::telemetry::set_redis_server(url);
                 }
@@ -543,7 +563,10 @@ async fn connect_with_backoff(
                 return Err(AppError::RedisUrl(e))
             }
             Err(e) => {
-                warn!("Redis is not usable yet (unreachable, or refusing the credentials), retrying in {delay:?}: {e}");
+                warn!(
+                    redis_url = %redacted_url(url),
+                    "Redis is not usable yet (unreachable, or refusing the credentials), retrying in {delay:?}: {e}"
+                );
                 sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }

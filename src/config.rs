@@ -143,7 +143,11 @@ pub enum LogFormat {
 pub struct Config {
     /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS. For a Redis Cluster,
     /// one node's URL or a comma-separated seed list (`redis://10.0.0.1:6379,redis://10.0.0.2:6379`):
-    /// cluster mode is detected from the server (INFO cluster).
+    /// cluster mode is detected from the server (INFO cluster). For Redis Sentinel,
+    /// `redis+sentinel://[user:password@]host:port[,host:port…]/MASTER[/DB]` (`rediss+sentinel://`: TLS to
+    /// the data nodes): the userinfo is the data nodes'; the Sentinels' own credentials are
+    /// --sentinel-username / --sentinel-password. On a single server or Sentinel the sidecar follows the
+    /// primary through failovers (docs: High availability).
     #[arg(long, env = "ECHOMQ_REDIS_URL", default_value = DEFAULT_REDIS_URL, value_parser = parse_redis_url)]
     pub redis_url: String,
 
@@ -312,6 +316,19 @@ pub struct Config {
     /// it with an ACL user in the URL (`redis://user@host:port`).
     #[arg(long, env = "ECHOMQ_REDIS_PASSWORD_FILE")]
     pub redis_password_file: Option<PathBuf>,
+
+    /// The Sentinels' own ACL user, for a `redis+sentinel://` URL (the URL's userinfo is the data nodes').
+    #[arg(long, env = "ECHOMQ_SENTINEL_USERNAME")]
+    pub sentinel_username: Option<String>,
+
+    /// The Sentinels' own password, for a `redis+sentinel://` URL. Prefer --sentinel-password-file or a
+    /// Secret in the variable: a flag's value shows in the process list.
+    #[arg(long, env = "ECHOMQ_SENTINEL_PASSWORD", hide_env_values = true, conflicts_with = "sentinel_password_file")]
+    pub sentinel_password: Option<String>,
+
+    /// Read the Sentinels' own password from this file (a mounted Secret).
+    #[arg(long, env = "ECHOMQ_SENTINEL_PASSWORD_FILE")]
+    pub sentinel_password_file: Option<PathBuf>,
 
     /// Trust this PEM CA for `rediss://` instead of the system's roots.
     #[arg(long, env = "ECHOMQ_REDIS_CA_FILE")]
@@ -497,6 +514,11 @@ fn parse_allow_rule(text: &str) -> Result<(String, Vec<String>), String> {
 
 /// One Redis URL, or a comma-separated seed list of cluster nodes.
 fn parse_redis_url(text: &str) -> Result<String, String> {
+    if crate::redis::primary::SentinelUrl::is_sentinel(text.trim()) {
+        return crate::redis::primary::SentinelUrl::parse(text.trim())
+            .map(|_| text.trim().to_owned())
+            .map_err(|reason| format!("`{}`: {reason}", crate::redis::primary::redacted_url(text.trim())));
+    }
     let urls: Vec<&str> = text.split(',').map(str::trim).filter(|url| !url.is_empty()).collect();
     if urls.is_empty() {
         return Err("expected a Redis URL (redis://host:port), or a comma-separated list of cluster nodes".to_owned());

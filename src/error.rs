@@ -116,7 +116,7 @@ impl Error {
         match fault(&source) {
             Fault::WrongType => Error::WrongType { key: key.to_owned() },
             Fault::Timeout => Error::Timeout { context, source },
-            Fault::Unreachable => Error::Unavailable { context, source },
+            Fault::Unreachable | Fault::NotPrimary => Error::Unavailable { context, source },
             _ => Error::Redis { context, source },
         }
     }
@@ -125,7 +125,7 @@ impl Error {
 /// Whether a Redis error is about reaching Redis (retry may help) rather than
 /// about the command.
 pub fn is_transient(error: &redis::RedisError) -> bool {
-    matches!(fault(error), Fault::Timeout | Fault::Unreachable)
+    matches!(fault(error), Fault::Timeout | Fault::Unreachable | Fault::NotPrimary)
 }
 
 /// Whether `status` is tonic's answer to a message over the size limit.
@@ -201,10 +201,13 @@ mod tests {
     }
 
     #[test]
-    fn redirections_the_cluster_client_could_not_follow_are_unavailable() {
-        for reply in
-            [&b"-MOVED 3962 127.0.0.1:30001\r\n"[..], b"-ASK 3962 127.0.0.1:30001\r\n", b"-CLUSTERDOWN down\r\n"]
-        {
+    fn redirections_the_cluster_client_could_not_follow_and_replicas_are_unavailable() {
+        for reply in [
+            &b"-MOVED 3962 127.0.0.1:30001\r\n"[..],
+            b"-ASK 3962 127.0.0.1:30001\r\n",
+            b"-CLUSTERDOWN down\r\n",
+            b"-READONLY You can't write against a read only replica.\r\n",
+        ] {
             let error = Error::from_redis(server_error(reply), "appending", "s");
             assert_eq!(Status::from(error).code(), Code::Unavailable, "{}", String::from_utf8_lossy(reply));
         }

@@ -42,7 +42,9 @@
 //!   hash) and shard keys.
 //! - [`metrics`]: Prometheus metrics, the timed Redis connection, and the
 //!   gRPC server's call counters (a tower layer, `metrics/grpc.rs`).
-//! - [`redis`]: connections (the shared one; [`redis::readers`], the bounded
+//! - [`redis`]: connections ([`redis::primary`], which node is the primary
+//!   and moving every connection when it changes: Sentinel, a primary demoted
+//!   behind its address; the shared one; [`redis::readers`], the bounded
 //!   pool of the group readers' dedicated ones; [`redis::resp`], a reader's
 //!   plain-TCP connection that parses XREADGROUP replies itself), the scripts and their shared
 //!   `lua/prelude.lua`, reply parsing; and what the services share, below

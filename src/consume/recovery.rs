@@ -6,7 +6,7 @@
 
 use redis::{RedisResult, Value};
 
-use tokio::time::Instant;
+use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info};
 
 use super::{
@@ -15,7 +15,7 @@ use super::{
 };
 use crate::{
     id::StreamId,
-    redis::{array, parse_stream_id},
+    redis::{array, parse_stream_id, primary::PrimaryState},
 };
 
 /// One page of this consumer's own PEL after `after` (`None`: from the
@@ -71,7 +71,34 @@ pub(crate) async fn recreate_group(keys: &GroupKeys) -> RedisResult<()> {
     Ok(())
 }
 
+/// Resolves when a switch of primary has ended (a new primary found, see
+/// [`crate::redis::primary`]); never on a cluster, which has no one primary
+/// to follow (`switches` is `None`).
+pub(crate) async fn primary_switched(switches: &mut Option<watch::Receiver<PrimaryState>>) {
+    if let Some(switches) = switches {
+        while switches.changed().await.is_ok() {
+            if switches.borrow_and_update().switching.is_none() {
+                return;
+            }
+        }
+    }
+    std::future::pending().await
+}
+
 impl Worker {
+    /// The primary switched: the new one may hold this consumer's PEL
+    /// otherwise than the worker last saw it (an asynchronous replica had not
+    /// yet received the last reads or acks), so the own PEL is walked again,
+    /// as at start, and a pause for the old primary's errors ends now.
+    pub(super) fn after_primary_switch(&mut self) {
+        info!(stream = %self.keys.stream, group = %self.keys.group, "the Redis primary switched; recovering own pending entries from the new one");
+        if !self.no_ack {
+            self.recovering = Some(None);
+        }
+        self.paused_until = Instant::now();
+        self.redis_ok();
+    }
+
     pub(super) async fn recreate_group(&mut self) -> bool {
         if let Err(e) = recreate_group(&self.keys).await {
             self.redis_failed(Step::RecreateGroup, &e);

@@ -228,6 +228,7 @@ impl Worker {
         for tick in [&mut refresh, &mut reclaim, &mut deadlines, &mut hygiene, &mut poll] {
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
+        let mut switches = self.keys.redis.primary().map(|primary| primary.watch());
         info!(stream = %self.keys.stream, group = %self.keys.group, consumer = %shared.consumer, "group worker started");
         loop {
             if !self.ledger.draining() {
@@ -249,6 +250,7 @@ impl Worker {
                     self.flush().await;
                 }
                 result = reader::next_read(&mut self.reader) => self.on_read(result).await,
+                () = super::recovery::primary_switched(&mut switches) => self.after_primary_switch(),
                 _ = sleep_until(wake) => {}
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,

@@ -101,13 +101,14 @@ pub struct StreamLabels {
 pub struct ReasonLabels {
     /// `health_check` (PING failed when it was to be reused), `read_error` (a
     /// read failed on it; replaced), `stopped_mid_read` (its reader was cut
-    /// off during a blocked read, so it was not handed to another group).
+    /// off during a blocked read, so it was not handed to another group),
+    /// `primary_switch` (idle, it reached a primary that was since replaced).
     pub reason: &'static str,
 }
 
 impl ReasonLabels {
     /// Every reason a reader connection is closed for.
-    pub const ALL: [&'static str; 3] = ["health_check", "read_error", "stopped_mid_read"];
+    pub const ALL: [&'static str; 4] = ["health_check", "read_error", "stopped_mid_read", "primary_switch"];
 }
 
 /// The reader pool's state at a scrape (connections), as [`Metrics::watch_reader_pool`] reads it.
@@ -169,6 +170,8 @@ pub struct Metrics {
     reader_connections_in_use: Gauge,
     reader_connection_waiters: Gauge,
     reader: ReaderMetrics,
+    primary_switches: Counter,
+    primary_switching: Gauge,
     /// Reads the reader pool's state at each scrape (kept by the pool, never copied by hand).
     reader_pool: std::sync::Mutex<Option<ReaderPoolSource>>,
     grpc: grpc::GrpcMetrics,
@@ -269,6 +272,8 @@ impl Metrics {
                 refusals: Counter::default(),
                 closed: Family::default(),
             },
+            primary_switches: Counter::default(),
+            primary_switching: Gauge::default(),
             reader_pool: std::sync::Mutex::new(None),
             grpc: grpc::GrpcMetrics::new(),
             archive: ArchiveMetrics {
@@ -284,6 +289,17 @@ impl Metrics {
             registry: Registry::default(),
         };
         let r = registry;
+        r.register(
+            "redis_primary_switches",
+            "Switches of the Redis primary the sidecar followed (a failover, a primary demoted behind its address); \
+             each ended with every connection moved to the new primary",
+            m.primary_switches.clone(),
+        );
+        r.register(
+            "redis_primary_switching",
+            "1 while the sidecar looks for the Redis primary (commands are refused, not ready), else 0",
+            m.primary_switching.clone(),
+        );
         r.register("deliveries", "Entries handed to clients (each hand-over counts)", m.deliveries.clone());
         r.register("acks", "Entries acknowledged (XACK found them pending)", m.acks.clone());
         r.register("fails", "Fail verdicts, deadlines passed and calls ended holding entries", m.fails.clone());
@@ -406,7 +422,7 @@ impl Metrics {
         }
         r.register(
             "reader_connections_closed",
-            "Reader connections closed, by reason (health_check, read_error, stopped_mid_read)",
+            "Reader connections closed, by reason (health_check, read_error, stopped_mid_read, primary_switch)",
             m.reader.closed.clone(),
         );
         m.grpc.register(&mut root);
@@ -539,6 +555,12 @@ impl Metrics {
     /// are the pool's own counts, never a copy kept in step by hand.
     pub fn watch_reader_pool(&self, source: impl Fn() -> ReaderPoolStatus + Send + Sync + 'static) {
         *self.reader_pool.lock().expect("reader pool source lock") = Some(Box::new(source));
+    }
+
+    /// `echomq_redis_primary_switches_total` and `echomq_redis_primary_switching`,
+    /// for the [`crate::redis::primary::Primary`] that counts and sets them.
+    pub fn primary(&self) -> (Counter, Gauge) {
+        (self.primary_switches.clone(), self.primary_switching.clone())
     }
 
     /// The reader pool's event series.

@@ -23,6 +23,13 @@ pub enum Fault {
     NoPermission,
     /// No answer in time: the command's outcome is unknown.
     Timeout,
+    /// The node is not (or not yet) a primary that serves: `READONLY` (a
+    /// write reached a replica), `UNBLOCKED … instance state changed` (a
+    /// primary turned replica under a blocked reader), `LOADING` (a node
+    /// loading its data set) or `MASTERDOWN` (a replica that lost its
+    /// primary). On a single server it starts a switch ([`super::primary`]);
+    /// retrying may help.
+    NotPrimary,
     /// Reaching Redis failed, or it cannot serve now (loading, failover,
     /// a cluster redirect the client could not follow): retry may help.
     Unreachable,
@@ -36,9 +43,15 @@ pub fn fault(error: &RedisError) -> Fault {
     let has = |code: &str| error.code() == Some(code) || text.contains(code);
     if has("WRONGTYPE") {
         Fault::WrongType
-    } else if has("NOGROUP") || (has("UNBLOCKED") && !text.contains("instance state changed")) {
+    } else if has("READONLY")
+        || has("MASTERDOWN")
+        || has("LOADING")
+        || (has("UNBLOCKED") && text.contains("instance state changed"))
+    {
         // UNBLOCKED "instance state changed" is a primary turning replica in a
         // failover: the group is fine, the read is retried on the new primary.
+        Fault::NotPrimary
+    } else if has("NOGROUP") || has("UNBLOCKED") {
         Fault::NoGroup
     } else if text.contains("no such key") {
         Fault::NoSuchKey
@@ -53,7 +66,7 @@ pub fn fault(error: &RedisError) -> Fault {
         || error.is_connection_refusal()
         // A MOVED or ASK that reaches us is one the cluster client could not
         // follow: the slot's node is unreachable or the topology is changing.
-        || matches!(error.code(), Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "MOVED" | "ASK"))
+        || matches!(error.code(), Some("BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK"))
     {
         Fault::Unreachable
     } else {
@@ -74,23 +87,34 @@ mod tests {
 
     #[test]
     fn each_code_the_sidecar_acts_on_is_its_kind() {
-        let cases: [(&[u8], Fault); 8] = [
+        let cases: [(&[u8], Fault); 10] = [
             (b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n", Fault::WrongType),
             (b"-NOGROUP No such key 's' or consumer group 'g'\r\n", Fault::NoGroup),
             (b"-UNBLOCKED the stream key no longer exists\r\n", Fault::NoGroup),
             (
                 b"-UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)\r\n",
-                Fault::Other,
+                Fault::NotPrimary,
+            ),
+            (b"-READONLY You can't write against a read only replica.\r\n", Fault::NotPrimary),
+            (
+                b"-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.\r\n",
+                Fault::NotPrimary,
             ),
             (b"-ERR no such key\r\n", Fault::NoSuchKey),
             (b"-BUSYGROUP Consumer Group name already exists\r\n", Fault::BusyGroup),
             (b"-NOPERM this user has no permissions to run the 'xadd' command\r\n", Fault::NoPermission),
-            (b"-LOADING Redis is loading the dataset in memory\r\n", Fault::Unreachable),
+            (b"-LOADING Redis is loading the dataset in memory\r\n", Fault::NotPrimary),
         ];
         for (reply, kind) in cases {
             assert_eq!(fault(&server_error(reply)), kind, "{}", String::from_utf8_lossy(reply));
         }
         assert_eq!(fault(&server_error(b"-ERR syntax error\r\n")), Fault::Other);
+    }
+
+    #[test]
+    fn a_readonly_inside_a_script_error_is_not_primary() {
+        let error = server_error(b"-ERR user_script:1: READONLY You can't write against a read only replica.\r\n");
+        assert_eq!(fault(&error), Fault::NotPrimary);
     }
 
     #[test]

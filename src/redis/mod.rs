@@ -21,6 +21,7 @@
 //! readiness interval (1 s) plus `--redis-timeout-ms`; a blocked reader gives
 //! up within `--read-block-ms` plus `--redis-timeout-ms` and reconnects.
 
+pub mod primary;
 pub mod readers;
 pub mod resp;
 pub mod shared;
@@ -56,8 +57,10 @@ pub enum Connection {
     /// The shared connection to a single server: reconnects by itself, and
     /// is replaced after a response timeout.
     Managed(SharedConnection),
-    /// A reader's own connection to a single server.
-    Dedicated(MultiplexedConnection),
+    /// A connection of its own to a single server's primary (a reader's, a
+    /// durable writer's): a reply that says its node is no longer the
+    /// primary starts a switch ([`primary::Primary::observe`]).
+    Dedicated(DedicatedConnection),
     /// A connection to a cluster: routes each command to the node that owns
     /// its key's slot, following MOVED/ASK and topology changes.
     Cluster(ClusterConnection),
@@ -94,17 +97,57 @@ impl ConnectionLike for Connection {
     }
 }
 
+/// A dedicated connection to a single server, made at one generation of the
+/// [`primary::Primary`]; its replies are observed for a switch of primary.
+#[derive(Clone)]
+pub struct DedicatedConnection {
+    conn: MultiplexedConnection,
+    generation: u64,
+    primary: Arc<primary::Primary>,
+}
+
+impl DedicatedConnection {
+    /// Whether the primary has switched since this connection was made (it
+    /// then reaches the old one: make a new connection).
+    pub fn is_stale(&self) -> bool {
+        self.primary.generation() != self.generation
+    }
+}
+
+impl ConnectionLike for DedicatedConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.conn.req_packed_command(cmd).await;
+            self.primary.observe(self.generation, result)
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self.conn.req_packed_commands(pipeline, offset, count).await;
+            self.primary.observe(self.generation, result)
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
 /// How new connections are made.
 #[derive(Clone)]
 enum Target {
-    Single(Client),
+    /// A single server's primary, followed through switches.
+    Single(Arc<primary::Primary>),
     /// The configured seeds and the CA for `rediss://`; readers' connections
     /// are seeded with the cluster's current primaries too, so a reader can
     /// reconnect after the node it was given as a seed has died.
-    Cluster {
-        seeds: Vec<ConnectionInfo>,
-        ca_pem: Option<Vec<u8>>,
-    },
+    Cluster { seeds: Vec<ConnectionInfo>, ca_pem: Option<Vec<u8>> },
 }
 
 /// The shared Redis handles.
@@ -125,24 +168,37 @@ pub struct Redis {
 }
 
 impl Redis {
-    /// Opens the shared connection. `urls` is one URL, or a comma-separated
-    /// seed list of cluster nodes; a single URL whose server has cluster mode
+    /// Opens the shared connection. `urls` is one URL, a comma-separated
+    /// seed list of cluster nodes, or a `redis+sentinel://` URL
+    /// ([`primary::SentinelUrl`]); a single URL whose server has cluster mode
     /// on (`INFO cluster`: `cluster_enabled:1`) is used as the seed of a
-    /// cluster, so the sidecar runs on a cluster unchanged. `password`
-    /// overrides the URLs'; `ca_pem` replaces the system roots for `rediss://`.
-    /// `timeout` bounds connecting and each non-blocking command. `sharded`
-    /// names the sharded streams (name → shard count).
+    /// cluster, so the sidecar runs on a cluster unchanged. On a single
+    /// server, the primary is followed through failovers ([`primary`]).
+    /// `options` carries the credentials, CA, timeout and sharded streams.
     ///
-    /// Errors: an invalid URL (`InvalidClientConfig`), or Redis cannot be
-    /// reached or refuses the credentials now.
-    pub async fn connect(
-        urls: &str,
-        password: Option<&str>,
-        ca_pem: Option<&[u8]>,
-        timeout: Duration,
-        metrics: Arc<Metrics>,
-        sharded: std::collections::BTreeMap<String, u32>,
-    ) -> RedisResult<Redis> {
+    /// Errors: an invalid URL, or no Sentinel usable (`InvalidClientConfig`:
+    /// a setting to fix), or Redis cannot be reached or refuses the
+    /// credentials now.
+    pub async fn connect(urls: &str, options: ConnectOptions<'_>, metrics: Arc<Metrics>) -> RedisResult<Redis> {
+        let ConnectOptions { password, ca_pem, timeout, sharded, sentinel_username, sentinel_password } = options;
+        let scripts = Scripts::new();
+        let manager_config = || {
+            ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_secs(2))
+        };
+        if primary::SentinelUrl::is_sentinel(urls.trim()) {
+            let url = primary::SentinelUrl::parse(urls.trim()).map_err(|reason| {
+                redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad Sentinel URL", reason))
+            })?;
+            let sentinels =
+                primary::Sentinels::new(&url, sentinel_username, sentinel_password, password, ca_pem, tcp_settings())?;
+            let primary =
+                primary::Primary::start(primary::Locator::Sentinel(sentinels), timeout, metrics.primary()).await?;
+            return Redis::single(primary, manager_config(), timeout, scripts, metrics, sharded.clone()).await;
+        }
         let seeds = urls
             .split(',')
             .map(str::trim)
@@ -152,43 +208,57 @@ impl Redis {
         let Some(first) = seeds.first().cloned() else {
             return Err((redis::ErrorKind::InvalidClientConfig, "no Redis URL given").into());
         };
-        let scripts = Scripts::new();
-        let client = match ca_pem {
-            Some(ca) => Client::build_with_tls(
-                first,
-                redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) },
-            )?,
-            None => Client::open(first)?,
-        };
+        let client = primary::client_for(first.clone(), ca_pem)?;
         let cluster = seeds.len() > 1 || cluster_enabled(&client, timeout).await?;
         if cluster && seeds.iter().any(|seed| seed.redis_settings().db() != 0) {
             let reason = "a Redis Cluster has only database 0: drop the /<db> from the URL";
             return Err((redis::ErrorKind::InvalidClientConfig, reason).into());
         }
-        let (conn, target) = if !cluster {
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(timeout))
-                .set_response_timeout(Some(timeout))
-                .set_number_of_retries(2)
-                .set_max_delay(Duration::from_secs(2));
-            let mut conn = SharedConnection::connect(client.clone(), config, timeout).await?;
-            // Connecting does not prove the credentials: without a password Redis
-            // accepts the connection and refuses every command (NOAUTH).
-            redis::cmd("PING").query_async::<String>(&mut conn).await?;
-            (Connection::Managed(conn), Target::Single(client))
-        } else {
-            let mut conn =
-                cluster_client(seeds.clone(), timeout, Some(timeout), ca_pem)?.get_async_connection().await?;
-            redis::cmd("PING").query_async::<String>(&mut conn).await?;
-            (Connection::Cluster(conn), Target::Cluster { seeds, ca_pem: ca_pem.map(<[u8]>::to_vec) })
-        };
+        if !cluster {
+            let locator = primary::Locator::Address { info: first, ca_pem: ca_pem.map(<[u8]>::to_vec) };
+            let primary = primary::Primary::start(locator, timeout, metrics.primary()).await?;
+            return Redis::single(primary, manager_config(), timeout, scripts, metrics, sharded.clone()).await;
+        }
+        let mut conn = cluster_client(seeds.clone(), timeout, Some(timeout), ca_pem)?.get_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await?;
         Ok(Redis {
-            target,
-            conn: TimedConnection::new(conn, metrics, scripts.names()),
+            target: Target::Cluster { seeds, ca_pem: ca_pem.map(<[u8]>::to_vec) },
+            conn: TimedConnection::new(Connection::Cluster(conn), metrics, scripts.names()),
             scripts,
-            keys: Arc::new(Keyspace::new(cluster, sharded)),
+            keys: Arc::new(Keyspace::new(true, sharded.clone())),
             server: None,
         })
+    }
+
+    /// The handles of a single server whose primary is `primary`.
+    async fn single(
+        primary: Arc<primary::Primary>,
+        config: ConnectionManagerConfig,
+        timeout: Duration,
+        scripts: Scripts,
+        metrics: Arc<Metrics>,
+        sharded: std::collections::BTreeMap<String, u32>,
+    ) -> RedisResult<Redis> {
+        let mut conn = SharedConnection::connect(primary.clone(), config, timeout).await?;
+        // Connecting does not prove the credentials: without a password Redis
+        // accepts the connection and refuses every command (NOAUTH).
+        redis::cmd("PING").query_async::<String>(&mut conn).await?;
+        Ok(Redis {
+            target: Target::Single(primary),
+            conn: TimedConnection::new(Connection::Managed(conn), metrics, scripts.names()),
+            scripts,
+            keys: Arc::new(Keyspace::new(false, sharded)),
+            server: None,
+        })
+    }
+
+    /// The primary followed through switches; `None` on a cluster (whose
+    /// client follows its own failovers).
+    pub fn primary(&self) -> Option<&Arc<primary::Primary>> {
+        match &self.target {
+            Target::Single(primary) => Some(primary),
+            Target::Cluster { .. } => None,
+        }
     }
 
     /// Records each sharded stream's shard count in Redis the first time
@@ -327,16 +397,18 @@ impl Redis {
         }
     }
 
-    /// Why Redis does not serve now, `None` when it does: PING answered, and
-    /// on a cluster `CLUSTER INFO` says `cluster_state:ok` (a cluster with
-    /// slots uncovered answers PING but refuses commands on those slots).
+    /// Why Redis does not serve now, `None` when it does: on a single server,
+    /// the primary is not changing and `ROLE` says `master`
+    /// ([`primary::Primary::unready`]); on a cluster, PING answered and
+    /// `CLUSTER INFO` says `cluster_state:ok` (a cluster with slots uncovered
+    /// answers PING but refuses commands on those slots).
     pub async fn unready(&self) -> Option<String> {
         let mut conn = self.conn.clone();
+        if let Target::Single(primary) = &self.target {
+            return primary.unready(&mut conn).await;
+        }
         if let Err(e) = redis::cmd("PING").query_async::<String>(&mut conn).await {
             return Some(format!("Redis does not answer PING ({e})"));
-        }
-        if !self.keys.is_cluster() {
-            return None;
         }
         match redis::cmd("CLUSTER").arg("INFO").query_async::<String>(&mut conn).await {
             Ok(info) => {
@@ -355,18 +427,26 @@ impl Redis {
     /// has gone silent), on a single server and on a cluster alike. The group readers take theirs from [`readers::ReaderPool`], which makes
     /// them with this.
     ///
-    /// Errors: connecting failed or took longer than `connect_timeout`.
+    /// On a single server it reaches the primary; once the primary switches
+    /// it is stale ([`DedicatedConnection::is_stale`]): its commands answer
+    /// as the old node does (a write `READONLY`, which is turned into the
+    /// primary-changing error), so make a new one.
+    ///
+    /// Errors: connecting failed or took longer than `connect_timeout`; the
+    /// primary is changing ([`primary::primary_changing`]).
     pub async fn dedicated(
         &self,
         connect_timeout: Duration,
         response_timeout: Option<Duration>,
     ) -> RedisResult<Connection> {
         match &self.target {
-            Target::Single(client) => {
+            Target::Single(primary) => {
+                let (generation, client) = primary.connectable()?;
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(response_timeout);
-                Ok(Connection::Dedicated(client.get_multiplexed_async_connection_with_config(&config).await?))
+                let conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+                Ok(Connection::Dedicated(DedicatedConnection { conn, generation, primary: primary.clone() }))
             }
             Target::Cluster { seeds, ca_pem } => {
                 let mut nodes = self.primaries(&seeds[0]).await.unwrap_or_default();
@@ -433,6 +513,23 @@ fn cluster_client(
     .build()
 }
 
+/// How [`Redis::connect`] connects, besides the URL. No `Debug`: it holds passwords.
+#[derive(Clone, Copy)]
+pub struct ConnectOptions<'a> {
+    /// Overrides the URL's password for the data nodes (`--redis-password-file`).
+    pub password: Option<&'a str>,
+    /// The only trusted root for `rediss://` (`--redis-ca-file`); `None`: the system's.
+    pub ca_pem: Option<&'a [u8]>,
+    /// Bounds connecting and each non-blocking command (`--redis-timeout-ms`).
+    pub timeout: Duration,
+    /// The sharded streams: name → shard count (`--sharded-streams`).
+    pub sharded: &'a std::collections::BTreeMap<String, u32>,
+    /// The Sentinels' own ACL user (`--sentinel-username`).
+    pub sentinel_username: Option<&'a str>,
+    /// The Sentinels' own password (`--sentinel-password`).
+    pub sentinel_password: Option<&'a str>,
+}
+
 /// Why [`Redis::record_shard_counts`] refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardCountError {
@@ -474,11 +571,16 @@ pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
 /// The TCP settings of every socket to Redis: no Nagle delay (commands are
 /// small and latency-bound) and keepalive probes (the constants above).
 fn tcp_settings() -> redis::io::tcp::TcpSettings {
-    let keepalive = redis::io::tcp::socket2::TcpKeepalive::new()
+    redis::io::tcp::TcpSettings::default().set_nodelay(true).set_keepalive(tcp_keepalive())
+}
+
+/// The keepalive probes of every socket to Redis (the constants above);
+/// also set by the readers' own connections ([`resp`]).
+fn tcp_keepalive() -> redis::io::tcp::socket2::TcpKeepalive {
+    redis::io::tcp::socket2::TcpKeepalive::new()
         .with_time(TCP_KEEPALIVE_IDLE)
         .with_interval(TCP_KEEPALIVE_INTERVAL)
-        .with_retries(TCP_KEEPALIVE_RETRIES);
-    redis::io::tcp::TcpSettings::default().set_nodelay(true).set_keepalive(keepalive)
+        .with_retries(TCP_KEEPALIVE_RETRIES)
 }
 
 fn with_password(info: ConnectionInfo, password: Option<&str>) -> RedisResult<ConnectionInfo> {

@@ -146,17 +146,21 @@ struct Manager {
 }
 
 impl Manager {
-    /// A new reader connection, named [`READER_CLIENT_NAME`]. The name is a
-    /// courtesy to operators: a connection that cannot take it still reads.
+    /// A new reader connection, named [`READER_CLIENT_NAME`], to the primary
+    /// now. The name is a courtesy to operators: a connection that cannot
+    /// take it still reads.
+    ///
+    /// Errors: connecting failed; the primary is changing.
     async fn connect(&self) -> RedisResult<ReaderLink> {
-        if let Target::Single(client) = &self.redis.target {
+        if let Target::Single(primary) = &self.redis.target {
+            let (generation, client) = primary.connectable()?;
             let info = client.get_connection_info();
             if let ConnectionAddr::Tcp(host, port) = info.addr() {
                 let settings = info.redis_settings();
                 let conn =
                     RespConnection::connect(host, *port, settings, READER_CLIENT_NAME, self.timeout, self.read_timeout)
                         .await?;
-                return Ok(ReaderLink::Resp(conn));
+                return Ok(ReaderLink::Resp(conn, generation));
             }
         }
         let mut conn = self.redis.dedicated(self.timeout, Some(self.read_timeout)).await?;
@@ -173,8 +177,9 @@ impl Manager {
 
 /// A reader connection of either make (see the module doc).
 enum ReaderLink {
-    /// Plain TCP to a single server: replies parsed straight into entries.
-    Resp(RespConnection),
+    /// Plain TCP to a single server: replies parsed straight into entries;
+    /// made at this generation of the primary.
+    Resp(RespConnection, u64),
     /// redis-rs' connection: TLS, a unix socket, or a cluster.
     Redis(Connection),
 }
@@ -182,22 +187,38 @@ enum ReaderLink {
 impl ReaderLink {
     async fn read(&mut self, read: &Cmd) -> RedisResult<Vec<RawEntry>> {
         match self {
-            ReaderLink::Resp(conn) => conn.read_entries(read).await,
+            ReaderLink::Resp(conn, _) => conn.read_entries(read).await,
             ReaderLink::Redis(conn) => parse_read_reply(read.query_async::<Value>(conn).await?),
+        }
+    }
+
+    /// The primary's generation it was made at; `None` on a cluster.
+    fn generation(&self) -> Option<u64> {
+        match self {
+            ReaderLink::Resp(_, generation) => Some(*generation),
+            ReaderLink::Redis(Connection::Dedicated(conn)) => Some(conn.generation),
+            ReaderLink::Redis(_) => None,
         }
     }
 
     /// `PING` (on a cluster, every primary), answered within `timeout`.
     async fn ping(&mut self, timeout: Duration) -> RedisResult<()> {
         match self {
-            ReaderLink::Resp(conn) => conn.ping(timeout).await,
+            ReaderLink::Resp(conn, _) => conn.ping(timeout).await,
             ReaderLink::Redis(conn) => {
                 match tokio::time::timeout(timeout, redis::cmd("PING").query_async::<Value>(conn)).await {
                     Ok(reply) => reply.map(drop),
-                    Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer to PING").into()),
+                    Err(_) => Err(super::resp::timed_out()),
                 }
             }
         }
+    }
+}
+
+impl Manager {
+    /// The primary's generation now; `None` on a cluster.
+    fn generation(&self) -> Option<u64> {
+        self.redis.primary().map(|primary| primary.generation())
     }
 }
 
@@ -213,6 +234,11 @@ impl managed::Manager for Manager {
     /// cluster, every primary), within the timeout. On failure deadpool
     /// closes it and makes a new one.
     async fn recycle(&self, conn: &mut ReaderLink, _: &managed::Metrics) -> managed::RecycleResult<RedisError> {
+        if conn.generation() != self.generation() {
+            self.metrics.closed("primary_switch");
+            debug!("an idle reader connection reaches the old primary; replacing it");
+            return Err(RecycleError::message("made before the primary switched"));
+        }
         let Err(failure) = conn.ping(self.timeout).await else { return Ok(()) };
         self.metrics.closed("health_check");
         debug!("an idle reader connection failed its health check ({failure}); replacing it");
@@ -257,12 +283,25 @@ impl ReaderConnection {
     /// `echomq_reader_connections_closed_total{reason="read_error"}`).
     pub async fn read(&mut self, read: &Cmd) -> RedisResult<Vec<RawEntry>> {
         let object = self.object.as_mut().expect("present until dropped");
-        if self.state == State::Broken {
-            **object = self.pool.pool.manager().connect().await?;
+        let manager = self.pool.pool.manager();
+        if self.state == State::Broken || object.generation() != manager.generation() {
+            **object = manager.connect().await?;
             self.state = State::Ready;
         }
         self.state = State::Reading;
-        let result = object.read(read).await;
+        let result = match (manager.redis.primary(), object.generation()) {
+            (Some(primary), Some(generation)) => {
+                // A read blocked on a primary that stopped being one may never
+                // be answered (a stopped process, a partition): a switch cuts it off.
+                let mut switches = primary.watch();
+                let switched = switches.wait_for(|state| state.generation != generation || state.switching.is_some());
+                tokio::select! {
+                    result = object.read(read) => primary.observe(generation, result),
+                    _ = switched => Err(super::primary::primary_changing("a switch cut off the blocked read")),
+                }
+            }
+            _ => object.read(read).await,
+        };
         self.state = match &result {
             // After a reply it could not parse, where the next one starts is unknown.
             Err(e) if crate::error::is_transient(e) || e.kind() == redis::ErrorKind::Parse => {

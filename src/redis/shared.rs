@@ -1,5 +1,5 @@
 //! The shared connection to a single server, and what happens when Redis
-//! stops answering on it.
+//! stops answering on it or stops being the primary.
 //!
 //! redis-rs' [`ConnectionManager`] reconnects when the connection closes or
 //! breaks, but not after a response timeout: a connection whose peer went
@@ -16,63 +16,100 @@
 //! callers that waited on the same silent connection meanwhile do not each
 //! replace the new one. Commands already in flight on the retired connection
 //! finish or time out there.
+//!
+//! Nor does it notice that its server stopped being the primary: it would
+//! keep sending writes that answer `READONLY`. That is [`Primary`]'s to
+//! notice; here, a command made while the primary is changing fails at once,
+//! and the first command after a switch goes out on a new connection to the
+//! new primary (see [`super::primary`]).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tracing::warn;
 
-/// The shared connection to a single server: a [`ConnectionManager`],
-/// replaced by a new one after a command's response timeout (see the module
-/// doc). Cheap to clone: every clone shares the current connection.
+use super::primary::Primary;
+
+/// The shared connection to a single server: a [`ConnectionManager`] to the
+/// primary, replaced by a new one after a command's response timeout and
+/// after a switch of primary (see the module doc). Cheap to clone: every
+/// clone shares the current connection.
 #[derive(Clone)]
 pub struct SharedConnection {
-    /// The connection in use and its generation (bumped at each replacement,
-    /// so a timeout replaces only the connection it happened on).
-    current: Arc<Mutex<(u64, ConnectionManager)>>,
-    /// What a replacement is made from (shared: the connection is cloned per command).
-    recipe: Arc<(Client, ConnectionManagerConfig)>,
+    current: Arc<Mutex<Current>>,
+    /// Where the primary is, and the switches.
+    primary: Arc<Primary>,
+    /// How each connection is made (shared: the connection is cloned per command).
+    config: Arc<ConnectionManagerConfig>,
     /// The response timeout, for the log line.
     timeout: Duration,
     db: i64,
 }
 
+/// The connection in use.
+struct Current {
+    /// Bumped at each replacement, so a timeout replaces only the connection
+    /// it happened on.
+    replacement: u64,
+    /// The primary's generation the connection was made at.
+    generation: u64,
+    manager: ConnectionManager,
+}
+
 impl SharedConnection {
-    /// Connects to `client`'s server with `config` (whose response timeout,
+    /// Connects to `primary` with `config` (whose response timeout,
     /// `timeout`, is what retires a silent connection).
     ///
     /// Errors: as [`ConnectionManager::new_with_config`] (Redis unreachable,
-    /// refused credentials).
-    pub async fn connect(client: Client, config: ConnectionManagerConfig, timeout: Duration) -> RedisResult<Self> {
-        let manager = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+    /// refused credentials); the primary is changing.
+    pub async fn connect(
+        primary: Arc<Primary>,
+        config: ConnectionManagerConfig,
+        timeout: Duration,
+    ) -> RedisResult<Self> {
+        let (generation, client) = primary.connectable()?;
+        let manager = ConnectionManager::new_with_config(client, config.clone()).await?;
         let db = manager.get_db();
-        let recipe = Arc::new((client, config));
-        Ok(SharedConnection { current: Arc::new(Mutex::new((0, manager))), recipe, timeout, db })
+        let current = Arc::new(Mutex::new(Current { replacement: 0, generation, manager }));
+        Ok(SharedConnection { current, primary, config: Arc::new(config), timeout, db })
     }
 
-    /// The connection in use and its generation.
-    fn current(&self) -> (u64, ConnectionManager) {
-        let guard = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        (guard.0, guard.1.clone())
+    /// The connection to use now, its replacement number and generation; a
+    /// new one (connected lazily) when the primary switched since the last.
+    ///
+    /// Errors: the primary is changing ([`super::primary::primary_changing`]).
+    fn current(&self) -> RedisResult<(u64, u64, ConnectionManager)> {
+        let mut guard = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if guard.generation != self.primary.generation() || self.primary.is_switching() {
+            // Errs while a switch is under way: nothing goes out to a node that may be a replica.
+            let (generation, client) = self.primary.connectable()?;
+            if guard.generation != generation {
+                guard.manager = ConnectionManager::new_lazy_with_config(client, (*self.config).clone())?;
+                guard.generation = generation;
+                guard.replacement += 1;
+            }
+        }
+        Ok((guard.replacement, guard.generation, guard.manager.clone()))
     }
 
-    /// After `result` came from generation `generation`: retires that
+    /// After `result` came from replacement `replacement`: retires that
     /// connection if `result` is a response timeout and it is still in use.
-    fn after<T>(&self, generation: u64, result: &RedisResult<T>) {
+    fn after<T>(&self, replacement: u64, result: &RedisResult<T>) {
         let Err(error) = result else { return };
         if !error.is_timeout() {
             return;
         }
         let mut guard = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if guard.0 != generation {
+        if guard.replacement != replacement {
             return;
         }
-        let (client, config) = &*self.recipe;
-        match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
+        let client = self.primary.state().client;
+        match ConnectionManager::new_lazy_with_config(client, (*self.config).clone()) {
             Ok(fresh) => {
-                *guard = (generation + 1, fresh);
+                guard.manager = fresh;
+                guard.replacement += 1;
                 warn!(
                     timeout_ms = self.timeout.as_millis() as u64,
                     "Redis did not answer a command in time: the shared connection is replaced by a new one"
@@ -87,10 +124,10 @@ impl SharedConnection {
 impl ConnectionLike for SharedConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let (generation, mut conn) = self.current();
+            let (replacement, generation, mut conn) = self.current()?;
             let result = conn.req_packed_command(cmd).await;
-            self.after(generation, &result);
-            result
+            self.after(replacement, &result);
+            self.primary.observe(generation, result)
         })
     }
 
@@ -101,10 +138,10 @@ impl ConnectionLike for SharedConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let (generation, mut conn) = self.current();
+            let (replacement, generation, mut conn) = self.current()?;
             let result = conn.req_packed_commands(pipeline, offset, count).await;
-            self.after(generation, &result);
-            result
+            self.after(replacement, &result);
+            self.primary.observe(generation, result)
         })
     }
 

@@ -17,6 +17,7 @@
 //! | `redis_server.rs` | the `redis-server` launcher (also the benches'): plain, password, TLS, cluster node; kill, restart, graceful stop |
 //! | `sidecar.rs` | the sidecar process: options, start, readiness, channels and clients, signals, restart, its log |
 //! | `chaos.rs` | the chaos suites' ledger, appender, clients, settle wait and verdict (used as `support::chaos`) |
+//! | `sentinel.rs` | a primary, replicas and three Sentinels monitoring it ([`sentinel::SentinelDeployment`], used as `support::sentinel`) |
 //! | `cluster.rs` | a local Redis Cluster of [`RedisServer`] nodes, failover and kills (used as `support::cluster`) |
 //! | `redis_probe.rs` | Redis probes: entries, pending entries, groups, lengths, keys, seeding |
 //! | `consume.rs` | the Consume call's test client ([`Consumer`]) and subscribe helpers |
@@ -39,6 +40,7 @@ mod process;
 mod redis_probe;
 mod redis_server;
 mod refusal;
+pub mod sentinel;
 mod sidecar;
 mod toxiproxy;
 mod wire;

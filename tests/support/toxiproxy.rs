@@ -208,6 +208,14 @@ impl Proxy {
         call(self.api_port, "DELETE", &format!("/proxies/{}/toxics/{name}", self.name), None, 204).await;
     }
 
+    /// Points the proxy at `127.0.0.1:<upstream_port>` from now on, as a
+    /// managed service's endpoint moves to a new primary. Toxiproxy closes
+    /// the connections open through it when its upstream changes.
+    pub async fn set_upstream(&self, upstream_port: u16) {
+        let body = format!(r#"{{"upstream":"127.0.0.1:{upstream_port}"}}"#);
+        call(self.api_port, "POST", &format!("/proxies/{}", self.name), Some(&body), 200).await;
+    }
+
     /// `toxic` on both directions (named `<name>-up` and `<name>-down`).
     pub async fn add_both(&self, name: &str, toxic: Toxic) {
         self.add(&format!("{name}-up"), Direction::Upstream, toxic).await;
