@@ -122,7 +122,7 @@ the sidecar parses a socket address (`:::9464` is not one).
 {{/* Whether the sidecar mounts any Secret file: "true" or "". */}}
 {{- define "echomq-sidecar.hasSecretFiles" -}}
 {{- $v := .Values }}
-{{- if or $v.sidecar.auth.enabled $v.sidecar.tls.enabled $v.redis.password.enabled $v.redis.ca.enabled }}true{{ end }}
+{{- if or $v.sidecar.auth.enabled $v.sidecar.tls.enabled $v.redis.password.enabled $v.redis.ca.enabled $v.redis.sentinel.password.enabled }}true{{ end }}
 {{- end }}
 
 {{/* Whether the sidecar's clients need any Secret file (token, CA): "true" or "". */}}
@@ -133,8 +133,8 @@ the sidecar parses a socket address (`:::9464` is not one).
 {{/*
 The pod volumes the sidecar container needs, as list items (empty when none):
 one projected volume, `echomq-sidecar-secrets`, with the files of the token,
-TLS, Redis password and Redis CA Secrets that are enabled, read-only with mode
-sidecar.secretFileMode. Add it to every pod that carries the sidecar:
+TLS, Redis password, Redis CA and Sentinel password Secrets that are enabled,
+read-only with mode sidecar.secretFileMode. Add it to every pod that carries the sidecar:
 
   volumes:
     {{- include "echomq-sidecar.volumes" (index .Subcharts "echomq-sidecar") | nindent 4 }}
@@ -183,6 +183,13 @@ sidecar.secretFileMode. Add it to every pod that carries the sidecar:
           items:
             - key: {{ $v.redis.ca.secretKey }}
               path: redis/ca.crt
+      {{- end }}
+      {{- if $v.redis.sentinel.password.enabled }}
+      - secret:
+          name: {{ required "redis.sentinel.password.secretName is required when redis.sentinel.password.enabled is true" $v.redis.sentinel.password.secretName }}
+          items:
+            - key: {{ $v.redis.sentinel.password.secretKey }}
+              path: redis/sentinel-password
       {{- end }}
 {{- end }}
 {{- end }}
@@ -296,8 +303,8 @@ The consumer name defaults to the pod name: POD_NAME comes from the downward
 API and the sidecar uses it when ECHOMQ_CONSUMER_NAME is not set. The Redis URL
 comes from a Secret (redis.existingSecret, or the one this chart creates). All
 probes use the admin port; the gRPC port is loopback-only and not probed. The
-token, TLS and Redis password/CA files come from the volume that
-`echomq-sidecar.volumes` renders: the pod must list it.
+token, TLS, Redis password/CA and Sentinel password files come from the volume
+that `echomq-sidecar.volumes` renders: the pod must list it.
 */}}
 {{- define "echomq-sidecar.container" -}}
 {{- $ctx := . }}
@@ -362,6 +369,14 @@ token, TLS and Redis password/CA files come from the volume that
     {{- if $v.redis.ca.enabled }}
     - name: ECHOMQ_REDIS_CA_FILE
       value: {{ printf "%s/redis/ca.crt" $dir | quote }}
+    {{- end }}
+    {{- with $v.redis.sentinel.username }}
+    - name: ECHOMQ_SENTINEL_USERNAME
+      value: {{ . | quote }}
+    {{- end }}
+    {{- if $v.redis.sentinel.password.enabled }}
+    - name: ECHOMQ_SENTINEL_PASSWORD_FILE
+      value: {{ printf "%s/redis/sentinel-password" $dir | quote }}
     {{- end }}
     - name: ECHOMQ_LISTEN
       value: {{ $c.listen | quote }}
