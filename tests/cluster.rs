@@ -234,7 +234,9 @@ async fn a_sharded_stream_spreads_by_partition_key_and_one_call_consumes_every_s
     // A batch without a partition key goes to one shard, round-robin.
     let batch = AppendBatchRequest {
         stream: stream.clone(),
-        entries: (0..3).map(|i| BatchEntry { fields: fields(&[("batch", &i.to_string())]) }).collect(),
+        entries: (0..3)
+            .map(|i| BatchEntry { fields: fields(&[("batch", &i.to_string())]), ..Default::default() })
+            .collect(),
         ..Default::default()
     };
     let batch = streams.append_batch(batch).await.unwrap().into_inner().entries;
@@ -315,7 +317,7 @@ async fn failover_and_a_killed_primary_during_consumption_lose_nothing() {
         let batch = AppendBatchRequest {
             stream: stream.clone(),
             entries: (0..100)
-                .map(|i| BatchEntry { fields: fields(&[("n", &(chunk * 100 + i).to_string())]) })
+                .map(|i| BatchEntry { fields: fields(&[("n", &(chunk * 100 + i).to_string())]), ..Default::default() })
                 .collect(),
             partition_key: format!("key-{chunk}"),
             ..Default::default()
