@@ -236,9 +236,13 @@ async fn with_a_live_replica_appends_are_confirmed_and_share_their_waits() {
 
     let mut con = primary.conn().await;
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut con).await.unwrap();
+    // Clients first, so the 200 calls start together.
+    let mut clients = Vec::new();
+    for _ in 0..200 {
+        clients.push(sidecar.stream_client().await);
+    }
     let mut calls = tokio::task::JoinSet::new();
-    for n in 0..200 {
-        let mut client = sidecar.stream_client().await;
+    for (n, mut client) in clients.into_iter().enumerate() {
         calls.spawn(async move { client.append(keyed("d", &format!("k{n}"), "x")).await });
     }
     while let Some(done) = calls.join_next().await {
