@@ -251,8 +251,23 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         },
         other => other,
     };
+    // Writes that wait for what the server cannot do (WAITAOF on Redis 7.0) exit 2.
+    let durability = crate::durable::Durability {
+        replicas: config.wait_replicas,
+        aof: config.wait_aof,
+        timeout: Duration::from_millis(config.wait_timeout_ms),
+    };
+    let dedup_window = Duration::from_millis(config.dedup_window_ms);
     let redis = match redis {
-        Ok(Some(redis)) => redis,
+        Ok(Some(redis)) => match crate::durable::Writes::start(&redis, durability, dedup_window, redis_timeout).await {
+            Ok(writes) => Ok(Some((redis, writes))),
+            Err(reason) => Err(AppError::Config(reason)),
+        },
+        Ok(None) => Ok(None),
+        Err(e) => Err(e),
+    };
+    let (redis, writes) = match redis {
+        Ok(Some(started)) => started,
         stopped_or_failed => {
             let _ = closing_tx.send(true);
             let _ = tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await;
@@ -293,12 +308,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             guard.clone(),
             metrics.clone(),
             folding.clone(),
+            writes.clone(),
         ))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max),
     );
     admin_service.set(
-        AdminServiceServer::new(Admin::new(redis.clone(), config.id_field.clone(), guard.clone(), folding))
+        AdminServiceServer::new(Admin::new(redis.clone(), config.id_field.clone(), guard.clone(), folding, writes))
             .max_decoding_message_size(max)
             .max_encoding_message_size(max),
     );

@@ -60,6 +60,19 @@ pub const DEFAULT_MAX_FIELDS_PER_ENTRY: usize = 1_000;
 pub const DEFAULT_MAX_NAME_BYTES: usize = 1_024;
 /// Default most Consume calls open at once.
 pub const DEFAULT_MAX_CONSUME_CALLS: usize = 1_024;
+/// Default replicas an append waits for (`WAIT`): 0, none; appends are
+/// answered once the primary has them, as Redis answers an `XADD`.
+pub const DEFAULT_WAIT_REPLICAS: u32 = 0;
+/// Default time (ms) an append waits for its replicas before it is answered
+/// UNAVAILABLE as not confirmed.
+pub const DEFAULT_WAIT_TIMEOUT_MS: u64 = 1_000;
+/// Default dedup window (ms): two minutes, as NATS JetStream's duplicate
+/// window. Long enough for a client to retry through a failover (Sentinel's
+/// and a cluster's take seconds to tens of seconds) and a few backoffs; short
+/// enough that the records (one Redis string of about 100 bytes plus the key
+/// per keyed append) stay small: 1,000 keyed appends/s hold about 12 MB.
+pub const DEFAULT_DEDUP_WINDOW_MS: u64 = 120_000;
+
 /// Default most dedicated reader connections (one per (stream, group) with calls; a sharded stream's
 /// shards one each).
 pub const DEFAULT_READER_CONNECTIONS: usize = 64;
@@ -363,6 +376,31 @@ pub struct Config {
     /// at one CPU, and an archive fold (Parquet encoding) then holds deliveries back while it runs.
     #[arg(long, env = "ECHOMQ_WORKER_THREADS", default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1024))]
     pub worker_threads: usize,
+
+    /// Replicas that must have an appended entry before Append, AppendBatch or ReplayDeadLetters answers:
+    /// each write is followed by `WAIT N --wait-timeout-ms` on a connection of its own (one WAIT covers
+    /// every write queued meanwhile). A write not confirmed in time is answered UNAVAILABLE, naming its
+    /// ids: it is on the primary but may be lost if the primary fails now. 0: no waiting (the default).
+    /// More than the primary has connected is allowed (a warning at start): every append then times out.
+    #[arg(long, env = "ECHOMQ_WAIT_REPLICAS", default_value_t = DEFAULT_WAIT_REPLICAS, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub wait_replicas: u32,
+
+    /// How long (milliseconds) a write waits for --wait-replicas (or --wait-aof) before it is answered
+    /// UNAVAILABLE as not confirmed.
+    #[arg(long, env = "ECHOMQ_WAIT_TIMEOUT_MS", default_value_t = DEFAULT_WAIT_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub wait_timeout_ms: u64,
+
+    /// Confirm writes with `WAITAOF 1 N` instead of `WAIT N`: fsynced to the primary's append-only file
+    /// and to N (--wait-replicas) replicas' files. Needs Redis 7.2 or newer, or Valkey, with
+    /// `appendonly yes`: the sidecar refuses to start (exit 2) on an older server.
+    #[arg(long, env = "ECHOMQ_WAIT_AOF", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub wait_aof: bool,
+
+    /// How long (milliseconds) an append's dedup_key is remembered, from its first append: a second
+    /// append with the same key on the same stream within it writes nothing and answers the first's ids.
+    /// Each keyed append keeps one Redis key that long (about 100 bytes plus the key).
+    #[arg(long, env = "ECHOMQ_DEDUP_WINDOW_MS", default_value_t = DEFAULT_DEDUP_WINDOW_MS, value_parser = clap::value_parser!(u64).range(1_000..=604_800_000))]
+    pub dedup_window_ms: u64,
 
     /// Log line format on standard error.
     #[arg(long, env = "ECHOMQ_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -688,6 +726,28 @@ mod tests {
         assert_eq!(parse(&[]).unwrap().reader_connections, DEFAULT_READER_CONNECTIONS);
         assert_eq!(parse(&["--reader-connections", "2"]).unwrap().reader_connections, 2);
         assert!(parse(&["--reader-connections", "0"]).is_err(), "no reader could ever read");
+    }
+
+    #[test]
+    fn durable_append_settings_default_off_and_are_bounded() {
+        let config = parse(&[]).unwrap();
+        assert_eq!((config.wait_replicas, config.wait_timeout_ms, config.wait_aof), (0, 1_000, false));
+        assert_eq!(config.dedup_window_ms, DEFAULT_DEDUP_WINDOW_MS);
+        let config =
+            parse(&["--wait-replicas", "2", "--wait-timeout-ms", "250", "--wait-aof", "--dedup-window-ms", "1000"])
+                .unwrap();
+        assert_eq!((config.wait_replicas, config.wait_timeout_ms, config.wait_aof), (2, 250, true));
+        assert_eq!(config.dedup_window_ms, 1_000);
+        assert!(parse(&["--wait-aof", "false"]).is_ok_and(|c| !c.wait_aof));
+        for bad in [
+            &["--wait-timeout-ms", "0"][..],
+            &["--wait-replicas", "-1"],
+            &["--wait-replicas", "101"],
+            &["--dedup-window-ms", "999"],
+            &["--wait-aof", "maybe"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -100,6 +100,18 @@ pub enum Error {
     /// after the restart).
     #[error("the sidecar is shutting down; un-settled entries stay pending and will be delivered again")]
     ShuttingDown,
+    /// A write that creates entries ran on the primary, but `WAIT`
+    /// (`--wait-replicas`) or `WAITAOF` (`--wait-aof`) did not confirm it
+    /// within `--wait-timeout-ms`: it may be lost if the primary fails now.
+    #[error("{written} was written to the primary but not confirmed: {shortfall}; {retry}")]
+    Unconfirmed {
+        /// What was written: the entries' branded ids and stream ids, and the stream.
+        written: String,
+        /// How the confirmation fell short.
+        shortfall: Box<crate::durable::Shortfall>,
+        /// Whether a retry is safe (the same `dedup_key`) or may write twice.
+        retry: String,
+    },
 }
 
 impl Error {
@@ -175,7 +187,10 @@ impl From<Error> for Status {
         let code = match &error {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
             Error::WrongType { .. } | Error::Conflict { .. } => Code::FailedPrecondition,
-            Error::Unavailable { .. } | Error::ArchiveUnavailable { .. } | Error::ShuttingDown => Code::Unavailable,
+            Error::Unavailable { .. }
+            | Error::ArchiveUnavailable { .. }
+            | Error::ShuttingDown
+            | Error::Unconfirmed { .. } => Code::Unavailable,
             Error::Aborted { .. } => Code::Aborted,
             Error::Timeout { .. } => Code::DeadlineExceeded,
             // The Redis ACL user lacks a permission: the operator's to grant.

@@ -106,6 +106,18 @@ impl Keyspace {
         self.derived(stream, &format!(":heartbeats:{group}"))
     }
 
+    /// The dedup record of `dedup_key` on the stream key `stream` (an
+    /// Append's `dedup_key`): a string `<stream id> <branded id>` of the
+    /// first append with that key, expiring after `--dedup-window-ms`:
+    /// `<stream>:dedup:<dedup_key>`, tagged like [`Self::dead_letter_stream`]
+    /// so `append.lua` can read and write it with the stream. A dedup key's
+    /// own braces never move it: the stream's tag (or the whole name as one)
+    /// comes first. One key per dedup key rather than one hash per stream,
+    /// because a hash field's own expiry (HEXPIRE) needs Redis 7.4.
+    pub fn dedup(&self, stream: &str, dedup_key: &str) -> String {
+        self.derived(stream, &format!(":dedup:{dedup_key}"))
+    }
+
     fn derived(&self, stream: &str, suffix: &str) -> String {
         if self.cluster && hash_tag(stream).is_none() {
             format!("{{{stream}}}{suffix}")
@@ -317,9 +329,15 @@ mod tests {
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.retries(stream, "g")), "{stream}");
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.fold_lease(stream)), "{stream}");
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.archive_through(stream)), "{stream}");
+            for dedup_key in ["k", "{other}", "}{x}"] {
+                let record = cluster.dedup(stream, dedup_key);
+                assert_eq!(Slot::for_key(stream), Slot::for_key(&record), "{stream} {dedup_key} -> {record}");
+            }
             assert!(cluster.same_slot("f", stream, &dlq).is_ok());
         }
         assert_eq!(cluster.dead_letter_stream("orders"), "{orders}:dlq");
+        assert_eq!(cluster.dedup("orders", "k"), "{orders}:dedup:k");
+        assert_eq!(single.dedup("orders", "k"), "orders:dedup:k");
         assert_eq!(cluster.dead_letter_stream("{orders}"), "{orders}:dlq");
         assert!(cluster.same_slot("f", "orders", "elsewhere").is_err());
         // Names that no wrapping can co-locate are refused, not sent to fail with CROSSSLOT.

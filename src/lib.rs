@@ -33,6 +33,10 @@
 //!   - `consume/settle.rs` + `settle.lua`: XACK batches;
 //!   - `consume/hygiene.rs` + `hygiene.lua`: heartbeats, and removing dead consumers;
 //!   - `consume/gauges.rs`: polling the group's state into metrics.
+//! - [`durable`]: writes that create entries: run as one `EVALSHA` (loading
+//!   the script after a `NOSCRIPT`), and with `--wait-replicas`/`--wait-aof`
+//!   through the durable writer, which confirms them with `WAIT`/`WAITAOF` on
+//!   a connection of its own (group commit: one `WAIT` per round).
 //! - [`error`]: the API's error enum and its one mapping to `tonic::Status`
 //!   (start-up has its own: [`redis::ShardCountError`], [`config`]'s parse errors).
 //! - [`id`]: stream ids and branded ids.
@@ -66,6 +70,7 @@ pub mod archive;
 pub mod config;
 pub mod consume;
 pub mod deferred;
+pub mod durable;
 pub mod entry;
 pub mod error;
 pub mod id;

@@ -234,7 +234,9 @@ async fn a_sharded_stream_spreads_by_partition_key_and_one_call_consumes_every_s
     // A batch without a partition key goes to one shard, round-robin.
     let batch = AppendBatchRequest {
         stream: stream.clone(),
-        entries: (0..3).map(|i| BatchEntry { fields: fields(&[("batch", &i.to_string())]) }).collect(),
+        entries: (0..3)
+            .map(|i| BatchEntry { fields: fields(&[("batch", &i.to_string())]), ..Default::default() })
+            .collect(),
         ..Default::default()
     };
     let batch = streams.append_batch(batch).await.unwrap().into_inner().entries;
@@ -315,7 +317,7 @@ async fn failover_and_a_killed_primary_during_consumption_lose_nothing() {
         let batch = AppendBatchRequest {
             stream: stream.clone(),
             entries: (0..100)
-                .map(|i| BatchEntry { fields: fields(&[("n", &(chunk * 100 + i).to_string())]) })
+                .map(|i| BatchEntry { fields: fields(&[("n", &(chunk * 100 + i).to_string())]), ..Default::default() })
                 .collect(),
             partition_key: format!("key-{chunk}"),
             ..Default::default()
@@ -555,4 +557,83 @@ async fn a_sharded_stream_is_archived_per_shard_key_on_a_cluster() {
         assert_eq!(&back, ids, "{shard}: archived then live, in order");
         assert_eq!(read.entries.iter().filter(|e| e.archived).count(), 8);
     }
+}
+
+/// `--wait-replicas` and `dedup_key` on a cluster: each stream's WAIT goes
+/// to the primary that owns its slot (a stopped replica fails only the
+/// streams of its primary; a WAIT sent elsewhere would confirm them), the
+/// writes of one round span slots, and dedup records live in the stream's
+/// slot, on plain and sharded streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_and_idempotent_appends_wait_on_the_slot_owner() {
+    let cluster = RedisCluster::start(3, 1).await;
+    let sharded = unique("dsharded");
+    let options = SidecarOptions::default()
+        .arg("--wait-replicas")
+        .arg("1")
+        .arg("--wait-timeout-ms")
+        .arg("500")
+        .arg("--sharded-streams")
+        .arg(&format!("{sharded}=4"));
+    let sidecar = Sidecar::start_with_url(&cluster.seed_urls(), options).await;
+    let keys = cluster.key_per_primary("durable").await;
+    let keyed = |stream: &str, dedup_key: &str| AppendRequest {
+        stream: stream.to_owned(),
+        fields: fields(&[("k", "v")]),
+        dedup_key: dedup_key.to_owned(),
+        ..Default::default()
+    };
+
+    // Concurrent appends to streams on every primary: confirmed, in rounds that span slots.
+    let mut calls = tokio::task::JoinSet::new();
+    for key in &keys {
+        for n in 0..20 {
+            let mut client = sidecar.stream_client().await;
+            let request = keyed(key, &format!("d{n}"));
+            calls.spawn(async move { client.append(request).await });
+        }
+    }
+    while let Some(done) = calls.join_next().await {
+        done.unwrap().expect("confirmed by the slot owner's replica");
+    }
+    let mut con = cluster.conn().await;
+    let mut streams = sidecar.stream_client().await;
+    for key in &keys {
+        assert_eq!(xlen(&mut con, key).await, 20, "{key}");
+        let first = streams.append(keyed(key, "once")).await.unwrap().into_inner();
+        let again = streams.append(keyed(key, "once")).await.unwrap().into_inner();
+        assert!(again.duplicate && again.id == first.id, "{again:?}");
+        assert_eq!(xlen(&mut con, key).await, 21, "{key}: the duplicate wrote nothing");
+        let record = format!("{{{key}}}:dedup:once");
+        assert_eq!(key_slot(&record), key_slot(key), "the record shares the stream's slot");
+        let exists: i64 = redis::cmd("EXISTS").arg(&record).query_async(&mut con).await.unwrap();
+        assert_eq!(exists, 1, "{record}");
+    }
+
+    // Stop the replica of the first stream's primary: its appends are not
+    // confirmed, the other primaries' are.
+    let stopped = cluster.primary_of(&keys[0]).await;
+    let replicas = cluster.replicas_of(stopped).await;
+    assert_eq!(replicas.len(), 1, "{replicas:?}");
+    cluster.pause(replicas[0], true);
+    let lost = streams.append(keyed(&keys[0], "while-stopped")).await;
+    let others = [
+        streams.append(keyed(&keys[1], "while-stopped")).await,
+        streams.append(keyed(&keys[2], "while-stopped")).await,
+    ];
+    cluster.pause(replicas[0], false);
+    let err = lost.expect_err("the slot owner's replica is stopped");
+    assert_code(&err, Code::Unavailable);
+    assert!(err.message().contains("only 0 of 1 replicas"), "{}", err.message());
+    for other in others {
+        other.expect("another primary's replica runs");
+    }
+    let retry =
+        streams.append(keyed(&keys[0], "while-stopped")).await.expect("confirmed once the replica runs").into_inner();
+    assert!(retry.duplicate, "{retry:?}");
+
+    // A sharded stream: the dedup key picks the shard, its record is in that shard's slot.
+    let first = streams.append(keyed(&sharded, "order-1")).await.unwrap().into_inner();
+    let retry = streams.append(keyed(&sharded, "order-1")).await.unwrap().into_inner();
+    assert!(retry.duplicate && retry.stream == first.stream && retry.id == first.id, "{retry:?}");
 }

@@ -243,6 +243,28 @@ async fn append_takes_fields_from_flags() {
     assert!(table.contains(&entries[1].stream_id), "{table}");
 }
 
+/// `--dedup-key`: a repeat prints the first append's ids as DUPLICATE and
+/// writes nothing; JSON input gives each entry its own key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_with_a_dedup_key_writes_once() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+
+    let first = ctl(&sidecar.endpoint(), &["append", "s", "-f", "k=v", "--dedup-key", "order-1", "--json"]).await.ok();
+    let again = ctl(&sidecar.endpoint(), &["append", "s", "-f", "k=w", "--dedup-key", "order-1"]).await.ok().stdout;
+    assert_eq!(first.json_lines()[0]["duplicate"], false);
+    assert!(again.contains("DUPLICATE") && again.contains("yes"), "{again}");
+    assert!(again.contains(first.json_lines()[0]["id"].as_str().unwrap()), "the first append's id: {again}");
+    assert_eq!(xlen(&mut con, "s").await, 1);
+
+    let stdin = "{\"fields\": {\"k\": \"a\"}, \"dedup_key\": \"order-1\"}\n{\"fields\": {\"k\": \"b\"}, \"dedup_key\": \"order-2\"}\n";
+    let run = ctl_with_stdin(&sidecar.endpoint(), &["append", "s", "--json", "--from-json", "-"], stdin).await.ok();
+    let duplicate: Vec<bool> = run.json_lines().iter().map(|l| l["duplicate"].as_bool().unwrap()).collect();
+    assert_eq!(duplicate, [true, false]);
+    assert_eq!(xlen(&mut con, "s").await, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_takes_entries_from_json_and_read_output_round_trips() {
     let redis = RedisServer::start().await;

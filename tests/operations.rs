@@ -249,6 +249,10 @@ fn help_names_an_env_var_for_every_flag() {
         "redis-timeout-ms",
         "reader-connections",
         "worker-threads",
+        "wait-replicas",
+        "wait-timeout-ms",
+        "wait-aof",
+        "dedup-window-ms",
         "log-format",
     ];
     let missing: Vec<String> = flags

@@ -142,7 +142,7 @@ async fn round_trip(options: SidecarOptions) -> RoundTrip {
     append.metadata_mut().insert("traceparent", format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01").parse().unwrap());
     let mut client = sidecar.stream_client().await;
     let appended = client.append(append).await.unwrap().into_inner();
-    let entry = || BatchEntry { fields: [("k".to_owned(), b"w".to_vec())].into() };
+    let entry = || BatchEntry { fields: [("k".to_owned(), b"w".to_vec())].into(), ..Default::default() };
     let batch = AppendBatchRequest { stream: stream.clone(), entries: vec![entry(), entry()], ..Default::default() };
     let batch = client.append_batch(batch).await.unwrap().into_inner();
 

@@ -180,6 +180,7 @@ pub(crate) async fn append(
                     ("n".to_owned(), n.to_string().into_bytes()),
                     ("body".to_owned(), body.clone()),
                 ]),
+                ..Default::default()
             })
             .collect();
         streams.append_batch(AppendBatchRequest { stream: stream.to_owned(), entries, ..Default::default() }).await?;

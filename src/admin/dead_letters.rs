@@ -5,6 +5,7 @@ use redis::Value;
 
 use super::Admin;
 use crate::{
+    durable::{eval, ScriptCall, ScriptName},
     entry::{self, dead_letter_fields as fields},
     error::Error,
     id::StreamId,
@@ -136,14 +137,18 @@ pub(super) async fn replay(
         stopped_by: None,
     };
     for batch in ids.chunks(REPLAY_BATCH) {
-        let mut script = admin.redis.scripts.replay.prepare_invoke();
-        script.key(source).key(&dead_letters).arg(&admin.id_field);
+        let mut script = ScriptCall::new(&admin.redis, ScriptName::Replay, &[source, dead_letters.as_str()]);
+        script.arg(&admin.id_field);
         for id in batch {
             script.arg(id);
         }
         progress.under_way = batch.len();
-        let reply: Value = match script.invoke_async(&mut conn).await {
-            Ok(reply) => reply,
+        let ran = match &admin.writes.durable {
+            Some(writer) => writer.write(script).await.map(|written| (written.reply, written.shortfall)),
+            None => eval(&admin.redis, &mut conn, &script).await.map(|reply| (reply, None)),
+        };
+        let (reply, shortfall): (Value, _) = match ran {
+            Ok(ran) => ran,
             Err(e) => {
                 progress.stopped_by = Some(e.to_string());
                 return Err(replay_error(e, source, replayed.len()));
@@ -172,6 +177,23 @@ pub(super) async fn replay(
         }
         progress.replayed = replayed.len();
         progress.under_way = 0;
+        if let Some(shortfall) = shortfall {
+            // Moved on the primary; the next batches wait until it is confirmed.
+            let batch_moved = array(&reply).first().map_or(0, |moved| array(moved).len());
+            progress.stopped_by = Some(format!("not confirmed: {shortfall}"));
+            return Err(Error::Unconfirmed {
+                written: format!(
+                    "a batch of {batch_moved} dead letters replayed to stream `{source}` ({} replayed in all, \
+                     the last with stream id {})",
+                    replayed.len(),
+                    replayed.last().map_or("-", |r| r.stream_id.as_str())
+                ),
+                shortfall: Box::new(shortfall),
+                retry: "replaying again is safe: a replayed dead letter left the dead-letter stream and is not \
+                        moved twice"
+                    .to_owned(),
+            });
+        }
     }
     progress.finished = true;
     // Only ids the request named can be missing; the oldest-`count` page found its own.

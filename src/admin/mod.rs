@@ -23,18 +23,22 @@ pub struct Admin {
     guard: Guard,
     /// The archive DescribeGroup reports on (`--archive-url`).
     archive: Option<std::sync::Arc<crate::archive::fold::Folding>>,
+    /// How a replay writes: through the durable writer when writes wait for replicas.
+    writes: crate::durable::Writes,
 }
 
 impl Admin {
     /// Serves the AdminService with `redis`; branded ids live in `id_field`;
-    /// names are checked by `guard`; DescribeGroup reports on `archive`.
+    /// names are checked by `guard`; DescribeGroup reports on `archive`;
+    /// ReplayDeadLetters writes as `writes` says (confirmed by `WAIT` or not).
     pub fn new(
         redis: Redis,
         id_field: String,
         guard: Guard,
         archive: Option<std::sync::Arc<crate::archive::fold::Folding>>,
+        writes: crate::durable::Writes,
     ) -> Admin {
-        Admin { redis, id_field, guard, archive }
+        Admin { redis, id_field, guard, archive, writes }
     }
 }
 

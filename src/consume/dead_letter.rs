@@ -7,6 +7,13 @@
 //! can duplicate a dead letter, never lose the entry. The dead letter carries
 //! the branded id in the reserved field, the metadata fields below, then the
 //! original payload.
+//!
+//! It does not wait for replicas (`--wait-replicas`), on purpose: no client
+//! waits for a confirmation of it, and the copy and the XACK are one script,
+//! so they replicate together or not at all. A failover that loses the
+//! script loses both: the entry is pending on the source again and is
+//! dead-lettered again, nothing lost. A `WAIT` here would only hold the
+//! group worker (and every ack behind it) up to `--wait-timeout-ms`.
 
 use redis::{RedisResult, Value};
 

@@ -23,9 +23,11 @@ const READ_KEYS: [&str; 7] = ["stream", "stream_id", "id", "minted_at_ms", "grou
     shortest decimal that reads back as the same double (`1e2` becomes `100.0`): quote a number to keep its \
     exact text), or an object as `read --json` prints \
     it (`fields`, and `fields_base64` for values that are not UTF-8; its `id`, `stream_id`, … are ignored, \
-    since the sidecar mints new ones; a `traceparent` is kept). Several entries are appended in one \
-    AppendBatch call: all of them or none.\n\nPrints the stream written, the stream id and the branded id \
-    of each entry; with --json one JSON object per entry (NDJSON): `stream`, `stream_id`, `id`.")]
+    since the sidecar mints new ones; a `traceparent` is kept; a `dedup_key` string beside `fields` is the \
+    entry's dedup key). Several entries are appended in one AppendBatch call: all of them or none.\n\n\
+    Prints the stream written, the stream id and the branded id of each entry (and DUPLICATE for an entry \
+    whose dedup key was already recorded: nothing written, the first append's ids); with --json one JSON \
+    object per entry (NDJSON): `stream`, `stream_id`, `id`, `duplicate`.")]
 pub(crate) struct Args {
     /// The stream key, or a sharded stream's name (the sidecar picks the shard).
     stream: String,
@@ -46,7 +48,23 @@ pub(crate) struct Args {
     /// For a sharded stream: entries with the same key go to the same shard.
     #[arg(long)]
     partition_key: Option<String>,
+    /// Make the append idempotent: appending again with the same key within the sidecar's
+    /// --dedup-window-ms writes nothing and prints the first append's ids (DUPLICATE). Retry an
+    /// append whose outcome is unknown with the same key. One entry only; in JSON input give each
+    /// entry a `dedup_key` beside its `fields`.
+    #[arg(long, value_name = "KEY", value_parser = parse_dedup_key)]
+    dedup_key: Option<String>,
 }
+
+fn parse_dedup_key(text: &str) -> Result<String, String> {
+    match text {
+        "" => Err("an empty dedup key would not deduplicate; leave --dedup-key out instead".into()),
+        key => Ok(key.to_owned()),
+    }
+}
+
+/// One entry to append: its fields and its dedup key (empty: none).
+type NewEntry = (HashMap<String, Vec<u8>>, String);
 
 fn parse_field(text: &str) -> Result<(String, Vec<u8>), String> {
     let (name, value) = text.split_once('=').ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
@@ -59,7 +77,7 @@ fn parse_field_base64(text: &str) -> Result<(String, Vec<u8>), String> {
 }
 
 /// The entries given as JSON.
-fn entries_from_json(text: &str) -> Result<Vec<HashMap<String, Vec<u8>>>, String> {
+fn entries_from_json(text: &str) -> Result<Vec<NewEntry>, String> {
     let mut entries = Vec::new();
     for (n, value) in serde_json::Deserializer::from_str(text).into_iter::<Value>().enumerate() {
         let value = value.map_err(|e| format!("JSON input: {e}"))?;
@@ -72,11 +90,12 @@ fn entries_from_json(text: &str) -> Result<Vec<HashMap<String, Vec<u8>>>, String
 }
 
 /// One entry: a plain object of values, or the shape `read --json` prints.
-fn entry_from_json(value: &Value) -> Result<HashMap<String, Vec<u8>>, String> {
+fn entry_from_json(value: &Value) -> Result<NewEntry, String> {
     let Value::Object(object) = value else {
         return Err(format!("expected an object of fields, got {value}"));
     };
     let mut fields = HashMap::new();
+    let mut dedup_key = String::new();
     if let Some(Value::Object(text)) = object.get("fields") {
         for (key, value) in object {
             match (key.as_str(), value) {
@@ -89,6 +108,8 @@ fn entry_from_json(value: &Value) -> Result<HashMap<String, Vec<u8>>, String> {
                         fields.insert(name.clone(), from_b64(value).map_err(|e| format!("fields_base64.{name}: {e}"))?);
                     }
                 }
+                ("dedup_key", Value::String(key)) => dedup_key.clone_from(key),
+                ("dedup_key", _) => return Err("dedup_key: expected a string".into()),
                 ("traceparent", Value::String(trace)) => {
                     fields.insert("traceparent".to_owned(), trace.as_bytes().to_vec());
                 }
@@ -107,7 +128,7 @@ fn entry_from_json(value: &Value) -> Result<HashMap<String, Vec<u8>>, String> {
             fields.insert(name.clone(), scalar(name, value)?);
         }
     }
-    Ok(fields)
+    Ok((fields, dedup_key))
 }
 
 /// A JSON value as field bytes: a string's UTF-8, a number's or boolean's JSON text.
@@ -154,23 +175,37 @@ fn json_text(source: &str) -> Result<String, Failure> {
 
 /// Runs `append`.
 pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
-    let entries = match &args.from_json {
+    let mut entries = match &args.from_json {
         Some(source) => entries_from_json(&json_text(source)?).map_err(Failure::Usage)?,
-        None => vec![fields_from_flags(&args.fields, &args.fields_base64).map_err(Failure::Usage)?],
+        None => vec![(fields_from_flags(&args.fields, &args.fields_base64).map_err(Failure::Usage)?, String::new())],
     };
+    if let Some(key) = &args.dedup_key {
+        match entries.as_mut_slice() {
+            [(_, dedup_key)] => dedup_key.clone_from(key),
+            _ => {
+                return Err(Failure::Usage(
+                    "--dedup-key names one entry's key; for several entries, give each a `dedup_key` beside its \
+                     `fields` in the JSON input"
+                        .into(),
+                ))
+            }
+        }
+    }
     let doing = format!("append to {}", args.stream);
     let written: Vec<AppendResponse> = if entries.len() == 1 {
+        let (fields, dedup_key) = entries.into_iter().next().unwrap_or_default();
         let request = AppendRequest {
             stream: args.stream.clone(),
-            fields: entries.into_iter().next().unwrap_or_default(),
+            fields,
             max_len: args.max_len.unwrap_or(0),
             partition_key: args.partition_key.clone().unwrap_or_default(),
+            dedup_key,
         };
         vec![ctx.stream().append(ctx.request(request)).await.map_err(|s| Failure::status(&doing, s))?.into_inner()]
     } else {
         let request = AppendBatchRequest {
             stream: args.stream.clone(),
-            entries: entries.into_iter().map(|fields| BatchEntry { fields }).collect(),
+            entries: entries.into_iter().map(|(fields, dedup_key)| BatchEntry { fields, dedup_key }).collect(),
             max_len: args.max_len.unwrap_or(0),
             partition_key: args.partition_key.clone().unwrap_or_default(),
         };
@@ -183,9 +218,20 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
     };
     if ctx.json {
         for w in &written {
-            emit_json_line(&json!({"stream": w.stream, "stream_id": w.stream_id, "id": w.id}))?;
+            emit_json_line(
+                &json!({"stream": w.stream, "stream_id": w.stream_id, "id": w.id, "duplicate": w.duplicate}),
+            )?;
         }
         Ok(())
+    } else if written.iter().any(|w| w.duplicate) {
+        let rows: Vec<Vec<String>> = written
+            .iter()
+            .map(|w| {
+                let duplicate = if w.duplicate { "yes" } else { "no" };
+                vec![w.stream.clone(), w.stream_id.clone(), w.id.clone(), duplicate.to_owned()]
+            })
+            .collect();
+        emit(&table(&["STREAM", "STREAM ID", "ID", "DUPLICATE"], &rows))
     } else {
         let rows: Vec<Vec<String>> =
             written.iter().map(|w| vec![w.stream.clone(), w.stream_id.clone(), w.id.clone()]).collect();
@@ -205,11 +251,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(entries.len(), 2);
-        assert_eq!(entries[0]["sku"], b"A-1");
-        assert_eq!(entries[0]["qty"], b"2");
-        assert_eq!(entries[0]["ok"], b"true");
-        assert_eq!(entries[1].len(), 2);
-        assert_eq!(entries[1]["bin"], vec![0xff, 0x00]);
+        assert_eq!(entries[0].0["sku"], b"A-1");
+        assert_eq!(entries[0].0["qty"], b"2");
+        assert_eq!(entries[0].0["ok"], b"true");
+        assert_eq!(entries[1].0.len(), 2);
+        assert_eq!(entries[1].0["bin"], vec![0xff, 0x00]);
+        assert!(entries.iter().all(|(_, dedup_key)| dedup_key.is_empty()));
+        let keyed = entries_from_json(r#"{"fields": {"a": "b"}, "dedup_key": "order-7"}"#).unwrap();
+        assert_eq!(keyed[0].1, "order-7");
+        assert_eq!(
+            entries_from_json(r#"{"dedup_key": "x"}"#).unwrap()[0].0["dedup_key"],
+            b"x",
+            "a plain object's keys are fields"
+        );
     }
 
     #[test]
@@ -219,6 +273,7 @@ mod tests {
             ("[1]", "expected an object"),
             (r#"{"a": null}"#, "field `a`"),
             (r#"{"fields": {}, "extra": 1}"#, "unexpected key `extra`"),
+            (r#"{"fields": {}, "dedup_key": 7}"#, "dedup_key"),
             (r#"{"fields": {}, "fields_base64": {"a": "!!"}}"#, "not base64"),
             ("{", "JSON input"),
         ] {

@@ -1,14 +1,17 @@
-//! Append and AppendBatch: validate → run `append.lua` (mint branded ids and
-//! XADD, atomically) → map the stream ids to the response.
+//! Append and AppendBatch: validate → run `append.lua` (check dedup keys,
+//! mint branded ids, XADD and record the keys, atomically; through the
+//! durable writer when writes wait for replicas) → map the stream ids to the
+//! response.
 
 use std::collections::HashMap;
 
 use super::Streams;
 use crate::{
+    durable::{eval, ScriptCall, ScriptName, Shortfall},
     error::Error,
     id::{BrandedId, StreamId},
     proto::{AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse},
-    redis::{parse_stream_id, parse_unread_trimmed},
+    redis::{bytes, parse_stream_id, parse_unread_trimmed},
     security::Caller,
     telemetry::{self, TRACE_FIELD},
 };
@@ -17,25 +20,41 @@ use tracing::Instrument;
 /// Most entries in one AppendBatch.
 pub const MAX_BATCH_ENTRIES: usize = 10_000;
 
+/// One entry to append: its fields, its dedup key ("": none), and the
+/// request fields they came from (for INVALID_ARGUMENT).
+struct NewEntry<'a> {
+    fields_field: &'static str,
+    fields: &'a HashMap<String, Vec<u8>>,
+    dedup_field: &'static str,
+    dedup_key: &'a str,
+}
+
 /// Appends `entries` to `stream` in one script run and returns their
-/// (branded id, stream id, stream key) in order. A sharded stream's shard is
-/// picked by `partition_key` (see [`crate::keys::Keyspace::append_target`]).
-/// `max_len` 0: no trimming.
+/// (branded id, stream id, stream key, duplicate) in order. A sharded
+/// stream's shard is picked by `partition_key`, else by the first dedup key
+/// of the entries (so a retry finds the record on the shard that wrote it),
+/// else in turn (see [`crate::keys::Keyspace::append_target`]). An entry
+/// whose dedup key is recorded (`<stream>:dedup:<key>`, within
+/// `--dedup-window-ms`), or repeats an earlier entry's key, is not written
+/// and answers the recorded ids with `duplicate`. `max_len` 0: no trimming.
 ///
 /// Errors: [`Error::InvalidArgument`] for a bad stream name (on a cluster, also
 /// one no group could consume: see [`crate::keys::Keyspace::consumable`]; a
-/// shard key this sidecar does not shard), too many fields,
-/// or a field named like the reserved id field; [`Error::Conflict`] for a
-/// `max_len` when this sidecar archives or the stream is archived (its
-/// `<stream>:archive:through` key exists); [`Error::WrongType`] when the
-/// key is not a stream; [`Error::Unavailable`] when Redis is down.
+/// shard key this sidecar does not shard), too many fields, a dedup key over
+/// `--max-name-bytes`, or a field named like the reserved id field;
+/// [`Error::Conflict`] for a `max_len` when this sidecar archives or the
+/// stream is archived (its `<stream>:archive:through` key exists);
+/// [`Error::WrongType`] when the key is not a stream (or a dedup record is
+/// not a string); [`Error::Unavailable`] when Redis is down;
+/// [`Error::Unconfirmed`] (UNAVAILABLE) when `--wait-replicas`/`--wait-aof`
+/// did not confirm the write in time, naming the ids written.
 async fn append_entries(
     streams: &Streams,
     caller: Option<&Caller>,
     traceparent: Option<&str>,
     stream: &str,
     partition_key: &str,
-    entries: &[(&'static str, &HashMap<String, Vec<u8>>)],
+    entries: &[NewEntry<'_>],
     max_len: u64,
 ) -> Result<Vec<AppendResponse>, Error> {
     let logical = streams.guard.stream(caller, "stream", stream)?;
@@ -47,9 +66,28 @@ async fn append_entries(
                 .to_owned(),
         });
     }
+    for entry in entries {
+        if entry.dedup_key.len() > streams.guard.max_name_bytes {
+            return Err(Error::invalid(
+                entry.dedup_field,
+                format!(
+                    "{} bytes is longer than this sidecar's limit of {} (--max-name-bytes); use a shorter key, such \
+                     as a hash of it",
+                    entry.dedup_key.len(),
+                    streams.guard.max_name_bytes
+                ),
+            ));
+        }
+    }
     let keys = &streams.redis.keys;
     streams.redis.refuse_foreign_shard_key("stream", logical).await?;
-    let target = keys.append_target(logical, partition_key.as_bytes());
+    // A retry carries the same dedup key: hashing it (when no partition key
+    // is given) sends the retry to the shard that holds its record.
+    let pick = match partition_key {
+        "" => entries.iter().map(|entry| entry.dedup_key).find(|key| !key.is_empty()).unwrap_or(""),
+        key => key,
+    };
+    let target = keys.append_target(logical, pick.as_bytes());
     let stream = target.key.as_str();
     keys.consumable("stream", stream)?;
     // Only while traces are exported: nothing logs inside it.
@@ -78,17 +116,31 @@ async fn append_entries(
     let id_field = &streams.id_field;
     let count_key = keys.shard_count_key_to_check(stream).unwrap_or_else(|| stream.to_owned());
     let through_key = if max_len > 0 { keys.archive_through(stream) } else { stream.to_owned() };
-    let mut script = streams.redis.scripts.append.prepare_invoke();
+    // KEYS[4…]: each distinct dedup record once; an entry names its record by index.
+    let mut script_keys = vec![stream.to_owned(), count_key, through_key.clone()];
+    let mut records: HashMap<&str, usize> = HashMap::new();
+    let record_of: Vec<usize> = entries
+        .iter()
+        .map(|entry| match entry.dedup_key {
+            "" => 0,
+            key => *records.entry(key).or_insert_with(|| {
+                script_keys.push(keys.dedup(stream, key));
+                script_keys.len()
+            }),
+        })
+        .collect();
+    let durable = streams.writes.durable.as_ref();
+    let mut script = ScriptCall::new(&streams.redis, ScriptName::Append, &script_keys);
     script
-        .key(stream)
-        .key(count_key)
-        .key(&through_key)
         .arg(id_field)
         .arg(max_len)
         .arg(target.shard)
         .arg(target.shards)
+        .arg(u64::try_from(streams.writes.dedup_window.as_millis()).unwrap_or(u64::MAX))
+        .arg(u8::from(durable.is_some()))
         .arg(entries.len());
-    for (field, fields) in entries {
+    for (entry, record) in entries.iter().zip(&record_of) {
+        let (field, fields) = (entry.fields_field, entry.fields);
         if fields.contains_key(id_field) {
             return Err(Error::invalid(
                 field,
@@ -105,7 +157,7 @@ async fn append_entries(
         let mut sorted: Vec<_> = fields.iter().collect();
         sorted.sort_unstable_by_key(|(name, _)| name.as_str());
         let trace = stored.as_deref().filter(|_| !fields.contains_key(TRACE_FIELD));
-        script.arg(sorted.len() + usize::from(trace.is_some()));
+        script.arg(*record).arg(sorted.len() + usize::from(trace.is_some()));
         for (name, value) in sorted {
             script.arg(name.as_str()).arg(value.as_slice());
         }
@@ -113,45 +165,99 @@ async fn append_entries(
             script.arg(TRACE_FIELD).arg(trace);
         }
     }
-    let mut conn = streams.redis.conn.clone();
-    let reply: redis::Value =
-        script.invoke_async(&mut conn).instrument(span.clone()).await.map_err(|e| match e.code() {
-            Some("ECHOMQ_SHARDED") => keys.unconfigured_sharded(stream, e.detail().unwrap_or("?")),
-            Some("ECHOMQ_ARCHIVED") => Error::Conflict {
-                reason: format!(
-                    "max_len: stream `{stream}` is archived (`{through_key}` exists), and an Append's max_len trims \
-                     inside the append, before anything could be archived; drop max_len and cap the stream with \
-                     --retention NAME=maxlen:N on the sidecars that archive it"
-                ),
-            },
-            _ => Error::from_redis(e, "appending (append.lua)", stream),
-        })?;
+    let ran = async {
+        match durable {
+            Some(writer) => writer.write(script).await.map(|written| (written.reply, written.shortfall)),
+            None => {
+                let mut conn = streams.redis.conn.clone();
+                eval(&streams.redis, &mut conn, &script).await.map(|reply| (reply, None))
+            }
+        }
+    };
+    let (reply, shortfall) = ran.instrument(span.clone()).await.map_err(|e| match e.code() {
+        Some("ECHOMQ_SHARDED") => keys.unconfigured_sharded(stream, e.detail().unwrap_or("?")),
+        Some("ECHOMQ_ARCHIVED") => Error::Conflict {
+            reason: format!(
+                "max_len: stream `{stream}` is archived (`{through_key}` exists), and an Append's max_len trims \
+                 inside the append, before anything could be archived; drop max_len and cap the stream with \
+                 --retention NAME=maxlen:N on the sidecars that archive it"
+            ),
+        },
+        _ => Error::from_redis(e, "appending (append.lua)", stream),
+    })?;
     let redis::Value::Array(reply) = reply else {
         let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list"));
         return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
     };
-    let [redis::Value::Array(ids), unread] = reply.as_slice() else {
-        let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return ids and groups"));
+    let [redis::Value::Array(ids), unread, redis::Value::Array(duplicates)] = reply.as_slice() else {
+        let unexpected =
+            redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return ids, groups and duplicates"));
         return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
     };
+    // Entry number (1-based) → the recorded branded id, for the duplicates.
+    let mut recorded: HashMap<i64, String> = HashMap::new();
+    for pair in duplicates.chunks(2) {
+        if let [redis::Value::Int(entry), branded] = pair {
+            let branded = bytes(branded).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
+            recorded.insert(*entry, String::from_utf8_lossy(&branded).into_owned());
+        }
+    }
     // Written, whatever the reply's parsing says next: counted now.
-    streams.metrics.appended(stream, keys.sharded_stream_of(stream), ids.len());
+    streams.metrics.appended(stream, keys.sharded_stream_of(stream), ids.len() - recorded.len());
     let unread =
         parse_unread_trimmed(unread).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
     streams.report_unread_trimmed(stream, &unread, "append_max_len");
     let written = ids
         .iter()
-        .map(|id| {
+        .zip(1..)
+        .map(|(id, entry)| {
             let stream_id: StreamId =
                 parse_stream_id(id).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
-            let branded = BrandedId::from_stream_id(stream_id).expect("append.lua mints ids within the branded range");
-            Ok(AppendResponse { id: branded.to_string(), stream_id: stream_id.to_string(), stream: stream.to_owned() })
+            let (id, duplicate) = match recorded.remove(&entry) {
+                Some(branded) => (branded, true),
+                None => {
+                    let branded =
+                        BrandedId::from_stream_id(stream_id).expect("append.lua mints ids within the branded range");
+                    (branded.to_string(), false)
+                }
+            };
+            Ok(AppendResponse { id, stream_id: stream_id.to_string(), stream: stream.to_owned(), duplicate })
         })
         .collect::<Result<Vec<_>, Error>>()?;
     if let [one] = written.as_slice() {
         span.record("messaging.message.id", one.id.as_str());
     }
+    if let Some(shortfall) = shortfall {
+        return Err(unconfirmed(stream, &written, entries, shortfall));
+    }
     Ok(written)
+}
+
+/// UNAVAILABLE for entries the wait did not confirm: which they are, how it
+/// fell short, and whether a retry is safe (with each entry's dedup key it
+/// is: it answers the same ids and writes nothing).
+fn unconfirmed(stream: &str, written: &[AppendResponse], entries: &[NewEntry<'_>], shortfall: Shortfall) -> Error {
+    let written_text = match written {
+        [one] => format!("entry {} (stream id {}) of stream `{stream}`", one.id, one.stream_id),
+        [first, .., last] => format!(
+            "{} entries of stream `{stream}` (ids {} to {}, stream ids {} to {})",
+            written.len(),
+            first.id,
+            last.id,
+            first.stream_id,
+            last.stream_id
+        ),
+        [] => format!("nothing of stream `{stream}`"),
+    };
+    let keyed = entries.iter().filter(|entry| !entry.dedup_key.is_empty()).count();
+    let retry = if keyed == entries.len() {
+        "a retry with the same dedup_key is safe: it answers the same ids and writes nothing"
+    } else if keyed == 0 {
+        "no dedup_key was given, so a retry may write it a second time; set dedup_key to make a retry safe"
+    } else {
+        "a retry is safe for the entries with a dedup_key; the others may be written a second time"
+    };
+    Error::Unconfirmed { written: written_text, shortfall: Box::new(shortfall), retry: retry.to_owned() }
 }
 
 /// Append: one entry.
@@ -161,7 +267,12 @@ pub(super) async fn append(
     traceparent: Option<&str>,
     request: &AppendRequest,
 ) -> Result<AppendResponse, Error> {
-    let entries = [("fields", &request.fields)];
+    let entries = [NewEntry {
+        fields_field: "fields",
+        fields: &request.fields,
+        dedup_field: "dedup_key",
+        dedup_key: &request.dedup_key,
+    }];
     let mut written = append_entries(
         streams,
         caller,
@@ -173,7 +284,7 @@ pub(super) async fn append(
     )
     .await?;
     let written = written.pop().expect("append.lua returns one id per entry");
-    tracing::debug!(stream = %request.stream, id = %written.id, "appended");
+    tracing::debug!(stream = %request.stream, id = %written.id, duplicate = written.duplicate, "appended");
     Ok(written)
 }
 
@@ -190,7 +301,16 @@ pub(super) async fn append_batch(
             format!("1 to {MAX_BATCH_ENTRIES} entries, got {}", request.entries.len()),
         ));
     }
-    let entries: Vec<_> = request.entries.iter().map(|entry| ("entries.fields", &entry.fields)).collect();
+    let entries: Vec<_> = request
+        .entries
+        .iter()
+        .map(|entry| NewEntry {
+            fields_field: "entries.fields",
+            fields: &entry.fields,
+            dedup_field: "entries.dedup_key",
+            dedup_key: &entry.dedup_key,
+        })
+        .collect();
     let (stream, key) = (&request.stream, &request.partition_key);
     let entries = append_entries(streams, caller, traceparent, stream, key, &entries, request.max_len).await?;
     Ok(AppendBatchResponse { entries })

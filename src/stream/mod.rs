@@ -15,6 +15,7 @@ pub use read::parse_bound;
 
 use crate::{
     archive::fold::Folding,
+    durable::Writes,
     metrics::Metrics,
     proto::{
         stream_service_server::StreamService, AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse,
@@ -34,20 +35,24 @@ pub struct Streams {
     metrics: Arc<Metrics>,
     /// The archive trims fold into and Read reads from (`--archive-url`).
     archive: Option<Arc<Folding>>,
+    /// How appends are written: waiting for replicas or not, the dedup window.
+    writes: Writes,
 }
 
 impl Streams {
     /// Serves streams with `redis`; branded ids live in the field `id_field`;
     /// names are checked by `guard`; appends are counted in `metrics`; trims
-    /// fold into `archive` first, and Read reads it, when there is one.
+    /// fold into `archive` first, and Read reads it, when there is one;
+    /// appends are written as `writes` says (durable or not, dedup window).
     pub fn new(
         redis: Redis,
         id_field: String,
         guard: Guard,
         metrics: Arc<Metrics>,
         archive: Option<Arc<Folding>>,
+        writes: Writes,
     ) -> Streams {
-        Streams { redis, id_field, guard, metrics, archive }
+        Streams { redis, id_field, guard, metrics, archive, writes }
     }
 }
 

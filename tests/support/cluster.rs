@@ -169,6 +169,11 @@ impl RedisCluster {
         );
     }
 
+    /// SIGSTOP (`paused`) or SIGCONT the node on `port` (see [`RedisServer::pause`]).
+    pub fn pause(&self, port: u16, paused: bool) {
+        self.nodes.iter().find(|n| n.port() == port).expect("a node on that port").pause(paused);
+    }
+
     /// The ports of all nodes, killed ones included, in start order.
     pub fn ports(&self) -> Vec<u16> {
         self.nodes.iter().map(RedisServer::port).collect()

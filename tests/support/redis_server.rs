@@ -270,6 +270,17 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// SIGSTOP (`paused`) or SIGCONT: a stopped Redis keeps its sockets open
+    /// but answers nothing, as a stalled host would; a stopped replica
+    /// acknowledges no replication offset, so its primary's `WAIT` times out.
+    /// A stopped server is still killed on drop (SIGKILL works on it).
+    pub fn pause(&self, paused: bool) {
+        let pid = self.pid().expect("a running redis-server to pause or continue");
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill").arg(signal).arg(pid.to_string()).status().expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
     /// SIGKILL: Redis disappears at once (and, without persistence, its data with it).
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -390,9 +390,23 @@ type AppendRequest struct {
 	// For a sharded stream (`--sharded-streams`): entries with the same
 	// partition key go to the same shard, so they are consumed in the order they
 	// were appended. The shard is FNV-1a (64 bits) of the key's UTF-8 bytes
-	// modulo the shard count. Empty: shards are taken in turn. Ignored by a
-	// stream that is not sharded (it is one shard).
-	PartitionKey  string `protobuf:"bytes,4,opt,name=partition_key,json=partitionKey,proto3" json:"partition_key,omitempty"`
+	// modulo the shard count. Empty: shards are taken in turn, or, when
+	// `dedup_key` is set, picked by the same hash of the dedup key (so a retry
+	// lands on the shard that recorded it). Ignored by a stream that is not
+	// sharded (it is one shard).
+	PartitionKey string `protobuf:"bytes,4,opt,name=partition_key,json=partitionKey,proto3" json:"partition_key,omitempty"`
+	// Makes the append idempotent: a second append to the same stream with the
+	// same dedup key within `--dedup-window-ms` (default 2 minutes, measured
+	// from the first append) writes nothing and answers the first append's `id`,
+	// `stream_id` and `stream` with `duplicate = true`, even if that entry was
+	// trimmed or acknowledged since. Use it to retry an append whose outcome is
+	// unknown (UNAVAILABLE, DEADLINE_EXCEEDED, a lost connection). Empty (the
+	// default): no deduplication. 1 to `--max-name-bytes` (1024 by default)
+	// bytes of UTF-8; longer is INVALID_ARGUMENT, nothing written. The record is
+	// a Redis string `<stream>:dedup:<dedup_key>` in the stream's slot (`GET`,
+	// then `SET … PX` in the append script), expiring after the window. On a
+	// sharded stream, give the retry the same `partition_key` (or none).
+	DedupKey      string `protobuf:"bytes,5,opt,name=dedup_key,json=dedupKey,proto3" json:"dedup_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,6 +469,13 @@ func (x *AppendRequest) GetPartitionKey() string {
 	return ""
 }
 
+func (x *AppendRequest) GetDedupKey() string {
+	if x != nil {
+		return x.DedupKey
+	}
+	return ""
+}
+
 // What Append wrote.
 type AppendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -464,7 +485,11 @@ type AppendResponse struct {
 	StreamId string `protobuf:"bytes,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
 	// The stream key written: the request's stream, or for a sharded stream the
 	// shard's key, `<stream>:{<stream>:<k>}`.
-	Stream        string `protobuf:"bytes,3,opt,name=stream,proto3" json:"stream,omitempty"`
+	Stream string `protobuf:"bytes,3,opt,name=stream,proto3" json:"stream,omitempty"`
+	// True when the request's `dedup_key` was already recorded: nothing was
+	// written, and `id`, `stream_id` and `stream` are the first append's. False
+	// for an append without a dedup key.
+	Duplicate     bool `protobuf:"varint,4,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -518,6 +543,13 @@ func (x *AppendResponse) GetStream() string {
 		return x.Stream
 	}
 	return ""
+}
+
+func (x *AppendResponse) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
 }
 
 // Several entries to append to one stream.
@@ -599,7 +631,13 @@ func (x *AppendBatchRequest) GetPartitionKey() string {
 type BatchEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// As `AppendRequest.fields`.
-	Fields        map[string][]byte `protobuf:"bytes,1,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Fields map[string][]byte `protobuf:"bytes,1,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// As `AppendRequest.dedup_key`, per entry: a batch may mix entries with and
+	// without one. An entry whose key is recorded, or was used by an earlier
+	// entry of the same batch, is not written and answers the first one's ids
+	// (`AppendResponse.duplicate`). On a sharded stream, a batch without
+	// `partition_key` goes to the shard its first dedup key picks.
+	DedupKey      string `protobuf:"bytes,2,opt,name=dedup_key,json=dedupKey,proto3" json:"dedup_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -641,10 +679,18 @@ func (x *BatchEntry) GetFields() map[string][]byte {
 	return nil
 }
 
+func (x *BatchEntry) GetDedupKey() string {
+	if x != nil {
+		return x.DedupKey
+	}
+	return ""
+}
+
 // What AppendBatch wrote, in request order.
 type AppendBatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// One result per entry, in request order.
+	// One result per entry, in request order; a duplicate's says so
+	// (`AppendResponse.duplicate`).
 	Entries       []*AppendResponse `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -715,27 +761,30 @@ const file_echomq_v1_stream_service_proto_rawDesc = "" +
 	"\atrimmed\x18\x01 \x01(\x04R\atrimmed\x12$\n" +
 	"\x0eapplied_min_id\x18\x02 \x01(\tR\fappliedMinId\x12-\n" +
 	"\x13held_back_by_groups\x18\x03 \x01(\bR\x10heldBackByGroups\x12\x1a\n" +
-	"\barchived\x18\x04 \x01(\x04R\barchived\"\xde\x01\n" +
+	"\barchived\x18\x04 \x01(\x04R\barchived\"\xfb\x01\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12<\n" +
 	"\x06fields\x18\x02 \x03(\v2$.echomq.v1.AppendRequest.FieldsEntryR\x06fields\x12\x17\n" +
 	"\amax_len\x18\x03 \x01(\x04R\x06maxLen\x12#\n" +
-	"\rpartition_key\x18\x04 \x01(\tR\fpartitionKey\x1a9\n" +
+	"\rpartition_key\x18\x04 \x01(\tR\fpartitionKey\x12\x1b\n" +
+	"\tdedup_key\x18\x05 \x01(\tR\bdedupKey\x1a9\n" +
 	"\vFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"U\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"s\n" +
 	"\x0eAppendResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tstream_id\x18\x02 \x01(\tR\bstreamId\x12\x16\n" +
-	"\x06stream\x18\x03 \x01(\tR\x06stream\"\x9b\x01\n" +
+	"\x06stream\x18\x03 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\x9b\x01\n" +
 	"\x12AppendBatchRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12/\n" +
 	"\aentries\x18\x02 \x03(\v2\x15.echomq.v1.BatchEntryR\aentries\x12\x17\n" +
 	"\amax_len\x18\x03 \x01(\x04R\x06maxLen\x12#\n" +
-	"\rpartition_key\x18\x04 \x01(\tR\fpartitionKey\"\x82\x01\n" +
+	"\rpartition_key\x18\x04 \x01(\tR\fpartitionKey\"\x9f\x01\n" +
 	"\n" +
 	"BatchEntry\x129\n" +
-	"\x06fields\x18\x01 \x03(\v2!.echomq.v1.BatchEntry.FieldsEntryR\x06fields\x1a9\n" +
+	"\x06fields\x18\x01 \x03(\v2!.echomq.v1.BatchEntry.FieldsEntryR\x06fields\x12\x1b\n" +
+	"\tdedup_key\x18\x02 \x01(\tR\bdedupKey\x1a9\n" +
 	"\vFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"J\n" +

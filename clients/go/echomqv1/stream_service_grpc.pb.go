@@ -38,17 +38,30 @@ type StreamServiceClient interface {
 	// `<ms>-<seq>` the entry gets, and is also stored in the reserved field
 	// (`--id-field`, default `id`) so copies of the entry keep it.
 	//
+	// With `dedup_key` set, an append whose key was seen on the stream within
+	// `--dedup-window-ms` writes nothing and answers the first append's ids
+	// (`AppendResponse.duplicate`): so an append whose outcome is unknown can be
+	// retried without a second copy.
+	//
+	// With `--wait-replicas N` (or `--wait-aof`) the append is confirmed only
+	// once `WAIT N` (`WAITAOF`) reports the replicas (the fsyncs) within
+	// `--wait-timeout-ms`; otherwise UNAVAILABLE, whose message names the
+	// entry's branded id and stream id, says it was written to the primary but
+	// not confirmed (how many replicas confirmed, how many are connected), and
+	// whether a retry is safe (it is with the same `dedup_key`).
+	//
 	// Errors: INVALID_ARGUMENT for an empty or too long stream name, a field
-	// named like the reserved field, a shard key of a sharded stream this sidecar
-	// was not started with, or (on a Redis Cluster) a name with braces but no
-	// usable hash tag; FAILED_PRECONDITION when the key holds another Redis type
-	// (WRONGTYPE), or the stream is sharded by other sidecars but not this one;
-	// UNAVAILABLE when Redis cannot be reached.
+	// named like the reserved field, a `dedup_key` over `--max-name-bytes`, a
+	// shard key of a sharded stream this sidecar was not started with, or (on a
+	// Redis Cluster) a name with braces but no usable hash tag;
+	// FAILED_PRECONDITION when the key holds another Redis type (WRONGTYPE), or
+	// the stream is sharded by other sidecars but not this one; UNAVAILABLE when
+	// Redis cannot be reached, or the append was not confirmed (above).
 	Append(ctx context.Context, in *AppendRequest, opts ...grpc.CallOption) (*AppendResponse, error)
 	// AppendBatch adds several entries to one stream in one script run: all of
-	// them or none. Ids are consecutive and in request order. Errors as for
-	// Append; INVALID_ARGUMENT also for an empty batch or one over 10,000
-	// entries.
+	// them or none. Ids are consecutive and in request order (a duplicate, see
+	// `BatchEntry.dedup_key`, takes no id of its own). Errors as for Append;
+	// INVALID_ARGUMENT also for an empty batch or one over 10,000 entries.
 	AppendBatch(ctx context.Context, in *AppendBatchRequest, opts ...grpc.CallOption) (*AppendBatchResponse, error)
 	// Read replays a range of a stream, oldest first, without a consumer group
 	// (XRANGE): nothing is acknowledged or counted. Page with `next_start_id`.
@@ -138,17 +151,30 @@ type StreamServiceServer interface {
 	// `<ms>-<seq>` the entry gets, and is also stored in the reserved field
 	// (`--id-field`, default `id`) so copies of the entry keep it.
 	//
+	// With `dedup_key` set, an append whose key was seen on the stream within
+	// `--dedup-window-ms` writes nothing and answers the first append's ids
+	// (`AppendResponse.duplicate`): so an append whose outcome is unknown can be
+	// retried without a second copy.
+	//
+	// With `--wait-replicas N` (or `--wait-aof`) the append is confirmed only
+	// once `WAIT N` (`WAITAOF`) reports the replicas (the fsyncs) within
+	// `--wait-timeout-ms`; otherwise UNAVAILABLE, whose message names the
+	// entry's branded id and stream id, says it was written to the primary but
+	// not confirmed (how many replicas confirmed, how many are connected), and
+	// whether a retry is safe (it is with the same `dedup_key`).
+	//
 	// Errors: INVALID_ARGUMENT for an empty or too long stream name, a field
-	// named like the reserved field, a shard key of a sharded stream this sidecar
-	// was not started with, or (on a Redis Cluster) a name with braces but no
-	// usable hash tag; FAILED_PRECONDITION when the key holds another Redis type
-	// (WRONGTYPE), or the stream is sharded by other sidecars but not this one;
-	// UNAVAILABLE when Redis cannot be reached.
+	// named like the reserved field, a `dedup_key` over `--max-name-bytes`, a
+	// shard key of a sharded stream this sidecar was not started with, or (on a
+	// Redis Cluster) a name with braces but no usable hash tag;
+	// FAILED_PRECONDITION when the key holds another Redis type (WRONGTYPE), or
+	// the stream is sharded by other sidecars but not this one; UNAVAILABLE when
+	// Redis cannot be reached, or the append was not confirmed (above).
 	Append(context.Context, *AppendRequest) (*AppendResponse, error)
 	// AppendBatch adds several entries to one stream in one script run: all of
-	// them or none. Ids are consecutive and in request order. Errors as for
-	// Append; INVALID_ARGUMENT also for an empty batch or one over 10,000
-	// entries.
+	// them or none. Ids are consecutive and in request order (a duplicate, see
+	// `BatchEntry.dedup_key`, takes no id of its own). Errors as for Append;
+	// INVALID_ARGUMENT also for an empty batch or one over 10,000 entries.
 	AppendBatch(context.Context, *AppendBatchRequest) (*AppendBatchResponse, error)
 	// Read replays a range of a stream, oldest first, without a consumer group
 	// (XRANGE): nothing is acknowledged or counted. Page with `next_start_id`.

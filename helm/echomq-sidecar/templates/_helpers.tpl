@@ -418,6 +418,14 @@ that `echomq-sidecar.volumes` renders: the pod must list it.
       value: {{ $c.maxConsumeCalls | int64 | quote }}
     - name: ECHOMQ_READER_CONNECTIONS
       value: {{ $c.readerConnections | int64 | quote }}
+    - name: ECHOMQ_WAIT_REPLICAS
+      value: {{ $c.waitReplicas | int64 | quote }}
+    - name: ECHOMQ_WAIT_TIMEOUT_MS
+      value: {{ $c.waitTimeoutMs | int64 | quote }}
+    - name: ECHOMQ_WAIT_AOF
+      value: {{ $c.waitAof | toString | quote }}
+    - name: ECHOMQ_DEDUP_WINDOW_MS
+      value: {{ $c.dedupWindowMs | int64 | quote }}
     {{- with $c.allowStreams }}
     - name: ECHOMQ_ALLOW_STREAMS
       value: {{ join "," . | quote }}

@@ -17,15 +17,28 @@
 -- ARGV[3]  the shard's index k and ARGV[4] the shard count n (0 and 1 for a
 --          plain stream): every sequence number minted is k modulo n, so the
 --          shards of one sharded stream never mint the same id
--- ARGV[5]  the number of entries; then, per entry, its field count m followed
---          by m name/value pairs
--- Returns { the stream ids in order, lost }, lost as trim_counting_unread
--- gives it (the groups whose unread entries the cap removed).
+-- KEYS[4…] the dedup records of the entries that have a dedup key
+--          (`<stream>:dedup:<key>`, keys::Keyspace::dedup), each once
+-- ARGV[5]  the dedup window (ms): how long a record set here lives (PX)
+-- ARGV[6]  1 when the caller will WAIT for replicas after this script, else 0:
+--          a duplicate then rewrites its record (SET … KEEPTTL), so this
+--          connection's replication offset covers the first append too, and
+--          the WAIT confirms it even on a connection that did not write it
+-- ARGV[7]  the number of entries; then, per entry, the index in KEYS of its
+--          dedup record (0: none), its field count m, and m name/value pairs
+-- Returns { the stream ids in order, lost, duplicates }: lost as
+-- trim_counting_unread gives it (the groups whose unread entries the cap
+-- removed); duplicates a flat list { entry number (1-based), branded id, … }
+-- of the entries not written because their dedup record exists (or an
+-- earlier entry of this batch has the same record): their stream id in the
+-- list is the recorded one.
 --
 -- Why a script: the branded id is the stream id the entry gets, and it must be
 -- written inside the entry. The script picks the id itself (Redis time, after
 -- the stream's last generated id, as XADD * would) and passes it explicitly to
 -- XADD, so the id and the field agree and no other writer can slip in between.
+-- The dedup check, the XADD and the record are one step for the same reason:
+-- two appends with one dedup key can never both write.
 
 local stream = KEYS[1]
 local max_branded_ms = 281474976710655 -- 2^48 - 1: the 6 bytes of a branded id
@@ -67,33 +80,68 @@ if redis.call('EXISTS', stream) == 1 then
 end
 
 local trim = tonumber(ARGV[2])
-local ids = {}
-local arg = 6
-for entry = 1, tonumber(ARGV[5]) do
-  if ms > max_branded_ms then
-    return redis.error_reply('ERR echomq: the stream id would exceed the branded id range (milliseconds past 2^48)')
+local window, waited = ARGV[5], ARGV[6] == '1'
+local ids, duplicates = {}, {}
+-- Dedup record index → { stream id, branded id } of this batch's first entry with it.
+local recorded = {}
+local written = 0
+local arg = 8
+for entry = 1, tonumber(ARGV[7]) do
+  local record = tonumber(ARGV[arg])
+  local fields = tonumber(ARGV[arg + 1])
+  local first = arg + 2
+  arg = first + 2 * fields
+  local seen = nil
+  if record > 0 then
+    seen = recorded[record]
+    if seen == nil then
+      -- `<stream id> <branded id>`; raises WRONGTYPE when the key is not a string.
+      local value = redis.call('GET', KEYS[record])
+      if value then
+        local sid, branded = string.match(value, '^(%S+) (%S+)$')
+        if sid then
+          seen = { sid, branded }
+          recorded[record] = seen
+          if waited then
+            redis.call('SET', KEYS[record], value, 'KEEPTTL')
+          end
+        end
+      end
+    end
   end
-  local id = string.format('%d-%d', ms, seq)
-  local command = { 'XADD', stream, id }
-  command[#command + 1] = ARGV[1]
-  command[#command + 1] = branded_text(ms, seq)
-  local fields = tonumber(ARGV[arg])
-  for i = arg + 1, arg + 2 * fields do
-    command[#command + 1] = ARGV[i]
+  if seen ~= nil then
+    ids[entry] = seen[1]
+    duplicates[#duplicates + 1] = entry
+    duplicates[#duplicates + 1] = seen[2]
+  else
+    if ms > max_branded_ms then
+      return redis.error_reply('ERR echomq: the stream id would exceed the branded id range (milliseconds past 2^48)')
+    end
+    local id = string.format('%d-%d', ms, seq)
+    local branded = branded_text(ms, seq)
+    local command = { 'XADD', stream, id, ARGV[1], branded }
+    for i = first, first + 2 * fields - 1 do
+      command[#command + 1] = ARGV[i]
+    end
+    redis.call(unpack(command))
+    if record > 0 then
+      redis.call('SET', KEYS[record], id .. ' ' .. branded, 'PX', window)
+      recorded[record] = { id, branded }
+    end
+    ids[entry] = id
+    written = written + 1
+    seq = seq + shards
   end
-  arg = arg + 1 + 2 * fields
-  redis.call(unpack(command))
-  ids[entry] = id
-  seq = seq + shards
 end
 -- The cap once, after the batch, as XADD's MAXLEN ~ would leave it, counting
--- what it removed before a group read it.
+-- what it removed before a group read it. A batch of duplicates only wrote
+-- nothing, and trims nothing either.
 local lost = {}
-if trim > 0 then
+if trim > 0 and written > 0 then
   local excess = redis.call('XLEN', stream) - trim
   if excess > 0 then
     local _
     _, lost = trim_counting_unread(stream, { 'MAXLEN', '~', ARGV[2] }, excess)
   end
 end
-return { ids, lost }
+return { ids, lost, duplicates }

@@ -95,7 +95,11 @@ class AdminServiceServicer(object):
         when Redis cannot be reached. Entries move a batch of 100 at a time: an
         error after the first batch says how many were replayed before it; a call
         cancelled part-way (its deadline) keeps what moved, and the sidecar logs
-        how many.
+        how many. With `--wait-replicas N` (or `--wait-aof`) each batch is
+        confirmed by `WAIT` (`WAITAOF`) before the next one moves; a batch not
+        confirmed within `--wait-timeout-ms` stops the call with UNAVAILABLE
+        saying it was moved on the primary but not confirmed (replaying again
+        moves only what is still in the dead-letter stream).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -26,7 +26,7 @@ from echomq.v1 import types_pb2 as echomq_dot_v1_dot_types__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65\x63homq/v1/stream_service.proto\x12\techomq.v1\x1a\x15\x65\x63homq/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n\x0bReadRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08start_id\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x65nd_id\x18\x04 \x01(\t\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x06 \x01(\r\"_\n\x0cReadResponse\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.echomq.v1.Entry\x12\x15\n\rnext_start_id\x18\x02 \x01(\t\x12\x15\n\roversized_ids\x18\x03 \x03(\t\"\x96\x01\n\x0bTrimRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0f\n\x07max_len\x18\x02 \x01(\x04\x12\x0e\n\x06min_id\x18\x03 \x01(\t\x12*\n\x06\x62\x65\x66ore\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61pproximate\x18\x05 \x01(\x08\x12\x15\n\rignore_groups\x18\x06 \x01(\x08\"f\n\x0cTrimResponse\x12\x0f\n\x07trimmed\x18\x01 \x01(\x04\x12\x16\n\x0e\x61pplied_min_id\x18\x02 \x01(\t\x12\x1b\n\x13held_back_by_groups\x18\x03 \x01(\x08\x12\x10\n\x08\x61rchived\x18\x04 \x01(\x04\"\xac\x01\n\rAppendRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x34\n\x06\x66ields\x18\x02 \x03(\x0b\x32$.echomq.v1.AppendRequest.FieldsEntry\x12\x0f\n\x07max_len\x18\x03 \x01(\x04\x12\x15\n\rpartition_key\x18\x04 \x01(\t\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"?\n\x0e\x41ppendResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\"t\n\x12\x41ppendBatchRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12&\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x15.echomq.v1.BatchEntry\x12\x0f\n\x07max_len\x18\x03 \x01(\x04\x12\x15\n\rpartition_key\x18\x04 \x01(\t\"n\n\nBatchEntry\x12\x31\n\x06\x66ields\x18\x01 \x03(\x0b\x32!.echomq.v1.BatchEntry.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"A\n\x13\x41ppendBatchResponse\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.echomq.v1.AppendResponse2\x8e\x02\n\rStreamService\x12=\n\x06\x41ppend\x12\x18.echomq.v1.AppendRequest\x1a\x19.echomq.v1.AppendResponse\x12L\n\x0b\x41ppendBatch\x12\x1d.echomq.v1.AppendBatchRequest\x1a\x1e.echomq.v1.AppendBatchResponse\x12\x37\n\x04Read\x12\x16.echomq.v1.ReadRequest\x1a\x17.echomq.v1.ReadResponse\x12\x37\n\x04Trim\x12\x16.echomq.v1.TrimRequest\x1a\x17.echomq.v1.TrimResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65\x63homq/v1/stream_service.proto\x12\techomq.v1\x1a\x15\x65\x63homq/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n\x0bReadRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08start_id\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x65nd_id\x18\x04 \x01(\t\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x06 \x01(\r\"_\n\x0cReadResponse\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.echomq.v1.Entry\x12\x15\n\rnext_start_id\x18\x02 \x01(\t\x12\x15\n\roversized_ids\x18\x03 \x03(\t\"\x96\x01\n\x0bTrimRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0f\n\x07max_len\x18\x02 \x01(\x04\x12\x0e\n\x06min_id\x18\x03 \x01(\t\x12*\n\x06\x62\x65\x66ore\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61pproximate\x18\x05 \x01(\x08\x12\x15\n\rignore_groups\x18\x06 \x01(\x08\"f\n\x0cTrimResponse\x12\x0f\n\x07trimmed\x18\x01 \x01(\x04\x12\x16\n\x0e\x61pplied_min_id\x18\x02 \x01(\t\x12\x1b\n\x13held_back_by_groups\x18\x03 \x01(\x08\x12\x10\n\x08\x61rchived\x18\x04 \x01(\x04\"\xbf\x01\n\rAppendRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x34\n\x06\x66ields\x18\x02 \x03(\x0b\x32$.echomq.v1.AppendRequest.FieldsEntry\x12\x0f\n\x07max_len\x18\x03 \x01(\x04\x12\x15\n\rpartition_key\x18\x04 \x01(\t\x12\x11\n\tdedup_key\x18\x05 \x01(\t\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"R\n\x0e\x41ppendResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"t\n\x12\x41ppendBatchRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12&\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x15.echomq.v1.BatchEntry\x12\x0f\n\x07max_len\x18\x03 \x01(\x04\x12\x15\n\rpartition_key\x18\x04 \x01(\t\"\x81\x01\n\nBatchEntry\x12\x31\n\x06\x66ields\x18\x01 \x03(\x0b\x32!.echomq.v1.BatchEntry.FieldsEntry\x12\x11\n\tdedup_key\x18\x02 \x01(\t\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"A\n\x13\x41ppendBatchResponse\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.echomq.v1.AppendResponse2\x8e\x02\n\rStreamService\x12=\n\x06\x41ppend\x12\x18.echomq.v1.AppendRequest\x1a\x19.echomq.v1.AppendResponse\x12L\n\x0b\x41ppendBatch\x12\x1d.echomq.v1.AppendBatchRequest\x1a\x1e.echomq.v1.AppendBatchResponse\x12\x37\n\x04Read\x12\x16.echomq.v1.ReadRequest\x1a\x17.echomq.v1.ReadResponse\x12\x37\n\x04Trim\x12\x16.echomq.v1.TrimRequest\x1a\x17.echomq.v1.TrimResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,19 +46,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRIMRESPONSE']._serialized_start=526
   _globals['_TRIMRESPONSE']._serialized_end=628
   _globals['_APPENDREQUEST']._serialized_start=631
-  _globals['_APPENDREQUEST']._serialized_end=803
-  _globals['_APPENDREQUEST_FIELDSENTRY']._serialized_start=758
-  _globals['_APPENDREQUEST_FIELDSENTRY']._serialized_end=803
-  _globals['_APPENDRESPONSE']._serialized_start=805
-  _globals['_APPENDRESPONSE']._serialized_end=868
-  _globals['_APPENDBATCHREQUEST']._serialized_start=870
-  _globals['_APPENDBATCHREQUEST']._serialized_end=986
-  _globals['_BATCHENTRY']._serialized_start=988
-  _globals['_BATCHENTRY']._serialized_end=1098
-  _globals['_BATCHENTRY_FIELDSENTRY']._serialized_start=758
-  _globals['_BATCHENTRY_FIELDSENTRY']._serialized_end=803
-  _globals['_APPENDBATCHRESPONSE']._serialized_start=1100
-  _globals['_APPENDBATCHRESPONSE']._serialized_end=1165
-  _globals['_STREAMSERVICE']._serialized_start=1168
-  _globals['_STREAMSERVICE']._serialized_end=1438
+  _globals['_APPENDREQUEST']._serialized_end=822
+  _globals['_APPENDREQUEST_FIELDSENTRY']._serialized_start=777
+  _globals['_APPENDREQUEST_FIELDSENTRY']._serialized_end=822
+  _globals['_APPENDRESPONSE']._serialized_start=824
+  _globals['_APPENDRESPONSE']._serialized_end=906
+  _globals['_APPENDBATCHREQUEST']._serialized_start=908
+  _globals['_APPENDBATCHREQUEST']._serialized_end=1024
+  _globals['_BATCHENTRY']._serialized_start=1027
+  _globals['_BATCHENTRY']._serialized_end=1156
+  _globals['_BATCHENTRY_FIELDSENTRY']._serialized_start=777
+  _globals['_BATCHENTRY_FIELDSENTRY']._serialized_end=822
+  _globals['_APPENDBATCHRESPONSE']._serialized_start=1158
+  _globals['_APPENDBATCHRESPONSE']._serialized_end=1223
+  _globals['_STREAMSERVICE']._serialized_start=1226
+  _globals['_STREAMSERVICE']._serialized_end=1496
 # @@protoc_insertion_point(module_scope)

@@ -62,7 +62,7 @@ class TrimResponse(_message.Message):
     def __init__(self, trimmed: _Optional[int] = ..., applied_min_id: _Optional[str] = ..., held_back_by_groups: bool = ..., archived: _Optional[int] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("stream", "fields", "max_len", "partition_key")
+    __slots__ = ("stream", "fields", "max_len", "partition_key", "dedup_key")
     class FieldsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -74,21 +74,25 @@ class AppendRequest(_message.Message):
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     MAX_LEN_FIELD_NUMBER: _ClassVar[int]
     PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_KEY_FIELD_NUMBER: _ClassVar[int]
     stream: str
     fields: _containers.ScalarMap[str, bytes]
     max_len: int
     partition_key: str
-    def __init__(self, stream: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ..., max_len: _Optional[int] = ..., partition_key: _Optional[str] = ...) -> None: ...
+    dedup_key: str
+    def __init__(self, stream: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ..., max_len: _Optional[int] = ..., partition_key: _Optional[str] = ..., dedup_key: _Optional[str] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("id", "stream_id", "stream")
+    __slots__ = ("id", "stream_id", "stream", "duplicate")
     ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     id: str
     stream_id: str
     stream: str
-    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., stream: _Optional[str] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., stream: _Optional[str] = ..., duplicate: bool = ...) -> None: ...
 
 class AppendBatchRequest(_message.Message):
     __slots__ = ("stream", "entries", "max_len", "partition_key")
@@ -103,7 +107,7 @@ class AppendBatchRequest(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[BatchEntry, _Mapping]]] = ..., max_len: _Optional[int] = ..., partition_key: _Optional[str] = ...) -> None: ...
 
 class BatchEntry(_message.Message):
-    __slots__ = ("fields",)
+    __slots__ = ("fields", "dedup_key")
     class FieldsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,8 +116,10 @@ class BatchEntry(_message.Message):
         value: bytes
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     FIELDS_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_KEY_FIELD_NUMBER: _ClassVar[int]
     fields: _containers.ScalarMap[str, bytes]
-    def __init__(self, fields: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    dedup_key: str
+    def __init__(self, fields: _Optional[_Mapping[str, bytes]] = ..., dedup_key: _Optional[str] = ...) -> None: ...
 
 class AppendBatchResponse(_message.Message):
     __slots__ = ("entries",)
