@@ -165,7 +165,7 @@ async fn chaos_nothing_is_lost() {
         sidecars.push(Sidecar::start(&redis, options).await);
     }
     let endpoints: Vec<String> = sidecars.iter().map(Sidecar::endpoint).collect();
-    let Run { ledger, started, clients: client_tasks, appending } = start_run(&endpoints, &redis_url, &settings);
+    let Run { ledger, started, clients: client_tasks, appending } = start_run(&endpoints, &settings);
     let clients = client_tasks.len();
     let mut injecting = Some(tokio::spawn(injector(redis, sidecars, ledger.clone(), settings.clone())));
 

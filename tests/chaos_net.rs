@@ -338,7 +338,7 @@ async fn chaos_net_nothing_is_lost() {
         sidecars.push(sidecar);
     }
     let endpoints: Vec<String> = grpc_proxies.iter().map(Proxy::endpoint).collect();
-    let Run { ledger, started, clients: client_tasks, appending } = start_run(&endpoints, &redis_url, &settings);
+    let Run { ledger, started, clients: client_tasks, appending } = start_run(&endpoints, &settings);
     let (n, clients) = (settings.entries, client_tasks.len());
     let admin_ports = sidecars.iter().map(Sidecar::admin_port).collect();
     let redis_pid = redis.pid().expect("redis-server runs");

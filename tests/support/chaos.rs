@@ -31,7 +31,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::consume::req;
 use super::redis_probe::{last_delivered_id, pending_count, pending_entries, try_pending_count};
 use super::sidecar::Sidecar;
-use super::wire::{branded_from_stream_id, duration_ms, is_branded, parse_stream_id};
+use super::wire::{duration_ms, is_branded, parse_stream_id};
 
 pub const STREAM: &str = "chaos";
 pub const GROUP: &str = "chaos-group";
@@ -176,7 +176,12 @@ impl Ledger {
 // Redis reads that tolerate a Redis restart (they answer None meanwhile)
 // ---------------------------------------------------------------------------
 
+/// A connection to the Redis at `url`; for a `redis+sentinel://` URL, to the
+/// primary the Sentinels name now (see [`super::sentinel::primary_url`]).
+/// `None` while it cannot be had.
 pub async fn try_conn(url: &str) -> Option<MultiplexedConnection> {
+    let url =
+        if url.starts_with("redis+sentinel://") { super::sentinel::primary_url(url).await? } else { url.to_owned() };
     let client = redis::Client::open(url).ok()?;
     tokio::time::timeout(Duration::from_secs(2), client.get_multiplexed_async_connection()).await.ok()?.ok()
 }
@@ -246,11 +251,13 @@ pub async fn read_all(con: &mut MultiplexedConnection, stream: &str) -> Vec<(Str
 // ---------------------------------------------------------------------------
 
 /// Appends keys 0..n in batches through random sidecars, spread over the append
-/// window. A batch whose outcome is unknown (its sidecar died, Redis restarted)
-/// is checked in Redis before it is sent again: a batch is one script run, all
-/// of it or nothing, and only the appender writes the stream, so the last
-/// entry's key tells.
-pub async fn appender(ledger: Arc<Ledger>, endpoints: Vec<String>, redis_url: String, settings: Settings) {
+/// window. Each entry carries a dedup key (`chaos:<key>`), so a batch whose
+/// outcome is unknown (its sidecar died, Redis restarted or failed over, an
+/// append was not confirmed) is simply sent again: an entry that did land is
+/// answered as a duplicate with the ids it got, and is not written twice
+/// (the verdict checks that every key is in the stream once, under the
+/// branded id recorded here).
+pub async fn appender(ledger: Arc<Ledger>, endpoints: Vec<String>, settings: Settings) {
     let mut rng = fastrand::Rng::with_seed(settings.seed ^ 0xa99e);
     let n = ledger.n;
     let batches = n.div_ceil(APPEND_BATCH);
@@ -266,6 +273,7 @@ pub async fn appender(ledger: Arc<Ledger>, endpoints: Vec<String>, redis_url: St
             let entries = (lo..hi)
                 .map(|k| BatchEntry {
                     fields: [("k".to_owned(), k.to_string().into_bytes())].into_iter().collect(),
+                    dedup_key: format!("chaos:{k}"),
                     ..Default::default()
                 })
                 .collect();
@@ -282,33 +290,8 @@ pub async fn appender(ledger: Arc<Ledger>, endpoints: Vec<String>, redis_url: St
                 assert_eq!(response.entries.len(), hi - lo, "AppendBatch answered a short batch");
                 break response.entries.into_iter().map(|e| (e.id, e.stream_id)).collect();
             }
-            // Unknown outcome: look in Redis (waiting for it if it is restarting).
+            // Unknown outcome: send it again, under the same dedup keys.
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let last = loop {
-                if let Some(mut con) = try_conn(&redis_url).await {
-                    let v: redis::RedisResult<Value> = redis::cmd("XREVRANGE")
-                        .arg(STREAM)
-                        .arg("+")
-                        .arg("-")
-                        .arg("COUNT")
-                        .arg(hi - lo)
-                        .query_async(&mut con)
-                        .await;
-                    if let Ok(v) = v {
-                        break parse_page(&v);
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            };
-            match last.first().and_then(|(_, f)| key_of(f)) {
-                Some(k) if k == hi - 1 => {
-                    // It landed: its ids are the newest hi - lo entries.
-                    break last.into_iter().rev().map(|(sid, _)| (branded_from_stream_id(&sid), sid)).collect();
-                }
-                Some(k) if k + 1 == lo => {}
-                None if lo == 0 => {}
-                other => panic!("appending keys {lo}..{hi}: the stream's last key is {other:?}"),
-            }
         };
         {
             let mut appended = ledger.appended.lock().unwrap();
@@ -530,9 +513,8 @@ pub struct Run {
 
 /// Starts a run: `settings.clients_per_sidecar` clients on each of
 /// `endpoints` (a sidecar's gRPC address, or a proxy in front of it), and the
-/// appender, which sends through random ones of them and checks unknown
-/// outcomes in Redis at `redis_url`.
-pub fn start_run(endpoints: &[String], redis_url: &str, settings: &Settings) -> Run {
+/// appender, which sends through random ones of them (see [`appender`]).
+pub fn start_run(endpoints: &[String], settings: &Settings) -> Run {
     let sidecars = endpoints.len();
     let clients = sidecars * settings.clients_per_sidecar;
     let ledger = Arc::new(Ledger::new(settings.entries, clients, sidecars));
@@ -544,7 +526,7 @@ pub fn start_run(endpoints: &[String], redis_url: &str, settings: &Settings) -> 
             tokio::spawn(client(ledger.clone(), c, sidecar, endpoints[sidecar].clone(), seed))
         })
         .collect();
-    let appending = tokio::spawn(appender(ledger.clone(), endpoints.to_vec(), redis_url.to_owned(), settings.clone()));
+    let appending = tokio::spawn(appender(ledger.clone(), endpoints.to_vec(), settings.clone()));
     Run { ledger, started, clients, appending }
 }
 

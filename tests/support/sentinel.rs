@@ -140,12 +140,55 @@ impl SentinelDeployment {
         }
     }
 
+    /// A planned failover (`SENTINEL FAILOVER mymaster`), asked of the first
+    /// Sentinel that takes it.
+    pub async fn sentinel_failover(&self) {
+        for sentinel in &self.sentinels {
+            let Some(mut conn) = sentinel.conn().await else { continue };
+            let asked: redis::RedisResult<()> =
+                redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME).query_async(&mut conn).await;
+            if asked.is_ok() {
+                return;
+            }
+        }
+        panic!("no Sentinel took SENTINEL FAILOVER");
+    }
+
     /// SIGSTOPs (`stop`) or SIGCONTs the data node on `port`.
     pub fn signal(&self, port: u16, stop: bool) {
         let pid = self.node(port).pid().expect("a running node");
         let status = Command::new("kill").arg(if stop { "-STOP" } else { "-CONT" }).arg(pid.to_string()).status();
         assert!(status.is_ok_and(|s| s.success()), "kill -STOP/-CONT {pid}");
     }
+}
+
+/// The URL of the primary that the Sentinels of `sentinel_url` (this
+/// fixture's `redis+sentinel://h:p,…/mymaster`) name now, confirmed with
+/// `ROLE`: the first Sentinel that names one that says `master`. `None`
+/// while none does (a failover under way).
+pub async fn primary_url(sentinel_url: &str) -> Option<String> {
+    let rest = sentinel_url.strip_prefix("redis+sentinel://")?;
+    let (hosts, master) = rest.split_once('/')?;
+    for host in hosts.split(',') {
+        let Ok(client) = redis::Client::open(format!("redis://{host}")) else { continue };
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(Duration::from_millis(500)));
+        let Ok(mut conn) = client.get_multiplexed_async_connection_with_config(&config).await else { continue };
+        let named: redis::RedisResult<Option<(String, u16)>> =
+            redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(master).query_async(&mut conn).await;
+        let Ok(Some((ip, port))) = named else { continue };
+        let url = format!("redis://{ip}:{port}");
+        let Ok(node) = redis::Client::open(url.as_str()) else { continue };
+        let Ok(mut node) = node.get_multiplexed_async_connection_with_config(&config).await else { continue };
+        let reply: Option<redis::Value> = redis::cmd("ROLE").query_async(&mut node).await.ok();
+        if let Some(redis::Value::Array(items)) = reply {
+            if matches!(items.first(), Some(redis::Value::BulkString(role)) if role == b"master") {
+                return Some(url);
+            }
+        }
+    }
+    None
 }
 
 /// `ROLE`'s first element on `node` (`master`, `slave`), `None` when it does not answer.
