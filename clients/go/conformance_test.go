@@ -44,10 +44,11 @@ type scenarioFile struct {
 }
 
 type scenario struct {
-	Name               string      `json:"name"`
-	Description        string      `json:"description"`
-	Append             []entrySpec `json:"append"`
-	AppendAfterRestart []entrySpec `json:"append_after_restart"`
+	Name               string       `json:"name"`
+	Description        string       `json:"description"`
+	Append             []entrySpec  `json:"append"`
+	AppendAfterRestart []entrySpec  `json:"append_after_restart"`
+	AppendCalls        []appendCall `json:"append_calls"`
 	AppendGenerated    *struct {
 		Count int    `json:"count"`
 		Field string `json:"field"`
@@ -66,6 +67,20 @@ type scenario struct {
 
 type entrySpec struct {
 	Fields map[string]valueSpec `json:"fields"`
+}
+
+// appendCall is one of append_calls: a single Append or one batch.
+type appendCall struct {
+	Append      *keyedEntrySpec  `json:"append"`
+	AppendBatch []keyedEntrySpec `json:"append_batch"`
+}
+
+// keyedEntrySpec is an entry of append_calls: it may carry a dedup key, and
+// says whether its answer must be a duplicate.
+type keyedEntrySpec struct {
+	entrySpec
+	DedupKey  string `json:"dedup_key"`
+	Duplicate bool   `json:"duplicate"`
 }
 
 type valueSpec struct {
@@ -196,6 +211,7 @@ type run struct {
 
 	mu            sync.Mutex
 	appended      map[string]map[string][]byte // branded id → fields
+	firstByKey    map[string]echomq.Appended   // dedup key → the answer that wrote it
 	calls         []call
 	finished      int
 	finishedIDs   map[string]bool
@@ -239,6 +255,12 @@ func (r *run) execute() {
 	}
 	if len(initial) > 0 {
 		r.append(initial, false)
+	}
+	for i, c := range r.sc.AppendCalls {
+		r.appendCall(i, c)
+		if t.Failed() {
+			return
+		}
 	}
 
 	steps := r.sc.Steps
@@ -400,6 +422,75 @@ func (r *run) append(entries []map[string][]byte, retry bool) {
 			t.Fatalf("append: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// appendCall makes one of append_calls and checks each answer: Duplicate as
+// the entry says, a duplicate carrying the ids of the first answer with its
+// key, and no id answered twice otherwise.
+func (r *run) appendCall(i int, c appendCall) {
+	t := r.t
+	var specs []keyedEntrySpec
+	var got []echomq.Appended
+	var err error
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	switch {
+	case c.Append != nil && c.AppendBatch == nil:
+		specs = []keyedEntrySpec{*c.Append}
+		fields, ferr := c.Append.fields()
+		if ferr != nil {
+			t.Fatalf("append_calls[%d]: %v", i, ferr)
+		}
+		var one echomq.Appended
+		one, err = r.producer.Append(ctx, r.stream, fields, echomq.WithDedupKey(c.Append.DedupKey))
+		got = []echomq.Appended{one}
+	case c.Append == nil && c.AppendBatch != nil:
+		specs = c.AppendBatch
+		entries := make([]echomq.BatchEntry, len(specs))
+		for j, e := range specs {
+			fields, ferr := e.fields()
+			if ferr != nil {
+				t.Fatalf("append_calls[%d][%d]: %v", i, j, ferr)
+			}
+			entries[j] = echomq.BatchEntry{Fields: fields, DedupKey: e.DedupKey}
+		}
+		got, err = r.producer.AppendBatchEntries(ctx, r.stream, entries)
+	default:
+		t.Fatalf("append_calls[%d]: needs exactly one of append and append_batch", i)
+	}
+	if err != nil {
+		t.Fatalf("append_calls[%d]: %v", i, err)
+	}
+	if len(got) != len(specs) {
+		t.Fatalf("append_calls[%d]: %d results for %d entries", i, len(got), len(specs))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.firstByKey == nil {
+		r.firstByKey = map[string]echomq.Appended{}
+	}
+	for j, a := range got {
+		e := specs[j]
+		if a.Duplicate != e.Duplicate {
+			t.Errorf("append_calls[%d][%d] (key %q): Duplicate %v, want %v", i, j, e.DedupKey, a.Duplicate, e.Duplicate)
+			continue
+		}
+		if e.Duplicate {
+			first, ok := r.firstByKey[e.DedupKey]
+			if !ok || a.ID != first.ID || a.StreamID != first.StreamID {
+				t.Errorf("append_calls[%d][%d]: the duplicate of %q answered %+v, the first was %+v", i, j, e.DedupKey, a, first)
+			}
+			continue
+		}
+		if _, twice := r.appended[a.ID]; twice {
+			t.Errorf("append_calls[%d][%d]: id %s answered twice without Duplicate", i, j, a.ID)
+		}
+		if e.DedupKey != "" {
+			r.firstByKey[e.DedupKey] = a
+		}
+		fields, _ := e.fields()
+		r.appended[a.ID] = fields
 	}
 }
 
@@ -669,6 +760,26 @@ func (r *run) check() {
 			var n int64
 			decode(&n)
 			r.eventually(key, n, "XPENDING", r.stream, conformanceGroup)
+		case "stream_length":
+			var n int64
+			decode(&n)
+			r.eventually(key, n, "XLEN", r.stream)
+		case "handled_ids_equal_appended":
+			var want bool
+			decode(&want)
+			same := len(distinct) == len(r.appended)
+			for id := range distinct {
+				if _, ok := r.appended[id]; !ok {
+					same = false
+				}
+			}
+			if same != want {
+				ids := make([]string, 0, len(r.appended))
+				for id := range r.appended {
+					ids = append(ids, id)
+				}
+				t.Errorf("handled_ids_equal_appended: %d distinct ids handled, %d appended (%v), want equal: %v", len(distinct), len(r.appended), ids, want)
+			}
 		case "dead_letters":
 			var n int64
 			decode(&n)

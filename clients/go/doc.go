@@ -27,7 +27,7 @@
 //   - start.go: [Start], where a new group begins reading (required, no default).
 //   - errors.go: [SubscriptionError], which gRPC codes are permanent, [VerdictError].
 //   - backoff.go: [Backoff], the jittered exponential reconnect delay.
-//   - producer.go: [Producer]: Append and AppendBatch.
+//   - producer.go: [Producer]: Append and AppendBatch (AppendBatchEntries, [WithDedupKey]: idempotent appends).
 //   - streams.go: [Streams]: Read (a page, or every page with [Streams.ReadAll]) and Trim.
 //   - admin.go: [Admin]: DescribeGroup, and dead letters: list (a page, or [Admin.DeadLetters]) and replay.
 //   - idempotency.go: [SkipSeen], [NewerWins] and their in-memory stores.

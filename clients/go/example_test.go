@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	echomq "github.com/echomq/echomq-sidecar/clients/go"
 )
 
@@ -43,6 +45,30 @@ func ExampleProducer() {
 		log.Fatal(err)
 	}
 	fmt.Println(appended.ID, appended.StreamID)
+}
+
+// An append answered UNAVAILABLE (or DEADLINE_EXCEEDED) may have been
+// written: retried with the same dedup key, it is written once at most.
+func ExampleWithDedupKey() {
+	conn, err := echomq.Dial("127.0.0.1:50051")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	producer := echomq.NewProducer(conn)
+	fields := map[string][]byte{"order": []byte("1001"), "total": []byte("42.00")}
+	var appended echomq.Appended
+	for attempt := 0; ; attempt++ {
+		appended, err = producer.Append(context.Background(), "orders", fields, echomq.WithDedupKey("order-1001"))
+		if err == nil || attempt == 4 || echomq.IsPermanent(status.Code(err)) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond << attempt) // same call, same key
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(appended.ID, appended.Duplicate) // Duplicate: an earlier attempt had written it
 }
 
 func ExampleConsumer_Stop() {

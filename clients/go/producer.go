@@ -2,6 +2,7 @@ package echomq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"google.golang.org/grpc"
@@ -11,6 +12,14 @@ import (
 
 // Producer appends entries to streams through the sidecar, which mints each
 // entry's branded id on the Redis host, atomically with the XADD.
+//
+// A Producer retries nothing. An append that fails with UNAVAILABLE (Redis
+// unreachable, a failover, the sidecar's --wait-replicas not confirmed) or
+// DEADLINE_EXCEEDED, or whose call was cut off, may have been written; a
+// plain retry could write it twice. Give it a dedup key ([WithDedupKey], or
+// [BatchEntry.DedupKey]) and retry with the same key: if the first attempt
+// was written, the retry writes nothing and answers its ids with
+// [Appended.Duplicate] set (see the example of [Producer.Append]).
 type Producer struct {
 	client pb.StreamServiceClient
 }
@@ -31,6 +40,19 @@ type Appended struct {
 	// sharded stream (the sidecar's --sharded-streams) the shard's key,
 	// `<stream>:{<stream>:<k>}`.
 	Stream string
+	// Duplicate is true when the append's dedup key was already recorded on
+	// the stream (within the sidecar's --dedup-window-ms): nothing was
+	// written, and ID, StreamID and Stream are the first append's. Always
+	// false without a dedup key.
+	Duplicate bool
+}
+
+// BatchEntry is one entry of [Producer.AppendBatchEntries]: its fields and,
+// optionally, its dedup key (as [WithDedupKey]; "" for none). A batch may mix
+// entries with and without keys.
+type BatchEntry struct {
+	Fields   map[string][]byte
+	DedupKey string
 }
 
 // AppendOption tunes an append.
@@ -39,6 +61,7 @@ type AppendOption func(*appendOptions)
 type appendOptions struct {
 	maxLen       uint64
 	partitionKey string
+	dedupKey     string
 }
 
 // WithMaxLen trims the stream to about n entries as part of the XADD
@@ -57,6 +80,25 @@ func WithPartitionKey(key string) AppendOption {
 	return func(o *appendOptions) { o.partitionKey = key }
 }
 
+// WithDedupKey makes an append idempotent: if an append to the same stream
+// with the same key was recorded within the sidecar's --dedup-window-ms (2
+// minutes by default), nothing is written and the answer is that append's,
+// with [Appended.Duplicate] set. So an append whose outcome is unknown
+// (UNAVAILABLE, DEADLINE_EXCEEDED, a lost connection) can be retried with the
+// same key without a second copy. "" (the default): no deduplication. A key
+// over the sidecar's --max-name-bytes (1024) is INVALID_ARGUMENT. On a
+// sharded stream, retry with the same [WithPartitionKey] (or none).
+//
+// It applies to [Producer.Append] only: a batch's entries carry their own
+// keys ([BatchEntry.DedupKey]), and [Producer.AppendBatch] and
+// [Producer.AppendBatchEntries] refuse it.
+func WithDedupKey(key string) AppendOption {
+	return func(o *appendOptions) { o.dedupKey = key }
+}
+
+// errBatchDedupKey refuses WithDedupKey on a batch.
+var errBatchDedupKey = errors.New("WithDedupKey applies to Append; give a batch's entries their keys in BatchEntry.DedupKey (AppendBatchEntries)")
+
 func collect(opts []AppendOption) appendOptions {
 	var o appendOptions
 	for _, opt := range opts {
@@ -69,10 +111,13 @@ func collect(opts []AppendOption) appendOptions {
 // named like the sidecar's reserved branded-id field (`id` by default) is
 // refused with INVALID_ARGUMENT. Errors carry the gRPC status
 // ([status.Code] works on them): INVALID_ARGUMENT, FAILED_PRECONDITION (the key
-// holds another type), UNAVAILABLE (retry).
+// holds another type), UNAVAILABLE (the entry may have been written: retry
+// with the same [WithDedupKey] to be sure of one copy).
 func (p *Producer) Append(ctx context.Context, stream string, fields map[string][]byte, opts ...AppendOption) (Appended, error) {
 	o := collect(opts)
-	resp, err := p.client.Append(ctx, &pb.AppendRequest{Stream: stream, Fields: fields, MaxLen: o.maxLen, PartitionKey: o.partitionKey})
+	resp, err := p.client.Append(ctx, &pb.AppendRequest{
+		Stream: stream, Fields: fields, MaxLen: o.maxLen, PartitionKey: o.partitionKey, DedupKey: o.dedupKey,
+	})
 	if err != nil {
 		return Appended{}, fmt.Errorf("echomq: append to %q: %w", stream, err)
 	}
@@ -81,15 +126,36 @@ func (p *Producer) Append(ctx context.Context, stream string, fields map[string]
 
 // AppendBatch adds entries to stream in one atomic step: all or none, with
 // consecutive ids in the given order. 1 to 10,000 entries. Errors as for
-// [Producer.Append].
+// [Producer.Append]. For entries with dedup keys, see
+// [Producer.AppendBatchEntries].
 func (p *Producer) AppendBatch(ctx context.Context, stream string, entries []map[string][]byte, opts ...AppendOption) ([]Appended, error) {
-	o := collect(opts)
-	req := &pb.AppendBatchRequest{
-		Stream: stream, MaxLen: o.maxLen, PartitionKey: o.partitionKey, Entries: make([]*pb.BatchEntry, len(entries)),
-	}
+	batch := make([]*pb.BatchEntry, len(entries))
 	for i, fields := range entries {
-		req.Entries[i] = &pb.BatchEntry{Fields: fields}
+		batch[i] = &pb.BatchEntry{Fields: fields}
 	}
+	return p.appendBatch(ctx, stream, batch, opts)
+}
+
+// AppendBatchEntries is [Producer.AppendBatch] for entries that may carry a
+// dedup key each. An entry whose key is recorded on the stream, or was used
+// by an earlier entry of the same batch, is not written: its result is the
+// first one's, with [Appended.Duplicate] set (it takes no id of its own).
+// On a sharded stream, a batch without [WithPartitionKey] goes to the shard
+// of its first dedup key. Errors as for [Producer.Append].
+func (p *Producer) AppendBatchEntries(ctx context.Context, stream string, entries []BatchEntry, opts ...AppendOption) ([]Appended, error) {
+	batch := make([]*pb.BatchEntry, len(entries))
+	for i, e := range entries {
+		batch[i] = &pb.BatchEntry{Fields: e.Fields, DedupKey: e.DedupKey}
+	}
+	return p.appendBatch(ctx, stream, batch, opts)
+}
+
+func (p *Producer) appendBatch(ctx context.Context, stream string, entries []*pb.BatchEntry, opts []AppendOption) ([]Appended, error) {
+	o := collect(opts)
+	if o.dedupKey != "" {
+		return nil, fmt.Errorf("echomq: append %d entries to %q: %w", len(entries), stream, errBatchDedupKey)
+	}
+	req := &pb.AppendBatchRequest{Stream: stream, MaxLen: o.maxLen, PartitionKey: o.partitionKey, Entries: entries}
 	resp, err := p.client.AppendBatch(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("echomq: append %d entries to %q: %w", len(entries), stream, err)
@@ -102,5 +168,5 @@ func (p *Producer) AppendBatch(ctx context.Context, stream string, entries []map
 }
 
 func appended(resp *pb.AppendResponse) Appended {
-	return Appended{ID: resp.GetId(), StreamID: resp.GetStreamId(), Stream: resp.GetStream()}
+	return Appended{ID: resp.GetId(), StreamID: resp.GetStreamId(), Stream: resp.GetStream(), Duplicate: resp.GetDuplicate()}
 }

@@ -43,6 +43,71 @@ async def test_append_returns_branded_ids_in_stream_order(live_sidecar: Sidecar)
         assert appended.id == f"{int(ms):012x}{int(seq):016x}"
 
 
+async def test_a_dedup_key_makes_a_retried_append_answer_the_first_one(
+    live_sidecar: Sidecar, redis_client: redis.Redis
+) -> None:
+    stream = "py:dedup"
+    redis_client.delete(stream)
+    async with Producer(live_sidecar.target) as producer:
+        first = await producer.append(stream, {"n": "1"}, dedup_key="order-1")
+        retried = await producer.append(stream, {"n": "1, again"}, dedup_key="order-1")
+        plain = [await producer.append(stream, {"n": "2"}, dedup_key=k) for k in (None, "", None)]
+    assert not first.duplicate and retried.duplicate
+    assert (retried.id, retried.stream_id, retried.stream) == (first.id, first.stream_id, first.stream)
+    assert not any(a.duplicate for a in plain) and len({a.id for a in plain}) == 3
+    assert redis_client.xlen(stream) == 4
+    assert redis_client.xrange(stream, count=1)[0][1][b"n"] == b"1"
+
+
+async def test_batch_entries_carry_their_own_dedup_keys(live_sidecar: Sidecar, redis_client: redis.Redis) -> None:
+    stream = "py:dedup-batch"
+    redis_client.delete(stream)
+    async with Producer(live_sidecar.target) as producer:
+        single = await producer.append(stream, {"n": "0"}, dedup_key="k0")
+        batch = await producer.append_batch(
+            stream,
+            [
+                echomq.BatchEntry({"n": "1"}, dedup_key="k1"),
+                echomq.BatchEntry({"n": "1"}, dedup_key="k1"),
+                echomq.BatchEntry({"n": "0"}, dedup_key="k0"),
+                {"n": "2"},
+                echomq.BatchEntry({"n": "3"}),
+            ],
+        )
+        again = await producer.append_batch(stream, [echomq.BatchEntry({"n": "1"}, dedup_key="k1")])
+    assert [a.duplicate for a in batch] == [False, True, True, False, False]
+    assert batch[1][:3] == batch[0][:3] and batch[2][:3] == single[:3] and again[0][:3] == batch[0][:3]
+    assert again[0].duplicate
+    assert redis_client.xlen(stream) == 4
+
+
+async def test_a_dedup_key_over_max_name_bytes_is_refused_and_writes_nothing(
+    live_sidecar: Sidecar, redis_client: redis.Redis
+) -> None:
+    stream = "py:dedup-long"
+    redis_client.delete(stream)
+    async with Producer(live_sidecar.target) as producer:
+        with pytest.raises(PermanentError) as refused:
+            await producer.append(stream, {"n": "1"}, dedup_key="k" * 1025)
+        with pytest.raises(PermanentError):
+            await producer.append_batch(stream, [echomq.BatchEntry({"n": "1"}, dedup_key="k" * 1025)])
+        fits = await producer.append(stream, {"n": "1"}, dedup_key="k" * 1024)
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT and "dedup" in refused.value.details
+    assert not fits.duplicate and redis_client.xlen(stream) == 1
+
+
+def test_the_sync_producer_sends_dedup_keys(live_sidecar: Sidecar, redis_client: redis.Redis) -> None:
+    stream = "py:dedup-sync"
+    redis_client.delete(stream)
+    with echomq_sync.Producer(live_sidecar.target) as producer:
+        first = producer.append(stream, {"n": "1"}, dedup_key="s1")
+        retried = producer.append(stream, {"n": "1"}, dedup_key="s1")
+        batch = producer.append_batch(stream, [echomq.BatchEntry({"n": "1"}, dedup_key="s1"), {"n": "2"}])
+    assert retried.duplicate and retried.id == first.id
+    assert [a.duplicate for a in batch] == [True, False] and batch[0].id == first.id
+    assert redis_client.xlen(stream) == 2
+
+
 async def test_a_reserved_field_is_refused_permanently(live_sidecar: Sidecar) -> None:
     async with Producer(live_sidecar.target) as producer:
         with pytest.raises(PermanentError) as refused:
@@ -310,6 +375,14 @@ async def test_a_partition_key_keeps_its_entries_on_one_shard_in_order(
         assert [d.id for d in delivered] == [e.id for e in entries], f"key {key!r} out of order"
         assert {d.stream for d in delivered} == {entries[0].stream}
     assert len(got) == 12 and all(d.attempts == 1 for d in got)
+
+
+async def test_a_dedup_key_without_partition_key_retries_onto_the_same_shard(sharded_sidecar: Sidecar) -> None:
+    stream = "py:sharded"
+    async with Producer(sharded_sidecar.target) as producer:
+        answers = [await producer.append(stream, {"n": str(i)}, dedup_key="sharded-1") for i in range(4)]
+    assert [a.duplicate for a in answers] == [False, True, True, True]
+    assert len({(a.id, a.stream) for a in answers}) == 1
 
 
 async def _ack(delivery: Delivery) -> None:

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from conftest import load_scenarios
-from echomq import Backoff, Consumer, Delivery, Producer, RpcError, Start, VerdictError
+from echomq import Appended, Backoff, BatchEntry, Consumer, Delivery, Producer, RpcError, Start, VerdictError
 from echomq.v1 import consumer_service_pb2 as pb
 from support import AckCounter, Sidecar
 
@@ -45,8 +45,12 @@ def decode_value(spec: dict[str, Any]) -> bytes:
     raise AssertionError(f"unknown field value spec {spec!r}")
 
 
+def decode_fields(entry: dict[str, Any]) -> dict[str, bytes]:
+    return {name: decode_value(value) for name, value in entry["fields"].items()}
+
+
 def decode_entries(entries: list[dict[str, Any]]) -> list[dict[str, bytes]]:
-    return [{name: decode_value(value) for name, value in e["fields"].items()} for e in entries]
+    return [decode_fields(e) for e in entries]
 
 
 @dataclass
@@ -70,6 +74,8 @@ class Run:
     verdict_errors: list[str] = field(default_factory=list)
     stop_ms: float | None = None
     appended: dict[str, dict[str, bytes]] = field(default_factory=dict)  # stream id → fields
+    appended_ids: set[str] = field(default_factory=set)  # branded ids the producer's answers carried
+    first_by_dedup_key: dict[str, Appended] = field(default_factory=dict)
 
     def handled(self) -> int:
         return sum(1 for c in self.calls if c.finished is not None)
@@ -183,6 +189,37 @@ class ScenarioRunner:
                 await asyncio.sleep(0.1)
         for result, fields in zip(results, entries, strict=True):
             self.run.appended[result.stream_id] = fields
+            self.run.appended_ids.add(result.id)
+
+    async def append_call(self, call: dict[str, Any]) -> None:
+        """One of `append_calls`: an append or a batch whose entries may carry
+        a dedup key; every answer is checked against the entry's `duplicate`."""
+        assert self.producer is not None
+        [(kind, spec)] = call.items()
+        if kind == "append":
+            specs = [spec]
+            results = [await self.producer.append(self.stream, decode_fields(spec), dedup_key=spec.get("dedup_key"))]
+        elif kind == "append_batch":
+            specs = spec
+            entries = [BatchEntry(decode_fields(e), dedup_key=e.get("dedup_key")) for e in specs]
+            results = await self.producer.append_batch(self.stream, entries)
+        else:
+            raise AssertionError(f"unknown append call {kind!r}")
+        for result, entry in zip(results, specs, strict=True):
+            want = entry.get("duplicate", False)
+            assert result.duplicate == want, f"{kind} of {entry}: duplicate {result.duplicate}, want {want}"
+            key = entry.get("dedup_key")
+            if want:
+                first = self.run.first_by_dedup_key[key]
+                assert (result.id, result.stream_id) == (first.id, first.stream_id), (
+                    f"duplicate of {key!r} answered {result}, the first was {first}"
+                )
+                continue
+            assert result.id not in self.run.appended_ids, f"{result.id} answered twice without duplicate"
+            if key:
+                self.run.first_by_dedup_key[key] = result
+            self.run.appended[result.stream_id] = decode_fields(entry)
+            self.run.appended_ids.add(result.id)
 
     # -- steps -------------------------------------------------------------------
 
@@ -254,6 +291,8 @@ class ScenarioRunner:
         try:
             if "append" in self.scenario:
                 await self.append(decode_entries(self.scenario["append"]))
+            for call in self.scenario.get("append_calls", []):
+                await self.append_call(call)
             if "append_generated" in self.scenario:
                 generated = self.scenario["append_generated"]
                 await self.append([{generated["field"]: str(i).encode()} for i in range(generated["count"])])
@@ -290,6 +329,12 @@ class ScenarioRunner:
             elif key == "pending_after":
                 got = self.pending()
                 assert got == want, f"XPENDING count {got}, want {want}"
+            elif key == "stream_length":
+                got = self.redis.xlen(self.stream)
+                assert got == want, f"XLEN {self.stream} = {got}, want {want}"
+            elif key == "handled_ids_equal_appended":
+                handled = {c.id for c in run.calls}
+                assert (handled == run.appended_ids) == want, f"handled {handled}, appended {run.appended_ids}"
             elif key == "dead_letters":
                 got = self.redis.xlen(self.dlq)
                 assert got == want, f"XLEN {self.dlq} = {got}, want {want}"

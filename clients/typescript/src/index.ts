@@ -8,7 +8,8 @@
  *   graceful stop;
  * - `delivery.ts`: the {@link Delivery} a handler receives and settles;
  * - `producer.ts`: {@link Streams} (also named {@link Producer}): Append,
- *   AppendBatch, Read (and paging over it) and Trim;
+ *   AppendBatch (with dedup keys: {@link BatchEntry}), Read (and paging over
+ *   it) and Trim;
  * - `admin.ts`: {@link Admin}: DescribeGroup, dead letters listed and replayed;
  * - `entry.ts`: the {@link Entry} that reads return;
  * - `branded-id.ts`: the {@link BrandedId} type and helpers;
@@ -41,8 +42,10 @@ export type { Delivery, FailOptions, RawField } from './delivery.js';
 export {
   Producer,
   Streams,
+  type AppendBatchOptions,
   type AppendOptions,
   type AppendResult,
+  type BatchEntry,
   type FieldValue,
   type Fields,
   type ReadAllOptions,

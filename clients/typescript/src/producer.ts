@@ -25,10 +25,37 @@ export interface AppendResult {
    * (the sidecar's `--sharded-streams`) the shard's key, `<stream>:{<stream>:<k>}`.
    */
   readonly stream: string;
+  /**
+   * True when the append's dedup key was already recorded on the stream (within
+   * the sidecar's `--dedup-window-ms`): nothing was written, and `id`,
+   * `streamId` and `stream` are the first append's. Always false without a
+   * dedup key.
+   */
+  readonly duplicate: boolean;
 }
 
-/** Options of one append. */
-export interface AppendOptions extends CallOptions {
+/**
+ * An entry of {@link Streams.appendBatch} with a dedup key (as
+ * {@link AppendOptions.dedupKey}); a plain {@link Fields} is an entry without
+ * one, and a batch may mix both:
+ *
+ * ```ts
+ * await streams.appendBatch('orders', [{ fields: { order: '42' }, dedupKey: 'order-42' }, { note: 'no key' }]);
+ * ```
+ *
+ * An entry whose key is recorded on the stream, or was used by an earlier
+ * entry of the same batch, is not written: its result is the first one's, with
+ * `duplicate` set.
+ */
+export interface BatchEntry {
+  /** The entry's fields. */
+  readonly fields: Fields;
+  /** The entry's dedup key. Default (or `''`): none, never deduplicated. */
+  readonly dedupKey?: string;
+}
+
+/** Options of {@link Streams.appendBatch}: those of an append but `dedupKey`, which is per entry there ({@link BatchEntry}). */
+export interface AppendBatchOptions extends CallOptions {
   /**
    * Trim the stream to about this many entries as part of the XADD
    * (`MAXLEN ~ maxLen`; Redis trims whole nodes, so a few more may stay).
@@ -43,6 +70,21 @@ export interface AppendOptions extends CallOptions {
    * `''`): the shards are taken in turn. A stream that is not sharded ignores it.
    */
   partitionKey?: string;
+}
+
+/** Options of one append. */
+export interface AppendOptions extends AppendBatchOptions {
+  /**
+   * Makes the append idempotent: if an append to the same stream with the same
+   * key was recorded within the sidecar's `--dedup-window-ms` (2 minutes by
+   * default), nothing is written and the result is that append's, with
+   * {@link AppendResult.duplicate} set. So an append whose outcome is unknown
+   * (UNAVAILABLE, DEADLINE_EXCEEDED, a lost connection) can be retried with
+   * the same key without a second copy. Default (or `''`): no deduplication.
+   * A key over the sidecar's `--max-name-bytes` (1024) is INVALID_ARGUMENT. On
+   * a sharded stream, retry with the same `partitionKey` (or none).
+   */
+  dedupKey?: string;
 }
 
 /**
@@ -133,10 +175,24 @@ export interface TrimResult {
  * without a consumer group, and trims.
  *
  * Nothing here is retried by this client: if an append's answer is lost
- * (UNAVAILABLE after the request was sent) the entry may or may not have been
- * written, and a retry could write it twice. Retry yourself where a duplicate
- * is harmless; consumers deduplicate by branded id, but a retried append mints
- * a new one.
+ * (UNAVAILABLE or DEADLINE_EXCEEDED after the request was sent, e.g. during a
+ * Redis failover or when the sidecar's `--wait-replicas` did not confirm it)
+ * the entry may or may not have been written, and a plain retry could write it
+ * twice, with a new branded id. Give the append a `dedupKey` and retry with
+ * the same key: the retry writes nothing if the first attempt was written, and
+ * answers its ids with `duplicate` set.
+ *
+ * ```ts
+ * for (let attempt = 0; ; attempt++) {
+ *   try {
+ *     const result = await streams.append('orders', fields, { dedupKey: 'order-42' });
+ *     break;
+ *   } catch (error) {
+ *     if (!(error instanceof EchoMQError) || error.permanent || attempt === 4) throw error;
+ *     await setTimeout(500 * 2 ** attempt); // node:timers/promises
+ *   }
+ * }
+ * ```
  *
  * Errors: every method rejects with an {@link EchoMQError}: INVALID_ARGUMENT
  * for a bad name, id or bound (the message says which); FAILED_PRECONDITION
@@ -150,13 +206,14 @@ export class Streams {
     this.#client = streamClient(options);
   }
 
-  /** Appends one entry to `stream` (created if absent). */
+  /** Appends one entry to `stream` (created if absent); `options.dedupKey` makes it idempotent. */
   append(stream: string, fields: Fields, options: AppendOptions = {}): Promise<AppendResult> {
     const request = {
       stream,
       fields: encodeFields(fields),
       maxLen: maxLenOf(options.maxLen),
       partitionKey: options.partitionKey ?? '',
+      dedupKey: options.dedupKey ?? '',
     };
     return unary(
       `append to stream ${JSON.stringify(stream)}`,
@@ -168,12 +225,21 @@ export class Streams {
 
   /**
    * Appends several entries to `stream` in one server-side script: all of them
-   * or none. Results are in request order; ids are consecutive.
+   * or none. Results are in request order; ids are consecutive. An entry is its
+   * {@link Fields}, or a {@link BatchEntry} with a dedup key too: an entry whose
+   * key is recorded, or was used by an earlier entry of the batch, is not
+   * written and its result is the first one's, with `duplicate` set. On a
+   * sharded stream, a batch without `partitionKey` goes to the shard of its
+   * first dedup key. A `dedupKey` in `options` is refused (TypeError): the
+   * keys are per entry.
    */
-  appendBatch(stream: string, entries: readonly Fields[], options: AppendOptions = {}): Promise<AppendResult[]> {
+  appendBatch(stream: string, entries: readonly (Fields | BatchEntry)[], options: AppendBatchOptions = {}): Promise<AppendResult[]> {
+    if ((options as AppendOptions).dedupKey) {
+      throw new TypeError('appendBatch takes dedup keys per entry ({ fields, dedupKey }), not in its options');
+    }
     const request = {
       stream,
-      entries: entries.map((fields) => ({ fields: encodeFields(fields) })),
+      entries: entries.map(batchEntryOf),
       maxLen: maxLenOf(options.maxLen),
       partitionKey: options.partitionKey ?? '',
     };
@@ -282,6 +348,19 @@ function readRequestOf(stream: string, range: ReadRange): ReadRequest {
   return request;
 }
 
+function isBatchEntry(entry: Fields | BatchEntry): entry is BatchEntry {
+  if (entry instanceof Map || !Object.hasOwn(entry, 'fields')) return false;
+  // A Fields record may name a field `fields`, but its value is a string or bytes.
+  const fields = (entry as { fields: unknown }).fields;
+  return typeof fields === 'object' && fields !== null && !(fields instanceof Uint8Array);
+}
+
+function batchEntryOf(entry: Fields | BatchEntry): { fields: Record<string, Uint8Array>; dedupKey: string } {
+  return isBatchEntry(entry)
+    ? { fields: encodeFields(entry.fields), dedupKey: entry.dedupKey ?? '' }
+    : { fields: encodeFields(entry), dedupKey: '' };
+}
+
 function encodeFields(fields: Fields): Record<string, Uint8Array> {
   const entries = fields instanceof Map ? [...fields] : Object.entries(fields);
   const out: Record<string, Uint8Array> = Object.create(null) as Record<string, Uint8Array>;
@@ -300,5 +379,10 @@ function maxLenOf(maxLen: number | bigint | undefined): string {
 }
 
 function resultOf(response: AppendResponse__Output): AppendResult {
-  return { id: parseBrandedId(response.id), streamId: response.streamId, stream: response.stream };
+  return {
+    id: parseBrandedId(response.id),
+    streamId: response.streamId,
+    stream: response.stream,
+    duplicate: response.duplicate,
+  };
 }

@@ -36,11 +36,21 @@ interface Scenario {
   append?: { fields: Record<string, FieldSpec> }[];
   append_after_restart?: { fields: Record<string, FieldSpec> }[];
   append_generated?: { count: number; field: string };
+  append_calls?: AppendCall[];
   consumer: { max_in_flight: number; concurrency: number };
   handler: { default?: Action; by_attempt?: Record<string, Action> };
   steps?: string[];
   expect: Record<string, unknown>;
 }
+
+/** An entry of `append_calls`: maybe a dedup key, and whether its answer must be a duplicate. */
+interface KeyedEntrySpec {
+  fields: Record<string, FieldSpec>;
+  dedup_key?: string;
+  duplicate?: boolean;
+}
+
+type AppendCall = { append: KeyedEntrySpec } | { append_batch: KeyedEntrySpec[] };
 
 interface Suite {
   version: number;
@@ -49,12 +59,14 @@ interface Suite {
 }
 
 const KNOWN_SCENARIO_KEYS = new Set([
-  'name', 'description', 'append', 'append_after_restart', 'append_generated', 'consumer', 'handler', 'steps', 'expect',
+  'name', 'description', 'append', 'append_after_restart', 'append_generated', 'append_calls', 'consumer', 'handler', 'steps',
+  'expect',
 ]);
 const KNOWN_EXPECT_KEYS = new Set([
   'handled', 'distinct_handled', 'attempts', 'min_redelivery_gap_ms', 'pending_after', 'dead_letters',
   'dead_letter_fields', 'dead_letter_keeps_branded_id', 'each_acked_once', 'payload_equals_appended',
-  'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms', 'lease_lost_signalled',
+  'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms', 'lease_lost_signalled', 'stream_length',
+  'handled_ids_equal_appended',
 ]);
 
 const suite = JSON.parse(readFileSync(join(REPO_ROOT, 'tests', 'conformance', 'scenarios.json'), 'utf8')) as Suite;
@@ -96,6 +108,8 @@ class Run {
   leaseLostSignalled = 0;
   /** Appended entries by branded id. */
   readonly appended = new Map<string, Map<string, Buffer>>();
+  /** The answer that wrote each dedup key of `append_calls`. */
+  readonly firstByDedupKey = new Map<string, AppendResult>();
   /** Ends hanging handlers when the scenario is over. */
   readonly over = new AbortController();
 
@@ -216,6 +230,44 @@ async function appendAll(producer: Producer, stream: string, entries: Map<string
   results.forEach((result, i) => run.appended.set(result.id, entries[i]!));
 }
 
+/**
+ * Makes one of `append_calls` and checks each answer: `duplicate` as the entry
+ * says, a duplicate carrying the ids of the first answer with its key, and no
+ * id answered twice otherwise.
+ */
+async function appendCall(producer: Producer, stream: string, call: AppendCall, run: Run): Promise<void> {
+  let specs: KeyedEntrySpec[];
+  let results: AppendResult[];
+  if ('append' in call && !('append_batch' in call)) {
+    specs = [call.append];
+    const options = call.append.dedup_key === undefined ? {} : { dedupKey: call.append.dedup_key };
+    results = [await producer.append(stream, fieldsOf(call.append), options)];
+  } else if ('append_batch' in call && !('append' in call)) {
+    specs = call.append_batch;
+    results = await producer.appendBatch(
+      stream,
+      specs.map((spec) => (spec.dedup_key === undefined ? { fields: fieldsOf(spec) } : { fields: fieldsOf(spec), dedupKey: spec.dedup_key })),
+    );
+  } else {
+    assert.fail(`append_calls: ${JSON.stringify(call)} needs exactly one of append and append_batch`);
+  }
+  assert.equal(results.length, specs.length, 'one answer per entry');
+  results.forEach((result, i) => {
+    const spec = specs[i]!;
+    const want = spec.duplicate ?? false;
+    assert.equal(result.duplicate, want, `duplicate of the answer to ${JSON.stringify(spec)}`);
+    if (want) {
+      const first = run.firstByDedupKey.get(spec.dedup_key ?? '');
+      assert.ok(first, `a duplicate of ${spec.dedup_key}, which no earlier answer wrote`);
+      assert.deepEqual([result.id, result.streamId], [first.id, first.streamId], `the duplicate of ${spec.dedup_key} answers the first ids`);
+      return;
+    }
+    assert.ok(!run.appended.has(result.id), `${result.id} answered twice without duplicate`);
+    if (spec.dedup_key) run.firstByDedupKey.set(spec.dedup_key, result);
+    run.appended.set(result.id, fieldsOf(spec));
+  });
+}
+
 async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> {
   const stream = `conf:${LANGUAGE}:${scenario.name}`;
   const run = new Run(scenario);
@@ -253,6 +305,7 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
       ...Array.from({ length: scenario.append_generated?.count ?? 0 }, (_, i) => new Map([[scenario.append_generated!.field, Buffer.from(String(i))]])),
     ];
     await appendAll(producer, stream, initial, run);
+    for (const call of scenario.append_calls ?? []) await appendCall(producer, stream, call, run);
 
     const target = (scenario.expect.handled ?? scenario.expect.distinct_handled) as number | undefined;
     const steps = scenario.steps ?? ['start_consumer', `wait_handled:${target}`];
@@ -361,6 +414,13 @@ async function check(fixture: Fixture, scenario: Scenario, stream: string, run: 
     const want = expect.pending_after as number;
     await eventually(async () => (await fixture.pending(stream, GROUP)) === want, 5_000, 50);
     assert.equal(await fixture.pending(stream, GROUP), want, 'pending_after (XPENDING count)');
+  }
+  if (expect.stream_length !== undefined) {
+    assert.equal(await fixture.xlen(stream), expect.stream_length, 'stream_length (XLEN of the stream)');
+  }
+  if (expect.handled_ids_equal_appended !== undefined) {
+    const same = distinct.size === run.appended.size && [...distinct].every((id) => run.appended.has(id));
+    assert.equal(same, expect.handled_ids_equal_appended, `handled ${[...distinct]}, appended ${[...run.appended.keys()]}`);
   }
   const dlq = `${stream}:dlq`;
   if (expect.dead_letters !== undefined) {

@@ -9,7 +9,8 @@ Layout:
 - `delivery`: `Delivery` (what a handler gets, with ack/fail/dead_letter),
   `Ack`/`Fail`/`DeadLetter` (a batch handler's verdicts) and `VerdictError`
   (a verdict the sidecar did not apply);
-- `producer`: `Producer`, Append and AppendBatch;
+- `producer`: `Producer`, Append and AppendBatch (`BatchEntry`: a batch
+  entry with a dedup key);
 - `streams`: `Streams`, a `Producer` that also reads (by id or instant, paged)
   and trims (safe by default);
 - `admin`: `Admin`, describe a group, list and replay dead letters;
@@ -29,7 +30,7 @@ from .delivery import Ack, DeadLetter, Delivery, Fail, RawField, Verdict, Verdic
 from .errors import PERMANENT_CODES, EchoMQError, PermanentError, RpcError
 from .idempotency import MemorySeenStore, MemoryVersionStore, NewerWins, SeenSet, SeenStore, VersionStore, is_branded_id
 from .options import Backoff, Start, StartKind
-from .producer import Appended, Producer
+from .producer import Appended, BatchEntry, Producer
 from .records import (
     ConsumerInfo,
     DeadLetterEntry,
@@ -49,6 +50,7 @@ __all__ = [
     "Admin",
     "Appended",
     "Backoff",
+    "BatchEntry",
     "BatchHandler",
     "Consumer",
     "ConsumerInfo",

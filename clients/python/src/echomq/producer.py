@@ -27,6 +27,30 @@ class Appended(NamedTuple):
     #: The stream key written: the one appended to, or for a sharded stream
     #: (`--sharded-streams`) the shard's key, `<stream>:{<stream>:<k>}`.
     stream: str = ""
+    #: True when the append's `dedup_key` was already recorded on the stream
+    #: (within the sidecar's `--dedup-window-ms`): nothing was written, and
+    #: `id`, `stream_id` and `stream` are the first append's. Always False
+    #: without a dedup key.
+    duplicate: bool = False
+
+
+class BatchEntry(NamedTuple):
+    """An entry of `append_batch` with a dedup key; a plain mapping of fields
+    is an entry without one, and a batch may mix both::
+
+        await producer.append_batch("orders", [
+            BatchEntry({"order": "42"}, dedup_key="order-42"),
+            {"note": "no key: never deduplicated"},
+        ])
+
+    An entry whose key is recorded on the stream, or was used by an earlier
+    entry of the same batch, is not written: its result has `duplicate` set
+    and the first one's ids."""
+
+    #: The entry's fields, as for `Producer.append`.
+    fields: Fields
+    #: As `Producer.append`'s `dedup_key`; None (or empty): no deduplication.
+    dedup_key: str | None = None
 
 
 def encode_fields(fields: Fields) -> dict[str, bytes]:
@@ -39,25 +63,37 @@ def encode_fields(fields: Fields) -> dict[str, bytes]:
     return encoded
 
 
-def append_request(stream: str, fields: Fields, max_len: int, partition_key: str | None = None) -> pb.AppendRequest:
+def append_request(
+    stream: str, fields: Fields, max_len: int, partition_key: str | None = None, dedup_key: str | None = None
+) -> pb.AppendRequest:
     return pb.AppendRequest(
-        stream=stream, fields=encode_fields(fields), max_len=max_len, partition_key=partition_key or ""
+        stream=stream,
+        fields=encode_fields(fields),
+        max_len=max_len,
+        partition_key=partition_key or "",
+        dedup_key=dedup_key or "",
     )
 
 
+def batch_entry(entry: Fields | BatchEntry) -> pb.BatchEntry:
+    if isinstance(entry, BatchEntry):
+        return pb.BatchEntry(fields=encode_fields(entry.fields), dedup_key=entry.dedup_key or "")
+    return pb.BatchEntry(fields=encode_fields(entry))
+
+
 def append_batch_request(
-    stream: str, entries: Iterable[Fields], max_len: int, partition_key: str | None = None
+    stream: str, entries: Iterable[Fields | BatchEntry], max_len: int, partition_key: str | None = None
 ) -> pb.AppendBatchRequest:
     return pb.AppendBatchRequest(
         stream=stream,
-        entries=[pb.BatchEntry(fields=encode_fields(e)) for e in entries],
+        entries=[batch_entry(e) for e in entries],
         max_len=max_len,
         partition_key=partition_key or "",
     )
 
 
 def appended(response: pb.AppendResponse) -> Appended:
-    return Appended(response.id, response.stream_id, response.stream)
+    return Appended(response.id, response.stream_id, response.stream, response.duplicate)
 
 
 class Producer(AioClient):
@@ -70,9 +106,23 @@ class Producer(AioClient):
 
     `target` is `host:port`, `unix:/path`, or a `grpc.aio.Channel` you own.
     `timeout` (seconds, default none) bounds each call. Appends are not retried
-    by the client: an UNAVAILABLE append may or may not have been written, and
-    only the caller knows whether a duplicate is acceptable. Errors raise
-    `RpcError` (`PermanentError` for INVALID_ARGUMENT and the like).
+    by the client: an append answered UNAVAILABLE or DEADLINE_EXCEEDED (or cut
+    off) may or may not have been written. Give it a `dedup_key` and retry it
+    with the same key: the retry writes nothing if the first one was written,
+    and answers its ids with `duplicate` set (within the sidecar's
+    `--dedup-window-ms`, 2 minutes by default)::
+
+        for attempt in range(5):
+            try:
+                appended = await producer.append("orders", fields, dedup_key="order-42")
+                break
+            except RpcError as error:
+                if error.permanent or attempt == 4:
+                    raise
+                await asyncio.sleep(0.5 * 2**attempt)
+
+    Errors raise `RpcError` (`PermanentError` for INVALID_ARGUMENT and the
+    like).
     """
 
     def __init__(
@@ -87,7 +137,13 @@ class Producer(AioClient):
         self._stub = pb_grpc.StreamServiceStub(self._channel)
 
     async def append(
-        self, stream: str, fields: Fields, *, max_len: int = 0, partition_key: str | None = None
+        self,
+        stream: str,
+        fields: Fields,
+        *,
+        max_len: int = 0,
+        partition_key: str | None = None,
+        dedup_key: str | None = None,
     ) -> Appended:
         """Appends one entry; with `max_len` > 0 the stream is trimmed to about
         that many entries (`MAXLEN ~`). A field named like the reserved
@@ -97,8 +153,16 @@ class Producer(AioClient):
         `--sharded-streams`): entries with the same key go to the same shard,
         so they are consumed in the order they were appended; `None` (or
         empty) takes the shards in turn. A stream that is not sharded ignores
-        it. `Appended.stream` is the stream key written (the shard's key)."""
-        request = append_request(stream, fields, max_len, partition_key)
+        it. `Appended.stream` is the stream key written (the shard's key).
+
+        `dedup_key` makes the append idempotent: if an append to `stream` with
+        the same key was recorded within the sidecar's `--dedup-window-ms`
+        (2 minutes by default), nothing is written and the result is that
+        append's, with `duplicate` set. None (or empty): no deduplication. A
+        key over the sidecar's `--max-name-bytes` (1024) is refused
+        (`PermanentError`). On a sharded stream, retry with the same
+        `partition_key` (or none)."""
+        request = append_request(stream, fields, max_len, partition_key, dedup_key)
         try:
             response = await self._stub.Append(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as error:
@@ -106,12 +170,22 @@ class Producer(AioClient):
         return appended(response)
 
     async def append_batch(
-        self, stream: str, entries: Iterable[Fields], *, max_len: int = 0, partition_key: str | None = None
+        self,
+        stream: str,
+        entries: Iterable[Fields | BatchEntry],
+        *,
+        max_len: int = 0,
+        partition_key: str | None = None,
     ) -> list[Appended]:
         """Appends 1 to 10,000 entries to one stream atomically, in order; the
         results are in the same order. On a sharded stream the whole batch
         goes to one shard: `partition_key`'s (as for `append`), or the next
-        in turn without one."""
+        in turn without one (the shard of its first dedup key, if any).
+
+        An entry is its fields, or a `BatchEntry` carrying a `dedup_key` too:
+        an entry whose key is recorded, or was used by an earlier entry of the
+        batch, is not written, and its result is the first one's with
+        `duplicate` set (see `append`)."""
         request = append_batch_request(stream, entries, max_len, partition_key)
         try:
             response = await self._stub.AppendBatch(request, timeout=self._timeout)

@@ -37,7 +37,7 @@ from ._convert import Bound
 from .delivery import Delivery, RawField, VerdictError
 from .errors import EchoMQError, from_rpc_error
 from .options import Backoff, Seconds, Start, seconds
-from .producer import Appended, Fields, append_batch_request, append_request, appended
+from .producer import Appended, BatchEntry, Fields, append_batch_request, append_request, appended
 from .records import DeadLetterEntry, DeadLetterPage, Entry, GroupInfo, ReadPage, ReplayResult, Trimmed
 from .v1 import admin_service_pb2_grpc as admin_grpc
 from .v1 import stream_service_pb2_grpc as stream_grpc
@@ -58,11 +58,18 @@ class Producer(BlockingClient):
         self._stub = stream_grpc.StreamServiceStub(self._channel)
 
     def append(
-        self, stream: str, fields: Fields, *, max_len: int = 0, partition_key: str | None = None
+        self,
+        stream: str,
+        fields: Fields,
+        *,
+        max_len: int = 0,
+        partition_key: str | None = None,
+        dedup_key: str | None = None,
     ) -> Appended:
         """Appends one entry; see `echomq.Producer.append` (and there for
-        `partition_key`, a sharded stream's shard choice)."""
-        request = append_request(stream, fields, max_len, partition_key)
+        `partition_key`, a sharded stream's shard choice, and `dedup_key`,
+        which makes a retry safe)."""
+        request = append_request(stream, fields, max_len, partition_key, dedup_key)
         try:
             response = self._stub.Append(request, timeout=self._timeout)
         except grpc.RpcError as error:
@@ -70,9 +77,15 @@ class Producer(BlockingClient):
         return appended(response)
 
     def append_batch(
-        self, stream: str, entries: Iterable[Fields], *, max_len: int = 0, partition_key: str | None = None
+        self,
+        stream: str,
+        entries: Iterable[Fields | BatchEntry],
+        *,
+        max_len: int = 0,
+        partition_key: str | None = None,
     ) -> list[Appended]:
-        """Appends a batch atomically; see `echomq.Producer.append_batch`."""
+        """Appends a batch atomically; see `echomq.Producer.append_batch`
+        (entries may be `BatchEntry`s with a dedup key)."""
         request = append_batch_request(stream, entries, max_len, partition_key)
         try:
             response = self._stub.AppendBatch(request, timeout=self._timeout)

@@ -7,10 +7,26 @@ package io.echomq.client;
  * @param streamId the stream id the entry got, {@code <ms>-<seq>}
  * @param stream the stream key written: the stream appended to, or for a sharded stream (the
  *     sidecar's {@code --sharded-streams}) the shard's key, {@code <stream>:{<stream>:<k>}}
+ * @param duplicate true when the append's dedup key was already recorded on the stream (within the
+ *     sidecar's {@code --dedup-window-ms}): nothing was written, and {@code id}, {@code streamId} and
+ *     {@code stream} are the first append's; always false without a dedup key
  */
-public record AppendResult(String id, String streamId, String stream) {
-  /** A result without the stream key written (it is then {@code ""}). */
+public record AppendResult(String id, String streamId, String stream, boolean duplicate) {
+  /** A result that is not a duplicate. */
+  public AppendResult(String id, String streamId, String stream) {
+    this(id, streamId, stream, false);
+  }
+
+  /** A result that is not a duplicate, without the stream key written (it is then {@code ""}). */
   public AppendResult(String id, String streamId) {
-    this(id, streamId, "");
+    this(id, streamId, "", false);
+  }
+
+  /**
+   * Whether the answer is the first append's for the same dedup key, nothing written (the same as
+   * {@link #duplicate()}).
+   */
+  public boolean isDuplicate() {
+    return duplicate;
   }
 }

@@ -6,7 +6,6 @@ import io.echomq.v1.AppendBatchRequest;
 import io.echomq.v1.AppendBatchResponse;
 import io.echomq.v1.AppendRequest;
 import io.echomq.v1.AppendResponse;
-import io.echomq.v1.BatchEntry;
 import io.echomq.v1.StreamServiceGrpc;
 import io.grpc.Channel;
 import io.grpc.ManagedChannel;
@@ -29,8 +28,27 @@ import java.util.concurrent.TimeUnit;
  * }</pre>
  *
  * <p>Errors are {@link EchoMqException}s: INVALID_ARGUMENT (bad stream name, a field named like the
- * reserved id field), FAILED_PRECONDITION (the key is not a stream), UNAVAILABLE (Redis or the
- * sidecar unreachable: safe to retry, at the price of a possible duplicate entry).
+ * reserved id field, a dedup key over the sidecar's {@code --max-name-bytes}), FAILED_PRECONDITION
+ * (the key is not a stream), UNAVAILABLE (Redis or the sidecar unreachable, a failover, or the
+ * sidecar's {@code --wait-replicas} not confirmed in time) and DEADLINE_EXCEEDED.
+ *
+ * <p>Nothing is retried by the producer: an append that failed with UNAVAILABLE or DEADLINE_EXCEEDED
+ * may or may not have been written, and a plain retry could write it twice. Give it a dedup key
+ * ({@link #append(String, Map, long, String, String)}, or {@link BatchEntry#dedupKey()} in a batch)
+ * and retry with the same key: if the first attempt was written, the retry writes nothing and
+ * answers its ids with {@link AppendResult#isDuplicate()} true.
+ *
+ * <pre>{@code
+ * AppendResult written = null;
+ * for (int attempt = 0; written == null; attempt++) {
+ *   try {
+ *     written = producer.append("orders", fields, 0, null, "order-1001");
+ *   } catch (EchoMqException e) {
+ *     if (e.isPermanent() || attempt == 4) throw e;
+ *     Thread.sleep(500L << attempt); // same call, same key
+ *   }
+ * }
+ * }</pre>
  *
  * <p>Reading and trimming streams is {@link EchoMqStreams}'s; groups and dead letters are
  * {@link EchoMqAdmin}'s.
@@ -106,12 +124,43 @@ public final class EchoMqProducer implements AutoCloseable {
    */
   public CompletableFuture<AppendResult> appendAsync(
       String stream, Map<String, byte[]> fields, long maxLen, String partitionKey) {
+    return appendAsync(stream, fields, maxLen, partitionKey, null);
+  }
+
+  /**
+   * Appends one entry idempotently: if an append to {@code stream} with the same {@code dedupKey}
+   * was recorded within the sidecar's {@code --dedup-window-ms} (2 minutes by default), nothing is
+   * written and the result is that append's, with {@link AppendResult#isDuplicate()} true. So an
+   * append whose outcome is unknown (UNAVAILABLE, DEADLINE_EXCEEDED, a lost connection) can be
+   * retried with the same key without a second copy.
+   *
+   * @param maxLen when above 0, trims the stream to about this many entries
+   * @param partitionKey the shard of a sharded stream (see {@link #append(String, Map, long,
+   *     String)}); {@code null} or empty: none. Retry with the same one.
+   * @param dedupKey the entry's key in your domain (an order id, a message id, a hash of the
+   *     payload); {@code null} or empty: no deduplication. Longer than the sidecar's {@code
+   *     --max-name-bytes} (1024): INVALID_ARGUMENT, nothing written.
+   * @return the branded id, stream id and stream key written, or the first append's for a duplicate
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public AppendResult append(
+      String stream, Map<String, byte[]> fields, long maxLen, String partitionKey, String dedupKey) {
+    return join(appendAsync(stream, fields, maxLen, partitionKey, dedupKey));
+  }
+
+  /**
+   * Appends one entry idempotently without blocking (see {@link #append(String, Map, long, String,
+   * String)}); the future fails with {@link EchoMqException}.
+   */
+  public CompletableFuture<AppendResult> appendAsync(
+      String stream, Map<String, byte[]> fields, long maxLen, String partitionKey, String dedupKey) {
     AppendRequest request =
         AppendRequest.newBuilder()
             .setStream(stream)
             .putAllFields(toProto(fields))
             .setMaxLen(maxLen)
             .setPartitionKey(partitionKey == null ? "" : partitionKey)
+            .setDedupKey(dedupKey == null ? "" : dedupKey)
             .build();
     return toCompletable(deadlined().append(request), "appending to stream \"" + stream + "\"")
         .thenApply(EchoMqProducer::result);
@@ -124,7 +173,8 @@ public final class EchoMqProducer implements AutoCloseable {
 
   /**
    * Appends 1 to 10,000 entries to one stream in one server-side script: all or none. Ids are
-   * consecutive and in the order given.
+   * consecutive and in the order given. For entries with dedup keys, see {@link
+   * #appendBatchEntries(String, List, long, String)}.
    *
    * @return one result per entry, in order
    * @throws EchoMqException when the sidecar refuses or cannot be reached
@@ -159,13 +209,53 @@ public final class EchoMqProducer implements AutoCloseable {
    */
   public CompletableFuture<List<AppendResult>> appendBatchAsync(
       String stream, List<Map<String, byte[]>> entries, long maxLen, String partitionKey) {
+    List<BatchEntry> plain = new ArrayList<>(entries.size());
+    entries.forEach(fields -> plain.add(BatchEntry.of(fields)));
+    return appendBatchEntriesAsync(stream, plain, maxLen, partitionKey);
+  }
+
+  /**
+   * Appends entries that may carry a dedup key each, atomically and in order; see {@link
+   * #appendBatchEntries(String, List, long, String)}.
+   */
+  public List<AppendResult> appendBatchEntries(String stream, List<BatchEntry> entries) {
+    return appendBatchEntries(stream, entries, 0, null);
+  }
+
+  /**
+   * Appends 1 to 10,000 entries, each with its own dedup key or none, to one stream in one
+   * server-side script: all or none, in order. An entry whose key is recorded on the stream (within
+   * the sidecar's {@code --dedup-window-ms}), or was used by an earlier entry of the same batch, is
+   * not written: its result is the first one's, with {@link AppendResult#isDuplicate()} true (it
+   * takes no id of its own). On a sharded stream, a batch without {@code partitionKey} goes to the
+   * shard of its first dedup key.
+   *
+   * @param maxLen when above 0, trims the stream to about this many entries
+   * @param partitionKey the shard of a sharded stream; {@code null} or empty: none
+   * @return one result per entry, in order
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public List<AppendResult> appendBatchEntries(
+      String stream, List<BatchEntry> entries, long maxLen, String partitionKey) {
+    return join(appendBatchEntriesAsync(stream, entries, maxLen, partitionKey));
+  }
+
+  /**
+   * Appends entries with dedup keys without blocking (see {@link #appendBatchEntries(String, List,
+   * long, String)}); the future fails with {@link EchoMqException}.
+   */
+  public CompletableFuture<List<AppendResult>> appendBatchEntriesAsync(
+      String stream, List<BatchEntry> entries, long maxLen, String partitionKey) {
     AppendBatchRequest.Builder request =
         AppendBatchRequest.newBuilder()
             .setStream(stream)
             .setMaxLen(maxLen)
             .setPartitionKey(partitionKey == null ? "" : partitionKey);
-    for (Map<String, byte[]> fields : entries) {
-      request.addEntries(BatchEntry.newBuilder().putAllFields(toProto(fields)));
+    for (BatchEntry entry : entries) {
+      request.addEntries(
+          io.echomq.v1.BatchEntry.newBuilder()
+              .putAllFields(toProto(entry.fields()))
+              .setDedupKey(entry.dedupKey() == null ? "" : entry.dedupKey()));
     }
     return toCompletable(deadlined().appendBatch(request.build()), "appending a batch to stream \"" + stream + "\"")
         .thenApply(EchoMqProducer::results);
@@ -188,7 +278,7 @@ public final class EchoMqProducer implements AutoCloseable {
   }
 
   private static AppendResult result(AppendResponse response) {
-    return new AppendResult(response.getId(), response.getStreamId(), response.getStream());
+    return new AppendResult(response.getId(), response.getStreamId(), response.getStream(), response.getDuplicate());
   }
 
   private static List<AppendResult> results(AppendBatchResponse response) {

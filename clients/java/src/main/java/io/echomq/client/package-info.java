@@ -8,7 +8,8 @@
  *   <li>{@link io.echomq.client.EchoMqConsumer}: one subscription (stream + group) served by a
  *       handler on a bounded pool; reconnects by itself, stops gracefully.</li>
  *   <li>{@link io.echomq.client.Delivery}: one hand-over of an entry, with its explicit verdicts.</li>
- *   <li>{@link io.echomq.client.EchoMqProducer}: {@code Append} and {@code AppendBatch}.</li>
+ *   <li>{@link io.echomq.client.EchoMqProducer}: {@code Append} and {@code AppendBatch}, idempotent
+ *       with a dedup key ({@link io.echomq.client.BatchEntry} in a batch).</li>
  *   <li>{@link io.echomq.client.EchoMqStreams}: {@code Read} (a page, or a lazy stream of a whole
  *       range) and {@code Trim} (safe by default); {@link io.echomq.client.Entry} is what a read
  *       returns.</li>

@@ -3,6 +3,7 @@ package io.echomq.client.conformance;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import io.echomq.client.AppendResult;
+import io.echomq.client.BatchEntry;
 import io.echomq.client.DeliveryHandler;
 import io.echomq.client.EchoMqConsumer;
 import io.echomq.client.EchoMqException;
@@ -46,7 +47,9 @@ final class ScenarioRun {
   private static final String GROUP = "conformance";
 
   private static final Set<String> SCENARIO_KEYS =
-      Set.of("name", "description", "append", "append_after_restart", "append_generated", "consumer", "handler", "steps", "expect");
+      Set.of(
+          "name", "description", "append", "append_after_restart", "append_generated", "append_calls", "consumer", "handler",
+          "steps", "expect");
 
   /** One handler call, as recorded when it started. */
   record Call(String id, String streamId, int attempts, Map<String, byte[]> payload, long startedNanos) {}
@@ -73,6 +76,10 @@ final class ScenarioRun {
   private final List<String> verdictErrors = Collections.synchronizedList(new ArrayList<>());
   /** Appended fields by stream id, for payload_equals_appended. */
   private final Map<String, Map<String, byte[]>> appended = new ConcurrentHashMap<>();
+  /** Branded ids the producer's answers carried (a duplicate adds none). */
+  private final Set<String> appendedIds = ConcurrentHashMap.newKeySet();
+  /** The answer that wrote each dedup key of append_calls. */
+  private final Map<String, AppendResult> firstByDedupKey = new HashMap<>();
   private final List<EchoMqConsumer> consumers = new ArrayList<>();
   private final List<String> problems = Collections.synchronizedList(new ArrayList<>());
   private Long stopMillis;
@@ -128,6 +135,83 @@ final class ScenarioRun {
       }
       record(entries, producer.appendBatch(stream, entries));
     }
+    if (scenario.has("append_calls")) {
+      int i = 0;
+      for (JsonElement call : scenario.getAsJsonArray("append_calls")) {
+        appendCall(i++, call.getAsJsonObject());
+      }
+    }
+  }
+
+  /**
+   * One of append_calls: an append or a batch whose entries may carry a dedup key. Each answer is
+   * checked: duplicate as the entry says, a duplicate carrying the ids of the first answer with its
+   * key, and no id answered twice otherwise.
+   */
+  private void appendCall(int i, JsonObject call) {
+    List<JsonObject> specs = new ArrayList<>();
+    List<AppendResult> results;
+    if (call.size() == 1 && call.has("append")) {
+      JsonObject spec = call.getAsJsonObject("append");
+      specs.add(spec);
+      results = List.of(producer.append(stream, keyedFields(spec), 0, null, dedupKey(spec)));
+    } else if (call.size() == 1 && call.has("append_batch")) {
+      List<BatchEntry> entries = new ArrayList<>();
+      for (JsonElement e : call.getAsJsonArray("append_batch")) {
+        JsonObject spec = e.getAsJsonObject();
+        specs.add(spec);
+        entries.add(BatchEntry.of(keyedFields(spec), dedupKey(spec)));
+      }
+      results = producer.appendBatchEntries(stream, entries);
+    } else {
+      problems.add("append_calls[" + i + "]: needs exactly one of append and append_batch, got " + call.keySet());
+      return;
+    }
+    if (results.size() != specs.size()) {
+      problems.add("append_calls[" + i + "]: " + results.size() + " answers for " + specs.size() + " entries");
+      return;
+    }
+    for (int j = 0; j < specs.size(); j++) {
+      JsonObject spec = specs.get(j);
+      AppendResult result = results.get(j);
+      String key = dedupKey(spec);
+      boolean want = spec.has("duplicate") && spec.get("duplicate").getAsBoolean();
+      String where = "append_calls[" + i + "][" + j + "] (dedup key " + key + ")";
+      if (result.isDuplicate() != want) {
+        problems.add(where + ": duplicate " + result.isDuplicate() + ", want " + want);
+        continue;
+      }
+      if (want) {
+        AppendResult first = firstByDedupKey.get(key);
+        if (first == null || !first.id().equals(result.id()) || !first.streamId().equals(result.streamId())) {
+          problems.add(where + ": the duplicate answered " + result + ", the first was " + first);
+        }
+        continue;
+      }
+      if (!appendedIds.add(result.id())) {
+        problems.add(where + ": id " + result.id() + " answered twice without duplicate");
+      }
+      if (key != null && !key.isEmpty()) {
+        firstByDedupKey.put(key, result);
+      }
+      appended.put(result.streamId(), keyedFields(spec));
+    }
+  }
+
+  /** The fields of an append_calls entry; its keys must be fields, dedup_key and duplicate. */
+  private Map<String, byte[]> keyedFields(JsonObject entry) {
+    for (String key : entry.keySet()) {
+      if (!Set.of("fields", "dedup_key", "duplicate").contains(key)) {
+        problems.add("unknown append_calls entry key `" + key + "`");
+      }
+    }
+    Map<String, byte[]> fields = new LinkedHashMap<>();
+    entry.getAsJsonObject("fields").entrySet().forEach(f -> fields.put(f.getKey(), value(f.getValue().getAsJsonObject())));
+    return fields;
+  }
+
+  private static String dedupKey(JsonObject entry) {
+    return entry.has("dedup_key") ? entry.get("dedup_key").getAsString() : null;
   }
 
   private void appendEntries(JsonElement spec, boolean retryWhileUnavailable) {
@@ -167,6 +251,7 @@ final class ScenarioRun {
   private void record(List<Map<String, byte[]>> entries, List<AppendResult> results) {
     for (int i = 0; i < entries.size(); i++) {
       appended.put(results.get(i).streamId(), entries.get(i));
+      appendedIds.add(results.get(i).id());
     }
   }
 
@@ -435,6 +520,13 @@ final class ScenarioRun {
           if (want.getAsLong() != (Long) summary.get(0)) {
             problems.add("pending_after (XPENDING count): expected " + want.getAsLong() + ", got " + summary.get(0)
                 + "; pending entries [stream id, consumer, idle ms, deliveries]: " + pendingDetail(redis));
+          }
+        }
+        case "stream_length" -> same("stream_length (XLEN " + stream + ")", want.getAsLong(), redis.callLong("XLEN", stream));
+        case "handled_ids_equal_appended" -> {
+          Set<String> handled = calls.stream().map(Call::id).collect(java.util.stream.Collectors.toSet());
+          if (handled.equals(appendedIds) != want.getAsBoolean()) {
+            problems.add("handled_ids_equal_appended: handled " + handled + ", appended " + appendedIds);
           }
         }
         case "dead_letters" -> same("dead_letters (XLEN " + deadLetters + ")", want.getAsLong(), redis.callLong("XLEN", deadLetters));
