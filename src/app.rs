@@ -149,8 +149,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     // Outermost, so every call is counted by the status its client gets,
     // after the rewrite below (layers added first wrap those added later).
     let builder = builder.layer(crate::metrics::grpc::GrpcLayer::new(metrics.grpc()));
-    // tonic answers an oversized request OUT_OF_RANGE; gRPC's code is RESOURCE_EXHAUSTED.
-    let mut builder = builder.layer(tower::util::MapResponseLayer::new(crate::error::oversized_as_resource_exhausted));
+    // tonic refuses a request message before any handler sees it, with its own
+    // codes: OUT_OF_RANGE for an oversized one (gRPC's code is
+    // RESOURCE_EXHAUSTED) and INTERNAL for one it cannot decode, such as a
+    // string field that is not UTF-8 (bad input: INVALID_ARGUMENT). Here, inside
+    // the metrics layer, so calls are counted by the status the client gets.
+    let mut builder = builder.layer(tower::util::MapResponseLayer::new(crate::error::refused_request_status));
     let admin_address = admin_listener.local_addr().map_or_else(|_| config.admin_listen.to_string(), |a| a.to_string());
     let readiness = Readiness::default();
     let (stopped_tx, stopped) = watch::channel(false);

@@ -142,42 +142,67 @@ pub fn is_transient(error: &redis::RedisError) -> bool {
 
 /// Whether `status` is tonic's answer to a message over the size limit.
 /// tonic says OUT_OF_RANGE; gRPC's code for it is RESOURCE_EXHAUSTED, which
-/// is what [`oversized_as_resource_exhausted`] and the Consume relay send.
+/// is what [`inbound_status`] makes of it.
 pub fn is_oversized(status: &Status) -> bool {
     status.code() == Code::OutOfRange && status.message().contains("message length too large")
 }
 
-/// RESOURCE_EXHAUSTED for an oversized message, naming the setting; any other status unchanged.
-pub fn resource_exhausted_if_oversized(status: Status) -> Status {
+/// How prost's decode errors begin (`prost::DecodeError`'s text).
+const UNDECODABLE: &str = "failed to decode Protobuf message";
+
+/// Whether `status` is tonic's answer to a request message it could not
+/// decode: a `string` field that is not UTF-8, a truncated or malformed
+/// message. tonic's prost codec says INTERNAL, as gRPC's status table has it
+/// for a parse failure; here it is always the caller's bad input.
+pub fn is_undecodable(status: &Status) -> bool {
+    status.code() == Code::Internal && status.message().starts_with(UNDECODABLE)
+}
+
+/// The status a caller gets for a request message tonic refused before any
+/// handler saw it: RESOURCE_EXHAUSTED for an oversized one, naming the
+/// setting; INVALID_ARGUMENT for one that could not be decoded, with prost's
+/// reason (which names the field: `AppendRequest.stream: invalid string value:
+/// data is not UTF-8 encoded`); any other status unchanged. Used by the
+/// server's response map ([`refused_request_status`]) for unary calls and by
+/// Consume for the messages of its stream.
+pub fn inbound_status(status: Status) -> Status {
     if is_oversized(&status) {
         Status::resource_exhausted(format!("{} (the sidecar's --max-message-bytes)", status.message()))
+    } else if is_undecodable(&status) {
+        Status::invalid_argument(format!(
+            "{} (the request is not a valid message of the call's request type; string fields must be UTF-8, \
+             bytes belong in bytes fields)",
+            status.message()
+        ))
     } else {
         status
     }
 }
 
-/// Rewrites a trailers-only response that carries tonic's OUT_OF_RANGE for an
-/// oversized request (the request is decoded before any handler runs) to
-/// RESOURCE_EXHAUSTED. Used as a `tower` response map on the server.
-pub fn oversized_as_resource_exhausted<B>(
-    mut response: tonic::codegen::http::Response<B>,
-) -> tonic::codegen::http::Response<B> {
+/// Rewrites a trailers-only response that carries tonic's status for a
+/// request message it refused before any handler ran (oversized: OUT_OF_RANGE;
+/// undecodable: INTERNAL) to the status [`inbound_status`] gives it. Used as a
+/// `tower` response map on the server; other responses pass untouched.
+pub fn refused_request_status<B>(mut response: tonic::codegen::http::Response<B>) -> tonic::codegen::http::Response<B> {
     let headers = response.headers();
-    let oversized = headers.get("grpc-status").is_some_and(|code| code == "11")
-        && headers
-            .get("grpc-message")
-            .and_then(|m| m.to_str().ok())
-            .is_some_and(|m| m.contains("message%20length%20too%20large") || m.contains("message length too large"));
-    if oversized {
-        let message = format!(
-            "{}%20(the%20sidecar's%20--max-message-bytes)",
-            response.headers().get("grpc-message").and_then(|m| m.to_str().ok()).unwrap_or_default()
-        );
-        let headers = response.headers_mut();
-        headers.insert("grpc-status", tonic::codegen::http::HeaderValue::from_static("8"));
-        if let Ok(message) = tonic::codegen::http::HeaderValue::from_str(&message) {
-            headers.insert("grpc-message", message);
+    // Cheap first: only a trailers-only OUT_OF_RANGE (11) or INTERNAL (13) can be one.
+    if !headers.get("grpc-status").is_some_and(|code| code == "11" || code == "13") {
+        return response;
+    }
+    // Only the code and the (percent-encoded) message: nothing else of the
+    // response is parsed or copied.
+    let mut status_headers = tonic::codegen::http::HeaderMap::with_capacity(2);
+    for name in ["grpc-status", "grpc-message"] {
+        if let Some(value) = headers.get(name) {
+            status_headers.insert(name, value.clone());
         }
+    }
+    let Some(status) = Status::from_header_map(&status_headers) else { return response };
+    if is_oversized(&status) || is_undecodable(&status) {
+        let status = inbound_status(status);
+        // Only fails on a message that cannot be a header value, which
+        // percent-encoding rules out; the response is then left as it was.
+        let _ = Status::new(status.code(), status.message()).add_header(response.headers_mut());
     }
     response
 }
@@ -228,5 +253,30 @@ mod tests {
         }
         let error = Error::from_redis(server_error(b"-ERR syntax error\r\n"), "appending", "s");
         assert_eq!(Status::from(error).code(), Code::Internal);
+    }
+
+    #[test]
+    fn a_request_tonic_could_not_decode_is_bad_input_and_other_internal_errors_stay() {
+        let undecodable = Status::internal(
+            "failed to decode Protobuf message: AppendRequest.stream: invalid string value: data is not UTF-8 encoded",
+        );
+        let mapped = inbound_status(undecodable);
+        assert_eq!(mapped.code(), Code::InvalidArgument);
+        assert!(mapped.message().contains("AppendRequest.stream: invalid string value"), "{mapped:?}");
+        let ours = Status::internal("reading the group's lag on `s`: ERR something");
+        assert_eq!(inbound_status(ours).code(), Code::Internal);
+    }
+
+    #[test]
+    fn the_response_map_rewrites_only_refused_requests() {
+        let respond = |status: Status| refused_request_status(status.into_http::<()>());
+        let rewritten = respond(Status::internal("failed to decode Protobuf message: invalid varint"));
+        let status = Status::from_header_map(rewritten.headers()).unwrap();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with("failed to decode Protobuf message: invalid varint ("), "{status:?}");
+        let oversized = respond(Status::out_of_range("Error, decoded message length too large: found 9 bytes"));
+        assert_eq!(Status::from_header_map(oversized.headers()).unwrap().code(), Code::ResourceExhausted);
+        let other = respond(Status::internal("something else"));
+        assert_eq!(Status::from_header_map(other.headers()).unwrap().code(), Code::Internal);
     }
 }

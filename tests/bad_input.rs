@@ -815,3 +815,147 @@ async fn the_ledger_check_is_not_fooled_by_a_read_while_it_runs() {
     assert!(checks >= 10, "only {checks} checks ran while the reader read");
     assert_eq!(pool.check(&mut con).await, Vec::<String>::new());
 }
+
+// ---------------------------------------------------------------------------
+// Messages that cannot be decoded: a string field that is not UTF-8
+// ---------------------------------------------------------------------------
+
+/// Sends request messages as raw bytes, encoded by hand, so a test can put what
+/// no generated client would into a field (bytes that are not UTF-8 into a
+/// `string`); decodes the replies as `R`.
+struct RawCodec<R>(std::marker::PhantomData<R>);
+
+impl<R> Default for RawCodec<R> {
+    fn default() -> Self {
+        RawCodec(std::marker::PhantomData)
+    }
+}
+
+struct RawEncoder;
+struct ReplyDecoder<R>(std::marker::PhantomData<R>);
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl<R: prost::Message + Default> tonic::codec::Decoder for ReplyDecoder<R> {
+    type Item = R;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<R>, tonic::Status> {
+        R::decode(src).map(Some).map_err(|e| tonic::Status::data_loss(format!("the test cannot decode a reply: {e}")))
+    }
+}
+
+impl<R: prost::Message + Default + Send + 'static> tonic::codec::Codec for RawCodec<R> {
+    type Encode = Vec<u8>;
+    type Decode = R;
+    type Encoder = RawEncoder;
+    type Decoder = ReplyDecoder<R>;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> ReplyDecoder<R> {
+        ReplyDecoder(std::marker::PhantomData)
+    }
+}
+
+/// Field 1 of a message, length-delimited (wire type 2), holding `value`:
+/// tag `0x0a`, the length, the bytes. Field 1 is a `string` in the messages
+/// used here (`AppendRequest.stream`, `Subscribe.stream`, `Ack.ids`).
+fn field_1(value: &[u8]) -> Vec<u8> {
+    length_delimited(1, value)
+}
+
+fn length_delimited(field: u8, value: &[u8]) -> Vec<u8> {
+    assert!(field < 16 && value.len() < 128, "one-byte tag and length");
+    let mut out = vec![(field << 3) | 2, value.len() as u8];
+    out.extend_from_slice(value);
+    out
+}
+
+/// Bytes that are not UTF-8 (a lone continuation byte, then 0xff).
+const NOT_UTF8: &[u8] = &[0x80, 0xff];
+
+#[track_caller]
+fn assert_refused_as_not_utf8(status: &tonic::Status, field: &str) {
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains(field) && status.message().contains("not UTF-8"),
+        "the message names the field and what is wrong with it: {status:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_string_field_that_is_not_utf8_is_invalid_argument_in_a_unary_call() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut grpc = tonic::client::Grpc::new(sidecar.channel().await);
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/echomq.v1.StreamService/Append");
+    let status = grpc
+        .unary::<_, echomq::proto::AppendResponse, _>(tonic::Request::new(field_1(NOT_UTF8)), path, RawCodec::default())
+        .await
+        .unwrap_err();
+    assert_refused_as_not_utf8(&status, "AppendRequest.stream");
+    assert!(!sidecar.log().contains("panicked"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_string_field_that_is_not_utf8_is_invalid_argument_in_a_consume_call() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let path = || tonic::codegen::http::uri::PathAndQuery::from_static("/echomq.v1.ConsumerService/Consume");
+
+    // In the subscribe: the call is refused.
+    let mut grpc = tonic::client::Grpc::new(sidecar.channel().await);
+    grpc.ready().await.unwrap();
+    let bad_subscribe = length_delimited(1, &field_1(NOT_UTF8));
+    let status = grpc
+        .streaming::<_, _, echomq::proto::ConsumeResponse, _>(
+            tonic::Request::new(tokio_stream::iter(vec![bad_subscribe])),
+            path(),
+            RawCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_refused_as_not_utf8(&status, "Subscribe.stream");
+
+    // In a later message (an Ack's id): the call ends with it.
+    let subscribe =
+        prost::Message::encode_to_vec(&req(Kind::Subscribe(subscribe_msg("s", "g", echomq::proto::GroupStart::New))));
+    let bad_ack = length_delimited(2, &field_1(NOT_UTF8));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    tx.send(subscribe).await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(sidecar.channel().await);
+    grpc.ready().await.unwrap();
+    let mut replies = grpc
+        .streaming::<_, _, echomq::proto::ConsumeResponse, _>(
+            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+            path(),
+            RawCodec::default(),
+        )
+        .await
+        .expect("the subscribe is taken")
+        .into_inner();
+    let first = tokio::time::timeout(EVENT_TIMEOUT, replies.message()).await.unwrap().unwrap();
+    assert!(first.is_some(), "subscribed");
+    tx.send(bad_ack).await.unwrap();
+    let end = loop {
+        match tokio::time::timeout(EVENT_TIMEOUT, replies.message()).await.expect("the call ends") {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the call ended OK"),
+            Err(status) => break status,
+        }
+    };
+    assert_refused_as_not_utf8(&end, "Ack.ids");
+    assert!(!sidecar.log().contains("panicked"));
+}

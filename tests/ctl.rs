@@ -342,7 +342,51 @@ async fn read_by_id_and_by_instant() {
         ctl(&sidecar.endpoint(), &["read", "s", "--from", "2000-1", "--to", "3000", "--count", "1"]).await.ok();
     assert_eq!(ids(&by_ids), ["2000-1"]);
     let bad = ctl(&sidecar.endpoint(), &["read", "s", "--from", "nonsense"]).await;
-    assert_eq!(bad.code, 5, "the sidecar refuses the id: {bad:?}");
+    assert_eq!(bad.code, 2, "a usage error, found before any call: {bad:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_takes_the_branded_id_every_tool_prints() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let appended = [
+        sidecar.append("s", &[("k", b"a")]).await,
+        sidecar.append("s", &[("k", b"b")]).await,
+        sidecar.append("s", &[("k", b"c")]).await,
+    ];
+    let endpoint = sidecar.endpoint();
+
+    let one = ctl(&endpoint, &["read", "s", "--id", &appended[1].id, "--json"]).await.ok().json();
+    assert_eq!(one["id"], appended[1].id.as_str());
+    assert_eq!(one["stream_id"], appended[1].stream_id.as_str());
+    assert_eq!(one["fields"]["k"], "b");
+    let range = ctl(&endpoint, &["read", "s", "--from", &appended[1].id, "--to", &appended[2].id, "--json"]).await.ok();
+    let ids: Vec<Json> = range.json_lines().iter().map(|e| e["id"].clone()).collect();
+    assert_eq!(ids, [appended[1].id.as_str(), appended[2].id.as_str()]);
+
+    // A branded id that no entry of this stream was minted with: not found, saying which.
+    let elsewhere = branded_from_stream_id("1000-7");
+    let missing = ctl(&endpoint, &["read", "s", "--id", &elsewhere]).await;
+    assert_eq!(missing.code, 4, "{missing:?}");
+    assert!(missing.stderr.contains(&format!("no entry with branded id {elsewhere}")), "{missing:?}");
+
+    // Neither form, or the id no entry can have: usage errors (exit code 2) that say what an id looks like.
+    let upper = appended[0].id.to_uppercase();
+    for (bad, says) in [
+        ("x-1", "is not an entry id: expected a stream id"),
+        (&appended[0].id[..27], "27 hex characters, but a branded id has 28"),
+        (&upper, "branded ids are lowercase"),
+        ("0000000000000000000000000000", "names no entry"),
+        ("0-0", "names no entry"),
+    ] {
+        let refused = ctl(&endpoint, &["read", "s", "--id", bad]).await;
+        assert_eq!(refused.code, 2, "{bad}: {refused:?}");
+        assert!(refused.stderr.contains("--id") && refused.stderr.contains(says), "{bad}: {refused:?}");
+        assert!(refused.stdout.is_empty(), "{bad}: {refused:?}");
+    }
+    // As a bound, 0-0 is before every entry.
+    let all = ctl(&endpoint, &["read", "s", "--from", "0000000000000000000000000000", "--json"]).await.ok();
+    assert_eq!(all.json_lines().len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -643,6 +687,46 @@ async fn dead_letters_are_listed_and_replayed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_replayed_by_their_branded_id() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let a = sidecar.append("s", &[("k", b"a")]).await;
+    let b = sidecar.append("s", &[("k", b"b")]).await;
+    for d in call.deliveries(2, EVENT_TIMEOUT).await {
+        call.dead_letter(&d.id, "poison").await;
+    }
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    drop(call);
+    let endpoint = sidecar.endpoint();
+
+    let replayed = ctl(&endpoint, &["dlq", "replay", "s", &b.id, "--json"]).await.ok().json();
+    assert_eq!(replayed["replayed"].as_array().unwrap().len(), 1, "{replayed}");
+    assert_eq!(replayed["replayed"][0]["id"], b.id.as_str());
+    let back = xrange(&mut con, "s").await;
+    assert_eq!(back.len(), 3);
+    assert_eq!(back[2].field("id"), Some(b.id.as_bytes()), "b is back in the stream");
+    assert_eq!(xlen(&mut con, "s:dlq").await, 1, "a is still dead-lettered");
+
+    // Replayed already, or never dead-lettered: not found, and nothing else is replayed.
+    let again = ctl(&endpoint, &["dlq", "replay", "s", &b.id, "--json"]).await;
+    assert_eq!(again.code, 4, "{again:?}");
+    assert_eq!(again.json()["not_found_ids"][0], b.id.as_str());
+    assert_eq!(xlen(&mut con, "s:dlq").await, 1, "an unknown branded id replays nothing else");
+
+    for bad in ["nonsense", "0000000000000000000000000000"] {
+        let refused = ctl(&endpoint, &["dlq", "replay", "s", bad]).await;
+        assert_eq!(refused.code, 2, "{bad}: {refused:?}");
+        assert!(refused.stderr.contains(bad), "{bad}: {refused:?}");
+    }
+    let list_from = ctl(&endpoint, &["dlq", "list", "s", "--from", &a.id]).await;
+    assert_eq!(list_from.code, 2, "{list_from:?}");
+    assert!(list_from.stderr.contains("takes a dead-letter stream id"), "{list_from:?}");
+    assert_eq!(xlen(&mut con, "s:dlq").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_codes_say_what_failed() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
@@ -670,17 +754,18 @@ async fn exit_codes_say_what_failed() {
     assert_eq!(missing.code, 4, "NOT_FOUND: {missing:?}");
     let refused = ctl(&sidecar.endpoint(), &["describe", "s", ""]).await;
     assert_eq!(refused.code, 5, "INVALID_ARGUMENT: {refused:?}");
-    // The sidecar names request fields; what the user reads names their flags.
+    // Ids are checked before any call: a usage error naming the flag, not a field of the request.
     for (args, flag) in [
-        (&["read", "s", "--id", "x-1"][..], "--id: "),
-        (&["read", "s", "--from", "x-1"], "--from: "),
-        (&["read", "s", "--to", "1-x"], "--to: "),
-        (&["trim", "s", "--min-id", "x"], "--min-id: "),
-        (&["dlq", "list", "s", "--from", "x"], "--from: "),
+        (&["read", "s", "--id", "x-1"][..], "--id <ID>"),
+        (&["read", "s", "--from", "x-1"], "--from <FROM>"),
+        (&["read", "s", "--to", "1-x"], "--to <TO>"),
+        (&["trim", "s", "--min-id", "x"], "--min-id <MIN_ID>"),
+        (&["tail", "s", "--from", "x"], "--from <FROM>"),
+        (&["dlq", "list", "s", "--from", "x"], "--from <FROM>"),
     ] {
         let bad = ctl(&sidecar.endpoint(), args).await;
-        assert_eq!(bad.code, 5, "{args:?}: {bad:?}");
-        assert!(bad.stderr.contains(flag) && !bad.stderr.contains("_id"), "{args:?}: {bad:?}");
+        assert_eq!(bad.code, 2, "{args:?}: {bad:?}");
+        assert!(bad.stderr.contains(flag) && bad.stderr.contains("is not an entry id"), "{args:?}: {bad:?}");
     }
 }
 

@@ -432,6 +432,57 @@ async fn hygiene_keeps_a_live_quiet_sidecar_and_removes_it_once_dead() {
     assert_eq!(beats, vec!["cleaner".to_owned()], "the dead consumer's heartbeat goes with it");
 }
 
+/// A stream deleted (DEL, FLUSHALL, a restart without persistence) while no
+/// call consumes it: the group's worker outlives its last call and its
+/// hygiene beat finds no stream. The log says so once, in words, not Redis'
+/// script error on every beat; when the stream is back, the beat resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_while_no_call_consumes_it_is_logged_once_in_words() {
+    let redis = RedisServer::start().await;
+    // A 1 s idle limit: hygiene beats every 250 ms (its interval is a quarter of the limit).
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--consumer-idle-limit-ms").arg("1000")).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    call.close_send();
+    assert!(call.wait_end(EVENT_TIMEOUT).await.is_none_or(|s| s.code() == Code::Ok), "the call ended cleanly");
+
+    let _: () = redis::cmd("DEL").arg("s").arg("s:heartbeats:g").query_async(&mut con).await.unwrap();
+    // Twelve beats of a stream that is gone.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = sidecar.log();
+    let gone: Vec<&str> = log.lines().filter(|l| l.contains("stream `s` no longer exists")).collect();
+    assert_eq!(gone.len(), 1, "said once, in words:\n{log}");
+    assert!(!log.contains("no such key"), "no Redis script error in the log:\n{log}");
+    let beats: i64 = redis::cmd("EXISTS").arg("s:heartbeats:g").query_async(&mut con).await.unwrap();
+    assert_eq!(beats, 0, "no heartbeat recorded for a group that is gone");
+
+    // The stream and its group come back: the beat resumes, and says so.
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("s")
+        .arg("g")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let consumer = sidecar.consumer_name().to_owned();
+    let beating = || {
+        let redis = &redis;
+        let consumer = consumer.clone();
+        async move {
+            let mut con = redis.conn().await;
+            let beat: Option<i64> =
+                redis::cmd("HGET").arg("s:heartbeats:g").arg(&consumer).query_async(&mut con).await.unwrap();
+            beat.is_some()
+        }
+    };
+    assert!(eventually(EVENT_TIMEOUT, beating).await, "the heartbeat is recorded again:\n{}", sidecar.log());
+    let log = sidecar.log();
+    assert_eq!(log.lines().filter(|l| l.contains("stream `s` exists again")).count(), 1, "{log}");
+    assert_eq!(log.lines().filter(|l| l.contains("stream `s` no longer exists")).count(), 1, "{log}");
+}
+
 // ---------------------------------------------------------------------------
 // A read whose reply is lost: its entries come first, not after the reclaim
 // ---------------------------------------------------------------------------

@@ -17,10 +17,16 @@
 -- ARGV[1]  the group
 -- ARGV[2]  this sidecar's consumer (never removed)
 -- ARGV[3]  the idle limit, milliseconds; 0: only record the heartbeat
--- Returns the names removed.
+-- Returns the names removed, or false (nil) when the stream does not exist.
 
 local stream, beats, group, me = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local limit = tonumber(ARGV[3])
+-- A stream deleted (DEL, FLUSHALL, a restart without persistence) took its
+-- group and consumers with it: nothing to beat for, and XINFO would fail with
+-- `no such key`. Say so, and record no heartbeat that would outlive it.
+if redis.call('EXISTS', stream) == 0 then
+  return false
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('HSET', beats, me, now)

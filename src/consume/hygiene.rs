@@ -6,12 +6,17 @@
 //! sidecar's own, and never a live sidecar's: Redis 7.0 leaves the idle time
 //! of a consumer blocked on a quiet stream growing, so only the heartbeat
 //! tells a live sidecar from a dead one.
+//!
+//! The worker of a group outlives its last call, so its beat may find the
+//! stream deleted (DEL, FLUSHALL, a Redis restart without persistence). It
+//! says so once, in words, records nothing while the stream is gone, and
+//! says so again when the stream is back.
 
 use std::time::Duration;
 
 use redis::RedisResult;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{
     worker::{Step, Worker},
@@ -29,13 +34,27 @@ pub(crate) fn beat_interval(idle_limit: Option<Duration>) -> Duration {
     idle_limit.map_or(MAX_BEAT, |limit| (limit / 4).clamp(Duration::from_millis(100), MAX_BEAT))
 }
 
+/// What one hygiene beat (`hygiene.lua`) found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Beat {
+    /// The heartbeat is recorded; these dead consumers were removed (often none).
+    Done {
+        /// The consumers removed, by name.
+        removed: Vec<String>,
+    },
+    /// The stream does not exist: nothing was recorded or removed.
+    StreamGone,
+}
+
 /// Records this sidecar's heartbeat and, with `idle_limit`, removes the dead
-/// consumers; returns their names.
+/// consumers (`EVALSHA hygiene.lua`, one atomic run).
 ///
-/// Errors: Redis' (NOGROUP when the group is gone and a limit is set).
-pub(crate) async fn beat(keys: &GroupKeys, idle_limit: Option<Duration>) -> RedisResult<Vec<String>> {
+/// Errors: Redis' (NOGROUP when the stream exists without the group and a
+/// limit is set).
+pub(crate) async fn beat(keys: &GroupKeys, idle_limit: Option<Duration>) -> RedisResult<Beat> {
     let mut conn = keys.redis.conn.clone();
-    keys.redis
+    let removed: Option<Vec<String>> = keys
+        .redis
         .scripts
         .hygiene
         .key(&keys.stream)
@@ -44,7 +63,8 @@ pub(crate) async fn beat(keys: &GroupKeys, idle_limit: Option<Duration>) -> Redi
         .arg(&keys.consumer)
         .arg(idle_limit.map_or(0, |limit| limit.as_millis().max(1) as u64))
         .invoke_async(&mut conn)
-        .await
+        .await?;
+    Ok(removed.map_or(Beat::StreamGone, |removed| Beat::Done { removed }))
 }
 
 impl Worker {
@@ -53,11 +73,22 @@ impl Worker {
         if !self.redis_usable() {
             return;
         }
+        let (stream, group) = (&self.keys.stream, &self.keys.group);
         match beat(&self.keys, self.shared.consumer_idle_limit).await {
-            Ok(removed) if !removed.is_empty() => {
-                info!(stream = %self.keys.stream, group = %self.keys.group, ?removed, "removed dead consumers that held nothing")
+            Ok(Beat::StreamGone) => {
+                if !self.stream_gone {
+                    warn!(%stream, %group, "stream `{stream}` no longer exists: it was deleted (DEL, FLUSHALL, or a Redis restart without persistence), and group `{group}` and its pending entries with it; consumer hygiene waits for it to come back (a call that subscribes re-creates it)");
+                    self.stream_gone = true;
+                }
             }
-            Ok(_) => {}
+            Ok(Beat::Done { removed }) => {
+                if std::mem::take(&mut self.stream_gone) {
+                    info!(%stream, %group, "stream `{stream}` exists again; consumer hygiene resumes");
+                }
+                if !removed.is_empty() {
+                    info!(%stream, %group, ?removed, "removed dead consumers that held nothing")
+                }
+            }
             Err(e) => self.redis_failed(Step::Hygiene, &e),
         }
     }

@@ -309,7 +309,7 @@ impl ConsumerService for Consumers {
         let first = tokio::time::timeout(SUBSCRIBE_TIMEOUT, inbound.message()).await.map_err(|_| {
             Error::invalid("subscribe", format!("no subscribe within {SUBSCRIBE_TIMEOUT:?} of opening the call"))
         })?;
-        let subscribe = match first.map_err(crate::error::resource_exhausted_if_oversized)? {
+        let subscribe = match first.map_err(crate::error::inbound_status)? {
             Some(ConsumeRequest { kind: Some(Kind::Subscribe(subscribe)) }) => subscribe,
             Some(_) => {
                 return Err(

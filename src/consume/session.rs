@@ -268,8 +268,8 @@ pub(super) async fn relay(
                     }
                 }
                 Ok(None) => break None,
-                Err(status) if crate::error::is_oversized(&status) => {
-                    break Some(crate::error::resource_exhausted_if_oversized(status));
+                Err(status) if crate::error::is_oversized(&status) || crate::error::is_undecodable(&status) => {
+                    break Some(crate::error::inbound_status(status));
                 }
                 // Nobody reads the ending status of a broken call, but the
                 // gRPC server's metrics do: it ends as it broke (CANCELLED

@@ -171,6 +171,9 @@ pub(crate) struct Worker {
     pub(super) trimmed_unlogged: u64,
     /// The group is gone (NOGROUP): re-create it before anything else.
     pub(super) group_lost: bool,
+    /// The hygiene beat found the stream deleted and said so; cleared (and
+    /// said) when a beat finds it again, so the log has one line per loss.
+    pub(super) stream_gone: bool,
     /// No Redis command from the pump before this instant (backoff after errors).
     pub(super) paused_until: Instant,
     pub(super) backoff: Duration,
@@ -208,6 +211,7 @@ impl Worker {
             reclaim_cursor: StreamId::ZERO,
             trimmed_unlogged: 0,
             group_lost: false,
+            stream_gone: false,
             paused_until: Instant::now(),
             backoff: REDIS_BACKOFF_MIN,
             published_held: 0,

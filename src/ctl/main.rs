@@ -25,6 +25,7 @@ mod connect;
 mod describe;
 mod dlq;
 mod exit;
+mod ids;
 mod read;
 mod render;
 mod tail;

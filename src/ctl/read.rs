@@ -5,6 +5,7 @@ use echomq::proto::ReadRequest;
 
 use crate::connect::Context;
 use crate::exit::Failure;
+use crate::ids::{parse_bound, parse_entry, EntryId};
 use crate::render::{print_entry, warn_oversized};
 use crate::time::{parse_instant, timestamp_of_ms};
 
@@ -26,18 +27,21 @@ const RANGE_FLAGS: [(&str, &str); 4] =
 pub(crate) struct Args {
     /// The stream key (for a sharded stream, one shard's key: `<stream>:{<stream>:<k>}`).
     stream: String,
-    /// Exactly the entry with this stream id (`<ms>-<seq>`); exit code 4 when there is none.
-    #[arg(long, conflicts_with_all = ["from", "since", "to", "until", "count", "all"])]
-    id: Option<String>,
-    /// The first stream id to print (`<ms>-<seq>` or `<ms>`). Default: the oldest entry.
-    #[arg(long, conflicts_with = "since")]
-    from: Option<String>,
+    /// Exactly the entry with this stream id (`<ms>-<seq>`) or branded id (28 hex characters, as
+    /// every tool prints it: the entry first appended to this stream at that stream id); exit code 4
+    /// when there is none. `0-0` names no entry: exit code 2.
+    #[arg(long, value_parser = parse_entry, conflicts_with_all = ["from", "since", "to", "until", "count", "all"])]
+    id: Option<EntryId>,
+    /// The first stream id to print (`<ms>-<seq>` or `<ms>`), or a branded id (its minted stream
+    /// id). Default: the oldest entry.
+    #[arg(long, value_parser = parse_bound, conflicts_with = "since")]
+    from: Option<EntryId>,
     /// Entries appended at or after this instant.
     #[arg(long, value_parser = parse_instant)]
     since: Option<u64>,
-    /// The last stream id to print. Default: the newest entry.
-    #[arg(long, conflicts_with = "until")]
-    to: Option<String>,
+    /// The last stream id to print, or a branded id (its minted stream id). Default: the newest entry.
+    #[arg(long, value_parser = parse_bound, conflicts_with = "until")]
+    to: Option<EntryId>,
     /// Entries appended at or before this instant.
     #[arg(long, value_parser = parse_instant)]
     until: Option<u64>,
@@ -52,11 +56,12 @@ pub(crate) struct Args {
 /// Runs `read`.
 pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
     let doing = format!("read {}", args.stream);
-    if let Some(id) = &args.id {
+    if let Some(id) = args.id {
+        let stream_id = id.stream_id().to_string();
         let request = ReadRequest {
             stream: args.stream.clone(),
-            start_id: id.clone(),
-            end_id: id.clone(),
+            start_id: stream_id.clone(),
+            end_id: stream_id.clone(),
             count: 1,
             ..Default::default()
         };
@@ -67,18 +72,33 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
             .map_err(|s| Failure::status_of_flags(&doing, s, &[("start_id", "--id"), ("end_id", "--id")]))?
             .into_inner();
         warn_oversized(&args.stream, &page.oversized_ids);
-        return match page.entries.first() {
-            Some(entry) => print_entry(ctx.json, &args.stream, entry),
-            None if !page.oversized_ids.is_empty() => Ok(()),
-            None => Err(Failure::NotFound(format!("{}: no entry with stream id {id}", args.stream))),
+        return match (page.entries.first(), id) {
+            // A branded id names the entry minted at its stream id; another entry there (a copy,
+            // which keeps an older branded id) is not the one asked for.
+            (Some(entry), EntryId::Branded(branded)) if entry.id != branded.to_string() => {
+                Err(Failure::NotFound(format!(
+                    "{}: no entry with branded id {branded}: the entry at its stream id {stream_id} has branded id \
+                     {} (a replayed or copied entry keeps its branded id but gets a new stream id)",
+                    args.stream, entry.id
+                )))
+            }
+            (Some(entry), _) => print_entry(ctx.json, &args.stream, entry),
+            (None, _) if !page.oversized_ids.is_empty() => Ok(()),
+            (None, EntryId::Stream(_)) => {
+                Err(Failure::NotFound(format!("{}: no entry with stream id {stream_id}", args.stream)))
+            }
+            (None, EntryId::Branded(branded)) => Err(Failure::NotFound(format!(
+                "{}: no entry with branded id {branded} (stream id {stream_id}) in this stream",
+                args.stream
+            ))),
         };
     }
     let mut left = if args.all { u64::MAX } else { args.count };
     let mut request = ReadRequest {
         stream: args.stream.clone(),
-        start_id: args.from.clone().unwrap_or_default(),
+        start_id: args.from.map(|id| id.stream_id().to_string()).unwrap_or_default(),
         start_time: args.since.map(timestamp_of_ms),
-        end_id: args.to.clone().unwrap_or_default(),
+        end_id: args.to.map(|id| id.stream_id().to_string()).unwrap_or_default(),
         end_time: args.until.map(timestamp_of_ms),
         count: 0,
     };

@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 
 use crate::connect::Context;
 use crate::exit::Failure;
+use crate::ids::{parse_bound, EntryId};
 use crate::render::{emit, emit_json_line, entry_json, entry_line, print_entry, warn_oversized};
 use crate::time::{now_ms, parse_instant, timestamp_of_ms};
 
@@ -61,9 +62,10 @@ pub(crate) enum Start {
 pub(crate) struct Args {
     /// The stream key (for a sharded stream, one shard's key; with --group, its name).
     stream: String,
-    /// Start at this stream id, inclusive (`<ms>-<seq>` or `<ms>`).
-    #[arg(long, conflicts_with_all = ["since", "from_start", "group"])]
-    from: Option<String>,
+    /// Start at this stream id, inclusive (`<ms>-<seq>` or `<ms>`), or at a branded id's minted
+    /// stream id.
+    #[arg(long, value_parser = parse_bound, conflicts_with_all = ["since", "from_start", "group"])]
+    from: Option<EntryId>,
     /// Start with entries appended at or after this instant (as for `read --since`).
     #[arg(long, value_parser = parse_instant, conflicts_with_all = ["from_start", "group"])]
     since: Option<u64>,
@@ -129,7 +131,7 @@ async fn peek(args: &Args, ctx: &Context, interrupt: &mut Interrupt) -> Result<(
     let doing = format!("tail {}", args.stream);
     let mut request = ReadRequest { stream: args.stream.clone(), count: PAGE, ..Default::default() };
     match (&args.from, args.since, args.from_start) {
-        (Some(id), _, _) => request.start_id = id.clone(),
+        (Some(id), _, _) => request.start_id = id.stream_id().to_string(),
         (None, Some(ms), _) => request.start_time = Some(timestamp_of_ms(ms)),
         (None, None, true) => {}
         (None, None, false) => request.start_time = Some(timestamp_of_ms(now_ms())),

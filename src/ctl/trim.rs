@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::connect::Context;
 use crate::exit::Failure;
+use crate::ids::{parse_bound, EntryId};
 use crate::render::{emit, emit_json_document};
 use crate::time::{parse_instant, timestamp_of_ms};
 
@@ -25,9 +26,10 @@ pub(crate) struct Args {
     /// Keep the newest this many entries.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     max_len: Option<u64>,
-    /// Remove the entries with a stream id below this one.
-    #[arg(long)]
-    min_id: Option<String>,
+    /// Remove the entries with a stream id below this one (`<ms>-<seq>` or `<ms>`), or below a
+    /// branded id's minted stream id.
+    #[arg(long, value_parser = parse_bound)]
+    min_id: Option<EntryId>,
     /// Remove the entries appended before this instant (as for `read --since`).
     #[arg(long, value_parser = parse_instant)]
     before: Option<u64>,
@@ -45,7 +47,7 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
     let request = TrimRequest {
         stream: args.stream.clone(),
         max_len: args.max_len.unwrap_or(0),
-        min_id: args.min_id.clone().unwrap_or_default(),
+        min_id: args.min_id.map(|id| id.stream_id().to_string()).unwrap_or_default(),
         before: args.before.map(timestamp_of_ms),
         approximate: args.approximate,
         ignore_groups: args.ignore_groups,
