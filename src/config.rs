@@ -161,7 +161,8 @@ pub struct Config {
     /// the data nodes): the userinfo is the data nodes'; the Sentinels' own credentials are
     /// --sentinel-username / --sentinel-password. On a single server or Sentinel the sidecar follows the
     /// primary through failovers (docs: High availability).
-    #[arg(long, env = "ECHOMQ_REDIS_URL", default_value = DEFAULT_REDIS_URL, value_parser = parse_redis_url)]
+    // Checked in `validate`, not by clap: clap's refusal repeats the value, password and all.
+    #[arg(long, env = "ECHOMQ_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
     pub redis_url: String,
 
     /// Sharded streams: `name=shards[,name=shards…]`, e.g. `orders=4`. A sharded stream is that many stream
@@ -440,6 +441,7 @@ impl Config {
 
     /// Checks relations between settings that one flag's parser cannot see.
     pub fn validate(&self) -> Result<(), String> {
+        check_redis_url(&self.redis_url).map_err(|reason| format!("--redis-url (ECHOMQ_REDIS_URL): {reason}"))?;
         if self.default_max_in_flight > self.max_in_flight_limit {
             return Err(format!(
                 "--default-max-in-flight ({}) is above --max-in-flight-limit ({})",
@@ -550,12 +552,15 @@ fn parse_allow_rule(text: &str) -> Result<(String, Vec<String>), String> {
     Ok((identity.trim().to_owned(), patterns))
 }
 
-/// One Redis URL, or a comma-separated seed list of cluster nodes.
-fn parse_redis_url(text: &str) -> Result<String, String> {
-    if crate::redis::primary::SentinelUrl::is_sentinel(text.trim()) {
-        return crate::redis::primary::SentinelUrl::parse(text.trim())
-            .map(|_| text.trim().to_owned())
-            .map_err(|reason| format!("`{}`: {reason}", crate::redis::primary::redacted_url(text.trim())));
+/// One Redis URL, a comma-separated seed list of cluster nodes, or a
+/// Sentinel URL. Errors: the reason, naming the URL with its passwords
+/// replaced by `***` (see [`crate::redis::primary::redacted_url`]).
+fn check_redis_url(text: &str) -> Result<(), String> {
+    use crate::redis::primary::{redacted_url, SentinelUrl};
+    if SentinelUrl::is_sentinel(text.trim()) {
+        return SentinelUrl::parse(text.trim())
+            .map(drop)
+            .map_err(|reason| format!("`{}`: {reason}", redacted_url(text)));
     }
     let urls: Vec<&str> = text.split(',').map(str::trim).filter(|url| !url.is_empty()).collect();
     if urls.is_empty() {
@@ -567,12 +572,14 @@ fn parse_redis_url(text: &str) -> Result<String, String> {
             .filter(|parsed| urls.len() == 1 || matches!(parsed.scheme(), "redis" | "rediss"))
             .ok_or_else(|| {
                 format!(
-                    "`{url}` is not a Redis URL: expected redis://host:port, rediss://host:port or unix:///path \
-                     (a cluster seed list takes redis:// or rediss:// URLs, comma-separated)"
+                    "`{}` is not a Redis URL: expected redis://host:port, rediss://host:port, unix:///path or \
+                     redis+sentinel://host:port[,host:port…]/MASTER (a cluster seed list takes redis:// or rediss:// \
+                     URLs, comma-separated)",
+                    redacted_url(url)
                 )
             })?;
     }
-    Ok(text.to_owned())
+    Ok(())
 }
 
 /// One allow-list pattern, trimmed; an empty one would match no stream.
@@ -683,13 +690,17 @@ mod tests {
             &["--listen", ":50051"],
             &["--listen", "localhost:99999"],
             &["--listen", "unix:"],
-            &["--redis-url", "http://x"],
             &["--consumer-name", " "],
             &["--reclaim-min-idle-ms", "0"],
             &["--default-max-in-flight", "0"],
             &["--id-field", "echomq.id"],
         ] {
             assert!(parse(args).is_err(), "{args:?}");
+        }
+        for url in ["http://x", "redis://u:s3cret@h:99999", "redis+sentinel://u:s3cret@h:1", ""] {
+            let refused = parse(&["--redis-url", url]).unwrap().validate().unwrap_err();
+            assert!(refused.starts_with("--redis-url (ECHOMQ_REDIS_URL): "), "{refused}");
+            assert!(!refused.contains("s3cret"), "the password is shown: {refused}");
         }
         let config = parse(&["--default-max-in-flight", "20", "--max-in-flight-limit", "10"]).unwrap();
         assert!(config.validate().unwrap_err().contains("--max-in-flight-limit"));

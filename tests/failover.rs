@@ -417,3 +417,60 @@ async fn sentinel_and_data_node_passwords_are_each_their_own_and_never_logged() 
     assert!(own_lines.iter().all(|line| !line.contains("s3cret")), "a password was logged:\n{}", own_lines.join("\n"));
     assert!(own_lines.iter().any(|line| line.contains("redis+sentinel://:***@")), "the URL is not named, redacted");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_loading_its_data_set_is_not_ready_and_refuses_appends_saying_why() {
+    // 40,000 keys loaded 100 µs apart (`key-load-delay`, a testing setting),
+    // serving clients every KB loaded: a restart spends about 4 s loading,
+    // answering LOADING to PING and writes, and ROLE as a master meanwhile.
+    let delay = ["--key-load-delay", "100", "--loading-process-events-interval-bytes", "1024"];
+    let options = RedisOptions { args: delay.iter().map(|a| (*a).to_owned()).collect(), ..Default::default() };
+    let mut redis = match RedisServer::try_start_with(options).await {
+        Ok(redis) => redis,
+        // Redis 6.2 has no loading-process-events-interval-bytes: it serves no
+        // client until a load ends, so there is no LOADING to see there.
+        Err(e) if e.contains("Bad directive") => {
+            eprintln!("skipped: this redis-server has no slow-loading settings: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let stream = unique("loading");
+    sidecar.append(&stream, &[("n", b"before")]).await;
+    let mut conn = redis.conn().await;
+    let fill = "for i = 1, 40000 do redis.call('SET', 'fill:' .. i, i) end";
+    let _: () = redis::cmd("EVAL").arg(fill).arg(0).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+
+    // Killed and started again: it loads dump.rdb (restart() returns once it answers PING).
+    let restarted = tokio::spawn(async move {
+        redis.restart().await;
+        redis
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || async { sidecar.readyz().await == Some(503) }).await,
+        "readiness stayed 200 while Redis loaded its data set\n{}",
+        sidecar.log()
+    );
+    let mut client = sidecar.stream_client().await;
+    let request = AppendRequest {
+        stream: stream.clone(),
+        fields: [("n".to_owned(), b"during".to_vec())].into(),
+        ..Default::default()
+    };
+    let refused = client.append(request).await.expect_err("an append while Redis loads");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("primary is changing"), "{refused:?}");
+    let redis = restarted.await.unwrap();
+    assert!(
+        eventually(SERVING_AGAIN_BOUND, || async { sidecar.readyz().await == Some(200) }).await,
+        "not ready again after the load\n{}",
+        sidecar.log()
+    );
+    sidecar.append(&stream, &[("n", b"after")]).await;
+    let mut conn = redis.conn().await;
+    let len: i64 = redis::cmd("XLEN").arg(&stream).query_async(&mut conn).await.unwrap();
+    assert_eq!(len, 2, "the entry appended before the restart and the one after");
+    assert!(sidecar.counter("echomq_redis_primary_switches_total").await >= 1.0);
+}

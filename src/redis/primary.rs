@@ -40,11 +40,15 @@ use redis::{
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
-use super::{fault, Fault};
+use super::{fault, Fault, RawEntry};
 
 /// How often the Sentinels are asked which node is the primary, besides
 /// every error that says the node reached is not.
 pub const SENTINEL_POLL: Duration = Duration::from_secs(1);
+/// How long the other Sentinels may take to answer once one has named a
+/// primary: their answer may be of a newer failover; one that is stalled
+/// is skipped after this, not after the whole timeout.
+pub const SENTINEL_GRACE: Duration = Duration::from_millis(250);
 /// The first pause between two looks for the primary during a switch; it
 /// doubles up to [`LOCATE_BACKOFF_MAX`].
 const LOCATE_BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -166,13 +170,21 @@ impl Primary {
     /// after its replica was promoted), so what it did may be lost with it,
     /// and a write it confirmed must not be confirmed to the client. Anything
     /// else is as it came.
-    pub fn observe<T>(&self, generation: u64, result: RedisResult<T>) -> RedisResult<T> {
+    ///
+    /// A server's error reply reaches here as an `Ok` holding
+    /// [`Value::ServerError`] (redis-rs turns it into an `Err` later, in
+    /// `query_async`), so the replies are looked into: each of a pipeline's.
+    pub fn observe<R: Replies>(&self, generation: u64, result: RedisResult<R>) -> RedisResult<R> {
+        let not_primary = match &result {
+            Err(e) => (fault(e) == Fault::NotPrimary).then(|| first_line(e)),
+            Ok(replies) => replies.not_primary(),
+        };
+        if let Some(reply) = not_primary {
+            let why = format!("{} answered `{reply}`", self.locator.node_name(&self.state()));
+            self.retire(generation, &why);
+            return Err(primary_changing(&why));
+        }
         match result {
-            Err(e) if fault(&e) == Fault::NotPrimary => {
-                let why = format!("{} answered `{}`", self.locator.node_name(&self.state()), first_line(&e));
-                self.retire(generation, &why);
-                Err(primary_changing(&why))
-            }
             Ok(_) if self.is_past(generation) => Err(primary_changing(
                 "the reply came from the old primary after the switch began; what the command did there may be lost",
             )),
@@ -193,34 +205,70 @@ impl Primary {
     }
 
     /// Why readiness is NOT_SERVING, `None` when the primary serves: a switch
-    /// is under way, or `ROLE` on `conn` says the node is not the primary
-    /// (which starts a switch; an ACL user that may not run `ROLE` is taken
-    /// at `PING`'s word).
+    /// is under way; or `ROLE` on `conn` says the node is not the primary, or
+    /// `PING` answers `LOADING` (`ROLE` answers while a restarted primary
+    /// loads its data set; nothing else does), either of which starts a
+    /// switch. An ACL user that may not run `ROLE` is taken at `PING`'s word.
+    /// A check whose answer came after a switch began or ended (from the old
+    /// primary) says nothing about the new one: it counts as ready, and the
+    /// next check asks the new one.
     pub async fn unready<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) -> Option<String> {
         let state = self.state();
         if let Some(why) = &state.switching {
             return Some(format!("the Redis primary is changing ({why})"));
         }
-        match redis::cmd("ROLE").query_async::<Value>(conn).await {
-            Ok(reply) => match role(&reply).as_deref() {
-                Some("master") => None,
-                other => {
-                    let why = format!(
-                        "{} says it is a {} (ROLE)",
-                        self.locator.node_name(&state),
-                        other.unwrap_or("node of unknown role")
-                    );
-                    self.retire(state.generation, &why);
-                    Some(format!("the Redis primary is changing ({why})"))
-                }
-            },
-            Err(e) if fault(&e) == Fault::NoPermission => match redis::cmd("PING").query_async::<Value>(conn).await {
-                Ok(_) => None,
-                Err(e) => Some(format!("Redis does not answer PING ({e})")),
-            },
-            Err(e) if e.to_string().contains("primary is changing") => Some(e.to_string()),
-            Err(e) => Some(format!("Redis does not answer ROLE ({e})")),
+        let node = self.locator.node_name(&state);
+        let checked = async {
+            match redis::cmd("ROLE").query_async::<Value>(conn).await {
+                Ok(reply) => match role(&reply).as_deref() {
+                    Some("master") => {}
+                    other => {
+                        let why = format!("{node} says it is a {} (ROLE)", other.unwrap_or("node of unknown role"));
+                        self.retire(state.generation, &why);
+                        return Err(format!("the Redis primary is changing ({why})"));
+                    }
+                },
+                Err(e) if fault(&e) == Fault::NoPermission => {}
+                Err(e) => return Err(format!("Redis does not answer ROLE ({e})")),
+            }
+            match redis::cmd("PING").query_async::<Value>(conn).await {
+                Ok(_) => Ok(()),
+                Err(e) => Err(format!("Redis does not answer PING ({e})")),
+            }
+        };
+        match checked.await {
+            Ok(()) => None,
+            Err(_) if self.is_past(state.generation) && !self.is_switching() => None,
+            Err(why) => Some(why),
         }
+    }
+}
+
+/// Replies [`Primary::observe`] looks into: one command's, or a pipeline's.
+pub trait Replies {
+    /// The first line of the first error reply that says the node is not the
+    /// primary ([`Fault::NotPrimary`]), if any.
+    fn not_primary(&self) -> Option<String>;
+}
+
+impl Replies for Value {
+    fn not_primary(&self) -> Option<String> {
+        let Value::ServerError(_) = self else { return None };
+        let error = self.clone().extract_error().err()?;
+        (fault(&error) == Fault::NotPrimary).then(|| first_line(&error))
+    }
+}
+
+impl Replies for Vec<Value> {
+    fn not_primary(&self) -> Option<String> {
+        self.iter().find_map(Value::not_primary)
+    }
+}
+
+impl Replies for Vec<RawEntry> {
+    /// Entries parsed from a reply carry no error replies.
+    fn not_primary(&self) -> Option<String> {
+        None
     }
 }
 
@@ -718,12 +766,47 @@ impl Sentinels {
     /// to trust is the one of the highest `config-epoch`: the latest failover
     /// the Sentinels agreed on ([`Named::primary`]).
     async fn ask(&self, timeout: Duration) -> Vec<(String, Result<Option<Named>, RedisError>)> {
-        let asks = self.sentinels.iter().map(|sentinel| async move {
-            let name =
-                address_of(sentinel).map_or_else(|| "a Sentinel".to_owned(), |(host, port)| format!("{host}:{port}"));
-            (name, self.ask_one(sentinel, timeout).await)
-        });
-        futures_util::future::join_all(asks).await
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let mut asks: FuturesUnordered<_> = self
+            .sentinels
+            .iter()
+            .enumerate()
+            .map(|(order, sentinel)| async move { (order, self.ask_one(sentinel, timeout).await) })
+            .collect();
+        let mut said: Vec<Option<Result<Option<Named>, RedisError>>> = self.sentinels.iter().map(|_| None).collect();
+        // Once one Sentinel has named a primary, the others have SENTINEL_GRACE
+        // more to answer: a stalled Sentinel must not hold up a failover for
+        // the whole timeout.
+        let mut deadline = None;
+        loop {
+            let next = match deadline {
+                Some(deadline) => match tokio::time::timeout_at(deadline, asks.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+                None => asks.next().await,
+            };
+            let Some((order, answer)) = next else { break };
+            if deadline.is_none() && matches!(answer, Ok(Some(_))) {
+                deadline = Some(tokio::time::Instant::now() + SENTINEL_GRACE);
+            }
+            said[order] = Some(answer);
+        }
+        self.sentinels
+            .iter()
+            .zip(said)
+            .map(|(sentinel, answer)| {
+                let name = address_of(sentinel)
+                    .map_or_else(|| "a Sentinel".to_owned(), |(host, port)| format!("{host}:{port}"));
+                let answer = answer.unwrap_or_else(|| {
+                    Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {SENTINEL_GRACE:?} of another Sentinel's"),
+                    )))
+                });
+                (name, answer)
+            })
+            .collect()
     }
 
     async fn ask_one(&self, sentinel: &ConnectionInfo, timeout: Duration) -> RedisResult<Option<Named>> {
@@ -923,6 +1006,17 @@ mod tests {
         assert_eq!(Named::primary(&said[..3]), Some(stale));
         assert_eq!(Named::primary(&said[..1]), None);
         assert_eq!(Named::primary(&said[2..3]), None);
+    }
+
+    #[test]
+    fn an_error_reply_inside_an_ok_is_looked_into() {
+        let reply = |text: &[u8]| redis::parse_redis_value(text).unwrap();
+        assert!(reply(b"-LOADING Redis is loading the dataset in memory\r\n").not_primary().is_some());
+        assert!(reply(b"-READONLY You can't write against a read only replica.\r\n").not_primary().is_some());
+        assert!(reply(b"-ERR syntax error\r\n").not_primary().is_none());
+        assert!(reply(b"+OK\r\n").not_primary().is_none());
+        let pipeline = vec![reply(b"+OK\r\n"), reply(b"-MASTERDOWN Link with MASTER is down\r\n")];
+        assert!(pipeline.not_primary().is_some());
     }
 
     #[test]
