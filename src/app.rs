@@ -83,6 +83,16 @@ pub enum AppError {
     /// The Redis URL cannot be used at all (not a reachability problem).
     #[error("bad Redis URL: {0}")]
     RedisUrl(redis::RedisError),
+    /// Redis (or its Sentinels) refused the sidecar's settings at start: a
+    /// wrong or missing password, an unknown ACL user, a database index out of
+    /// range, no usable Sentinel. Waiting will not mend it.
+    #[error("Redis refused the sidecar's settings ({target}): {reason}; fix the setting and start again")]
+    RedisSettings {
+        /// The Redis URL, its passwords redacted.
+        target: String,
+        /// What Redis said.
+        reason: String,
+    },
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -579,6 +589,12 @@ async fn connect_with_backoff(
                 }
                 return Ok(redis);
             }
+            Err(e) if is_no_usable_sentinel(&e) || refuses_the_settings(&e) => {
+                // A Sentinel lookup's detail says what each Sentinel said; the rest is kind and wrapping.
+                let reason =
+                    e.detail().filter(|_| is_no_usable_sentinel(&e)).map_or_else(|| e.to_string(), str::to_owned);
+                return Err(AppError::RedisSettings { target: redacted_url(url), reason });
+            }
             Err(e) if e.kind() == redis::ErrorKind::InvalidClientConfig || is_not_a_cluster(&e) => {
                 return Err(AppError::RedisUrl(e))
             }
@@ -592,6 +608,27 @@ async fn connect_with_backoff(
             }
         }
     }
+}
+
+/// Every Sentinel is down or none knows the master name ([`crate::redis::primary`]).
+fn is_no_usable_sentinel(error: &redis::RedisError) -> bool {
+    error.kind() == redis::ErrorKind::InvalidClientConfig && error.to_string().contains("no usable Redis Sentinel")
+}
+
+/// Redis answered, and refused what the sidecar was configured with: a
+/// wrong password or unknown user (`WRONGPASS`, or redis-rs'
+/// AuthenticationFailed), no password where one is needed (`NOAUTH`), a
+/// database index the server does not have. Only at start: while serving,
+/// the same answers (a password rotated under a running sidecar) are
+/// retried, as an outage is.
+fn refuses_the_settings(error: &redis::RedisError) -> bool {
+    let text = error.to_string();
+    error.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(error.code(), Some("WRONGPASS" | "NOAUTH"))
+        || text.contains("WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("DB index is out of range")
+        || text.contains("invalid DB index")
 }
 
 /// A seed list names nodes without cluster mode: a setting to fix, not an outage to wait out.

@@ -56,7 +56,9 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("echomq-sidecar: {e}");
             match e {
-                app::AppError::Config(_) | app::AppError::RedisUrl(_) => ExitCode::from(2),
+                app::AppError::Config(_) | app::AppError::RedisUrl(_) | app::AppError::RedisSettings { .. } => {
+                    ExitCode::from(2)
+                }
                 _ => ExitCode::FAILURE,
             }
         }

@@ -682,30 +682,44 @@ async fn redis_password_file_authenticates_to_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_redis_password_keeps_the_sidecar_unready() {
+async fn wrong_redis_password_at_start_exits_2_saying_why() {
     let dir = TempDir::new("redis-auth");
     let redis = password_redis().await;
     let file = write_file(dir.path(), "redis-password", "not-the-password\n");
 
-    let sidecar =
+    let mut sidecar =
         Sidecar::launch(&redis, SidecarOptions::default().arg("--redis-password-file").arg(&path_str(&file))).await;
 
-    assert_never_ready(&sidecar, Duration::from_secs(4), "a wrong Redis password must keep /readyz at 503").await;
-    assert_eq!(sidecar.livez().await, Some(200), "still live: it keeps retrying");
-    let log = sidecar.log().to_lowercase();
-    assert!(
-        log.contains("wrongpass") || log.contains("password") || log.contains("auth"),
-        "the log says why Redis refused:\n{log}"
-    );
+    // Waiting would not mend a wrong password: a setting to fix, exit 2, like a bad flag.
+    let status = sidecar.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{}", sidecar.log());
+    let log = sidecar.log();
+    assert!(log.contains("Redis refused the sidecar's settings"), "the reason is said:\n{log}");
+    assert!(log.to_lowercase().contains("wrongpass") || log.contains("AuthenticationFailed"), "{log}");
+    assert!(!log.contains("not-the-password"), "the password is shown:\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_redis_password_keeps_the_sidecar_unready() {
+async fn missing_redis_password_at_start_exits_2_saying_noauth() {
     let redis = password_redis().await;
 
-    let sidecar = Sidecar::launch(&redis, SidecarOptions::default()).await;
+    let mut sidecar = Sidecar::launch(&redis, SidecarOptions::default()).await;
 
-    assert_never_ready(&sidecar, Duration::from_secs(4), "without the password Redis answers NOAUTH: not ready").await;
+    let status = sidecar.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{}", sidecar.log());
+    assert!(sidecar.log().contains("NOAUTH"), "{}", sidecar.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_index_redis_does_not_have_exits_2() {
+    let redis = RedisServer::start().await;
+    let options = SidecarOptions { redis_url: Some(format!("{}/99", redis.url())), ..SidecarOptions::default() };
+
+    let mut sidecar = Sidecar::launch(&redis, options).await;
+
+    let status = sidecar.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{}", sidecar.log());
+    assert!(sidecar.log().contains("DB index is out of range"), "{}", sidecar.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -494,23 +494,23 @@ impl fmt::Display for LocateError {
             LocateError::Config(e) => write!(f, "{e}"),
             LocateError::Node(e) => write!(f, "{e}"),
             LocateError::Sentinels { master, answers } => {
-                write!(f, "no Sentinel named a usable primary for master `{master}`:")?;
-                for (sentinel, answer) in answers {
-                    match answer {
-                        SentinelAnswer::Down(e) => write!(f, " {sentinel} did not answer ({e});")?,
-                        SentinelAnswer::Unknown => write!(f, " {sentinel} does not know master `{master}`;")?,
+                let said: Vec<String> = answers
+                    .iter()
+                    .map(|(sentinel, answer)| match answer {
+                        SentinelAnswer::Down(e) => format!("{sentinel} did not answer ({e})"),
+                        SentinelAnswer::Unknown => format!("{sentinel} does not know master `{master}`"),
                         SentinelAnswer::NotPrimary(node, e) => {
-                            write!(f, " {sentinel} named {node}, which is not a usable primary ({e});")?
+                            format!("{sentinel} named {node}, which is not a usable primary ({e})")
                         }
                         SentinelAnswer::Stale(node) => {
-                            write!(f, " {sentinel} still names {node} (an older failover epoch);")?
+                            format!("{sentinel} still names {node} (an older failover epoch)")
                         }
                         SentinelAnswer::SeenDown(node) => {
-                            write!(f, " {sentinel} names {node} but sees it down or is failing it over;")?
+                            format!("{sentinel} names {node} but sees it down or is failing it over")
                         }
-                    }
-                }
-                Ok(())
+                    })
+                    .collect();
+                write!(f, "no Sentinel named a usable primary for master `{master}`: {}", said.join("; "))
             }
         }
     }
