@@ -116,10 +116,7 @@ impl DedicatedConnection {
 
 impl ConnectionLike for DedicatedConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move {
-            let result = self.conn.req_packed_command(cmd).await;
-            self.primary.observe(self.generation, result)
-        })
+        Box::pin(async move { self.primary.run(self.generation, self.conn.req_packed_command(cmd)).await })
     }
 
     fn req_packed_commands<'a>(
@@ -129,8 +126,7 @@ impl ConnectionLike for DedicatedConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let result = self.conn.req_packed_commands(pipeline, offset, count).await;
-            self.primary.observe(self.generation, result)
+            self.primary.run(self.generation, self.conn.req_packed_commands(pipeline, offset, count)).await
         })
     }
 

@@ -192,6 +192,33 @@ impl Primary {
         }
     }
 
+    /// Resolves once a connection made at `generation` reaches a node that is
+    /// no longer known to be the primary (a switch began or ended since): a
+    /// command in flight on it is then given up at once, not after its
+    /// response timeout. A stopped primary would answer it, if ever, only
+    /// after its replica was promoted, and [`Primary::observe`] would refuse
+    /// that answer anyway.
+    pub async fn switched_from(&self, generation: u64) {
+        let mut states = self.state.subscribe();
+        let _ = states.wait_for(|state| state.generation != generation || state.switching.is_some()).await;
+    }
+
+    /// Runs `command` on a connection made at `generation`, given up with
+    /// [`primary_changing`]'s error if a switch begins meanwhile, and its
+    /// outcome observed ([`Primary::observe`]).
+    pub async fn run<R: Replies>(
+        &self,
+        generation: u64,
+        command: impl std::future::Future<Output = RedisResult<R>>,
+    ) -> RedisResult<R> {
+        tokio::select! {
+            result = command => self.observe(generation, result),
+            () = self.switched_from(generation) => Err(primary_changing(
+                "a switch began while the command was in flight; its outcome is unknown",
+            )),
+        }
+    }
+
     /// Whether a switch is under way.
     pub fn is_switching(&self) -> bool {
         self.state.borrow().switching.is_some()

@@ -289,17 +289,10 @@ impl ReaderConnection {
             self.state = State::Ready;
         }
         self.state = State::Reading;
+        // A read blocked on a primary that stopped being one may never be
+        // answered (a stopped process, a partition): a switch cuts it off.
         let result = match (manager.redis.primary(), object.generation()) {
-            (Some(primary), Some(generation)) => {
-                // A read blocked on a primary that stopped being one may never
-                // be answered (a stopped process, a partition): a switch cuts it off.
-                let mut switches = primary.watch();
-                let switched = switches.wait_for(|state| state.generation != generation || state.switching.is_some());
-                tokio::select! {
-                    result = object.read(read) => primary.observe(generation, result),
-                    _ = switched => Err(super::primary::primary_changing("a switch cut off the blocked read")),
-                }
-            }
+            (Some(primary), Some(generation)) => primary.run(generation, object.read(read)).await,
             _ => object.read(read).await,
         };
         self.state = match &result {

@@ -20,8 +20,9 @@
 //! Nor does it notice that its server stopped being the primary: it would
 //! keep sending writes that answer `READONLY`. That is [`Primary`]'s to
 //! notice; here, a command made while the primary is changing fails at once,
-//! and the first command after a switch goes out on a new connection to the
-//! new primary (see [`super::primary`]).
+//! a command in flight when a switch begins is given up at once (its outcome
+//! unknown, as after a timeout), and the first command after a switch goes
+//! out on a new connection to the new primary (see [`super::primary`]).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -125,9 +126,13 @@ impl ConnectionLike for SharedConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let (replacement, generation, mut conn) = self.current()?;
-            let result = conn.req_packed_command(cmd).await;
-            self.after(replacement, &result);
-            self.primary.observe(generation, result)
+            let this = &*self;
+            let sent = async {
+                let result = conn.req_packed_command(cmd).await;
+                this.after(replacement, &result);
+                result
+            };
+            this.primary.run(generation, sent).await
         })
     }
 
@@ -139,9 +144,13 @@ impl ConnectionLike for SharedConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let (replacement, generation, mut conn) = self.current()?;
-            let result = conn.req_packed_commands(pipeline, offset, count).await;
-            self.after(replacement, &result);
-            self.primary.observe(generation, result)
+            let this = &*self;
+            let sent = async {
+                let result = conn.req_packed_commands(pipeline, offset, count).await;
+                this.after(replacement, &result);
+                result
+            };
+            this.primary.run(generation, sent).await
         })
     }
 
