@@ -442,6 +442,19 @@ impl Config {
     /// Checks relations between settings that one flag's parser cannot see.
     pub fn validate(&self) -> Result<(), String> {
         check_redis_url(&self.redis_url).map_err(|reason| format!("--redis-url (ECHOMQ_REDIS_URL): {reason}"))?;
+        let sentinel_settings = [
+            ("--sentinel-username (ECHOMQ_SENTINEL_USERNAME)", self.sentinel_username.is_some()),
+            ("--sentinel-password (ECHOMQ_SENTINEL_PASSWORD)", self.sentinel_password.is_some()),
+            ("--sentinel-password-file (ECHOMQ_SENTINEL_PASSWORD_FILE)", self.sentinel_password_file.is_some()),
+        ];
+        if let Some((flag, _)) = sentinel_settings.iter().find(|(_, set)| *set) {
+            if !crate::redis::primary::SentinelUrl::is_sentinel(self.redis_url.trim()) {
+                return Err(format!(
+                    "{flag} is the Sentinels' own credential, but --redis-url is not a redis+sentinel:// URL: \
+                     drop it, or name the Sentinels (redis+sentinel://host:port[,host:port…]/MASTER)"
+                ));
+            }
+        }
         if self.default_max_in_flight > self.max_in_flight_limit {
             return Err(format!(
                 "--default-max-in-flight ({}) is above --max-in-flight-limit ({})",
@@ -702,6 +715,10 @@ mod tests {
             assert!(refused.starts_with("--redis-url (ECHOMQ_REDIS_URL): "), "{refused}");
             assert!(!refused.contains("s3cret"), "the password is shown: {refused}");
         }
+        let stray = parse(&["--sentinel-password", "p"]).unwrap().validate().unwrap_err();
+        assert!(stray.contains("not a redis+sentinel:// URL") && !stray.contains("\"p\""), "{stray}");
+        let sentinel = ["--redis-url", "redis+sentinel://s:26379/m", "--sentinel-username", "u"];
+        assert!(parse(&sentinel).unwrap().validate().is_ok());
         let config = parse(&["--default-max-in-flight", "20", "--max-in-flight-limit", "10"]).unwrap();
         assert!(config.validate().unwrap_err().contains("--max-in-flight-limit"));
         let twice = parse(&["--retention", "x=maxlen:3,y=maxlen:1,x=maxage:1d"]).unwrap();

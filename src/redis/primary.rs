@@ -680,12 +680,15 @@ impl SentinelUrl {
                 None => (Some(decode(userinfo)).filter(|u| !u.is_empty()), None),
             },
         };
-        let mut sentinels = Vec::new();
-        for host in hosts.split(',').map(str::trim).filter(|host| !host.is_empty()) {
-            sentinels.push(parse_host_port(host)?);
-        }
-        if sentinels.is_empty() {
+        if hosts.trim().is_empty() {
             return Err("names no Sentinel: give host:port[,host:port…] before the master name".to_owned());
+        }
+        let mut sentinels = Vec::new();
+        for host in hosts.split(',').map(str::trim) {
+            if host.is_empty() {
+                return Err(format!("has an empty Sentinel in `{hosts}`: drop the extra comma"));
+            }
+            sentinels.push(parse_host_port(host)?);
         }
         let mut segments = path.split('/');
         let master = decode(segments.next().unwrap_or_default());
@@ -986,6 +989,8 @@ mod tests {
             ("redis+sentinel://h/m/x", "not a database index"),
             ("redis+sentinel://h/m/1/2", "after the database index"),
             ("redis+sentinel://[::1/m", "lacks its `]`"),
+            ("redis+sentinel://a:1,,b:2/m", "an empty Sentinel"),
+            ("redis+sentinel://a:1,/m", "an empty Sentinel"),
         ];
         for (url, expected) in cases {
             let error = SentinelUrl::parse(url).expect_err(url);
