@@ -623,10 +623,7 @@ fn is_no_usable_sentinel(error: &redis::RedisError) -> bool {
 /// retried, as an outage is.
 fn refuses_the_settings(error: &redis::RedisError) -> bool {
     let text = error.to_string();
-    error.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(error.code(), Some("WRONGPASS" | "NOAUTH"))
-        || text.contains("WRONGPASS")
-        || text.contains("NOAUTH")
+    crate::redis::fault::refuses_credentials(error)
         || text.contains("DB index is out of range")
         || text.contains("invalid DB index")
 }
