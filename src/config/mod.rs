@@ -211,6 +211,37 @@ mod tests {
         }
     }
 
+    /// Adding a flag touches its group's file and the docs: the configuration page lists every flag, with
+    /// its variable, under the heading `--help` shows it under, in the same order.
+    #[test]
+    fn the_configuration_page_lists_every_flag_under_its_help_heading() {
+        let page = include_str!("../../docs/src/configuration.md");
+        let mut heading = None;
+        let mut documented = Vec::new();
+        for line in page.lines() {
+            if let Some(title) = line.strip_prefix("### ") {
+                heading = Some(title);
+            } else if line.starts_with("## ") {
+                heading = None;
+            } else if let (Some(title), Some(row)) = (heading, line.strip_prefix("| `")) {
+                let cells: Vec<&str> = row.split('|').map(|cell| cell.trim().trim_matches('`')).collect();
+                documented.push((title.to_owned(), cells[0].to_owned(), cells[1].to_owned()));
+            }
+        }
+        let command = <Config as clap::CommandFactory>::command();
+        let flags: Vec<(String, String, String)> = command
+            .get_arguments()
+            .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
+            .map(|arg| {
+                let flag = format!("--{}", arg.get_long().expect("every setting is a long flag"));
+                let heading = arg.get_help_heading().unwrap_or_else(|| panic!("{flag} has no help heading"));
+                let env = arg.get_env().unwrap_or_else(|| panic!("{flag} has no variable")).to_string_lossy();
+                (heading.to_owned(), flag, env.into_owned())
+            })
+            .collect();
+        assert_eq!(documented, flags);
+    }
+
     #[test]
     fn no_flags_means_local_defaults() {
         let config = parse(&[]).unwrap();
