@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from conftest import load_scenarios
-from echomq import Appended, Backoff, BatchEntry, Consumer, Delivery, Producer, RpcError, Start, VerdictError
+from echomq import Appended, Backoff, BatchEntry, Consumer, Delivery, FlowControl, RpcError, Start, Streams, VerdictError
 from echomq.v1 import consumer_service_pb2 as pb
 from support import AckCounter, Sidecar
 
@@ -104,7 +104,7 @@ class ScenarioRunner:
         self.acks = AckCounter()
         self.consumers: list[Consumer] = []
         self.stopped: set[int] = set()
-        self.producer: Producer | None = None
+        self.producer: Streams | None = None
 
     # -- the handler -------------------------------------------------------------
 
@@ -162,8 +162,7 @@ class ScenarioRunner:
             GROUP,
             self.handle,
             start=Start.BEGINNING,
-            max_in_flight=settings["max_in_flight"],
-            concurrency=settings["concurrency"],
+            flow_control=FlowControl(max_in_flight=settings["max_in_flight"], concurrency=settings["concurrency"]),
             reconnect=RECONNECT,
             on_verdict_error=self.on_verdict_error,
             interceptors=[self.acks],
@@ -287,7 +286,7 @@ class ScenarioRunner:
 
     async def execute(self) -> None:
         self.redis.delete(self.stream, self.dlq)
-        self.producer = Producer(self.sidecar.target)
+        self.producer = Streams(self.sidecar.target)
         try:
             if "append" in self.scenario:
                 await self.append(decode_entries(self.scenario["append"]))

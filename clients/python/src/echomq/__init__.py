@@ -9,18 +9,21 @@ Layout:
 - `delivery`: `Delivery` (what a handler gets, with ack/fail/dead_letter),
   `Ack`/`Fail`/`DeadLetter` (a batch handler's verdicts) and `VerdictError`
   (a verdict the sidecar did not apply);
-- `producer`: `Producer`, Append and AppendBatch (`BatchEntry`: a batch
-  entry with a dedup key);
-- `streams`: `Streams`, a `Producer` that also reads (by id or instant, paged)
-  and trims (safe by default);
+- `streams`: `Streams`, the StreamService: append and append a batch, read (by
+  id or instant, paged) and trim (safe by default); `Producer` is its
+  deprecated name;
+- `producer`: what appends send and answer (`Appended`, `BatchEntry`: a
+  batch entry with a dedup key);
 - `admin`: `Admin`, describe a group, list and replay dead letters;
 - `records`: what Read, Trim and the AdminService answer (`Entry`, `ReadPage`,
   `Trimmed`, `GroupInfo`, `DeadLetterEntry`, `ReplayResult`, …);
-- `_convert`: the wire ↔ Python conversions behind `streams`, `admin` and `sync`;
-- `options`: `Start` (where a new group starts) and `Backoff`;
+- `_convert`: the wire ↔ Python conversions behind `streams` and `admin`;
+- `options`: `Start` (where a new group starts), `FlowControl` (max_in_flight,
+  concurrency, max_batch) and `Backoff`;
 - `idempotency`: `SeenSet` and `NewerWins`, keyed by the branded id;
 - `errors`: `EchoMQError`, `RpcError`, `PermanentError`, `PERMANENT_CODES`;
-- `sync`: blocking `Producer`, `Streams`, `Admin` and `Consumer` for scripts;
+- `sync`: blocking `Streams`, `Admin` and `Consumer` for scripts, derived from
+  the asyncio ones;
 - `v1`: the generated protobuf/gRPC stubs (do not edit).
 """
 
@@ -29,8 +32,8 @@ from .consumer import BatchHandler, Consumer, Handler, Subscription
 from .delivery import Ack, DeadLetter, Delivery, Fail, RawField, Verdict, VerdictError, VerdictErrorCode
 from .errors import PERMANENT_CODES, EchoMQError, PermanentError, RpcError
 from .idempotency import MemorySeenStore, MemoryVersionStore, NewerWins, SeenSet, SeenStore, VersionStore, is_branded_id
-from .options import Backoff, Start, StartKind
-from .producer import Appended, BatchEntry, Producer
+from .options import Backoff, FlowControl, Start, StartKind
+from .producer import Appended, BatchEntry
 from .records import (
     ConsumerInfo,
     DeadLetterEntry,
@@ -42,7 +45,7 @@ from .records import (
     ReplayResult,
     Trimmed,
 )
-from .streams import Streams
+from .streams import Producer, Streams
 
 __all__ = [
     "PERMANENT_CODES",
@@ -61,6 +64,7 @@ __all__ = [
     "EchoMQError",
     "Entry",
     "Fail",
+    "FlowControl",
     "GroupInfo",
     "Handler",
     "MemorySeenStore",
