@@ -38,7 +38,7 @@ func appendN(t *testing.T, conn *grpc.ClientConn, stream string, n int) []echomq
 	for i := range entries {
 		entries[i] = map[string][]byte{"n": []byte(strconv.Itoa(i))}
 	}
-	appended, err := echomq.NewProducer(conn).AppendBatch(withTimeout(t, 10*time.Second), stream, entries)
+	appended, err := echomq.NewStreams(conn).AppendBatch(withTimeout(t, 10*time.Second), stream, entries)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -206,7 +206,7 @@ type run struct {
 	sc       *scenario
 	cl       *cluster
 	stream   string
-	producer *echomq.Producer
+	producer *echomq.Streams
 	pconn    *grpc.ClientConn
 
 	mu            sync.Mutex
@@ -237,7 +237,7 @@ func (r *run) execute() {
 	if r.pconn, err = echomq.Dial(r.cl.listen); err != nil {
 		t.Fatalf("dial: %v", err)
 	}
-	r.producer = echomq.NewProducer(r.pconn)
+	r.producer = echomq.NewStreams(r.pconn)
 	r.finishedIDs = map[string]bool{}
 
 	var initial []map[string][]byte
@@ -443,7 +443,7 @@ func (r *run) appendCall(i int, c appendCall) {
 			t.Fatalf("append_calls[%d]: %v", i, ferr)
 		}
 		var one echomq.Appended
-		one, err = r.producer.Append(ctx, r.stream, fields, echomq.WithDedupKey(c.Append.DedupKey))
+		one, err = r.producer.Append(ctx, r.stream, fields, echomq.AppendOptions{DedupKey: c.Append.DedupKey})
 		got = []echomq.Appended{one}
 	case c.Append == nil && c.AppendBatch != nil:
 		specs = c.AppendBatch
@@ -505,8 +505,7 @@ func (r *run) startConsumer() {
 		Stream:      r.stream,
 		Group:       conformanceGroup,
 		Start:       echomq.StartBeginning(),
-		MaxInFlight: r.sc.Consumer.MaxInFlight,
-		Concurrency: r.sc.Consumer.Concurrency,
+		FlowControl: echomq.FlowControl{MaxInFlight: r.sc.Consumer.MaxInFlight, Concurrency: r.sc.Consumer.Concurrency},
 		OnVerdictError: func(e echomq.VerdictError) {
 			r.mu.Lock()
 			r.verdictErrors = append(r.verdictErrors, echomq.CodeName(e.Code))

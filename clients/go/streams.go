@@ -12,15 +12,27 @@ import (
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
 
-// Streams reads and trims streams through the sidecar's StreamService, with no
-// consumer group: nothing it does is acknowledged or counted as a delivery.
+// Streams is the sidecar's StreamService: it appends entries (Append,
+// AppendBatch, AppendBatchEntries), reads them (Read, ReadAll) and trims
+// streams (Trim), with no consumer group: nothing it does is acknowledged or
+// counted as a delivery. The sidecar mints each appended entry's branded id
+// on the Redis host, atomically with the XADD.
+//
+// Streams retries nothing. An append that fails with UNAVAILABLE (Redis
+// unreachable, a failover, the sidecar's --wait-replicas not confirmed) or
+// DEADLINE_EXCEEDED, or whose call was cut off, may have been written; a
+// plain retry could write it twice. Give it a dedup key
+// ([AppendOptions.DedupKey], or [BatchEntry.DedupKey]) and retry with the
+// same key: if the first attempt was written, the retry writes nothing and
+// answers its ids with [Appended.Duplicate] set (see the example of
+// [Streams.Append]). Reads are safe to retry.
 type Streams struct {
 	client pb.StreamServiceClient
 }
 
 // NewStreams returns a Streams on conn (from [Dial], or your own). It does not
-// own conn; one connection can serve it, a [Producer], an [Admin] and any
-// number of consumers.
+// own conn; one connection can serve it, an [Admin] and any number of
+// consumers.
 func NewStreams(conn grpc.ClientConnInterface) *Streams {
 	return &Streams{client: pb.NewStreamServiceClient(conn)}
 }

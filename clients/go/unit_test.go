@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
@@ -524,6 +525,18 @@ func TestSubscribeAsksForBatches(t *testing.T) {
 		if got := cfg.subscribe().GetSubscribe().GetMaxBatch(); got != tc.want {
 			t.Errorf("MaxBatch %d MaxInFlight %d: max_batch %d, want %d", tc.cfg.MaxBatch, tc.cfg.MaxInFlight, got, tc.want)
 		}
+	}
+}
+
+func TestFlowControlAndItsDeprecatedFlatFieldsAskTheSame(t *testing.T) {
+	grouped := ConsumerConfig{Stream: "s", Group: "g", Start: StartNew(), FlowControl: FlowControl{MaxInFlight: 12, Concurrency: 3, MaxBatch: 5}}
+	flat := ConsumerConfig{Stream: "s", Group: "g", Start: StartNew(), MaxInFlight: 12, Concurrency: 3, MaxBatch: 5}
+	if !proto.Equal(grouped.subscribe(), flat.subscribe()) || grouped.flow() != flat.flow() {
+		t.Fatalf("FlowControl %v and the flat fields %v differ", grouped.subscribe(), flat.subscribe())
+	}
+	both := ConsumerConfig{Target: "x", Stream: "s", Group: "g", Start: StartNew(), MaxInFlight: 4, FlowControl: FlowControl{MaxInFlight: 4}}
+	if err := both.validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "FlowControl only") {
+		t.Fatalf("both set: %v, want ErrInvalidConfig naming FlowControl", err)
 	}
 }
 
