@@ -32,7 +32,7 @@ func dialFixture(t *testing.T) (*cluster, *grpc.ClientConn) {
 }
 
 // appendN appends n entries (field n = 0…n-1) to stream in one batch.
-func appendN(t *testing.T, conn *grpc.ClientConn, stream string, n int) []echomq.Appended {
+func appendN(t *testing.T, conn *grpc.ClientConn, stream string, n int) []echomq.AppendResult {
 	t.Helper()
 	entries := make([]map[string][]byte, n)
 	for i := range entries {

@@ -210,8 +210,8 @@ type run struct {
 	pconn    *grpc.ClientConn
 
 	mu            sync.Mutex
-	appended      map[string]map[string][]byte // branded id → fields
-	firstByKey    map[string]echomq.Appended   // dedup key → the answer that wrote it
+	appended      map[string]map[string][]byte   // branded id → fields
+	firstByKey    map[string]echomq.AppendResult // dedup key → the answer that wrote it
 	calls         []call
 	finished      int
 	finishedIDs   map[string]bool
@@ -394,12 +394,12 @@ func (r *run) append(entries []map[string][]byte, retry bool) {
 	deadline := time.Now().Add(stepLimit)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		var got []echomq.Appended
+		var got []echomq.AppendResult
 		var err error
 		if len(entries) == 1 {
-			var one echomq.Appended
+			var one echomq.AppendResult
 			one, err = r.producer.Append(ctx, r.stream, entries[0])
-			got = []echomq.Appended{one}
+			got = []echomq.AppendResult{one}
 		} else {
 			got, err = r.producer.AppendBatch(ctx, r.stream, entries)
 		}
@@ -431,7 +431,7 @@ func (r *run) append(entries []map[string][]byte, retry bool) {
 func (r *run) appendCall(i int, c appendCall) {
 	t := r.t
 	var specs []keyedEntrySpec
-	var got []echomq.Appended
+	var got []echomq.AppendResult
 	var err error
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -442,9 +442,9 @@ func (r *run) appendCall(i int, c appendCall) {
 		if ferr != nil {
 			t.Fatalf("append_calls[%d]: %v", i, ferr)
 		}
-		var one echomq.Appended
+		var one echomq.AppendResult
 		one, err = r.producer.Append(ctx, r.stream, fields, echomq.AppendOptions{DedupKey: c.Append.DedupKey})
-		got = []echomq.Appended{one}
+		got = []echomq.AppendResult{one}
 	case c.Append == nil && c.AppendBatch != nil:
 		specs = c.AppendBatch
 		entries := make([]echomq.BatchEntry, len(specs))
@@ -468,7 +468,7 @@ func (r *run) appendCall(i int, c appendCall) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.firstByKey == nil {
-		r.firstByKey = map[string]echomq.Appended{}
+		r.firstByKey = map[string]echomq.AppendResult{}
 	}
 	for j, a := range got {
 		e := specs[j]

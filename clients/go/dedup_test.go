@@ -1,6 +1,6 @@
 package echomq_test
 
-// Dedup keys (AppendOptions.DedupKey, BatchEntry.DedupKey, Appended.Duplicate) against
+// Dedup keys (AppendOptions.DedupKey, BatchEntry.DedupKey, AppendResult.Duplicate) against
 // the real sidecar.
 
 import (

@@ -14,7 +14,8 @@
 // ([ConsumerConfig] with its [FlowControl], [AppendOptions], [ReadRange],
 // [TrimBound], [ReplayOptions]). The names are those of the other clients
 // (clients/CONTRACT.md, "Surface"); [Producer], [NewProducer], [WithMaxLen],
-// [WithPartitionKey], [WithDedupKey] and the flat MaxInFlight, Concurrency and
+// [WithPartitionKey], [WithDedupKey], [Appended], [Trimmed], [Replay],
+// [MemorySeen], [MemoryVersions] and the flat MaxInFlight, Concurrency and
 // MaxBatch of [ConsumerConfig] are their deprecated old names, kept for a
 // release.
 //

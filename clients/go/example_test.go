@@ -57,7 +57,7 @@ func ExampleAppendOptions() {
 	defer conn.Close()
 	streams := echomq.NewStreams(conn)
 	fields := map[string][]byte{"order": []byte("1001"), "total": []byte("42.00")}
-	var appended echomq.Appended
+	var appended echomq.AppendResult
 	for attempt := 0; ; attempt++ {
 		appended, err = streams.Append(context.Background(), "orders", fields, echomq.AppendOptions{DedupKey: "order-1001"})
 		if err == nil || attempt == 4 || echomq.IsPermanent(status.Code(err)) {
@@ -95,7 +95,7 @@ func ExampleConsumer_Stop() {
 }
 
 func ExampleNewerWins() {
-	versions := echomq.NewMemoryVersions() // or a VersionStore on your database
+	versions := echomq.NewMemoryVersionStore() // or a VersionStore on your database
 	handler := echomq.NewerWins(versions,
 		func(d *echomq.Delivery) string { return string(d.Payload["order_id"]) },
 		func(ctx context.Context, d *echomq.Delivery) error {

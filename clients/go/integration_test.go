@@ -269,7 +269,7 @@ func TestPartitionKeyKeepsItsEntriesOnOneShardInOrder(t *testing.T) {
 
 	producer := echomq.NewStreams(conn)
 	keys := []string{"a", "b"}
-	byKey := map[string][]echomq.Appended{}
+	byKey := map[string][]echomq.AppendResult{}
 	for i := range 4 {
 		for _, key := range keys {
 			a, err := producer.Append(withTimeout(t, 10*time.Second), stream,

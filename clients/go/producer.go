@@ -25,8 +25,14 @@ func NewProducer(conn grpc.ClientConnInterface) *Producer {
 	return NewStreams(conn)
 }
 
-// Appended is what an append wrote.
-type Appended struct {
+// Appended is the old name of [AppendResult].
+//
+// Deprecated: use [AppendResult], the name every client gives it; Appended
+// goes away in the next release.
+type Appended = AppendResult
+
+// AppendResult is what an append wrote.
+type AppendResult struct {
 	// ID is the branded id, 28 lowercase hex characters.
 	ID string
 	// StreamID is the entry's stream id, `<ms>-<seq>`.
@@ -70,7 +76,7 @@ type AppendOptions struct {
 	// DedupKey makes an append idempotent: if an append to the same stream
 	// with the same key was recorded within the sidecar's --dedup-window-ms
 	// (2 minutes by default), nothing is written and the answer is that
-	// append's, with [Appended.Duplicate] set. So an append whose outcome is
+	// append's, with [AppendResult.Duplicate] set. So an append whose outcome is
 	// unknown (UNAVAILABLE, DEADLINE_EXCEEDED, a lost connection) can be
 	// retried with the same key without a second copy. "": no deduplication.
 	// A key over the sidecar's --max-name-bytes (1024) is INVALID_ARGUMENT.
@@ -149,13 +155,13 @@ func collect(opts []AppendOption) AppendOptions {
 // ([status.Code] works on them): INVALID_ARGUMENT, FAILED_PRECONDITION (the key
 // holds another type), UNAVAILABLE (the entry may have been written: retry
 // with the same [AppendOptions.DedupKey] to be sure of one copy).
-func (s *Streams) Append(ctx context.Context, stream string, fields map[string][]byte, opts ...AppendOption) (Appended, error) {
+func (s *Streams) Append(ctx context.Context, stream string, fields map[string][]byte, opts ...AppendOption) (AppendResult, error) {
 	o := collect(opts)
 	resp, err := s.client.Append(ctx, &pb.AppendRequest{
 		Stream: stream, Fields: fields, MaxLen: o.MaxLen, PartitionKey: o.PartitionKey, DedupKey: o.DedupKey,
 	})
 	if err != nil {
-		return Appended{}, fmt.Errorf("echomq: append to %q: %w", stream, err)
+		return AppendResult{}, fmt.Errorf("echomq: append to %q: %w", stream, err)
 	}
 	return appended(resp), nil
 }
@@ -164,7 +170,7 @@ func (s *Streams) Append(ctx context.Context, stream string, fields map[string][
 // consecutive ids in the given order. 1 to 10,000 entries. Errors as for
 // [Streams.Append]. For entries with dedup keys, see
 // [Streams.AppendBatchEntries].
-func (s *Streams) AppendBatch(ctx context.Context, stream string, entries []map[string][]byte, opts ...AppendOption) ([]Appended, error) {
+func (s *Streams) AppendBatch(ctx context.Context, stream string, entries []map[string][]byte, opts ...AppendOption) ([]AppendResult, error) {
 	batch := make([]*pb.BatchEntry, len(entries))
 	for i, fields := range entries {
 		batch[i] = &pb.BatchEntry{Fields: fields}
@@ -175,10 +181,10 @@ func (s *Streams) AppendBatch(ctx context.Context, stream string, entries []map[
 // AppendBatchEntries is [Streams.AppendBatch] for entries that may carry a
 // dedup key each. An entry whose key is recorded on the stream, or was used
 // by an earlier entry of the same batch, is not written: its result is the
-// first one's, with [Appended.Duplicate] set (it takes no id of its own).
+// first one's, with [AppendResult.Duplicate] set (it takes no id of its own).
 // On a sharded stream, a batch without [AppendOptions.PartitionKey] goes to the shard
 // of its first dedup key. Errors as for [Streams.Append].
-func (s *Streams) AppendBatchEntries(ctx context.Context, stream string, entries []BatchEntry, opts ...AppendOption) ([]Appended, error) {
+func (s *Streams) AppendBatchEntries(ctx context.Context, stream string, entries []BatchEntry, opts ...AppendOption) ([]AppendResult, error) {
 	batch := make([]*pb.BatchEntry, len(entries))
 	for i, e := range entries {
 		batch[i] = &pb.BatchEntry{Fields: e.Fields, DedupKey: e.DedupKey}
@@ -186,7 +192,7 @@ func (s *Streams) AppendBatchEntries(ctx context.Context, stream string, entries
 	return s.appendBatch(ctx, stream, batch, opts)
 }
 
-func (s *Streams) appendBatch(ctx context.Context, stream string, entries []*pb.BatchEntry, opts []AppendOption) ([]Appended, error) {
+func (s *Streams) appendBatch(ctx context.Context, stream string, entries []*pb.BatchEntry, opts []AppendOption) ([]AppendResult, error) {
 	o := collect(opts)
 	if o.DedupKey != "" {
 		return nil, fmt.Errorf("echomq: append %d entries to %q: %w", len(entries), stream, errBatchDedupKey)
@@ -196,13 +202,13 @@ func (s *Streams) appendBatch(ctx context.Context, stream string, entries []*pb.
 	if err != nil {
 		return nil, fmt.Errorf("echomq: append %d entries to %q: %w", len(entries), stream, err)
 	}
-	out := make([]Appended, len(resp.GetEntries()))
+	out := make([]AppendResult, len(resp.GetEntries()))
 	for i, e := range resp.GetEntries() {
 		out[i] = appended(e)
 	}
 	return out, nil
 }
 
-func appended(resp *pb.AppendResponse) Appended {
-	return Appended{ID: resp.GetId(), StreamID: resp.GetStreamId(), Stream: resp.GetStream(), Duplicate: resp.GetDuplicate()}
+func appended(resp *pb.AppendResponse) AppendResult {
+	return AppendResult{ID: resp.GetId(), StreamID: resp.GetStreamId(), Stream: resp.GetStream(), Duplicate: resp.GetDuplicate()}
 }

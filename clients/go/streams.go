@@ -24,7 +24,7 @@ import (
 // plain retry could write it twice. Give it a dedup key
 // ([AppendOptions.DedupKey], or [BatchEntry.DedupKey]) and retry with the
 // same key: if the first attempt was written, the retry writes nothing and
-// answers its ids with [Appended.Duplicate] set (see the example of
+// answers its ids with [AppendResult.Duplicate] set (see the example of
 // [Streams.Append]). Reads are safe to retry.
 type Streams struct {
 	client pb.StreamServiceClient
@@ -197,8 +197,14 @@ type TrimBound struct {
 	IgnoreGroups bool
 }
 
-// Trimmed is what [Streams.Trim] did.
-type Trimmed struct {
+// Trimmed is the old name of [TrimResult].
+//
+// Deprecated: use [TrimResult], the name every client gives it; Trimmed goes
+// away in the next release.
+type Trimmed = TrimResult
+
+// TrimResult is what [Streams.Trim] did.
+type TrimResult struct {
 	// Count is the number of entries removed (XTRIM's reply).
 	Count uint64
 	// AppliedMinID is the MINID bound applied: entries below it are gone. ""
@@ -212,7 +218,7 @@ type Trimmed struct {
 // Trim removes the oldest entries of stream (XTRIM MINID) down to b. In the
 // safe mode (the default) it never removes an entry that a group of the
 // stream still has pending or has not read yet: the bound is raised to the
-// oldest such entry (Trimmed.HeldBackByGroups), computed and applied
+// oldest such entry (TrimResult.HeldBackByGroups), computed and applied
 // atomically on the Redis host. With an archive configured on the sidecar,
 // what is trimmed is archived first.
 //
@@ -220,14 +226,14 @@ type Trimmed struct {
 // (or for the name of a sharded stream: trim one shard's key);
 // FAILED_PRECONDITION when the key is not a stream; UNAVAILABLE when Redis
 // cannot be reached (retry).
-func (s *Streams) Trim(ctx context.Context, stream string, b TrimBound) (Trimmed, error) {
+func (s *Streams) Trim(ctx context.Context, stream string, b TrimBound) (TrimResult, error) {
 	req := &pb.TrimRequest{Stream: stream, MaxLen: b.MaxLen, MinId: b.MinID, Approximate: b.Approximate, IgnoreGroups: b.IgnoreGroups}
 	if !b.Before.IsZero() {
 		req.Before = timestamppb.New(b.Before)
 	}
 	resp, err := s.client.Trim(ctx, req)
 	if err != nil {
-		return Trimmed{}, fmt.Errorf("echomq: trim %q: %w", stream, err)
+		return TrimResult{}, fmt.Errorf("echomq: trim %q: %w", stream, err)
 	}
-	return Trimmed{Count: resp.GetTrimmed(), AppliedMinID: resp.GetAppliedMinId(), HeldBackByGroups: resp.GetHeldBackByGroups()}, nil
+	return TrimResult{Count: resp.GetTrimmed(), AppliedMinID: resp.GetAppliedMinId(), HeldBackByGroups: resp.GetHeldBackByGroups()}, nil
 }

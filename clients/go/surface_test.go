@@ -2,7 +2,8 @@ package echomq_test
 
 // The client surface of clients/CONTRACT.md ("Surface"): one Streams type
 // that appends, reads and trims, options as structs, and the deprecated old
-// names (Producer, NewProducer, WithMaxLen, WithPartitionKey, WithDedupKey)
+// names (Producer, NewProducer, WithMaxLen, WithPartitionKey, WithDedupKey,
+// Appended, Trimmed, Replay, MemorySeen, MemoryVersions)
 // still working for a release.
 
 import (
@@ -50,6 +51,11 @@ func TestTheDeprecatedProducerNamesStillWork(t *testing.T) {
 	t.Cleanup(func() { conn.Close() })
 	var producer *echomq.Producer = echomq.NewProducer(conn) // an alias of *Streams
 	var _ *echomq.Streams = producer
+	var _ echomq.Appended = echomq.AppendResult{}
+	var _ echomq.Trimmed = echomq.TrimResult{}
+	var _ echomq.Replay = echomq.ReplayResult{}
+	var _ *echomq.MemorySeenStore = echomq.NewMemorySeen(1)
+	var _ *echomq.MemoryVersionStore = echomq.NewMemoryVersions()
 	stream := uniqueStream("go:surface-deprecated")
 	ctx := withTimeout(t, 10*time.Second)
 	first, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("1")}, echomq.WithDedupKey("k"), echomq.WithMaxLen(100), echomq.WithPartitionKey(""))

@@ -269,7 +269,7 @@ func TestStopBeforeRunMakesRunReturnAtOnce(t *testing.T) {
 }
 
 func TestSkipSeenHandlesEachIDOnce(t *testing.T) {
-	store := NewMemorySeen(0)
+	store := NewMemorySeenStore(0)
 	calls := 0
 	h := SkipSeen(store, func(context.Context, *Delivery) error { calls++; return nil })
 	rec := &recordingSender{}
@@ -293,7 +293,7 @@ func TestSkipSeenHandlesEachIDOnce(t *testing.T) {
 	if seen, _ := store.Seen(context.Background(), "0000000000030000000000000001"); seen {
 		t.Fatal("a delivery whose lease was lost was recorded as seen")
 	}
-	versions := NewMemoryVersions()
+	versions := NewMemoryVersionStore()
 	newer := NewerWins(versions, func(*Delivery) string { return "k" }, func(_ context.Context, d *Delivery) error { d.lose(); return nil })
 	_ = newer(context.Background(), delivery(rec, "0000000000030000000000000001"))
 	if latest, _ := versions.Latest(context.Background(), "k"); latest != "" {
@@ -303,7 +303,7 @@ func TestSkipSeenHandlesEachIDOnce(t *testing.T) {
 
 func TestMemorySeenForgetsTheOldestBeyondItsLimit(t *testing.T) {
 	ctx := context.Background()
-	s := NewMemorySeen(2)
+	s := NewMemorySeenStore(2)
 	for _, id := range []string{"a", "b", "c"} {
 		_ = s.Record(ctx, id)
 	}
@@ -315,7 +315,7 @@ func TestMemorySeenForgetsTheOldestBeyondItsLimit(t *testing.T) {
 }
 
 func TestNewerWinsSkipsOlderAndEqualIDs(t *testing.T) {
-	store := NewMemoryVersions()
+	store := NewMemoryVersionStore()
 	var applied []string
 	h := NewerWins(store, func(d *Delivery) string { return string(d.Payload["key"]) },
 		func(_ context.Context, d *Delivery) error { applied = append(applied, d.ID); return nil })
