@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from conftest import load_scenarios
-from echomq import Appended, Backoff, BatchEntry, Consumer, Delivery, FlowControl, RpcError, Start, Streams, VerdictError
+from echomq import AppendResult, Backoff, BatchEntry, Consumer, Delivery, FlowControl, RpcError, Start, Streams, VerdictError
 from echomq.v1 import consumer_service_pb2 as pb
 from support import AckCounter, Sidecar
 
@@ -75,7 +75,7 @@ class Run:
     stop_ms: float | None = None
     appended: dict[str, dict[str, bytes]] = field(default_factory=dict)  # stream id → fields
     appended_ids: set[str] = field(default_factory=set)  # branded ids the producer's answers carried
-    first_by_dedup_key: dict[str, Appended] = field(default_factory=dict)
+    first_by_dedup_key: dict[str, AppendResult] = field(default_factory=dict)
 
     def handled(self) -> int:
         return sum(1 for c in self.calls if c.finished is not None)

@@ -1,8 +1,8 @@
 """The client surface of clients/CONTRACT.md ("Surface"): one `Streams` type
 that appends, reads and trims; flow settings grouped in `FlowControl`; the
 blocking API derived from the asyncio one; and the old names (`Producer`,
-the flat `max_in_flight=` …) still working, with a `DeprecationWarning`, for
-a release."""
+`Appended`, `Trimmed`, the flat `max_in_flight=` …) still working, with a
+`DeprecationWarning`, for a release."""
 
 from __future__ import annotations
 
@@ -95,9 +95,14 @@ async def test_the_deprecated_names_still_work_and_warn(live_sidecar: Sidecar, r
         assert isinstance(producer, Streams)
         appended = await producer.append(stream, {"n": "0"})
         assert (await producer.read(stream)).entries[0].id == appended.id
-    from echomq.producer import Producer as from_the_old_module
-
+    with pytest.warns(DeprecationWarning, match=r"echomq\.producer\.Producer is deprecated.*echomq\.Streams"):
+        from echomq.producer import Producer as from_the_old_module
     assert from_the_old_module is echomq.Producer
+    with pytest.warns(DeprecationWarning, match=r"echomq\.Appended is deprecated.*echomq\.AppendResult"):
+        assert echomq.Appended is echomq.AppendResult  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match=r"echomq\.Trimmed is deprecated.*echomq\.TrimResult"):
+        from echomq import Trimmed  # type: ignore[attr-defined]
+    assert Trimmed is echomq.TrimResult
 
     async def noop(delivery: Delivery) -> None:
         pass

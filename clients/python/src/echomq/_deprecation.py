@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound=type)
@@ -29,3 +30,24 @@ def renamed_class(new: T, old_name: str, new_name: str) -> T:
     namespace = {"__init__": __init__, "__doc__": doc, "__module__": new.__module__}
     alias: T = type(new)(old_name.rsplit(".", 1)[-1], (new,), namespace)
     return alias
+
+
+def renamed_attributes(module: str, renamed: Mapping[str, tuple[str, Callable[[], object]]]) -> Callable[[str], object]:
+    """A module `__getattr__` for names that were renamed: `renamed` maps an
+    old name to its new one (as a user imports it) and a function that
+    returns the object. Reading
+    an old name (`from echomq import Appended`, `echomq.Appended`) warns
+    `DeprecationWarning` and returns the new object itself."""
+
+    def __getattr__(name: str) -> object:
+        if name in renamed:
+            new_name, get = renamed[name]
+            warnings.warn(
+                f"{module}.{name} is deprecated and goes away in the next release: use {new_name}, the same thing",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return get()
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -1,4 +1,4 @@
-"""What appends send and answer (`Appended`, `BatchEntry`, the request
+"""What appends send and answer (`AppendResult`, `BatchEntry`, the request
 builders); the appends themselves are `echomq.Streams.append` and
 `append_batch` (`Producer` is its deprecated name)."""
 
@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from ._deprecation import renamed_attributes
 from .v1 import stream_service_pb2 as pb
 
 #: Field values: bytes, or text (sent as UTF-8).
 Fields = Mapping[str, bytes | bytearray | memoryview | str]
 
 
-class Appended(NamedTuple):
+class AppendResult(NamedTuple):
     """Where an entry landed."""
 
     #: The branded id, 28 lowercase hex characters: the entry's idempotency key.
@@ -88,15 +89,18 @@ def append_batch_request(
     )
 
 
-def appended(response: pb.AppendResponse) -> Appended:
-    return Appended(response.id, response.stream_id, response.stream, response.duplicate)
+def appended(response: pb.AppendResponse) -> AppendResult:
+    return AppendResult(response.id, response.stream_id, response.stream, response.duplicate)
 
 
-def __getattr__(name: str) -> object:
-    # `echomq.producer.Producer`, the deprecated name of `echomq.Streams`, is
-    # defined beside it (streams.py imports this module).
-    if name == "Producer":
-        from .streams import Producer
+def _producer() -> object:
+    # Defined beside `Streams` (streams.py imports this module).
+    from .streams import Producer
 
-        return Producer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return Producer
+
+
+#: Old names: `Producer` (now `echomq.Streams`) and `Appended`.
+__getattr__ = renamed_attributes(
+    "echomq.producer", {"Producer": ("echomq.Streams", _producer), "Appended": ("echomq.AppendResult", lambda: AppendResult)}
+)

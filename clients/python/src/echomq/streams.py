@@ -16,8 +16,8 @@ from ._deprecation import renamed_class
 from ._channel import AioClient
 from ._convert import Bound
 from .errors import from_rpc_error
-from .producer import Appended, BatchEntry, Fields, append_batch_request, append_request, appended
-from .records import Entry, ReadPage, Trimmed
+from .producer import AppendResult, BatchEntry, Fields, append_batch_request, append_request, appended
+from .records import Entry, ReadPage, TrimResult
 from .v1 import stream_service_pb2_grpc as pb_grpc
 
 
@@ -70,7 +70,7 @@ class Streams(AioClient):
         max_len: int = 0,
         partition_key: str | None = None,
         dedup_key: str | None = None,
-    ) -> Appended:
+    ) -> AppendResult:
         """Appends one entry; with `max_len` > 0 the stream is trimmed to about
         that many entries (`MAXLEN ~`). A field named like the reserved
         branded-id field (`id` by default) is refused (`PermanentError`).
@@ -79,7 +79,7 @@ class Streams(AioClient):
         `--sharded-streams`): entries with the same key go to the same shard,
         so they are consumed in the order they were appended; `None` (or
         empty) takes the shards in turn. A stream that is not sharded ignores
-        it. `Appended.stream` is the stream key written (the shard's key).
+        it. `AppendResult.stream` is the stream key written (the shard's key).
 
         `dedup_key` makes the append idempotent: if an append to `stream` with
         the same key was recorded within the sidecar's `--dedup-window-ms`
@@ -102,7 +102,7 @@ class Streams(AioClient):
         *,
         max_len: int = 0,
         partition_key: str | None = None,
-    ) -> list[Appended]:
+    ) -> list[AppendResult]:
         """Appends 1 to 10,000 entries to one stream atomically, in order; the
         results are in the same order. On a sharded stream the whole batch
         goes to one shard: `partition_key`'s (as for `append`), or the next
@@ -168,7 +168,7 @@ class Streams(AioClient):
         before: datetime | None = None,
         approximate: bool = False,
         ignore_groups: bool = False,
-    ) -> Trimmed:
+    ) -> TrimResult:
         """Removes the oldest entries of `stream` (XTRIM MINID). Give exactly
         one bound: `max_len` (keep the newest that many entries, at least 1),
         `min_id` (remove entries with a smaller stream id) or `before` (remove
@@ -176,7 +176,7 @@ class Streams(AioClient):
 
         Safe by default: never removes an entry that a group of the stream
         still has pending or has not yet been delivered; the bound is raised
-        to the oldest such entry (`Trimmed.held_back_by_groups` says so).
+        to the oldest such entry (`TrimResult.held_back_by_groups` says so).
         `ignore_groups=True` trims as asked, and those entries are lost to the
         groups. `approximate=True` lets Redis trim whole nodes only (cheaper;
         may keep a few more, never removes more)."""
