@@ -78,12 +78,16 @@ export {
   type BrandedId,
 } from './branded-id.js';
 export {
-  MemoryNewerWinsStore,
   MemorySeenStore,
+  MemoryVersionStore,
   NewerWins,
   SeenSet,
-  type NewerWinsStore,
   type SeenStore,
+  type VersionStore,
+  /** @deprecated Use `MemoryVersionStore`. */
+  MemoryNewerWinsStore,
+  /** @deprecated Use `VersionStore`. */
+  type NewerWinsStore,
 } from './idempotency.js';
 export { CallEndedError, EchoMQError, LeaseLostError, PERMANENT_CODES } from './errors.js';
 export { DEFAULT_TARGET, type CallOptions, type ConnectionOptions } from './grpc.js';

@@ -1,10 +1,23 @@
 // The client surface of clients/CONTRACT.md ("Surface"): one Streams class
 // that appends, reads and trims; flow settings grouped in `flowControl`; and
-// the deprecated old names (`Producer`, the flat `maxInFlight`, `concurrency`
-// and `maxBatch`) still working for a release.
+// the deprecated old names (`Producer`, `NewerWinsStore`,
+// `MemoryNewerWinsStore`, the flat `maxInFlight`, `concurrency` and
+// `maxBatch`) still working for a release.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { Consumer, Producer, Streams, type Delivery, type FlowControl } from '@echomq/client';
+import {
+  Consumer,
+  MemoryNewerWinsStore,
+  MemoryVersionStore,
+  NewerWins,
+  parseBrandedId,
+  Producer,
+  Streams,
+  type Delivery,
+  type FlowControl,
+  type NewerWinsStore,
+  type VersionStore,
+} from '@echomq/client';
 import { Fixture } from './support/fixture.js';
 
 let unique = 0;
@@ -84,6 +97,14 @@ describe('surface', () => {
       () => new Consumer({ target: fixture.target, stream: 's', group: 'g', start: 'new', flowControl: { maxInFlight: 2 }, maxInFlight: 2 }),
       /deprecated spelling of flowControl\.maxInFlight/,
     );
+  });
+
+  test('the deprecated store names are the new ones', async () => {
+    assert.equal(MemoryNewerWinsStore, MemoryVersionStore);
+    const store: NewerWinsStore = new MemoryNewerWinsStore();
+    const same: VersionStore = store;
+    const latest = new NewerWins(same);
+    assert.equal(await latest.apply('k', parseBrandedId('01'.repeat(14)), () => undefined), true);
   });
 
   test('the deprecated names still work', async () => {
