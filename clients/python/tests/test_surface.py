@@ -7,6 +7,7 @@ blocking API derived from the asyncio one; and the old names (`Producer`,
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import threading
 import time
@@ -140,7 +141,6 @@ def test_the_sync_api_is_derived_from_the_asyncio_one() -> None:
 def test_the_sync_streams_run_on_a_loop_of_their_own(live_sidecar: Sidecar, redis_client: redis.Redis) -> None:
     stream = "py:surface:sync"
     redis_client.delete(stream)
-    before = threading.active_count()
     with echomq_sync.Streams(live_sidecar.target, timeout=5) as streams:
         ids = [a.id for a in streams.append_batch(stream, [{"n": str(i)} for i in range(5)])]
         assert [e.id for e in streams.read_all(stream, page_size=2)] == ids
@@ -150,6 +150,10 @@ def test_the_sync_streams_run_on_a_loop_of_their_own(live_sidecar: Sidecar, redi
         assert streams.trim(stream, max_len=2, ignore_groups=True).trimmed == 3
         with pytest.raises(echomq.PermanentError):
             streams.append(stream, {"id": b"reserved"})
-    assert threading.active_count() == before  # the loop thread ended with the client
+    assert not [t for t in threading.enumerate() if t.name == "echomq-sync"]  # the loop thread ended with it
     with pytest.raises(TypeError, match="target"):
         echomq_sync.Streams(object())  # type: ignore[arg-type]
+    dropped = echomq_sync.Admin(live_sidecar.target)
+    del dropped  # never closed: its channel is closed and its thread ends all the same
+    gc.collect()
+    assert not [t for t in threading.enumerate() if t.name == "echomq-sync"]

@@ -30,16 +30,17 @@ import functools
 import inspect
 import signal
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from . import admin as aio_admin
-from ._deprecation import renamed_class
 from . import consumer as aio
 from . import streams as aio_streams
 from ._channel import AioClient, ChannelOptions
+from ._deprecation import renamed_class
 from .delivery import Delivery, RawField
 from .errors import EchoMQError
 from .options import FlowControl, Seconds, seconds
@@ -119,13 +120,28 @@ def _blocking_iter(
 
 
 C = TypeVar("C", bound=AioClient)
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client: AioClient | None) -> None:
+    """Closes `client` on `loop` (if given), then stops the loop and ends its thread."""
+    if loop.is_closed():
+        return
+    try:
+        if client is not None and loop.is_running():
+            asyncio.run_coroutine_threadsafe(client.close(), loop).result(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        if not loop.is_running():
+            loop.close()
 _Self = TypeVar("_Self", bound="_Client[Any]")
 
 
 class _Client(_OnLoop[C]):
     """An asyncio client (`_aio_class`) on a private event loop thread, made
     there from the same `target`, `timeout` and `channel_options`, and closed
-    with its thread by `close()` or the end of the `with` block. `target` is
+    with its thread by `close()`, the end of the `with` block, or when the
+    client is dropped unclosed. `target` is
     `host:port` or `unix:/path` (a channel of your own is the asyncio
     client's business: its loop is its own)."""
 
@@ -147,23 +163,15 @@ class _Client(_OnLoop[C]):
         try:
             self._aio = self._run(make())
         except BaseException:
-            self._end_loop()
+            _shut_down(self._loop, self._thread, None)
             raise
+        # close(), or the client dropped unclosed (or the interpreter exiting):
+        # the channel is closed and the thread ends either way, once.
+        self._shut_down = weakref.finalize(self, _shut_down, self._loop, self._thread, self._aio)
 
     def close(self) -> None:
         """Closes the channel and ends the client's loop thread."""
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self._aio.close())
-        finally:
-            self._end_loop()
-
-    def _end_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        if not self._loop.is_running():
-            self._loop.close()
+        self._shut_down()
 
     def __enter__(self: _Self) -> _Self:
         return self
