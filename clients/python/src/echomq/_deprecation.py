@@ -3,11 +3,27 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound=type)
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn(message: str) -> None:
+    """`DeprecationWarning` pointing at the first caller outside this package
+    (the asyncio consumer is called by `echomq.sync`'s too, so no fixed
+    stacklevel points at the user's line)."""
+    level = 2  # 1 is this function; 2 its caller, sys._getframe(1)
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
 def renamed_class(new: T, old_name: str, new_name: str) -> T:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from types import TracebackType
 
 import grpc
 
+from . import _deprecation as deprecation
 from ._channel import ChannelOptions, aio_channel
 from .delivery import Ack, DeadLetter, Delivery, Fail, Verdict, VerdictError, VerdictErrorCode
 from .errors import EchoMQError, PermanentError, from_rpc_error
@@ -936,12 +936,8 @@ def _flow_control(
         return flow_control or FlowControl()
     if flow_control is not None:
         raise TypeError(f"give flow_control=FlowControl(...) or {', '.join(given)}, not both")
-    warnings.warn(
-        f"Consumer({', '.join(f'{name}=' for name in given)}...) is deprecated: "
-        f"pass flow_control=FlowControl({', '.join(f'{name}=' for name in given)}...)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
+    names = ", ".join(f"{name}=" for name in given)
+    deprecation.warn(f"Consumer({names}...) is deprecated: pass flow_control=FlowControl({names}...)")
     return FlowControl(max_in_flight, concurrency, max_batch)
 
 
