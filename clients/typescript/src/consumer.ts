@@ -20,7 +20,14 @@ import type { Subscribe } from './gen/echomq/v1/Subscribe.js';
  * - `{ afterId }`: entries after this stream id (`<ms>-<seq>` or `<ms>`), exclusive;
  * - `{ at }`: entries appended at or after this instant.
  */
-export type GroupStart = 'new' | 'beginning' | { readonly afterId: string } | { readonly at: Date };
+export type Start = 'new' | 'beginning' | { readonly afterId: string } | { readonly at: Date };
+
+/**
+ * The old name of {@link Start}.
+ *
+ * @deprecated Use {@link Start}, the name every client gives it; goes away in the next release.
+ */
+export type GroupStart = Start;
 
 /** Codes of a {@link VerdictError}. */
 export type VerdictErrorCode = 'UNKNOWN_ID' | 'NOT_PENDING' | 'INVALID_ARGUMENT' | 'UNAVAILABLE' | 'LEASE_LOST' | 'UNSPECIFIED';
@@ -140,7 +147,7 @@ export interface ConsumerOptions extends ConnectionOptions {
   /** The consumer group (1 to 256 bytes). Created on first subscribe with `start`. */
   group: string;
   /** Where a new group starts. Required: no default. */
-  start: GroupStart;
+  start: Start;
   /**
    * How much the consumer takes on at once (`maxInFlight`, `concurrency`,
    * `maxBatch`), grouped as `@google-cloud/pubsub` groups its `flowControl`.

@@ -29,6 +29,8 @@ export {
   type BatchVerdicts,
   type ConsumerOptions,
   type FlowControl,
+  type Start,
+  /** @deprecated Use `Start`. */
   type GroupStart,
   type Handler,
   type ReconnectInfo,

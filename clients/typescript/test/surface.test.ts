@@ -1,6 +1,6 @@
 // The client surface of clients/CONTRACT.md ("Surface"): one Streams class
 // that appends, reads and trims; flow settings grouped in `flowControl`; and
-// the deprecated old names (`Producer`, `NewerWinsStore`,
+// the deprecated old names (`Producer`, `GroupStart`, `NewerWinsStore`,
 // `MemoryNewerWinsStore`, the flat `maxInFlight`, `concurrency` and
 // `maxBatch`) still working for a release.
 import assert from 'node:assert/strict';
@@ -15,6 +15,8 @@ import {
   Streams,
   type Delivery,
   type FlowControl,
+  type GroupStart,
+  type Start,
   type NewerWinsStore,
   type VersionStore,
 } from '@echomq/client';
@@ -97,6 +99,12 @@ describe('surface', () => {
       () => new Consumer({ target: fixture.target, stream: 's', group: 'g', start: 'new', flowControl: { maxInFlight: 2 }, maxInFlight: 2 }),
       /deprecated spelling of flowControl\.maxInFlight/,
     );
+  });
+
+  test('the deprecated type GroupStart is Start', () => {
+    const old: GroupStart = { afterId: '0-0' };
+    const start: Start = old;
+    assert.deepEqual(start, { afterId: '0-0' });
   });
 
   test('the deprecated store names are the new ones', async () => {
