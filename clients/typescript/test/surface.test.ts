@@ -1,11 +1,12 @@
 // The client surface of clients/CONTRACT.md ("Surface"): one Streams class
 // that appends, reads and trims; flow settings grouped in `flowControl`; and
-// the deprecated old names (`Producer`, `GroupStart`, `NewerWinsStore`,
+// the deprecated old names (`Producer`, `GroupStart`, `Admin.allDeadLetters`, `NewerWinsStore`,
 // `MemoryNewerWinsStore`, the flat `maxInFlight`, `concurrency` and
 // `maxBatch`) still working for a release.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import {
+  Admin,
   Consumer,
   MemoryNewerWinsStore,
   MemoryVersionStore,
@@ -99,6 +100,18 @@ describe('surface', () => {
       () => new Consumer({ target: fixture.target, stream: 's', group: 'g', start: 'new', flowControl: { maxInFlight: 2 }, maxInFlight: 2 }),
       /deprecated spelling of flowControl\.maxInFlight/,
     );
+  });
+
+  test('the deprecated Admin.allDeadLetters is deadLetters', async () => {
+    const admin = new Admin({ target: fixture.target });
+    try {
+      const stream = streamName('dead');
+      const all = [];
+      for await (const d of admin.allDeadLetters(stream)) all.push(d);
+      assert.deepEqual(all, []);
+    } finally {
+      admin.close();
+    }
   });
 
   test('the deprecated type GroupStart is Start', () => {
