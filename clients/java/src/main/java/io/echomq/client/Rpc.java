@@ -56,7 +56,7 @@ final class Rpc {
     } catch (CompletionException e) {
       if (e.getCause() instanceof EchoMqException cause) {
         // Rethrown from this thread so the stack trace shows the caller.
-        throw new EchoMqException(cause.code(), cause.detail(), cause);
+        throw new EchoMqException(cause.code(), cause.details(), cause);
       }
       throw e;
     } catch (StatusRuntimeException e) {

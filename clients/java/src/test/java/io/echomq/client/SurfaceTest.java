@@ -20,8 +20,8 @@ import org.junit.jupiter.api.Test;
 /**
  * The client surface of clients/CONTRACT.md ("Surface"): one {@link EchoMqStreams} that appends,
  * reads and trims; the consumer's flow settings grouped in {@link FlowControl}; and the deprecated
- * old names ({@link EchoMqProducer}, the builder's own maxInFlight, concurrency and maxBatch) still
- * working for a release.
+ * old names ({@code EchoMqProducer}, {@code EchoMqException.detail()}, the builder's own
+ * maxInFlight, concurrency and maxBatch) still working for a release.
  */
 class SurfaceTest extends LiveSidecar {
   @Override
@@ -105,6 +105,10 @@ class SurfaceTest extends LiveSidecar {
       AppendResult written = slower.append(stream, Fields.of("n", "0"));
       slower.append(stream, Fields.of("n", "1"));
       assertEquals(written.id(), old.read(stream, Range.all(), 1).entries().get(0).id());
+      EchoMqException refused = assertThrows(EchoMqException.class, () -> old.append(stream, Fields.of("id", "x")));
+      assertTrue(refused.isPermanent());
+      assertEquals(refused.details(), refused.detail());
+      assertTrue(refused.details().contains("id"), refused.details());
     }
     CountDownLatch release = new CountDownLatch(1);
     AtomicInteger handled = new AtomicInteger();
