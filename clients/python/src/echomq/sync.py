@@ -109,7 +109,7 @@ def _blocking_iter(
                     return
                 yield item
         finally:
-            if not self._loop.is_closed():
+            if self._loop.is_running():  # not once the client is closed
                 self._run(close())
 
     functools.update_wrapper(call, method)
@@ -134,6 +134,8 @@ def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client
         thread.join(10)
         if not loop.is_running():
             loop.close()
+
+
 _Self = TypeVar("_Self", bound="_Client[Any]")
 
 
@@ -141,9 +143,9 @@ class _Client(_OnLoop[C]):
     """An asyncio client (`_aio_class`) on a private event loop thread, made
     there from the same `target`, `timeout` and `channel_options`, and closed
     with its thread by `close()`, the end of the `with` block, or when the
-    client is dropped unclosed. `target` is
-    `host:port` or `unix:/path` (a channel of your own is the asyncio
-    client's business: its loop is its own)."""
+    client is dropped unclosed. `target` is `host:port` or `unix:/path` (a
+    channel of your own is the asyncio client's business: its loop is its
+    own)."""
 
     _aio_class: type[C]
 
