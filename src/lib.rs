@@ -37,6 +37,8 @@
 //!   the script after a `NOSCRIPT`), and with `--wait-replicas`/`--wait-aof`
 //!   through the durable writer, which confirms them with `WAIT`/`WAITAOF` on
 //!   a connection of its own (group commit: one `WAIT` per round).
+//! - [`durability`]: what a write must be confirmed by, and how a wait fell
+//!   short (shared by [`durable`] and [`error`], below both).
 //! - [`error`]: the API's error enum and its one mapping to `tonic::Status`
 //!   (start-up has its own: [`redis::ShardCountError`], [`config`]'s parse errors).
 //! - [`id`]: stream ids and branded ids.
@@ -70,6 +72,7 @@ pub mod archive;
 pub mod config;
 pub mod consume;
 pub mod deferred;
+pub mod durability;
 pub mod durable;
 pub mod entry;
 pub mod error;
