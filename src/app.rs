@@ -34,10 +34,7 @@ use tracing::{error, info, warn};
 use crate::{
     admin::Admin,
     admin_http::{self, Readiness},
-    archive::{
-        fold::{FileSizes, Folding},
-        Archive,
-    },
+    archive::Archive,
     config::{Config, Listen},
     consume::Consumers,
     deferred::Deferred,
@@ -48,7 +45,10 @@ use crate::{
     },
     redis::{primary::redacted_url, version::VersionError, ConnectOptions, Redis},
     security::{Gate, Guard},
-    stream::Streams,
+    stream::{
+        fold::{FileSizes, Folding},
+        Streams,
+    },
 };
 
 /// What the EchoMQ services answer (UNAVAILABLE) until Redis has answered.

@@ -29,6 +29,7 @@ pub mod shared;
 pub mod fault;
 pub mod group;
 pub mod range;
+pub mod trim;
 pub mod version;
 
 pub use fault::{fault, Fault};

@@ -23,8 +23,11 @@ use crate::{
     error::Error,
     id::StreamId,
     metrics::{ArchiveExtent, Metrics},
-    redis::{range::range, Redis},
-    stream::trim::{run, Fence, Trim, Trimmed},
+    redis::{
+        range::range,
+        trim::{run, Fence, Trim, Trimmed},
+        Redis,
+    },
 };
 
 /// How long a fold lease lasts unless renewed (ms): renewed before each file,
