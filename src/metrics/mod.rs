@@ -726,8 +726,8 @@ impl<C> TimedConnection<C> {
 /// a call about a missing group is answered NOT_FOUND, counted by the gRPC
 /// server's metrics).
 fn expected_reply(error: &redis::RedisError) -> bool {
-    use crate::redis::Fault;
-    error.code() == Some("NOSCRIPT") || matches!(crate::redis::fault(error), Fault::BusyGroup | Fault::NoGroup)
+    use crate::redis::fault::{fault, Fault};
+    error.code() == Some("NOSCRIPT") || matches!(fault(error), Fault::BusyGroup | Fault::NoGroup)
 }
 
 impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {

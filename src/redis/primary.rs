@@ -40,7 +40,10 @@ use redis::{
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
-use super::{fault, Fault, RawEntry};
+use super::{
+    fault::{fault, Fault},
+    reply::RawEntry,
+};
 
 /// How often the Sentinels are asked which node is the primary, besides
 /// every error that says the node reached is not.
@@ -583,8 +586,8 @@ async fn connect(client: &Client, timeout: Duration) -> RedisResult<MultiplexedC
 
 /// The role `ROLE` replied (`master`, `slave`, `sentinel`).
 fn role(reply: &Value) -> Option<String> {
-    let first = super::array(reply).first()?;
-    super::bytes(first).ok().and_then(|role| String::from_utf8(role).ok())
+    let first = super::reply::array(reply).first()?;
+    super::reply::bytes(first).ok().and_then(|role| String::from_utf8(role).ok())
 }
 
 /// A client for `info`, TLS with `ca_pem` as the only root when given.
@@ -907,7 +910,7 @@ impl Named {
     fn parse(reply: &Value) -> Option<Named> {
         let mut fields = std::collections::HashMap::new();
         let mut put = |name: &Value, value: &Value| {
-            if let (Ok(name), Ok(value)) = (super::bytes(name), super::bytes(value)) {
+            if let (Ok(name), Ok(value)) = (super::reply::bytes(name), super::reply::bytes(value)) {
                 fields
                     .insert(String::from_utf8_lossy(&name).into_owned(), String::from_utf8_lossy(&value).into_owned());
             }

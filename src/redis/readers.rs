@@ -35,7 +35,11 @@ use deadpool::{
 use redis::{Cmd, ConnectionAddr, RedisError, RedisResult, Value};
 use tracing::{debug, warn};
 
-use super::{parse_read_reply, resp::RespConnection, Connection, RawEntry, Redis, Target};
+use super::{
+    connect::{Connection, Redis, Target},
+    reply::{parse_read_reply, RawEntry},
+    resp::RespConnection,
+};
 use crate::{
     error::Error,
     metrics::{Metrics, ReaderMetrics, ReaderPoolStatus},

@@ -1,8 +1,11 @@
 //! `trim.lua`'s wrapper: a typed bound in, what the script did out. The one
 //! way a stream is trimmed, by the Trim call, retention and the archive's
-//! fold alike ([`crate::stream::fold`] calls it with a [`Fence`]).
+//! fold alike ([`crate::stream::fold`] calls it with a `Fence`).
 
-use super::{bytes, parse_unread_trimmed, Redis, UnreadTrimmed};
+use super::{
+    connect::Redis,
+    reply::{bytes, parse_unread_trimmed, UnreadTrimmed},
+};
 use crate::{error::Error, id::StreamId};
 
 /// Where a trim stops.
