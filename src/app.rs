@@ -573,7 +573,7 @@ async fn connect_with_backoff(
             sentinel_username: config.sentinel_username.as_deref(),
             sentinel_password: files.sentinel_password.as_deref(),
         };
-        match Redis::connect(url, options, metrics.clone()).await {
+        match Redis::connect(url, options, metrics.redis()).await {
             Ok(redis) => {
                 let kind = if redis.keys.is_cluster() { "a Redis Cluster" } else { "Redis" };
                 let target = redacted_url(url);

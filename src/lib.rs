@@ -8,10 +8,12 @@
 //! - [`deferred`]: the EchoMQ services answer UNAVAILABLE until Redis has
 //!   answered, while health and reflection serve from the start.
 //! - [`admin_http`]: the admin HTTP port: `/livez`, `/readyz`, `/metrics`.
-//! - [`archive`]: the archive's storage: Parquet files and per-stream
+//! - [`archive`]: the archive's storage only: Parquet files and per-stream
 //!   manifests on object storage (a directory or S3), written and read back.
 //! - [`admin`]: the AdminService: describe a group, list and replay dead letters.
-//! - [`stream`]: the StreamService: Append and AppendBatch, Read, Trim.
+//! - [`stream`]: the StreamService: Append and AppendBatch, Read, Trim; the
+//!   retention policies; `stream/fold.rs`, the fold-then-trim order that
+//!   archives what a trim removes (leases, the crash-safe order).
 //! - [`consume`]: the ConsumerService's Consume call. Its doc is the spec of
 //!   how Consume behaves. One file per job:
 //!   - `consume/subscribe.rs`: validating the subscribe, the group door;
@@ -46,16 +48,24 @@
 //!   id; the dead-letter metadata field names.
 //! - [`keys`]: derived key names (dead-letter stream, retry hash, heartbeat
 //!   hash) and shard keys.
-//! - [`metrics`]: Prometheus metrics, the timed Redis connection, and the
-//!   gRPC server's call counters (a tower layer, `metrics/grpc.rs`).
-//! - [`redis`]: connections ([`redis::primary`], which node is the primary
-//!   and moving every connection when it changes: Sentinel, a primary demoted
-//!   behind its address; the shared one; [`redis::readers`], the bounded
-//!   pool of the group readers' dedicated ones; [`redis::resp`], a reader's
-//!   plain-TCP connection that parses XREADGROUP replies itself), the scripts and their shared
-//!   `lua/prelude.lua`, reply parsing; and what the services share, below
-//!   them: [`redis::fault`](mod@redis::fault) (a Redis error's kind, decided once),
-//!   [`redis::group`] (a group's state), [`redis::range`] (range paging).
+//! - [`metrics`]: the Prometheus registry and `/metrics` text; the per-group,
+//!   per-stream and archive series, and the gRPC server's call counters (a
+//!   tower layer, `metrics/grpc.rs`). It imports [`redis`] (whose series
+//!   register themselves), never the reverse.
+//! - [`redis`]: `redis/mod.rs` is an index. Connections: [`redis::connect`]
+//!   (the shared handles, dedicated connections, TCP settings),
+//!   [`redis::timed`] (every command's latency, and its series),
+//!   [`redis::primary`] (which node is the primary and moving every
+//!   connection when it changes: Sentinel, a primary demoted behind its
+//!   address), [`redis::shared`], [`redis::readers`] (the bounded pool of the
+//!   group readers' dedicated connections), [`redis::resp`] (a reader's
+//!   plain-TCP connection that parses XREADGROUP replies itself). The scripts
+//!   and their shared `lua/prelude.lua` ([`redis::scripts`]), reply parsing
+//!   ([`redis::reply`]). And what the services share, below them:
+//!   [`redis::fault`](mod@redis::fault) (a Redis error's kind, decided once),
+//!   [`redis::group`] (a group's state), [`redis::range`] (range paging),
+//!   [`redis::shards`] (sharded streams' recorded shard counts),
+//!   [`redis::trim`] (`trim.lua`'s wrapper, a typed bound in).
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).

@@ -23,29 +23,21 @@
 //! is not an error: a group re-created after NOGROUP counts in
 //! `echomq_group_recreations_total` only.
 
-use std::{
-    collections::HashMap,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::sync::Arc;
 
 pub mod grpc;
 mod process;
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{
-        counter::Counter,
-        family::Family,
-        gauge::Gauge,
-        histogram::{exponential_buckets, Histogram},
-    },
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-use redis::{aio::ConnectionLike, Cmd, Pipeline, RedisFuture, Value};
-use tracing::Instrument;
 
-use crate::proto::VerdictErrorCode;
+use crate::{
+    proto::VerdictErrorCode,
+    redis::{readers::ReaderPoolMetrics, timed::latency_histogram, RedisMetrics},
+};
 
 /// Labels of per-group series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -96,43 +88,6 @@ pub struct StreamLabels {
     pub sharded_stream: String,
 }
 
-/// Labels of closed reader connections: why the connection was closed.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    /// `health_check` (PING failed when it was to be reused), `read_error` (a
-    /// read failed on it; replaced), `stopped_mid_read` (its reader was cut
-    /// off during a blocked read, so it was not handed to another group),
-    /// `primary_switch` (idle, it reached a primary that was since replaced).
-    pub reason: &'static str,
-}
-
-impl ReasonLabels {
-    /// Every reason a reader connection is closed for.
-    pub const ALL: [&'static str; 4] = ["health_check", "read_error", "stopped_mid_read", "primary_switch"];
-}
-
-/// The reader pool's state at a scrape (connections), as [`Metrics::watch_reader_pool`] reads it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ReaderPoolStatus {
-    /// The pool's bound (`--reader-connections`).
-    pub max: usize,
-    /// Connections open: in use and idle.
-    pub open: usize,
-    /// Connections held by group readers.
-    pub in_use: usize,
-    /// Groups waiting for a connection now.
-    pub waiting: usize,
-}
-
-type ReaderPoolSource = Box<dyn Fn() -> ReaderPoolStatus + Send + Sync>;
-
-/// Labels of Redis latency: the command (`XACK`, `EVALSHA`, … or `pipeline`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CommandLabels {
-    /// The command name, upper case.
-    pub command: String,
-}
-
 type GroupCounter = Family<GroupLabels, Counter>;
 type GroupGauge = Family<GroupLabels, Gauge>;
 type GroupGaugeF64 = Family<GroupLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
@@ -163,19 +118,12 @@ pub struct Metrics {
     consumers: GroupGauge,
     stream_length: GroupGauge,
     redis_errors: Family<OperationLabels, Counter>,
-    redis_command_errors: Family<CommandLabels, Counter>,
-    redis_seconds: Family<CommandLabels, Histogram>,
-    reader_connections_max: Gauge,
-    reader_connections: Gauge,
-    reader_connections_in_use: Gauge,
-    reader_connection_waiters: Gauge,
-    reader: ReaderMetrics,
-    primary_switches: Counter,
-    primary_switching: Gauge,
-    /// Reads the reader pool's state at each scrape (kept by the pool, never copied by hand).
-    reader_pool: std::sync::Mutex<Option<ReaderPoolSource>>,
     grpc: grpc::GrpcMetrics,
     archive: ArchiveMetrics,
+    /// The connections' series, registered by redis/ itself.
+    redis: RedisMetrics,
+    /// The reader pool's series, registered by `redis/readers.rs` itself.
+    reader_pool: ReaderPoolMetrics,
 }
 
 /// The archive's series (`echomq_archive_*`), per stream key.
@@ -201,31 +149,6 @@ pub struct ArchiveExtent {
     pub entries: u64,
     /// The oldest archived entry's stream id milliseconds (unix ms); `None` when empty.
     pub oldest_ms: Option<u64>,
-}
-
-/// The reader pool's event series (see [`Metrics::reader`]). Cheap to clone.
-#[derive(Clone)]
-pub struct ReaderMetrics {
-    /// `echomq_reader_connection_wait_seconds`: how long a group's first call
-    /// waited for a reader connection (a free one, or a new one connected), refused or not.
-    pub wait_seconds: Histogram,
-    /// `echomq_reader_connection_refusals_total`: subscribes refused
-    /// RESOURCE_EXHAUSTED because every reader connection was in use.
-    pub refusals: Counter,
-    /// `echomq_reader_connections_closed_total{reason}`.
-    pub closed: Family<ReasonLabels, Counter>,
-}
-
-impl ReaderMetrics {
-    /// Counts a reader connection closed for `reason` (see [`ReasonLabels`]).
-    pub fn closed(&self, reason: &'static str) {
-        self.closed.get_or_create(&ReasonLabels { reason }).inc();
-    }
-}
-
-fn latency_histogram() -> Histogram {
-    // 100 µs to ~100 s.
-    Histogram::new(exponential_buckets(0.0001, 4.0, 11))
 }
 
 impl Metrics {
@@ -261,20 +184,6 @@ impl Metrics {
             consumers: Family::default(),
             stream_length: Family::default(),
             redis_errors: Family::default(),
-            redis_command_errors: Family::default(),
-            redis_seconds: Family::new_with_constructor(latency_histogram),
-            reader_connections_max: Gauge::default(),
-            reader_connections: Gauge::default(),
-            reader_connections_in_use: Gauge::default(),
-            reader_connection_waiters: Gauge::default(),
-            reader: ReaderMetrics {
-                wait_seconds: latency_histogram(),
-                refusals: Counter::default(),
-                closed: Family::default(),
-            },
-            primary_switches: Counter::default(),
-            primary_switching: Gauge::default(),
-            reader_pool: std::sync::Mutex::new(None),
             grpc: grpc::GrpcMetrics::new(),
             archive: ArchiveMetrics {
                 folded_entries: Family::default(),
@@ -286,20 +195,11 @@ impl Metrics {
                 entries: Family::default(),
                 oldest_seconds: Family::default(),
             },
+            redis: RedisMetrics::register(registry),
+            reader_pool: ReaderPoolMetrics::register(registry),
             registry: Registry::default(),
         };
         let r = registry;
-        r.register(
-            "redis_primary_switches",
-            "Switches of the Redis primary the sidecar followed (a failover, a primary demoted behind its address); \
-             each ended with every connection moved to the new primary",
-            m.primary_switches.clone(),
-        );
-        r.register(
-            "redis_primary_switching",
-            "1 while the sidecar looks for the Redis primary (commands are refused, not ready), else 0",
-            m.primary_switching.clone(),
-        );
         r.register("deliveries", "Entries handed to clients (each hand-over counts)", m.deliveries.clone());
         r.register("acks", "Entries acknowledged (XACK found them pending)", m.acks.clone());
         r.register("fails", "Fail verdicts, deadlines passed and calls ended holding entries", m.fails.clone());
@@ -376,55 +276,6 @@ impl Metrics {
             "Failed Redis steps of group workers, by group and operation (NOGROUP, recovered, is not one)",
             m.redis_errors.clone(),
         );
-        r.register(
-            "redis_command_errors",
-            "Failed commands on the shared Redis connection (every call's and worker's), by command",
-            m.redis_command_errors.clone(),
-        );
-        r.register(
-            "redis_command_duration_seconds",
-            "Latency of commands on the shared Redis connection",
-            m.redis_seconds.clone(),
-        );
-        r.register(
-            "reader_connections_max",
-            "Most dedicated reader connections (--reader-connections)",
-            m.reader_connections_max.clone(),
-        );
-        r.register(
-            "reader_connections",
-            "Dedicated reader connections open (XREADGROUP BLOCK), in use and idle",
-            m.reader_connections.clone(),
-        );
-        r.register(
-            "reader_connections_in_use",
-            "Reader connections held by groups with calls",
-            m.reader_connections_in_use.clone(),
-        );
-        r.register(
-            "reader_connection_waiters",
-            "Groups waiting for a reader connection now",
-            m.reader_connection_waiters.clone(),
-        );
-        r.register(
-            "reader_connection_wait_seconds",
-            "Time a group's first call waited for a reader connection (free or newly connected)",
-            m.reader.wait_seconds.clone(),
-        );
-        r.register(
-            "reader_connection_refusals",
-            "Subscribes refused RESOURCE_EXHAUSTED: every reader connection was in use",
-            m.reader.refusals.clone(),
-        );
-        // Every reason from the start, so a rate over them needs no first event.
-        for reason in ReasonLabels::ALL {
-            let _ = m.reader.closed.get_or_create(&ReasonLabels { reason });
-        }
-        r.register(
-            "reader_connections_closed",
-            "Reader connections closed, by reason (health_check, read_error, stopped_mid_read, primary_switch)",
-            m.reader.closed.clone(),
-        );
         m.grpc.register(&mut root);
         m.registry = root;
         m
@@ -432,13 +283,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
-        if let Some(source) = self.reader_pool.lock().expect("reader pool source lock").as_ref() {
-            let status = source();
-            self.reader_connections_max.set(status.max as i64);
-            self.reader_connections.set(status.open as i64);
-            self.reader_connections_in_use.set(status.in_use as i64);
-            self.reader_connection_waiters.set(status.waiting as i64);
-        }
+        self.reader_pool.refresh();
         let mut text = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
@@ -551,29 +396,16 @@ impl Metrics {
         self.grpc.clone()
     }
 
-    /// Reads the reader pool's gauges from `source` at each scrape, so they
-    /// are the pool's own counts, never a copy kept in step by hand.
-    pub fn watch_reader_pool(&self, source: impl Fn() -> ReaderPoolStatus + Send + Sync + 'static) {
-        *self.reader_pool.lock().expect("reader pool source lock") = Some(Box::new(source));
+    /// The connections' series, for [`Redis::connect`](crate::redis::Redis::connect).
+    pub fn redis(&self) -> RedisMetrics {
+        self.redis.clone()
     }
+}
 
-    /// `echomq_redis_primary_switches_total` and `echomq_redis_primary_switching`,
-    /// for the [`crate::redis::primary::Primary`] that counts and sets them.
-    pub fn primary(&self) -> (Counter, Gauge) {
-        (self.primary_switches.clone(), self.primary_switching.clone())
-    }
-
-    /// The reader pool's event series.
-    pub fn reader(&self) -> ReaderMetrics {
-        self.reader.clone()
-    }
-
-    fn observe_command(&self, command: &str, elapsed: Duration, failed: bool) {
-        let labels = CommandLabels { command: command.to_owned() };
-        self.redis_seconds.get_or_create(&labels).observe(elapsed.as_secs_f64());
-        if failed {
-            self.redis_command_errors.get_or_create(&labels).inc();
-        }
+/// The reader pool's series, for [`crate::redis::readers::ReaderPool::new`].
+impl AsRef<ReaderPoolMetrics> for Arc<Metrics> {
+    fn as_ref(&self) -> &ReaderPoolMetrics {
+        &self.reader_pool
     }
 }
 
@@ -683,86 +515,5 @@ impl VerdictErrors {
         if let Some(at) = Self::CODES.iter().position(|(known, _)| *known as i32 == code) {
             self.counters[at].inc();
         }
-    }
-}
-
-/// The shared Redis connection with every command's latency observed.
-#[derive(Clone)]
-pub struct TimedConnection<C> {
-    inner: C,
-    metrics: Arc<Metrics>,
-    /// Script SHA1 → file name, so EVALSHA is labelled `script:<name>`.
-    scripts: Arc<HashMap<String, &'static str>>,
-}
-
-impl<C> TimedConnection<C> {
-    /// Wraps `inner`; `scripts` names the scripts it runs by their SHA1.
-    pub fn new(inner: C, metrics: Arc<Metrics>, scripts: HashMap<String, &'static str>) -> Self {
-        TimedConnection { inner, metrics, scripts: Arc::new(scripts) }
-    }
-
-    /// The `command` label: the command name, or `script:<name>` for a script.
-    fn label(&self, cmd: &Cmd) -> String {
-        let mut args = cmd.args_iter();
-        let name = match args.next() {
-            Some(redis::Arg::Simple(name)) => String::from_utf8_lossy(name).to_ascii_uppercase(),
-            _ => return "unknown".to_owned(),
-        };
-        if name == "EVALSHA" || name == "EVAL" {
-            if let Some(redis::Arg::Simple(sha)) = args.next() {
-                if let Some(script) = std::str::from_utf8(sha).ok().and_then(|sha| self.scripts.get(sha)) {
-                    return format!("script:{script}");
-                }
-            }
-        }
-        name
-    }
-}
-
-/// Error replies that are answers the sidecar expects and acts on, not
-/// failures of the command: NOSCRIPT (the script cache asking for EVAL),
-/// BUSYGROUP (the group door finding the group there), NOGROUP (a group
-/// gone: a worker re-creates it, counted in `echomq_group_recreations_total`;
-/// a call about a missing group is answered NOT_FOUND, counted by the gRPC
-/// server's metrics).
-fn expected_reply(error: &redis::RedisError) -> bool {
-    use crate::redis::fault::{fault, Fault};
-    error.code() == Some("NOSCRIPT") || matches!(fault(error), Fault::BusyGroup | Fault::NoGroup)
-}
-
-impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let command = self.label(cmd);
-        // A span per command only while traces are exported, and only inside
-        // an operation's span (see the function).
-        let span = crate::telemetry::redis_command_span(&command);
-        Box::pin(
-            async move {
-                let started = Instant::now();
-                let result = self.inner.req_packed_command(cmd).await;
-                let failed = result.as_ref().is_err_and(|e| !expected_reply(e));
-                self.metrics.observe_command(&command, started.elapsed(), failed);
-                result
-            }
-            .instrument(span),
-        )
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let result = self.inner.req_packed_commands(pipeline, offset, count).await;
-            self.metrics.observe_command("pipeline", started.elapsed(), result.is_err());
-            result
-        })
-    }
-
-    fn get_db(&self) -> i64 {
-        self.inner.get_db()
     }
 }

@@ -12,17 +12,34 @@ use redis::{
     AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, RedisFuture, RedisResult, Value,
 };
 
+use prometheus_client::registry::Registry;
+
 use super::{
-    primary,
+    primary::{self, PrimaryMetrics},
     reply::{array, bytes},
     scripts::Scripts,
     shared::SharedConnection,
+    timed::{CommandMetrics, TimedConnection},
     version,
 };
-use crate::{
-    keys::Keyspace,
-    metrics::{Metrics, TimedConnection},
-};
+use crate::keys::Keyspace;
+
+/// The series the connections record, each group registered by the file
+/// that records it. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisMetrics {
+    /// Every command on the shared connection ([`super::timed`]).
+    pub commands: CommandMetrics,
+    /// The primary's switches ([`primary::Primary`]).
+    pub primary: PrimaryMetrics,
+}
+
+impl RedisMetrics {
+    /// Creates the series and registers them in `registry` (the `echomq_` one).
+    pub fn register(registry: &mut Registry) -> RedisMetrics {
+        RedisMetrics { primary: PrimaryMetrics::register(registry), commands: CommandMetrics::register(registry) }
+    }
+}
 
 /// A connection to a single Redis server or to a Redis Cluster.
 #[derive(Clone)]
@@ -150,7 +167,7 @@ impl Redis {
     /// Errors: an invalid URL, or no Sentinel usable (`InvalidClientConfig`:
     /// a setting to fix), or Redis cannot be reached or refuses the
     /// credentials now.
-    pub async fn connect(urls: &str, options: ConnectOptions<'_>, metrics: Arc<Metrics>) -> RedisResult<Redis> {
+    pub async fn connect(urls: &str, options: ConnectOptions<'_>, metrics: RedisMetrics) -> RedisResult<Redis> {
         let ConnectOptions { password, ca_pem, timeout, sharded, sentinel_username, sentinel_password } = options;
         let scripts = Scripts::new();
         let manager_config = || {
@@ -167,7 +184,8 @@ impl Redis {
             let sentinels =
                 primary::Sentinels::new(&url, sentinel_username, sentinel_password, password, ca_pem, tcp_settings())?;
             let primary =
-                primary::Primary::start(primary::Locator::Sentinel(sentinels), timeout, metrics.primary()).await?;
+                primary::Primary::start(primary::Locator::Sentinel(sentinels), timeout, metrics.primary.clone())
+                    .await?;
             return Redis::single(primary, manager_config(), timeout, scripts, metrics, sharded.clone()).await;
         }
         let seeds = urls
@@ -187,14 +205,14 @@ impl Redis {
         }
         if !cluster {
             let locator = primary::Locator::Address { info: first, ca_pem: ca_pem.map(<[u8]>::to_vec) };
-            let primary = primary::Primary::start(locator, timeout, metrics.primary()).await?;
+            let primary = primary::Primary::start(locator, timeout, metrics.primary.clone()).await?;
             return Redis::single(primary, manager_config(), timeout, scripts, metrics, sharded.clone()).await;
         }
         let mut conn = cluster_client(seeds.clone(), timeout, Some(timeout), ca_pem)?.get_async_connection().await?;
         redis::cmd("PING").query_async::<String>(&mut conn).await?;
         Ok(Redis {
             target: Target::Cluster { seeds, ca_pem: ca_pem.map(<[u8]>::to_vec) },
-            conn: TimedConnection::new(Connection::Cluster(conn), metrics, scripts.names()),
+            conn: TimedConnection::new(Connection::Cluster(conn), metrics.commands, scripts.names()),
             scripts,
             keys: Arc::new(Keyspace::new(true, sharded.clone())),
             server: None,
@@ -207,7 +225,7 @@ impl Redis {
         config: ConnectionManagerConfig,
         timeout: Duration,
         scripts: Scripts,
-        metrics: Arc<Metrics>,
+        metrics: RedisMetrics,
         sharded: std::collections::BTreeMap<String, u32>,
     ) -> RedisResult<Redis> {
         let mut conn = SharedConnection::connect(primary.clone(), config, timeout).await?;
@@ -216,7 +234,7 @@ impl Redis {
         redis::cmd("PING").query_async::<String>(&mut conn).await?;
         Ok(Redis {
             target: Target::Single(primary),
-            conn: TimedConnection::new(Connection::Managed(conn), metrics, scripts.names()),
+            conn: TimedConnection::new(Connection::Managed(conn), metrics.commands, scripts.names()),
             scripts,
             keys: Arc::new(Keyspace::new(false, sharded)),
             server: None,

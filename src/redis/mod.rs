@@ -21,8 +21,8 @@
 //! readiness interval (1 s) plus `--redis-timeout-ms`; a blocked reader gives
 //! up within `--read-block-ms` plus `--redis-timeout-ms` and reconnects.
 //!
-//! One file per job: [`connect`] (the handles and connections), [`scripts`]
-//! (the Lua scripts), [`reply`] (parsing replies), [`shards`] (sharded
+//! One file per job: [`connect`] (the handles and connections), [`timed`]
+//! (every command's latency, and its series), [`scripts`] (the Lua scripts), [`reply`] (parsing replies), [`shards`] (sharded
 //! streams' shard counts), [`trim`] (`trim.lua`'s wrapper); the connections'
 //! own: [`primary`], [`shared`], [`readers`], [`resp`]; and what the services
 //! share, below them: [`fault`](mod@fault) (a Redis error's kind, decided
@@ -40,12 +40,13 @@ pub mod resp;
 pub mod scripts;
 pub mod shards;
 pub mod shared;
+pub mod timed;
 pub mod trim;
 pub mod version;
 
 use connect::tcp_keepalive;
 pub use connect::{
-    ConnectOptions, Connection, DedicatedConnection, Redis, TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTERVAL,
+    ConnectOptions, Connection, DedicatedConnection, Redis, RedisMetrics, TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTERVAL,
     TCP_KEEPALIVE_RETRIES,
 };
 pub use fault::{fault, Fault};
@@ -56,3 +57,4 @@ pub use reply::{
 pub use scripts::{Scripts, LUA_PRELUDE};
 pub use shards::ShardCountError;
 pub use shared::SharedConnection;
+pub use timed::TimedConnection;
