@@ -66,7 +66,7 @@ impl Streams {
         for UnreadTrimmed { group, entries } in unread {
             match entries {
                 Some(entries) => {
-                    self.metrics.trimmed_unread(stream, sharded_stream, group, *entries);
+                    self.metrics.streams.trimmed_unread(stream, sharded_stream, group, *entries);
                     tracing::warn!(%stream, %group, entries, cause, "a trim removed entries before the group was delivered them");
                 }
                 None => tracing::warn!(
