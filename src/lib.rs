@@ -48,10 +48,13 @@
 //!   id; the dead-letter metadata field names.
 //! - [`keys`]: derived key names (dead-letter stream, retry hash, heartbeat
 //!   hash) and shard keys.
-//! - [`metrics`]: the Prometheus registry and `/metrics` text; the per-group,
-//!   per-stream and archive series, and the gRPC server's call counters (a
-//!   tower layer, `metrics/grpc.rs`). It imports [`redis`] (whose series
-//!   register themselves), never the reverse.
+//! - [`metrics`]: the Prometheus registry and the `/metrics` text. Each
+//!   group of series registers itself, in the file that records it:
+//!   [`metrics::group`] (per consumer group), [`metrics::stream`] (appends,
+//!   trims), [`metrics::archive`], [`metrics::grpc`] (the gRPC server's calls,
+//!   a tower layer), `metrics/process.rs` (the process metrics); the
+//!   connections' own series are redis/'s. It imports [`redis`], never the
+//!   reverse.
 //! - [`redis`]: `redis/mod.rs` is an index. Connections: [`redis::connect`]
 //!   (the shared handles, dedicated connections, TCP settings),
 //!   [`redis::timed`] (every command's latency, and its series),
@@ -65,7 +68,8 @@
 //!   [`redis::fault`](mod@redis::fault) (a Redis error's kind, decided once),
 //!   [`redis::group`] (a group's state), [`redis::range`] (range paging),
 //!   [`redis::shards`] (sharded streams' recorded shard counts),
-//!   [`redis::trim`] (`trim.lua`'s wrapper, a typed bound in).
+//!   [`redis::trim`] (`trim.lua`'s wrapper, a typed bound in),
+//!   [`redis::version`] (the server's version and the floor).
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
