@@ -342,8 +342,8 @@ impl Running {
     async fn shut_down(self, grace: Duration, listen: &Listen) {
         let Running { consumers, readiness, health, draining, closing, stopped, mut server, retention, pinger, admin } =
             self;
-        // By convention a second SIGTERM or SIGINT ends the grace at once; listening starts now, so one sent right after the
-        // first is not missed.
+        // By convention a second SIGTERM or SIGINT ends the grace at once;
+        // listening starts now, so one sent right after the first is not missed.
         let second_signal = shutdown_signal();
         tokio::pin!(second_signal);
         info!(
