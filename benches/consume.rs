@@ -34,6 +34,14 @@
 //!    time, so it includes the XADD itself, and the sidecar's added latency is
 //!    its percentile minus the direct one's.
 //!
+//! Against the commit before: with `ECHOMQ_BENCH_BASELINE_BIN` set to another
+//! build of the sidecar (`git worktree add --detach ../base REV`, then
+//! `cargo build --release --bin echomq-sidecar` there), a second sidecar runs
+//! that binary on the same Redis, and its (a) and (a2) take turns with the
+//! others in every round, on the same streams through groups of their own;
+//! it prints the ratios of this build to the baseline, the baseline's idle
+//! RSS and its (a) latency.
+//!
 //! Under `cargo test` (`--bench consume` or `--all-targets`: no `--bench` argument) it runs as a quick
 //! smoke test with small counts against the debug build, and says so.
 
@@ -72,16 +80,31 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     let redis_server = RedisServer::try_start_with(RedisOptions::default()).await?;
     let sidecar = Sidecar::start(&sidecar_bin, &redis_server.url(), &[], &dir).await?;
     let endpoint = format!("http://127.0.0.1:{}", sidecar.grpc_port);
+    let baseline_bin = std::env::var_os("ECHOMQ_BENCH_BASELINE_BIN").map(std::path::PathBuf::from);
+    let baseline = match &baseline_bin {
+        Some(bin) => {
+            let dir = dir.join("baseline");
+            std::fs::create_dir_all(&dir)?;
+            Some(Sidecar::start(bin, &redis_server.url(), &[], &dir).await?)
+        }
+        None => None,
+    };
+    let baseline_endpoint = baseline.as_ref().map(|b| format!("http://127.0.0.1:{}", b.grpc_port));
+    let contenders = contenders(baseline.is_some());
     let mut redis = connection(redis_server.port()).await?;
     let version = common::redis_version(&mut redis).await?;
     let (cpus, load) = (common::cpus(), common::load_average());
     let (idle_rss, _) = sidecar.memory();
+    let baseline_idle_rss = baseline.as_ref().map(|b| b.memory().0);
 
     common::print_title("consume", full);
     println!(
         "  machine  {cpus} CPUs, load average {load} at start; Redis {version} and the sidecar on loopback, no persistence"
     );
     println!("  sidecar  {}", sidecar_bin.display());
+    if let Some(bin) = &baseline_bin {
+        println!("  baseline {}", bin.display());
+    }
     println!(
         "  entries  {entries} per stream, fields `n` and a {BODY_BYTES}-byte `body` (plus the branded id the sidecar adds)"
     );
@@ -104,27 +127,31 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
 
     // 2. Throughput, contenders alternated over the rounds.
     let rounds = common::rounds(full);
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); CONTENDERS.len()];
-    let mut commands = vec![String::new(); CONTENDERS.len()];
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); contenders.len()];
+    let mut commands = vec![String::new(); contenders.len()];
     for round in 0..rounds {
-        for k in 0..CONTENDERS.len() {
-            let which = (round + k) % CONTENDERS.len();
-            let contender = CONTENDERS[which];
+        for k in 0..contenders.len() {
+            let which = (round + k) % contenders.len();
+            let contender = contenders[which];
+            let (through, endpoint) = match (contender.baseline, &baseline, &baseline_endpoint) {
+                (true, Some(baseline), Some(endpoint)) => (baseline, endpoint),
+                _ => (&sidecar, &endpoint),
+            };
             redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
-            let (cpu_before, redis_before) = (sidecar.cpu_time(), redis_cpu(&mut redis).await?);
-            let group = format!("bench-{round}");
+            let (cpu_before, redis_before) = (through.cpu_time(), redis_cpu(&mut redis).await?);
+            let group = if contender.baseline { format!("bench-{round}-baseline") } else { format!("bench-{round}") };
             let took = phase(contender.label, async {
                 match contender.max_batch {
                     None => direct_throughput(&redis_server, contender.stream, &group, entries).await,
                     Some(max_batch) => {
-                        sidecar_throughput(&endpoint, &mut redis, contender.stream, &group, entries, WINDOW, max_batch)
+                        sidecar_throughput(endpoint, &mut redis, contender.stream, &group, entries, WINDOW, max_batch)
                             .await
                     }
                 }
             })
             .await?;
             let redis_cpu_used = redis_cpu(&mut redis).await? - redis_before;
-            let sidecar_cpu_used = contender.max_batch.map(|_| sidecar.cpu_time() - cpu_before);
+            let sidecar_cpu_used = contender.max_batch.map(|_| through.cpu_time() - cpu_before);
             samples[which].push(Sample { took, sidecar_cpu: sidecar_cpu_used, redis_cpu: redis_cpu_used });
             if round == 0 {
                 commands[which] = command_calls(&mut redis).await?;
@@ -136,7 +163,7 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     );
     let per_entry = |d: Duration| d.as_secs_f64() * 1e6 / entries as f64;
     let mut rates = Vec::new();
-    for (contender, samples) in CONTENDERS.iter().zip(&samples) {
+    for (contender, samples) in contenders.iter().zip(&samples) {
         let rate = median(samples.iter().map(|s| common::rate(entries, s.took)).collect());
         let redis_us = median(samples.iter().map(|s| per_entry(s.redis_cpu)).collect());
         let sidecar_us = samples.iter().filter_map(|s| s.sidecar_cpu).map(per_entry).collect::<Vec<_>>();
@@ -149,11 +176,16 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
         println!("  {} {}:  {:>9} entries/s  ({each}; {cpu})", contender.label, contender.about, thousands(rate));
         rates.push(rate);
     }
-    let direct = rates[CONTENDERS.len() - 1];
+    let direct = rates[contenders.len() - 1];
     println!("  ratio sidecar/direct: {:.2}", rates[0] / direct);
     println!("  ratio batched/direct: {:.2}", rates[1] / direct);
+    if baseline.is_some() {
+        println!("  ratio baseline sidecar/direct: {:.2}", rates[2] / direct);
+        println!("  ratio baseline batched/direct: {:.2}", rates[3] / direct);
+        println!("  ratio this build/baseline: sidecar {:.2}, batched {:.2}", rates[0] / rates[2], rates[1] / rates[3]);
+    }
     println!("  Redis commands in the first round, calls (time in Redis) from INFO commandstats; the sidecar's include the bench's XPENDING polls:");
-    for (contender, calls) in CONTENDERS.iter().zip(&commands) {
+    for (contender, calls) in contenders.iter().zip(&commands) {
         println!("    {} {calls}", contender.label);
     }
     println!();
@@ -169,12 +201,20 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
         peak_rss as f64 / 1e6,
         thousands(common::rate(entries, took))
     );
+    if let Some(idle) = baseline_idle_rss {
+        println!("            baseline RSS idle {:.1} MB at start", idle as f64 / 1e6);
+    }
     println!();
 
     // 3. Latency.
     let samples = (LATENCY_RATE as f64 * latency_time.as_secs_f64()) as usize;
     let single = phase("sidecar latency", sidecar_latency(&endpoint, &redis_server, "lat-a", samples, 0)).await?;
     let batched = phase("batched latency", sidecar_latency(&endpoint, &redis_server, "lat-c", samples, 64)).await?;
+    let mut measured = vec![("(a) sidecar ", single), ("(a2) batched", batched)];
+    if let Some(endpoint) = &baseline_endpoint {
+        let lat = phase("baseline latency", sidecar_latency(endpoint, &redis_server, "lat-base", samples, 0)).await?;
+        measured.push(("(a') baseline", lat));
+    }
     let mut direct = phase("direct latency", direct_latency(&redis_server, "lat-b", samples)).await?;
     direct.sort_unstable();
     println!(
@@ -183,7 +223,7 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     );
     let ms = |us: u64| us as f64 / 1000.0;
     let (direct_p50, direct_p99) = (percentile(&direct, 50), percentile(&direct, 99));
-    for (label, mut lat) in [("(a) sidecar ", single), ("(a2) batched", batched)] {
+    for (label, mut lat) in measured {
         lat.sort_unstable();
         let (p50, p99) = (percentile(&lat, 50), percentile(&lat, 99));
         println!(
@@ -205,6 +245,7 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     );
 
     drop(sidecar);
+    drop(baseline);
     drop(redis_server);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
@@ -227,29 +268,52 @@ struct Contender {
     about: &'static str,
     stream: &'static str,
     max_batch: Option<u32>,
+    /// Through the baseline sidecar (`ECHOMQ_BENCH_BASELINE_BIN`).
+    baseline: bool,
 }
 
-/// The direct consumer last: the ratios divide by it.
-const CONTENDERS: [Contender; 3] = [
-    Contender {
+/// This build's (a) and (a2), the baseline's when there is one, and the
+/// direct consumer last: the ratios divide by it.
+fn contenders(with_baseline: bool) -> Vec<Contender> {
+    let single = Contender {
         label: "(a) sidecar ",
         about: "one Consume call, max_in_flight 256, one Ack message (one id) per delivery",
         stream: "bench-a",
         max_batch: Some(0),
-    },
-    Contender {
+        baseline: false,
+    };
+    let batched = Contender {
         label: "(a2) batched",
         about: "one Consume call, max_in_flight 256, max_batch 64, one Ack message per frame",
         stream: "bench-c",
         max_batch: Some((WINDOW / 4) as u32),
-    },
-    Contender {
+        baseline: false,
+    };
+    let direct = Contender {
         label: "(b) direct  ",
         about: "redis crate, XREADGROUP COUNT 256 BLOCK 2000, one XACK of all ids per read",
         stream: "bench-b",
         max_batch: None,
-    },
-];
+        baseline: false,
+    };
+    let mut all = vec![single, batched];
+    if with_baseline {
+        all.push(Contender {
+            label: "(a') baseline",
+            about: "(a) through the baseline sidecar",
+            baseline: true,
+            ..single
+        });
+        all.push(Contender {
+            label: "(a2') baseline",
+            about: "(a2) through the baseline sidecar",
+            baseline: true,
+            ..batched
+        });
+    }
+    all.push(direct);
+    all
+}
 
 /// The memory phase's `max_in_flight`: the sidecar's default limit.
 const WIDE_WINDOW: usize = 10_000;

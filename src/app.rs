@@ -128,16 +128,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     // One TLS implementation for gRPC and Redis: rustls on ring. Already
     // installed when tests run several sidecars in one process.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let consumer = config.consumer_name();
+    let consumer = config.consume.consumer_name();
     let files = Files::read(&config)?;
     let archive = open_archive(&config).await?;
     let guard = new_guard(&config, &files);
-    let admin_listener = TcpListener::bind(config.admin_listen).await.map_err(|source| AppError::Bind {
+    let admin_listener = TcpListener::bind(config.admin.admin_listen).await.map_err(|source| AppError::Bind {
         what: "admin",
-        address: config.admin_listen.to_string(),
+        address: config.admin.admin_listen.to_string(),
         source,
     })?;
-    let grpc_listener = bind_grpc(&config.listen).await?;
+    let grpc_listener = bind_grpc(&config.server.listen).await?;
 
     // Built before connecting to Redis, so unusable TLS files fail the start at once.
     let mut builder = Server::builder()
@@ -159,16 +159,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     // string field that is not UTF-8 (bad input: INVALID_ARGUMENT). Here, inside
     // the metrics layer, so calls are counted by the status the client gets.
     let mut builder = builder.layer(tower::util::MapResponseLayer::new(crate::error::refused_request_status));
-    let admin_address = admin_listener.local_addr().map_or_else(|_| config.admin_listen.to_string(), |a| a.to_string());
+    let admin_address =
+        admin_listener.local_addr().map_or_else(|_| config.admin.admin_listen.to_string(), |a| a.to_string());
     let readiness = Readiness::default();
     let (stopped_tx, stopped) = watch::channel(false);
     let admin =
         tokio::spawn(admin_http::serve(admin_listener, readiness.clone(), metrics.clone(), wait_true(stopped.clone())));
     let grpc_address = match &grpc_listener {
         GrpcListener::Tcp(listener) => {
-            listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string())
+            listener.local_addr().map_or_else(|_| config.server.listen.to_string(), |a| a.to_string())
         }
-        GrpcListener::Unix(_) => config.listen.to_string(),
+        GrpcListener::Unix(_) => config.server.listen.to_string(),
     };
     info!(admin = %admin_address, grpc = %grpc_address, %consumer, "echomq-sidecar starting");
 
@@ -178,7 +179,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     for service in SERVICES {
         health.set_service_status(service, ServingStatus::NotServing).await;
     }
-    let max = config.max_message_bytes;
+    let max = config.server.max_message_bytes;
     let consumer_service = Deferred::new(REDIS_NOT_YET);
     let stream_service = Deferred::new(REDIS_NOT_YET);
     let admin_service = Deferred::new(REDIS_NOT_YET);
@@ -225,7 +226,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     info!("serving health and reflection; the EchoMQ services wait for Redis");
 
     tokio::pin!(shutdown);
-    let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
+    let redis_timeout = config.redis.redis_timeout;
     let redis = tokio::select! {
         redis = connect_with_backoff(&config, &files, redis_timeout, metrics.clone()) => redis.map(Some),
         _ = &mut shutdown => {
@@ -254,8 +255,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let retention = tokio::spawn(crate::stream::retention::run(
         redis.clone(),
         folding.clone(),
-        config.retention.clone(),
-        Duration::from_millis(config.retention_interval_ms),
+        config.archive.retention.clone(),
+        config.archive.retention_interval,
         draining.clone(),
     ));
     let consumers = Consumers::new(redis.clone(), metrics.clone(), &config, consumer, draining, closing, guard.clone());
@@ -265,7 +266,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     stream_service.set(
         StreamServiceServer::new(Streams::new(
             redis.clone(),
-            config.id_field.clone(),
+            config.appends.id_field.clone(),
             guard.clone(),
             metrics.clone(),
             folding.clone(),
@@ -275,9 +276,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         .max_encoding_message_size(max),
     );
     admin_service.set(
-        AdminServiceServer::new(Admin::new(redis.clone(), config.id_field.clone(), guard.clone(), folding, writes))
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max),
+        AdminServiceServer::new(Admin::new(
+            redis.clone(),
+            config.appends.id_field.clone(),
+            guard.clone(),
+            folding,
+            writes,
+        ))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max),
     );
     // Ready only once the services answer: a probe that sees 200 (or
     // SERVING) before they are set would send calls to the placeholders.
@@ -314,7 +321,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             };
         }
     }
-    running.shut_down(Duration::from_millis(config.shutdown_grace_ms), &config.listen).await;
+    running.shut_down(config.server.shutdown_grace, &config.server.listen).await;
     Ok(())
 }
 
@@ -403,21 +410,21 @@ fn new_guard(config: &Config, files: &Files) -> Guard {
     Guard::new(
         Gate::new(
             files.auth_token.clone(),
-            config.allow_streams.clone(),
-            config.allow_streams_for.iter().cloned().collect(),
+            config.security.allow_streams.clone(),
+            config.security.allow_streams_for.iter().cloned().collect(),
         ),
-        config.max_name_bytes,
-        config.max_fields_per_entry,
-        config.max_message_bytes,
+        config.server.max_name_bytes,
+        config.server.max_fields_per_entry,
+        config.server.max_message_bytes,
     )
 }
 
 /// The fold-then-trim of `archive`, with the file sizes of the settings; `owner` names this sidecar in leases.
 fn new_folding(config: &Config, archive: Archive, owner: String, metrics: Arc<Metrics>) -> Arc<Folding> {
-    let file_entries = usize::try_from(config.archive_file_entries).unwrap_or(usize::MAX);
-    let partial_interval = Duration::from_millis(config.archive_partial_file_interval_ms);
+    let file_entries = usize::try_from(config.archive.archive_file_entries).unwrap_or(usize::MAX);
+    let partial_interval = config.archive.archive_partial_file_interval;
     let sizes = FileSizes { entries: file_entries, partial_interval };
-    Arc::new(Folding::new(archive, config.id_field.clone(), sizes, owner, metrics))
+    Arc::new(Folding::new(archive, config.appends.id_field.clone(), sizes, owner, metrics))
 }
 
 /// Checks what the sidecar needs of the server `redis` reached, records the
@@ -439,11 +446,11 @@ async fn prepare_redis(
     }
     redis.record_shard_counts().await.map_err(|e| AppError::Config(e.to_string()))?;
     let durability = crate::durable::Durability {
-        replicas: config.wait_replicas,
-        aof: config.wait_aof,
-        timeout: Duration::from_millis(config.wait_timeout_ms),
+        replicas: config.appends.wait_replicas,
+        aof: config.appends.wait_aof,
+        timeout: config.appends.wait_timeout,
     };
-    let dedup_window = Duration::from_millis(config.dedup_window_ms);
+    let dedup_window = config.appends.dedup_window;
     let writes = crate::durable::Writes::start(&redis, durability, dedup_window, redis_timeout)
         .await
         .map_err(AppError::Config)?;
@@ -458,7 +465,7 @@ const ARCHIVE_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// object written, read and deleted): a URL that cannot be used, or a store
 /// that refuses or does not answer within 10 s, is [`AppError::Config`] (exit 2).
 async fn open_archive(config: &Config) -> Result<Option<Archive>, AppError> {
-    let Some(url) = &config.archive_url else { return Ok(None) };
+    let Some(url) = &config.archive.archive_url else { return Ok(None) };
     let archive = Archive::open(url).map_err(|e| AppError::Config(format!("--archive-url: {e}")))?;
     match tokio::time::timeout(ARCHIVE_PROBE_TIMEOUT, archive.probe()).await {
         Ok(Ok(())) => {
@@ -555,13 +562,14 @@ impl Files {
             }
             Ok(text)
         };
-        let auth_token = config.auth_token_file.as_deref().map(|p| text("--auth-token-file", p)).transpose()?;
+        let auth_token =
+            config.security.auth_token_file.as_deref().map(|p| text("--auth-token-file", p)).transpose()?;
         let redis_password =
-            config.redis_password_file.as_deref().map(|p| text("--redis-password-file", p)).transpose()?;
-        let redis_ca = config.redis_ca_file.as_deref().map(|p| read("--redis-ca-file", p)).transpose()?;
-        let sentinel_password = match &config.sentinel_password_file {
+            config.redis.redis_password_file.as_deref().map(|p| text("--redis-password-file", p)).transpose()?;
+        let redis_ca = config.redis.redis_ca_file.as_deref().map(|p| read("--redis-ca-file", p)).transpose()?;
+        let sentinel_password = match &config.redis.sentinel_password_file {
             Some(path) => Some(text("--sentinel-password-file", path)?),
-            None => config.sentinel_password.clone(),
+            None => config.redis.sentinel_password.clone(),
         };
         let certificates = |flag: &str, path: &Path| -> Result<Vec<u8>, AppError> {
             let pem = read(flag, path)?;
@@ -571,7 +579,7 @@ impl Files {
             }
             Ok(pem)
         };
-        let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+        let tls = match (&config.security.tls_cert_file, &config.security.tls_key_file) {
             (Some(cert), Some(key)) => {
                 let cert = certificates("--tls-cert-file", cert)?;
                 let key_pem = read("--tls-key-file", key)?;
@@ -582,7 +590,7 @@ impl Files {
                     )));
                 }
                 let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key_pem));
-                if let Some(ca) = &config.tls_client_ca_file {
+                if let Some(ca) = &config.security.tls_client_ca_file {
                     tls = tls.client_ca_root(Certificate::from_pem(certificates("--tls-client-ca-file", ca)?));
                 }
                 Some(tls)
@@ -601,13 +609,13 @@ async fn connect_with_backoff(
 ) -> Result<Redis, AppError> {
     let mut delay = Duration::from_millis(200);
     loop {
-        let url = &config.redis_url;
+        let url = &config.redis.redis_url;
         let options = ConnectOptions {
             password: files.redis_password.as_deref(),
             ca_pem: files.redis_ca.as_deref(),
             timeout,
-            sharded: &config.sharded_streams,
-            sentinel_username: config.sentinel_username.as_deref(),
+            sharded: &config.redis.sharded_streams,
+            sentinel_username: config.redis.sentinel_username.as_deref(),
             sentinel_password: files.sentinel_password.as_deref(),
         };
         match Redis::connect(url, options, metrics.redis()).await {
@@ -660,10 +668,7 @@ fn is_no_usable_sentinel(error: &redis::RedisError) -> bool {
 /// retried, as an outage is.
 fn refuses_the_settings(error: &redis::RedisError) -> bool {
     let text = error.to_string();
-    error.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(error.code(), Some("WRONGPASS" | "NOAUTH"))
-        || text.contains("WRONGPASS")
-        || text.contains("NOAUTH")
+    crate::redis::fault::refuses_credentials(error)
         || text.contains("DB index is out of range")
         || text.contains("invalid DB index")
 }

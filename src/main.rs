@@ -35,8 +35,8 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if config.worker_threads > 0 {
-        builder.worker_threads(config.worker_threads);
+    if config.server.worker_threads > 0 {
+        builder.worker_threads(config.server.worker_threads);
     }
     let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let telemetry = telemetry::init(config.log_format);
+        let telemetry = telemetry::init(config.admin.log_format);
         let result = app::run(config, app::shutdown_signal()).await;
         telemetry.shutdown();
         result

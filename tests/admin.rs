@@ -16,13 +16,7 @@ use tonic::Code;
 async fn describe_group_reports_pending_lag_and_consumers() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::named("pod-d")).await;
-    let mut appended = Vec::new();
-    for i in 0..5 {
-        appended.push(sidecar.append("s", &[("n", i.to_string().as_bytes())]).await);
-    }
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 2).await;
-    call.deliveries(2, EVENT_TIMEOUT).await;
-    call.assert_quiet(Duration::from_millis(300), "max_in_flight 2").await;
+    let (appended, _call) = two_held_of_five(&sidecar).await;
 
     let resp = sidecar
         .admin_client()

@@ -163,10 +163,19 @@ async fn local_trim_folds_first_and_read_spans_the_archive_and_the_stream() {
     let redis = RedisServer::start().await;
     let dir = TempDir::new("archive");
     let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &[])).await;
+    fold_then_trim_and_read_back(&sidecar, &redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs DuckDB (scripts/install-deps makes .tmp/archive-venv); scripts/test runs it"]
+async fn duckdb_reads_exactly_the_entries_a_local_trim_folded() {
+    let python = duckdb_python();
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &[])).await;
     let trimmed = fold_then_trim_and_read_back(&sidecar, &redis).await;
 
     // DuckDB sees exactly the entries that were trimmed, as they are.
-    let Some(python) = duckdb_python() else { return };
     let rows = duckdb_rows(&python, dir.path());
     let seen: Vec<String> = rows.iter().map(|row| row[1].as_str().unwrap().to_owned()).collect();
     let mut sorted = seen.clone();
@@ -176,8 +185,9 @@ async fn local_trim_folds_first_and_read_spans_the_archive_and_the_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MinIO (scripts/install-deps makes .tmp/bin/minio); scripts/test runs it"]
 async fn minio_trim_folds_first_and_read_spans_the_archive_and_the_stream() {
-    let Some(minio) = Minio::start().await else { return };
+    let minio = Minio::start().await;
     let redis = RedisServer::start().await;
     let url = format!("s3://{BUCKET}/sidecar");
     let sidecar = Sidecar::start(&redis, archiving(&url, minio.aws_env(), &[])).await;
@@ -189,8 +199,9 @@ async fn minio_trim_folds_first_and_read_spans_the_archive_and_the_stream() {
 /// Read and a Trim that need it fail UNAVAILABLE within the store's bound,
 /// not object_store's default minutes; once it answers, both work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MinIO (scripts/install-deps makes .tmp/bin/minio); scripts/test runs it"]
 async fn a_stalled_store_leaves_tail_reads_alone_and_fails_the_rest_in_bounded_time() {
-    let Some(minio) = Minio::start().await else { return };
+    let minio = Minio::start().await;
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, archiving(&format!("s3://{BUCKET}/stall"), minio.aws_env(), &[])).await;
     let ids = append_awkward(&sidecar, &redis, "s", 20).await;

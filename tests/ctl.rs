@@ -147,13 +147,7 @@ async fn group_state(con: &mut redis::aio::MultiplexedConnection, stream: &str, 
 async fn describe_prints_the_groups_state_as_a_table_and_as_json() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::named("pod-d")).await;
-    let mut appended = Vec::new();
-    for i in 0..5 {
-        appended.push(sidecar.append("s", &[("n", i.to_string().as_bytes())]).await);
-    }
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 2).await;
-    call.deliveries(2, EVENT_TIMEOUT).await;
-    call.assert_quiet(Duration::from_millis(300), "max_in_flight 2").await;
+    let (appended, _call) = two_held_of_five(&sidecar).await;
 
     let table = ctl(&sidecar.endpoint(), &["describe", "s", "g"]).await.ok().stdout;
     assert_eq!(row(&table, "pending"), "2");
@@ -426,10 +420,7 @@ async fn with_an_archive_trim_folds_describe_shows_it_and_read_marks_archived_en
         ..SidecarOptions::default()
     };
     let sidecar = Sidecar::start(&redis, options).await;
-    let mut appended = Vec::new();
-    for i in 0..5 {
-        appended.push(sidecar.append("s", &[("n", i.to_string().as_bytes())]).await);
-    }
+    let appended = sidecar.append_numbered("s", 5).await;
     let mut con = redis.conn().await;
     create_group(&mut con, "s", "g", "$").await;
 

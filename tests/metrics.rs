@@ -186,10 +186,32 @@ fn group<'a>(stream: &'a str, group: &'a str) -> [(&'static str, &'a str); 2] {
     [("stream", stream), ("group", group)]
 }
 
-async fn append_n(sidecar: &Sidecar, stream: &str, n: usize) {
-    for i in 0..n {
-        sidecar.append(stream, &[("n", i.to_string().as_bytes())]).await;
-    }
+/// The prelude most tests here share: a Redis, a sidecar started with
+/// `options`, and one call subscribed to `s`/`g` from the beginning with the
+/// sidecar's default `max_in_flight`. The servers live as long as it does.
+struct OneCall {
+    call: Consumer,
+    sidecar: Sidecar,
+    redis: RedisServer,
+}
+
+async fn one_call(options: SidecarOptions) -> OneCall {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, options).await;
+    let call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    OneCall { call, sidecar, redis }
+}
+
+/// A scrape in which every series exists: a subscription creates the
+/// per-group series, and an entry appended, delivered and acked (its ack
+/// counted) gives the Redis histogram series.
+async fn scrape_after_one_ack() -> Scrape {
+    let OneCall { redis: _redis, sidecar, mut call } = one_call(SidecarOptions::default()).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let d = call.next_delivery(EVENT_TIMEOUT).await;
+    call.ack_one(&d.id).await;
+    wait_eq(&sidecar, "echomq_acks_total", &group("s", "g"), 1.0).await;
+    Scrape::fetch(&sidecar).await
 }
 
 /// The summed `_count` of the Redis latency histogram for the commands acks go
@@ -227,17 +249,7 @@ async fn metrics_endpoint_serves_the_text_exposition() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metric_families_have_prometheus_types_and_names() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-    // A subscription creates the per-group series; an append and an ack give the
-    // Redis histogram series.
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
-    sidecar.append("s", &[("k", b"v")]).await;
-    let d = call.next_delivery(EVENT_TIMEOUT).await;
-    call.ack_one(&d.id).await;
-    wait_eq(&sidecar, "echomq_acks_total", &group("s", "g"), 1.0).await;
-
-    let scrape = Scrape::fetch(&sidecar).await;
+    let scrape = scrape_after_one_ack().await;
 
     let counters = [
         "deliveries",
@@ -361,11 +373,9 @@ async fn per_group_series_are_labelled_by_stream_and_group() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_deliveries_count_deliveries_acks_and_handler_time() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let OneCall { redis: _redis, sidecar, mut call } = one_call(SidecarOptions::default()).await;
     let labels = group("s", "g");
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
-    append_n(&sidecar, "s", 3).await;
+    sidecar.append_numbered("s", 3).await;
     let deliveries = call.deliveries(3, EVENT_TIMEOUT).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
 
@@ -389,7 +399,7 @@ async fn acked_deliveries_count_deliveries_acks_and_handler_time() {
 /// holding `n` fresh deliveries.
 async fn holding(sidecar: &Sidecar, n: usize, max_in_flight: u32) -> (Consumer, Vec<Delivery>) {
     let mut call = Consumer::start(sidecar, "s", "g", GroupStart::Beginning, max_in_flight).await;
-    append_n(sidecar, "s", n).await;
+    sidecar.append_numbered("s", n).await;
     let deliveries = call.deliveries(n, EVENT_TIMEOUT).await;
     (call, deliveries)
 }
@@ -489,11 +499,9 @@ async fn an_ack_of_more_ids_than_one_xack_takes_settles_every_chunk() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_deliveries_count_in_flight_until_their_verdict() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let OneCall { redis: _redis, sidecar, mut call } = one_call(SidecarOptions::default()).await;
     let labels = group("s", "g");
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
-    append_n(&sidecar, "s", 2).await;
+    sidecar.append_numbered("s", 2).await;
     let deliveries = call.deliveries(2, EVENT_TIMEOUT).await;
 
     wait_eq(&sidecar, "echomq_in_flight", &labels, 2.0).await;
@@ -505,10 +513,8 @@ async fn held_deliveries_count_in_flight_until_their_verdict() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_verdict_counts_a_fail_and_the_redelivery() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let OneCall { redis: _redis, sidecar, mut call } = one_call(SidecarOptions::default()).await;
     let labels = group("s", "g");
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
     sidecar.append("s", &[("k", b"v")]).await;
     let first = call.next_delivery(EVENT_TIMEOUT).await;
 
@@ -527,10 +533,8 @@ async fn fail_verdict_counts_a_fail_and_the_redelivery() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_verdict_counts_a_dead_letter() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let OneCall { redis, sidecar, mut call } = one_call(SidecarOptions::default()).await;
     let labels = group("s", "g");
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
     sidecar.append("s", &[("k", b"v")]).await;
     let d = call.next_delivery(EVENT_TIMEOUT).await;
 
@@ -566,10 +570,8 @@ async fn poison_entry_counts_a_dead_letter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_holding_an_entry_counts_a_fail_and_empties_in_flight() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let OneCall { redis: _redis, sidecar, mut call } = one_call(SidecarOptions::default()).await;
     let labels = group("s", "g");
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
     sidecar.append("s", &[("k", b"v")]).await;
     call.next_delivery(EVENT_TIMEOUT).await;
     wait_eq(&sidecar, "echomq_in_flight", &labels, 1.0).await;
@@ -608,11 +610,9 @@ async fn peer_reclaim_counts_reclaimed_entries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holding_an_entry_counts_lease_refreshes() {
-    let redis = RedisServer::start().await;
     // Leases are refreshed every third of the reclaim minimum idle time: 100 ms.
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(300, 100)).await;
+    let OneCall { redis: _redis, sidecar, mut call } = one_call(SidecarOptions::default().reclaim(300, 100)).await;
     let labels = group("s", "g");
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
     sidecar.append("s", &[("k", b"v")]).await;
     call.next_delivery(EVENT_TIMEOUT).await;
 
@@ -631,7 +631,7 @@ async fn polled_gauges_follow_the_group_state() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--metrics-poll-interval-ms").arg("100")).await;
     let labels = group("s", "g");
-    append_n(&sidecar, "s", 5).await;
+    sidecar.append_numbered("s", 5).await;
     let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 2).await;
     let held = call.deliveries(2, EVENT_TIMEOUT).await;
 
@@ -663,11 +663,9 @@ async fn polled_gauges_follow_the_group_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_command_latency_is_observed_and_grows_with_acks() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let OneCall { redis: _redis, sidecar, mut call } = one_call(SidecarOptions::default()).await;
     let labels = group("s", "g");
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
-    append_n(&sidecar, "s", 2).await;
+    sidecar.append_numbered("s", 2).await;
     let deliveries = call.deliveries(2, EVENT_TIMEOUT).await;
     let before = Scrape::fetch(&sidecar).await;
 
@@ -834,7 +832,7 @@ async fn appends_are_counted_per_stream_once_redis_confirmed() {
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
     let mut client = sidecar.stream_client().await;
 
-    append_n(&sidecar, "a", 3).await;
+    sidecar.append_numbered("a", 3).await;
     let entry = || echomq::proto::BatchEntry { fields: [("k".to_owned(), b"v".to_vec())].into(), ..Default::default() };
     let batch =
         echomq::proto::AppendBatchRequest { stream: "b".into(), entries: vec![entry(), entry()], ..Default::default() };
@@ -912,7 +910,7 @@ async fn grpc_server_calls_are_counted_by_method_and_code() {
         Some("bidi_stream")
     );
 
-    append_n(&sidecar, "s", 2).await;
+    sidecar.append_numbered("s", 2).await;
     let refused = echomq::proto::AppendRequest {
         stream: "s".into(),
         fields: [("id".to_owned(), b"mine".to_vec())].into(),
@@ -962,15 +960,7 @@ async fn grpc_server_calls_are_counted_by_method_and_code() {
 /// names of grpc-prometheus, and histogram bounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn label_values_are_short_snake_case_words() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
-    sidecar.append("s", &[("k", b"v")]).await;
-    let d = call.next_delivery(EVENT_TIMEOUT).await;
-    call.ack_one(&d.id).await;
-    wait_eq(&sidecar, "echomq_acks_total", &group("s", "g"), 1.0).await;
-
-    let scrape = Scrape::fetch(&sidecar).await;
+    let scrape = scrape_after_one_ack().await;
 
     let own_words = ["stream", "sharded_stream", "group", "command", "version", "le"];
     let word = |v: &str| {

@@ -792,6 +792,35 @@ async fn redis_acl_user_with_password_file_connects_as_that_user() {
     assert!(clients.lines().any(|l| l.contains("user=echomq")), "the sidecar is connected as `echomq`:\n{clients}");
 }
 
+/// An ACL user deleted under a running sidecar (Redis closes its
+/// connections) and re-created: the sidecar is unready meanwhile, and ready
+/// and appending again once the user is back, twice in a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_deleted_and_re_created_is_reconnected_as() {
+    let redis = password_redis().await;
+    let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
+    acl_user(&mut admin, "echomq", "user-pa55", "~* &*").await;
+    let (options, _dir) = as_acl_user(&redis, "echomq", "user-pa55", "");
+    let sidecar = Sidecar::start(&redis, options).await;
+    try_append(&sidecar, "s").await.expect("append as the ACL user");
+
+    for round in 0..2 {
+        let _: redis::Value =
+            redis::cmd("ACL").arg("DELUSER").arg("echomq").query_async(&mut admin).await.expect("DELUSER");
+        let unready = eventually(EVENT_TIMEOUT, || async { sidecar.readyz().await == Some(503) }).await;
+        assert!(unready, "round {round}: still ready without its user:\n{}", sidecar.log());
+        assert!(try_append(&sidecar, "s").await.is_err(), "round {round}: appended without its user");
+
+        acl_user(&mut admin, "echomq", "user-pa55", "~* &*").await;
+
+        assert!(becomes_ready(&sidecar, EVENT_TIMEOUT).await, "round {round}: never ready again:\n{}", sidecar.log());
+        let appended = try_append(&sidecar, "s").await.expect("append once the user is back");
+        assert_eq!(xrange(&mut admin, "s").await.last().expect("entries").stream_id, appended.stream_id);
+    }
+    let refusals = sidecar.log().matches("refused the sidecar's credentials").count();
+    assert!((1..=2).contains(&refusals), "one warning per refusal, not per retry: {refusals}\n{}", sidecar.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_for_the_acl_user_keeps_the_sidecar_unready() {
     let redis = password_redis().await;

@@ -91,7 +91,7 @@ func appendEntries(ctx context.Context, sidecar string, streams []string, n int)
 		return err
 	}
 	defer conn.Close()
-	producer := echomq.NewProducer(conn)
+	producer := echomq.NewStreams(conn)
 	body := []byte(strings.Repeat("x", bodyBytes))
 	for _, stream := range streams {
 		for first := 0; first < n; first += appendBatch {
@@ -229,7 +229,7 @@ func watermillSub(ctx context.Context, rdb *redis.Client, stream, group string, 
 // defaults (batched frames, coalesced acks), a handler that returns nil.
 func echomqGo(ctx context.Context, sidecar, stream, group string, n int, maxInFlight uint32) error {
 	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
-		Target: sidecar, Stream: stream, Group: group, Start: echomq.StartBeginning(), MaxInFlight: maxInFlight,
+		Target: sidecar, Stream: stream, Group: group, Start: echomq.StartBeginning(), FlowControl: echomq.FlowControl{MaxInFlight: maxInFlight},
 	})
 	var seen atomic.Int64
 	all := make(chan struct{})

@@ -110,7 +110,7 @@ def redispy_naive(args: argparse.Namespace) -> None:
 
 async def echomq_client(args: argparse.Namespace) -> None:
     """Our Python client through the sidecar: max_in_flight 1024, its other defaults."""
-    from echomq import Consumer, Delivery, Start
+    from echomq import Consumer, Delivery, FlowControl, Start
 
     r = redis.asyncio.Redis(port=args.redis)
     await r.ping()
@@ -124,7 +124,12 @@ async def echomq_client(args: argparse.Namespace) -> None:
             all_handled.set()
 
     consumer = Consumer(
-        args.sidecar, args.stream, args.group, handle, start=Start.BEGINNING, max_in_flight=args.max_in_flight
+        args.sidecar,
+        args.stream,
+        args.group,
+        handle,
+        start=Start.BEGINNING,
+        flow_control=FlowControl(max_in_flight=args.max_in_flight),
     )
     with Window() as w:
         await consumer.start()

@@ -247,8 +247,14 @@ type Replayed struct {
 	StreamID string
 }
 
-// Replay is what [Admin.ReplayDeadLetters] did.
-type Replay struct {
+// Replay is the old name of [ReplayResult].
+//
+// Deprecated: use [ReplayResult], the name every client gives it; Replay goes
+// away in the next release.
+type Replay = ReplayResult
+
+// ReplayResult is what [Admin.ReplayDeadLetters] did.
+type ReplayResult struct {
 	// Replayed are the entries moved, in order.
 	Replayed []Replayed
 	// NotFoundIDs are requested IDs not in the dead-letter stream (already
@@ -274,14 +280,14 @@ type Replay struct {
 // metadata; UNAVAILABLE when Redis cannot be reached. Entries move 100 at a
 // time: an error after the first batch says how many moved before it, and a
 // call cancelled part-way (ctx) keeps what moved.
-func (a *Admin) ReplayDeadLetters(ctx context.Context, stream string, o ReplayOptions) (Replay, error) {
+func (a *Admin) ReplayDeadLetters(ctx context.Context, stream string, o ReplayOptions) (ReplayResult, error) {
 	resp, err := a.client.ReplayDeadLetters(ctx, &pb.ReplayDeadLettersRequest{
 		Stream: stream, DeadLetterStream: o.DeadLetterStream, Ids: o.IDs, Count: o.Count,
 	})
 	if err != nil {
-		return Replay{}, fmt.Errorf("echomq: replay dead letters to %q: %w", stream, err)
+		return ReplayResult{}, fmt.Errorf("echomq: replay dead letters to %q: %w", stream, err)
 	}
-	out := Replay{NotFoundIDs: resp.GetNotFoundIds(), OtherSourceIDs: resp.GetOtherSourceIds()}
+	out := ReplayResult{NotFoundIDs: resp.GetNotFoundIds(), OtherSourceIDs: resp.GetOtherSourceIds()}
 	for _, r := range resp.GetReplayed() {
 		out.Replayed = append(out.Replayed, Replayed{ID: r.GetId(), DeadLetterID: r.GetDeadLetterId(), StreamID: r.GetStreamId()})
 	}

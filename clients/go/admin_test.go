@@ -32,13 +32,13 @@ func dialFixture(t *testing.T) (*cluster, *grpc.ClientConn) {
 }
 
 // appendN appends n entries (field n = 0…n-1) to stream in one batch.
-func appendN(t *testing.T, conn *grpc.ClientConn, stream string, n int) []echomq.Appended {
+func appendN(t *testing.T, conn *grpc.ClientConn, stream string, n int) []echomq.AppendResult {
 	t.Helper()
 	entries := make([]map[string][]byte, n)
 	for i := range entries {
 		entries[i] = map[string][]byte{"n": []byte(strconv.Itoa(i))}
 	}
-	appended, err := echomq.NewProducer(conn).AppendBatch(withTimeout(t, 10*time.Second), stream, entries)
+	appended, err := echomq.NewStreams(conn).AppendBatch(withTimeout(t, 10*time.Second), stream, entries)
 	if err != nil {
 		t.Fatal(err)
 	}

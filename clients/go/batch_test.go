@@ -161,7 +161,7 @@ func batchSetup(t *testing.T, prefix string, n int) (cl *cluster, stream string,
 	for i := range entries {
 		entries[i] = map[string][]byte{"n": []byte(strconv.Itoa(i))}
 	}
-	appended, err := echomq.NewProducer(conn).AppendBatch(withTimeout(t, 10*time.Second), stream, entries)
+	appended, err := echomq.NewStreams(conn).AppendBatch(withTimeout(t, 10*time.Second), stream, entries)
 	if err != nil {
 		t.Fatal(err)
 	}

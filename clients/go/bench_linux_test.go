@@ -40,7 +40,7 @@ func BenchmarkConsume(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer conn.Close()
-	producer := echomq.NewProducer(conn)
+	producer := echomq.NewStreams(conn)
 	body := []byte(strings.Repeat("x", 100))
 	b.StopTimer()
 	streams := make([]string, b.N)

@@ -206,12 +206,12 @@ type run struct {
 	sc       *scenario
 	cl       *cluster
 	stream   string
-	producer *echomq.Producer
+	producer *echomq.Streams
 	pconn    *grpc.ClientConn
 
 	mu            sync.Mutex
-	appended      map[string]map[string][]byte // branded id → fields
-	firstByKey    map[string]echomq.Appended   // dedup key → the answer that wrote it
+	appended      map[string]map[string][]byte   // branded id → fields
+	firstByKey    map[string]echomq.AppendResult // dedup key → the answer that wrote it
 	calls         []call
 	finished      int
 	finishedIDs   map[string]bool
@@ -237,7 +237,7 @@ func (r *run) execute() {
 	if r.pconn, err = echomq.Dial(r.cl.listen); err != nil {
 		t.Fatalf("dial: %v", err)
 	}
-	r.producer = echomq.NewProducer(r.pconn)
+	r.producer = echomq.NewStreams(r.pconn)
 	r.finishedIDs = map[string]bool{}
 
 	var initial []map[string][]byte
@@ -394,12 +394,12 @@ func (r *run) append(entries []map[string][]byte, retry bool) {
 	deadline := time.Now().Add(stepLimit)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		var got []echomq.Appended
+		var got []echomq.AppendResult
 		var err error
 		if len(entries) == 1 {
-			var one echomq.Appended
+			var one echomq.AppendResult
 			one, err = r.producer.Append(ctx, r.stream, entries[0])
-			got = []echomq.Appended{one}
+			got = []echomq.AppendResult{one}
 		} else {
 			got, err = r.producer.AppendBatch(ctx, r.stream, entries)
 		}
@@ -431,7 +431,7 @@ func (r *run) append(entries []map[string][]byte, retry bool) {
 func (r *run) appendCall(i int, c appendCall) {
 	t := r.t
 	var specs []keyedEntrySpec
-	var got []echomq.Appended
+	var got []echomq.AppendResult
 	var err error
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -442,9 +442,9 @@ func (r *run) appendCall(i int, c appendCall) {
 		if ferr != nil {
 			t.Fatalf("append_calls[%d]: %v", i, ferr)
 		}
-		var one echomq.Appended
-		one, err = r.producer.Append(ctx, r.stream, fields, echomq.WithDedupKey(c.Append.DedupKey))
-		got = []echomq.Appended{one}
+		var one echomq.AppendResult
+		one, err = r.producer.Append(ctx, r.stream, fields, echomq.AppendOptions{DedupKey: c.Append.DedupKey})
+		got = []echomq.AppendResult{one}
 	case c.Append == nil && c.AppendBatch != nil:
 		specs = c.AppendBatch
 		entries := make([]echomq.BatchEntry, len(specs))
@@ -468,7 +468,7 @@ func (r *run) appendCall(i int, c appendCall) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.firstByKey == nil {
-		r.firstByKey = map[string]echomq.Appended{}
+		r.firstByKey = map[string]echomq.AppendResult{}
 	}
 	for j, a := range got {
 		e := specs[j]
@@ -505,8 +505,7 @@ func (r *run) startConsumer() {
 		Stream:      r.stream,
 		Group:       conformanceGroup,
 		Start:       echomq.StartBeginning(),
-		MaxInFlight: r.sc.Consumer.MaxInFlight,
-		Concurrency: r.sc.Consumer.Concurrency,
+		FlowControl: echomq.FlowControl{MaxInFlight: r.sc.Consumer.MaxInFlight, Concurrency: r.sc.Consumer.Concurrency},
 		OnVerdictError: func(e echomq.VerdictError) {
 			r.mu.Lock()
 			r.verdictErrors = append(r.verdictErrors, echomq.CodeName(e.Code))

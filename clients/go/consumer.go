@@ -17,12 +17,12 @@ import (
 )
 
 // DefaultMaxInFlight mirrors the sidecar's `--default-max-in-flight` (64): the
-// handler concurrency used when neither [ConsumerConfig.Concurrency] nor
-// [ConsumerConfig.MaxInFlight] is set and the sidecar does not report its own.
+// handler concurrency used when neither [FlowControl.Concurrency] nor
+// [FlowControl.MaxInFlight] is set and the sidecar does not report its own.
 const DefaultMaxInFlight = 64
 
 // DefaultMaxBatch is the most deliveries per frame the consumer asks for when
-// [ConsumerConfig.MaxBatch] is 0 (capped by MaxInFlight when that is set).
+// [FlowControl.MaxBatch] is 0 (capped by MaxInFlight when that is set).
 const DefaultMaxBatch = 256
 
 // DefaultAckLinger is how long an ack may wait for others to share its Ack
@@ -38,6 +38,47 @@ const DefaultAckBatch = 256
 // the sidecar to end it (it ends a call only after applying its verdicts). A
 // healthy sidecar needs milliseconds; the bound is for a broken call.
 const stopCloseGrace = time.Second
+
+// FlowControl bounds how much a consumer takes on at once (clients/CONTRACT.md,
+// "Surface"). There is no byte bound: the protocol counts entries.
+type FlowControl struct {
+	// MaxInFlight is the most deliveries the call holds un-settled (running
+	// or queued for a handler). 0: the sidecar's default
+	// (`--default-max-in-flight`, 64). Above the sidecar's limit (10000 by
+	// default) the subscription fails with INVALID_ARGUMENT.
+	MaxInFlight uint32
+	// Concurrency is the most handlers running at once: the consumer starts
+	// this many handler goroutines once and feeds them every delivery (or,
+	// with [Consumer.RunBatch], every frame). 0: the effective MaxInFlight
+	// (the one the sidecar reports, 64 by default), or 1 with RunBatch. More
+	// than the effective MaxInFlight is never used.
+	Concurrency int
+	// MaxBatch is the most deliveries the sidecar may put in one frame
+	// (Subscribe.max_batch). Frames never wait to fill, so batching adds no
+	// latency at low rates; at high rates it saves a gRPC message per entry.
+	// A [Handler] still sees one delivery at a time; a [BatchHandler] sees one
+	// frame. 0: [DefaultMaxBatch] (256), or MaxInFlight if that is set and
+	// smaller (with MaxInFlight unset, the sidecar's in-flight bound, 64 by
+	// default, caps the frames the same way). 1: one delivery per frame.
+	// Above 4096 the subscription fails with INVALID_ARGUMENT.
+	MaxBatch uint32
+}
+
+// flow is the FlowControl in effect: each field of cfg.FlowControl, or where
+// that is 0 the deprecated flat field of the same name.
+func (cfg *ConsumerConfig) flow() FlowControl {
+	f := cfg.FlowControl
+	if f.MaxInFlight == 0 {
+		f.MaxInFlight = cfg.MaxInFlight
+	}
+	if f.Concurrency == 0 {
+		f.Concurrency = cfg.Concurrency
+	}
+	if f.MaxBatch == 0 {
+		f.MaxBatch = cfg.MaxBatch
+	}
+	return f
+}
 
 // ConsumerConfig is a subscription and how to run its handler. Stream, Group,
 // Start and one of Target or Conn are required; every other field has a
@@ -59,27 +100,27 @@ type ConsumerConfig struct {
 	// Required: the zero Start is refused.
 	Start Start
 
-	// MaxInFlight is flow control: the most deliveries the call holds
-	// un-settled (running or queued for a handler). 0: the sidecar's default
-	// (`--default-max-in-flight`, 64). Above the sidecar's limit (10000 by
-	// default) the subscription fails with INVALID_ARGUMENT.
-	MaxInFlight uint32
-	// Concurrency is the most handlers running at once: the consumer starts
-	// this many handler goroutines once and feeds them every delivery (or,
-	// with [Consumer.RunBatch], every frame). 0: the effective MaxInFlight
-	// (the one the sidecar reports, 64 by default), or 1 with RunBatch. More
-	// than the effective MaxInFlight is never used.
-	Concurrency int
+	// FlowControl is how much the consumer takes on at once: MaxInFlight,
+	// Concurrency and MaxBatch, grouped as cloud.google.com/go/pubsub groups
+	// them in its ReceiveSettings. The zero value takes every default.
+	FlowControl FlowControl
 
-	// MaxBatch is the most deliveries the sidecar may put in one frame
-	// (Subscribe.max_batch). Frames never wait to fill, so batching adds no
-	// latency at low rates; at high rates it saves a gRPC message per entry.
-	// A [Handler] still sees one delivery at a time; a [BatchHandler] sees one
-	// frame. 0: [DefaultMaxBatch] (256), or MaxInFlight if that is set and
-	// smaller (with MaxInFlight unset, the sidecar's in-flight bound, 64 by
-	// default, caps the frames the same way). 1: one delivery per frame.
-	// Above 4096 the subscription fails with INVALID_ARGUMENT.
+	// MaxInFlight is FlowControl.MaxInFlight, used when that is 0.
+	//
+	// Deprecated: set [FlowControl].MaxInFlight; this field goes away in the
+	// next release.
+	MaxInFlight uint32
+	// Concurrency is FlowControl.Concurrency, used when that is 0.
+	//
+	// Deprecated: set [FlowControl].Concurrency; this field goes away in the
+	// next release.
+	Concurrency int
+	// MaxBatch is FlowControl.MaxBatch, used when that is 0.
+	//
+	// Deprecated: set [FlowControl].MaxBatch; this field goes away in the
+	// next release.
 	MaxBatch uint32
+
 	// AckLinger is how long an ack waits for others to travel in the same
 	// Ack message. An ack goes out at the latest this long after it was
 	// given, sooner when AckBatch acks are waiting, when every delivery the
@@ -149,8 +190,13 @@ func (cfg *ConsumerConfig) validate() error {
 	} else if cfg.Start.kind == pb.GroupStart_GROUP_START_ID && cfg.Start.id == "" {
 		problems = append(problems, "StartAfter needs a stream id")
 	}
-	if cfg.Concurrency < 0 {
+	if cfg.flow().Concurrency < 0 {
 		problems = append(problems, "Concurrency must not be negative")
+	}
+	if cfg.MaxInFlight != 0 && cfg.FlowControl.MaxInFlight != 0 ||
+		cfg.Concurrency != 0 && cfg.FlowControl.Concurrency != 0 ||
+		cfg.MaxBatch != 0 && cfg.FlowControl.MaxBatch != 0 {
+		problems = append(problems, "a flow setting is set both in FlowControl and in its deprecated flat field: set FlowControl only")
 	}
 	if cfg.AckBatch < 0 {
 		problems = append(problems, "AckBatch must not be negative")
@@ -168,7 +214,7 @@ func (cfg *ConsumerConfig) subscribe() *pb.ConsumeRequest {
 	sub := &pb.Subscribe{
 		Stream:           cfg.Stream,
 		Group:            cfg.Group,
-		MaxInFlight:      cfg.MaxInFlight,
+		MaxInFlight:      cfg.flow().MaxInFlight,
 		DeadLetterStream: cfg.DeadLetterStream,
 		MaxDeliveries:    cfg.MaxDeliveries,
 		NoAck:            cfg.NoAck,
@@ -189,11 +235,12 @@ func (cfg *ConsumerConfig) subscribe() *pb.ConsumeRequest {
 
 // maxBatch is the Subscribe.max_batch asked for.
 func (cfg *ConsumerConfig) maxBatch() uint32 {
-	if cfg.MaxBatch > 0 {
-		return cfg.MaxBatch
+	f := cfg.flow()
+	if f.MaxBatch > 0 {
+		return f.MaxBatch
 	}
-	if cfg.MaxInFlight > 0 && cfg.MaxInFlight < DefaultMaxBatch {
-		return cfg.MaxInFlight
+	if f.MaxInFlight > 0 && f.MaxInFlight < DefaultMaxBatch {
+		return f.MaxInFlight
 	}
 	return DefaultMaxBatch
 }
@@ -497,7 +544,7 @@ func (c *Consumer) open(ctx context.Context, client pb.ConsumerServiceClient) (*
 	}
 	effective := int(subscribed.GetMaxInFlight())
 	if effective == 0 {
-		effective = int(c.cfg.MaxInFlight)
+		effective = int(c.cfg.flow().MaxInFlight)
 	}
 	if effective == 0 {
 		effective = DefaultMaxInFlight

@@ -1,6 +1,6 @@
 package echomq_test
 
-// Dedup keys (WithDedupKey, BatchEntry.DedupKey, Appended.Duplicate) against
+// Dedup keys (AppendOptions.DedupKey, BatchEntry.DedupKey, AppendResult.Duplicate) against
 // the real sidecar.
 
 import (
@@ -14,7 +14,7 @@ import (
 	echomq "github.com/echomq/echomq-sidecar/clients/go"
 )
 
-func dedupProducer(t *testing.T) (*echomq.Producer, *cluster) {
+func dedupProducer(t *testing.T) (*echomq.Streams, *cluster) {
 	t.Helper()
 	cl := fixture(t)
 	conn, err := echomq.Dial(cl.listen)
@@ -22,18 +22,18 @@ func dedupProducer(t *testing.T) (*echomq.Producer, *cluster) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return echomq.NewProducer(conn), cl
+	return echomq.NewStreams(conn), cl
 }
 
 func TestDedupKeyMakesARetriedAppendAnswerTheFirstOne(t *testing.T) {
 	producer, cl := dedupProducer(t)
 	stream := uniqueStream("go:dedup")
 	ctx := withTimeout(t, 10*time.Second)
-	first, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("1")}, echomq.WithDedupKey("order-1"))
+	first, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("1")}, echomq.AppendOptions{DedupKey: "order-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	retried, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("1, again")}, echomq.WithDedupKey("order-1"))
+	retried, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("1, again")}, echomq.AppendOptions{DedupKey: "order-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestDedupKeyMakesARetriedAppendAnswerTheFirstOne(t *testing.T) {
 		t.Fatalf("the retry answered %+v, the first append %+v", retried, first)
 	}
 	seen := map[string]bool{first.ID: true}
-	for _, opts := range [][]echomq.AppendOption{nil, {echomq.WithDedupKey("")}, nil} {
+	for _, opts := range [][]echomq.AppendOption{nil, {echomq.AppendOptions{DedupKey: ""}}, nil} {
 		plain, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("2")}, opts...)
 		if err != nil {
 			t.Fatal(err)
@@ -63,7 +63,7 @@ func TestBatchEntriesCarryTheirOwnDedupKeys(t *testing.T) {
 	producer, cl := dedupProducer(t)
 	stream := uniqueStream("go:dedup-batch")
 	ctx := withTimeout(t, 10*time.Second)
-	single, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("0")}, echomq.WithDedupKey("k0"))
+	single, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("0")}, echomq.AppendOptions{DedupKey: "k0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestDedupKeyOverMaxNameBytesIsRefusedAndWritesNothing(t *testing.T) {
 	stream := uniqueStream("go:dedup-long")
 	ctx := withTimeout(t, 10*time.Second)
 	long := strings.Repeat("k", 1025)
-	_, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("1")}, echomq.WithDedupKey(long))
+	_, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("1")}, echomq.AppendOptions{DedupKey: long})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("a 1025-byte dedup key: %v, want INVALID_ARGUMENT", err)
 	}
@@ -114,23 +114,23 @@ func TestDedupKeyOverMaxNameBytesIsRefusedAndWritesNothing(t *testing.T) {
 	if n := redisInt(t, cl.redisAddr, "XLEN", stream); n != 0 {
 		t.Fatalf("XLEN %s = %d after refused appends, want 0", stream, n)
 	}
-	fits, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("1")}, echomq.WithDedupKey(long[:1024]))
+	fits, err := producer.Append(ctx, stream, map[string][]byte{"n": []byte("1")}, echomq.AppendOptions{DedupKey: long[:1024]})
 	if err != nil || fits.Duplicate {
 		t.Fatalf("a 1024-byte dedup key: %+v, %v", fits, err)
 	}
 }
 
-func TestWithDedupKeyOnABatchIsRefusedBeforeAnyCall(t *testing.T) {
+func TestADedupKeyForAWholeBatchIsRefusedBeforeAnyCall(t *testing.T) {
 	producer, cl := dedupProducer(t)
 	stream := uniqueStream("go:dedup-batch-option")
 	ctx := withTimeout(t, 10*time.Second)
-	_, err := producer.AppendBatch(ctx, stream, []map[string][]byte{{"n": []byte("1")}}, echomq.WithDedupKey("k"))
+	_, err := producer.AppendBatch(ctx, stream, []map[string][]byte{{"n": []byte("1")}}, echomq.AppendOptions{DedupKey: "k"})
 	if err == nil || !strings.Contains(err.Error(), "BatchEntry.DedupKey") {
-		t.Fatalf("AppendBatch with WithDedupKey: %v, want a refusal naming BatchEntry.DedupKey", err)
+		t.Fatalf("AppendBatch with AppendOptions.DedupKey: %v, want a refusal naming BatchEntry.DedupKey", err)
 	}
-	_, err = producer.AppendBatchEntries(ctx, stream, []echomq.BatchEntry{{Fields: map[string][]byte{"n": []byte("1")}}}, echomq.WithDedupKey("k"))
+	_, err = producer.AppendBatchEntries(ctx, stream, []echomq.BatchEntry{{Fields: map[string][]byte{"n": []byte("1")}}}, echomq.AppendOptions{DedupKey: "k"})
 	if err == nil {
-		t.Fatal("AppendBatchEntries with WithDedupKey was not refused")
+		t.Fatal("AppendBatchEntries with AppendOptions.DedupKey was not refused")
 	}
 	if n := redisInt(t, cl.redisAddr, "XLEN", stream); n != 0 {
 		t.Fatalf("XLEN %s = %d, want 0", stream, n)

@@ -28,7 +28,7 @@ import (
 type Handler func(ctx context.Context, d *Delivery) error
 
 // BatchHandler handles the deliveries of one frame at once: 1 to
-// [ConsumerConfig.MaxBatch] of them, in delivery order, as the sidecar sent
+// [FlowControl.MaxBatch] of them, in delivery order, as the sidecar sent
 // them (a batch never waits to fill: at low rates it holds one delivery). Run
 // it with [Consumer.RunBatch].
 //

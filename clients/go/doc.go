@@ -8,9 +8,16 @@
 // into one Ack message per short window), and re-opens the call with jittered
 // exponential backoff when it breaks.
 //
-// Besides the consumer and the [Producer], [Streams] reads and trims streams
-// and [Admin] describes groups and lists and replays dead letters; all of them
-// can share one connection from [Dial].
+// Besides the consumer, [Streams] appends to, reads and trims streams and
+// [Admin] describes groups and lists and replays dead letters; all of them can
+// share one connection from [Dial]. Settings are structs throughout
+// ([ConsumerConfig] with its [FlowControl], [AppendOptions], [ReadRange],
+// [TrimBound], [ReplayOptions]). The names are those of the other clients
+// (clients/CONTRACT.md, "Surface"); [Producer], [NewProducer], [WithMaxLen],
+// [WithPartitionKey], [WithDedupKey], [Appended], [Trimmed], [Replay],
+// [MemorySeen], [MemoryVersions] and the flat MaxInFlight, Concurrency and
+// MaxBatch of [ConsumerConfig] are their deprecated old names, kept for a
+// release.
 //
 // Delivery is at-least-once: an entry may be handed to a handler more than once
 // (after a Fail, a dropped call, a sidecar restart or a peer's reclaim). The
@@ -27,7 +34,7 @@
 //   - start.go: [Start], where a new group begins reading (required, no default).
 //   - errors.go: [SubscriptionError], which gRPC codes are permanent, [VerdictError].
 //   - backoff.go: [Backoff], the jittered exponential reconnect delay.
-//   - producer.go: [Producer]: Append and AppendBatch (AppendBatchEntries, [WithDedupKey]: idempotent appends).
+//   - producer.go: [Streams.Append], AppendBatch and AppendBatchEntries ([AppendOptions], dedup keys: idempotent appends); the deprecated [Producer].
 //   - streams.go: [Streams]: Read (a page, or every page with [Streams.ReadAll]) and Trim.
 //   - admin.go: [Admin]: DescribeGroup, and dead letters: list (a page, or [Admin.DeadLetters]) and replay.
 //   - idempotency.go: [SkipSeen], [NewerWins] and their in-memory stores.

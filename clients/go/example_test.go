@@ -33,14 +33,14 @@ func Example() {
 	}
 }
 
-func ExampleProducer() {
+func ExampleStreams_Append() {
 	conn, err := echomq.Dial("127.0.0.1:50051")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer conn.Close()
-	producer := echomq.NewProducer(conn)
-	appended, err := producer.Append(context.Background(), "orders", map[string][]byte{"total": []byte("42.00")}, echomq.WithMaxLen(100_000))
+	streams := echomq.NewStreams(conn)
+	appended, err := streams.Append(context.Background(), "orders", map[string][]byte{"total": []byte("42.00")}, echomq.AppendOptions{MaxLen: 100_000})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -49,17 +49,17 @@ func ExampleProducer() {
 
 // An append answered UNAVAILABLE (or DEADLINE_EXCEEDED) may have been
 // written: retried with the same dedup key, it is written once at most.
-func ExampleWithDedupKey() {
+func ExampleAppendOptions() {
 	conn, err := echomq.Dial("127.0.0.1:50051")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer conn.Close()
-	producer := echomq.NewProducer(conn)
+	streams := echomq.NewStreams(conn)
 	fields := map[string][]byte{"order": []byte("1001"), "total": []byte("42.00")}
-	var appended echomq.Appended
+	var appended echomq.AppendResult
 	for attempt := 0; ; attempt++ {
-		appended, err = producer.Append(context.Background(), "orders", fields, echomq.WithDedupKey("order-1001"))
+		appended, err = streams.Append(context.Background(), "orders", fields, echomq.AppendOptions{DedupKey: "order-1001"})
 		if err == nil || attempt == 4 || echomq.IsPermanent(status.Code(err)) {
 			break
 		}
@@ -72,7 +72,7 @@ func ExampleWithDedupKey() {
 }
 
 func ExampleConsumer_Stop() {
-	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Target: "127.0.0.1:50051", Stream: "orders", Group: "billing", Start: echomq.StartNew(), Concurrency: 8})
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Target: "127.0.0.1:50051", Stream: "orders", Group: "billing", Start: echomq.StartNew(), FlowControl: echomq.FlowControl{Concurrency: 8}})
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -95,13 +95,13 @@ func ExampleConsumer_Stop() {
 }
 
 func ExampleNewerWins() {
-	versions := echomq.NewMemoryVersions() // or a VersionStore on your database
+	versions := echomq.NewMemoryVersionStore() // or a VersionStore on your database
 	handler := echomq.NewerWins(versions,
 		func(d *echomq.Delivery) string { return string(d.Payload["order_id"]) },
 		func(ctx context.Context, d *echomq.Delivery) error {
 			return saveOrderState(ctx, d.Payload) // runs only for a newer update of this order
 		})
-	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Target: "127.0.0.1:50051", Stream: "orders", Group: "state", Start: echomq.StartBeginning(), Concurrency: 1})
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Target: "127.0.0.1:50051", Stream: "orders", Group: "state", Start: echomq.StartBeginning(), FlowControl: echomq.FlowControl{Concurrency: 1}})
 	log.Fatal(consumer.Run(context.Background(), handler))
 }
 
@@ -110,9 +110,11 @@ func ExampleNewerWins() {
 func ExampleConsumer_RunBatch() {
 	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
 		Target: "127.0.0.1:50051", Stream: "orders", Group: "warehouse", Start: echomq.StartBeginning(),
-		MaxInFlight: 1024, // credit for several frames in flight
-		MaxBatch:    256,  // the most deliveries per frame, and per call of the handler
-		Concurrency: 4,    // batch handlers at once
+		FlowControl: echomq.FlowControl{
+			MaxInFlight: 1024, // credit for several frames in flight
+			MaxBatch:    256,  // the most deliveries per frame, and per call of the handler
+			Concurrency: 4,    // batch handlers at once
+		},
 	})
 	err := consumer.RunBatch(context.Background(), func(ctx context.Context, batch []*echomq.Delivery) []error {
 		rows := make([]map[string][]byte, len(batch))

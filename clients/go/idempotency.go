@@ -70,9 +70,21 @@ func notDone(d *Delivery) bool {
 	return v == failed || v == deadLettered || v == lost
 }
 
-// MemorySeen is an in-memory [SeenStore] that keeps the most recent ids up to
+// MemorySeen is the old name of [MemorySeenStore].
+//
+// Deprecated: use [MemorySeenStore] (and [NewMemorySeenStore]), the name
+// every client gives it; MemorySeen goes away in the next release.
+type MemorySeen = MemorySeenStore
+
+// NewMemorySeen is the old name of [NewMemorySeenStore].
+//
+// Deprecated: use [NewMemorySeenStore]; NewMemorySeen goes away in the next
+// release.
+func NewMemorySeen(limit int) *MemorySeen { return NewMemorySeenStore(limit) }
+
+// MemorySeenStore is an in-memory [SeenStore] that keeps the most recent ids up to
 // a limit, forgetting the oldest first. Safe for concurrent use.
-type MemorySeen struct {
+type MemorySeenStore struct {
 	mu    sync.Mutex
 	ids   map[string]struct{}
 	order []string // ring of recorded ids when limited
@@ -80,15 +92,15 @@ type MemorySeen struct {
 	limit int
 }
 
-// NewMemorySeen returns a seen-set holding at most limit ids (limit <= 0: no
+// NewMemorySeenStore returns a seen-set holding at most limit ids (limit <= 0: no
 // limit). Size it to cover the redelivery window: ids older than the last
 // limit recorded ones are forgotten and would be handled again.
-func NewMemorySeen(limit int) *MemorySeen {
-	return &MemorySeen{ids: make(map[string]struct{}), limit: limit}
+func NewMemorySeenStore(limit int) *MemorySeenStore {
+	return &MemorySeenStore{ids: make(map[string]struct{}), limit: limit}
 }
 
 // Seen implements [SeenStore].
-func (m *MemorySeen) Seen(_ context.Context, id string) (bool, error) {
+func (m *MemorySeenStore) Seen(_ context.Context, id string) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_, ok := m.ids[id]
@@ -96,7 +108,7 @@ func (m *MemorySeen) Seen(_ context.Context, id string) (bool, error) {
 }
 
 // Record implements [SeenStore].
-func (m *MemorySeen) Record(_ context.Context, id string) error {
+func (m *MemorySeenStore) Record(_ context.Context, id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.ids[id]; ok {
@@ -159,26 +171,38 @@ func NewerWins(store VersionStore, keyOf func(*Delivery) string, next Handler) H
 	}
 }
 
-// MemoryVersions is an in-memory [VersionStore]. Safe for concurrent use.
-type MemoryVersions struct {
+// MemoryVersions is the old name of [MemoryVersionStore].
+//
+// Deprecated: use [MemoryVersionStore] (and [NewMemoryVersionStore]), the
+// name every client gives it; MemoryVersions goes away in the next release.
+type MemoryVersions = MemoryVersionStore
+
+// NewMemoryVersions is the old name of [NewMemoryVersionStore].
+//
+// Deprecated: use [NewMemoryVersionStore]; NewMemoryVersions goes away in the
+// next release.
+func NewMemoryVersions() *MemoryVersions { return NewMemoryVersionStore() }
+
+// MemoryVersionStore is an in-memory [VersionStore]. Safe for concurrent use.
+type MemoryVersionStore struct {
 	mu     sync.Mutex
 	latest map[string]string
 }
 
-// NewMemoryVersions returns an empty in-memory version store.
-func NewMemoryVersions() *MemoryVersions {
-	return &MemoryVersions{latest: make(map[string]string)}
+// NewMemoryVersionStore returns an empty in-memory version store.
+func NewMemoryVersionStore() *MemoryVersionStore {
+	return &MemoryVersionStore{latest: make(map[string]string)}
 }
 
 // Latest implements [VersionStore].
-func (m *MemoryVersions) Latest(_ context.Context, key string) (string, error) {
+func (m *MemoryVersionStore) Latest(_ context.Context, key string) (string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.latest[key], nil
 }
 
 // Advance implements [VersionStore].
-func (m *MemoryVersions) Advance(_ context.Context, key, id string) (bool, error) {
+func (m *MemoryVersionStore) Advance(_ context.Context, key, id string) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !IsNewer(id, m.latest[key]) {

@@ -52,7 +52,7 @@ func TestProducerRefusalCarriesTheStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	_, err = echomq.NewProducer(conn).Append(withTimeout(t, 10*time.Second), "go:reserved", map[string][]byte{"id": []byte("x")})
+	_, err = echomq.NewStreams(conn).Append(withTimeout(t, 10*time.Second), "go:reserved", map[string][]byte{"id": []byte("x")})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("appending the reserved field: %v, want INVALID_ARGUMENT", err)
 	}
@@ -66,7 +66,7 @@ func TestStopPastItsDeadlineLeavesTheEntryPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := echomq.NewProducer(conn).Append(withTimeout(t, 10*time.Second), stream, map[string][]byte{"n": []byte("1")}); err != nil {
+	if _, err := echomq.NewStreams(conn).Append(withTimeout(t, 10*time.Second), stream, map[string][]byte{"n": []byte("1")}); err != nil {
 		t.Fatal(err)
 	}
 	consumer := echomq.NewConsumer(echomq.ConsumerConfig{Conn: conn, Stream: stream, Group: "g", Start: echomq.StartBeginning()})
@@ -121,8 +121,8 @@ func TestUnixSocketTarget(t *testing.T) {
 	}
 	defer conn.Close()
 	stream := uniqueStream("go:unix")
-	appended, err := echomq.NewProducer(conn).AppendBatch(withTimeout(t, 10*time.Second), stream,
-		[]map[string][]byte{{"n": []byte("1")}, {"n": []byte("2")}}, echomq.WithMaxLen(100))
+	appended, err := echomq.NewStreams(conn).AppendBatch(withTimeout(t, 10*time.Second), stream,
+		[]map[string][]byte{{"n": []byte("1")}, {"n": []byte("2")}}, echomq.AppendOptions{MaxLen: 100})
 	if err != nil || len(appended) != 2 || !echomq.IsNewer(appended[1].ID, appended[0].ID) {
 		t.Fatalf("AppendBatch: %v %v", appended, err)
 	}
@@ -180,7 +180,7 @@ func TestVerdictOfABrokenCallIsNeverSentOnTheNextCall(t *testing.T) {
 	}
 	defer conn.Close()
 	stream := uniqueStream("go:old-call")
-	appended, err := echomq.NewProducer(conn).Append(withTimeout(t, 10*time.Second), stream, map[string][]byte{"n": []byte("1")})
+	appended, err := echomq.NewStreams(conn).Append(withTimeout(t, 10*time.Second), stream, map[string][]byte{"n": []byte("1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,13 +267,13 @@ func TestPartitionKeyKeepsItsEntriesOnOneShardInOrder(t *testing.T) {
 		shards[stream+":{"+stream+":"+strconv.Itoa(k)+"}"] = true
 	}
 
-	producer := echomq.NewProducer(conn)
+	producer := echomq.NewStreams(conn)
 	keys := []string{"a", "b"}
-	byKey := map[string][]echomq.Appended{}
+	byKey := map[string][]echomq.AppendResult{}
 	for i := range 4 {
 		for _, key := range keys {
 			a, err := producer.Append(withTimeout(t, 10*time.Second), stream,
-				map[string][]byte{"key": []byte(key), "n": []byte(strconv.Itoa(i))}, echomq.WithPartitionKey(key))
+				map[string][]byte{"key": []byte(key), "n": []byte(strconv.Itoa(i))}, echomq.AppendOptions{PartitionKey: key})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -283,7 +283,7 @@ func TestPartitionKeyKeepsItsEntriesOnOneShardInOrder(t *testing.T) {
 	for _, key := range keys {
 		batch, err := producer.AppendBatch(withTimeout(t, 10*time.Second), stream, []map[string][]byte{
 			{"key": []byte(key), "n": []byte("4")}, {"key": []byte(key), "n": []byte("5")},
-		}, echomq.WithPartitionKey(key))
+		}, echomq.AppendOptions{PartitionKey: key})
 		if err != nil {
 			t.Fatal(err)
 		}

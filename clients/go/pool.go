@@ -82,7 +82,7 @@ func (c *Consumer) startPool(effective int) *pool {
 	if c.pool != nil {
 		return c.pool
 	}
-	n := c.cfg.Concurrency
+	n := c.cfg.flow().Concurrency
 	switch {
 	case n <= 0 && c.batchHandler != nil:
 		n = 1 // a batch handler works in bulk: one batch at a time unless asked

@@ -10,28 +10,29 @@ import (
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
 
-// Producer appends entries to streams through the sidecar, which mints each
-// entry's branded id on the Redis host, atomically with the XADD.
+// Producer is the old name of [Streams], which appends as well as reads and
+// trims.
 //
-// A Producer retries nothing. An append that fails with UNAVAILABLE (Redis
-// unreachable, a failover, the sidecar's --wait-replicas not confirmed) or
-// DEADLINE_EXCEEDED, or whose call was cut off, may have been written; a
-// plain retry could write it twice. Give it a dedup key ([WithDedupKey], or
-// [BatchEntry.DedupKey]) and retry with the same key: if the first attempt
-// was written, the retry writes nothing and answers its ids with
-// [Appended.Duplicate] set (see the example of [Producer.Append]).
-type Producer struct {
-	client pb.StreamServiceClient
-}
+// Deprecated: use [Streams] (the same type: Append, AppendBatch,
+// AppendBatchEntries, Read, ReadAll, Trim). Producer goes away in the next
+// release.
+type Producer = Streams
 
-// NewProducer returns a producer on conn (from [Dial], or your own). It does
-// not own conn.
+// NewProducer returns a [Streams] on conn.
+//
+// Deprecated: use [NewStreams]; NewProducer goes away in the next release.
 func NewProducer(conn grpc.ClientConnInterface) *Producer {
-	return &Producer{client: pb.NewStreamServiceClient(conn)}
+	return NewStreams(conn)
 }
 
-// Appended is what an append wrote.
-type Appended struct {
+// Appended is the old name of [AppendResult].
+//
+// Deprecated: use [AppendResult], the name every client gives it; Appended
+// goes away in the next release.
+type Appended = AppendResult
+
+// AppendResult is what an append wrote.
+type AppendResult struct {
 	// ID is the branded id, 28 lowercase hex characters.
 	ID string
 	// StreamID is the entry's stream id, `<ms>-<seq>`.
@@ -47,62 +48,103 @@ type Appended struct {
 	Duplicate bool
 }
 
-// BatchEntry is one entry of [Producer.AppendBatchEntries]: its fields and,
-// optionally, its dedup key (as [WithDedupKey]; "" for none). A batch may mix
+// BatchEntry is one entry of [Streams.AppendBatchEntries]: its fields and,
+// optionally, its dedup key (as [AppendOptions.DedupKey]; "" for none). A batch may mix
 // entries with and without keys.
 type BatchEntry struct {
 	Fields   map[string][]byte
 	DedupKey string
 }
 
-// AppendOption tunes an append.
-type AppendOption func(*appendOptions)
-
-type appendOptions struct {
-	maxLen       uint64
-	partitionKey string
-	dedupKey     string
-}
-
-// WithMaxLen trims the stream to about n entries as part of the XADD
-// (`MAXLEN ~ n`: Redis trims whole nodes, so a few more may stay). Without it,
-// nothing is trimmed.
-func WithMaxLen(n uint64) AppendOption {
-	return func(o *appendOptions) { o.maxLen = n }
-}
-
-// WithPartitionKey picks the shard of a sharded stream (the sidecar's
-// --sharded-streams): entries with the same key go to the same shard, so they
-// are consumed in the order they were appended. Without it (or with ""), the
-// shards are taken in turn. A stream that is not sharded ignores it. A batch
-// goes to one shard as a whole.
-func WithPartitionKey(key string) AppendOption {
-	return func(o *appendOptions) { o.partitionKey = key }
-}
-
-// WithDedupKey makes an append idempotent: if an append to the same stream
-// with the same key was recorded within the sidecar's --dedup-window-ms (2
-// minutes by default), nothing is written and the answer is that append's,
-// with [Appended.Duplicate] set. So an append whose outcome is unknown
-// (UNAVAILABLE, DEADLINE_EXCEEDED, a lost connection) can be retried with the
-// same key without a second copy. "" (the default): no deduplication. A key
-// over the sidecar's --max-name-bytes (1024) is INVALID_ARGUMENT. On a
-// sharded stream, retry with the same [WithPartitionKey] (or none).
+// AppendOptions tunes an append, as a struct like every other setting of this
+// package ([ConsumerConfig], [ReadRange], [TrimBound], [ReplayOptions]). Pass
+// it after the fields; the zero value (or none) appends with no trimming, no
+// partition key and no dedup key:
 //
-// It applies to [Producer.Append] only: a batch's entries carry their own
-// keys ([BatchEntry.DedupKey]), and [Producer.AppendBatch] and
-// [Producer.AppendBatchEntries] refuse it.
-func WithDedupKey(key string) AppendOption {
-	return func(o *appendOptions) { o.dedupKey = key }
+//	streams.Append(ctx, "orders", fields, echomq.AppendOptions{DedupKey: "order-1001"})
+type AppendOptions struct {
+	// MaxLen > 0 trims the stream to about MaxLen entries as part of the XADD
+	// (`MAXLEN ~ n`: Redis trims whole nodes, so a few more may stay). 0:
+	// nothing is trimmed.
+	MaxLen uint64
+	// PartitionKey picks the shard of a sharded stream (the sidecar's
+	// --sharded-streams): entries with the same key go to the same shard, so
+	// they are consumed in the order they were appended. "": the shards are
+	// taken in turn. A stream that is not sharded ignores it. A batch goes to
+	// one shard as a whole.
+	PartitionKey string
+	// DedupKey makes an append idempotent: if an append to the same stream
+	// with the same key was recorded within the sidecar's --dedup-window-ms
+	// (2 minutes by default), nothing is written and the answer is that
+	// append's, with [AppendResult.Duplicate] set. So an append whose outcome is
+	// unknown (UNAVAILABLE, DEADLINE_EXCEEDED, a lost connection) can be
+	// retried with the same key without a second copy. "": no deduplication.
+	// A key over the sidecar's --max-name-bytes (1024) is INVALID_ARGUMENT.
+	// On a sharded stream, retry with the same PartitionKey (or none).
+	//
+	// It applies to [Streams.Append] only: a batch's entries carry their own
+	// keys ([BatchEntry.DedupKey]), and [Streams.AppendBatch] and
+	// [Streams.AppendBatchEntries] refuse it.
+	DedupKey string
 }
 
-// errBatchDedupKey refuses WithDedupKey on a batch.
-var errBatchDedupKey = errors.New("WithDedupKey applies to Append; give a batch's entries their keys in BatchEntry.DedupKey (AppendBatchEntries)")
+// AppendOption is what the appends take after the fields: an [AppendOptions]
+// (at most one is needed; a later one's non-zero fields win), or one of the
+// deprecated [WithMaxLen], [WithPartitionKey] and [WithDedupKey].
+type AppendOption interface {
+	applyAppend(*AppendOptions)
+}
 
-func collect(opts []AppendOption) appendOptions {
-	var o appendOptions
+func (o AppendOptions) applyAppend(into *AppendOptions) {
+	if o.MaxLen != 0 {
+		into.MaxLen = o.MaxLen
+	}
+	if o.PartitionKey != "" {
+		into.PartitionKey = o.PartitionKey
+	}
+	if o.DedupKey != "" {
+		into.DedupKey = o.DedupKey
+	}
+}
+
+// appendOptionFunc is the functional option of the deprecated With… names.
+type appendOptionFunc func(*AppendOptions)
+
+func (f appendOptionFunc) applyAppend(o *AppendOptions) { f(o) }
+
+// WithMaxLen is AppendOptions{MaxLen: n}.
+//
+// Deprecated: pass [AppendOptions] with MaxLen; WithMaxLen goes away in the
+// next release.
+func WithMaxLen(n uint64) AppendOption {
+	return appendOptionFunc(func(o *AppendOptions) { o.MaxLen = n })
+}
+
+// WithPartitionKey is AppendOptions{PartitionKey: key}.
+//
+// Deprecated: pass [AppendOptions] with PartitionKey; WithPartitionKey goes
+// away in the next release.
+func WithPartitionKey(key string) AppendOption {
+	return appendOptionFunc(func(o *AppendOptions) { o.PartitionKey = key })
+}
+
+// WithDedupKey is AppendOptions{DedupKey: key}.
+//
+// Deprecated: pass [AppendOptions] with DedupKey; WithDedupKey goes away in
+// the next release.
+func WithDedupKey(key string) AppendOption {
+	return appendOptionFunc(func(o *AppendOptions) { o.DedupKey = key })
+}
+
+// errBatchDedupKey refuses a dedup key for a whole batch.
+var errBatchDedupKey = errors.New("AppendOptions.DedupKey (WithDedupKey) applies to Append; give a batch's entries their keys in BatchEntry.DedupKey (AppendBatchEntries)")
+
+func collect(opts []AppendOption) AppendOptions {
+	var o AppendOptions
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt.applyAppend(&o)
+		}
 	}
 	return o
 }
@@ -112,61 +154,61 @@ func collect(opts []AppendOption) appendOptions {
 // refused with INVALID_ARGUMENT. Errors carry the gRPC status
 // ([status.Code] works on them): INVALID_ARGUMENT, FAILED_PRECONDITION (the key
 // holds another type), UNAVAILABLE (the entry may have been written: retry
-// with the same [WithDedupKey] to be sure of one copy).
-func (p *Producer) Append(ctx context.Context, stream string, fields map[string][]byte, opts ...AppendOption) (Appended, error) {
+// with the same [AppendOptions.DedupKey] to be sure of one copy).
+func (s *Streams) Append(ctx context.Context, stream string, fields map[string][]byte, opts ...AppendOption) (AppendResult, error) {
 	o := collect(opts)
-	resp, err := p.client.Append(ctx, &pb.AppendRequest{
-		Stream: stream, Fields: fields, MaxLen: o.maxLen, PartitionKey: o.partitionKey, DedupKey: o.dedupKey,
+	resp, err := s.client.Append(ctx, &pb.AppendRequest{
+		Stream: stream, Fields: fields, MaxLen: o.MaxLen, PartitionKey: o.PartitionKey, DedupKey: o.DedupKey,
 	})
 	if err != nil {
-		return Appended{}, fmt.Errorf("echomq: append to %q: %w", stream, err)
+		return AppendResult{}, fmt.Errorf("echomq: append to %q: %w", stream, err)
 	}
 	return appended(resp), nil
 }
 
 // AppendBatch adds entries to stream in one atomic step: all or none, with
 // consecutive ids in the given order. 1 to 10,000 entries. Errors as for
-// [Producer.Append]. For entries with dedup keys, see
-// [Producer.AppendBatchEntries].
-func (p *Producer) AppendBatch(ctx context.Context, stream string, entries []map[string][]byte, opts ...AppendOption) ([]Appended, error) {
+// [Streams.Append]. For entries with dedup keys, see
+// [Streams.AppendBatchEntries].
+func (s *Streams) AppendBatch(ctx context.Context, stream string, entries []map[string][]byte, opts ...AppendOption) ([]AppendResult, error) {
 	batch := make([]*pb.BatchEntry, len(entries))
 	for i, fields := range entries {
 		batch[i] = &pb.BatchEntry{Fields: fields}
 	}
-	return p.appendBatch(ctx, stream, batch, opts)
+	return s.appendBatch(ctx, stream, batch, opts)
 }
 
-// AppendBatchEntries is [Producer.AppendBatch] for entries that may carry a
+// AppendBatchEntries is [Streams.AppendBatch] for entries that may carry a
 // dedup key each. An entry whose key is recorded on the stream, or was used
 // by an earlier entry of the same batch, is not written: its result is the
-// first one's, with [Appended.Duplicate] set (it takes no id of its own).
-// On a sharded stream, a batch without [WithPartitionKey] goes to the shard
-// of its first dedup key. Errors as for [Producer.Append].
-func (p *Producer) AppendBatchEntries(ctx context.Context, stream string, entries []BatchEntry, opts ...AppendOption) ([]Appended, error) {
+// first one's, with [AppendResult.Duplicate] set (it takes no id of its own).
+// On a sharded stream, a batch without [AppendOptions.PartitionKey] goes to the shard
+// of its first dedup key. Errors as for [Streams.Append].
+func (s *Streams) AppendBatchEntries(ctx context.Context, stream string, entries []BatchEntry, opts ...AppendOption) ([]AppendResult, error) {
 	batch := make([]*pb.BatchEntry, len(entries))
 	for i, e := range entries {
 		batch[i] = &pb.BatchEntry{Fields: e.Fields, DedupKey: e.DedupKey}
 	}
-	return p.appendBatch(ctx, stream, batch, opts)
+	return s.appendBatch(ctx, stream, batch, opts)
 }
 
-func (p *Producer) appendBatch(ctx context.Context, stream string, entries []*pb.BatchEntry, opts []AppendOption) ([]Appended, error) {
+func (s *Streams) appendBatch(ctx context.Context, stream string, entries []*pb.BatchEntry, opts []AppendOption) ([]AppendResult, error) {
 	o := collect(opts)
-	if o.dedupKey != "" {
+	if o.DedupKey != "" {
 		return nil, fmt.Errorf("echomq: append %d entries to %q: %w", len(entries), stream, errBatchDedupKey)
 	}
-	req := &pb.AppendBatchRequest{Stream: stream, MaxLen: o.maxLen, PartitionKey: o.partitionKey, Entries: entries}
-	resp, err := p.client.AppendBatch(ctx, req)
+	req := &pb.AppendBatchRequest{Stream: stream, MaxLen: o.MaxLen, PartitionKey: o.PartitionKey, Entries: entries}
+	resp, err := s.client.AppendBatch(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("echomq: append %d entries to %q: %w", len(entries), stream, err)
 	}
-	out := make([]Appended, len(resp.GetEntries()))
+	out := make([]AppendResult, len(resp.GetEntries()))
 	for i, e := range resp.GetEntries() {
 		out[i] = appended(e)
 	}
 	return out, nil
 }
 
-func appended(resp *pb.AppendResponse) Appended {
-	return Appended{ID: resp.GetId(), StreamID: resp.GetStreamId(), Stream: resp.GetStream(), Duplicate: resp.GetDuplicate()}
+func appended(resp *pb.AppendResponse) AppendResult {
+	return AppendResult{ID: resp.GetId(), StreamID: resp.GetStreamId(), Stream: resp.GetStream(), Duplicate: resp.GetDuplicate()}
 }

@@ -93,7 +93,7 @@ func TestMaxInFlightBoundsWhatTheCallHolds(t *testing.T) {
 	stream := uniqueStream("go:max-in-flight")
 	appendN(t, conn, stream, 10)
 	log, release := newHandlerLog(), make(chan struct{})
-	stop := runConsumer(t, echomq.ConsumerConfig{Conn: conn, Stream: stream, MaxInFlight: 3, Concurrency: 10},
+	stop := runConsumer(t, echomq.ConsumerConfig{Conn: conn, Stream: stream, FlowControl: echomq.FlowControl{MaxInFlight: 3, Concurrency: 10}},
 		func(ctx context.Context, d *echomq.Delivery) error {
 			log.enter(d.ID)
 			defer log.leave()

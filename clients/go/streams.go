@@ -12,15 +12,27 @@ import (
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
 
-// Streams reads and trims streams through the sidecar's StreamService, with no
-// consumer group: nothing it does is acknowledged or counted as a delivery.
+// Streams is the sidecar's StreamService: it appends entries (Append,
+// AppendBatch, AppendBatchEntries), reads them (Read, ReadAll) and trims
+// streams (Trim), with no consumer group: nothing it does is acknowledged or
+// counted as a delivery. The sidecar mints each appended entry's branded id
+// on the Redis host, atomically with the XADD.
+//
+// Streams retries nothing. An append that fails with UNAVAILABLE (Redis
+// unreachable, a failover, the sidecar's --wait-replicas not confirmed) or
+// DEADLINE_EXCEEDED, or whose call was cut off, may have been written; a
+// plain retry could write it twice. Give it a dedup key
+// ([AppendOptions.DedupKey], or [BatchEntry.DedupKey]) and retry with the
+// same key: if the first attempt was written, the retry writes nothing and
+// answers its ids with [AppendResult.Duplicate] set (see the example of
+// [Streams.Append]). Reads are safe to retry.
 type Streams struct {
 	client pb.StreamServiceClient
 }
 
 // NewStreams returns a Streams on conn (from [Dial], or your own). It does not
-// own conn; one connection can serve it, a [Producer], an [Admin] and any
-// number of consumers.
+// own conn; one connection can serve it, an [Admin] and any number of
+// consumers.
 func NewStreams(conn grpc.ClientConnInterface) *Streams {
 	return &Streams{client: pb.NewStreamServiceClient(conn)}
 }
@@ -185,8 +197,14 @@ type TrimBound struct {
 	IgnoreGroups bool
 }
 
-// Trimmed is what [Streams.Trim] did.
-type Trimmed struct {
+// Trimmed is the old name of [TrimResult].
+//
+// Deprecated: use [TrimResult], the name every client gives it; Trimmed goes
+// away in the next release.
+type Trimmed = TrimResult
+
+// TrimResult is what [Streams.Trim] did.
+type TrimResult struct {
 	// Count is the number of entries removed (XTRIM's reply).
 	Count uint64
 	// AppliedMinID is the MINID bound applied: entries below it are gone. ""
@@ -200,7 +218,7 @@ type Trimmed struct {
 // Trim removes the oldest entries of stream (XTRIM MINID) down to b. In the
 // safe mode (the default) it never removes an entry that a group of the
 // stream still has pending or has not read yet: the bound is raised to the
-// oldest such entry (Trimmed.HeldBackByGroups), computed and applied
+// oldest such entry (TrimResult.HeldBackByGroups), computed and applied
 // atomically on the Redis host. With an archive configured on the sidecar,
 // what is trimmed is archived first.
 //
@@ -208,14 +226,14 @@ type Trimmed struct {
 // (or for the name of a sharded stream: trim one shard's key);
 // FAILED_PRECONDITION when the key is not a stream; UNAVAILABLE when Redis
 // cannot be reached (retry).
-func (s *Streams) Trim(ctx context.Context, stream string, b TrimBound) (Trimmed, error) {
+func (s *Streams) Trim(ctx context.Context, stream string, b TrimBound) (TrimResult, error) {
 	req := &pb.TrimRequest{Stream: stream, MaxLen: b.MaxLen, MinId: b.MinID, Approximate: b.Approximate, IgnoreGroups: b.IgnoreGroups}
 	if !b.Before.IsZero() {
 		req.Before = timestamppb.New(b.Before)
 	}
 	resp, err := s.client.Trim(ctx, req)
 	if err != nil {
-		return Trimmed{}, fmt.Errorf("echomq: trim %q: %w", stream, err)
+		return TrimResult{}, fmt.Errorf("echomq: trim %q: %w", stream, err)
 	}
-	return Trimmed{Count: resp.GetTrimmed(), AppliedMinID: resp.GetAppliedMinId(), HeldBackByGroups: resp.GetHeldBackByGroups()}, nil
+	return TrimResult{Count: resp.GetTrimmed(), AppliedMinID: resp.GetAppliedMinId(), HeldBackByGroups: resp.GetHeldBackByGroups()}, nil
 }

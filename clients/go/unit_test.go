@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
@@ -268,7 +269,7 @@ func TestStopBeforeRunMakesRunReturnAtOnce(t *testing.T) {
 }
 
 func TestSkipSeenHandlesEachIDOnce(t *testing.T) {
-	store := NewMemorySeen(0)
+	store := NewMemorySeenStore(0)
 	calls := 0
 	h := SkipSeen(store, func(context.Context, *Delivery) error { calls++; return nil })
 	rec := &recordingSender{}
@@ -292,7 +293,7 @@ func TestSkipSeenHandlesEachIDOnce(t *testing.T) {
 	if seen, _ := store.Seen(context.Background(), "0000000000030000000000000001"); seen {
 		t.Fatal("a delivery whose lease was lost was recorded as seen")
 	}
-	versions := NewMemoryVersions()
+	versions := NewMemoryVersionStore()
 	newer := NewerWins(versions, func(*Delivery) string { return "k" }, func(_ context.Context, d *Delivery) error { d.lose(); return nil })
 	_ = newer(context.Background(), delivery(rec, "0000000000030000000000000001"))
 	if latest, _ := versions.Latest(context.Background(), "k"); latest != "" {
@@ -302,7 +303,7 @@ func TestSkipSeenHandlesEachIDOnce(t *testing.T) {
 
 func TestMemorySeenForgetsTheOldestBeyondItsLimit(t *testing.T) {
 	ctx := context.Background()
-	s := NewMemorySeen(2)
+	s := NewMemorySeenStore(2)
 	for _, id := range []string{"a", "b", "c"} {
 		_ = s.Record(ctx, id)
 	}
@@ -314,7 +315,7 @@ func TestMemorySeenForgetsTheOldestBeyondItsLimit(t *testing.T) {
 }
 
 func TestNewerWinsSkipsOlderAndEqualIDs(t *testing.T) {
-	store := NewMemoryVersions()
+	store := NewMemoryVersionStore()
 	var applied []string
 	h := NewerWins(store, func(d *Delivery) string { return string(d.Payload["key"]) },
 		func(_ context.Context, d *Delivery) error { applied = append(applied, d.ID); return nil })
@@ -524,6 +525,18 @@ func TestSubscribeAsksForBatches(t *testing.T) {
 		if got := cfg.subscribe().GetSubscribe().GetMaxBatch(); got != tc.want {
 			t.Errorf("MaxBatch %d MaxInFlight %d: max_batch %d, want %d", tc.cfg.MaxBatch, tc.cfg.MaxInFlight, got, tc.want)
 		}
+	}
+}
+
+func TestFlowControlAndItsDeprecatedFlatFieldsAskTheSame(t *testing.T) {
+	grouped := ConsumerConfig{Stream: "s", Group: "g", Start: StartNew(), FlowControl: FlowControl{MaxInFlight: 12, Concurrency: 3, MaxBatch: 5}}
+	flat := ConsumerConfig{Stream: "s", Group: "g", Start: StartNew(), MaxInFlight: 12, Concurrency: 3, MaxBatch: 5}
+	if !proto.Equal(grouped.subscribe(), flat.subscribe()) || grouped.flow() != flat.flow() {
+		t.Fatalf("FlowControl %v and the flat fields %v differ", grouped.subscribe(), flat.subscribe())
+	}
+	both := ConsumerConfig{Target: "x", Stream: "s", Group: "g", Start: StartNew(), MaxInFlight: 4, FlowControl: FlowControl{MaxInFlight: 4}}
+	if err := both.validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "FlowControl only") {
+		t.Fatalf("both set: %v, want ErrInvalidConfig naming FlowControl", err)
 	}
 }
 

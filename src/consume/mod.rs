@@ -161,40 +161,35 @@ impl Consumers {
         closing: watch::Receiver<bool>,
         guard: Guard,
     ) -> Consumers {
-        let redis_timeout = Duration::from_millis(config.redis_timeout_ms);
+        let redis_timeout = config.redis.redis_timeout;
         let shared = Shared {
             readers: ReaderPool::new(
                 redis.clone(),
-                config.reader_connections,
+                config.redis.reader_connections,
                 redis_timeout,
-                Duration::from_millis(config.read_block_ms),
+                config.consume.read_block,
                 &metrics,
             ),
             redis,
             consumer,
-            id_field: config.id_field.clone(),
-            read_block: Duration::from_millis(config.read_block_ms),
-            reclaim_min_idle: config.reclaim_min_idle(),
-            reclaim_interval: Duration::from_millis(config.reclaim_interval_ms),
-            lease_refresh: config.lease_refresh_interval(),
-            max_message_bytes: config.max_message_bytes,
-            consumer_idle_limit: (config.consumer_idle_limit_ms > 0)
-                .then(|| Duration::from_millis(config.consumer_idle_limit_ms)),
+            id_field: config.appends.id_field.clone(),
+            read_block: config.consume.read_block,
+            reclaim_min_idle: config.consume.reclaim_min_idle,
+            reclaim_interval: config.consume.reclaim_interval,
+            lease_refresh: config.consume.lease_refresh_interval(),
+            max_message_bytes: config.server.max_message_bytes,
+            consumer_idle_limit: config.consume.consumer_removal(),
             draining,
             held: AtomicUsize::new(0),
             returned_while_draining: AtomicUsize::new(0),
             metrics,
-            metrics_poll: (config.metrics_poll_interval_ms > 0)
-                .then(|| Duration::from_millis(config.metrics_poll_interval_ms)),
+            metrics_poll: config.admin.metrics_poll(),
         };
         let defaults = Defaults {
-            max_deliveries: config.default_max_deliveries,
-            max_in_flight: config.default_max_in_flight,
-            max_in_flight_limit: config.max_in_flight_limit,
-            backoff: Backoff {
-                initial: Duration::from_millis(config.retry_backoff_initial_ms),
-                max: Duration::from_millis(config.retry_backoff_max_ms),
-            },
+            max_deliveries: config.consume.default_max_deliveries,
+            max_in_flight: config.consume.default_max_in_flight,
+            max_in_flight_limit: config.consume.max_in_flight_limit,
+            backoff: Backoff { initial: config.consume.retry_backoff_initial, max: config.consume.retry_backoff_max },
         };
         Consumers {
             shared: Arc::new(shared),
@@ -204,8 +199,8 @@ impl Consumers {
             next_session: Arc::default(),
             closing,
             guard,
-            calls: Arc::new(Semaphore::new(config.max_consume_calls)),
-            max_calls: config.max_consume_calls,
+            calls: Arc::new(Semaphore::new(config.consume.max_consume_calls)),
+            max_calls: config.consume.max_consume_calls,
         }
     }
 

@@ -74,6 +74,17 @@ pub fn fault(error: &RedisError) -> Fault {
     }
 }
 
+/// Whether Redis refused the connection's credentials: a wrong password or
+/// an unknown (or deleted) ACL user (`WRONGPASS`, or redis-rs'
+/// AuthenticationFailed), or none given where one is needed (`NOAUTH`).
+pub fn refuses_credentials(error: &RedisError) -> bool {
+    let text = error.to_string();
+    error.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(error.code(), Some("WRONGPASS" | "NOAUTH"))
+        || text.contains("WRONGPASS")
+        || text.contains("NOAUTH")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +120,20 @@ mod tests {
             assert_eq!(fault(&server_error(reply)), kind, "{}", String::from_utf8_lossy(reply));
         }
         assert_eq!(fault(&server_error(b"-ERR syntax error\r\n")), Fault::Other);
+    }
+
+    #[test]
+    fn refused_credentials_are_told_from_other_errors() {
+        let refused = [
+            &b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"[..],
+            b"-NOAUTH Authentication required.\r\n",
+        ];
+        for reply in refused {
+            assert!(refuses_credentials(&server_error(reply)), "{}", String::from_utf8_lossy(reply));
+        }
+        assert!(refuses_credentials(&RedisError::from((redis::ErrorKind::AuthenticationFailed, "refused"))));
+        assert!(!refuses_credentials(&server_error(b"-NOPERM this user has no permissions\r\n")));
+        assert!(!refuses_credentials(&server_error(b"-ERR syntax error\r\n")));
     }
 
     #[test]

@@ -281,13 +281,21 @@ pub fn parse_read_reply(reply: &[u8]) -> RedisResult<Vec<RawEntry>> {
         }
         reply.bulk("a stream name")?;
         let count = reply.array("a list of stream entries")?.unwrap_or(0);
-        entries.reserve(count);
+        // Bounded by what arrived: a count no reply this size can hold must
+        // end in a parse error, not in a huge allocation first.
+        entries.reserve(count.min(reply.bytes.len() / MIN_ENTRY_BYTES));
         for _ in 0..count {
             entries.push(reply.entry()?);
         }
     }
     Ok(entries)
 }
+
+/// The fewest bytes an entry (`*2\r\n$3\r\n0-0\r\n*-1\r\n`) and a field
+/// pair (`$0\r\n\r\n` twice) take in a reply, to bound what a count
+/// read from the reply may reserve.
+const MIN_ENTRY_BYTES: usize = 18;
+const MIN_FIELD_BYTES: usize = 12;
 
 /// Reads RESP2 items off the front of a complete reply.
 struct Cursor<'a> {
@@ -316,10 +324,18 @@ impl Cursor<'_> {
     /// A bulk string's bytes (nil is malformed here).
     fn bulk(&mut self, what: &str) -> RedisResult<&[u8]> {
         let n = self.header(b'$', what)?;
-        let Some(bytes) = usize::try_from(n).ok().and_then(|n| self.bytes.get(..n)) else {
-            return Err(malformed(format!("expected {what}, got a bulk string of length {n}")));
+        let body = usize::try_from(n).ok().and_then(|len| {
+            let bytes = self.bytes.get(..len)?;
+            let rest = self.bytes.get(len..)?.strip_prefix(b"\r\n")?;
+            Some((bytes, rest))
+        });
+        let Some((bytes, rest)) = body else {
+            return Err(malformed(format!(
+                "expected {what}, got a bulk string of length {n} with {} bytes left",
+                self.bytes.len()
+            )));
         };
-        self.bytes = &self.bytes[bytes.len() + 2..];
+        self.bytes = rest;
         Ok(bytes)
     }
 
@@ -336,7 +352,7 @@ impl Cursor<'_> {
         let fields = match self.array("an entry's field list")? {
             None => None,
             Some(n) if n % 2 == 0 => {
-                let mut fields = Vec::with_capacity(n / 2);
+                let mut fields = Vec::with_capacity((n / 2).min(self.bytes.len() / MIN_FIELD_BYTES));
                 for _ in 0..n / 2 {
                     let name = self.bulk("a field name")?.to_vec();
                     fields.push((name, self.bulk("a field value")?.to_vec()));
@@ -423,6 +439,26 @@ mod tests {
         let bad_id = b"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$3\r\nx-0\r\n*-1\r\n";
         let integer = b":5\r\n";
         for bytes in [&odd[..], bad_id, integer] {
+            assert_eq!(parse_read_reply(bytes).unwrap_err().kind(), ErrorKind::Parse, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn a_reply_cut_anywhere_is_a_parse_error_not_a_panic() {
+        let bytes = reply(&ENTRIES);
+        for cut in 0..bytes.len() {
+            let parsed = std::panic::catch_unwind(|| parse_read_reply(&bytes[..cut]));
+            let Ok(parsed) = parsed else { panic!("panicked at cut {cut} of {}", bytes.len()) };
+            assert_eq!(parsed.map_err(|e| e.kind()), Err(ErrorKind::Parse), "cut {cut} of {}", bytes.len());
+        }
+    }
+
+    #[test]
+    fn counts_larger_than_the_reply_are_a_parse_error_not_an_allocation() {
+        let entries = b"*1\r\n*2\r\n$1\r\ns\r\n*4611686018427387903\r\n";
+        let fields = b"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$3\r\n1-0\r\n*9223372036854775806\r\n";
+        let bulk = b"*1\r\n*2\r\n$9223372036854775807\r\ns\r\n";
+        for bytes in [&entries[..], &fields[..], &bulk[..]] {
             assert_eq!(parse_read_reply(bytes).unwrap_err().kind(), ErrorKind::Parse, "{bytes:?}");
         }
     }

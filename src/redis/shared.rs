@@ -17,6 +17,13 @@
 //! replace the new one. Commands already in flight on the retired connection
 //! finish or time out there.
 //!
+//! Nor does it reconnect after Redis refused its credentials: an ACL user
+//! deleted (which closes its connections) and re-created, or a password
+//! set again, leaves the manager holding the failed reconnection's error for
+//! good, since it reconnects only after I/O errors. So a command refused its
+//! credentials (`WRONGPASS`, `NOAUTH`) also retires the connection: the next
+//! command tries the configured credentials afresh.
+//!
 //! Nor does it notice that its server stopped being the primary: it would
 //! keep sending writes that answer `READONLY`. That is [`Primary`]'s to
 //! notice; here, a command made while the primary is changing fails at once,
@@ -24,14 +31,17 @@
 //! unknown, as after a timeout), and the first command after a switch goes
 //! out on a new connection to the new primary (see [`super::primary`]).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc, Mutex, PoisonError,
+};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tracing::warn;
 
-use super::primary::Primary;
+use super::{fault::refuses_credentials, primary::Primary};
 
 /// The shared connection to a single server: a [`ConnectionManager`] to the
 /// primary, replaced by a new one after a command's response timeout and
@@ -47,6 +57,9 @@ pub struct SharedConnection {
     /// The response timeout, for the log line.
     timeout: Duration,
     db: i64,
+    /// Redis refused the credentials and it was logged: said once per
+    /// refusal, not once per replacement, until a command succeeds.
+    refusal_logged: Arc<AtomicBool>,
 }
 
 /// The connection in use.
@@ -74,7 +87,8 @@ impl SharedConnection {
         let manager = ConnectionManager::new_with_config(client, config.clone()).await?;
         let db = manager.get_db();
         let current = Arc::new(Mutex::new(Current { replacement: 0, generation, manager }));
-        Ok(SharedConnection { current, primary, config: Arc::new(config), timeout, db })
+        let refusal_logged = Arc::new(AtomicBool::new(false));
+        Ok(SharedConnection { current, primary, config: Arc::new(config), timeout, db, refusal_logged })
     }
 
     /// The connection to use now, its replacement number and generation; a
@@ -96,10 +110,20 @@ impl SharedConnection {
     }
 
     /// After `result` came from replacement `replacement`: retires that
-    /// connection if `result` is a response timeout and it is still in use.
+    /// connection if `result` is a response timeout or refused credentials
+    /// and it is still in use.
     fn after<T>(&self, replacement: u64, result: &RedisResult<T>) {
-        let Err(error) = result else { return };
-        if !error.is_timeout() {
+        let error = match result {
+            Ok(_) => {
+                if self.refusal_logged.load(Ordering::Relaxed) {
+                    self.refusal_logged.store(false, Ordering::Relaxed);
+                }
+                return;
+            }
+            Err(error) => error,
+        };
+        let refused = refuses_credentials(error);
+        if !(error.is_timeout() || refused) {
             return;
         }
         let mut guard = self.current.lock().unwrap_or_else(PoisonError::into_inner);
@@ -111,13 +135,17 @@ impl SharedConnection {
             Ok(fresh) => {
                 guard.manager = fresh;
                 guard.replacement += 1;
-                warn!(
-                    timeout_ms = self.timeout.as_millis() as u64,
-                    "Redis did not answer a command in time: the shared connection is replaced by a new one"
-                );
+                if !refused {
+                    warn!(
+                        timeout_ms = self.timeout.as_millis() as u64,
+                        "Redis did not answer a command in time: the shared connection is replaced by a new one"
+                    );
+                } else if !self.refusal_logged.swap(true, Ordering::Relaxed) {
+                    warn!("Redis refused the sidecar's credentials ({error}); reconnecting with them until it accepts them again");
+                }
             }
             // Only a configuration the first connection already passed can fail here.
-            Err(e) => warn!("Redis did not answer a command in time, and no new connection could be made: {e}"),
+            Err(e) => warn!("the shared connection could not be replaced after `{error}`: {e}"),
         }
     }
 }

@@ -10,25 +10,18 @@ use echomq::archive::Archive;
 
 use super::{eventually, free_port, kill_child, TempDir, START_TIMEOUT};
 
-/// Whether a missing tool fails the test rather than skipping it (scripts/test sets it).
-pub fn tools_required() -> bool {
-    std::env::var_os("ECHOMQ_REQUIRE_ARCHIVE_TOOLS").is_some_and(|v| !v.is_empty() && v != "0")
-}
+// The tests that need a tool are `#[ignore]`d saying so; scripts/test runs
+// them (`-- --ignored`) after install-deps has made their tools.
 
 /// The tool at `$<env>`, else at `.tmp/<relative>` in the checkout, else
-/// `name` on PATH. `None` (after saying SKIPPED) when it is nowhere and not
-/// required; a panic when it is required.
-pub fn find_tool(env: &str, relative: &str, name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os(env)
+/// `name` on PATH. Panics naming how to get it when it is nowhere: the tests
+/// that call this are ignored unless asked for, and asked for, they must run.
+pub fn find_tool(env: &str, relative: &str, name: &str) -> PathBuf {
+    std::env::var_os(env)
         .map(PathBuf::from)
         .or_else(|| Some(Path::new(env!("CARGO_MANIFEST_DIR")).join(".tmp").join(relative)).filter(|p| p.is_file()))
-        .or_else(|| std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|p| p.is_file()));
-    if found.is_none() {
-        let why = format!("no {name}: set {env}, or run scripts/install-deps (it makes .tmp/{relative})");
-        assert!(!tools_required(), "{why}");
-        eprintln!("SKIPPED: {why}");
-    }
-    found
+        .or_else(|| std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|p| p.is_file()))
+        .unwrap_or_else(|| panic!("no {name}: set {env}, or run scripts/install-deps (it makes .tmp/{relative})"))
 }
 
 /// The bucket every MinIO test uses; each test takes its own prefix.
@@ -46,9 +39,9 @@ pub struct Minio {
 
 impl Minio {
     /// Starts MinIO with the bucket [`BUCKET`] and waits until it takes a
-    /// probe; `None` when there is no MinIO and it is not required.
-    pub async fn start() -> Option<Minio> {
-        let binary = find_tool("ECHOMQ_MINIO", "bin/minio", "minio")?;
+    /// probe. Panics when there is no MinIO.
+    pub async fn start() -> Minio {
+        let binary = find_tool("ECHOMQ_MINIO", "bin/minio", "minio");
         let dir = TempDir::new("minio");
         let data = dir.path().join("data");
         // A directory under the data directory before the first start is a bucket to MinIO
@@ -77,7 +70,7 @@ impl Minio {
             let last = probe.probe().await.err().map(|e| e.to_string()).unwrap_or_default();
             panic!("MinIO did not take a probe within {START_TIMEOUT:?}: {last}\n{}", super::read_log(&minio.log));
         }
-        Some(minio)
+        minio
     }
 
     /// An archive at `s3://BUCKET/<prefix>` on this server, configured as
@@ -141,8 +134,8 @@ print(json.dumps([
 ]))
 "#;
 
-/// The Python with DuckDB; `None` (SKIPPED) when missing and not required.
-pub fn duckdb_python() -> Option<PathBuf> {
+/// The Python with DuckDB. Panics when there is none.
+pub fn duckdb_python() -> PathBuf {
     find_tool("ECHOMQ_ARCHIVE_PYTHON", "archive-venv/bin/python", "python3-with-duckdb")
 }
 

@@ -8,13 +8,15 @@ use echomq::proto::consume_request::Kind;
 use echomq::proto::consume_response::Kind as ResponseKind;
 use echomq::proto::consumer_service_client::ConsumerServiceClient;
 use echomq::proto::{
-    Ack, ConsumeRequest, ConsumeResponse, Delivery, Fail, GroupStart, Subscribe, Subscribed, VerdictError,
+    Ack, AppendResponse, ConsumeRequest, ConsumeResponse, Delivery, Fail, GroupStart, Subscribe, Subscribed,
+    VerdictError,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Status, Streaming};
 
+use super::process::EVENT_TIMEOUT;
 use super::sidecar::Sidecar;
 use super::wire::{duration_ms, with_token};
 
@@ -262,4 +264,15 @@ impl Consumer {
 /// The branded ids of deliveries, in order.
 pub fn ids(deliveries: &[Delivery]) -> Vec<String> {
     deliveries.iter().map(|d| d.id.clone()).collect()
+}
+
+/// The describe tests' state: five entries appended to `s` (field `n` 0 to
+/// 4), and a call on `s`/`g` from the beginning with `max_in_flight` 2 that
+/// holds the first two and is seen to take no more: pending 2, lag 3.
+pub async fn two_held_of_five(sidecar: &Sidecar) -> (Vec<AppendResponse>, Consumer) {
+    let appended = sidecar.append_numbered("s", 5).await;
+    let mut call = Consumer::start(sidecar, "s", "g", GroupStart::Beginning, 2).await;
+    call.deliveries(2, EVENT_TIMEOUT).await;
+    call.assert_quiet(Duration::from_millis(300), "max_in_flight 2").await;
+    (appended, call)
 }

@@ -481,6 +481,16 @@ impl Sidecar {
         }
     }
 
+    /// Appends `n` entries to `stream` one Append at a time, with a field
+    /// `n` of 0, 1, …, and returns their answers in order.
+    pub async fn append_numbered(&self, stream: &str, n: usize) -> Vec<AppendResponse> {
+        let mut appended = Vec::with_capacity(n);
+        for i in 0..n {
+            appended.push(self.append(stream, &[("n", i.to_string().as_bytes())]).await);
+        }
+        appended
+    }
+
     /// Appends one entry through the sidecar's Append call.
     pub async fn append(&self, stream: &str, fields: &[(&str, &[u8])]) -> AppendResponse {
         let request = AppendRequest {

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from conftest import load_scenarios
-from echomq import Appended, Backoff, BatchEntry, Consumer, Delivery, Producer, RpcError, Start, VerdictError
+from echomq import AppendResult, Backoff, BatchEntry, Consumer, Delivery, FlowControl, RpcError, Start, Streams, VerdictError
 from echomq.v1 import consumer_service_pb2 as pb
 from support import AckCounter, Sidecar
 
@@ -75,7 +75,7 @@ class Run:
     stop_ms: float | None = None
     appended: dict[str, dict[str, bytes]] = field(default_factory=dict)  # stream id → fields
     appended_ids: set[str] = field(default_factory=set)  # branded ids the producer's answers carried
-    first_by_dedup_key: dict[str, Appended] = field(default_factory=dict)
+    first_by_dedup_key: dict[str, AppendResult] = field(default_factory=dict)
 
     def handled(self) -> int:
         return sum(1 for c in self.calls if c.finished is not None)
@@ -104,7 +104,7 @@ class ScenarioRunner:
         self.acks = AckCounter()
         self.consumers: list[Consumer] = []
         self.stopped: set[int] = set()
-        self.producer: Producer | None = None
+        self.producer: Streams | None = None
 
     # -- the handler -------------------------------------------------------------
 
@@ -162,8 +162,7 @@ class ScenarioRunner:
             GROUP,
             self.handle,
             start=Start.BEGINNING,
-            max_in_flight=settings["max_in_flight"],
-            concurrency=settings["concurrency"],
+            flow_control=FlowControl(max_in_flight=settings["max_in_flight"], concurrency=settings["concurrency"]),
             reconnect=RECONNECT,
             on_verdict_error=self.on_verdict_error,
             interceptors=[self.acks],
@@ -287,7 +286,7 @@ class ScenarioRunner:
 
     async def execute(self) -> None:
         self.redis.delete(self.stream, self.dlq)
-        self.producer = Producer(self.sidecar.target)
+        self.producer = Streams(self.sidecar.target)
         try:
             if "append" in self.scenario:
                 await self.append(decode_entries(self.scenario["append"]))

@@ -15,7 +15,7 @@ from echomq.consumer import _Call, _Ready
 from echomq.delivery import Delivery, VerdictError
 from echomq.errors import from_rpc_error
 from echomq.options import to_duration
-from echomq.producer import Appended, BatchEntry, append_batch_request, append_request, appended, encode_fields
+from echomq.producer import AppendResult, BatchEntry, append_batch_request, append_request, appended, encode_fields
 from echomq.v1 import stream_service_pb2 as stream_pb
 from echomq.v1 import consumer_service_pb2 as pb
 
@@ -133,7 +133,7 @@ def test_dedup_keys_go_on_the_wire_and_none_means_no_key() -> None:
     assert [e.dedup_key for e in batch.entries] == ["k", "", ""]
     assert [dict(e.fields) for e in batch.entries] == [{"a": b"1"}, {"a": b"2"}, {"a": b"3"}]
     assert appended(stream_pb.AppendResponse(id="i", stream_id="1-0", stream="s", duplicate=True)).duplicate
-    assert Appended("i", "1-0").duplicate is False
+    assert AppendResult("i", "1-0").duplicate is False
 
 
 def test_unknown_verdict_error_codes_do_not_crash() -> None:

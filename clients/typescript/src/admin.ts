@@ -163,13 +163,22 @@ export class Admin {
   }
 
   /** Every dead letter of `stream`, oldest first, paging by `nextStartId` (`count` per page). */
-  async *allDeadLetters(stream: string, options: Omit<ListDeadLettersOptions, 'startId'> = {}): AsyncGenerator<DeadLetter, void, undefined> {
+  async *deadLetters(stream: string, options: Omit<ListDeadLettersOptions, 'startId'> = {}): AsyncGenerator<DeadLetter, void, undefined> {
     let page = await this.listDeadLetters(stream, options);
     for (;;) {
       yield* page.deadLetters;
       if (page.nextStartId === '') return;
       page = await this.listDeadLetters(stream, { ...options, startId: page.nextStartId });
     }
+  }
+
+  /**
+   * The old name of {@link Admin.deadLetters}.
+   *
+   * @deprecated Use {@link Admin.deadLetters}, the name every client gives it; goes away in the next release.
+   */
+  allDeadLetters(stream: string, options: Omit<ListDeadLettersOptions, 'startId'> = {}): AsyncGenerator<DeadLetter, void, undefined> {
+    return this.deadLetters(stream, options);
   }
 
   /**

@@ -20,7 +20,14 @@ import type { Subscribe } from './gen/echomq/v1/Subscribe.js';
  * - `{ afterId }`: entries after this stream id (`<ms>-<seq>` or `<ms>`), exclusive;
  * - `{ at }`: entries appended at or after this instant.
  */
-export type GroupStart = 'new' | 'beginning' | { readonly afterId: string } | { readonly at: Date };
+export type Start = 'new' | 'beginning' | { readonly afterId: string } | { readonly at: Date };
+
+/**
+ * The old name of {@link Start}.
+ *
+ * @deprecated Use {@link Start}, the name every client gives it; goes away in the next release.
+ */
+export type GroupStart = Start;
 
 /** Codes of a {@link VerdictError}. */
 export type VerdictErrorCode = 'UNKNOWN_ID' | 'NOT_PENDING' | 'INVALID_ARGUMENT' | 'UNAVAILABLE' | 'LEASE_LOST' | 'UNSPECIFIED';
@@ -102,18 +109,15 @@ export type BatchVerdicts = readonly Verdict[] | void | undefined;
  */
 export type BatchHandler = (deliveries: readonly Delivery[]) => BatchVerdicts | PromiseLike<BatchVerdicts>;
 
-/** Settings of a {@link Consumer}. Only `stream`, `group` and `start` are required. */
-export interface ConsumerOptions extends ConnectionOptions {
-  /** The stream key (1 to 1024 bytes). */
-  stream: string;
-  /** The consumer group (1 to 256 bytes). Created on first subscribe with `start`. */
-  group: string;
-  /** Where a new group starts. Required: no default. */
-  start: GroupStart;
+/**
+ * How much a {@link Consumer} takes on at once (clients/CONTRACT.md,
+ * "Surface"). There is no byte bound: the protocol counts entries.
+ */
+export interface FlowControl {
   /**
-   * Flow control: the most deliveries the call holds un-settled. Default: the
-   * sidecar's `--default-max-in-flight` (64). The sidecar refuses values above
-   * its `--max-in-flight-limit` (INVALID_ARGUMENT).
+   * The most deliveries the call holds un-settled. Default: the sidecar's
+   * `--default-max-in-flight` (64). The sidecar refuses values above its
+   * `--max-in-flight-limit` (INVALID_ARGUMENT).
    */
   maxInFlight?: number;
   /**
@@ -133,6 +137,28 @@ export interface ConsumerOptions extends ConnectionOptions {
    * set and smaller. Above 4096 the sidecar refuses the subscribe
    * (INVALID_ARGUMENT).
    */
+  maxBatch?: number;
+}
+
+/** Settings of a {@link Consumer}. Only `stream`, `group` and `start` are required. */
+export interface ConsumerOptions extends ConnectionOptions {
+  /** The stream key (1 to 1024 bytes). */
+  stream: string;
+  /** The consumer group (1 to 256 bytes). Created on first subscribe with `start`. */
+  group: string;
+  /** Where a new group starts. Required: no default. */
+  start: Start;
+  /**
+   * How much the consumer takes on at once (`maxInFlight`, `concurrency`,
+   * `maxBatch`), grouped as `@google-cloud/pubsub` groups its `flowControl`.
+   * Default: every field's default.
+   */
+  flowControl?: FlowControl;
+  /** @deprecated Use `flowControl: { maxInFlight }`; goes away in the next release. */
+  maxInFlight?: number;
+  /** @deprecated Use `flowControl: { concurrency }`; goes away in the next release. */
+  concurrency?: number;
+  /** @deprecated Use `flowControl: { maxBatch }`; goes away in the next release. */
   maxBatch?: number;
   /**
    * How long (ms) an ack waits for others to travel in the same `Ack`
@@ -297,6 +323,7 @@ export class Consumer {
   constructor(options: ConsumerOptions) {
     if (!options.stream) throw new TypeError('ConsumerOptions.stream is required');
     if (!options.group) throw new TypeError('ConsumerOptions.group is required');
+    options = withFlowControl(options);
     // Validates `start` and the numbers now rather than on the first call.
     this.#maxBatch = Math.max(1, subscribeOf(options).maxBatch!);
     this.#options = { ...options };
@@ -1201,6 +1228,26 @@ function positive(name: string, value: number | undefined): void {
   if (value !== undefined && !(Number.isFinite(value) && value >= 0)) {
     throw new RangeError(`ConsumerOptions.${name} must be a number >= 0, got ${value}`);
   }
+}
+
+/**
+ * `options` with `flowControl` resolved into the (internal, and deprecated as
+ * public) flat fields the rest of the consumer reads; a field given both ways
+ * throws.
+ */
+function withFlowControl(options: ConsumerOptions): ConsumerOptions {
+  const flow = options.flowControl;
+  if (flow === undefined) return options;
+  if (flow === null || typeof flow !== 'object') throw new TypeError('ConsumerOptions.flowControl must be an object');
+  const resolved: ConsumerOptions = { ...options };
+  for (const name of ['maxInFlight', 'concurrency', 'maxBatch'] as const) {
+    if (flow[name] === undefined) continue;
+    if (options[name] !== undefined) {
+      throw new TypeError(`ConsumerOptions.${name} is the deprecated spelling of flowControl.${name}: give one of them`);
+    }
+    resolved[name] = flow[name];
+  }
+  return resolved;
 }
 
 /** The Subscribe frame of `options`; throws on a missing or malformed start. */

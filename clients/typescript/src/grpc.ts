@@ -42,7 +42,7 @@ function proto(): Proto {
   return loaded;
 }
 
-/** How to reach the sidecar. Shared by {@link Consumer} and {@link Producer}. */
+/** How to reach the sidecar. Shared by {@link Consumer}, {@link Streams} and {@link Admin}. */
 export interface ConnectionOptions {
   /**
    * The sidecar's address: `host:port`, or `unix:/path/to/socket` for a unix

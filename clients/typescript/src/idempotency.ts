@@ -61,7 +61,7 @@ export class MemorySeenStore implements SeenStore {
 }
 
 /** Where a {@link NewerWins} remembers the highest id applied per business key. */
-export interface NewerWinsStore {
+export interface VersionStore {
   /** The highest id recorded for `key`, if any. */
   get(key: string): Awaitable<BrandedId | undefined>;
   /**
@@ -72,8 +72,8 @@ export interface NewerWinsStore {
   setIfNewer(key: string, id: BrandedId): Awaitable<boolean>;
 }
 
-/** The in-memory {@link NewerWinsStore}: a Map, per process. */
-export class MemoryNewerWinsStore implements NewerWinsStore {
+/** The in-memory {@link VersionStore}: a Map, per process. */
+export class MemoryVersionStore implements VersionStore {
   readonly #latest = new Map<string, BrandedId>();
 
   get(key: string): BrandedId | undefined {
@@ -164,10 +164,10 @@ export class SeenSet {
  * ```
  */
 export class NewerWins {
-  readonly #store: NewerWinsStore;
+  readonly #store: VersionStore;
   readonly #lock = new KeyedLock();
 
-  constructor(store: NewerWinsStore = new MemoryNewerWinsStore()) {
+  constructor(store: VersionStore = new MemoryVersionStore()) {
     this.#store = store;
   }
 
@@ -191,3 +191,20 @@ export class NewerWins {
     });
   }
 }
+
+/**
+ * The old name of {@link VersionStore}.
+ *
+ * @deprecated Use {@link VersionStore}, the name every client gives it; goes away in the next release.
+ */
+export type NewerWinsStore = VersionStore;
+
+/**
+ * The old name of {@link MemoryVersionStore}.
+ *
+ * @deprecated Use {@link MemoryVersionStore}, the name every client gives it; goes away in the next release.
+ */
+export const MemoryNewerWinsStore = MemoryVersionStore;
+/** @deprecated Use {@link MemoryVersionStore}; goes away in the next release. */
+export type MemoryNewerWinsStore = MemoryVersionStore;
+

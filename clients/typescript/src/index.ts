@@ -7,9 +7,9 @@
  *   a `for await` loop, coalesced acks, verdicts, LEASE_LOST, reconnect,
  *   graceful stop;
  * - `delivery.ts`: the {@link Delivery} a handler receives and settles;
- * - `producer.ts`: {@link Streams} (also named {@link Producer}): Append,
- *   AppendBatch (with dedup keys: {@link BatchEntry}), Read (and paging over
- *   it) and Trim;
+ * - `producer.ts`: {@link Streams}: Append, AppendBatch (with dedup keys:
+ *   {@link BatchEntry}), Read (and paging over it) and Trim; `Producer` is its
+ *   deprecated old name;
  * - `admin.ts`: {@link Admin}: DescribeGroup, dead letters listed and replayed;
  * - `entry.ts`: the {@link Entry} that reads return;
  * - `branded-id.ts`: the {@link BrandedId} type and helpers;
@@ -28,6 +28,9 @@ export {
   type BatchHandler,
   type BatchVerdicts,
   type ConsumerOptions,
+  type FlowControl,
+  type Start,
+  /** @deprecated Use `Start`. */
   type GroupStart,
   type Handler,
   type ReconnectInfo,
@@ -77,12 +80,16 @@ export {
   type BrandedId,
 } from './branded-id.js';
 export {
-  MemoryNewerWinsStore,
   MemorySeenStore,
+  MemoryVersionStore,
   NewerWins,
   SeenSet,
-  type NewerWinsStore,
   type SeenStore,
+  type VersionStore,
+  /** @deprecated Use `MemoryVersionStore`. */
+  MemoryNewerWinsStore,
+  /** @deprecated Use `VersionStore`. */
+  type NewerWinsStore,
 } from './idempotency.js';
 export { CallEndedError, EchoMQError, LeaseLostError, PERMANENT_CODES } from './errors.js';
 export { DEFAULT_TARGET, type CallOptions, type ConnectionOptions } from './grpc.js';

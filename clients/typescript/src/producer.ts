@@ -331,8 +331,10 @@ export class Streams {
 }
 
 /**
- * {@link Streams} under the name for code that appends: the same class, kept
- * so that `new Producer(...)` goes on working.
+ * The old name of {@link Streams}, which appends, reads and trims.
+ *
+ * @deprecated Use {@link Streams} (the same methods); `Producer` goes away in
+ * the next release.
  */
 export class Producer extends Streams {}
 

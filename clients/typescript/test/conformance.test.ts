@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { InterceptingCall, type Interceptor } from '@grpc/grpc-js';
-import { Consumer, LeaseLostError, Producer, type AppendResult, type Delivery, type VerdictError } from '@echomq/client';
+import { Consumer, LeaseLostError, Streams, type AppendResult, type Delivery, type VerdictError } from '@echomq/client';
 import { eventually, Fixture, REPO_ROOT } from './support/fixture.js';
 
 const LANGUAGE = 'typescript';
@@ -221,7 +221,7 @@ describe(`conformance (${suite.scenarios.length} scenarios from tests/conformanc
   }
 });
 
-async function appendAll(producer: Producer, stream: string, entries: Map<string, Buffer>[], run: Run, options = {}): Promise<void> {
+async function appendAll(producer: Streams, stream: string, entries: Map<string, Buffer>[], run: Run, options = {}): Promise<void> {
   if (entries.length === 0) return;
   const results: AppendResult[] =
     entries.length === 1
@@ -235,7 +235,7 @@ async function appendAll(producer: Producer, stream: string, entries: Map<string
  * says, a duplicate carrying the ids of the first answer with its key, and no
  * id answered twice otherwise.
  */
-async function appendCall(producer: Producer, stream: string, call: AppendCall, run: Run): Promise<void> {
+async function appendCall(producer: Streams, stream: string, call: AppendCall, run: Run): Promise<void> {
   let specs: KeyedEntrySpec[];
   let results: AppendResult[];
   if ('append' in call && !('append_batch' in call)) {
@@ -271,7 +271,7 @@ async function appendCall(producer: Producer, stream: string, call: AppendCall, 
 async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> {
   const stream = `conf:${LANGUAGE}:${scenario.name}`;
   const run = new Run(scenario);
-  const producer = new Producer({ target: fixture.target });
+  const producer = new Streams({ target: fixture.target });
   const consumers: { consumer: Consumer; done: Promise<unknown> }[] = [];
 
   const startConsumer = () => {
@@ -280,8 +280,7 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
       stream,
       group: GROUP,
       start: 'beginning',
-      maxInFlight: scenario.consumer.max_in_flight,
-      concurrency: scenario.consumer.concurrency,
+      flowControl: { maxInFlight: scenario.consumer.max_in_flight, concurrency: scenario.consumer.concurrency },
       interceptors: [run.interceptor],
       onVerdictError: (error) => run.verdictErrors.push(error),
       onSubscribed: () => {

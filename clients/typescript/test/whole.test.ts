@@ -230,7 +230,7 @@ describe('the whole client: read, trim, admin, settings, LEASE_LOST', () => {
     assert.deepEqual(rest.deadLetters.map((d) => d.entry.id), [appended[2]!.id]);
     assert.equal(rest.nextStartId, '');
     const all = [];
-    for await (const d of admin.allDeadLetters(stream, { count: 1 })) all.push(d.entry.id);
+    for await (const d of admin.deadLetters(stream, { count: 1 })) all.push(d.entry.id);
     assert.deepEqual(all, appended.map((a) => a.id));
 
     const one = await admin.replayDeadLetters(stream, { ids: [first.entry.streamId, '1-1'] });

@@ -9,28 +9,32 @@ Layout:
 - `delivery`: `Delivery` (what a handler gets, with ack/fail/dead_letter),
   `Ack`/`Fail`/`DeadLetter` (a batch handler's verdicts) and `VerdictError`
   (a verdict the sidecar did not apply);
-- `producer`: `Producer`, Append and AppendBatch (`BatchEntry`: a batch
-  entry with a dedup key);
-- `streams`: `Streams`, a `Producer` that also reads (by id or instant, paged)
-  and trims (safe by default);
+- `streams`: `Streams`, the StreamService: append and append a batch, read (by
+  id or instant, paged) and trim (safe by default); `Producer` is its
+  deprecated name;
+- `producer`: what appends send and answer (`AppendResult`, `BatchEntry`: a
+  batch entry with a dedup key);
 - `admin`: `Admin`, describe a group, list and replay dead letters;
 - `records`: what Read, Trim and the AdminService answer (`Entry`, `ReadPage`,
-  `Trimmed`, `GroupInfo`, `DeadLetterEntry`, `ReplayResult`, …);
-- `_convert`: the wire ↔ Python conversions behind `streams`, `admin` and `sync`;
-- `options`: `Start` (where a new group starts) and `Backoff`;
+  `TrimResult`, `GroupInfo`, `DeadLetterEntry`, `ReplayResult`, …);
+- `_convert`: the wire ↔ Python conversions behind `streams` and `admin`;
+- `options`: `Start` (where a new group starts), `FlowControl` (max_in_flight,
+  concurrency, max_batch) and `Backoff`;
 - `idempotency`: `SeenSet` and `NewerWins`, keyed by the branded id;
 - `errors`: `EchoMQError`, `RpcError`, `PermanentError`, `PERMANENT_CODES`;
-- `sync`: blocking `Producer`, `Streams`, `Admin` and `Consumer` for scripts;
+- `sync`: blocking `Streams`, `Admin` and `Consumer` for scripts, derived from
+  the asyncio ones;
 - `v1`: the generated protobuf/gRPC stubs (do not edit).
 """
 
+from ._deprecation import renamed_attributes
 from .admin import Admin
 from .consumer import BatchHandler, Consumer, Handler, Subscription
 from .delivery import Ack, DeadLetter, Delivery, Fail, RawField, Verdict, VerdictError, VerdictErrorCode
 from .errors import PERMANENT_CODES, EchoMQError, PermanentError, RpcError
 from .idempotency import MemorySeenStore, MemoryVersionStore, NewerWins, SeenSet, SeenStore, VersionStore, is_branded_id
-from .options import Backoff, Start, StartKind
-from .producer import Appended, BatchEntry, Producer
+from .options import Backoff, FlowControl, Start, StartKind
+from .producer import AppendResult, BatchEntry
 from .records import (
     ConsumerInfo,
     DeadLetterEntry,
@@ -40,15 +44,15 @@ from .records import (
     ReadPage,
     Replayed,
     ReplayResult,
-    Trimmed,
+    TrimResult,
 )
-from .streams import Streams
+from .streams import Producer, Streams
 
 __all__ = [
     "PERMANENT_CODES",
     "Ack",
     "Admin",
-    "Appended",
+    "AppendResult",
     "Backoff",
     "BatchEntry",
     "BatchHandler",
@@ -61,6 +65,7 @@ __all__ = [
     "EchoMQError",
     "Entry",
     "Fail",
+    "FlowControl",
     "GroupInfo",
     "Handler",
     "MemorySeenStore",
@@ -78,7 +83,7 @@ __all__ = [
     "StartKind",
     "Streams",
     "Subscription",
-    "Trimmed",
+    "TrimResult",
     "Verdict",
     "VerdictError",
     "VerdictErrorCode",
@@ -86,3 +91,9 @@ __all__ = [
     "is_branded_id",
 ]
 __version__ = "0.1.0"
+
+#: Renamed for one name in every client (clients/CONTRACT.md, "Surface"); the
+#: old names warn `DeprecationWarning` when read and go away in the next release.
+__getattr__ = renamed_attributes(
+    "echomq", {"Appended": ("echomq.AppendResult", lambda: AppendResult), "Trimmed": ("echomq.TrimResult", lambda: TrimResult)}
+)

@@ -1,6 +1,6 @@
-"""Channel construction shared by the consumer and the producer, and the
-channel ownership the unary clients (Producer, Streams, Admin; asyncio and
-blocking) share."""
+"""Channel construction shared by the consumer and the unary clients, and the
+channel ownership the unary clients (Streams, Admin) share; the blocking ones
+of `echomq.sync` run these on a loop of their own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from .options import Backoff
+from .options import Backoff, Seconds, seconds
 
 #: Largest message (bytes) the client sends or accepts. Redis values can be far
 #: larger than gRPC's 4 MiB default; 256 MiB covers big entries and batches.
@@ -67,38 +67,34 @@ def aio_channel(
     )
 
 
-def blocking_channel(target: str, channel_options: ChannelOptions = ()) -> grpc.Channel:
-    """An insecure blocking channel to `target`, with the message limits and
-    the authority that `aio_channel` sets."""
-    defaults = [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ]
-    defaults += authority_options(target)
-    return grpc.insecure_channel(target, options=merge(defaults, channel_options))
-
-
 _Aio = TypeVar("_Aio", bound="AioClient")
-_Blocking = TypeVar("_Blocking", bound="BlockingClient")
 
 
 class AioClient:
     """One asyncio channel: made from a `host:port` / `unix:/path` target (and
     closed by `close()`), or given by the caller (and left open). `timeout`
-    (seconds or `None`) is what each call of the subclass passes to gRPC."""
+    (seconds or timedelta, default none) is what each call of the subclass
+    passes to gRPC, on the subclass's `_stub_class` stub of the channel.
+    `channel_options` and `interceptors` apply when the client makes the
+    channel."""
+
+    #: The generated gRPC stub class the subclass calls (`self._stub`).
+    _stub_class: Any
 
     def __init__(
         self,
         target: str | grpc.aio.Channel,
-        timeout: float | None,
-        channel_options: ChannelOptions,
-        interceptors: Sequence[grpc.aio.ClientInterceptor],
+        *,
+        timeout: Seconds | None = None,
+        channel_options: ChannelOptions = (),
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     ) -> None:
         self._owns_channel = isinstance(target, str)
         self._channel: grpc.aio.Channel = (
             aio_channel(target, Backoff(), channel_options, interceptors) if isinstance(target, str) else target
         )
-        self._timeout = timeout
+        self._timeout = None if timeout is None else seconds(timeout)
+        self._stub = self._stub_class(self._channel)
 
     async def close(self) -> None:
         """Closes the channel if this client created it."""
@@ -115,27 +111,3 @@ class AioClient:
         traceback: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-class BlockingClient:
-    """`AioClient`'s blocking twin, over a `grpc.Channel`."""
-
-    def __init__(self, target: str | grpc.Channel, timeout: float | None, channel_options: ChannelOptions) -> None:
-        self._owns_channel = isinstance(target, str)
-        self._channel: grpc.Channel = (
-            blocking_channel(target, channel_options) if isinstance(target, str) else target
-        )
-        self._timeout = timeout
-
-    def close(self) -> None:
-        """Closes the channel if this client created it."""
-        if self._owns_channel:
-            self._channel.close()
-
-    def __enter__(self: _Blocking) -> _Blocking:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()

@@ -19,7 +19,7 @@ from .records import (
     ReadPage,
     Replayed,
     ReplayResult,
-    Trimmed,
+    TrimResult,
 )
 from .delivery import RawField, payload_dict
 from .v1 import admin_service_pb2 as admin_pb
@@ -117,8 +117,8 @@ def trim_request(
     return request
 
 
-def trimmed(response: stream_pb.TrimResponse) -> Trimmed:
-    return Trimmed(
+def trimmed(response: stream_pb.TrimResponse) -> TrimResult:
+    return TrimResult(
         trimmed=response.trimmed,
         applied_min_id=response.applied_min_id or None,
         held_back_by_groups=response.held_back_by_groups,

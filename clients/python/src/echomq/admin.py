@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
 from . import _convert
-from ._channel import AioClient, ChannelOptions
+from ._channel import AioClient
 from .errors import from_rpc_error
-from .options import Seconds, seconds
 from .records import DeadLetterEntry, DeadLetterPage, GroupInfo, ReplayResult
 from .v1 import admin_service_pb2_grpc as pb_grpc
 
@@ -32,16 +31,7 @@ class Admin(AioClient):
     `errors.PERMANENT_CODES`; each method says which it can get.
     """
 
-    def __init__(
-        self,
-        target: str | grpc.aio.Channel,
-        *,
-        timeout: Seconds | None = None,
-        channel_options: ChannelOptions = (),
-        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
-    ) -> None:
-        super().__init__(target, None if timeout is None else seconds(timeout), channel_options, interceptors)
-        self._stub = pb_grpc.AdminServiceStub(self._channel)
+    _stub_class = pb_grpc.AdminServiceStub
 
     async def describe_group(self, stream: str, group: str) -> GroupInfo:
         """The state of `group` on `stream` (XINFO GROUPS, XINFO CONSUMERS,

@@ -15,10 +15,11 @@ from types import TracebackType
 
 import grpc
 
+from . import _deprecation as deprecation
 from ._channel import ChannelOptions, aio_channel
 from .delivery import Ack, DeadLetter, Delivery, Fail, Verdict, VerdictError, VerdictErrorCode
 from .errors import EchoMQError, PermanentError, from_rpc_error
-from .options import Backoff, Seconds, Start, seconds, to_duration
+from .options import Backoff, FlowControl, Seconds, Start, seconds, to_duration
 from .v1 import consumer_service_pb2 as pb
 from .v1 import consumer_service_pb2_grpc as pb_grpc
 
@@ -295,14 +296,17 @@ class Consumer:
             await consumer.wait()   # until stop() or a permanent error
 
     `target` is `host:port`, `unix:/path`, or a `grpc.aio.Channel` you own.
-    `start` is required (see `Start`). `max_in_flight` (entries) is the most
-    deliveries the sidecar hands this consumer un-settled; None (the default)
-    sends 0, which is the sidecar's `--default-max-in-flight` (64 unless the
-    sidecar says otherwise), and the effective value comes back in
+    `start` is required (see `Start`). `flow_control` (a `FlowControl`) groups
+    how much the consumer takes on at once: `max_in_flight` (entries) is the
+    most deliveries the sidecar hands this consumer un-settled; None (the
+    default) sends 0, which is the sidecar's `--default-max-in-flight` (64
+    unless the sidecar says otherwise), and the effective value comes back in
     `Subscription.max_in_flight`. `concurrency` is the most handler calls
     running at once (a fixed pool of that many workers; default: the
     effective `max_in_flight` for `handler`, known once subscribed; 1 for
-    `batch_handler`; at most `max_in_flight` when that is given).
+    `batch_handler`; at most `max_in_flight` when that is given). The flat
+    `max_in_flight=`, `concurrency=` and `max_batch=` keywords are the
+    deprecated spelling of the same (a `DeprecationWarning`; not both).
 
     Give at most one of `handler` (called once per delivery: returning acks,
     raising fails) and `batch_handler` (opt-in, for bulk work: called with the
@@ -311,7 +315,7 @@ class Consumer:
     iterated instead (`async for delivery in consumer`, see `deliveries()`)
     and every delivery must be settled explicitly.
 
-    `max_batch` (deliveries, default `min(256, max_in_flight)`, 256 when
+    `FlowControl.max_batch` (deliveries, default `min(256, max_in_flight)`, 256 when
     `max_in_flight` is unset: a frame never holds more than the call's
     credit anyway; the sidecar
     refuses more than 4096 with INVALID_ARGUMENT) is the most deliveries per
@@ -353,10 +357,8 @@ class Consumer:
         handler: Handler | None = None,
         *,
         start: Start,
-        max_in_flight: int | None = None,
-        concurrency: int | None = None,
+        flow_control: FlowControl | None = None,
         batch_handler: BatchHandler | None = None,
-        max_batch: int | None = None,
         ack_linger: Seconds = DEFAULT_ACK_LINGER,
         ack_deadline: Seconds | None = None,
         retry_backoff_initial: Seconds | None = None,
@@ -368,7 +370,15 @@ class Consumer:
         on_verdict_error: VerdictErrorHook | None = None,
         channel_options: ChannelOptions = (),
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        max_in_flight: int | None = None,
+        concurrency: int | None = None,
+        max_batch: int | None = None,
     ) -> None:
+        flow = _flow_control(flow_control, max_in_flight, concurrency, max_batch)
+        max_in_flight, concurrency, max_batch = flow.max_in_flight, flow.concurrency, flow.max_batch
+        #: The flow control as asked (the effective `max_in_flight` is the
+        #: `Subscription`'s).
+        self.flow_control = flow
         if not isinstance(start, Start):
             raise TypeError("start must be a Start (Start.NEW, Start.BEGINNING, Start.after(id), Start.at(time))")
         if not stream or not group:
@@ -914,6 +924,21 @@ class Consumer:
         if self._owns_channel and self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close()
+
+
+def _flow_control(
+    flow_control: FlowControl | None, max_in_flight: int | None, concurrency: int | None, max_batch: int | None
+) -> FlowControl:
+    """`flow_control`, or the deprecated flat keywords that it replaces."""
+    flat = {"max_in_flight": max_in_flight, "concurrency": concurrency, "max_batch": max_batch}
+    given = [name for name, value in flat.items() if value is not None]
+    if not given:
+        return flow_control or FlowControl()
+    if flow_control is not None:
+        raise TypeError(f"give flow_control=FlowControl(...) or {', '.join(given)}, not both")
+    names = ", ".join(f"{name}=" for name in given)
+    deprecation.warn(f"Consumer({names}...) is deprecated: pass flow_control=FlowControl({names}...)")
+    return FlowControl(max_in_flight, concurrency, max_batch)
 
 
 async def _settle_batch(batch: list[Delivery], verdicts: Iterable[Verdict] | None) -> None:

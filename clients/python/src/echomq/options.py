@@ -123,3 +123,31 @@ class Backoff:
         """The wait (seconds) before reconnect attempt number `failures` + 1."""
         ceiling = min(self.maximum, self.initial * self.multiplier ** min(failures, 64))
         return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
+
+
+@dataclass(frozen=True)
+class FlowControl:
+    """How much a consumer takes on at once, grouped as google-cloud-pubsub's
+    `FlowControl` groups its outstanding-message limits::
+
+        Consumer(target, "orders", "billing", handle, start=Start.BEGINNING,
+                 flow_control=FlowControl(max_in_flight=128, concurrency=16))
+
+    - `max_in_flight` (entries): the most deliveries the sidecar hands the
+      consumer un-settled (pubsub's `max_messages`). None: the sidecar's
+      `--default-max-in-flight` (64 unless it says otherwise); the effective
+      value comes back in `Subscription.max_in_flight`.
+    - `concurrency`: the most handler calls running at once (a fixed pool of
+      that many workers). None: the effective `max_in_flight` for a handler,
+      1 for a batch handler; at most `max_in_flight` when that is given.
+    - `max_batch` (deliveries): the most per frame the sidecar sends, and the
+      largest list a batch handler gets. None: `min(256, max_in_flight)`
+      (256 when `max_in_flight` is unset); at most 4096.
+
+    There is no byte bound: the protocol counts entries, not bytes.
+    """
+
+    max_in_flight: int | None = None
+    concurrency: int | None = None
+    max_batch: int | None = None
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from ._deprecation import renamed_attributes
 from .delivery import RawField
 
 
@@ -48,7 +49,7 @@ class ReadPage:
 
 
 @dataclass(frozen=True)
-class Trimmed:
+class TrimResult:
     """What `Streams.trim` did."""
 
     #: Entries removed.
@@ -158,3 +159,7 @@ class ReplayResult:
     #: Dead letters whose source is another stream sharing this dead-letter
     #: stream: left in place (replay them by naming that stream).
     other_source_ids: list[str] = field(default_factory=list)
+
+
+#: Old names: `Trimmed` (now `TrimResult`).
+__getattr__ = renamed_attributes("echomq.records", {"Trimmed": ("echomq.TrimResult", lambda: TrimResult)})

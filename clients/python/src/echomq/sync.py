@@ -1,207 +1,223 @@
-"""A small blocking facade for scripts: `Producer`, `Streams` and `Admin` on
-gRPC's blocking stubs, and `Consumer`, which runs the asyncio consumer on its
-own event loop and calls a plain function per delivery on a thread pool.
+"""A blocking facade for scripts, derived from the asyncio API rather than
+restating it: `Streams` and `Admin` run an `echomq.Streams` / `echomq.Admin`
+on a private event loop thread and block on each call (every method is the
+asyncio one, with its signature and docs, wrapped by `_blocking` or, for the
+async iterators, `_blocking_iter`); `Consumer` runs the asyncio consumer on
+its own event loop and calls a plain function per delivery on a thread pool.
 
 ::
 
     from echomq import Start
-    from echomq.sync import Consumer, Producer
+    from echomq.sync import Consumer, Streams
 
-    with Producer("127.0.0.1:50051") as producer:
-        producer.append("orders", {"sku": b"42"})
+    with Streams("127.0.0.1:50051") as streams:
+        streams.append("orders", {"sku": b"42"})
 
     def handle(delivery):          # return: ack; raise: fail with the message
         print(delivery.id, delivery.payload)
 
     Consumer("127.0.0.1:50051", "orders", "billing", handle, start=Start.BEGINNING).run()
     # blocks until SIGINT / SIGTERM (graceful stop) or consumer.stop() from another thread
+
+`Producer` is the deprecated name of `Streams`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import inspect
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
-import grpc
-
-from . import _convert
+from . import admin as aio_admin
 from . import consumer as aio
-from ._channel import BlockingClient, ChannelOptions
-from ._convert import Bound
-from .delivery import Delivery, RawField, VerdictError
-from .errors import EchoMQError, from_rpc_error
-from .options import Backoff, Seconds, Start, seconds
-from .producer import Appended, BatchEntry, Fields, append_batch_request, append_request, appended
-from .records import DeadLetterEntry, DeadLetterPage, Entry, GroupInfo, ReadPage, ReplayResult, Trimmed
-from .v1 import admin_service_pb2_grpc as admin_grpc
-from .v1 import stream_service_pb2_grpc as stream_grpc
+from . import streams as aio_streams
+from ._channel import AioClient, ChannelOptions
+from ._deprecation import renamed_class
+from .delivery import Delivery, RawField
+from .errors import EchoMQError
+from .options import FlowControl, Seconds, seconds
 
 __all__ = ["Admin", "Consumer", "Producer", "Streams", "SyncDelivery"]
 
 
 T = TypeVar("T")
+P = ParamSpec("P")
+A = TypeVar("A")
 
 
-class Producer(BlockingClient):
-    """The blocking twin of `echomq.Producer` (same methods, same errors)."""
+class _OnLoop(Generic[A]):
+    """Something asyncio (`_aio`) driven from other threads: `_run` runs one
+    of its coroutines on `_loop` and waits for the result (or its exception,
+    unchanged: `RpcError`, `PermanentError`, `ValueError` …)."""
 
-    def __init__(
-        self, target: str | grpc.Channel, *, timeout: Seconds | None = None, channel_options: ChannelOptions = ()
+    _aio: A
+    _loop: asyncio.AbstractEventLoop
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+
+def _blocking(method: Callable[Concatenate[Any, P], Awaitable[T]]) -> Callable[Concatenate[_OnLoop[Any], P], T]:
+    """The blocking twin of an asyncio method: same name, parameters and docs
+    (`inspect.signature` and `help()` show the asyncio one's), run on the
+    owner's loop."""
+    name = method.__name__
+
+    def call(self: _OnLoop[Any], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        async def run() -> T:
+            result: T = await getattr(self._aio, name)(*args, **kwargs)
+            return result
+
+        return self._run(run())
+
+    functools.update_wrapper(call, method)
+    return call
+
+
+def _blocking_iter(
+    method: Callable[Concatenate[Any, P], AsyncIterator[T]],
+) -> Callable[Concatenate[_OnLoop[Any], P], Iterator[T]]:
+    """The blocking twin of an asyncio async-iterator method: a plain
+    iterator, as lazy (nothing is called before the first `next`), that
+    closes the async one when it is closed or dropped."""
+    name = method.__name__
+
+    def call(self: _OnLoop[Any], /, *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
+        iterator: AsyncIterator[T] = getattr(self._aio, name)(*args, **kwargs)
+
+        async def step() -> T:
+            return await iterator.__anext__()
+
+        async def close() -> None:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+        try:
+            while True:
+                try:
+                    item = self._run(step())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            if self._loop.is_running():  # not once the client is closed
+                self._run(close())
+
+    functools.update_wrapper(call, method)
+    signature = inspect.signature(method)
+    returns = str(signature.return_annotation).replace("AsyncIterator[", "Iterator[", 1)
+    call.__signature__ = signature.replace(return_annotation=returns)  # type: ignore[attr-defined]
+    return call
+
+
+C = TypeVar("C", bound=AioClient)
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client: AioClient | None) -> None:
+    """Closes `client` on `loop` (if given), then stops the loop and ends its thread."""
+    if loop.is_closed():
+        return
+    try:
+        if client is not None and loop.is_running():
+            asyncio.run_coroutine_threadsafe(client.close(), loop).result(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        if not loop.is_running():
+            loop.close()
+
+
+_Self = TypeVar("_Self", bound="_Client[Any]")
+
+
+class _Client(_OnLoop[C]):
+    """An asyncio client (`_aio_class`) on a private event loop thread, made
+    there from the same `target`, `timeout` and `channel_options`, and closed
+    with its thread by `close()`, the end of the `with` block, or when the
+    client is dropped unclosed. `target` is `host:port` or `unix:/path` (a
+    channel of your own is the asyncio client's business: its loop is its
+    own)."""
+
+    _aio_class: type[C]
+
+    def __init__(self, target: str, *, timeout: Seconds | None = None, channel_options: ChannelOptions = ()) -> None:
+        if not isinstance(target, str):
+            raise TypeError(
+                f"echomq.sync clients take a `host:port` or `unix:/path` target, not {type(target).__name__}; "
+                "bring your own channel to the asyncio client instead"
+            )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="echomq-sync", daemon=True)
+        self._thread.start()
+
+        async def make() -> C:
+            return self._aio_class(target, timeout=timeout, channel_options=channel_options)
+
+        try:
+            self._aio = self._run(make())
+        except BaseException:
+            _shut_down(self._loop, self._thread, None)
+            raise
+        # close(), or the client dropped unclosed (or the interpreter exiting):
+        # the channel is closed and the thread ends either way, once.
+        self._shut_down = weakref.finalize(self, _shut_down, self._loop, self._thread, self._aio)
+
+    def close(self) -> None:
+        """Closes the channel and ends the client's loop thread."""
+        self._shut_down()
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        super().__init__(target, None if timeout is None else seconds(timeout), channel_options)
-        self._stub = stream_grpc.StreamServiceStub(self._channel)
-
-    def append(
-        self,
-        stream: str,
-        fields: Fields,
-        *,
-        max_len: int = 0,
-        partition_key: str | None = None,
-        dedup_key: str | None = None,
-    ) -> Appended:
-        """Appends one entry; see `echomq.Producer.append` (and there for
-        `partition_key`, a sharded stream's shard choice, and `dedup_key`,
-        which makes a retry safe)."""
-        request = append_request(stream, fields, max_len, partition_key, dedup_key)
-        try:
-            response = self._stub.Append(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(f"Append(stream={stream!r})", error) from None
-        return appended(response)
-
-    def append_batch(
-        self,
-        stream: str,
-        entries: Iterable[Fields | BatchEntry],
-        *,
-        max_len: int = 0,
-        partition_key: str | None = None,
-    ) -> list[Appended]:
-        """Appends a batch atomically; see `echomq.Producer.append_batch`
-        (entries may be `BatchEntry`s with a dedup key)."""
-        request = append_batch_request(stream, entries, max_len, partition_key)
-        try:
-            response = self._stub.AppendBatch(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(f"AppendBatch(stream={stream!r}, entries={len(request.entries)})", error) from None
-        return [appended(e) for e in response.entries]
+        self.close()
 
 
-
-class Streams(Producer):
+class Streams(_Client[aio_streams.Streams]):
     """The blocking twin of `echomq.Streams`: append, read and trim (same
     arguments, same errors, iterators instead of async iterators)."""
 
-    def read(self, stream: str, *, start: Bound | None = None, end: Bound | None = None, count: int = 0) -> ReadPage:
-        """One page of `stream`; see `echomq.Streams.read`."""
-        request = _convert.read_request(stream, start, end, count)
-        try:
-            response = self._stub.Read(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(f"Read(stream={stream!r})", error) from None
-        return _convert.read_page(response)
+    _aio_class = aio_streams.Streams
 
-    def read_pages(
-        self, stream: str, *, start: Bound | None = None, end: Bound | None = None, page_size: int = 0
-    ) -> Iterator[ReadPage]:
-        """Every page of the range, following `next_start_id`."""
-        while True:
-            page = self.read(stream, start=start, end=end, count=page_size)
-            yield page
-            if page.next_start_id is None:
-                return
-            start = page.next_start_id
-
-    def read_all(
-        self, stream: str, *, start: Bound | None = None, end: Bound | None = None, page_size: int = 0
-    ) -> Iterator[Entry]:
-        """Every entry of the range, oldest first, page by page."""
-        for page in self.read_pages(stream, start=start, end=end, page_size=page_size):
-            yield from page.entries
-
-    def trim(
-        self,
-        stream: str,
-        *,
-        max_len: int | None = None,
-        min_id: str | None = None,
-        before: datetime | None = None,
-        approximate: bool = False,
-        ignore_groups: bool = False,
-    ) -> Trimmed:
-        """Trims `stream`, safe by default; see `echomq.Streams.trim`."""
-        request = _convert.trim_request(stream, max_len, min_id, before, approximate, ignore_groups)
-        try:
-            response = self._stub.Trim(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(f"Trim(stream={stream!r})", error) from None
-        return _convert.trimmed(response)
+    append = _blocking(aio_streams.Streams.append)
+    append_batch = _blocking(aio_streams.Streams.append_batch)
+    read = _blocking(aio_streams.Streams.read)
+    read_pages = _blocking_iter(aio_streams.Streams.read_pages)
+    read_all = _blocking_iter(aio_streams.Streams.read_all)
+    trim = _blocking(aio_streams.Streams.trim)
 
 
-class Admin(BlockingClient):
-    """The blocking twin of `echomq.Admin` (same methods, same errors)."""
-
-    def __init__(
-        self, target: str | grpc.Channel, *, timeout: Seconds | None = None, channel_options: ChannelOptions = ()
-    ) -> None:
-        super().__init__(target, None if timeout is None else seconds(timeout), channel_options)
-        self._stub = admin_grpc.AdminServiceStub(self._channel)
-
-    def describe_group(self, stream: str, group: str) -> GroupInfo:
-        """A group's state; see `echomq.Admin.describe_group`."""
-        request = _convert.describe_request(stream, group)
-        try:
-            response = self._stub.DescribeGroup(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(f"DescribeGroup(stream={stream!r}, group={group!r})", error) from None
-        return _convert.group_info(response)
-
-    def list_dead_letters(
-        self, stream: str, *, dead_letter_stream: str | None = None, start_id: str | None = None, count: int = 0
-    ) -> DeadLetterPage:
-        """One page of dead letters; see `echomq.Admin.list_dead_letters`."""
-        request = _convert.list_dead_letters_request(stream, dead_letter_stream, start_id, count)
-        try:
-            response = self._stub.ListDeadLetters(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(f"ListDeadLetters(stream={stream!r})", error) from None
-        return _convert.dead_letter_page(response)
-
-    def dead_letters(
-        self, stream: str, *, dead_letter_stream: str | None = None, page_size: int = 0
-    ) -> Iterator[DeadLetterEntry]:
-        """Every dead letter of `stream`, oldest first, page by page."""
-        start: str | None = None
-        while True:
-            page = self.list_dead_letters(
-                stream, dead_letter_stream=dead_letter_stream, start_id=start, count=page_size
-            )
-            yield from page.dead_letters
-            if page.next_start_id is None:
-                return
-            start = page.next_start_id
-
-    def replay_dead_letters(
-        self, stream: str, *, ids: Iterable[str] = (), dead_letter_stream: str | None = None, count: int = 0
-    ) -> ReplayResult:
-        """Moves dead letters back to `stream`; see `echomq.Admin.replay_dead_letters`."""
-        request = _convert.replay_request(stream, ids, dead_letter_stream, count)
-        try:
-            response = self._stub.ReplayDeadLetters(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(f"ReplayDeadLetters(stream={stream!r})", error) from None
-        return _convert.replay_result(response)
+if TYPE_CHECKING:
+    Producer = Streams
+else:
+    #: Deprecated: the old name of `Streams`, which appends, reads and trims.
+    Producer = renamed_class(Streams, "echomq.sync.Producer", "echomq.sync.Streams")
 
 
+class Admin(_Client[aio_admin.Admin]):
+    """The blocking twin of `echomq.Admin` (same methods, same errors,
+    iterators instead of async iterators)."""
 
-class SyncDelivery:
+    _aio_class = aio_admin.Admin
+
+    describe_group = _blocking(aio_admin.Admin.describe_group)
+    list_dead_letters = _blocking(aio_admin.Admin.list_dead_letters)
+    dead_letters = _blocking_iter(aio_admin.Admin.dead_letters)
+    replay_dead_letters = _blocking(aio_admin.Admin.replay_dead_letters)
+
+
+class SyncDelivery(_OnLoop[Delivery]):
     """A `Delivery` for a blocking handler: the same attributes, blocking
     `ack()`, `fail()`, `dead_letter()` and `extend()` (safe from the handler's
     worker thread).
@@ -214,7 +230,7 @@ class SyncDelivery:
     """
 
     def __init__(self, delivery: Delivery, loop: asyncio.AbstractEventLoop) -> None:
-        self._delivery = delivery
+        self._aio = delivery
         self._loop = loop
         self.id: str = delivery.id
         self.stream_id: str = delivery.stream_id
@@ -231,25 +247,15 @@ class SyncDelivery:
 
     @property
     def settled(self) -> bool:
-        return self._delivery.settled
+        return self._aio.settled
 
-    def _on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
-
-    def ack(self) -> bool:
-        return self._on_loop(self._delivery.ack())
-
-    def fail(self, reason: str = "", *, retry_after: Seconds | None = None) -> bool:
-        return self._on_loop(self._delivery.fail(reason, retry_after=retry_after))
-
-    def dead_letter(self, reason: str = "") -> bool:
-        return self._on_loop(self._delivery.dead_letter(reason))
-
-    def extend(self, by: Seconds) -> bool:
-        return self._on_loop(self._delivery.extend(by))
+    ack = _blocking(Delivery.ack)
+    fail = _blocking(Delivery.fail)
+    dead_letter = _blocking(Delivery.dead_letter)
+    extend = _blocking(Delivery.extend)
 
     def __repr__(self) -> str:
-        return f"Sync{self._delivery!r}"
+        return f"Sync{self._aio!r}"
 
 
 class Consumer:
@@ -283,53 +289,30 @@ class Consumer:
         group: str,
         handler: Callable[[SyncDelivery], object] | None = None,
         *,
-        start: Start,
-        max_in_flight: int | None = None,
-        concurrency: int | None = None,
-        max_batch: int | None = None,
-        ack_linger: Seconds = aio.DEFAULT_ACK_LINGER,
-        ack_deadline: Seconds | None = None,
-        retry_backoff_initial: Seconds | None = None,
-        retry_backoff_max: Seconds | None = None,
-        dead_letter_stream: str | None = None,
-        max_deliveries: int | None = None,
-        no_ack: bool = False,
-        reconnect: Backoff = Backoff(),
-        on_verdict_error: Callable[[VerdictError], object] | None = None,
-        channel_options: ChannelOptions = (),
         stop_deadline: Seconds = aio.DEFAULT_STOP_DEADLINE,
+        **settings: Any,
     ) -> None:
+        # `settings` are `echomq.Consumer`'s keyword arguments, passed on as
+        # they are (`__signature__` below lists them), but for the handler's.
+        for name in ("batch_handler", "interceptors"):
+            if name in settings:
+                raise TypeError(f"echomq.sync.Consumer takes no {name} (the asyncio echomq.Consumer does)")
         self._handler = handler
         self._stop_deadline = stop_deadline
         self._loop: asyncio.AbstractEventLoop | None = None
         #: The background thread running `_loop` for an iterated consumer.
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._consumer = aio.Consumer(
+            target, stream, group, self._run_handler if handler is not None else None, **settings
+        )
         # Threads start as work needs them; the asyncio consumer's workers
         # (`concurrency`, by default the effective max_in_flight) bound how
         # many handlers run at once, so the pool's cap only has to be enough.
+        flow: FlowControl = self._consumer.flow_control
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=concurrency or max_in_flight or aio.MAX_IN_FLIGHT_LIMIT, thread_name_prefix="echomq-handler"
-        )
-        self._consumer = aio.Consumer(
-            target,
-            stream,
-            group,
-            self._run_handler if handler is not None else None,
-            start=start,
-            max_in_flight=max_in_flight,
-            concurrency=concurrency,
-            max_batch=max_batch,
-            ack_linger=ack_linger,
-            ack_deadline=ack_deadline,
-            retry_backoff_initial=retry_backoff_initial,
-            retry_backoff_max=retry_backoff_max,
-            dead_letter_stream=dead_letter_stream,
-            max_deliveries=max_deliveries,
-            no_ack=no_ack,
-            reconnect=reconnect,
-            on_verdict_error=on_verdict_error,
-            channel_options=channel_options,
+            max_workers=flow.concurrency or flow.max_in_flight or aio.MAX_IN_FLIGHT_LIMIT,
+            thread_name_prefix="echomq-handler",
         )
 
     async def _run_handler(self, delivery: Delivery) -> None:
@@ -463,3 +446,25 @@ class Consumer:
         return asyncio.run_coroutine_threadsafe(self._consumer.send_ack(*ids), self._loop).result()
 
 
+def _consumer_signature() -> inspect.Signature:
+    """`echomq.Consumer`'s parameters, with a plain-function handler, without
+    the asyncio-only ones, and with `stop_deadline` (what `stop()` waits by
+    default, also on SIGINT / SIGTERM)."""
+    parameters = []
+    for parameter in inspect.signature(aio.Consumer.__init__).parameters.values():
+        if parameter.name in ("batch_handler", "interceptors"):
+            continue
+        if parameter.name == "target":
+            parameter = parameter.replace(annotation="str")
+        elif parameter.name == "handler":
+            parameter = parameter.replace(annotation="Callable[[SyncDelivery], object] | None")
+        parameters.append(parameter)
+    parameters.append(
+        inspect.Parameter(
+            "stop_deadline", inspect.Parameter.KEYWORD_ONLY, default=aio.DEFAULT_STOP_DEADLINE, annotation="Seconds"
+        )
+    )
+    return inspect.Signature(parameters, return_annotation="None")
+
+
+Consumer.__init__.__signature__ = _consumer_signature()  # type: ignore[attr-defined]

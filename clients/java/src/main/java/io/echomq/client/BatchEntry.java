@@ -4,7 +4,7 @@ import java.util.Map;
 import java.util.Objects;
 
 /**
- * One entry of {@link EchoMqProducer#appendBatchEntries(String, java.util.List, long, String)}: its
+ * One entry of {@link EchoMqStreams#appendBatchEntries(String, java.util.List, long, String)}: its
  * fields and, optionally, its dedup key. A batch may mix entries with and without keys.
  *
  * <pre>{@code
@@ -14,7 +14,7 @@ import java.util.Objects;
  * }</pre>
  *
  * @param fields the entry's fields (name → bytes)
- * @param dedupKey as {@link EchoMqProducer#append(String, Map, long, String, String)}'s: an entry
+ * @param dedupKey as {@link EchoMqStreams#append(String, Map, long, String, String)}'s: an entry
  *     whose key is recorded on the stream, or was used by an earlier entry of the same batch, is not
  *     written, and its result is the first one's with {@link AppendResult#isDuplicate()}; {@code
  *     null} or empty: none

@@ -44,7 +44,7 @@ import java.util.function.Consumer;
  *
  * <h2>Batched frames and coalesced acks</h2>
  * The consumer always asks the sidecar for batched frames ({@code Subscribe.max_batch}, see
- * {@link Builder#maxBatch}): up to that many deliveries arrive in one gRPC message, and never wait
+ * {@link FlowControl#maxBatch()}): up to that many deliveries arrive in one gRPC message, and never wait
  * to fill one, so batching adds no latency at low rates. A {@link DeliveryHandler} still sees one
  * delivery at a time. Acks are coalesced into one {@code Ack} message per short window
  * ({@link Builder#ackLinger}, {@link Builder#ackBatch}); fails and extensions go out at once,
@@ -79,10 +79,10 @@ public final class EchoMqConsumer implements AutoCloseable {
 
   /**
    * The sidecar's default {@code max_in_flight} (its {@code --default-max-in-flight}), which an
-   * unset {@link Builder#maxInFlight} (sent as 0) gets; also the default handler concurrency.
+   * unset {@link FlowControl#maxInFlight()} (sent as 0) gets; also the default handler concurrency.
    */
   public static final int DEFAULT_MAX_IN_FLIGHT = 64;
-  /** The most deliveries per frame asked for by default ({@link Builder#maxBatch}). */
+  /** The most deliveries per frame asked for by default ({@link FlowControl#maxBatch()}). */
   public static final int DEFAULT_MAX_BATCH = 256;
   /** The sidecar refuses a {@code max_batch} above this with INVALID_ARGUMENT. */
   public static final int MAX_BATCH_LIMIT = 4096;
@@ -696,23 +696,42 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
 
     /**
-     * Flow control: the most deliveries the call holds un-settled (entries, sent in Subscribe).
-     * Default 0: the sidecar's default ({@code --default-max-in-flight}, {@value
-     * EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT}). The sidecar refuses more than its {@code
-     * --max-in-flight-limit} (10,000) with INVALID_ARGUMENT ({@link EchoMqConsumer#start()} fails).
+     * How much the consumer takes on at once: max in flight, concurrency and max batch (see {@link
+     * FlowControl}). Default {@link FlowControl#DEFAULTS}: every setting's default. Replaces what
+     * the deprecated {@link #maxInFlight}, {@link #concurrency} and {@link #maxBatch} set.
+     *
+     * @param flowControl the settings
+     * @return this builder
      */
+    public Builder flowControl(FlowControl flowControl) {
+      Objects.requireNonNull(flowControl, "flowControl");
+      this.maxInFlight = flowControl.maxInFlight();
+      this.concurrency = flowControl.concurrency() == 0 ? -1 : flowControl.concurrency();
+      this.maxBatch = flowControl.maxBatch() == 0 ? -1 : flowControl.maxBatch();
+      return this;
+    }
+
+    /**
+     * Sets {@link FlowControl#maxInFlight()} alone.
+     *
+     * @param maxInFlight the most deliveries held un-settled; 0: the sidecar's default
+     * @return this builder
+     * @deprecated Use {@link #flowControl(FlowControl)}; goes away in the next release.
+     */
+    @Deprecated(forRemoval = true)
     public Builder maxInFlight(int maxInFlight) {
       this.maxInFlight = maxInFlight;
       return this;
     }
 
     /**
-     * The most handlers running at once: the threads of the handler pool, started once. Default:
-     * the effective max in flight ({@link #maxInFlight}, {@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT}
-     * when unset), so every delivery the call holds can be in a handler; 1 with a {@link
-     * #batchHandler}. At most {@link #maxInFlight} when that is set: a handler can only run on a
-     * delivery the call holds.
+     * Sets {@link FlowControl#concurrency()} alone.
+     *
+     * @param concurrency the most handlers at once
+     * @return this builder
+     * @deprecated Use {@link #flowControl(FlowControl)}; goes away in the next release.
      */
+    @Deprecated(forRemoval = true)
     public Builder concurrency(int concurrency) {
       this.concurrency = concurrency;
       return this;
@@ -726,7 +745,7 @@ public final class EchoMqConsumer implements AutoCloseable {
 
     /**
      * Opt-in, instead of {@link #handler}: a handler of whole frames, for work done in bulk. It gets
-     * the deliveries of one frame (1 to {@link #maxBatch} of them) and answers one {@link Verdict}
+     * the deliveries of one frame (1 to {@link FlowControl#maxBatch()} of them) and answers one {@link Verdict}
      * per delivery; at most {@code concurrency} batches run at once. Everything else (stop,
      * reconnects, coalesced acks) is as with a {@link DeliveryHandler}.
      */
@@ -736,14 +755,13 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
 
     /**
-     * The most deliveries the sidecar may put in one frame ({@code Subscribe.max_batch}). Frames
-     * never wait to fill, so batching adds no latency at low rates; at high rates it saves a gRPC
-     * message per entry. A {@link DeliveryHandler} still sees one delivery at a time; a
-     * {@link BatchHandler} sees one frame. Default: the smaller of {@value EchoMqConsumer#DEFAULT_MAX_BATCH} and
-     * the effective max in flight ({@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT} when unset). 1: one
-     * delivery per frame. Above {@value EchoMqConsumer#MAX_BATCH_LIMIT} the sidecar refuses the
-     * subscription with INVALID_ARGUMENT ({@link EchoMqConsumer#start()} fails).
+     * Sets {@link FlowControl#maxBatch()} alone.
+     *
+     * @param maxBatch the most deliveries per frame
+     * @return this builder
+     * @deprecated Use {@link #flowControl(FlowControl)}; goes away in the next release.
      */
+    @Deprecated(forRemoval = true)
     public Builder maxBatch(int maxBatch) {
       this.maxBatch = maxBatch;
       return this;

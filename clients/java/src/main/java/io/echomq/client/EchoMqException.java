@@ -65,9 +65,25 @@ public class EchoMqException extends RuntimeException {
     return code;
   }
 
-  /** The message without the status code. */
-  public String detail() {
+  /**
+   * The sidecar's message without the status code: which field or key is wrong and how to fix it.
+   *
+   * @return the status description
+   */
+  public String details() {
     return detail;
+  }
+
+  /**
+   * The old name of {@link #details()}.
+   *
+   * @return the status description
+   * @deprecated Use {@link #details()}, the name every client gives it; goes away in the next
+   *     release.
+   */
+  @Deprecated(forRemoval = true)
+  public String detail() {
+    return details();
   }
 
   /** True when retrying cannot help (the request or the configuration must change). */

@@ -1,5 +1,11 @@
 package io.echomq.client;
 
+import com.google.common.util.concurrent.ListenableFuture;
+import com.google.protobuf.ByteString;
+import io.echomq.v1.AppendBatchRequest;
+import io.echomq.v1.AppendBatchResponse;
+import io.echomq.v1.AppendRequest;
+import io.echomq.v1.AppendResponse;
 import io.echomq.v1.ReadRequest;
 import io.echomq.v1.ReadResponse;
 import io.echomq.v1.StreamServiceGrpc;
@@ -13,21 +19,24 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.Iterator;
 import java.util.List;
+import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.Objects;
 import java.util.Spliterator;
 import java.util.Spliterators;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Stream;
 import java.util.stream.StreamSupport;
 
 /**
- * Reads and trims streams through the sidecar: the StreamService calls besides appending (which
- * is {@link EchoMqProducer}'s). Reading needs no consumer group and changes nothing: nothing is
- * acknowledged or counted. Thread-safe.
+ * The sidecar's StreamService: appends entries (each entry's branded id minted atomically with the
+ * XADD), reads them and trims streams. Reading needs no consumer group and changes nothing:
+ * nothing is acknowledged or counted. Thread-safe; one per process is enough.
  *
  * <pre>{@code
  * try (var streams = EchoMqStreams.connect("127.0.0.1:50051")) {
+ *   AppendResult written = streams.append("orders", Fields.of("order", "42"));
  *   // Everything appended in the last hour, oldest first, fetched a page at a time.
  *   try (Stream<Entry> entries = streams.readAll("orders", Range.all().from(Instant.now().minus(Duration.ofHours(1))))) {
  *     entries.forEach(e -> System.out.println(e.streamId() + " " + e.payloadText("order")));
@@ -37,13 +46,37 @@ import java.util.stream.StreamSupport;
  * }
  * }</pre>
  *
- * <p>Errors are {@link EchoMqException}s: INVALID_ARGUMENT for a bad stream name or id, both an id
- * and an instant for one bound, a page size over 10,000, or a trim without exactly one bound;
- * FAILED_PRECONDITION when the key is not a stream; UNAVAILABLE when the sidecar or Redis cannot be
- * reached (safe to retry: reads and trims are idempotent); DEADLINE_EXCEEDED past the per-call
- * timeout ({@link #withTimeout}, default 10 s).
+ * <p>Errors are {@link EchoMqException}s: INVALID_ARGUMENT for a bad stream name or id, a field
+ * named like the reserved id field, a dedup key over the sidecar's {@code --max-name-bytes}, both
+ * an id and an instant for one bound, a page size over 10,000, or a trim without exactly one
+ * bound; FAILED_PRECONDITION when the key is not a stream; UNAVAILABLE when the sidecar or Redis
+ * cannot be reached (or a failover, or the sidecar's {@code --wait-replicas} not confirmed in
+ * time); DEADLINE_EXCEEDED past the per-call timeout ({@link #withTimeout}, default 10 s).
+ *
+ * <p>Reads and trims are safe to retry. Appends are not retried: an append that failed with
+ * UNAVAILABLE or DEADLINE_EXCEEDED may or may not have been written, and a plain retry could write
+ * it twice. Give it a dedup key ({@link #append(String, Map, long, String, String)}, or {@link
+ * BatchEntry#dedupKey()} in a batch) and retry with the same key: if the first attempt was
+ * written, the retry writes nothing and answers its ids with {@link AppendResult#isDuplicate()}
+ * true.
+ *
+ * <pre>{@code
+ * AppendResult written = null;
+ * for (int attempt = 0; written == null; attempt++) {
+ *   try {
+ *     written = streams.append("orders", fields, 0, null, "order-1001");
+ *   } catch (EchoMqException e) {
+ *     if (e.isPermanent() || attempt == 4) throw e;
+ *     Thread.sleep(500L << attempt); // same call, same key
+ *   }
+ * }
+ * }</pre>
+ *
+ * <p>{@link EchoMqProducer} is its deprecated old name. Groups and dead letters are {@link
+ * EchoMqAdmin}'s.
  */
-public final class EchoMqStreams implements AutoCloseable {
+@SuppressWarnings({"deprecation", "removal"}) // permits the deprecated EchoMqProducer, its old name
+public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProducer {
   /** Default deadline of one call (one page of a read, or a trim). */
   public static final Duration DEFAULT_TIMEOUT = Duration.ofSeconds(10);
   /** Entries per page of {@link #readAll(String, Range)}: the most the sidecar returns at once. */
@@ -53,12 +86,24 @@ public final class EchoMqStreams implements AutoCloseable {
 
   private final ManagedChannel ownedChannel;
   private final StreamServiceGrpc.StreamServiceBlockingStub stub;
+  private final StreamServiceGrpc.StreamServiceFutureStub futureStub;
   private final Duration timeout;
 
-  private EchoMqStreams(Channel channel, ManagedChannel owned, Duration timeout) {
+  EchoMqStreams(Channel channel, ManagedChannel owned, Duration timeout) {
     this.ownedChannel = owned;
     this.stub = StreamServiceGrpc.newBlockingStub(channel);
+    this.futureStub = StreamServiceGrpc.newFutureStub(channel);
     this.timeout = timeout;
+  }
+
+  /** The channel, for a client that shares it ({@link #withTimeout}). */
+  final Channel channel() {
+    return stub.getChannel();
+  }
+
+  /** The per-call deadline. */
+  final Duration timeout() {
+    return timeout;
   }
 
   /** A client on its own channel to {@code host:port} or {@code unix:/path}; {@link #close()} closes it. */
@@ -75,6 +120,184 @@ public final class EchoMqStreams implements AutoCloseable {
   /** This client with another per-call deadline (default 10 s); shares the channel. */
   public EchoMqStreams withTimeout(Duration timeout) {
     return new EchoMqStreams(stub.getChannel(), null, Objects.requireNonNull(timeout, "timeout"));
+  }
+
+  /** Appends one entry; see {@link #append(String, Map, long)}. */
+  public AppendResult append(String stream, Map<String, byte[]> fields) {
+    return append(stream, fields, 0);
+  }
+
+  /**
+   * Appends one entry.
+   *
+   * @param maxLen when above 0, trims the stream to about this many entries ({@code MAXLEN ~})
+   * @return the branded id, stream id and stream key written
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public AppendResult append(String stream, Map<String, byte[]> fields, long maxLen) {
+    return append(stream, fields, maxLen, null);
+  }
+
+  /**
+   * Appends one entry to a sharded stream's shard chosen by {@code partitionKey}.
+   *
+   * @param maxLen when above 0, trims the stream (the shard written) to about this many entries
+   * @param partitionKey for a sharded stream (the sidecar's {@code --sharded-streams}): entries with
+   *     the same key go to the same shard, so they are consumed in the order they were appended;
+   *     {@code null} or empty takes the shards in turn. A stream that is not sharded ignores it.
+   * @return the branded id, stream id and stream key written (the shard's key)
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public AppendResult append(String stream, Map<String, byte[]> fields, long maxLen, String partitionKey) {
+    return join(appendAsync(stream, fields, maxLen, partitionKey));
+  }
+
+  /** Appends one entry without blocking; the future fails with {@link EchoMqException}. */
+  public CompletableFuture<AppendResult> appendAsync(String stream, Map<String, byte[]> fields, long maxLen) {
+    return appendAsync(stream, fields, maxLen, null);
+  }
+
+  /**
+   * Appends one entry without blocking, to the shard of {@code partitionKey} (see {@link
+   * #append(String, Map, long, String)}); the future fails with {@link EchoMqException}.
+   */
+  public CompletableFuture<AppendResult> appendAsync(
+      String stream, Map<String, byte[]> fields, long maxLen, String partitionKey) {
+    return appendAsync(stream, fields, maxLen, partitionKey, null);
+  }
+
+  /**
+   * Appends one entry idempotently: if an append to {@code stream} with the same {@code dedupKey}
+   * was recorded within the sidecar's {@code --dedup-window-ms} (2 minutes by default), nothing is
+   * written and the result is that append's, with {@link AppendResult#isDuplicate()} true. So an
+   * append whose outcome is unknown (UNAVAILABLE, DEADLINE_EXCEEDED, a lost connection) can be
+   * retried with the same key without a second copy.
+   *
+   * @param maxLen when above 0, trims the stream to about this many entries
+   * @param partitionKey the shard of a sharded stream (see {@link #append(String, Map, long,
+   *     String)}); {@code null} or empty: none. Retry with the same one.
+   * @param dedupKey the entry's key in your domain (an order id, a message id, a hash of the
+   *     payload); {@code null} or empty: no deduplication. Longer than the sidecar's {@code
+   *     --max-name-bytes} (1024): INVALID_ARGUMENT, nothing written.
+   * @return the branded id, stream id and stream key written, or the first append's for a duplicate
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public AppendResult append(
+      String stream, Map<String, byte[]> fields, long maxLen, String partitionKey, String dedupKey) {
+    return join(appendAsync(stream, fields, maxLen, partitionKey, dedupKey));
+  }
+
+  /**
+   * Appends one entry idempotently without blocking (see {@link #append(String, Map, long, String,
+   * String)}); the future fails with {@link EchoMqException}.
+   */
+  public CompletableFuture<AppendResult> appendAsync(
+      String stream, Map<String, byte[]> fields, long maxLen, String partitionKey, String dedupKey) {
+    AppendRequest request =
+        AppendRequest.newBuilder()
+            .setStream(stream)
+            .putAllFields(toProto(fields))
+            .setMaxLen(maxLen)
+            .setPartitionKey(partitionKey == null ? "" : partitionKey)
+            .setDedupKey(dedupKey == null ? "" : dedupKey)
+            .build();
+    return toCompletable(appending().append(request), "appending to stream \"" + stream + "\"")
+        .thenApply(EchoMqStreams::result);
+  }
+
+  /** Appends several entries atomically, in order; see {@link #appendBatch(String, List, long)}. */
+  public List<AppendResult> appendBatch(String stream, List<Map<String, byte[]>> entries) {
+    return appendBatch(stream, entries, 0);
+  }
+
+  /**
+   * Appends 1 to 10,000 entries to one stream in one server-side script: all or none. Ids are
+   * consecutive and in the order given. For entries with dedup keys, see {@link
+   * #appendBatchEntries(String, List, long, String)}.
+   *
+   * @return one result per entry, in order
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public List<AppendResult> appendBatch(String stream, List<Map<String, byte[]>> entries, long maxLen) {
+    return appendBatch(stream, entries, maxLen, null);
+  }
+
+  /**
+   * Appends a batch atomically, in order, to a sharded stream's shard chosen by {@code
+   * partitionKey}: the whole batch goes to one shard (see {@link #append(String, Map, long, String)}).
+   *
+   * @param partitionKey same key, same shard, order kept; {@code null} or empty: the next shard in
+   *     turn. Ignored by a stream that is not sharded.
+   * @return one result per entry, in order
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public List<AppendResult> appendBatch(
+      String stream, List<Map<String, byte[]>> entries, long maxLen, String partitionKey) {
+    return join(appendBatchAsync(stream, entries, maxLen, partitionKey));
+  }
+
+  /** Appends a batch without blocking; the future fails with {@link EchoMqException}. */
+  public CompletableFuture<List<AppendResult>> appendBatchAsync(
+      String stream, List<Map<String, byte[]>> entries, long maxLen) {
+    return appendBatchAsync(stream, entries, maxLen, null);
+  }
+
+  /**
+   * Appends a batch without blocking, to the shard of {@code partitionKey} (see {@link
+   * #appendBatch(String, List, long, String)}); the future fails with {@link EchoMqException}.
+   */
+  public CompletableFuture<List<AppendResult>> appendBatchAsync(
+      String stream, List<Map<String, byte[]>> entries, long maxLen, String partitionKey) {
+    List<BatchEntry> plain = new ArrayList<>(entries.size());
+    entries.forEach(fields -> plain.add(BatchEntry.of(fields)));
+    return appendBatchEntriesAsync(stream, plain, maxLen, partitionKey);
+  }
+
+  /**
+   * Appends entries that may carry a dedup key each, atomically and in order; see {@link
+   * #appendBatchEntries(String, List, long, String)}.
+   */
+  public List<AppendResult> appendBatchEntries(String stream, List<BatchEntry> entries) {
+    return appendBatchEntries(stream, entries, 0, null);
+  }
+
+  /**
+   * Appends 1 to 10,000 entries, each with its own dedup key or none, to one stream in one
+   * server-side script: all or none, in order. An entry whose key is recorded on the stream (within
+   * the sidecar's {@code --dedup-window-ms}), or was used by an earlier entry of the same batch, is
+   * not written: its result is the first one's, with {@link AppendResult#isDuplicate()} true (it
+   * takes no id of its own). On a sharded stream, a batch without {@code partitionKey} goes to the
+   * shard of its first dedup key.
+   *
+   * @param maxLen when above 0, trims the stream to about this many entries
+   * @param partitionKey the shard of a sharded stream; {@code null} or empty: none
+   * @return one result per entry, in order
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public List<AppendResult> appendBatchEntries(
+      String stream, List<BatchEntry> entries, long maxLen, String partitionKey) {
+    return join(appendBatchEntriesAsync(stream, entries, maxLen, partitionKey));
+  }
+
+  /**
+   * Appends entries with dedup keys without blocking (see {@link #appendBatchEntries(String, List,
+   * long, String)}); the future fails with {@link EchoMqException}.
+   */
+  public CompletableFuture<List<AppendResult>> appendBatchEntriesAsync(
+      String stream, List<BatchEntry> entries, long maxLen, String partitionKey) {
+    AppendBatchRequest.Builder request =
+        AppendBatchRequest.newBuilder()
+            .setStream(stream)
+            .setMaxLen(maxLen)
+            .setPartitionKey(partitionKey == null ? "" : partitionKey);
+    for (BatchEntry entry : entries) {
+      request.addEntries(
+          io.echomq.v1.BatchEntry.newBuilder()
+              .putAllFields(toProto(entry.fields()))
+              .setDedupKey(entry.dedupKey() == null ? "" : entry.dedupKey()));
+    }
+    return toCompletable(appending().appendBatch(request.build()), "appending a batch to stream \"" + stream + "\"")
+        .thenApply(EchoMqStreams::results);
   }
 
   /**
@@ -174,6 +397,34 @@ public final class EchoMqStreams implements AutoCloseable {
 
   private StreamServiceGrpc.StreamServiceBlockingStub deadlined() {
     return stub.withDeadlineAfter(timeout.toNanos(), TimeUnit.NANOSECONDS);
+  }
+
+  private StreamServiceGrpc.StreamServiceFutureStub appending() {
+    return futureStub.withDeadlineAfter(timeout.toNanos(), TimeUnit.NANOSECONDS);
+  }
+
+  private static Map<String, ByteString> toProto(Map<String, byte[]> fields) {
+    Map<String, ByteString> out = new java.util.LinkedHashMap<>();
+    fields.forEach((name, value) -> out.put(Objects.requireNonNull(name, "field name"), ByteString.copyFrom(value)));
+    return out;
+  }
+
+  private static AppendResult result(AppendResponse response) {
+    return new AppendResult(response.getId(), response.getStreamId(), response.getStream(), response.getDuplicate());
+  }
+
+  private static List<AppendResult> results(AppendBatchResponse response) {
+    List<AppendResult> out = new ArrayList<>(response.getEntriesCount());
+    response.getEntriesList().forEach(r -> out.add(result(r)));
+    return out;
+  }
+
+  private static <T> CompletableFuture<T> toCompletable(ListenableFuture<T> future, String doing) {
+    return Rpc.toCompletable(future, doing);
+  }
+
+  private static <T> T join(CompletableFuture<T> future) {
+    return Rpc.join(future);
   }
 
   /**

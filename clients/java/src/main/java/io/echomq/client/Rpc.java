@@ -15,7 +15,7 @@ import java.util.concurrent.TimeUnit;
 import java.util.function.Supplier;
 
 /**
- * What the unary wrappers ({@link EchoMqProducer}, {@link EchoMqStreams}, {@link EchoMqAdmin})
+ * What the unary wrappers ({@link EchoMqStreams}, {@link EchoMqAdmin})
  * share: turning gRPC failures into {@link EchoMqException}s, closing an owned channel, and the
  * conversions between the proto's Duration and Timestamp and {@code java.time}.
  */
@@ -56,7 +56,7 @@ final class Rpc {
     } catch (CompletionException e) {
       if (e.getCause() instanceof EchoMqException cause) {
         // Rethrown from this thread so the stack trace shows the caller.
-        throw new EchoMqException(cause.code(), cause.detail(), cause);
+        throw new EchoMqException(cause.code(), cause.details(), cause);
       }
       throw e;
     } catch (StatusRuntimeException e) {

@@ -8,11 +8,13 @@
  *   <li>{@link io.echomq.client.EchoMqConsumer}: one subscription (stream + group) served by a
  *       handler on a bounded pool; reconnects by itself, stops gracefully.</li>
  *   <li>{@link io.echomq.client.Delivery}: one hand-over of an entry, with its explicit verdicts.</li>
- *   <li>{@link io.echomq.client.EchoMqProducer}: {@code Append} and {@code AppendBatch}, idempotent
- *       with a dedup key ({@link io.echomq.client.BatchEntry} in a batch).</li>
- *   <li>{@link io.echomq.client.EchoMqStreams}: {@code Read} (a page, or a lazy stream of a whole
- *       range) and {@code Trim} (safe by default); {@link io.echomq.client.Entry} is what a read
- *       returns.</li>
+ *   <li>{@link io.echomq.client.EchoMqStreams}: the StreamService: {@code Append} and {@code
+ *       AppendBatch}, idempotent with a dedup key ({@link io.echomq.client.BatchEntry} in a batch),
+ *       {@code Read} (a page, or a lazy stream of a whole range) and {@code Trim} (safe by
+ *       default); {@link io.echomq.client.Entry} is what a read returns. {@code EchoMqProducer}
+ *       is its deprecated old name.</li>
+ *   <li>{@link io.echomq.client.FlowControl}: how much a consumer takes on at once (max in
+ *       flight, concurrency, max batch).</li>
  *   <li>{@link io.echomq.client.EchoMqAdmin}: describe a group; list and replay dead letters.</li>
  *   <li>{@link io.echomq.client.EchoMqException}: every sidecar error, with its gRPC code and
  *       whether retrying can help.</li>

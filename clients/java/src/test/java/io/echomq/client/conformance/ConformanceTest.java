@@ -4,7 +4,7 @@ import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
-import io.echomq.client.EchoMqProducer;
+import io.echomq.client.EchoMqStreams;
 import io.echomq.client.testing.SidecarFixture;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -34,7 +34,7 @@ class ConformanceTest {
 
   private JsonObject suite;
   private SidecarFixture fixture;
-  private EchoMqProducer producer;
+  private EchoMqStreams producer;
 
   @BeforeAll
   void startSidecar() throws Exception {
@@ -43,7 +43,7 @@ class ConformanceTest {
     List<String> args = new ArrayList<>();
     suite.getAsJsonArray("sidecar_args").forEach(a -> args.add(a.getAsString()));
     fixture = SidecarFixture.start("conformance-" + LANGUAGE, args);
-    producer = EchoMqProducer.connect(fixture.target());
+    producer = EchoMqStreams.connect(fixture.target());
   }
 
   @AfterAll

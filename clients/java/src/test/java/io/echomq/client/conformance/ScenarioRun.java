@@ -7,7 +7,8 @@ import io.echomq.client.BatchEntry;
 import io.echomq.client.DeliveryHandler;
 import io.echomq.client.EchoMqConsumer;
 import io.echomq.client.EchoMqException;
-import io.echomq.client.EchoMqProducer;
+import io.echomq.client.EchoMqStreams;
+import io.echomq.client.FlowControl;
 import io.echomq.client.StartPosition;
 import io.echomq.client.testing.Resp;
 import io.echomq.client.testing.SidecarFixture;
@@ -56,7 +57,7 @@ final class ScenarioRun {
 
   private final JsonObject scenario;
   private final SidecarFixture fixture;
-  private final EchoMqProducer producer;
+  private final EchoMqStreams producer;
   private final String name;
   private final String stream;
   private final String deadLetters;
@@ -84,7 +85,7 @@ final class ScenarioRun {
   private final List<String> problems = Collections.synchronizedList(new ArrayList<>());
   private Long stopMillis;
 
-  ScenarioRun(JsonObject scenario, SidecarFixture fixture, EchoMqProducer producer, String language) {
+  ScenarioRun(JsonObject scenario, SidecarFixture fixture, EchoMqStreams producer, String language) {
     this.scenario = scenario;
     this.fixture = fixture;
     this.producer = producer;
@@ -294,8 +295,11 @@ final class ScenarioRun {
             .stream(stream)
             .group(GROUP)
             .startPosition(StartPosition.beginning())
-            .maxInFlight(spec.get("max_in_flight").getAsInt())
-            .concurrency(spec.get("concurrency").getAsInt())
+            .flowControl(
+                FlowControl.builder()
+                    .maxInFlight(spec.get("max_in_flight").getAsInt())
+                    .concurrency(spec.get("concurrency").getAsInt())
+                    .build())
             .handler(handler())
             .onVerdictError(error -> verdictErrors.add(error.code().name()))
             .intercept(new AckCounter())

@@ -1,6 +1,6 @@
 package io.echomq.client.testing;
 
-import io.echomq.client.EchoMqProducer;
+import io.echomq.client.EchoMqStreams;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.function.BooleanSupplier;
@@ -19,7 +19,7 @@ public abstract class LiveSidecar {
       List.of("--retry-backoff-initial-ms", "100", "--retry-backoff-max-ms", "1000", "--shutdown-grace-ms", "1000");
 
   protected SidecarFixture fixture;
-  protected EchoMqProducer producer;
+  protected EchoMqStreams producer;
 
   /** The sidecar's consumer name in the groups. */
   protected abstract String consumerName();
@@ -27,7 +27,7 @@ public abstract class LiveSidecar {
   @BeforeAll
   void startSidecar() throws Exception {
     fixture = SidecarFixture.start(consumerName(), SIDECAR_ARGS);
-    producer = EchoMqProducer.connect(fixture.target());
+    producer = EchoMqStreams.connect(fixture.target());
   }
 
   @AfterAll

@@ -1,0 +1,126 @@
+//! Redis settings: where it is, how to log in to it and to its Sentinels,
+//! how long a command may take, and the connections the groups' reads hold.
+
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use clap::Args;
+
+use super::millis;
+
+/// Default Redis URL: a local Redis on its standard port.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Default response timeout of a non-blocking Redis command.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default most dedicated reader connections (one per (stream, group) with calls; a sharded stream's
+/// shards one each).
+pub const DEFAULT_READER_CONNECTIONS: usize = 64;
+
+/// Where Redis is, and how the sidecar talks to it.
+#[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Redis")]
+pub struct RedisConfig {
+    /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS. For a Redis Cluster,
+    /// one node's URL or a comma-separated seed list (`redis://10.0.0.1:6379,redis://10.0.0.2:6379`):
+    /// cluster mode is detected from the server (INFO cluster). For Redis Sentinel,
+    /// `redis+sentinel://[user:password@]host:port[,host:port…]/MASTER[/DB]` (`rediss+sentinel://`: TLS to
+    /// the data nodes): the userinfo is the data nodes'; the Sentinels' own credentials are
+    /// --sentinel-username / --sentinel-password. On a single server or Sentinel the sidecar follows the
+    /// primary through failovers (docs: High availability).
+    // Checked in `validate`, not by clap: clap's refusal repeats the value, password and all.
+    #[arg(long, env = "ECHOMQ_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    pub redis_url: String,
+
+    /// Sharded streams: `name=shards[,name=shards…]`, e.g. `orders=4`. A sharded stream is that many stream
+    /// keys, `<name>:{<name>:<k>}`; Append spreads entries over them (by partition key), Consume and
+    /// DescribeGroup on `<name>` cover them all. Every sidecar that appends to or consumes a sharded stream
+    /// must name it with the same count.
+    #[arg(long, env = "ECHOMQ_SHARDED_STREAMS", default_value = "", value_parser = crate::keys::parse_sharded)]
+    pub sharded_streams: BTreeMap<String, u32>,
+
+    /// Read the Redis password from this file (overrides one in the URL); pair
+    /// it with an ACL user in the URL (`redis://user@host:port`).
+    #[arg(long, env = "ECHOMQ_REDIS_PASSWORD_FILE")]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// The Sentinels' own ACL user, for a `redis+sentinel://` URL (the URL's userinfo is the data nodes').
+    #[arg(long, env = "ECHOMQ_SENTINEL_USERNAME")]
+    pub sentinel_username: Option<String>,
+
+    /// The Sentinels' own password, for a `redis+sentinel://` URL. Prefer --sentinel-password-file or a
+    /// Secret in the variable: a flag's value shows in the process list.
+    #[arg(long, env = "ECHOMQ_SENTINEL_PASSWORD", hide_env_values = true, conflicts_with = "sentinel_password_file")]
+    pub sentinel_password: Option<String>,
+
+    /// Read the Sentinels' own password from this file (a mounted Secret).
+    #[arg(long, env = "ECHOMQ_SENTINEL_PASSWORD_FILE")]
+    pub sentinel_password_file: Option<PathBuf>,
+
+    /// Trust this PEM CA for `rediss://` instead of the system's roots.
+    #[arg(long, env = "ECHOMQ_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// Response timeout (milliseconds) of non-blocking Redis commands. A
+    /// command with no reply in time retires its connection (the next one
+    /// goes out on a new one), and readiness turns NOT_SERVING within 1 s
+    /// plus this when Redis goes silent.
+    #[arg(id = "redis_timeout_ms", long = "redis-timeout-ms", value_name = "REDIS_TIMEOUT_MS", env = "ECHOMQ_REDIS_TIMEOUT_MS",
+          default_value = default_millis!(DEFAULT_REDIS_TIMEOUT), value_parser = millis::within(1..))]
+    pub redis_timeout: Duration,
+
+    /// Most dedicated Redis connections for the groups' blocking reads (XREADGROUP BLOCK), each
+    /// held by one (stream, group) while it has calls (a sharded stream: one per shard). A subscribe
+    /// that finds none free within a second is refused RESOURCE_EXHAUSTED.
+    #[arg(long, env = "ECHOMQ_READER_CONNECTIONS", default_value_t = DEFAULT_READER_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub reader_connections: usize,
+}
+
+impl RedisConfig {
+    /// Checks the URL and that Sentinel credentials come with a Sentinel URL.
+    pub(super) fn validate(&self) -> Result<(), String> {
+        check_redis_url(&self.redis_url).map_err(|reason| format!("--redis-url (ECHOMQ_REDIS_URL): {reason}"))?;
+        let sentinel_settings = [
+            ("--sentinel-username (ECHOMQ_SENTINEL_USERNAME)", self.sentinel_username.is_some()),
+            ("--sentinel-password (ECHOMQ_SENTINEL_PASSWORD)", self.sentinel_password.is_some()),
+            ("--sentinel-password-file (ECHOMQ_SENTINEL_PASSWORD_FILE)", self.sentinel_password_file.is_some()),
+        ];
+        if let Some((flag, _)) = sentinel_settings.iter().find(|(_, set)| *set) {
+            if !crate::redis::primary::SentinelUrl::is_sentinel(self.redis_url.trim()) {
+                return Err(format!(
+                    "{flag} is the Sentinels' own credential, but --redis-url is not a redis+sentinel:// URL: \
+                     drop it, or name the Sentinels (redis+sentinel://host:port[,host:port…]/MASTER)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One Redis URL, a comma-separated seed list of cluster nodes, or a
+/// Sentinel URL. Errors: the reason, naming the URL with its passwords
+/// replaced by `***` (see [`crate::redis::primary::redacted_url`]).
+fn check_redis_url(text: &str) -> Result<(), String> {
+    use crate::redis::primary::{redacted_url, SentinelUrl};
+    if SentinelUrl::is_sentinel(text.trim()) {
+        return SentinelUrl::parse(text.trim())
+            .map(drop)
+            .map_err(|reason| format!("`{}`: {reason}", redacted_url(text)));
+    }
+    let urls: Vec<&str> = text.split(',').map(str::trim).filter(|url| !url.is_empty()).collect();
+    if urls.is_empty() {
+        return Err("expected a Redis URL (redis://host:port), or a comma-separated list of cluster nodes".to_owned());
+    }
+    for url in &urls {
+        ::redis::parse_redis_url(url)
+            .filter(|parsed| matches!(parsed.scheme(), "redis" | "rediss" | "unix" | "redis+unix"))
+            .filter(|parsed| urls.len() == 1 || matches!(parsed.scheme(), "redis" | "rediss"))
+            .ok_or_else(|| {
+                format!(
+                    "`{}` is not a Redis URL: expected redis://host:port, rediss://host:port, unix:///path or \
+                     redis+sentinel://host:port[,host:port…]/MASTER (a cluster seed list takes redis:// or rediss:// \
+                     URLs, comma-separated)",
+                    redacted_url(url)
+                )
+            })?;
+    }
+    Ok(())
+}
