@@ -18,6 +18,7 @@ use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use tokio::{
     net::{TcpListener, UnixListener},
     sync::watch,
+    task::JoinHandle,
     time::{sleep, Instant},
 };
 use tokio_stream::{
@@ -34,10 +35,7 @@ use tracing::{error, info, warn};
 use crate::{
     admin::Admin,
     admin_http::{self, Readiness},
-    archive::{
-        fold::{FileSizes, Folding},
-        Archive,
-    },
+    archive::Archive,
     config::{Config, Listen},
     consume::Consumers,
     deferred::Deferred,
@@ -48,9 +46,14 @@ use crate::{
     },
     redis::{primary::redacted_url, version::VersionError, ConnectOptions, Redis},
     security::{Gate, Guard},
-    stream::Streams,
+    stream::{
+        fold::{FileSizes, Folding},
+        Streams,
+    },
 };
 
+/// The services whose health is reported: the server as a whole (`""`) and each EchoMQ service.
+const SERVICES: [&str; 4] = ["", "echomq.v1.ConsumerService", "echomq.v1.StreamService", "echomq.v1.AdminService"];
 /// What the EchoMQ services answer (UNAVAILABLE) until Redis has answered.
 const REDIS_NOT_YET: &str = "the sidecar has not reached Redis yet (it keeps trying; its log says why): retry shortly";
 /// How long the server may take to close connections after calls have ended.
@@ -128,16 +131,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let consumer = config.consume.consumer_name();
     let files = Files::read(&config)?;
     let archive = open_archive(&config).await?;
-    let guard = Guard::new(
-        Gate::new(
-            files.auth_token.clone(),
-            config.security.allow_streams.clone(),
-            config.security.allow_streams_for.iter().cloned().collect(),
-        ),
-        config.server.max_name_bytes,
-        config.server.max_fields_per_entry,
-        config.server.max_message_bytes,
-    );
+    let guard = new_guard(&config, &files);
     let admin_listener = TcpListener::bind(config.admin.admin_listen).await.map_err(|source| AppError::Bind {
         what: "admin",
         address: config.admin.admin_listen.to_string(),
@@ -182,8 +176,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     // Health, reflection and the port are served from the start; the EchoMQ
     // services answer UNAVAILABLE until Redis has answered (see `deferred`).
     let (health, health_service) = tonic_health::server::health_reporter();
-    let services = ["", "echomq.v1.ConsumerService", "echomq.v1.StreamService", "echomq.v1.AdminService"];
-    for service in services {
+    for service in SERVICES {
         health.set_service_status(service, ServingStatus::NotServing).await;
     }
     let max = config.server.max_message_bytes;
@@ -241,47 +234,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             Ok(None)
         }
     };
-    // A server older than the floor lacks commands the sidecar needs: exit 2,
-    // naming what was found, rather than fail call after call later.
-    let redis = match redis {
-        Ok(Some(mut redis)) => match redis.check_server_version().await {
-            Ok(server) => {
-                info!(%server, "the Redis server is new enough");
-                Ok(Some(redis))
-            }
-            Err(e @ VersionError::TooOld { .. }) => Err(AppError::Config(e.to_string())),
-            // INFO refused (an ACL without +info) or unreadable (a proxy): say so, and run.
-            Err(e) => {
-                warn!("{e}; going on without knowing the server's version");
-                Ok(Some(redis))
-            }
-        },
-        other => other,
-    };
-    // A count that disagrees with Redis is a setting to fix: exit 2, like a bad flag.
-    let redis = match redis {
-        Ok(Some(redis)) => match redis.record_shard_counts().await {
-            Ok(()) => Ok(Some(redis)),
-            Err(e) => Err(AppError::Config(e.to_string())),
-        },
-        other => other,
-    };
-    // Writes that wait for what the server cannot do (WAITAOF on Redis 7.0) exit 2.
-    let durability = crate::durable::Durability {
-        replicas: config.appends.wait_replicas,
-        aof: config.appends.wait_aof,
-        timeout: config.appends.wait_timeout,
-    };
-    let dedup_window = config.appends.dedup_window;
-    let redis = match redis {
-        Ok(Some(redis)) => match crate::durable::Writes::start(&redis, durability, dedup_window, redis_timeout).await {
-            Ok(writes) => Ok(Some((redis, writes))),
-            Err(reason) => Err(AppError::Config(reason)),
-        },
+    let started = match redis {
+        Ok(Some(redis)) => prepare_redis(redis, &config, redis_timeout).await.map(Some),
         Ok(None) => Ok(None),
         Err(e) => Err(e),
     };
-    let (redis, writes) = match redis {
+    let (redis, writes) = match started {
         Ok(Some(started)) => started,
         stopped_or_failed => {
             let _ = closing_tx.send(true);
@@ -291,20 +249,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             return stopped_or_failed.map(|_| ());
         }
     };
-    redis.warn_of_plain_namesakes().await;
 
     let (draining_tx, draining) = watch::channel(false);
-    let folding = archive.map(|archive| {
-        let file_entries = usize::try_from(config.archive.archive_file_entries).unwrap_or(usize::MAX);
-        let partial_interval = config.archive.archive_partial_file_interval;
-        Arc::new(Folding::new(
-            archive,
-            config.appends.id_field.clone(),
-            FileSizes { entries: file_entries, partial_interval },
-            consumer.clone(),
-            metrics.clone(),
-        ))
-    });
+    let folding = archive.map(|archive| new_folding(&config, archive, consumer.clone(), metrics.clone()));
     let retention = tokio::spawn(crate::stream::retention::run(
         redis.clone(),
         folding.clone(),
@@ -342,16 +289,28 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     // Ready only once the services answer: a probe that sees 200 (or
     // SERVING) before they are set would send calls to the placeholders.
     readiness.set_redis_up(true);
-    for service in services {
+    for service in SERVICES {
         health.set_service_status(service, ServingStatus::Serving).await;
     }
-    let pinger = tokio::spawn(ping_loop(redis, readiness.clone(), health.clone(), services));
+    let pinger = tokio::spawn(ping_loop(redis, readiness.clone(), health.clone(), SERVICES));
     info!("serving");
 
+    let mut running = Running {
+        consumers,
+        readiness,
+        health,
+        draining: draining_tx,
+        closing: closing_tx,
+        stopped: stopped_tx,
+        server,
+        retention,
+        pinger,
+        admin,
+    };
     tokio::select! {
         _ = &mut shutdown => {}
-        result = &mut server => {
-            let _ = stopped_tx.send(true);
+        result = &mut running.server => {
+            let _ = running.stopped.send(true);
             return match result {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(AppError::Serve(e)),
@@ -362,63 +321,141 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             };
         }
     }
+    running.shut_down(config.server.shutdown_grace, &config.server.listen).await;
+    Ok(())
+}
 
-    // The shutdown sequence. By convention a second SIGTERM or SIGINT ends
-    // the grace at once; listening starts now, so one sent right after the
-    // first is not missed.
-    let second_signal = shutdown_signal();
-    tokio::pin!(second_signal);
-    let grace = config.server.shutdown_grace;
-    info!(
-        ?grace,
-        held = consumers.held(),
-        "shutting down: not serving, no new deliveries, calls may settle what they hold"
-    );
-    // Reading stops first: each worker cuts off its blocked XREADGROUP, and
-    // once Redis has seen that connection close, entries appended afterwards
-    // stay in the stream for the next reader instead of this consumer's PEL.
-    let _ = draining_tx.send(true);
-    // Draining before health, so that the ping loop cannot put health back.
-    readiness.set_draining();
-    for service in services {
-        health.set_service_status(service, ServingStatus::NotServing).await;
-    }
-    let deadline = Instant::now() + grace;
-    while consumers.held() > 0 && Instant::now() < deadline {
-        tokio::select! {
-            _ = sleep(Duration::from_millis(20)) => {}
-            _ = &mut second_signal => {
-                warn!(
-                    held = consumers.held(),
-                    "second signal: ending the grace period now; what calls still hold stays pending"
-                );
-                break;
+/// What runs once the services are set: what the shutdown sequence stops.
+struct Running {
+    consumers: Consumers,
+    readiness: Readiness,
+    health: tonic_health::server::HealthReporter,
+    /// Turned true first: the workers stop reading.
+    draining: watch::Sender<bool>,
+    /// Turned true when calls are to end: the gRPC server stops serving.
+    closing: watch::Sender<bool>,
+    /// Turned true last: the admin port stops.
+    stopped: watch::Sender<bool>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    retention: JoinHandle<()>,
+    pinger: JoinHandle<()>,
+    admin: JoinHandle<io::Result<()>>,
+}
+
+impl Running {
+    /// The shutdown sequence (see the module doc): calls get `grace` to
+    /// settle what they hold; a Unix socket at `listen` is removed; the
+    /// outcome is logged.
+    async fn shut_down(self, grace: Duration, listen: &Listen) {
+        let Running { consumers, readiness, health, draining, closing, stopped, mut server, retention, pinger, admin } =
+            self;
+        // By convention a second SIGTERM or SIGINT ends the grace at once;
+        // listening starts now, so one sent right after the first is not missed.
+        let second_signal = shutdown_signal();
+        tokio::pin!(second_signal);
+        info!(
+            ?grace,
+            held = consumers.held(),
+            "shutting down: not serving, no new deliveries, calls may settle what they hold"
+        );
+        // Reading stops first: each worker cuts off its blocked XREADGROUP, and
+        // once Redis has seen that connection close, entries appended afterwards
+        // stay in the stream for the next reader instead of this consumer's PEL.
+        let _ = draining.send(true);
+        // Draining before health, so that the ping loop cannot put health back.
+        readiness.set_draining();
+        for service in SERVICES {
+            health.set_service_status(service, ServingStatus::NotServing).await;
+        }
+        let deadline = Instant::now() + grace;
+        while consumers.held() > 0 && Instant::now() < deadline {
+            tokio::select! {
+                _ = sleep(Duration::from_millis(20)) => {}
+                _ = &mut second_signal => {
+                    warn!(
+                        held = consumers.held(),
+                        "second signal: ending the grace period now; what calls still hold stays pending"
+                    );
+                    break;
+                }
             }
         }
+        let _ = closing.send(true);
+        if tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await.is_err() {
+            warn!("gRPC connections did not close within {SERVER_STOP_TIMEOUT:?}; stopping anyway");
+            server.abort();
+        }
+        consumers.shutdown(WORKER_STOP_TIMEOUT).await;
+        // A fold in progress stops where it is: committed files stay, the trim
+        // that would follow simply does not happen.
+        retention.abort();
+        pinger.abort();
+        let _ = stopped.send(true);
+        let _ = admin.await;
+        if let Listen::Unix(path) = listen {
+            let _ = std::fs::remove_file(path);
+        }
+        // Held when the grace ran out, or returned by calls that ended without a verdict.
+        let unsettled = consumers.returned_while_draining();
+        if unsettled == 0 {
+            info!("shut down: every delivery was settled");
+        } else {
+            warn!(unsettled, "shut down: un-settled deliveries stay pending and will be delivered again");
+        }
     }
-    let _ = closing_tx.send(true);
-    if tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await.is_err() {
-        warn!("gRPC connections did not close within {SERVER_STOP_TIMEOUT:?}; stopping anyway");
-        server.abort();
+}
+
+/// The gate (bearer token, the stream allow-lists) and the name and size limits, from the settings.
+fn new_guard(config: &Config, files: &Files) -> Guard {
+    Guard::new(
+        Gate::new(
+            files.auth_token.clone(),
+            config.security.allow_streams.clone(),
+            config.security.allow_streams_for.iter().cloned().collect(),
+        ),
+        config.server.max_name_bytes,
+        config.server.max_fields_per_entry,
+        config.server.max_message_bytes,
+    )
+}
+
+/// The fold-then-trim of `archive`, with the file sizes of the settings; `owner` names this sidecar in leases.
+fn new_folding(config: &Config, archive: Archive, owner: String, metrics: Arc<Metrics>) -> Arc<Folding> {
+    let file_entries = usize::try_from(config.archive.archive_file_entries).unwrap_or(usize::MAX);
+    let partial_interval = config.archive.archive_partial_file_interval;
+    let sizes = FileSizes { entries: file_entries, partial_interval };
+    Arc::new(Folding::new(archive, config.appends.id_field.clone(), sizes, owner, metrics))
+}
+
+/// Checks what the sidecar needs of the server `redis` reached, records the
+/// sharded streams' counts and starts the writes. Each refusal is a setting
+/// to fix, [`AppError::Config`] (exit 2), never a failure call after call
+/// later: a server older than the floor (it lacks commands the sidecar
+/// needs), a shard count that disagrees with Redis, writes that wait for
+/// what the server cannot do (WAITAOF on Redis 7.0).
+async fn prepare_redis(
+    mut redis: Redis,
+    config: &Config,
+    redis_timeout: Duration,
+) -> Result<(Redis, crate::durable::Writes), AppError> {
+    match redis.check_server_version().await {
+        Ok(server) => info!(%server, "the Redis server is new enough"),
+        Err(e @ VersionError::TooOld { .. }) => return Err(AppError::Config(e.to_string())),
+        // INFO refused (an ACL without +info) or unreadable (a proxy): say so, and run.
+        Err(e) => warn!("{e}; going on without knowing the server's version"),
     }
-    consumers.shutdown(WORKER_STOP_TIMEOUT).await;
-    // A fold in progress stops where it is: committed files stay, the trim
-    // that would follow simply does not happen.
-    retention.abort();
-    pinger.abort();
-    let _ = stopped_tx.send(true);
-    let _ = admin.await;
-    if let Listen::Unix(path) = &config.server.listen {
-        let _ = std::fs::remove_file(path);
-    }
-    // Held when the grace ran out, or returned by calls that ended without a verdict.
-    let unsettled = consumers.returned_while_draining();
-    if unsettled == 0 {
-        info!("shut down: every delivery was settled");
-    } else {
-        warn!(unsettled, "shut down: un-settled deliveries stay pending and will be delivered again");
-    }
-    Ok(())
+    redis.record_shard_counts().await.map_err(|e| AppError::Config(e.to_string()))?;
+    let durability = crate::durable::Durability {
+        replicas: config.appends.wait_replicas,
+        aof: config.appends.wait_aof,
+        timeout: config.appends.wait_timeout,
+    };
+    let dedup_window = config.appends.dedup_window;
+    let writes = crate::durable::Writes::start(&redis, durability, dedup_window, redis_timeout)
+        .await
+        .map_err(AppError::Config)?;
+    redis.warn_of_plain_namesakes().await;
+    Ok((redis, writes))
 }
 
 /// How long the archive may take to answer the start's probe write.
@@ -581,7 +618,7 @@ async fn connect_with_backoff(
             sentinel_username: config.redis.sentinel_username.as_deref(),
             sentinel_password: files.sentinel_password.as_deref(),
         };
-        match Redis::connect(url, options, metrics.clone()).await {
+        match Redis::connect(url, options, metrics.redis()).await {
             Ok(redis) => {
                 let kind = if redis.keys.is_cluster() { "a Redis Cluster" } else { "Redis" };
                 let target = redacted_url(url);

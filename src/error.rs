@@ -2,7 +2,7 @@
 
 use tonic::{Code, Status};
 
-use crate::redis::{fault, Fault};
+use crate::redis::fault::{fault, Fault};
 
 /// What can go wrong while serving a call. Each variant carries the context a
 /// caller needs to fix the request; [`From<Error> for Status`] is the only place
@@ -108,7 +108,7 @@ pub enum Error {
         /// What was written: the entries' branded ids and stream ids, and the stream.
         written: String,
         /// How the confirmation fell short.
-        shortfall: Box<crate::durable::Shortfall>,
+        shortfall: Box<crate::durability::Shortfall>,
         /// Whether a retry is safe (the same `dedup_key`) or may write twice.
         retry: String,
     },

@@ -8,10 +8,12 @@
 //! - [`deferred`]: the EchoMQ services answer UNAVAILABLE until Redis has
 //!   answered, while health and reflection serve from the start.
 //! - [`admin_http`]: the admin HTTP port: `/livez`, `/readyz`, `/metrics`.
-//! - [`archive`]: the archive's storage: Parquet files and per-stream
+//! - [`archive`]: the archive's storage only: Parquet files and per-stream
 //!   manifests on object storage (a directory or S3), written and read back.
 //! - [`admin`]: the AdminService: describe a group, list and replay dead letters.
-//! - [`stream`]: the StreamService: Append and AppendBatch, Read, Trim.
+//! - [`stream`]: the StreamService: Append and AppendBatch, Read, Trim; the
+//!   retention policies; `stream/fold.rs`, the fold-then-trim order that
+//!   archives what a trim removes (leases, the crash-safe order).
 //! - [`consume`]: the ConsumerService's Consume call. Its doc is the spec of
 //!   how Consume behaves. One file per job:
 //!   - `consume/subscribe.rs`: validating the subscribe, the group door;
@@ -37,6 +39,8 @@
 //!   the script after a `NOSCRIPT`), and with `--wait-replicas`/`--wait-aof`
 //!   through the durable writer, which confirms them with `WAIT`/`WAITAOF` on
 //!   a connection of its own (group commit: one `WAIT` per round).
+//! - [`durability`]: what a write must be confirmed by, and how a wait fell
+//!   short (shared by [`durable`] and [`error`], below both).
 //! - [`error`]: the API's error enum and its one mapping to `tonic::Status`
 //!   (start-up has its own: [`redis::ShardCountError`], [`config`]'s parse errors).
 //! - [`id`]: stream ids and branded ids.
@@ -44,16 +48,28 @@
 //!   id; the dead-letter metadata field names.
 //! - [`keys`]: derived key names (dead-letter stream, retry hash, heartbeat
 //!   hash) and shard keys.
-//! - [`metrics`]: Prometheus metrics, the timed Redis connection, and the
-//!   gRPC server's call counters (a tower layer, `metrics/grpc.rs`).
-//! - [`redis`]: connections ([`redis::primary`], which node is the primary
-//!   and moving every connection when it changes: Sentinel, a primary demoted
-//!   behind its address; the shared one; [`redis::readers`], the bounded
-//!   pool of the group readers' dedicated ones; [`redis::resp`], a reader's
-//!   plain-TCP connection that parses XREADGROUP replies itself), the scripts and their shared
-//!   `lua/prelude.lua`, reply parsing; and what the services share, below
-//!   them: [`redis::fault`](mod@redis::fault) (a Redis error's kind, decided once),
-//!   [`redis::group`] (a group's state), [`redis::range`] (range paging).
+//! - [`metrics`]: the Prometheus registry and the `/metrics` text. Each
+//!   group of series registers itself, in the file that records it:
+//!   [`metrics::group`] (per consumer group), [`metrics::stream`] (appends,
+//!   trims), [`metrics::archive`], [`metrics::grpc`] (the gRPC server's calls,
+//!   a tower layer), `metrics/process.rs` (the process metrics); the
+//!   connections' own series are redis/'s. It imports [`redis`], never the
+//!   reverse.
+//! - [`redis`]: `redis/mod.rs` is an index. Connections: [`redis::connect`]
+//!   (the shared handles, dedicated connections, TCP settings),
+//!   [`redis::timed`] (every command's latency, and its series),
+//!   [`redis::primary`] (which node is the primary and moving every
+//!   connection when it changes: Sentinel, a primary demoted behind its
+//!   address), [`redis::shared`], [`redis::readers`] (the bounded pool of the
+//!   group readers' dedicated connections), [`redis::resp`] (a reader's
+//!   plain-TCP connection that parses XREADGROUP replies itself). The scripts
+//!   and their shared `lua/prelude.lua` ([`redis::scripts`]), reply parsing
+//!   ([`redis::reply`]). And what the services share, below them:
+//!   [`redis::fault`](mod@redis::fault) (a Redis error's kind, decided once),
+//!   [`redis::group`] (a group's state), [`redis::range`] (range paging),
+//!   [`redis::shards`] (sharded streams' recorded shard counts),
+//!   [`redis::trim`] (`trim.lua`'s wrapper, a typed bound in),
+//!   [`redis::version`] (the server's version and the floor).
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
@@ -70,6 +86,7 @@ pub mod archive;
 pub mod config;
 pub mod consume;
 pub mod deferred;
+pub mod durability;
 pub mod durable;
 pub mod entry;
 pub mod error;

@@ -22,7 +22,7 @@ pub struct Admin {
     id_field: String,
     guard: Guard,
     /// The archive DescribeGroup reports on (`--archive-url`).
-    archive: Option<std::sync::Arc<crate::archive::fold::Folding>>,
+    archive: Option<std::sync::Arc<crate::stream::fold::Folding>>,
     /// How a replay writes: through the durable writer when writes wait for replicas.
     writes: crate::durable::Writes,
 }
@@ -35,7 +35,7 @@ impl Admin {
         redis: Redis,
         id_field: String,
         guard: Guard,
-        archive: Option<std::sync::Arc<crate::archive::fold::Folding>>,
+        archive: Option<std::sync::Arc<crate::stream::fold::Folding>>,
         writes: crate::durable::Writes,
     ) -> Admin {
         Admin { redis, id_field, guard, archive, writes }

@@ -3,7 +3,7 @@
 //! Storage is Apache Arrow's `object_store`: a local directory
 //! (`file:///abs/dir`) or any S3-compatible store (`s3://bucket[/prefix]`).
 //! This module is the storage layer only — files, manifests and reading them
-//! back; the fold-then-trim order, leases and timers are the caller's.
+//! back; the fold-then-trim order, leases and timers are [`crate::stream::fold`]'s.
 //!
 //! # Layout under the root (the directory, or the bucket prefix)
 //!
@@ -32,7 +32,6 @@
 //! - Local writes are fsynced (the file and its directory) before they
 //!   return, matching what S3 promises when a PUT succeeds.
 
-pub mod fold;
 mod format;
 mod manifest;
 

@@ -167,18 +167,21 @@ impl GrpcMetrics {
         GrpcMetrics { started, handled, methods: Arc::new(methods), unknown }
     }
 
-    /// Registers both families, unprefixed, on `root`.
-    pub(super) fn register(&self, root: &mut Registry) {
+    /// Creates the counters and registers them in `root` (unprefixed:
+    /// grpc-prometheus' names).
+    pub(super) fn register(root: &mut Registry) -> GrpcMetrics {
+        let metrics = GrpcMetrics::new();
         root.register(
             "grpc_server_started",
             "RPCs started on the server, by method (grpc-prometheus)",
-            self.started.clone(),
+            metrics.started.clone(),
         );
         root.register(
             "grpc_server_handled",
             "RPCs completed on the server, by method and status code; a streaming call when it ends (grpc-prometheus)",
-            self.handled.clone(),
+            metrics.handled.clone(),
         );
+        metrics
     }
 
     fn method(&self, path: &str) -> Arc<MethodCounters> {

@@ -5,7 +5,11 @@ use std::{collections::HashMap, time::Duration};
 
 use redis::Value;
 
-use super::{array, bytes, fault, parse_stream_id, Fault, Redis};
+use super::{
+    connect::Redis,
+    fault::{fault, Fault},
+    reply::{array, bytes, parse_stream_id},
+};
 use crate::{error::Error, id::StreamId};
 
 /// One group's state.

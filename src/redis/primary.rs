@@ -32,7 +32,10 @@ use std::{
     time::Duration,
 };
 
-use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
+use prometheus_client::{
+    metrics::{counter::Counter, gauge::Gauge},
+    registry::Registry,
+};
 use redis::{
     aio::MultiplexedConnection, AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, ErrorKind,
     IntoConnectionInfo, RedisError, RedisResult, Value,
@@ -40,7 +43,10 @@ use redis::{
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
-use super::{fault, Fault, RawEntry};
+use super::{
+    fault::{fault, Fault},
+    reply::RawEntry,
+};
 
 /// How often the Sentinels are asked which node is the primary, besides
 /// every error that says the node reached is not.
@@ -77,33 +83,54 @@ pub struct Primary {
     state: watch::Sender<PrimaryState>,
     /// Wakes the task that looks for the primary when a switch starts.
     wake: Arc<Notify>,
+    /// The switches counted, one under way shown.
+    metrics: PrimaryMetrics,
+}
+
+/// The primary's series (`echomq_redis_primary_*`). Cheap to clone.
+#[derive(Clone)]
+pub struct PrimaryMetrics {
     /// `echomq_redis_primary_switches_total`: switches that ended with a primary found.
     switches: Counter,
     /// `echomq_redis_primary_switching`: 1 while a switch is under way.
     switching: Gauge,
 }
 
+impl PrimaryMetrics {
+    /// Creates the series and registers them in `registry` (the `echomq_` one).
+    pub fn register(registry: &mut Registry) -> PrimaryMetrics {
+        let metrics = PrimaryMetrics { switches: Counter::default(), switching: Gauge::default() };
+        registry.register(
+            "redis_primary_switches",
+            "Switches of the Redis primary the sidecar followed (a failover, a primary demoted behind its address); \
+             each ended with every connection moved to the new primary",
+            metrics.switches.clone(),
+        );
+        registry.register(
+            "redis_primary_switching",
+            "1 while the sidecar looks for the Redis primary (commands are refused, not ready), else 0",
+            metrics.switching.clone(),
+        );
+        metrics
+    }
+}
+
 impl Primary {
     /// Finds the primary (`locator`, every step within `timeout`) and starts
     /// the task that follows it. Connects nothing that stays open. Counts
-    /// the switches in `switches` and shows one under way in `switching` (1).
+    /// the switches in `metrics` and shows one under way there.
     ///
     /// Errors: as [`Locator::locate`]; with Sentinel, an error of kind
     /// `InvalidClientConfig` when no Sentinel answers or none knows the
     /// master name (a setting to fix: the sidecar exits 2, naming them).
-    pub async fn start(
-        locator: Locator,
-        timeout: Duration,
-        (switches, switching): (Counter, Gauge),
-    ) -> RedisResult<Arc<Primary>> {
+    pub async fn start(locator: Locator, timeout: Duration, metrics: PrimaryMetrics) -> RedisResult<Arc<Primary>> {
         let client = locator.locate(timeout).await.map_err(|failure| failure.at_start())?;
         let wake = Arc::new(Notify::new());
         let primary = Arc::new(Primary {
             locator,
             state: watch::Sender::new(PrimaryState { generation: 0, client, switching: None }),
             wake: wake.clone(),
-            switches,
-            switching,
+            metrics,
         });
         tokio::spawn(follow(Arc::downgrade(&primary), wake, timeout));
         if let Locator::Sentinel(sentinels) = &primary.locator {
@@ -153,7 +180,7 @@ impl Primary {
             true
         });
         if started {
-            self.switching.set(1);
+            self.metrics.switching.set(1);
             warn!(
                 "the Redis primary is changing ({why}): commands are refused until a primary that accepts writes is \
                  found; not ready meanwhile"
@@ -344,8 +371,8 @@ async fn follow(primary: Weak<Primary>, wake: Arc<Notify>, timeout: Duration) {
                     state.client = client;
                     state.switching = None;
                 });
-                this.switches.inc();
-                this.switching.set(0);
+                this.metrics.switches.inc();
+                this.metrics.switching.set(0);
                 info!(primary = %node, "found the Redis primary: every connection moves to it; ready");
             }
             Err(failure) => {
@@ -583,8 +610,8 @@ async fn connect(client: &Client, timeout: Duration) -> RedisResult<MultiplexedC
 
 /// The role `ROLE` replied (`master`, `slave`, `sentinel`).
 fn role(reply: &Value) -> Option<String> {
-    let first = super::array(reply).first()?;
-    super::bytes(first).ok().and_then(|role| String::from_utf8(role).ok())
+    let first = super::reply::array(reply).first()?;
+    super::reply::bytes(first).ok().and_then(|role| String::from_utf8(role).ok())
 }
 
 /// A client for `info`, TLS with `ca_pem` as the only root when given.
@@ -907,7 +934,7 @@ impl Named {
     fn parse(reply: &Value) -> Option<Named> {
         let mut fields = std::collections::HashMap::new();
         let mut put = |name: &Value, value: &Value| {
-            if let (Ok(name), Ok(value)) = (super::bytes(name), super::bytes(value)) {
+            if let (Ok(name), Ok(value)) = (super::reply::bytes(name), super::reply::bytes(value)) {
                 fields
                     .insert(String::from_utf8_lossy(&name).into_owned(), String::from_utf8_lossy(&value).into_owned());
             }

@@ -26,7 +26,16 @@
 //! than hand entries to a group nobody reads for, and the next group's read
 //! never queues behind it.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
 
 use deadpool::{
     managed::{self, Object, Pool, PoolError, RecycleError, TimeoutType},
@@ -35,11 +44,12 @@ use deadpool::{
 use redis::{Cmd, ConnectionAddr, RedisError, RedisResult, Value};
 use tracing::{debug, warn};
 
-use super::{parse_read_reply, resp::RespConnection, Connection, RawEntry, Redis, Target};
-use crate::{
-    error::Error,
-    metrics::{Metrics, ReaderMetrics, ReaderPoolStatus},
+use super::{
+    connect::{Connection, Redis, Target},
+    reply::{parse_read_reply, RawEntry},
+    resp::RespConnection,
 };
+use crate::error::Error;
 
 /// How long a group's first call waits for a reader connection to come free
 /// before its subscribe is refused.
@@ -48,22 +58,161 @@ pub const READER_WAIT: Duration = Duration::from_secs(1);
 /// The name every reader connection gives itself (`CLIENT SETNAME`).
 pub const READER_CLIENT_NAME: &str = "echomq-reader";
 
+/// Labels of closed reader connections: why the connection was closed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `health_check` (PING failed when it was to be reused), `read_error` (a
+    /// read failed on it; replaced), `stopped_mid_read` (its reader was cut
+    /// off during a blocked read, so it was not handed to another group),
+    /// `primary_switch` (idle, it reached a primary that was since replaced).
+    pub reason: &'static str,
+}
+
+impl ReasonLabels {
+    /// Every reason a reader connection is closed for.
+    pub const ALL: [&'static str; 4] = ["health_check", "read_error", "stopped_mid_read", "primary_switch"];
+}
+
+/// The reader pool's state at a scrape (connections), as [`ReaderPoolMetrics::refresh`] reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReaderPoolStatus {
+    /// The pool's bound (`--reader-connections`).
+    pub max: usize,
+    /// Connections open: in use and idle.
+    pub open: usize,
+    /// Connections held by group readers.
+    pub in_use: usize,
+    /// Groups waiting for a connection now.
+    pub waiting: usize,
+}
+
+type ReaderPoolSource = Box<dyn Fn() -> ReaderPoolStatus + Send + Sync>;
+
+/// The reader pool's series (`echomq_reader_connection*`), registered here
+/// beside the pool that records them. Cheap to clone.
+#[derive(Clone)]
+pub struct ReaderPoolMetrics {
+    /// `echomq_reader_connections_max`: the pool's bound.
+    max: Gauge,
+    /// `echomq_reader_connections`: open, in use and idle.
+    open: Gauge,
+    /// `echomq_reader_connections_in_use`.
+    in_use: Gauge,
+    /// `echomq_reader_connection_waiters`.
+    waiting: Gauge,
+    /// `echomq_reader_connection_wait_seconds`: how long a group's first call
+    /// waited for a reader connection (a free one, or a new one connected), refused or not.
+    wait_seconds: Histogram,
+    /// `echomq_reader_connection_refusals_total`: subscribes refused
+    /// RESOURCE_EXHAUSTED because every reader connection was in use.
+    refusals: Counter,
+    /// `echomq_reader_connections_closed_total{reason}`.
+    closed: Family<ReasonLabels, Counter>,
+    /// Reads the pool's state at each scrape (kept by the pool, never copied by hand).
+    source: Arc<Mutex<Option<ReaderPoolSource>>>,
+}
+
+impl ReaderPoolMetrics {
+    /// Creates the series and registers them in `registry` (the `echomq_` one).
+    pub fn register(registry: &mut Registry) -> ReaderPoolMetrics {
+        let metrics = ReaderPoolMetrics {
+            max: Gauge::default(),
+            open: Gauge::default(),
+            in_use: Gauge::default(),
+            waiting: Gauge::default(),
+            wait_seconds: super::timed::latency_histogram(),
+            refusals: Counter::default(),
+            closed: Family::default(),
+            source: Arc::default(),
+        };
+        registry.register(
+            "reader_connections_max",
+            "Most dedicated reader connections (--reader-connections)",
+            metrics.max.clone(),
+        );
+        registry.register(
+            "reader_connections",
+            "Dedicated reader connections open (XREADGROUP BLOCK), in use and idle",
+            metrics.open.clone(),
+        );
+        registry.register(
+            "reader_connections_in_use",
+            "Reader connections held by groups with calls",
+            metrics.in_use.clone(),
+        );
+        registry.register(
+            "reader_connection_waiters",
+            "Groups waiting for a reader connection now",
+            metrics.waiting.clone(),
+        );
+        registry.register(
+            "reader_connection_wait_seconds",
+            "Time a group's first call waited for a reader connection (free or newly connected)",
+            metrics.wait_seconds.clone(),
+        );
+        registry.register(
+            "reader_connection_refusals",
+            "Subscribes refused RESOURCE_EXHAUSTED: every reader connection was in use",
+            metrics.refusals.clone(),
+        );
+        // Every reason from the start, so a rate over them needs no first event.
+        for reason in ReasonLabels::ALL {
+            let _ = metrics.closed.get_or_create(&ReasonLabels { reason });
+        }
+        registry.register(
+            "reader_connections_closed",
+            "Reader connections closed, by reason (health_check, read_error, stopped_mid_read, primary_switch)",
+            metrics.closed.clone(),
+        );
+        metrics
+    }
+
+    /// Reads the pool's gauges from `source` at each scrape, so they are the
+    /// pool's own counts, never a copy kept in step by hand.
+    fn watch(&self, source: impl Fn() -> ReaderPoolStatus + Send + Sync + 'static) {
+        *self.source.lock().expect("reader pool source lock") = Some(Box::new(source));
+    }
+
+    /// Sets the gauges from the pool's state now; called before each scrape.
+    pub fn refresh(&self) {
+        if let Some(source) = self.source.lock().expect("reader pool source lock").as_ref() {
+            let status = source();
+            self.max.set(status.max as i64);
+            self.open.set(status.open as i64);
+            self.in_use.set(status.in_use as i64);
+            self.waiting.set(status.waiting as i64);
+        }
+    }
+
+    /// Counts a reader connection closed for `reason` (see [`ReasonLabels`]).
+    fn closed(&self, reason: &'static str) {
+        self.closed.get_or_create(&ReasonLabels { reason }).inc();
+    }
+}
+
 /// The bounded pool of reader connections. Cheap to clone (one pool).
 #[derive(Clone)]
 pub struct ReaderPool {
     pool: Pool<Manager>,
     max: usize,
-    metrics: ReaderMetrics,
+    metrics: ReaderPoolMetrics,
 }
 
 impl ReaderPool {
     /// A pool of at most `max` connections to `redis` (`--reader-connections`),
     /// each connected within `timeout` (and health-checked within it), each
     /// read given up after `read_block` (`--read-block-ms`) plus `timeout`
-    /// without a reply. Its gauges are read by `metrics` at each scrape.
+    /// without a reply. Its gauges are read into `metrics` at each scrape.
     /// Connects nothing yet.
-    pub fn new(redis: Redis, max: usize, timeout: Duration, read_block: Duration, metrics: &Metrics) -> ReaderPool {
-        let manager = Manager { redis, timeout, read_timeout: read_block + timeout, metrics: metrics.reader() };
+    pub fn new(
+        redis: Redis,
+        max: usize,
+        timeout: Duration,
+        read_block: Duration,
+        metrics: &impl AsRef<ReaderPoolMetrics>,
+    ) -> ReaderPool {
+        let metrics = metrics.as_ref();
+        let manager = Manager { redis, timeout, read_timeout: read_block + timeout, metrics: metrics.clone() };
         let pool = Pool::builder(manager)
             .max_size(max)
             .runtime(Runtime::Tokio1)
@@ -71,7 +220,7 @@ impl ReaderPool {
             .build()
             .expect("a pool with a runtime for its wait timeout builds");
         let weak = pool.weak();
-        metrics.watch_reader_pool(move || {
+        metrics.watch(move || {
             weak.upgrade().map_or_else(ReaderPoolStatus::default, |pool| {
                 let status = pool.status();
                 ReaderPoolStatus {
@@ -82,7 +231,7 @@ impl ReaderPool {
                 }
             })
         });
-        ReaderPool { pool, max, metrics: metrics.reader() }
+        ReaderPool { pool, max, metrics: metrics.clone() }
     }
 
     /// The most connections the pool holds (`--reader-connections`).
@@ -142,7 +291,7 @@ struct Manager {
     timeout: Duration,
     /// Bounds each reply on the connection: the BLOCK time plus `timeout`.
     read_timeout: Duration,
-    metrics: ReaderMetrics,
+    metrics: ReaderPoolMetrics,
 }
 
 impl Manager {

@@ -203,7 +203,7 @@ async fn append_entries(
         }
     }
     // Written, whatever the reply's parsing says next: counted now.
-    streams.metrics.appended(stream, keys.sharded_stream_of(stream), ids.len() - recorded.len());
+    streams.metrics.streams.appended(stream, keys.sharded_stream_of(stream), ids.len() - recorded.len());
     let unread =
         parse_unread_trimmed(unread).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
     streams.report_unread_trimmed(stream, &unread, "append_max_len");

@@ -2,6 +2,7 @@
 //! file, each shaped validate → Redis → response; this file only routes.
 
 mod append;
+pub mod fold;
 mod read;
 pub mod retention;
 pub(crate) mod trim;
@@ -10,11 +11,12 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use fold::Folding;
+
 pub use append::MAX_BATCH_ENTRIES;
 pub use read::parse_bound;
 
 use crate::{
-    archive::fold::Folding,
     durable::Writes,
     metrics::Metrics,
     proto::{
@@ -64,7 +66,7 @@ impl Streams {
         for UnreadTrimmed { group, entries } in unread {
             match entries {
                 Some(entries) => {
-                    self.metrics.trimmed_unread(stream, sharded_stream, group, *entries);
+                    self.metrics.streams.trimmed_unread(stream, sharded_stream, group, *entries);
                     tracing::warn!(%stream, %group, entries, cause, "a trim removed entries before the group was delivered them");
                 }
                 None => tracing::warn!(

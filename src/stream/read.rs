@@ -5,9 +5,8 @@ use std::collections::HashSet;
 
 use prost_types::Timestamp;
 
-use super::Streams;
+use super::{fold::Folding, Streams};
 use crate::{
-    archive::fold::Folding,
     entry,
     error::Error,
     id::StreamId,
@@ -108,14 +107,14 @@ async fn spanning_page(
     let manifest = archive
         .manifest(stream)
         .await
-        .map_err(|e| crate::archive::fold::store_error(e, "reading the manifest", stream))?;
+        .map_err(|e| crate::stream::fold::store_error(e, "reading the manifest", stream))?;
     let Some(through) = manifest.archived_through().filter(|through| first <= *through) else {
         return Ok((fit(live, count, max_bytes), HashSet::new()));
     };
     let archived = archive
         .read(stream, &manifest, first, last.min(through), count + 1)
         .await
-        .map_err(|e| crate::archive::fold::store_error(e, "reading archive files", stream))?;
+        .map_err(|e| crate::stream::fold::store_error(e, "reading archive files", stream))?;
     let from_archive = archived.iter().map(|e| e.id).collect();
     Ok((fit(merge(archived, live, count + 1), count, max_bytes), from_archive))
 }

@@ -8,13 +8,18 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::watch;
 
 use crate::{
-    archive::fold::{Asked, Folding},
     config::{Keep, Retention},
     entry::now_unix_ms,
     error::Error,
     id::StreamId,
-    redis::Redis,
-    stream::trim::{trim_stream, Bound, Trim},
+    redis::{
+        trim::{Bound, Trim},
+        Redis,
+    },
+    stream::{
+        fold::{Asked, Folding},
+        trim::trim_stream,
+    },
 };
 
 /// Applies `policies` every `interval` until `stopping` turns true. A failed

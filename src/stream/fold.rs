@@ -23,8 +23,11 @@ use crate::{
     error::Error,
     id::StreamId,
     metrics::{ArchiveExtent, Metrics},
-    redis::{range::range, Redis},
-    stream::trim::{run, Fence, Trim, Trimmed},
+    redis::{
+        range::range,
+        trim::{run, Fence, Trim, Trimmed},
+        Redis,
+    },
 };
 
 /// How long a fold lease lasts unless renewed (ms): renewed before each file,
@@ -136,12 +139,12 @@ impl Folding {
             // sidecar folding at the moment are no failure of folding.
             Err(Error::Aborted { .. } | Error::WrongType { .. } | Error::InvalidArgument { .. }) => {}
             Err(error) => {
-                self.metrics.archive_fold_error(stream, redis.keys.sharded_stream_of(stream));
+                self.metrics.archive.fold_error(stream, redis.keys.sharded_stream_of(stream));
                 tracing::warn!(%stream, %error, "folding into the archive failed: nothing more is trimmed until it succeeds");
                 errors.insert(stream.to_owned(), error.to_string());
             }
         }
-        self.metrics.archive_fold_duration(stream, redis.keys.sharded_stream_of(stream), started.elapsed());
+        self.metrics.archive.fold_duration(stream, redis.keys.sharded_stream_of(stream), started.elapsed());
         result
     }
 
@@ -173,7 +176,7 @@ impl Folding {
         let mut manifest =
             self.archive.manifest(stream).await.map_err(|e| store_error(e, "reading the manifest", stream))?;
         let sharded = redis.keys.sharded_stream_of(stream);
-        self.metrics.archive_extent(stream, sharded, extent(&manifest));
+        self.metrics.archive.extent(stream, sharded, extent(&manifest));
         // What this fold archives it reads from the stream in whole ranges after
         // this id, so only live entries up to it can be missing from the archive.
         let archived_before = manifest.archived_through();
@@ -207,8 +210,8 @@ impl Folding {
                     .map_err(|e| fold_error(e, "writing the manifest", stream))?;
                 pause_point("after_manifest").await;
                 archived += entries.len() as u64;
-                self.metrics.archive_folded(stream, sharded, entries.len() as u64, bytes);
-                self.metrics.archive_extent(stream, sharded, extent(&manifest));
+                self.metrics.archive.folded(stream, sharded, entries.len() as u64, bytes);
+                self.metrics.archive.extent(stream, sharded, extent(&manifest));
                 tracing::debug!(%stream, entries = entries.len(), %last, "folded into the archive");
                 if partial {
                     if asked == Asked::ByRetention {

@@ -1,0 +1,77 @@
+//! The server-side scripts, loaded once and run by EVALSHA.
+
+use std::collections::HashMap;
+
+use redis::Script;
+
+/// The Lua functions every script shares (`lua/prelude.lua`): the branded
+/// id's text form and the shard-count rule, the same as [`crate::id`]'s and
+/// [`crate::keys::is_recorded_count`]. Prepended to each script on load.
+pub const LUA_PRELUDE: &str = include_str!("lua/prelude.lua");
+
+/// The server-side scripts, each a Lua file: the stream calls' under
+/// `src/redis/lua/`, the consume path's beside their Rust wrappers in `src/consume/`.
+#[derive(Clone)]
+pub struct Scripts {
+    /// `append.lua`: mint branded ids and XADD a batch atomically.
+    pub append: Script,
+    /// `consume/redeliver.lua`: claim due entries still pending for this consumer.
+    pub redeliver: Script,
+    /// `consume/refresh.lua`: keep the leases of held entries fresh.
+    pub refresh: Script,
+    /// `consume/dead_letter.lua`: move entries to the dead-letter stream.
+    pub dead_letter: Script,
+    /// `consume/hygiene.lua`: record this sidecar's heartbeat, remove dead consumers that hold nothing.
+    pub hygiene: Script,
+    /// `consume/settle.lua`: a batch of XACKs and retry-state writes in one command.
+    pub settle: Script,
+    /// `trim.lua`: XTRIM MINID, never past what groups still need (safe mode).
+    pub trim: Script,
+    /// `replay.lua`: move dead letters back to their source stream.
+    pub replay: Script,
+    /// `group_lag.lua`: a group's lag, exact or nil, never Redis 7.0's miscount.
+    pub group_lag: Script,
+    /// `lease_renew.lua`: extend the archive's fold lease while this sidecar holds it.
+    pub lease_renew: Script,
+    /// `lease_release.lua`: give the archive's fold lease up while this sidecar holds it.
+    pub lease_release: Script,
+}
+
+impl Scripts {
+    /// SHA1 → file name of every script, for labelling EVALSHA in metrics.
+    pub(super) fn names(&self) -> HashMap<String, &'static str> {
+        [
+            (&self.append, "append"),
+            (&self.redeliver, "redeliver"),
+            (&self.refresh, "refresh"),
+            (&self.dead_letter, "dead_letter"),
+            (&self.trim, "trim"),
+            (&self.settle, "settle"),
+            (&self.hygiene, "hygiene"),
+            (&self.replay, "replay"),
+            (&self.group_lag, "group_lag"),
+            (&self.lease_renew, "lease_renew"),
+            (&self.lease_release, "lease_release"),
+        ]
+        .into_iter()
+        .map(|(script, name)| (script.get_hash().to_owned(), name))
+        .collect()
+    }
+
+    pub(super) fn new() -> Scripts {
+        let script = |body: &str| Script::new(&format!("{LUA_PRELUDE}\n{body}"));
+        Scripts {
+            append: script(include_str!("lua/append.lua")),
+            redeliver: script(include_str!("../consume/redeliver.lua")),
+            refresh: script(include_str!("../consume/refresh.lua")),
+            dead_letter: script(include_str!("../consume/dead_letter.lua")),
+            trim: script(include_str!("lua/trim.lua")),
+            settle: script(include_str!("../consume/settle.lua")),
+            hygiene: script(include_str!("../consume/hygiene.lua")),
+            replay: script(include_str!("lua/replay.lua")),
+            group_lag: script(include_str!("lua/group_lag.lua")),
+            lease_renew: script(include_str!("lua/lease_renew.lua")),
+            lease_release: script(include_str!("lua/lease_release.lua")),
+        }
+    }
+}
