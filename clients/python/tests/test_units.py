@@ -15,7 +15,7 @@ from echomq.consumer import _Call, _Ready
 from echomq.delivery import Delivery, VerdictError
 from echomq.errors import from_rpc_error
 from echomq.options import to_duration
-from echomq.producer import AppendResult, BatchEntry, append_batch_request, append_request, appended, encode_fields
+from echomq._appends import AppendResult, BatchEntry, append_batch_request, append_request, appended, encode_fields
 from echomq.v1 import stream_service_pb2 as stream_pb
 from echomq.v1 import consumer_service_pb2 as pb
 

@@ -12,8 +12,9 @@ Layout:
 - `streams`: `Streams`, the StreamService: append and append a batch, read (by
   id or instant, paged) and trim (safe by default); `Producer` is its
   deprecated name;
-- `producer`: what appends send and answer (`AppendResult`, `BatchEntry`: a
-  batch entry with a dedup key);
+- `_appends`: what appends send and answer (`AppendResult`, `BatchEntry`: a
+  batch entry with a dedup key); `producer` is its old home, kept for a
+  release;
 - `admin`: `Admin`, describe a group, list and replay dead letters;
 - `records`: what Read, Trim and the AdminService answer (`Entry`, `ReadPage`,
   `TrimResult`, `GroupInfo`, `DeadLetterEntry`, `ReplayResult`, …);
@@ -34,7 +35,7 @@ from .delivery import Ack, DeadLetter, Delivery, Fail, RawField, Verdict, Verdic
 from .errors import PERMANENT_CODES, EchoMQError, PermanentError, RpcError
 from .idempotency import MemorySeenStore, MemoryVersionStore, NewerWins, SeenSet, SeenStore, VersionStore, is_branded_id
 from .options import Backoff, FlowControl, Start, StartKind
-from .producer import AppendResult, BatchEntry
+from ._appends import AppendResult, BatchEntry
 from .records import (
     ConsumerInfo,
     DeadLetterEntry,

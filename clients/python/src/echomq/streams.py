@@ -16,7 +16,7 @@ from ._deprecation import renamed_class
 from ._channel import AioClient
 from ._convert import Bound
 from .errors import from_rpc_error
-from .producer import AppendResult, BatchEntry, Fields, append_batch_request, append_request, appended
+from ._appends import AppendResult, BatchEntry, Fields, append_batch_request, append_request, appended
 from .records import Entry, ReadPage, TrimResult
 from .v1 import stream_service_pb2_grpc as pb_grpc
 

@@ -1,0 +1,92 @@
+"""What appends send and answer (`AppendResult`, `BatchEntry`, the request
+builders); the appends themselves are `echomq.Streams.append` and
+`append_batch`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from .v1 import stream_service_pb2 as pb
+
+#: Field values: bytes, or text (sent as UTF-8).
+Fields = Mapping[str, bytes | bytearray | memoryview | str]
+
+
+class AppendResult(NamedTuple):
+    """Where an entry landed."""
+
+    #: The branded id, 28 lowercase hex characters: the entry's idempotency key.
+    id: str
+    #: The stream id the entry got, `<ms>-<seq>`.
+    stream_id: str
+    #: The stream key written: the one appended to, or for a sharded stream
+    #: (`--sharded-streams`) the shard's key, `<stream>:{<stream>:<k>}`.
+    stream: str = ""
+    #: True when the append's `dedup_key` was already recorded on the stream
+    #: (within the sidecar's `--dedup-window-ms`): nothing was written, and
+    #: `id`, `stream_id` and `stream` are the first append's. Always False
+    #: without a dedup key.
+    duplicate: bool = False
+
+
+class BatchEntry(NamedTuple):
+    """An entry of `append_batch` with a dedup key; a plain mapping of fields
+    is an entry without one, and a batch may mix both::
+
+        await streams.append_batch("orders", [
+            BatchEntry({"order": "42"}, dedup_key="order-42"),
+            {"note": "no key: never deduplicated"},
+        ])
+
+    An entry whose key is recorded on the stream, or was used by an earlier
+    entry of the same batch, is not written: its result has `duplicate` set
+    and the first one's ids."""
+
+    #: The entry's fields, as for `Streams.append`.
+    fields: Fields
+    #: As `Streams.append`'s `dedup_key`; None (or empty): no deduplication.
+    dedup_key: str | None = None
+
+
+def encode_fields(fields: Fields) -> dict[str, bytes]:
+    """Field values as bytes; text is encoded as UTF-8."""
+    encoded: dict[str, bytes] = {}
+    for name, value in fields.items():
+        if not isinstance(name, str):
+            raise TypeError(f"field names are text, got {type(name).__name__}")
+        encoded[name] = value.encode() if isinstance(value, str) else bytes(value)
+    return encoded
+
+
+def append_request(
+    stream: str, fields: Fields, max_len: int, partition_key: str | None = None, dedup_key: str | None = None
+) -> pb.AppendRequest:
+    return pb.AppendRequest(
+        stream=stream,
+        fields=encode_fields(fields),
+        max_len=max_len,
+        partition_key=partition_key or "",
+        dedup_key=dedup_key or "",
+    )
+
+
+def batch_entry(entry: Fields | BatchEntry) -> pb.BatchEntry:
+    if isinstance(entry, BatchEntry):
+        return pb.BatchEntry(fields=encode_fields(entry.fields), dedup_key=entry.dedup_key or "")
+    return pb.BatchEntry(fields=encode_fields(entry))
+
+
+def append_batch_request(
+    stream: str, entries: Iterable[Fields | BatchEntry], max_len: int, partition_key: str | None = None
+) -> pb.AppendBatchRequest:
+    return pb.AppendBatchRequest(
+        stream=stream,
+        entries=[batch_entry(e) for e in entries],
+        max_len=max_len,
+        partition_key=partition_key or "",
+    )
+
+
+def appended(response: pb.AppendResponse) -> AppendResult:
+    return AppendResult(response.id, response.stream_id, response.stream, response.duplicate)
