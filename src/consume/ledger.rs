@@ -29,10 +29,8 @@ use std::{
 use tokio::{sync::mpsc, time::Instant};
 
 use super::{
-    dead_letter::{DeadLetterOrder, GroupPolicy},
     delivery::Outgoing,
-    retry::{Backoff, RetryWrite},
-    settle::PendingAck,
+    orders::{Backoff, DeadLetterOrder, GroupPolicy, PendingAck, RetryWrite, SessionId},
     verdicts::{self, Gone},
     IdMap,
 };
@@ -43,9 +41,6 @@ use crate::{
     proto::{Delivery, VerdictError},
     telemetry,
 };
-
-/// Identifies one Consume call inside the sidecar.
-pub(crate) type SessionId = u64;
 
 /// Deliveries a call lost to a peer or to deletion whose verdict may still
 /// come, remembered per call; past it they are forgotten, and a late verdict

@@ -16,6 +16,7 @@ mod gauges;
 mod hygiene;
 mod lease;
 mod ledger;
+mod orders;
 mod reader;
 mod recovery;
 mod retry;
@@ -50,8 +51,8 @@ use crate::{
     redis::{readers::ReaderPool, Redis},
     security::{Caller, Guard},
 };
-use ledger::{Event, Policy, SessionId};
-use retry::Backoff;
+use ledger::{Event, Policy};
+use orders::{Backoff, SessionId};
 use subscribe::Subscription;
 use worker::{Command, Worker};
 

@@ -20,7 +20,8 @@ use tonic::{Status, Streaming};
 use tracing::debug;
 
 use super::{
-    ledger::{Event, FailVerdict, SessionId},
+    ledger::{Event, FailVerdict},
+    orders::SessionId,
     verdicts,
     worker::Command,
     IdMap,

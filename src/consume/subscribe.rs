@@ -3,7 +3,11 @@
 
 use std::time::Duration;
 
-use super::{dead_letter::GroupPolicy, ledger::Policy, retry::Backoff, Consumers};
+use super::{
+    ledger::Policy,
+    orders::{Backoff, GroupPolicy},
+    Consumers,
+};
 use crate::{
     error::Error,
     id::StreamId,

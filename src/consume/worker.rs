@@ -1,15 +1,16 @@
 //! The group worker: one task per (stream, group) in this sidecar, serving
 //! every call subscribed to that pair under the sidecar's one consumer name.
 //!
-//! This file is the loop and nothing else: it takes commands from calls,
-//! applies them to the [`Ledger`] (the bookkeeping, synchronous), carries out
-//! the Redis work the ledger asks for, and runs each job of the consume path
-//! on its beat. Each job's Redis step is an `impl Worker` block in the file
-//! of its job, beside its script: [`reader`](super::reader),
-//! [`recovery`](super::recovery), [`retry`](super::retry),
-//! [`lease`](super::lease) (reclaim and lease refresh),
-//! [`dead_letter`](super::dead_letter), [`settle`](super::settle),
-//! [`hygiene`](super::hygiene), [`gauges`](super::gauges).
+//! It takes commands from calls, applies them to the [`Ledger`] (the
+//! bookkeeping, synchronous), carries out the Redis work the ledger asks
+//! for, and runs each job of the consume path on its beat. Each job's Redis
+//! step is a wrapper in the file of its job, beside its script, that returns
+//! an outcome enum and knows nothing of the worker:
+//! [`reader`](super::reader), [`recovery`](super::recovery),
+//! [`retry`](super::retry), [`lease`](super::lease) (reclaim and lease
+//! refresh), [`dead_letter`](super::dead_letter), [`settle`](super::settle),
+//! [`hygiene`](super::hygiene), [`gauges`](super::gauges); this file feeds
+//! those outcomes back. Nothing outside it has an `impl Worker`.
 
 use std::{
     sync::{atomic::Ordering, Arc},
@@ -27,22 +28,28 @@ use tracing::{debug, info, warn};
 use prost::Message;
 
 use super::{
-    dead_letter::{DeadLetterOrder, GroupPolicy},
-    delivery, gauges,
-    ledger::{Event, FailVerdict, Ledger, Policy, SessionId},
+    dead_letter::{self, DeadLettered},
+    delivery, gauges, hygiene,
+    lease::{self, Unrefreshed},
+    ledger::{Event, FailVerdict, Ledger, Policy},
+    orders::{DeadLetterOrder, GroupPolicy, PendingAck, RetryWrite, SessionId},
     reader::{self, Reader},
-    verdicts::Gone,
+    recovery,
+    retry::{self, Redelivery},
+    settle::{self, ACK_CHUNK},
+    verdicts::{self, Gone},
     GroupKeys, Shared,
 };
 use crate::{
     error::Error,
     id::{BrandedId, StreamId},
     metrics::GroupMetrics,
+    proto::VerdictError,
     redis::RawEntry,
 };
 
 /// The most entries one XREADGROUP or claim asks for.
-pub(super) const BATCH_MAX: usize = 512;
+const BATCH_MAX: usize = 512;
 /// Room left in a frame for the ConsumeResponse wrapper around a Delivery (bytes).
 const FRAME_OVERHEAD: usize = 16;
 /// How often held entries are checked against their ack deadlines.
@@ -54,6 +61,8 @@ const REDIS_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// (see [`Ledger::worth_reading`]): a call with a free slot gets a new entry
 /// within this, even from a client that holds the rest for good.
 const READ_LINGER: Duration = Duration::from_millis(2);
+/// How many XAUTOCLAIM pages one reclaim beat may walk.
+const RECLAIM_PAGES_PER_BEAT: usize = 8;
 /// Commands taken in one go, so that their acks reach Redis as one script run.
 const COMMANDS_PER_TURN: usize = 1024;
 
@@ -228,7 +237,7 @@ impl Worker {
         let mut reclaim = interval(shared.reclaim_interval);
         let mut deadlines = interval(DEADLINE_CHECK);
         let mut poll = interval(shared.metrics_poll.unwrap_or(Duration::from_secs(3600)));
-        let mut hygiene = interval(super::hygiene::beat_interval(shared.consumer_idle_limit));
+        let mut hygiene = interval(hygiene::beat_interval(shared.consumer_idle_limit));
         for tick in [&mut refresh, &mut reclaim, &mut deadlines, &mut hygiene, &mut poll] {
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
@@ -254,7 +263,7 @@ impl Worker {
                     self.flush().await;
                 }
                 result = reader::next_read(&mut self.reader) => self.on_read(result).await,
-                () = super::recovery::primary_switched(&mut switches) => self.after_primary_switch(),
+                () = recovery::primary_switched(&mut switches) => self.after_primary_switch(),
                 _ = sleep_until(wake) => {}
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,
@@ -429,14 +438,14 @@ impl Worker {
         self.ledger.next_due().map_or(far, |at| at.min(far)).min(read_due)
     }
 
-    pub(super) fn paused(&self) -> bool {
+    fn paused(&self) -> bool {
         Instant::now() < self.paused_until
     }
 
     /// Whether a beat that only reads or refreshes may use Redis now: while
     /// paused or without a group, it could only fail again and push the
     /// pause out, starving the pump that re-creates the group.
-    pub(super) fn redis_usable(&self) -> bool {
+    fn redis_usable(&self) -> bool {
         !(self.no_ack || self.group_lost || self.paused())
     }
 
@@ -444,7 +453,7 @@ impl Worker {
     /// found the group gone, which is expected (the stream was deleted, or
     /// Redis lost its data) and recovered from by re-creating the group:
     /// that counts in `echomq_group_recreations_total`, not as an error.
-    pub(super) fn redis_failed(&mut self, step: Step, error: &RedisError) {
+    fn redis_failed(&mut self, step: Step, error: &RedisError) {
         if reader::is_group_lost(error) {
             if !self.group_lost {
                 warn!(stream = %self.keys.stream, group = %self.keys.group, "the group is gone ({error}); re-creating it");
@@ -458,7 +467,7 @@ impl Worker {
         self.backoff = (self.backoff * 2).min(REDIS_BACKOFF_MAX);
     }
 
-    pub(super) fn redis_ok(&mut self) {
+    fn redis_ok(&mut self) {
         self.backoff = REDIS_BACKOFF_MIN;
     }
 
@@ -511,7 +520,7 @@ impl Worker {
     /// the ledger; an entry too large for a frame is returned for the
     /// dead-letter step instead: a frame the client could not receive would
     /// end its call (and the next, and the next).
-    pub(super) fn offer(&mut self, entry: RawEntry, attempts: u32) -> Option<DeadLetterOrder> {
+    fn offer(&mut self, entry: RawEntry, attempts: u32) -> Option<DeadLetterOrder> {
         let stream_id = entry.id;
         let Some(fields) = entry.fields else {
             self.trimmed_while_pending(stream_id);
@@ -558,7 +567,7 @@ impl Worker {
     /// The entry was deleted from the stream and Redis dropped it from the PEL
     /// (XAUTOCLAIM's deleted ids, a nil body in a PEL read): never forwarded,
     /// and if a call holds it, its verdict is answered NOT_PENDING.
-    pub(super) fn trimmed_while_pending(&mut self, stream_id: StreamId) {
+    fn trimmed_while_pending(&mut self, stream_id: StreamId) {
         self.ledger.forget(stream_id, Gone::Deleted);
         self.metrics.trimmed_while_pending.inc();
         self.trimmed_unlogged += 1;
@@ -569,6 +578,325 @@ impl Worker {
         if self.trimmed_unlogged > 0 {
             let entries = std::mem::take(&mut self.trimmed_unlogged);
             warn!(stream = %self.keys.stream, group = %self.keys.group, entries, "entries were deleted from the stream while pending (trimmed, XDEL); dropped from the PEL, never delivered again");
+        }
+    }
+}
+
+// The dead-letter step: the rules applied to [`dead_letter`]'s outcomes.
+impl Worker {
+    /// The dead-letter step, for Fails with `dead_letter`, poison entries and
+    /// oversized ones alike. On failure the entries wait and come back.
+    async fn dead_letter(&mut self, orders: Vec<DeadLetterOrder>) {
+        let dead_letter_stream = self.ledger.settings().map_or_else(
+            || self.shared.redis.keys.dead_letter_stream(&self.keys.stream),
+            |p| p.dead_letter_stream.clone(),
+        );
+        let outcomes = match dead_letter::dead_letter(&self.keys, &dead_letter_stream, &orders).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                self.redis_failed(Step::DeadLetter, &e);
+                let retry_at = self.paused_until;
+                for order in orders {
+                    self.ledger.wait(order.stream_id, retry_at);
+                    if let Some((session, text)) = order.verdict {
+                        let message =
+                            format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again");
+                        self.ledger.answer(session, verdicts::unavailable(&text, message));
+                    }
+                }
+                return;
+            }
+        };
+        self.redis_ok();
+        for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
+            // The Fail that asked for it, if any, is told why nothing moved.
+            let answer: Option<fn(&str) -> VerdictError> = match outcome {
+                DeadLettered::Moved { dead_id, deliveries } => {
+                    self.ledger.dead_lettered(stream_id);
+                    self.metrics.dead_letters.inc();
+                    warn!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {}", order.reason);
+                    None
+                }
+                DeadLettered::Deleted => {
+                    self.trimmed_while_pending(stream_id);
+                    Some(verdicts::deleted)
+                }
+                DeadLettered::NotOurs => Some(verdicts::not_dead_lettered),
+            };
+            if let (Some(answer), Some((session, text))) = (answer, order.verdict) {
+                self.ledger.answer(session, answer(&text));
+            }
+        }
+    }
+}
+
+// Re-delivery: the rules applied to [`retry`]'s outcomes.
+impl Worker {
+    /// Claims due entries that are still this consumer's and hands them out;
+    /// dead-letters those that reached `max_deliveries`.
+    async fn redeliver(&mut self, due: Vec<StreamId>) {
+        let max_deliveries = self.ledger.settings().map_or(0, |p| p.max_deliveries);
+        let outcomes = match retry::redeliver(&self.keys, max_deliveries, &due).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                self.redis_failed(Step::Redeliver, &e);
+                let retry_at = self.paused_until;
+                for id in due {
+                    self.ledger.wait(id, retry_at);
+                }
+                return;
+            }
+        };
+        self.redis_ok();
+        let mut to_dead_letter = Vec::new();
+        for (stream_id, outcome) in outcomes {
+            match outcome {
+                Redelivery::NotOurs => {
+                    debug!(stream = %self.keys.stream, %stream_id, "no longer pending for this consumer; a peer took it")
+                }
+                Redelivery::Deleted => self.trimmed_while_pending(stream_id),
+                Redelivery::NotDue { due_unix_ms } => {
+                    let delay = Duration::from_millis(due_unix_ms.saturating_sub(crate::entry::now_unix_ms()));
+                    self.ledger.wait(stream_id, Instant::now() + delay);
+                }
+                Redelivery::Poison { deliveries, reason } => {
+                    debug!(stream = %self.keys.stream, %stream_id, deliveries, "max deliveries reached");
+                    let reason = if reason.is_empty() { "max deliveries reached".to_owned() } else { reason };
+                    to_dead_letter.push(DeadLetterOrder { stream_id, reason, verdict: None });
+                }
+                Redelivery::Claimed { deliveries, entry } => to_dead_letter.extend(self.offer(entry, deliveries)),
+            }
+        }
+        if !to_dead_letter.is_empty() {
+            self.dead_letter(to_dead_letter).await;
+        }
+    }
+}
+
+// Settling: the rules applied to [`settle`]'s outcomes.
+impl Worker {
+    async fn settle(&mut self, acks: Vec<PendingAck>, writes: Vec<RetryWrite>) {
+        match settle::settle(&self.keys, &acks, &writes).await {
+            Ok(pending) => {
+                self.redis_ok();
+                for (chunk, pending) in acks.chunks(ACK_CHUNK).zip(pending) {
+                    self.acked(chunk, pending);
+                }
+            }
+            Err(e) => {
+                // The acks are reported as not known to be applied; their
+                // entries wait, and come back only if still pending (the
+                // re-delivery checks), so an applied ack is not undone. The
+                // retry delays stay local.
+                self.redis_failed(Step::Settle, &e);
+                let message = if e.is_timeout() {
+                    format!("XACK's outcome is unknown: Redis did not answer in time ({e}); if it was applied the entry is done, else it stays pending and will be delivered again")
+                } else {
+                    format!("XACK failed ({e}); the entry stays pending and will be delivered again")
+                };
+                let retry_at = self.paused_until;
+                for ack in acks {
+                    self.ledger.answer(ack.session, verdicts::unavailable(&ack.text, message.clone()));
+                    self.ledger.wait(ack.stream_id, retry_at);
+                }
+            }
+        }
+    }
+
+    /// Counts and answers one XACK of `chunk`, `pending` of whose ids Redis
+    /// still had pending. All or none is exact: the ones not pending are
+    /// answered NOT_PENDING. In between (another client acknowledged some of
+    /// them: an operator, or a peer past a lost lease) XACK cannot say which,
+    /// so none is answered: the shortfall is counted and logged. Every id of
+    /// the chunk is settled for the group either way.
+    fn acked(&mut self, chunk: &[PendingAck], pending: usize) {
+        let pending = pending.min(chunk.len());
+        self.metrics.acks.inc_by(pending as u64);
+        self.metrics.acks_not_pending.inc_by((chunk.len() - pending) as u64);
+        if pending == 0 {
+            for ack in chunk {
+                self.ledger.answer(ack.session, verdicts::not_pending_in_group(&ack.text));
+            }
+        } else if pending < chunk.len() {
+            warn!(
+                stream = %self.keys.stream,
+                group = %self.keys.group,
+                acked = chunk.len(),
+                not_pending = chunk.len() - pending,
+                first = %chunk[0].stream_id,
+                last = %chunk[chunk.len() - 1].stream_id,
+                "some acknowledged entries were no longer pending for the group (another client acknowledged them); XACK does not say which, so none is answered NOT_PENDING"
+            );
+        }
+    }
+}
+
+// Leases: the rules applied to [`lease`]'s outcomes.
+impl Worker {
+    /// The lease refresh beat (see [`lease`](super::lease)).
+    async fn refresh_leases(&mut self) {
+        if !self.redis_usable() {
+            return;
+        }
+        for chunk in self.ledger.leased().chunks(BATCH_MAX) {
+            let unrefreshed = match lease::refresh(&self.keys, chunk).await {
+                Ok(unrefreshed) => unrefreshed,
+                Err(e) => return self.redis_failed(Step::RefreshLeases, &e),
+            };
+            self.metrics.lease_refreshes.inc_by((chunk.len() - unrefreshed.len()) as u64);
+            for (stream_id, why) in unrefreshed {
+                match why {
+                    Unrefreshed::Deleted => self.trimmed_while_pending(stream_id),
+                    Unrefreshed::ToPeer => {
+                        if self.ledger.lease_lost(stream_id) {
+                            warn!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
+                        }
+                    }
+                    // A re-created group reads it again (and the call's
+                    // verdict then applies), or another client acknowledged
+                    // it (and the verdict is answered NOT_PENDING).
+                    Unrefreshed::Unowned => {
+                        debug!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "held entry is pending for no consumer")
+                    }
+                }
+            }
+        }
+    }
+
+    /// The reclaim beat (see [`lease`](super::lease)).
+    async fn reclaim(&mut self) {
+        if !self.redis_usable() || self.ledger.draining() {
+            return;
+        }
+        for _ in 0..RECLAIM_PAGES_PER_BEAT {
+            let count = self.ledger.reclaim_room().min(BATCH_MAX);
+            if count == 0 {
+                return;
+            }
+            let page = match lease::reclaim(&self.keys, self.shared.reclaim_min_idle, self.reclaim_cursor, count).await
+            {
+                Ok(page) => page,
+                Err(e) => return self.redis_failed(Step::Reclaim, &e),
+            };
+            let now = Instant::now();
+            let mut taken = 0;
+            for id in page.claimed {
+                if !self.ledger.tracks(id) {
+                    self.ledger.wait(id, now);
+                    taken += 1;
+                }
+            }
+            for id in page.deleted {
+                self.trimmed_while_pending(id);
+            }
+            if taken > 0 {
+                info!(stream = %self.keys.stream, group = %self.keys.group, taken, "reclaimed idle entries");
+                self.metrics.reclaimed.inc_by(taken);
+            }
+            self.reclaim_cursor = page.next;
+            if page.next == StreamId::ZERO {
+                return;
+            }
+        }
+    }
+}
+
+// Recovery: the rules applied to [`recovery`]'s outcomes.
+impl Worker {
+    /// The primary switched: the new one may hold this consumer's PEL
+    /// otherwise than the worker last saw it (an asynchronous replica had not
+    /// yet received the last reads or acks), so the own PEL is walked again,
+    /// as at start, and a pause for the old primary's errors ends now.
+    fn after_primary_switch(&mut self) {
+        info!(stream = %self.keys.stream, group = %self.keys.group, "the Redis primary switched; recovering own pending entries from the new one");
+        if !self.no_ack {
+            self.recovering = Some(None);
+        }
+        self.paused_until = Instant::now();
+        self.redis_ok();
+    }
+
+    async fn recreate_group(&mut self) -> bool {
+        if let Err(e) = recovery::recreate_group(&self.keys).await {
+            self.redis_failed(Step::RecreateGroup, &e);
+            return false;
+        }
+        self.redis_ok();
+        self.metrics.group_recreations.inc();
+        self.group_lost = false;
+        self.reclaim_cursor = StreamId::ZERO;
+        true
+    }
+
+    /// A `>` read was outstanding when its reply was lost: the reader was
+    /// stopped under it (the group's last call left or drained), or its
+    /// connection broke or timed out. Redis may have run it all the same and
+    /// put its entries in this consumer's PEL, where nothing else would find
+    /// them before the reclaim beat (after `--reclaim-min-idle-ms`) or a
+    /// restart. So the own PEL is walked again, as at start, before the next
+    /// new read: the next call gets those entries first. A read that took
+    /// nothing costs one `XPENDING`; a worker whose reads all returned pays
+    /// nothing. At most once (NOACK) nothing is pending: nothing to find.
+    fn recover_after_lost_read(&mut self) {
+        if !self.no_ack && self.recovering.is_none() {
+            debug!(stream = %self.keys.stream, group = %self.keys.group, "a read's reply was lost; recovering own pending entries before the next read");
+            self.recovering = Some(None);
+        }
+    }
+
+    /// Reads one page of this consumer's own PEL and queues the entries for
+    /// re-delivery, in stream order.
+    async fn recover_page(&mut self, after: Option<StreamId>, count: usize) {
+        let ids = match recovery::own_pending_page(&self.keys, after, count).await {
+            Ok(ids) => ids,
+            Err(e) => return self.redis_failed(Step::Recover, &e),
+        };
+        self.redis_ok();
+        let now = Instant::now();
+        for &id in &ids {
+            if !self.ledger.tracks(id) {
+                self.ledger.wait(id, now);
+                self.recovered += 1;
+            }
+        }
+        if ids.len() < count {
+            let entries = std::mem::take(&mut self.recovered);
+            if entries > 0 {
+                info!(stream = %self.keys.stream, group = %self.keys.group, entries, "recovered own pending entries; reading new ones");
+            } else {
+                debug!(stream = %self.keys.stream, group = %self.keys.group, "no own pending entries to recover; reading new ones");
+            }
+            self.recovering = None;
+        } else {
+            self.recovering = Some(ids.last().copied().or(after));
+        }
+    }
+}
+
+// Hygiene: the rules applied to [`hygiene`]'s outcomes.
+impl Worker {
+    /// The hygiene beat (see [`hygiene`](super::hygiene)).
+    async fn hygiene(&mut self) {
+        if !self.redis_usable() {
+            return;
+        }
+        let (stream, group) = (&self.keys.stream, &self.keys.group);
+        match hygiene::beat(&self.keys, self.shared.consumer_idle_limit).await {
+            Ok(hygiene::Beat::StreamGone) => {
+                if !self.stream_gone {
+                    warn!(%stream, %group, "stream `{stream}` no longer exists: it was deleted (DEL, FLUSHALL, or a Redis restart without persistence), and group `{group}` and its pending entries with it; consumer hygiene waits for it to come back (a call that subscribes re-creates it)");
+                    self.stream_gone = true;
+                }
+            }
+            Ok(hygiene::Beat::Done { removed }) => {
+                if std::mem::take(&mut self.stream_gone) {
+                    info!(%stream, %group, "stream `{stream}` exists again; consumer hygiene resumes");
+                }
+                if !removed.is_empty() {
+                    info!(%stream, %group, ?removed, "removed dead consumers that held nothing")
+                }
+            }
+            Err(e) => self.redis_failed(Step::Hygiene, &e),
         }
     }
 }
