@@ -97,6 +97,13 @@ mod tests {
     }
 
     #[test]
+    fn the_script_replies_exactly_the_tags_known_here() {
+        let known = ["not_ours", "deleted", "dead_lettered"];
+        let lua = include_str!("dead_letter.lua");
+        super::super::script_replies::assert_replies_agree("dead_letter.lua", lua, &known, parse);
+    }
+
+    #[test]
     fn every_reply_of_the_script_parses_into_its_outcome() {
         let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
         let moved = Value::Array(vec![bulk("1-0"), bulk("dead_lettered"), bulk("9-1"), Value::Int(3)]);

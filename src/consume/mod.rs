@@ -20,6 +20,8 @@ mod orders;
 mod reader;
 mod recovery;
 mod retry;
+#[cfg(test)]
+mod script_replies;
 mod session;
 mod settle;
 mod subscribe;
