@@ -46,6 +46,10 @@ use crate::{
 /// come, remembered per call; past it they are forgotten, and a late verdict
 /// is answered UNKNOWN_ID.
 const GONE_REMEMBERED: usize = 4096;
+/// The longest a read waits for a worthwhile share of credit to come free
+/// (see [`Ledger::read_now`]): a call with a free slot gets a new entry
+/// within this, even from a client that holds the rest for good.
+pub(crate) const READ_LINGER: Duration = Duration::from_millis(2);
 
 /// What the worker tells a call. The channel is unbounded, but what flows on it
 /// is bounded: deliveries by the call's credit, verdict errors by the verdicts
@@ -196,6 +200,8 @@ pub(crate) struct Ledger {
     ready: VecDeque<Outgoing>,
     /// Entries asked of the reader and not yet returned (credit spoken for).
     read_outstanding: usize,
+    /// Since when free credit has been too little to be worth a read.
+    short_of_credit: Option<Instant>,
     orders: Orders,
     metrics: GroupMetrics,
 }
@@ -214,6 +220,7 @@ impl Ledger {
             waiting: BTreeSet::new(),
             ready: VecDeque::new(),
             read_outstanding: 0,
+            short_of_credit: None,
             orders: Orders::default(),
             metrics,
         }
@@ -340,12 +347,41 @@ impl Ledger {
     /// whose acks free one slot at a time does not cost one XREADGROUP per
     /// slot; with none out, one: the stream is idle and a read costs nothing
     /// while it blocks, and waiting would add latency.
-    pub(crate) fn worth_reading(&self, max: usize) -> usize {
+    fn worth_reading(&self, max: usize) -> usize {
         if self.held() + self.ready.len() == 0 {
             return 1;
         }
         let credit: usize = self.calls.values().filter(|c| !c.closed).map(|c| c.policy.max_in_flight as usize).sum();
         (credit / 4).clamp(1, max.max(1))
+    }
+
+    /// The one decision to read new entries: how many to ask for now (at
+    /// most `max`), or `None`. No read while one is under way or without
+    /// free credit; with free credit, a read once it is worth it (see
+    /// [`Ledger::worth_reading`]: at once with nothing out, else a quarter
+    /// of the credit) or [`READ_LINGER`] after the first slot came free,
+    /// whichever is first. [`Ledger::read_due`] says when to ask again.
+    pub(crate) fn read_now(&mut self, now: Instant, max: usize) -> Option<usize> {
+        if self.is_reading() {
+            return None;
+        }
+        let count = self.free().min(max);
+        if count == 0 {
+            self.short_of_credit = None;
+            return None;
+        }
+        let lingered = self.short_of_credit.is_some_and(|since| now >= since + READ_LINGER);
+        if count >= self.worth_reading(max) || lingered {
+            self.short_of_credit = None;
+            return Some(count);
+        }
+        self.short_of_credit.get_or_insert(now);
+        None
+    }
+
+    /// When a read held back for too little free credit is due anyway.
+    pub(crate) fn read_due(&self) -> Option<Instant> {
+        self.short_of_credit.map(|since| since + READ_LINGER)
     }
 
     /// A read of `count` new entries was asked of the reader.
@@ -645,6 +681,47 @@ impl Ledger {
     /// The Redis writes queued since the last call.
     pub(crate) fn take_orders(&mut self) -> Orders {
         std::mem::take(&mut self.orders)
+    }
+
+    /// Panics unless each entry the ledger tracks is in exactly one state and
+    /// the states agree with their index: every `entries` record names a
+    /// held delivery, a ready entry or a waiting one that is there, and
+    /// every one of those has its record; a call holds no more than its
+    /// credit and never an id it was told it lost.
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        for (stream_id, track) in &self.entries {
+            match *track {
+                Track::Held(session, id) => {
+                    let held = self.calls.get(&session).and_then(|call| call.held.get(&id));
+                    assert_eq!(held.map(|h| h.stream_id), Some(*stream_id), "{stream_id} is not held as recorded");
+                }
+                Track::Ready => {
+                    let copies = self.ready.iter().filter(|out| out.stream_id == *stream_id).count();
+                    assert_eq!(copies, 1, "{stream_id} is recorded ready, and is so {copies} times");
+                }
+                Track::Waiting(at) => {
+                    assert!(self.waiting.contains(&(at, *stream_id)), "{stream_id} is not waiting as recorded")
+                }
+            }
+        }
+        for (session, call) in &self.calls {
+            for (id, held) in &call.held {
+                let track = self.entries.get(&held.stream_id);
+                assert_eq!(track, Some(&Track::Held(*session, *id)), "held {id} has another record");
+                assert!(!call.gone.contains_key(id), "{id} is both held and gone");
+            }
+            assert!(call.held.len() <= call.policy.max_in_flight as usize, "call {session} holds over its credit");
+        }
+        for out in &self.ready {
+            assert_eq!(self.entries.get(&out.stream_id), Some(&Track::Ready), "ready {} unrecorded", out.stream_id);
+        }
+        for (at, stream_id) in &self.waiting {
+            assert_eq!(self.entries.get(stream_id), Some(&Track::Waiting(*at)), "waiting {stream_id} unrecorded");
+        }
+        let states = self.held() + self.ready.len() + self.waiting.len();
+        assert_eq!(self.entries.len(), states, "the index and the states disagree");
+        assert!(self.free() <= self.free_for_due() && self.free_for_due() <= self.slots());
     }
 
     /// Whether Redis writes are queued.

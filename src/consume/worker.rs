@@ -57,10 +57,6 @@ const DEADLINE_CHECK: Duration = Duration::from_millis(100);
 /// Bounds of the pause after a failed Redis command.
 const REDIS_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const REDIS_BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// The longest a read waits for a worthwhile share of credit to come free
-/// (see [`Ledger::worth_reading`]): a call with a free slot gets a new entry
-/// within this, even from a client that holds the rest for good.
-const READ_LINGER: Duration = Duration::from_millis(2);
 /// How many XAUTOCLAIM pages one reclaim beat may walk.
 const RECLAIM_PAGES_PER_BEAT: usize = 8;
 /// Commands taken in one go, so that their acks reach Redis as one script run.
@@ -188,8 +184,6 @@ pub(crate) struct Worker {
     pub(super) backoff: Duration,
     /// The held count last added to the sidecar-wide one.
     pub(super) published_held: usize,
-    /// Since when free credit has been too little to be worth a read.
-    pub(super) short_of_credit: Option<Instant>,
 }
 
 impl Worker {
@@ -224,7 +218,6 @@ impl Worker {
             paused_until: Instant::now(),
             backoff: REDIS_BACKOFF_MIN,
             published_held: 0,
-            short_of_credit: None,
             shared,
         };
         (commands_tx, tokio::spawn(worker.run(commands)))
@@ -431,7 +424,7 @@ impl Worker {
         if self.paused() && (self.ledger.free() > 0 || self.group_lost) {
             return self.paused_until;
         }
-        let read_due = self.short_of_credit.map_or(far, |since| since + READ_LINGER);
+        let read_due = self.ledger.read_due().map_or(far, |at| at.min(far));
         if self.ledger.free_for_due() == 0 {
             return read_due.min(far);
         }
@@ -500,19 +493,8 @@ impl Worker {
             }
             break;
         }
-        if !self.ledger.is_reading() {
-            let count = self.ledger.free().min(BATCH_MAX);
-            let now = Instant::now();
-            if count == 0 {
-                self.short_of_credit = None;
-            } else if count >= self.ledger.worth_reading(BATCH_MAX)
-                || self.short_of_credit.is_some_and(|since| now >= since + READ_LINGER)
-            {
-                self.short_of_credit = None;
-                self.read(count);
-            } else {
-                self.short_of_credit.get_or_insert(now);
-            }
+        if let Some(count) = self.ledger.read_now(Instant::now(), BATCH_MAX) {
+            self.read(count);
         }
     }
 

@@ -17,8 +17,35 @@ fn settings() -> GroupPolicy {
     GroupPolicy { max_deliveries: 5, dead_letter_stream: "s:dlq".to_owned() }
 }
 
-fn ledger() -> Ledger {
-    Ledger::new("s", "g", false, false, Metrics::new().group("s", "s", "g"))
+/// A ledger whose invariant ([`Ledger::check`]) is checked before every
+/// use, so after every step of a test, and once more at its end.
+struct Checked(Ledger);
+
+impl std::ops::Deref for Checked {
+    type Target = Ledger;
+    fn deref(&self) -> &Ledger {
+        self.0.check();
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Checked {
+    fn deref_mut(&mut self) -> &mut Ledger {
+        self.0.check();
+        &mut self.0
+    }
+}
+
+impl Drop for Checked {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.check();
+        }
+    }
+}
+
+fn ledger() -> Checked {
+    Checked(Ledger::new("s", "g", false, false, Metrics::new().group("s", "s", "g")))
 }
 
 fn call(ledger: &mut Ledger, session: SessionId, policy: Policy) -> mpsc::UnboundedReceiver<Event> {
@@ -215,7 +242,7 @@ fn a_bad_retry_after_or_an_at_most_once_fail_leaves_the_delivery_held() {
     assert_eq!(answers(&mut events), vec![(text.clone(), VerdictErrorCode::InvalidArgument)]);
     assert_eq!(ledger.held(), 1);
 
-    let mut at_most_once = Ledger::new("s", "g", true, false, Metrics::new().group("s", "s", "g"));
+    let mut at_most_once = Checked(Ledger::new("s", "g", true, false, Metrics::new().group("s", "s", "g")));
     let mut events = call(&mut at_most_once, 1, policy(4));
     at_most_once.offer(entry(1, 1), now);
     at_most_once.fail(1, fail_of(1, Ok(None), false), now);
@@ -394,4 +421,71 @@ fn a_read_waits_for_a_quarter_of_the_credit_while_deliveries_are_out() {
     ledger.ack(1, branded(25).to_string(), branded(25), now);
     assert!(ledger.free() >= ledger.worth_reading(512));
     assert_eq!(ledger.worth_reading(8), 8, "never more than one read's worth");
+}
+
+#[test]
+fn with_nothing_out_a_read_asks_for_all_free_credit_at_once() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    assert_eq!(ledger.read_now(now, 512), None, "no call, no credit, no read");
+    let _events = call(&mut ledger, 1, policy(100));
+    assert_eq!(ledger.read_now(now, 512), Some(100));
+    assert_eq!(ledger.read_now(now, 8), Some(8), "never more than one read's worth");
+    ledger.reading(8);
+    assert_eq!(ledger.read_now(now, 512), None, "one read at a time");
+    assert_eq!(ledger.read_due(), None);
+}
+
+#[test]
+fn with_deliveries_out_a_read_waits_for_a_quarter_of_the_credit() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let _events = call(&mut ledger, 1, policy(100));
+    for n in 1..=100 {
+        ledger.offer(entry(n, 1), now);
+    }
+    assert_eq!(ledger.read_now(now, 512), None, "no free slot");
+    assert_eq!(ledger.read_due(), None, "nothing lingers without a free slot");
+    for n in 1..=25 {
+        ledger.ack(1, branded(n).to_string(), branded(n), now);
+    }
+    assert_eq!(ledger.read_now(now, 512), Some(25), "a quarter free: read at once");
+    assert_eq!(ledger.read_due(), None);
+}
+
+#[test]
+fn a_read_short_of_a_quarter_lingers_two_milliseconds_from_the_first_free_slot() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let _events = call(&mut ledger, 1, policy(100));
+    for n in 1..=100 {
+        ledger.offer(entry(n, 1), now);
+    }
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    assert_eq!(ledger.read_now(now, 512), None, "one free slot is not worth a read yet");
+    assert_eq!(ledger.read_due(), Some(now + READ_LINGER));
+    ledger.ack(1, branded(2).to_string(), branded(2), now + MS);
+    assert_eq!(ledger.read_now(now + MS, 512), None, "the linger runs from the first free slot");
+    assert_eq!(ledger.read_due(), Some(now + READ_LINGER));
+    assert_eq!(ledger.read_now(now + READ_LINGER, 512), Some(2), "lingered long enough: read what is free");
+    assert_eq!(ledger.read_due(), None, "the next linger starts afresh");
+
+    ledger.reading(2);
+    ledger.read_done();
+    for n in 3..=4 {
+        ledger.ack(1, branded(n).to_string(), branded(n), now + READ_LINGER);
+    }
+    assert_eq!(ledger.read_now(now + READ_LINGER, 512), None);
+    assert_eq!(ledger.read_due(), Some(now + 2 * READ_LINGER));
+}
+
+#[test]
+fn a_slot_taken_again_ends_the_linger() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let _events = call(&mut ledger, 1, policy(8));
+    for n in 1..=8 {
+        ledger.offer(entry(n, 1), now);
+    }
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    assert_eq!(ledger.read_now(now, 512), None);
+    ledger.offer(entry(9, 1), now);
+    assert_eq!(ledger.read_now(now, 512), None, "no free slot left");
+    assert_eq!(ledger.read_due(), None, "nothing to linger for");
 }
