@@ -19,7 +19,8 @@
 //!   - `consume/worker.rs`: the group worker's loop, the one place that
 //!     feeds the job files' outcomes back to the ledger;
 //!   - `consume/ledger.rs`: its bookkeeping (held, ready, waiting, credit,
-//!     deadlines), synchronous and unit-tested;
+//!     deadlines, the read decision), sans-I/O: it returns effects, orders
+//!     and counts for the worker to carry out, and is unit-tested alone;
 //!   - `consume/orders.rs`: the plain data the ledger and the job files
 //!     share (acks, retry states, dead-letter orders, backoff, group policy);
 //!   - `consume/verdicts.rs`: every verdict error, code and text;

@@ -1,9 +1,12 @@
 //! The group worker's bookkeeping, with no I/O: which call holds what, the
 //! entries waiting to come back, credit, ack deadlines, and what Redis took
-//! away. Every transition is synchronous: it sends call events on their
-//! (unbounded) channels and queues the Redis writes it implies as
-//! [`Orders`], which the worker carries out. So the rules below are tested
-//! without Redis.
+//! away. Every transition is synchronous and does nothing itself: it takes
+//! the clock and a command or a Redis outcome, and queues what follows as
+//! [`Effect`]s (frames for calls, span ends), [`Orders`] (the Redis writes)
+//! and a [`Tally`] (metrics), which the worker carries out. It sends on no
+//! channel, records no metric, opens no span and holds no wire type (the
+//! contents of a delivery are a type parameter it never looks into). So the
+//! rules below are tested without Redis, a runtime or a metrics registry.
 //!
 //! Every entry the worker knows of is in exactly one state:
 //! - held: handed to a call, waiting for its verdict; its lease kept fresh;
@@ -26,20 +29,17 @@ use std::{
     time::Duration,
 };
 
-use tokio::{sync::mpsc, time::Instant};
+use tokio::time::Instant;
 
 use super::{
     delivery::Outgoing,
     orders::{Backoff, DeadLetterOrder, GroupPolicy, PendingAck, RetryWrite, SessionId},
-    verdicts::{self, Gone},
+    verdicts::{Gone, Refusal},
     IdMap,
 };
 use crate::{
     error::Error,
     id::{BrandedId, StreamId},
-    metrics::{GroupMetrics, VerdictErrors},
-    proto::{Delivery, VerdictError},
-    telemetry,
 };
 
 /// Deliveries a call lost to a peer or to deletion whose verdict may still
@@ -51,20 +51,39 @@ const GONE_REMEMBERED: usize = 4096;
 /// within this, even from a client that holds the rest for good.
 pub(crate) const READ_LINGER: Duration = Duration::from_millis(2);
 
-/// What the worker tells a call. The channel is unbounded, but what flows on it
-/// is bounded: deliveries by the call's credit, verdict errors by the verdicts
-/// the call sent (and a call does not read new verdicts while its answers
-/// pile up).
+/// What the ledger asks the worker to do outside it, in order.
 #[derive(Debug)]
-pub(crate) enum Event {
-    /// Hand this to the client: the delivery of `id` from the call's shard `shard`.
-    Delivery { shard: usize, id: BrandedId, delivery: Delivery },
-    /// The answer to a verdict that was not applied, or an unasked LEASE_LOST.
-    VerdictError(VerdictError),
-    /// The call no longer holds `id` from shard `shard` (its ack deadline
-    /// passed, a peer took it, it was deleted): a sharded call's relay routes
-    /// its later verdict here still, and may hand over a namesake it parked.
-    Left { shard: usize, id: BrandedId },
+pub(crate) enum Effect<D> {
+    /// Hand `out` to call `session`, as the delivery of `out.branded` from the
+    /// call's shard `shard`. The ledger counts it held already: should the
+    /// call be gone, the worker gives it back with [`Ledger::undelivered`].
+    Deliver { session: SessionId, shard: usize, out: Outgoing<D> },
+    /// Answer the call's verdict on `text` (the id as the client sent it),
+    /// or tell it unasked (LEASE_LOST).
+    Answer { session: SessionId, text: String, refusal: Refusal },
+    /// Tell the call it no longer holds `id` from shard `shard` (its ack
+    /// deadline passed, a peer took it, it was deleted): a sharded call's
+    /// relay routes its later verdict there still.
+    Left { session: SessionId, shard: usize, id: BrandedId },
+    /// The delivery of `stream_id` left its call, settled by `verdict`
+    /// (`ack`, `fail`, `dead_letter`) or by none: its span ends. Only on a
+    /// ledger made `traced`.
+    Ended { stream_id: StreamId, verdict: Option<&'static str> },
+}
+
+/// What the ledger counted since the worker last recorded it in the
+/// group's metrics.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    /// Deliveries handed to calls (`echomq_deliveries_total`).
+    pub(crate) deliveries: u64,
+    /// Deliveries failed: a Fail, a passed deadline, a call that ended
+    /// holding them (`echomq_fails_total`).
+    pub(crate) fails: u64,
+    /// Held deliveries a peer took (`echomq_leases_lost_total`).
+    pub(crate) leases_lost: u64,
+    /// Seconds from hand-over to verdict, one per settled delivery.
+    pub(crate) handler_seconds: Vec<f64>,
 }
 
 /// A call's subscription settings, validated.
@@ -103,17 +122,6 @@ struct Held {
     deadline: Option<Instant>,
     /// When it was handed over, for the handler-time histogram.
     delivered_at: Instant,
-    /// The delivery's span, from hand-over to verdict (only while traces are
-    /// exported); it ends when this is dropped.
-    span: Option<tracing::Span>,
-}
-
-impl Held {
-    fn record_verdict(&self, verdict: &str) {
-        if let Some(span) = &self.span {
-            span.record("echomq.verdict", verdict);
-        }
-    }
 }
 
 /// One call attached to this worker.
@@ -121,7 +129,6 @@ struct Call {
     /// This worker's stream's index among the call's shards.
     shard: usize,
     policy: Policy,
-    events: mpsc::UnboundedSender<Event>,
     held: IdMap<BrandedId, Held>,
     /// Deliveries Redis took from this call, and why: their verdicts are
     /// answered NOT_PENDING until the id is delivered to the call again.
@@ -129,8 +136,6 @@ struct Call {
     /// The call's receiver is gone (its detach is on the way), or the client
     /// asked to drain: it takes nothing more.
     closed: bool,
-    /// The group's `echomq_verdict_errors_total`, counted as each answer is sent.
-    verdict_errors: VerdictErrors,
 }
 
 impl Call {
@@ -141,17 +146,11 @@ impl Call {
         (self.policy.max_in_flight as usize).saturating_sub(self.held.len())
     }
 
-    /// Every verdict error the worker gives passes here, and is counted by its code.
-    fn answer(&self, error: VerdictError) {
-        self.verdict_errors.count(error.code);
-        let _ = self.events.send(Event::VerdictError(error));
-    }
-
     /// The answer to a verdict on `id`, which this call does not hold.
-    fn not_held(&self, text: &str, id: &BrandedId) -> VerdictError {
+    fn not_held(&self, id: &BrandedId) -> Refusal {
         match self.gone.get(id) {
-            Some(gone) => verdicts::gone(text, *gone),
-            None => verdicts::unknown_id(text),
+            Some(gone) => Refusal::Gone(*gone),
+            None => Refusal::UnknownId,
         }
     }
 }
@@ -184,8 +183,8 @@ pub(crate) struct Detached {
     pub(crate) last: bool,
 }
 
-/// One group's bookkeeping. See the module doc.
-pub(crate) struct Ledger {
+/// One group's bookkeeping, `D` the contents of a delivery. See the module doc.
+pub(crate) struct Ledger<D> {
     stream: String,
     group: String,
     /// At-most-once: nothing is pending, verdicts only free credit.
@@ -197,18 +196,23 @@ pub(crate) struct Ledger {
     calls: HashMap<SessionId, Call>,
     entries: IdMap<StreamId, Track>,
     waiting: BTreeSet<(Instant, StreamId)>,
-    ready: VecDeque<Outgoing>,
+    ready: VecDeque<Outgoing<D>>,
     /// Entries asked of the reader and not yet returned (credit spoken for).
     read_outstanding: usize,
     /// Since when free credit has been too little to be worth a read.
     short_of_credit: Option<Instant>,
     orders: Orders,
-    metrics: GroupMetrics,
+    /// Frames and span ends for the worker, in order.
+    effects: Vec<Effect<D>>,
+    tally: Tally,
+    /// Deliveries have spans (traces are exported): [`Effect::Ended`] is queued.
+    traced: bool,
 }
 
-impl Ledger {
-    /// An empty ledger for `group` on `stream`.
-    pub(crate) fn new(stream: &str, group: &str, no_ack: bool, draining: bool, metrics: GroupMetrics) -> Ledger {
+impl<D> Ledger<D> {
+    /// An empty ledger for `group` on `stream`; `traced`: say when each
+    /// delivery's span ends.
+    pub(crate) fn new(stream: &str, group: &str, no_ack: bool, draining: bool, traced: bool) -> Ledger<D> {
         Ledger {
             stream: stream.to_owned(),
             group: group.to_owned(),
@@ -222,7 +226,9 @@ impl Ledger {
             read_outstanding: 0,
             short_of_credit: None,
             orders: Orders::default(),
-            metrics,
+            effects: Vec::new(),
+            tally: Tally::default(),
+            traced,
         }
     }
 
@@ -235,7 +241,6 @@ impl Ledger {
         shard: usize,
         policy: Policy,
         settings: GroupPolicy,
-        events: mpsc::UnboundedSender<Event>,
     ) -> Result<(), Error> {
         match &self.settings {
             Some(current) if *current != settings && !self.calls.is_empty() => {
@@ -248,19 +253,8 @@ impl Ledger {
             }
             _ => self.settings = Some(settings),
         }
-        let verdict_errors = self.metrics.verdict_errors.clone();
-        let call = Call {
-            shard,
-            policy,
-            events,
-            held: IdMap::default(),
-            gone: IdMap::default(),
-            closed: false,
-            verdict_errors,
-        };
-        if self.calls.insert(session, call).is_none() {
-            self.metrics.consume_calls.inc();
-        }
+        let call = Call { shard, policy, held: IdMap::default(), gone: IdMap::default(), closed: false };
+        self.calls.insert(session, call);
         Ok(())
     }
 
@@ -269,10 +263,10 @@ impl Ledger {
         let Some(call) = self.calls.remove(&session) else {
             return Detached { returned: 0, last: self.calls.is_empty() };
         };
-        self.metrics.consume_calls.dec();
         let returned = call.held.len();
         for held in call.held.into_values() {
             self.entries.remove(&held.stream_id);
+            self.ended(held.stream_id, None);
             let delay = call.policy.backoff.delay(held.attempts);
             self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned(), now);
         }
@@ -436,7 +430,7 @@ impl Ledger {
     /// what a call still holds: that call's verdict settles it, it is not
     /// handed out twice. While draining nothing is handed out: a read that
     /// was under way leaves its entries ready, pending for the next run or a peer.
-    pub(crate) fn offer(&mut self, out: Outgoing, now: Instant) {
+    pub(crate) fn offer(&mut self, out: Outgoing<D>, now: Instant) {
         if matches!(self.entries.get(&out.stream_id), Some(Track::Held(..))) {
             return;
         }
@@ -467,7 +461,7 @@ impl Ledger {
         }
     }
 
-    fn keep_ready(&mut self, out: Outgoing, now: Instant) {
+    fn keep_ready(&mut self, out: Outgoing<D>, now: Instant) {
         if self.calls.is_empty() {
             return self.wait(out.stream_id, now);
         }
@@ -478,7 +472,7 @@ impl Ledger {
     /// Hands one entry to the call with the most free credit that does not
     /// already hold an entry with the same branded id (so a verdict by branded
     /// id is never ambiguous). Gives the entry back when no call can take it.
-    fn hand_out(&mut self, out: Outgoing, now: Instant) -> Option<Outgoing> {
+    fn hand_out(&mut self, out: Outgoing<D>, now: Instant) -> Option<Outgoing<D>> {
         let target = self
             .calls
             .iter()
@@ -487,20 +481,32 @@ impl Ledger {
             .map(|(id, _)| *id);
         let Some(session) = target else { return Some(out) };
         let call = self.calls.get_mut(&session).expect("picked from the map");
-        let Outgoing { stream_id, branded, mut delivery } = out;
-        let attempts = delivery.attempts;
-        let span = telemetry::exporting().then(|| delivery_span(&self.stream, &self.group, stream_id, &mut delivery));
-        let event = Event::Delivery { shard: call.shard, id: branded, delivery };
-        if let Err(mpsc::error::SendError(Event::Delivery { delivery, .. })) = call.events.send(event) {
-            call.closed = true;
-            return Some(Outgoing { stream_id, branded, delivery });
-        }
+        let (stream_id, branded, attempts) = (out.stream_id, out.branded, out.attempts);
         call.gone.remove(&branded);
         let deadline = call.policy.ack_deadline.map(|d| now + d);
-        call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now, span });
+        call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now });
         self.entries.insert(stream_id, Track::Held(session, branded));
-        self.metrics.deliveries.inc();
+        self.tally.deliveries += 1;
+        self.effects.push(Effect::Deliver { session, shard: call.shard, out });
         None
+    }
+
+    /// The worker could not hand `out` to call `session` (its receiver is
+    /// gone; its detach is on the way): the call is closed, takes nothing
+    /// more, and the entry is first in line for another call.
+    pub(crate) fn undelivered(&mut self, session: SessionId, out: Outgoing<D>, now: Instant) {
+        if let Some(call) = self.calls.get_mut(&session) {
+            call.closed = true;
+            if call.held.remove(&out.branded).is_some() {
+                self.entries.remove(&out.stream_id);
+                self.tally.deliveries = self.tally.deliveries.saturating_sub(1);
+            }
+        }
+        if self.calls.is_empty() {
+            return self.wait(out.stream_id, now);
+        }
+        self.entries.insert(out.stream_id, Track::Ready);
+        self.ready.push_front(out);
     }
 
     /// Schedules a failed entry's re-delivery after `delay`, here and, through
@@ -510,7 +516,7 @@ impl Ledger {
         if self.no_ack {
             return;
         }
-        self.metrics.fails.inc();
+        self.tally.fails += 1;
         self.wait(stream_id, now + delay);
         let due_unix_ms = crate::entry::now_unix_ms().saturating_add(delay.as_millis() as u64);
         self.orders.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
@@ -521,24 +527,35 @@ impl Ledger {
     fn settle(&mut self, session: SessionId, text: &str, id: BrandedId, now: Instant) -> Option<Held> {
         let call = self.calls.get_mut(&session)?;
         let Some(held) = call.held.remove(&id) else {
-            call.answer(call.not_held(text, &id));
+            let refusal = call.not_held(&id);
+            self.effects.push(Effect::Answer { session, text: text.to_owned(), refusal });
             return None;
         };
-        self.metrics.handler_seconds.observe(now.saturating_duration_since(held.delivered_at).as_secs_f64());
+        self.tally.handler_seconds.push(now.saturating_duration_since(held.delivered_at).as_secs_f64());
         self.entries.remove(&held.stream_id);
         Some(held)
+    }
+
+    /// The delivery of `stream_id` left its call (see [`Effect::Ended`]).
+    fn ended(&mut self, stream_id: StreamId, verdict: Option<&'static str>) {
+        if self.traced {
+            self.effects.push(Effect::Ended { stream_id, verdict });
+        }
+    }
+
+    /// Queues an answer to call `session`'s verdict on `text`.
+    fn refuse(&mut self, session: SessionId, text: String, refusal: Refusal) {
+        self.effects.push(Effect::Answer { session, text, refusal });
     }
 
     /// An Ack: queues the XACK (none in at-most-once mode, where the entry is
     /// not pending); UNKNOWN_ID or NOT_PENDING when the call does not hold `id`.
     pub(crate) fn ack(&mut self, session: SessionId, text: String, id: BrandedId, now: Instant) {
         let Some(held) = self.settle(session, &text, id, now) else { return };
-        held.record_verdict("ack");
+        self.ended(held.stream_id, Some("ack"));
         if !self.no_ack {
             let redelivered = held.attempts > 1;
-            // The settle span links to the delivery's (only while exported).
-            let delivery = held.span.as_ref().and_then(telemetry::span_context_of);
-            self.orders.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered, delivery });
+            self.orders.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered });
         }
     }
 
@@ -551,28 +568,29 @@ impl Ledger {
         let FailVerdict { text, id, retry_after, dead_letter, reason } = fail;
         let Some(call) = self.calls.get(&session) else { return };
         if let Some(gone) = call.gone.get(&id) {
-            return call.answer(verdicts::gone(&text, *gone));
+            let refusal = Refusal::Gone(*gone);
+            return self.refuse(session, text, refusal);
         }
         let retry_after = match retry_after {
             Ok(retry_after) => retry_after,
             Err(reason) => {
                 let message = format!("{reason}; nothing was applied (a delivery this call holds stays held)");
-                return call.answer(verdicts::invalid(&text, message));
+                return self.refuse(session, text, Refusal::Invalid(message));
             }
         };
         if self.no_ack {
-            return call.answer(verdicts::fail_without_pel(&text));
+            return self.refuse(session, text, Refusal::FailWithoutPel);
         }
-        let policy = call.policy.clone();
+        let backoff = call.policy.backoff;
         let Some(held) = self.settle(session, &text, id, now) else { return };
-        held.record_verdict(if dead_letter { "dead_letter" } else { "fail" });
+        self.ended(held.stream_id, Some(if dead_letter { "dead_letter" } else { "fail" }));
         if dead_letter {
             let reason =
                 if reason.is_empty() { "dead-lettered by the client (no reason given)".to_owned() } else { reason };
             let order = DeadLetterOrder { stream_id: held.stream_id, reason, verdict: Some((session, text)) };
             return self.orders.dead_letters.push(order);
         }
-        let delay = retry_after.unwrap_or_else(|| policy.backoff.delay(held.attempts));
+        let delay = retry_after.unwrap_or_else(|| backoff.delay(held.attempts));
         tracing::debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");
         self.retry_later(held.stream_id, delay, reason, now);
     }
@@ -585,7 +603,7 @@ impl Ledger {
         for (text, id) in ids {
             match call.held.get_mut(&id) {
                 Some(held) => held.deadline = call.policy.ack_deadline.map(|_| now + by),
-                None => call.answer(call.not_held(&text, &id)),
+                None => self.effects.push(Effect::Answer { session, refusal: call.not_held(&id), text }),
             }
         }
     }
@@ -597,22 +615,23 @@ impl Ledger {
     }
 
     /// Deliveries past their ack deadline are treated as failed: they leave
-    /// their call (told by [`Event::Left`]; a later verdict is UNKNOWN_ID)
+    /// their call (told by [`Effect::Left`]; a later verdict is UNKNOWN_ID)
     /// and wait for their backoff. Returns how many expired.
     pub(crate) fn expire(&mut self, now: Instant) -> usize {
         let mut expired = Vec::new();
-        for call in self.calls.values_mut() {
+        for (&session, call) in self.calls.iter_mut() {
             let ids: Vec<BrandedId> =
                 call.held.iter().filter(|(_, h)| h.deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
             for id in ids {
                 let held = call.held.remove(&id).expect("listed above");
                 expired.push((held.stream_id, call.policy.backoff.delay(held.attempts)));
-                let _ = call.events.send(Event::Left { shard: call.shard, id });
+                self.effects.push(Effect::Left { session, shard: call.shard, id });
             }
         }
         for &(stream_id, delay) in &expired {
             tracing::debug!(stream = %self.stream, %stream_id, "ack deadline passed; treated as failed");
             self.entries.remove(&stream_id);
+            self.ended(stream_id, None);
             self.retry_later(stream_id, delay, "the ack deadline passed".to_owned(), now);
         }
         expired.len()
@@ -620,7 +639,7 @@ impl Ledger {
 
     /// Stops tracking an entry Redis no longer has pending for this sidecar.
     /// A held one leaves its call (freeing its slot; the call is told by
-    /// [`Event::Left`], and its later verdicts are answered NOT_PENDING,
+    /// [`Effect::Left`], and its later verdicts are answered NOT_PENDING,
     /// saying `gone`); returns that call and the delivery's id.
     pub(crate) fn forget(&mut self, stream_id: StreamId, gone: Gone) -> Option<(SessionId, BrandedId)> {
         match self.entries.remove(&stream_id)? {
@@ -631,7 +650,8 @@ impl Ledger {
                     call.gone.clear();
                 }
                 call.gone.insert(id, gone);
-                let _ = call.events.send(Event::Left { shard: call.shard, id });
+                self.effects.push(Effect::Left { session, shard: call.shard, id });
+                self.ended(stream_id, None);
                 Some((session, id))
             }
             Track::Ready => {
@@ -650,10 +670,8 @@ impl Ledger {
     /// being applied. Returns whether a call held it.
     pub(crate) fn lease_lost(&mut self, stream_id: StreamId) -> bool {
         let Some((session, id)) = self.forget(stream_id, Gone::ToPeer) else { return false };
-        self.metrics.leases_lost.inc();
-        if let Some(call) = self.calls.get(&session) {
-            call.answer(verdicts::lease_lost(&id.to_string()));
-        }
+        self.tally.leases_lost += 1;
+        self.refuse(session, id.to_string(), Refusal::LeaseLost);
         true
     }
 
@@ -671,11 +689,23 @@ impl Ledger {
         self.entries.remove(&stream_id);
     }
 
-    /// Answers a call's verdict (if the call is still attached).
-    pub(crate) fn answer(&self, session: SessionId, error: VerdictError) {
-        if let Some(call) = self.calls.get(&session) {
-            call.answer(error);
+    /// Answers call `session`'s verdict on `text` (if the call is still attached).
+    pub(crate) fn answer(&mut self, session: SessionId, text: String, refusal: Refusal) {
+        if self.calls.contains_key(&session) {
+            self.refuse(session, text, refusal);
         }
+    }
+
+    /// Moves the effects queued since the last call into `into` (empty; its
+    /// allocation is reused for the next ones).
+    pub(crate) fn take_effects(&mut self, into: &mut Vec<Effect<D>>) {
+        debug_assert!(into.is_empty());
+        std::mem::swap(&mut self.effects, into);
+    }
+
+    /// What was counted since the worker last recorded it; the worker drains it.
+    pub(crate) fn tally(&mut self) -> &mut Tally {
+        &mut self.tally
     }
 
     /// The Redis writes queued since the last call.
@@ -729,31 +759,6 @@ impl Ledger {
         let o = &self.orders;
         !(o.acks.is_empty() && o.retry_writes.is_empty() && o.dead_letters.is_empty())
     }
-}
-
-/// The span of one delivery, from hand-over to verdict, child of the trace
-/// context the entry carries; the delivery then carries the span's own. Kind
-/// CONSUMER, operation `process`: the sidecar pushes the entry to its client,
-/// and the span lasts while the client processes it.
-fn delivery_span(stream: &str, group: &str, stream_id: StreamId, delivery: &mut Delivery) -> tracing::Span {
-    let span = tracing::info_span!(
-        "echomq.deliver",
-        otel.kind = "consumer",
-        messaging.system = telemetry::MESSAGING_SYSTEM,
-        messaging.operation.type = "process",
-        messaging.operation.name = "deliver",
-        messaging.destination.name = stream,
-        messaging.consumer.group.name = group,
-        messaging.message.id = delivery.id.as_str(),
-        echomq.stream_id = %stream_id,
-        echomq.attempts = delivery.attempts,
-        echomq.verdict = tracing::field::Empty,
-    );
-    telemetry::set_parent(&span, Some(&delivery.traceparent).filter(|t| !t.is_empty()).map(String::as_str));
-    if let Some(traceparent) = telemetry::traceparent_of(&span) {
-        delivery.traceparent = traceparent;
-    }
-    span
 }
 
 /// Call `shard`'s share of a sharded call's `max_in_flight`: an even split,

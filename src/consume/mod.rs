@@ -53,10 +53,10 @@ use crate::{
     redis::{readers::ReaderPool, Redis},
     security::{Caller, Guard},
 };
-use ledger::{Event, Policy};
+use ledger::Policy;
 use orders::{Backoff, SessionId};
 use subscribe::Subscription;
-use worker::{Command, Worker};
+use worker::{Command, Event, Worker};
 
 /// How long a new Consume call may take to send its subscribe.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -6,8 +6,6 @@
 
 use std::time::Duration;
 
-use opentelemetry::trace::SpanContext;
-
 use crate::id::StreamId;
 
 /// Identifies one Consume call inside the sidecar.
@@ -53,9 +51,6 @@ pub(crate) struct PendingAck {
     pub(crate) stream_id: StreamId,
     /// The entry was delivered before, so the group's retry hash may hold it.
     pub(crate) redelivered: bool,
-    /// The delivery's span, which the settle span links to (only while
-    /// traces are exported).
-    pub(crate) delivery: Option<SpanContext>,
 }
 
 /// A retry state to record in the group's retry hash.

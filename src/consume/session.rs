@@ -20,10 +20,10 @@ use tonic::{Status, Streaming};
 use tracing::debug;
 
 use super::{
-    ledger::{Event, FailVerdict},
+    ledger::FailVerdict,
     orders::SessionId,
     verdicts,
-    worker::Command,
+    worker::{Command, Event},
     IdMap,
 };
 use crate::{

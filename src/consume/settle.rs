@@ -3,7 +3,7 @@
 //! parse and dispatch, not a pipeline of many), the acks as multi-id XACKs of
 //! up to [`ACK_CHUNK`] ids.
 
-use opentelemetry::KeyValue;
+use opentelemetry::{trace::SpanContext, KeyValue};
 use redis::RedisResult;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -25,8 +25,16 @@ pub(crate) const ACK_CHUNK: usize = 1024;
 /// of `acks` in order (`acks.chunks(ACK_CHUNK)`), how many of its ids Redis
 /// still had pending: XACK counts, it does not say which.
 ///
+/// `links`: the spans of the acknowledged deliveries, each with its id as the
+/// client sent it, for the settle span (empty unless traces are exported).
+///
 /// Errors: Redis' (a timeout leaves the outcome unknown).
-pub(crate) async fn settle(keys: &GroupKeys, acks: &[PendingAck], writes: &[RetryWrite]) -> RedisResult<Vec<usize>> {
+pub(crate) async fn settle(
+    keys: &GroupKeys,
+    acks: &[PendingAck],
+    writes: &[RetryWrite],
+    links: Vec<(SpanContext, String)>,
+) -> RedisResult<Vec<usize>> {
     let mut script = keys.redis.scripts.settle.prepare_invoke();
     script.key(&keys.stream).key(&keys.retries).arg(&keys.group).arg(ACK_CHUNK).arg(acks.len());
     for ack in acks {
@@ -41,7 +49,7 @@ pub(crate) async fn settle(keys: &GroupKeys, acks: &[PendingAck], writes: &[Retr
         script.arg(write.stream_id.to_string()).arg(write.state());
     }
     let mut conn = keys.redis.conn.clone();
-    script.invoke_async(&mut conn).instrument(settle_span(keys, acks, writes)).await
+    script.invoke_async(&mut conn).instrument(settle_span(keys, acks, writes, links)).await
 }
 
 /// The span of one settle run (while traces are exported): kind CLIENT and
@@ -52,7 +60,12 @@ pub(crate) async fn settle(keys: &GroupKeys, acks: &[PendingAck], writes: &[Retr
 /// (128 by default) are kept; the span's dropped-links count says how many
 /// more there were. Fails are on their delivery spans (`echomq.verdict`):
 /// a run with no ack (retry states only) has no settle span.
-fn settle_span(keys: &GroupKeys, acks: &[PendingAck], writes: &[RetryWrite]) -> tracing::Span {
+fn settle_span(
+    keys: &GroupKeys,
+    acks: &[PendingAck],
+    writes: &[RetryWrite],
+    links: Vec<(SpanContext, String)>,
+) -> tracing::Span {
     if !telemetry::exporting() || acks.is_empty() {
         return tracing::Span::none();
     }
@@ -68,13 +81,8 @@ fn settle_span(keys: &GroupKeys, acks: &[PendingAck], writes: &[RetryWrite]) -> 
         messaging.message.id = (acks.len() == 1).then(|| acks[0].text.as_str()),
         echomq.retry_writes = writes.len() as i64,
     );
-    for ack in acks {
-        if let Some(delivery) = &ack.delivery {
-            span.add_link_with_attributes(
-                delivery.clone(),
-                vec![KeyValue::new("messaging.message.id", ack.text.clone())],
-            );
-        }
+    for (delivery, id) in links {
+        span.add_link_with_attributes(delivery, vec![KeyValue::new("messaging.message.id", id)]);
     }
     span
 }

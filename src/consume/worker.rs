@@ -13,9 +13,12 @@
 //! those outcomes back. Nothing outside it has an `impl Worker`.
 
 use std::{
+    collections::HashMap,
     sync::{atomic::Ordering, Arc},
     time::Duration,
 };
+
+use opentelemetry::trace::SpanContext;
 
 use redis::{RedisError, RedisResult};
 use tokio::{
@@ -29,22 +32,23 @@ use prost::Message;
 
 use super::{
     dead_letter::{self, DeadLettered},
-    delivery, gauges, hygiene,
+    delivery::{self, Outgoing},
+    gauges, hygiene,
     lease::{self, Unrefreshed},
-    ledger::{Event, FailVerdict, Ledger, Policy},
+    ledger::{Effect, FailVerdict, Ledger, Policy},
     orders::{DeadLetterOrder, GroupPolicy, PendingAck, RetryWrite, SessionId},
     reader::{self, Reader},
     recovery,
     retry::{self, Redelivery},
     settle::{self, ACK_CHUNK},
-    verdicts::{self, Gone},
-    GroupKeys, Shared,
+    verdicts::{Gone, Refusal},
+    GroupKeys, IdMap, Shared,
 };
 use crate::{
     error::Error,
     id::{BrandedId, StreamId},
     metrics::GroupMetrics,
-    proto::VerdictError,
+    proto::{Delivery, VerdictError},
     redis::RawEntry,
 };
 
@@ -61,6 +65,22 @@ const REDIS_BACKOFF_MAX: Duration = Duration::from_secs(5);
 const RECLAIM_PAGES_PER_BEAT: usize = 8;
 /// Commands taken in one go, so that their acks reach Redis as one script run.
 const COMMANDS_PER_TURN: usize = 1024;
+
+/// What the worker tells a call. The channel is unbounded, but what flows on it
+/// is bounded: deliveries by the call's credit, verdict errors by the verdicts
+/// the call sent (and a call does not read new verdicts while its answers
+/// pile up).
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Hand this to the client: the delivery of `id` from the call's shard `shard`.
+    Delivery { shard: usize, id: BrandedId, delivery: Delivery },
+    /// The answer to a verdict that was not applied, or an unasked LEASE_LOST.
+    VerdictError(VerdictError),
+    /// The call no longer holds `id` from shard `shard` (its ack deadline
+    /// passed, a peer took it, it was deleted): a sharded call's relay routes
+    /// its later verdict here still, and may hand over a namesake it parked.
+    Left { shard: usize, id: BrandedId },
+}
 
 /// What a call tells its worker.
 #[derive(Debug)]
@@ -154,36 +174,46 @@ impl Step {
 /// One group's worker. Built by [`Worker::spawn`]; its steps on Redis are
 /// `impl Worker` blocks in the file of their job.
 pub(crate) struct Worker {
-    pub(super) keys: GroupKeys,
-    pub(super) shared: Arc<Shared>,
-    pub(super) metrics: GroupMetrics,
-    pub(super) ledger: Ledger,
+    keys: GroupKeys,
+    shared: Arc<Shared>,
+    metrics: GroupMetrics,
+    ledger: Ledger<Delivery>,
+    /// Each attached call's channel, where the ledger's effects for it go.
+    links: HashMap<SessionId, mpsc::UnboundedSender<Event>>,
+    /// The ledger's effects being carried out (kept for its allocation).
+    effects: Vec<Effect<Delivery>>,
+    /// Traces are exported: each held delivery has a span, here until its
+    /// verdict (or its leaving) ends it.
+    traced: bool,
+    spans: IdMap<StreamId, tracing::Span>,
+    /// The spans of acknowledged deliveries, for the settle span to link to.
+    ack_links: IdMap<StreamId, SpanContext>,
     /// At-most-once: reads with NOACK, nothing is pending, verdicts only free credit.
-    pub(super) no_ack: bool,
+    no_ack: bool,
     /// Calls waiting for the next flush before they end.
-    pub(super) flushed: Vec<oneshot::Sender<()>>,
+    flushed: Vec<oneshot::Sender<()>>,
     /// While recovering its own PEL: the last id seen (`None`: from the start).
-    pub(super) recovering: Option<Option<StreamId>>,
+    recovering: Option<Option<StreamId>>,
     /// Entries the walk under way queued for re-delivery, for its log line.
-    pub(super) recovered: u64,
+    recovered: u64,
     /// The blocking reader and its pool connection, while there are calls to
     /// read for: started by the first call's Attach, stopped when the last
     /// call leaves or the sidecar drains.
-    pub(super) reader: Option<Reader>,
-    pub(super) reclaim_cursor: StreamId,
+    reader: Option<Reader>,
+    reclaim_cursor: StreamId,
     /// Entries found deleted while pending since the last log line, so a
     /// trim of many pending entries is logged once with their count.
-    pub(super) trimmed_unlogged: u64,
+    trimmed_unlogged: u64,
     /// The group is gone (NOGROUP): re-create it before anything else.
-    pub(super) group_lost: bool,
+    group_lost: bool,
     /// The hygiene beat found the stream deleted and said so; cleared (and
     /// said) when a beat finds it again, so the log has one line per loss.
-    pub(super) stream_gone: bool,
+    stream_gone: bool,
     /// No Redis command from the pump before this instant (backoff after errors).
-    pub(super) paused_until: Instant,
-    pub(super) backoff: Duration,
+    paused_until: Instant,
+    backoff: Duration,
     /// The held count last added to the sidecar-wide one.
-    pub(super) published_held: usize,
+    published_held: usize,
 }
 
 impl Worker {
@@ -200,11 +230,17 @@ impl Worker {
         for step in Step::ALL {
             let _ = metrics.redis_errors(step.label());
         }
-        let ledger = Ledger::new(&stream, &group, no_ack, *shared.draining.borrow(), metrics.clone());
+        let traced = crate::telemetry::exporting();
+        let ledger = Ledger::new(&stream, &group, no_ack, *shared.draining.borrow(), traced);
         let worker = Worker {
             keys: GroupKeys::new(&shared, stream, group),
             metrics,
             ledger,
+            links: HashMap::new(),
+            effects: Vec::new(),
+            traced,
+            spans: IdMap::default(),
+            ack_links: IdMap::default(),
             no_ack,
             flushed: Vec::new(),
             // Nothing of an at-most-once reader is ever pending: nothing to recover.
@@ -240,6 +276,7 @@ impl Worker {
             if !self.ledger.draining() {
                 self.pump().await;
             }
+            self.act();
             self.publish_held();
             let wake = self.next_wake();
             tokio::select! {
@@ -268,6 +305,7 @@ impl Worker {
                 }
                 _ = poll.tick(), if shared.metrics_poll.is_some() => {
                     if self.redis_usable() {
+                        self.act();
                         gauges::poll(&self.keys, &self.metrics).await;
                     }
                 }
@@ -286,6 +324,88 @@ impl Worker {
         self.stop_reading();
         self.publish_held();
         info!(stream = %self.keys.stream, group = %self.keys.group, "group worker stopped");
+    }
+
+    /// Carries out what the ledger queued, in order: frames to calls
+    /// (giving back a delivery whose call is gone), span ends, then the
+    /// metrics it counted. Called before every await, so nothing the ledger
+    /// decided waits on Redis.
+    fn act(&mut self) {
+        loop {
+            self.ledger.take_effects(&mut self.effects);
+            if self.effects.is_empty() {
+                break;
+            }
+            let mut effects = std::mem::take(&mut self.effects);
+            for effect in effects.drain(..) {
+                self.carry_out(effect);
+            }
+            self.effects = effects;
+        }
+        let tally = self.ledger.tally();
+        if tally.deliveries > 0 {
+            self.metrics.deliveries.inc_by(std::mem::take(&mut tally.deliveries));
+        }
+        if tally.fails > 0 {
+            self.metrics.fails.inc_by(std::mem::take(&mut tally.fails));
+        }
+        if tally.leases_lost > 0 {
+            self.metrics.leases_lost.inc_by(std::mem::take(&mut tally.leases_lost));
+        }
+        for seconds in tally.handler_seconds.drain(..) {
+            self.metrics.handler_seconds.observe(seconds);
+        }
+    }
+
+    fn carry_out(&mut self, effect: Effect<Delivery>) {
+        match effect {
+            Effect::Deliver { session, shard, out } => {
+                let Outgoing { stream_id, branded, attempts, mut body } = out;
+                let span =
+                    self.traced.then(|| delivery::span(&self.keys.stream, &self.keys.group, stream_id, &mut body));
+                let event = Event::Delivery { shard, id: branded, delivery: body };
+                let unsent = match self.links.get(&session) {
+                    Some(link) => link.send(event).err().map(|unsent| unsent.0),
+                    None => Some(event),
+                };
+                match unsent {
+                    None => {
+                        if let Some(span) = span {
+                            self.spans.insert(stream_id, span);
+                        }
+                    }
+                    Some(Event::Delivery { delivery: body, .. }) => self.ledger.undelivered(
+                        session,
+                        Outgoing { stream_id, branded, attempts, body },
+                        Instant::now(),
+                    ),
+                    Some(_) => {}
+                }
+            }
+            Effect::Answer { session, text, refusal } => {
+                let error = refusal.error(&text);
+                self.metrics.verdict_errors.count(error.code);
+                if let Some(link) = self.links.get(&session) {
+                    let _ = link.send(Event::VerdictError(error));
+                }
+            }
+            Effect::Left { session, shard, id } => {
+                if let Some(link) = self.links.get(&session) {
+                    let _ = link.send(Event::Left { shard, id });
+                }
+            }
+            Effect::Ended { stream_id, verdict } => {
+                let Some(span) = self.spans.remove(&stream_id) else { return };
+                if let Some(verdict) = verdict {
+                    span.record("echomq.verdict", verdict);
+                    if verdict == "ack" && !self.no_ack {
+                        if let Some(context) = crate::telemetry::span_context_of(&span) {
+                            self.ack_links.insert(stream_id, context);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Keeps the sidecar-wide held count (what shutdown waits for) and the
@@ -307,11 +427,15 @@ impl Worker {
         let now = Instant::now();
         match command {
             Command::Attach { session, shard, policy, group, events, reply } => {
-                let mut attached = self.ledger.attach(session, shard, policy, group, events);
+                let mut attached = self.ledger.attach(session, shard, policy, group);
                 if attached.is_ok() {
+                    if self.links.insert(session, events).is_none() {
+                        self.metrics.consume_calls.inc();
+                    }
                     attached = self.start_reader().await;
                     if attached.is_err() {
                         self.ledger.detach(session, now);
+                        self.unlink(session);
                     }
                 }
                 let _ = reply.send(attached);
@@ -336,6 +460,7 @@ impl Worker {
                 // reach it (after a client closed its side, it still reads).
                 self.carry_out_orders().await;
                 let detached = self.ledger.detach(session, now);
+                self.unlink(session);
                 if self.ledger.draining() {
                     self.shared.returned_while_draining.fetch_add(detached.returned, Ordering::Relaxed);
                 }
@@ -350,6 +475,14 @@ impl Worker {
         }
     }
 
+    /// Forgets an ended call's channel.
+    fn unlink(&mut self, session: SessionId) {
+        self.act();
+        if self.links.remove(&session).is_some() {
+            self.metrics.consume_calls.dec();
+        }
+    }
+
     /// Carries out the queued Redis writes, then lets ending calls go.
     async fn flush(&mut self) {
         self.carry_out_orders().await;
@@ -361,6 +494,7 @@ impl Worker {
     /// The Redis writes the ledger queued: dead letters first (their Fails
     /// settle nothing else), then acks and retry states as one `settle.lua` run.
     async fn carry_out_orders(&mut self) {
+        self.act();
         if !self.ledger.has_orders() {
             return;
         }
@@ -371,6 +505,7 @@ impl Worker {
         if !orders.acks.is_empty() || !orders.retry_writes.is_empty() {
             self.settle(orders.acks, orders.retry_writes).await;
         }
+        self.act();
     }
 
     /// Cuts off the blocked XREADGROUP, so no entry appended meanwhile is
@@ -401,6 +536,7 @@ impl Worker {
         if self.reader.is_some() || self.ledger.draining() {
             return Ok(());
         }
+        self.act();
         let conn = self.shared.readers.acquire(&self.keys.stream, &self.keys.group).await?;
         let (stream, group) = (self.keys.stream.clone(), self.keys.group.clone());
         self.reader = Some(Reader::spawn(self.shared.clone(), conn, stream, group, self.no_ack));
@@ -513,7 +649,7 @@ impl Worker {
             warn!(stream = %keys.stream, %stream_id, "entry has no branded id (its milliseconds exceed 6 bytes); it stays pending");
             return None;
         };
-        let size = out.delivery.encoded_len() + FRAME_OVERHEAD;
+        let size = out.body.encoded_len() + FRAME_OVERHEAD;
         if size > self.shared.max_message_bytes {
             let reason = format!(
                 "the entry's delivery frame is {size} bytes, over the sidecar's --max-message-bytes ({})",
@@ -569,6 +705,7 @@ impl Worker {
     /// The dead-letter step, for Fails with `dead_letter`, poison entries and
     /// oversized ones alike. On failure the entries wait and come back.
     async fn dead_letter(&mut self, orders: Vec<DeadLetterOrder>) {
+        self.act();
         let dead_letter_stream = self.ledger.settings().map_or_else(
             || self.shared.redis.keys.dead_letter_stream(&self.keys.stream),
             |p| p.dead_letter_stream.clone(),
@@ -583,7 +720,7 @@ impl Worker {
                     if let Some((session, text)) = order.verdict {
                         let message =
                             format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again");
-                        self.ledger.answer(session, verdicts::unavailable(&text, message));
+                        self.ledger.answer(session, text, Refusal::Unavailable(message));
                     }
                 }
                 return;
@@ -592,7 +729,7 @@ impl Worker {
         self.redis_ok();
         for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
             // The Fail that asked for it, if any, is told why nothing moved.
-            let answer: Option<fn(&str) -> VerdictError> = match outcome {
+            let answer = match outcome {
                 DeadLettered::Moved { dead_id, deliveries } => {
                     self.ledger.dead_lettered(stream_id);
                     self.metrics.dead_letters.inc();
@@ -601,12 +738,12 @@ impl Worker {
                 }
                 DeadLettered::Deleted => {
                     self.trimmed_while_pending(stream_id);
-                    Some(verdicts::deleted)
+                    Some(Refusal::Gone(Gone::Deleted))
                 }
-                DeadLettered::NotOurs => Some(verdicts::not_dead_lettered),
+                DeadLettered::NotOurs => Some(Refusal::NotDeadLettered),
             };
-            if let (Some(answer), Some((session, text))) = (answer, order.verdict) {
-                self.ledger.answer(session, answer(&text));
+            if let (Some(refusal), Some((session, text))) = (answer, order.verdict) {
+                self.ledger.answer(session, text, refusal);
             }
         }
     }
@@ -617,6 +754,7 @@ impl Worker {
     /// Claims due entries that are still this consumer's and hands them out;
     /// dead-letters those that reached `max_deliveries`.
     async fn redeliver(&mut self, due: Vec<StreamId>) {
+        self.act();
         let max_deliveries = self.ledger.settings().map_or(0, |p| p.max_deliveries);
         let outcomes = match retry::redeliver(&self.keys, max_deliveries, &due).await {
             Ok(outcomes) => outcomes,
@@ -658,7 +796,14 @@ impl Worker {
 // Settling: the rules applied to [`settle`]'s outcomes.
 impl Worker {
     async fn settle(&mut self, acks: Vec<PendingAck>, writes: Vec<RetryWrite>) {
-        match settle::settle(&self.keys, &acks, &writes).await {
+        self.act();
+        let links: Vec<(SpanContext, String)> = if self.ack_links.is_empty() {
+            Vec::new()
+        } else {
+            let ack_links = &mut self.ack_links;
+            acks.iter().filter_map(|ack| Some((ack_links.remove(&ack.stream_id)?, ack.text.clone()))).collect()
+        };
+        match settle::settle(&self.keys, &acks, &writes, links).await {
             Ok(pending) => {
                 self.redis_ok();
                 for (chunk, pending) in acks.chunks(ACK_CHUNK).zip(pending) {
@@ -678,7 +823,7 @@ impl Worker {
                 };
                 let retry_at = self.paused_until;
                 for ack in acks {
-                    self.ledger.answer(ack.session, verdicts::unavailable(&ack.text, message.clone()));
+                    self.ledger.answer(ack.session, ack.text, Refusal::Unavailable(message.clone()));
                     self.ledger.wait(ack.stream_id, retry_at);
                 }
             }
@@ -697,7 +842,7 @@ impl Worker {
         self.metrics.acks_not_pending.inc_by((chunk.len() - pending) as u64);
         if pending == 0 {
             for ack in chunk {
-                self.ledger.answer(ack.session, verdicts::not_pending_in_group(&ack.text));
+                self.ledger.answer(ack.session, ack.text.clone(), Refusal::NotPendingInGroup);
             }
         } else if pending < chunk.len() {
             warn!(
@@ -721,6 +866,7 @@ impl Worker {
             return;
         }
         for chunk in self.ledger.leased().chunks(BATCH_MAX) {
+            self.act();
             let unrefreshed = match lease::refresh(&self.keys, chunk).await {
                 Ok(unrefreshed) => unrefreshed,
                 Err(e) => return self.redis_failed(Step::RefreshLeases, &e),
@@ -751,6 +897,7 @@ impl Worker {
             return;
         }
         for _ in 0..RECLAIM_PAGES_PER_BEAT {
+            self.act();
             let count = self.ledger.reclaim_room().min(BATCH_MAX);
             if count == 0 {
                 return;
@@ -799,6 +946,7 @@ impl Worker {
     }
 
     async fn recreate_group(&mut self) -> bool {
+        self.act();
         if let Err(e) = recovery::recreate_group(&self.keys).await {
             self.redis_failed(Step::RecreateGroup, &e);
             return false;
@@ -829,6 +977,7 @@ impl Worker {
     /// Reads one page of this consumer's own PEL and queues the entries for
     /// re-delivery, in stream order.
     async fn recover_page(&mut self, after: Option<StreamId>, count: usize) {
+        self.act();
         let ids = match recovery::own_pending_page(&self.keys, after, count).await {
             Ok(ids) => ids,
             Err(e) => return self.redis_failed(Step::Recover, &e),
@@ -862,6 +1011,7 @@ impl Worker {
         if !self.redis_usable() {
             return;
         }
+        self.act();
         let (stream, group) = (&self.keys.stream, &self.keys.group);
         match hygiene::beat(&self.keys, self.shared.consumer_idle_limit).await {
             Ok(hygiene::Beat::StreamGone) => {
