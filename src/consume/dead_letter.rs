@@ -17,23 +17,14 @@
 
 use redis::{RedisResult, Value};
 
-use super::{orders::DeadLetterOrder, GroupKeys};
+use super::{
+    orders::{DeadLetterOrder, DeadLettered},
+    GroupKeys,
+};
 use crate::{
     id::StreamId,
     redis::{array, int, parse_stream_id, tagged, unknown_tag},
 };
-
-/// What [`dead_letter`] did with one entry.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum DeadLettered {
-    /// No longer pending for this consumer (a peer took it): nothing done.
-    NotOurs,
-    /// Deleted from the stream while pending: dropped from the PEL.
-    Deleted,
-    /// Appended to the dead-letter stream as `dead_id` after `deliveries`
-    /// deliveries, then acknowledged.
-    Moved { dead_id: StreamId, deliveries: u64 },
-}
 
 /// Dead-letters `orders` into `dead_letter_stream` (`dead_letter.lua`:
 /// XPENDING … consumer, XRANGE, XADD, XACK, HDEL), one reply per order.

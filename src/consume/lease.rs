@@ -15,24 +15,11 @@ use std::time::Duration;
 
 use redis::{RedisResult, Value};
 
-use super::GroupKeys;
+use super::{orders::Unrefreshed, GroupKeys};
 use crate::{
     id::StreamId,
     redis::{array, parse_stream_id, tagged, unknown_tag},
 };
-
-/// Why [`refresh`] could not refresh a lease.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Unrefreshed {
-    /// Another consumer has it pending: a peer reclaimed it.
-    ToPeer,
-    /// Deleted from the stream: dropped from the PEL.
-    Deleted,
-    /// Pending for no consumer: acknowledged by another client (the call's
-    /// verdict is then answered NOT_PENDING), or a re-created group has not
-    /// read it again yet (and the verdict then applies).
-    Unowned,
-}
 
 /// Refreshes the leases of `ids`; returns those it could not refresh, and why.
 ///

@@ -33,7 +33,10 @@ use tokio::time::Instant;
 
 use super::{
     delivery::Outgoing,
-    orders::{Backoff, DeadLetterOrder, GroupPolicy, PendingAck, RetryWrite, SessionId},
+    orders::{
+        Backoff, DeadLetterOrder, DeadLettered, GroupPolicy, PendingAck, Redelivery, RetryWrite, SessionId,
+        Unrefreshed, ACK_CHUNK,
+    },
     verdicts::{Gone, Refusal},
     IdMap,
 };
@@ -82,6 +85,18 @@ pub(crate) struct Tally {
     pub(crate) fails: u64,
     /// Held deliveries a peer took (`echomq_leases_lost_total`).
     pub(crate) leases_lost: u64,
+    /// Acks Redis confirmed (`echomq_acks_total`).
+    pub(crate) acks: u64,
+    /// Acked ids Redis no longer had pending (`echomq_acks_not_pending_total`).
+    pub(crate) acks_not_pending: u64,
+    /// Entries moved to the dead-letter stream (`echomq_dead_letters_total`).
+    pub(crate) dead_letters: u64,
+    /// Leases refreshed (`echomq_lease_refreshes_total`).
+    pub(crate) lease_refreshes: u64,
+    /// Entries the reclaim beat took over (`echomq_reclaimed_total`).
+    pub(crate) reclaimed: u64,
+    /// Entries found deleted while pending (`echomq_trimmed_while_pending_total`).
+    pub(crate) trimmed: u64,
     /// Seconds from hand-over to verdict, one per settled delivery.
     pub(crate) handler_seconds: Vec<f64>,
 }
@@ -684,9 +699,170 @@ impl<D> Ledger<D> {
             .collect()
     }
 
-    /// A dead-lettered entry is done here.
-    pub(crate) fn dead_lettered(&mut self, stream_id: StreamId) {
-        self.entries.remove(&stream_id);
+    /// The entry was deleted from the stream and Redis dropped it from the
+    /// PEL (XAUTOCLAIM's deleted ids, a nil body in a PEL read, a script's
+    /// `deleted`): never forwarded, and if a call holds it, its verdict is
+    /// answered NOT_PENDING.
+    pub(crate) fn trimmed(&mut self, stream_id: StreamId) {
+        self.forget(stream_id, Gone::Deleted);
+        self.tally.trimmed += 1;
+        tracing::debug!(stream = %self.stream, group = %self.group, %stream_id, "entry was deleted from the stream while pending");
+    }
+
+    /// Entries Redis has pending for this consumer (a page of its own PEL,
+    /// or taken over by the reclaim beat) wait for re-delivery now, unless
+    /// the ledger tracks them already. Returns how many were new to it.
+    pub(crate) fn found_pending(&mut self, ids: &[StreamId], now: Instant) -> u64 {
+        let mut found = 0;
+        for &id in ids {
+            if !self.tracks(id) {
+                self.wait(id, now);
+                found += 1;
+            }
+        }
+        found
+    }
+
+    /// The reply of one XAUTOCLAIM page: the entries it took wait for
+    /// re-delivery, the deleted ones are dropped. Returns how many it took.
+    pub(crate) fn reclaimed(&mut self, claimed: &[StreamId], deleted: &[StreamId], now: Instant) -> u64 {
+        let taken = self.found_pending(claimed, now);
+        for &id in deleted {
+            self.trimmed(id);
+        }
+        self.tally.reclaimed += taken;
+        taken
+    }
+
+    /// What `redeliver.lua` did with a due entry, but for a claimed one
+    /// (which the worker offers): a deleted one is dropped, an early one
+    /// waits until its recorded due time (`now_unix_ms` the wall clock of
+    /// `now`), a poison one is returned for the dead-letter step.
+    pub(crate) fn redelivered(
+        &mut self,
+        stream_id: StreamId,
+        outcome: Redelivery,
+        now: Instant,
+        now_unix_ms: u64,
+    ) -> Option<DeadLetterOrder> {
+        match outcome {
+            Redelivery::NotOurs => {
+                tracing::debug!(stream = %self.stream, %stream_id, "no longer pending for this consumer; a peer took it")
+            }
+            Redelivery::Deleted => self.trimmed(stream_id),
+            Redelivery::NotDue { due_unix_ms } => {
+                self.wait(stream_id, now + Duration::from_millis(due_unix_ms.saturating_sub(now_unix_ms)))
+            }
+            Redelivery::Poison { deliveries, reason } => {
+                tracing::debug!(stream = %self.stream, %stream_id, deliveries, "max deliveries reached");
+                let reason = if reason.is_empty() { "max deliveries reached".to_owned() } else { reason };
+                return Some(DeadLetterOrder { stream_id, reason, verdict: None });
+            }
+            Redelivery::Claimed { .. } => debug_assert!(false, "a claimed entry is offered, not passed here"),
+        }
+        None
+    }
+
+    /// The leases of `asked` entries were refreshed but for `unrefreshed`:
+    /// a deleted entry is dropped, one a peer took leaves its call
+    /// (LEASE_LOST), one pending for no consumer stays (a re-created group
+    /// reads it again and the call's verdict then applies, or another client
+    /// acknowledged it and the verdict is answered NOT_PENDING).
+    pub(crate) fn refreshed(&mut self, asked: usize, unrefreshed: Vec<(StreamId, Unrefreshed)>) {
+        self.tally.lease_refreshes += asked.saturating_sub(unrefreshed.len()) as u64;
+        for (stream_id, why) in unrefreshed {
+            match why {
+                Unrefreshed::Deleted => self.trimmed(stream_id),
+                Unrefreshed::ToPeer => {
+                    if self.lease_lost(stream_id) {
+                        tracing::warn!(stream = %self.stream, group = %self.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
+                    }
+                }
+                Unrefreshed::Unowned => {
+                    tracing::debug!(stream = %self.stream, group = %self.group, %stream_id, "held entry is pending for no consumer")
+                }
+            }
+        }
+    }
+
+    /// One `settle.lua` run's reply: per chunk of `acks`
+    /// ([`ACK_CHUNK`] ids), how many of its ids Redis still had pending.
+    /// All or none is exact: the ones not pending are answered NOT_PENDING.
+    /// In between (another client acknowledged some of them: an operator, or
+    /// a peer past a lost lease) XACK cannot say which, so none is answered:
+    /// the shortfall is counted and logged. Every id of the chunk is settled
+    /// for the group either way.
+    pub(crate) fn acked(&mut self, acks: Vec<PendingAck>, pending: &[usize]) {
+        let mut acks = acks.into_iter();
+        for &pending in pending {
+            let chunk: Vec<PendingAck> = acks.by_ref().take(ACK_CHUNK).collect();
+            let pending = pending.min(chunk.len());
+            self.tally.acks += pending as u64;
+            self.tally.acks_not_pending += (chunk.len() - pending) as u64;
+            if pending == 0 {
+                for ack in chunk {
+                    self.answer(ack.session, ack.text, Refusal::NotPendingInGroup);
+                }
+            } else if pending < chunk.len() {
+                tracing::warn!(
+                    stream = %self.stream,
+                    group = %self.group,
+                    acked = chunk.len(),
+                    not_pending = chunk.len() - pending,
+                    first = %chunk[0].stream_id,
+                    last = %chunk[chunk.len() - 1].stream_id,
+                    "some acknowledged entries were no longer pending for the group (another client acknowledged them); XACK does not say which, so none is answered NOT_PENDING"
+                );
+            }
+        }
+    }
+
+    /// A Redis write of these entries failed (`message` says what happened
+    /// to them): the verdicts that asked for it are answered UNAVAILABLE,
+    /// and the entries wait until `retry_at`. They come back only if still
+    /// pending (the re-delivery checks), so an applied ack is not undone.
+    pub(crate) fn not_written(
+        &mut self,
+        entries: impl IntoIterator<Item = (StreamId, Option<(SessionId, String)>)>,
+        message: &str,
+        retry_at: Instant,
+    ) {
+        for (stream_id, verdict) in entries {
+            self.wait(stream_id, retry_at);
+            if let Some((session, text)) = verdict {
+                self.answer(session, text, Refusal::Unavailable(message.to_owned()));
+            }
+        }
+    }
+
+    /// What `dead_letter.lua` did with each of `orders`, to
+    /// `dead_letter_stream`: a moved entry is done here; the Fail that asked
+    /// for one that did not move is told why (deleted, or no longer this
+    /// consumer's).
+    pub(crate) fn dead_lettered(
+        &mut self,
+        orders: Vec<DeadLetterOrder>,
+        outcomes: Vec<(StreamId, DeadLettered)>,
+        dead_letter_stream: &str,
+    ) {
+        for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
+            let refusal = match outcome {
+                DeadLettered::Moved { dead_id, deliveries } => {
+                    self.entries.remove(&stream_id);
+                    self.tally.dead_letters += 1;
+                    tracing::warn!(stream = %self.stream, group = %self.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {}", order.reason);
+                    continue;
+                }
+                DeadLettered::Deleted => {
+                    self.trimmed(stream_id);
+                    Refusal::Gone(Gone::Deleted)
+                }
+                DeadLettered::NotOurs => Refusal::NotDeadLettered,
+            };
+            if let Some((session, text)) = order.verdict {
+                self.answer(session, text, refusal);
+            }
+        }
     }
 
     /// Answers call `session`'s verdict on `text` (if the call is still attached).

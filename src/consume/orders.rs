@@ -1,12 +1,18 @@
 //! The plain data the consume core and its Redis steps share: what the
-//! [`ledger`](super::ledger) orders (acks, retry states, dead letters) and
-//! the settings it applies (a group's policy, a call's backoff). It sits
-//! below both: the job files that carry the orders out and the ledger that
-//! queues them import it, and it imports neither.
+//! [`ledger`](super::ledger) orders (acks, retry states, dead letters), what
+//! the scripts answer (the outcome enums the job files return and the
+//! ledger takes back) and the settings it applies (a group's policy, a
+//! call's backoff). It sits below both: the job files and the ledger import
+//! it, and it imports neither.
 
 use std::time::Duration;
 
-use crate::id::StreamId;
+use crate::{id::StreamId, redis::RawEntry};
+
+/// The most ids in one XACK (and one HDEL, and pairs in one HSET) of
+/// `settle.lua`: Lua's `unpack` spreads them on its C stack, which holds
+/// about 8,000.
+pub(crate) const ACK_CHUNK: usize = 1024;
 
 /// Identifies one Consume call inside the sidecar.
 pub(crate) type SessionId = u64;
@@ -79,4 +85,45 @@ pub(crate) struct DeadLetterOrder {
     pub(crate) reason: String,
     /// The Fail that asked for it (call, id as sent), answered if it cannot be applied.
     pub(crate) verdict: Option<(SessionId, String)>,
+}
+
+/// What [`dead_letter`](super::dead_letter::dead_letter) did with one entry.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum DeadLettered {
+    /// No longer pending for this consumer (a peer took it): nothing done.
+    NotOurs,
+    /// Deleted from the stream while pending: dropped from the PEL.
+    Deleted,
+    /// Appended to the dead-letter stream as `dead_id` after `deliveries`
+    /// deliveries, then acknowledged.
+    Moved { dead_id: StreamId, deliveries: u64 },
+}
+
+/// What [`redeliver`](super::retry::redeliver) did with one due entry.
+#[derive(Debug)]
+pub(crate) enum Redelivery {
+    /// No longer pending for this consumer (a peer took it): nothing done.
+    NotOurs,
+    /// Deleted from the stream while pending: dropped from the PEL.
+    Deleted,
+    /// Its retry delay (recorded by this sidecar before a restart, or by a
+    /// peer) has not passed: not claimed.
+    NotDue { due_unix_ms: u64 },
+    /// It reached `max_deliveries`: not claimed, for the dead-letter step.
+    Poison { deliveries: u64, reason: String },
+    /// Claimed: `deliveries` is its delivery count now.
+    Claimed { deliveries: u32, entry: RawEntry },
+}
+
+/// Why [`refresh`](super::lease::refresh) could not refresh a lease.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Unrefreshed {
+    /// Another consumer has it pending: a peer reclaimed it.
+    ToPeer,
+    /// Deleted from the stream: dropped from the PEL.
+    Deleted,
+    /// Pending for no consumer: acknowledged by another client (the call's
+    /// verdict is then answered NOT_PENDING), or a re-created group has not
+    /// read it again yet (and the verdict then applies).
+    Unowned,
 }

@@ -16,27 +16,11 @@
 
 use redis::{RedisResult, Value};
 
-use super::GroupKeys;
+use super::{orders::Redelivery, GroupKeys};
 use crate::{
     id::StreamId,
-    redis::{array, bytes, int, parse_entry, tagged, unknown_tag, RawEntry},
+    redis::{array, bytes, int, parse_entry, tagged, unknown_tag},
 };
-
-/// What [`redeliver`] did with one due entry.
-#[derive(Debug)]
-pub(crate) enum Redelivery {
-    /// No longer pending for this consumer (a peer took it): nothing done.
-    NotOurs,
-    /// Deleted from the stream while pending: dropped from the PEL.
-    Deleted,
-    /// Its retry delay (recorded by this sidecar before a restart, or by a
-    /// peer) has not passed: not claimed.
-    NotDue { due_unix_ms: u64 },
-    /// It reached `max_deliveries`: not claimed, for the dead-letter step.
-    Poison { deliveries: u64, reason: String },
-    /// Claimed: `deliveries` is its delivery count now.
-    Claimed { deliveries: u32, entry: RawEntry },
-}
 
 /// Claims the due entries `ids` for re-delivery (`redeliver.lua`: XPENDING …
 /// consumer, HGET of the retry hash, XRANGE, XCLAIM, XACK of deleted ones),

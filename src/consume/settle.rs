@@ -1,7 +1,7 @@
 //! Acknowledging in batches: the acks and retry states queued by one batch of
 //! commands reach Redis as one `settle.lua` run (one request for Redis to
 //! parse and dispatch, not a pipeline of many), the acks as multi-id XACKs of
-//! up to [`ACK_CHUNK`] ids.
+//! up to [`ACK_CHUNK`](super::orders::ACK_CHUNK) ids.
 
 use opentelemetry::{trace::SpanContext, KeyValue};
 use redis::RedisResult;
@@ -9,15 +9,10 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{
-    orders::{PendingAck, RetryWrite},
+    orders::{PendingAck, RetryWrite, ACK_CHUNK},
     GroupKeys,
 };
 use crate::telemetry;
-
-/// The most ids in one XACK (and one HDEL, and pairs in one HSET) of
-/// `settle.lua`: Lua's `unpack` spreads them on its C stack, which holds
-/// about 8,000.
-pub(crate) const ACK_CHUNK: usize = 1024;
 
 /// Records `writes` in the retry hash, then XACKs `acks` (`XACK <stream>
 /// <group> <id> …`, [`ACK_CHUNK`] ids per command) and drops the retry state

@@ -31,18 +31,13 @@ use tracing::{debug, info, warn};
 use prost::Message;
 
 use super::{
-    dead_letter::{self, DeadLettered},
+    dead_letter,
     delivery::{self, Outgoing},
-    gauges, hygiene,
-    lease::{self, Unrefreshed},
+    gauges, hygiene, lease,
     ledger::{Effect, FailVerdict, Ledger, Policy},
-    orders::{DeadLetterOrder, GroupPolicy, PendingAck, RetryWrite, SessionId},
+    orders::{DeadLetterOrder, GroupPolicy, PendingAck, Redelivery, RetryWrite, SessionId},
     reader::{self, Reader},
-    recovery,
-    retry::{self, Redelivery},
-    settle::{self, ACK_CHUNK},
-    verdicts::{Gone, Refusal},
-    GroupKeys, IdMap, Shared,
+    recovery, retry, settle, GroupKeys, IdMap, Shared,
 };
 use crate::{
     error::Error,
@@ -343,17 +338,27 @@ impl Worker {
             self.effects = effects;
         }
         let tally = self.ledger.tally();
-        if tally.deliveries > 0 {
-            self.metrics.deliveries.inc_by(std::mem::take(&mut tally.deliveries));
+        let metrics = &self.metrics;
+        for (count, counter) in [
+            (&mut tally.deliveries, &metrics.deliveries),
+            (&mut tally.fails, &metrics.fails),
+            (&mut tally.leases_lost, &metrics.leases_lost),
+            (&mut tally.acks, &metrics.acks),
+            (&mut tally.acks_not_pending, &metrics.acks_not_pending),
+            (&mut tally.dead_letters, &metrics.dead_letters),
+            (&mut tally.lease_refreshes, &metrics.lease_refreshes),
+            (&mut tally.reclaimed, &metrics.reclaimed),
+        ] {
+            if *count > 0 {
+                counter.inc_by(std::mem::take(count));
+            }
         }
-        if tally.fails > 0 {
-            self.metrics.fails.inc_by(std::mem::take(&mut tally.fails));
-        }
-        if tally.leases_lost > 0 {
-            self.metrics.leases_lost.inc_by(std::mem::take(&mut tally.leases_lost));
+        if tally.trimmed > 0 {
+            metrics.trimmed_while_pending.inc_by(tally.trimmed);
+            self.trimmed_unlogged += std::mem::take(&mut tally.trimmed);
         }
         for seconds in tally.handler_seconds.drain(..) {
-            self.metrics.handler_seconds.observe(seconds);
+            metrics.handler_seconds.observe(seconds);
         }
     }
 
@@ -641,7 +646,7 @@ impl Worker {
     fn offer(&mut self, entry: RawEntry, attempts: u32) -> Option<DeadLetterOrder> {
         let stream_id = entry.id;
         let Some(fields) = entry.fields else {
-            self.trimmed_while_pending(stream_id);
+            self.ledger.trimmed(stream_id);
             return None;
         };
         let keys = &self.keys;
@@ -682,16 +687,6 @@ impl Worker {
         }
     }
 
-    /// The entry was deleted from the stream and Redis dropped it from the PEL
-    /// (XAUTOCLAIM's deleted ids, a nil body in a PEL read): never forwarded,
-    /// and if a call holds it, its verdict is answered NOT_PENDING.
-    fn trimmed_while_pending(&mut self, stream_id: StreamId) {
-        self.ledger.forget(stream_id, Gone::Deleted);
-        self.metrics.trimmed_while_pending.inc();
-        self.trimmed_unlogged += 1;
-        debug!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "entry was deleted from the stream while pending");
-    }
-
     fn log_trimmed(&mut self) {
         if self.trimmed_unlogged > 0 {
             let entries = std::mem::take(&mut self.trimmed_unlogged);
@@ -700,7 +695,7 @@ impl Worker {
     }
 }
 
-// The dead-letter step: the rules applied to [`dead_letter`]'s outcomes.
+// The Redis writes and re-delivery: each job's call, its outcome fed back.
 impl Worker {
     /// The dead-letter step, for Fails with `dead_letter`, poison entries and
     /// oversized ones alike. On failure the entries wait and come back.
@@ -710,47 +705,21 @@ impl Worker {
             || self.shared.redis.keys.dead_letter_stream(&self.keys.stream),
             |p| p.dead_letter_stream.clone(),
         );
-        let outcomes = match dead_letter::dead_letter(&self.keys, &dead_letter_stream, &orders).await {
-            Ok(outcomes) => outcomes,
+        match dead_letter::dead_letter(&self.keys, &dead_letter_stream, &orders).await {
+            Ok(outcomes) => {
+                self.redis_ok();
+                self.ledger.dead_lettered(orders, outcomes, &dead_letter_stream);
+            }
             Err(e) => {
                 self.redis_failed(Step::DeadLetter, &e);
-                let retry_at = self.paused_until;
-                for order in orders {
-                    self.ledger.wait(order.stream_id, retry_at);
-                    if let Some((session, text)) = order.verdict {
-                        let message =
-                            format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again");
-                        self.ledger.answer(session, text, Refusal::Unavailable(message));
-                    }
-                }
-                return;
-            }
-        };
-        self.redis_ok();
-        for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
-            // The Fail that asked for it, if any, is told why nothing moved.
-            let answer = match outcome {
-                DeadLettered::Moved { dead_id, deliveries } => {
-                    self.ledger.dead_lettered(stream_id);
-                    self.metrics.dead_letters.inc();
-                    warn!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {}", order.reason);
-                    None
-                }
-                DeadLettered::Deleted => {
-                    self.trimmed_while_pending(stream_id);
-                    Some(Refusal::Gone(Gone::Deleted))
-                }
-                DeadLettered::NotOurs => Some(Refusal::NotDeadLettered),
-            };
-            if let (Some(refusal), Some((session, text))) = (answer, order.verdict) {
-                self.ledger.answer(session, text, refusal);
+                let message =
+                    format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again");
+                let entries = orders.into_iter().map(|order| (order.stream_id, order.verdict));
+                self.ledger.not_written(entries, &message, self.paused_until);
             }
         }
     }
-}
 
-// Re-delivery: the rules applied to [`retry`]'s outcomes.
-impl Worker {
     /// Claims due entries that are still this consumer's and hands them out;
     /// dead-letters those that reached `max_deliveries`.
     async fn redeliver(&mut self, due: Vec<StreamId>) {
@@ -760,41 +729,28 @@ impl Worker {
             Ok(outcomes) => outcomes,
             Err(e) => {
                 self.redis_failed(Step::Redeliver, &e);
-                let retry_at = self.paused_until;
                 for id in due {
-                    self.ledger.wait(id, retry_at);
+                    self.ledger.wait(id, self.paused_until);
                 }
                 return;
             }
         };
         self.redis_ok();
+        let (now, now_unix_ms) = (Instant::now(), crate::entry::now_unix_ms());
         let mut to_dead_letter = Vec::new();
         for (stream_id, outcome) in outcomes {
-            match outcome {
-                Redelivery::NotOurs => {
-                    debug!(stream = %self.keys.stream, %stream_id, "no longer pending for this consumer; a peer took it")
-                }
-                Redelivery::Deleted => self.trimmed_while_pending(stream_id),
-                Redelivery::NotDue { due_unix_ms } => {
-                    let delay = Duration::from_millis(due_unix_ms.saturating_sub(crate::entry::now_unix_ms()));
-                    self.ledger.wait(stream_id, Instant::now() + delay);
-                }
-                Redelivery::Poison { deliveries, reason } => {
-                    debug!(stream = %self.keys.stream, %stream_id, deliveries, "max deliveries reached");
-                    let reason = if reason.is_empty() { "max deliveries reached".to_owned() } else { reason };
-                    to_dead_letter.push(DeadLetterOrder { stream_id, reason, verdict: None });
-                }
-                Redelivery::Claimed { deliveries, entry } => to_dead_letter.extend(self.offer(entry, deliveries)),
-            }
+            let order = match outcome {
+                Redelivery::Claimed { deliveries, entry } => self.offer(entry, deliveries),
+                outcome => self.ledger.redelivered(stream_id, outcome, now, now_unix_ms),
+            };
+            to_dead_letter.extend(order);
         }
         if !to_dead_letter.is_empty() {
             self.dead_letter(to_dead_letter).await;
         }
     }
-}
 
-// Settling: the rules applied to [`settle`]'s outcomes.
-impl Worker {
+    /// XACKs and retry states, as one `settle.lua` run.
     async fn settle(&mut self, acks: Vec<PendingAck>, writes: Vec<RetryWrite>) {
         self.act();
         let links: Vec<(SpanContext, String)> = if self.ack_links.is_empty() {
@@ -806,54 +762,19 @@ impl Worker {
         match settle::settle(&self.keys, &acks, &writes, links).await {
             Ok(pending) => {
                 self.redis_ok();
-                for (chunk, pending) in acks.chunks(ACK_CHUNK).zip(pending) {
-                    self.acked(chunk, pending);
-                }
+                self.ledger.acked(acks, &pending);
             }
             Err(e) => {
-                // The acks are reported as not known to be applied; their
-                // entries wait, and come back only if still pending (the
-                // re-delivery checks), so an applied ack is not undone. The
-                // retry delays stay local.
+                // The retry delays stay local.
                 self.redis_failed(Step::Settle, &e);
                 let message = if e.is_timeout() {
                     format!("XACK's outcome is unknown: Redis did not answer in time ({e}); if it was applied the entry is done, else it stays pending and will be delivered again")
                 } else {
                     format!("XACK failed ({e}); the entry stays pending and will be delivered again")
                 };
-                let retry_at = self.paused_until;
-                for ack in acks {
-                    self.ledger.answer(ack.session, ack.text, Refusal::Unavailable(message.clone()));
-                    self.ledger.wait(ack.stream_id, retry_at);
-                }
+                let entries = acks.into_iter().map(|ack| (ack.stream_id, Some((ack.session, ack.text))));
+                self.ledger.not_written(entries, &message, self.paused_until);
             }
-        }
-    }
-
-    /// Counts and answers one XACK of `chunk`, `pending` of whose ids Redis
-    /// still had pending. All or none is exact: the ones not pending are
-    /// answered NOT_PENDING. In between (another client acknowledged some of
-    /// them: an operator, or a peer past a lost lease) XACK cannot say which,
-    /// so none is answered: the shortfall is counted and logged. Every id of
-    /// the chunk is settled for the group either way.
-    fn acked(&mut self, chunk: &[PendingAck], pending: usize) {
-        let pending = pending.min(chunk.len());
-        self.metrics.acks.inc_by(pending as u64);
-        self.metrics.acks_not_pending.inc_by((chunk.len() - pending) as u64);
-        if pending == 0 {
-            for ack in chunk {
-                self.ledger.answer(ack.session, ack.text.clone(), Refusal::NotPendingInGroup);
-            }
-        } else if pending < chunk.len() {
-            warn!(
-                stream = %self.keys.stream,
-                group = %self.keys.group,
-                acked = chunk.len(),
-                not_pending = chunk.len() - pending,
-                first = %chunk[0].stream_id,
-                last = %chunk[chunk.len() - 1].stream_id,
-                "some acknowledged entries were no longer pending for the group (another client acknowledged them); XACK does not say which, so none is answered NOT_PENDING"
-            );
         }
     }
 }
@@ -871,23 +792,7 @@ impl Worker {
                 Ok(unrefreshed) => unrefreshed,
                 Err(e) => return self.redis_failed(Step::RefreshLeases, &e),
             };
-            self.metrics.lease_refreshes.inc_by((chunk.len() - unrefreshed.len()) as u64);
-            for (stream_id, why) in unrefreshed {
-                match why {
-                    Unrefreshed::Deleted => self.trimmed_while_pending(stream_id),
-                    Unrefreshed::ToPeer => {
-                        if self.ledger.lease_lost(stream_id) {
-                            warn!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
-                        }
-                    }
-                    // A re-created group reads it again (and the call's
-                    // verdict then applies), or another client acknowledged
-                    // it (and the verdict is answered NOT_PENDING).
-                    Unrefreshed::Unowned => {
-                        debug!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "held entry is pending for no consumer")
-                    }
-                }
-            }
+            self.ledger.refreshed(chunk.len(), unrefreshed);
         }
     }
 
@@ -907,20 +812,9 @@ impl Worker {
                 Ok(page) => page,
                 Err(e) => return self.redis_failed(Step::Reclaim, &e),
             };
-            let now = Instant::now();
-            let mut taken = 0;
-            for id in page.claimed {
-                if !self.ledger.tracks(id) {
-                    self.ledger.wait(id, now);
-                    taken += 1;
-                }
-            }
-            for id in page.deleted {
-                self.trimmed_while_pending(id);
-            }
+            let taken = self.ledger.reclaimed(&page.claimed, &page.deleted, Instant::now());
             if taken > 0 {
                 info!(stream = %self.keys.stream, group = %self.keys.group, taken, "reclaimed idle entries");
-                self.metrics.reclaimed.inc_by(taken);
             }
             self.reclaim_cursor = page.next;
             if page.next == StreamId::ZERO {
@@ -983,13 +877,7 @@ impl Worker {
             Err(e) => return self.redis_failed(Step::Recover, &e),
         };
         self.redis_ok();
-        let now = Instant::now();
-        for &id in &ids {
-            if !self.ledger.tracks(id) {
-                self.ledger.wait(id, now);
-                self.recovered += 1;
-            }
-        }
+        self.recovered += self.ledger.found_pending(&ids, Instant::now());
         if ids.len() < count {
             let entries = std::mem::take(&mut self.recovered);
             if entries > 0 {

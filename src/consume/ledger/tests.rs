@@ -544,3 +544,102 @@ fn a_slot_taken_again_ends_the_linger() {
     assert_eq!(ledger.read_now(now, 512), None, "no free slot left");
     assert_eq!(ledger.read_due(), None, "nothing to linger for");
 }
+
+/// Entries 1..=n held by call 1 and acked, their XACKs queued.
+fn acks_of(ledger: &mut Checked, n: u64, now: Instant) -> Vec<PendingAck> {
+    call(ledger, 1, policy(n as u32));
+    hand_out(ledger, 1..=n, now);
+    for k in 1..=n {
+        ledger.ack(1, branded(k).to_string(), branded(k), now);
+    }
+    ledger.take_orders().acks
+}
+
+#[test]
+fn an_xack_that_finds_none_pending_answers_each_and_one_that_finds_some_answers_none() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let acks = acks_of(&mut ledger, 3, now);
+    let _ = ledger.deliveries(1);
+    ledger.acked(acks, &[0]);
+    let codes: Vec<VerdictErrorCode> = ledger.answers(1).into_iter().map(|(_, code)| code).collect();
+    assert_eq!(codes, vec![VerdictErrorCode::NotPending; 3]);
+    assert_eq!((ledger.tally().acks, ledger.tally().acks_not_pending), (0, 3));
+
+    let (mut ledger, now) = (self::ledger(), Instant::now());
+    let acks = acks_of(&mut ledger, 3, now);
+    ledger.acked(acks, &[2]);
+    assert!(ledger.answers(1).is_empty(), "XACK does not say which one was not pending");
+    assert_eq!((ledger.tally().acks, ledger.tally().acks_not_pending), (2, 1));
+}
+
+#[test]
+fn a_write_that_failed_answers_its_verdicts_unavailable_and_its_entries_wait() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let acks = acks_of(&mut ledger, 2, now);
+    let retry_at = now + Duration::from_secs(1);
+    let entries = acks.into_iter().map(|ack| (ack.stream_id, Some((ack.session, ack.text))));
+    ledger.not_written(entries, "XACK failed", retry_at);
+    let codes: Vec<VerdictErrorCode> = ledger.answers(1).into_iter().map(|(_, code)| code).collect();
+    assert_eq!(codes, vec![VerdictErrorCode::Unavailable; 2]);
+    assert_eq!(ledger.next_due(), Some(retry_at));
+    assert_eq!(ledger.take_due(retry_at, 10), vec![sid(1), sid(2)]);
+}
+
+#[test]
+fn a_dead_letter_that_did_not_move_tells_its_fail_why() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(3));
+    hand_out(&mut ledger, 1..=3, now);
+    for n in 1..=3 {
+        ledger.fail(1, fail_of(n, Ok(None), true), now);
+    }
+    let orders = ledger.take_orders().dead_letters;
+    let moved = DeadLettered::Moved { dead_id: sid(9), deliveries: 1 };
+    let outcomes = vec![(sid(1), moved), (sid(2), DeadLettered::Deleted), (sid(3), DeadLettered::NotOurs)];
+    ledger.dead_lettered(orders, outcomes, "s:dlq");
+    let answers = ledger.answers(1);
+    let expected = [(2, VerdictErrorCode::NotPending), (3, VerdictErrorCode::NotPending)];
+    assert_eq!(answers, expected.map(|(n, code)| (branded(n).to_string(), code)));
+    assert_eq!((ledger.tally().dead_letters, ledger.tally().trimmed), (1, 1));
+}
+
+#[test]
+fn a_refresh_that_finds_a_lease_taken_tells_the_call_and_drops_a_deleted_entry() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    hand_out(&mut ledger, 1..=4, now);
+    let _ = ledger.deliveries(1);
+    let unrefreshed =
+        vec![(sid(1), Unrefreshed::ToPeer), (sid(2), Unrefreshed::Deleted), (sid(3), Unrefreshed::Unowned)];
+    ledger.refreshed(4, unrefreshed);
+    assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::LeaseLost)]);
+    assert_eq!(ledger.held(), 2, "the unowned one stays held: its verdict decides");
+    let tally = ledger.tally();
+    assert_eq!((tally.lease_refreshes, tally.leases_lost, tally.trimmed), (1, 1, 1));
+}
+
+#[test]
+fn entries_found_pending_wait_unless_already_tracked() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    hand_out(&mut ledger, 1..=1, now);
+    ledger.wait(sid(2), now + Duration::from_secs(5));
+    assert_eq!(ledger.found_pending(&[sid(1), sid(2), sid(3)], now), 1, "only entry 3 is new");
+    assert_eq!(ledger.reclaimed(&[sid(3), sid(4)], &[sid(2)], now), 1, "4 taken, 2 deleted");
+    assert_eq!(ledger.take_due(now, 10), vec![sid(3), sid(4)]);
+    assert_eq!(ledger.tally().reclaimed, 1);
+}
+
+#[test]
+fn an_early_redelivery_waits_for_its_recorded_due_time_and_a_poison_one_is_dead_lettered() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    let early = Redelivery::NotDue { due_unix_ms: 10_500 };
+    assert!(ledger.redelivered(sid(1), early, now, 10_000).is_none());
+    assert_eq!(ledger.next_due(), Some(now + Duration::from_millis(500)));
+    let poison = Redelivery::Poison { deliveries: 5, reason: String::new() };
+    let order = ledger.redelivered(sid(2), poison, now, 10_000).expect("a dead-letter order");
+    assert_eq!((order.stream_id, order.reason.as_str(), order.verdict), (sid(2), "max deliveries reached", None));
+    assert!(ledger.redelivered(sid(3), Redelivery::Deleted, now, 10_000).is_none());
+    assert_eq!(ledger.tally().trimmed, 1);
+}
