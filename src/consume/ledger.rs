@@ -65,8 +65,9 @@ pub(crate) enum Effect<D> {
     /// or tell it unasked (LEASE_LOST).
     Answer { session: SessionId, text: String, refusal: Refusal },
     /// Tell the call it no longer holds `id` from shard `shard` (its ack
-    /// deadline passed, a peer took it, it was deleted): a sharded call's
-    /// relay routes its later verdict there still.
+    /// deadline passed, a peer took it, it was deleted; on a sharded call,
+    /// also a verdict settled it): a sharded call's relay routes its later
+    /// verdict there still, and hands over a namesake it parked.
     Left { session: SessionId, shard: usize, id: BrandedId },
     /// The delivery of `stream_id` left its call, settled by `verdict`
     /// (`ack`, `fail`, `dead_letter`) or by none: its span ends. Only on a
@@ -112,6 +113,10 @@ pub(crate) struct Policy {
     /// The retry delays after a Fail without `retry_after`, a passed
     /// deadline or a call that ended holding the delivery.
     pub(crate) backoff: Backoff,
+    /// The call reads several shards: its relay routes each verdict to the
+    /// shard that delivered, so it is told ([`Effect::Left`]) when a verdict
+    /// settles a delivery too, rather than guessing which verdicts will.
+    pub(crate) sharded: bool,
 }
 
 /// A Fail, its id parsed.
@@ -546,6 +551,9 @@ impl<D> Ledger<D> {
             self.effects.push(Effect::Answer { session, text: text.to_owned(), refusal });
             return None;
         };
+        if call.policy.sharded {
+            self.effects.push(Effect::Left { session, shard: call.shard, id });
+        }
         self.tally.handler_seconds.push(now.saturating_duration_since(held.delivered_at).as_secs_f64());
         self.entries.remove(&held.stream_id);
         Some(held)

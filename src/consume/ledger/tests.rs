@@ -12,6 +12,7 @@ fn policy(max_in_flight: u32) -> Policy {
         max_in_flight,
         ack_deadline: None,
         backoff: Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(10) },
+        sharded: false,
     }
 }
 
@@ -642,4 +643,21 @@ fn an_early_redelivery_waits_for_its_recorded_due_time_and_a_poison_one_is_dead_
     assert_eq!((order.stream_id, order.reason.as_str(), order.verdict), (sid(2), "max deliveries reached", None));
     assert!(ledger.redelivered(sid(3), Redelivery::Deleted, now, 10_000).is_none());
     assert_eq!(ledger.tally().trimmed, 1);
+}
+
+#[test]
+fn a_sharded_call_is_told_when_a_verdict_settles_a_delivery_and_a_plain_one_is_not() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, Policy { sharded: true, ..policy(2) });
+    hand_out(&mut ledger, 1..=2, now);
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    ledger.fail(1, fail_of(2, Err("bad".to_owned()), false), now);
+    assert_eq!(ledger.left(1), vec![branded(1)], "a refused Fail settles nothing, so nothing left");
+    ledger.fail(1, fail_of(2, Ok(None), false), now);
+    assert_eq!(ledger.left(1), vec![branded(2)]);
+
+    call(&mut ledger, 2, policy(1));
+    hand_out(&mut ledger, 3..=3, now);
+    ledger.ack(2, branded(3).to_string(), branded(3), now);
+    assert!(ledger.left(2).is_empty(), "a plain call routes nothing");
 }
