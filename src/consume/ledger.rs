@@ -227,6 +227,10 @@ pub(crate) struct Ledger<D> {
     tally: Tally,
     /// Deliveries have spans (traces are exported): [`Effect::Ended`] is queued.
     traced: bool,
+    /// The wall clock (unix milliseconds) at an instant, as the worker last
+    /// read it: retry states in Redis are due at wall-clock times, and the
+    /// ledger reads no clock of its own.
+    wall_clock: (Instant, u64),
 }
 
 impl<D> Ledger<D> {
@@ -249,6 +253,7 @@ impl<D> Ledger<D> {
             effects: Vec::new(),
             tally: Tally::default(),
             traced,
+            wall_clock: (Instant::now(), 0),
         }
     }
 
@@ -398,6 +403,18 @@ impl<D> Ledger<D> {
         self.short_of_credit.map(|since| since + READ_LINGER)
     }
 
+    /// The wall clock reads `unix_ms` at `at` (the worker tells it before
+    /// each transition that may record a retry state).
+    pub(crate) fn set_wall_clock(&mut self, at: Instant, unix_ms: u64) {
+        self.wall_clock = (at, unix_ms);
+    }
+
+    /// The wall clock at `now`, from the last reading.
+    fn unix_ms(&self, now: Instant) -> u64 {
+        let (at, unix_ms) = self.wall_clock;
+        unix_ms.saturating_add(now.saturating_duration_since(at).as_millis() as u64)
+    }
+
     /// A read of `count` new entries was asked of the reader.
     pub(crate) fn reading(&mut self, count: usize) {
         self.read_outstanding = count;
@@ -538,7 +555,7 @@ impl<D> Ledger<D> {
         }
         self.tally.fails += 1;
         self.wait(stream_id, now + delay);
-        let due_unix_ms = crate::entry::now_unix_ms().saturating_add(delay.as_millis() as u64);
+        let due_unix_ms = self.unix_ms(now).saturating_add(delay.as_millis() as u64);
         self.orders.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
     }
 

@@ -293,7 +293,9 @@ impl Worker {
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,
                 _ = deadlines.tick(), if self.ledger.has_deadlines() => {
-                    self.ledger.expire(Instant::now());
+                    let now = Instant::now();
+                    self.ledger.set_wall_clock(now, crate::entry::now_unix_ms());
+                    self.ledger.expire(now);
                     // Their retry delays go to Redis now, to bind peers and
                     // outlive a restart, not with the next verdict.
                     self.flush().await;
@@ -430,6 +432,7 @@ impl Worker {
 
     async fn handle(&mut self, command: Command) {
         let now = Instant::now();
+        self.ledger.set_wall_clock(now, crate::entry::now_unix_ms());
         match command {
             Command::Attach { session, shard, policy, group, events, reply } => {
                 let mut attached = self.ledger.attach(session, shard, policy, group);

@@ -273,14 +273,16 @@ fn a_fail_waits_for_its_delay_and_records_it_for_peers() {
     let (mut ledger, now) = (ledger(), Instant::now());
     call(&mut ledger, 1, policy(4));
     ledger.offer(entry(1, 1), now);
-    ledger.fail(1, fail_of(1, Ok(Some(Duration::from_secs(2))), false), now);
-    assert_eq!(ledger.next_due(), Some(now + Duration::from_secs(2)));
+    ledger.set_wall_clock(now, 1_000_000);
+    ledger.fail(1, fail_of(1, Ok(Some(Duration::from_secs(2))), false), now + MS);
+    assert_eq!(ledger.next_due(), Some(now + MS + Duration::from_secs(2)));
     assert!(ledger.take_due(now + Duration::from_millis(1999), 10).is_empty(), "not before its delay");
     let orders = ledger.take_orders();
     assert_eq!(orders.retry_writes.len(), 1);
     assert_eq!(orders.retry_writes[0].reason, "boom");
+    assert_eq!(orders.retry_writes[0].due_unix_ms, 1_002_001, "due on the wall clock as on the ledger's");
     assert!(orders.acks.is_empty());
-    assert_eq!(ledger.take_due(now + Duration::from_secs(2), 10), vec![sid(1)]);
+    assert_eq!(ledger.take_due(now + MS + Duration::from_secs(2), 10), vec![sid(1)]);
     assert!(!ledger.tracks(sid(1)), "taken out until claimed or put back");
 }
 
