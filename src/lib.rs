@@ -18,9 +18,13 @@
 //!   how Consume behaves. One file per job:
 //!   - `consume/subscribe.rs`: validating the subscribe, the group door;
 //!   - `consume/session.rs`: the relay of one call (routes verdicts, parks);
-//!   - `consume/worker.rs`: the group worker's loop;
+//!   - `consume/worker.rs`: the group worker's loop, the one place that
+//!     feeds the job files' outcomes back to the ledger;
 //!   - `consume/ledger.rs`: its bookkeeping (held, ready, waiting, credit,
-//!     deadlines), synchronous and unit-tested;
+//!     deadlines, the read decision), sans-I/O: it returns effects, orders
+//!     and counts for the worker to carry out, and is unit-tested alone;
+//!   - `consume/orders.rs`: the plain data the ledger and the job files
+//!     share (acks, retry states, dead-letter orders, backoff, group policy);
 //!   - `consume/verdicts.rs`: every verdict error, code and text;
 //!   - `consume/delivery.rs`: a Redis entry as a `Delivery` frame;
 //!   - `consume/reader.rs`: the blocking XREADGROUP on its own connection

@@ -17,49 +17,14 @@
 
 use redis::{RedisResult, Value};
 
-use tracing::warn;
-
 use super::{
-    verdicts,
-    worker::{Step, Worker},
-    GroupKeys, SessionId,
+    orders::{DeadLetterOrder, DeadLettered},
+    GroupKeys,
 };
 use crate::{
     id::StreamId,
-    proto::VerdictError,
     redis::{array, int, parse_stream_id, tagged, unknown_tag},
 };
-
-/// Settings of the whole group on this sidecar: every call on it must agree.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct GroupPolicy {
-    /// Deliveries after which an entry is dead-lettered instead of handed out; 0: no limit.
-    pub(crate) max_deliveries: u32,
-    /// Where poison entries and Fails with `dead_letter` go.
-    pub(crate) dead_letter_stream: String,
-}
-
-/// An entry to dead-letter.
-#[derive(Debug)]
-pub(crate) struct DeadLetterOrder {
-    pub(crate) stream_id: StreamId,
-    /// Its `echomq.reason`.
-    pub(crate) reason: String,
-    /// The Fail that asked for it (call, id as sent), answered if it cannot be applied.
-    pub(crate) verdict: Option<(SessionId, String)>,
-}
-
-/// What [`dead_letter`] did with one entry.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum DeadLettered {
-    /// No longer pending for this consumer (a peer took it): nothing done.
-    NotOurs,
-    /// Deleted from the stream while pending: dropped from the PEL.
-    Deleted,
-    /// Appended to the dead-letter stream as `dead_id` after `deliveries`
-    /// deliveries, then acknowledged.
-    Moved { dead_id: StreamId, deliveries: u64 },
-}
 
 /// Dead-letters `orders` into `dead_letter_stream` (`dead_letter.lua`:
 /// XPENDING … consumer, XRANGE, XADD, XACK, HDEL), one reply per order.
@@ -101,53 +66,6 @@ fn parse(item: &Value) -> RedisResult<(StreamId, DeadLettered)> {
     Ok((id, outcome))
 }
 
-impl Worker {
-    /// The dead-letter step, for Fails with `dead_letter`, poison entries and
-    /// oversized ones alike. On failure the entries wait and come back.
-    pub(super) async fn dead_letter(&mut self, orders: Vec<DeadLetterOrder>) {
-        let dead_letter_stream = self.ledger.settings().map_or_else(
-            || self.shared.redis.keys.dead_letter_stream(&self.keys.stream),
-            |p| p.dead_letter_stream.clone(),
-        );
-        let outcomes = match dead_letter(&self.keys, &dead_letter_stream, &orders).await {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
-                self.redis_failed(Step::DeadLetter, &e);
-                let retry_at = self.paused_until;
-                for order in orders {
-                    self.ledger.wait(order.stream_id, retry_at);
-                    if let Some((session, text)) = order.verdict {
-                        let message =
-                            format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again");
-                        self.ledger.answer(session, verdicts::unavailable(&text, message));
-                    }
-                }
-                return;
-            }
-        };
-        self.redis_ok();
-        for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
-            // The Fail that asked for it, if any, is told why nothing moved.
-            let answer: Option<fn(&str) -> VerdictError> = match outcome {
-                DeadLettered::Moved { dead_id, deliveries } => {
-                    self.ledger.dead_lettered(stream_id);
-                    self.metrics.dead_letters.inc();
-                    warn!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {}", order.reason);
-                    None
-                }
-                DeadLettered::Deleted => {
-                    self.trimmed_while_pending(stream_id);
-                    Some(verdicts::deleted)
-                }
-                DeadLettered::NotOurs => Some(verdicts::not_dead_lettered),
-            };
-            if let (Some(answer), Some((session, text))) = (answer, order.verdict) {
-                self.ledger.answer(session, answer(&text));
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +85,13 @@ mod tests {
             assert!(name.starts_with(fields::PREFIX));
             assert!(lua.contains(&format!("'{name}'")), "dead_letter.lua does not write {name}");
         }
+    }
+
+    #[test]
+    fn the_script_replies_exactly_the_tags_known_here() {
+        let known = ["not_ours", "deleted", "dead_lettered"];
+        let lua = include_str!("dead_letter.lua");
+        super::super::script_replies::assert_replies_agree("dead_letter.lua", lua, &known, parse);
     }
 
     #[test]

@@ -1,20 +1,25 @@
-//! Turning a Redis entry into a `Delivery` frame.
+//! Turning a Redis entry into a `Delivery` frame, and the span of a
+//! delivery handed over.
 
 use crate::{
     entry,
     id::{BrandedId, StreamId},
     proto::Delivery,
+    telemetry,
 };
 
-/// An entry ready to hand over: its branded id and the frame to send.
+/// An entry ready to hand over: its ids, its delivery count and its
+/// contents `D` (the `Delivery` frame; the ledger never looks inside).
 #[derive(Debug)]
-pub(crate) struct Outgoing {
+pub(crate) struct Outgoing<D = Delivery> {
     /// The entry's stream id.
     pub(crate) stream_id: StreamId,
     /// The entry's branded id (the reserved field, else derived from `stream_id`).
     pub(crate) branded: BrandedId,
+    /// Its PEL delivery count, this delivery included.
+    pub(crate) attempts: u32,
     /// The frame, `attempts` filled in.
-    pub(crate) delivery: Delivery,
+    pub(crate) body: D,
 }
 
 /// Builds the delivery of `fields` (see [`entry::split`]). `None` when the
@@ -41,7 +46,32 @@ pub(crate) fn build(
         traceparent: fields.traceparent.unwrap_or_default(),
         raw_fields: fields.raw_fields,
     };
-    Some(Outgoing { stream_id, branded, delivery })
+    Some(Outgoing { stream_id, branded, attempts, body: delivery })
+}
+
+/// The span of one delivery, from hand-over to verdict, child of the trace
+/// context the entry carries; the delivery then carries the span's own. Kind
+/// CONSUMER, operation `process`: the sidecar pushes the entry to its client,
+/// and the span lasts while the client processes it.
+pub(crate) fn span(stream: &str, group: &str, stream_id: StreamId, delivery: &mut Delivery) -> tracing::Span {
+    let span = tracing::info_span!(
+        "echomq.deliver",
+        otel.kind = "consumer",
+        messaging.system = telemetry::MESSAGING_SYSTEM,
+        messaging.operation.type = "process",
+        messaging.operation.name = "deliver",
+        messaging.destination.name = stream,
+        messaging.consumer.group.name = group,
+        messaging.message.id = delivery.id.as_str(),
+        echomq.stream_id = %stream_id,
+        echomq.attempts = delivery.attempts,
+        echomq.verdict = tracing::field::Empty,
+    );
+    telemetry::set_parent(&span, Some(&delivery.traceparent).filter(|t| !t.is_empty()).map(String::as_str));
+    if let Some(traceparent) = telemetry::traceparent_of(&span) {
+        delivery.traceparent = traceparent;
+    }
+    span
 }
 
 #[cfg(test)]
@@ -58,18 +88,18 @@ mod tests {
         let fields = vec![(b"id".to_vec(), copy_of.to_string().into_bytes()), (b"k".to_vec(), b"v".to_vec())];
         let out = build("s", "g", "id", sid(2_000, 0), fields, 3).unwrap();
         assert_eq!(out.branded, copy_of);
-        assert_eq!(out.delivery.stream_id, "2000-0");
-        assert_eq!(out.delivery.payload.len(), 1);
-        assert_eq!(out.delivery.attempts, 3);
-        assert_eq!(out.delivery.minted_at.unwrap().seconds, 1);
+        assert_eq!(out.body.stream_id, "2000-0");
+        assert_eq!(out.body.payload.len(), 1);
+        assert_eq!(out.body.attempts, 3);
+        assert_eq!(out.body.minted_at.unwrap().seconds, 1);
     }
 
     #[test]
     fn foreign_entries_derive_their_id_and_keep_a_bogus_id_field_as_payload() {
         let fields = vec![(b"id".to_vec(), b"order-42".to_vec())];
         let out = build("s", "g", "id", sid(5, 1), fields, 1).unwrap();
-        assert_eq!(out.delivery.id, "0000000000050000000000000001");
-        assert_eq!(out.delivery.payload["id"], b"order-42");
+        assert_eq!(out.body.id, "0000000000050000000000000001");
+        assert_eq!(out.body.payload["id"], b"order-42");
     }
 
     #[test]
@@ -80,8 +110,8 @@ mod tests {
             (b"k".to_vec(), b"2".to_vec()),
         ];
         let out = build("s", "g", "id", sid(5, 1), fields, 1).unwrap();
-        assert_eq!(out.delivery.payload["k"], b"1");
-        let raw: Vec<_> = out.delivery.raw_fields.iter().map(|f| (f.name.clone(), f.value.clone())).collect();
+        assert_eq!(out.body.payload["k"], b"1");
+        let raw: Vec<_> = out.body.raw_fields.iter().map(|f| (f.name.clone(), f.value.clone())).collect();
         assert_eq!(raw, vec![(b"\xffname".to_vec(), b"\x00\x01".to_vec()), (b"k".to_vec(), b"2".to_vec())]);
     }
 }

@@ -16,12 +16,7 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
-use tracing::{info, warn};
-
-use super::{
-    worker::{Step, Worker},
-    GroupKeys,
-};
+use super::GroupKeys;
 
 /// The longest time between two heartbeats of a sidecar.
 const MAX_BEAT: Duration = Duration::from_secs(10);
@@ -65,31 +60,4 @@ pub(crate) async fn beat(keys: &GroupKeys, idle_limit: Option<Duration>) -> Redi
         .invoke_async(&mut conn)
         .await?;
     Ok(removed.map_or(Beat::StreamGone, |removed| Beat::Done { removed }))
-}
-
-impl Worker {
-    /// The hygiene beat (see [`hygiene`](self)).
-    pub(super) async fn hygiene(&mut self) {
-        if !self.redis_usable() {
-            return;
-        }
-        let (stream, group) = (&self.keys.stream, &self.keys.group);
-        match beat(&self.keys, self.shared.consumer_idle_limit).await {
-            Ok(Beat::StreamGone) => {
-                if !self.stream_gone {
-                    warn!(%stream, %group, "stream `{stream}` no longer exists: it was deleted (DEL, FLUSHALL, or a Redis restart without persistence), and group `{group}` and its pending entries with it; consumer hygiene waits for it to come back (a call that subscribes re-creates it)");
-                    self.stream_gone = true;
-                }
-            }
-            Ok(Beat::Done { removed }) => {
-                if std::mem::take(&mut self.stream_gone) {
-                    info!(%stream, %group, "stream `{stream}` exists again; consumer hygiene resumes");
-                }
-                if !removed.is_empty() {
-                    info!(%stream, %group, ?removed, "removed dead consumers that held nothing")
-                }
-            }
-            Err(e) => self.redis_failed(Step::Hygiene, &e),
-        }
-    }
 }

@@ -15,33 +15,11 @@ use std::time::Duration;
 
 use redis::{RedisResult, Value};
 
-use tokio::time::Instant;
-use tracing::{debug, info, warn};
-
-use super::{
-    worker::{Step, Worker, BATCH_MAX},
-    GroupKeys,
-};
+use super::{orders::Unrefreshed, GroupKeys};
 use crate::{
     id::StreamId,
     redis::{array, parse_stream_id, tagged, unknown_tag},
 };
-
-/// How many XAUTOCLAIM pages one reclaim beat may walk.
-const RECLAIM_PAGES_PER_BEAT: usize = 8;
-
-/// Why [`refresh`] could not refresh a lease.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Unrefreshed {
-    /// Another consumer has it pending: a peer reclaimed it.
-    ToPeer,
-    /// Deleted from the stream: dropped from the PEL.
-    Deleted,
-    /// Pending for no consumer: acknowledged by another client (the call's
-    /// verdict is then answered NOT_PENDING), or a re-created group has not
-    /// read it again yet (and the verdict then applies).
-    Unowned,
-}
 
 /// Refreshes the leases of `ids`; returns those it could not refresh, and why.
 ///
@@ -112,85 +90,14 @@ pub(crate) async fn reclaim(
     Ok(Reclaimed { next: parse_stream_id(parts.first().unwrap_or(&Value::Nil))?, claimed: ids(1)?, deleted: ids(2)? })
 }
 
-impl Worker {
-    /// The lease refresh beat (see [`lease`]).
-    pub(super) async fn refresh_leases(&mut self) {
-        if !self.redis_usable() {
-            return;
-        }
-        for chunk in self.ledger.leased().chunks(BATCH_MAX) {
-            let unrefreshed = match refresh(&self.keys, chunk).await {
-                Ok(unrefreshed) => unrefreshed,
-                Err(e) => return self.redis_failed(Step::RefreshLeases, &e),
-            };
-            self.metrics.lease_refreshes.inc_by((chunk.len() - unrefreshed.len()) as u64);
-            for (stream_id, why) in unrefreshed {
-                match why {
-                    Unrefreshed::Deleted => self.trimmed_while_pending(stream_id),
-                    Unrefreshed::ToPeer => {
-                        if self.ledger.lease_lost(stream_id) {
-                            warn!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
-                        }
-                    }
-                    // A re-created group reads it again (and the call's
-                    // verdict then applies), or another client acknowledged
-                    // it (and the verdict is answered NOT_PENDING).
-                    Unrefreshed::Unowned => {
-                        debug!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "held entry is pending for no consumer")
-                    }
-                }
-            }
-        }
-    }
-
-    /// The reclaim beat (see [`lease`]).
-    pub(super) async fn reclaim(&mut self) {
-        if !self.redis_usable() || self.ledger.draining() {
-            return;
-        }
-        for _ in 0..RECLAIM_PAGES_PER_BEAT {
-            let count = self.ledger.reclaim_room().min(BATCH_MAX);
-            if count == 0 {
-                return;
-            }
-            let page = match reclaim(&self.keys, self.shared.reclaim_min_idle, self.reclaim_cursor, count).await {
-                Ok(page) => page,
-                Err(e) => return self.redis_failed(Step::Reclaim, &e),
-            };
-            let now = Instant::now();
-            let mut taken = 0;
-            for id in page.claimed {
-                if !self.ledger.tracks(id) {
-                    self.ledger.wait(id, now);
-                    taken += 1;
-                }
-            }
-            for id in page.deleted {
-                self.trimmed_while_pending(id);
-            }
-            if taken > 0 {
-                info!(stream = %self.keys.stream, group = %self.keys.group, taken, "reclaimed idle entries");
-                self.metrics.reclaimed.inc_by(taken);
-            }
-            self.reclaim_cursor = page.next;
-            if page.next == StreamId::ZERO {
-                return;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn every_tag_the_refresh_script_replies_is_known_here() {
+    fn the_refresh_script_replies_exactly_the_tags_known_here() {
+        let known = ["to_peer", "deleted", "unowned"];
         let lua = include_str!("refresh.lua");
-        for tag in ["to_peer", "deleted", "unowned"] {
-            assert!(lua.contains(&format!("{{ id, '{tag}' }}")), "refresh.lua no longer replies {tag}");
-            let item = Value::Array(vec![Value::BulkString(b"1-0".to_vec()), Value::BulkString(tag.into())]);
-            assert!(parse_unrefreshed(&item).is_ok());
-        }
+        super::super::script_replies::assert_replies_agree("refresh.lua", lua, &known, parse_unrefreshed);
     }
 }

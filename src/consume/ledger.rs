@@ -1,9 +1,12 @@
 //! The group worker's bookkeeping, with no I/O: which call holds what, the
 //! entries waiting to come back, credit, ack deadlines, and what Redis took
-//! away. Every transition is synchronous: it sends call events on their
-//! (unbounded) channels and queues the Redis writes it implies as
-//! [`Orders`], which the worker carries out. So the rules below are tested
-//! without Redis.
+//! away. Every transition is synchronous and does nothing itself: it takes
+//! the clock and a command or a Redis outcome, and queues what follows as
+//! [`Effect`]s (frames for calls, span ends), [`Orders`] (the Redis writes)
+//! and a [`Tally`] (metrics), which the worker carries out. It sends on no
+//! channel, records no metric, opens no span and holds no wire type (the
+//! contents of a delivery are a type parameter it never looks into). So the
+//! rules below are tested without Redis, a runtime or a metrics registry.
 //!
 //! Every entry the worker knows of is in exactly one state:
 //! - held: handed to a call, waiting for its verdict; its lease kept fresh;
@@ -26,46 +29,77 @@ use std::{
     time::Duration,
 };
 
-use tokio::{sync::mpsc, time::Instant};
+use tokio::time::Instant;
 
 use super::{
-    dead_letter::{DeadLetterOrder, GroupPolicy},
     delivery::Outgoing,
-    retry::{Backoff, RetryWrite},
-    settle::PendingAck,
-    verdicts::{self, Gone},
+    orders::{
+        Backoff, DeadLetterOrder, DeadLettered, GroupPolicy, PendingAck, Redelivery, RetryWrite, SessionId,
+        Unrefreshed, ACK_CHUNK,
+    },
+    verdicts::{Gone, Refusal},
     IdMap,
 };
 use crate::{
     error::Error,
     id::{BrandedId, StreamId},
-    metrics::{GroupMetrics, VerdictErrors},
-    proto::{Delivery, VerdictError},
-    telemetry,
 };
-
-/// Identifies one Consume call inside the sidecar.
-pub(crate) type SessionId = u64;
 
 /// Deliveries a call lost to a peer or to deletion whose verdict may still
 /// come, remembered per call; past it they are forgotten, and a late verdict
 /// is answered UNKNOWN_ID.
 const GONE_REMEMBERED: usize = 4096;
+/// The longest a read waits for a worthwhile share of credit to come free
+/// (see [`Ledger::read_now`]): a call with a free slot gets a new entry
+/// within this, even from a client that holds the rest for good.
+pub(crate) const READ_LINGER: Duration = Duration::from_millis(2);
 
-/// What the worker tells a call. The channel is unbounded, but what flows on it
-/// is bounded: deliveries by the call's credit, verdict errors by the verdicts
-/// the call sent (and a call does not read new verdicts while its answers
-/// pile up).
+/// What the ledger asks the worker to do outside it, in order.
 #[derive(Debug)]
-pub(crate) enum Event {
-    /// Hand this to the client: the delivery of `id` from the call's shard `shard`.
-    Delivery { shard: usize, id: BrandedId, delivery: Delivery },
-    /// The answer to a verdict that was not applied, or an unasked LEASE_LOST.
-    VerdictError(VerdictError),
-    /// The call no longer holds `id` from shard `shard` (its ack deadline
-    /// passed, a peer took it, it was deleted): a sharded call's relay routes
-    /// its later verdict here still, and may hand over a namesake it parked.
-    Left { shard: usize, id: BrandedId },
+pub(crate) enum Effect<D> {
+    /// Hand `out` to call `session`, as the delivery of `out.branded` from the
+    /// call's shard `shard`. The ledger counts it held already: should the
+    /// call be gone, the worker gives it back with [`Ledger::undelivered`].
+    Deliver { session: SessionId, shard: usize, out: Outgoing<D> },
+    /// Answer the call's verdict on `text` (the id as the client sent it),
+    /// or tell it unasked (LEASE_LOST).
+    Answer { session: SessionId, text: String, refusal: Refusal },
+    /// Tell the call it no longer holds `id` from shard `shard` (its ack
+    /// deadline passed, a peer took it, it was deleted; on a sharded call,
+    /// also a verdict settled it): a sharded call's relay routes its later
+    /// verdict there still, and hands over a namesake it parked.
+    Left { session: SessionId, shard: usize, id: BrandedId },
+    /// The delivery of `stream_id` left its call, settled by `verdict`
+    /// (`ack`, `fail`, `dead_letter`) or by none: its span ends. Only on a
+    /// ledger made `traced`.
+    Ended { stream_id: StreamId, verdict: Option<&'static str> },
+}
+
+/// What the ledger counted since the worker last recorded it in the
+/// group's metrics.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    /// Deliveries handed to calls (`echomq_deliveries_total`).
+    pub(crate) deliveries: u64,
+    /// Deliveries failed: a Fail, a passed deadline, a call that ended
+    /// holding them (`echomq_fails_total`).
+    pub(crate) fails: u64,
+    /// Held deliveries a peer took (`echomq_leases_lost_total`).
+    pub(crate) leases_lost: u64,
+    /// Acks Redis confirmed (`echomq_acks_total`).
+    pub(crate) acks: u64,
+    /// Acked ids Redis no longer had pending (`echomq_acks_not_pending_total`).
+    pub(crate) acks_not_pending: u64,
+    /// Entries moved to the dead-letter stream (`echomq_dead_letters_total`).
+    pub(crate) dead_letters: u64,
+    /// Leases refreshed (`echomq_lease_refreshes_total`).
+    pub(crate) lease_refreshes: u64,
+    /// Entries the reclaim beat took over (`echomq_reclaimed_total`).
+    pub(crate) reclaimed: u64,
+    /// Entries found deleted while pending (`echomq_trimmed_while_pending_total`).
+    pub(crate) trimmed: u64,
+    /// Seconds from hand-over to verdict, one per settled delivery.
+    pub(crate) handler_seconds: Vec<f64>,
 }
 
 /// A call's subscription settings, validated.
@@ -79,6 +113,10 @@ pub(crate) struct Policy {
     /// The retry delays after a Fail without `retry_after`, a passed
     /// deadline or a call that ended holding the delivery.
     pub(crate) backoff: Backoff,
+    /// The call reads several shards: its relay routes each verdict to the
+    /// shard that delivered, so it is told ([`Effect::Left`]) when a verdict
+    /// settles a delivery too, rather than guessing which verdicts will.
+    pub(crate) sharded: bool,
 }
 
 /// A Fail, its id parsed.
@@ -104,17 +142,6 @@ struct Held {
     deadline: Option<Instant>,
     /// When it was handed over, for the handler-time histogram.
     delivered_at: Instant,
-    /// The delivery's span, from hand-over to verdict (only while traces are
-    /// exported); it ends when this is dropped.
-    span: Option<tracing::Span>,
-}
-
-impl Held {
-    fn record_verdict(&self, verdict: &str) {
-        if let Some(span) = &self.span {
-            span.record("echomq.verdict", verdict);
-        }
-    }
 }
 
 /// One call attached to this worker.
@@ -122,7 +149,6 @@ struct Call {
     /// This worker's stream's index among the call's shards.
     shard: usize,
     policy: Policy,
-    events: mpsc::UnboundedSender<Event>,
     held: IdMap<BrandedId, Held>,
     /// Deliveries Redis took from this call, and why: their verdicts are
     /// answered NOT_PENDING until the id is delivered to the call again.
@@ -130,8 +156,6 @@ struct Call {
     /// The call's receiver is gone (its detach is on the way), or the client
     /// asked to drain: it takes nothing more.
     closed: bool,
-    /// The group's `echomq_verdict_errors_total`, counted as each answer is sent.
-    verdict_errors: VerdictErrors,
 }
 
 impl Call {
@@ -142,17 +166,11 @@ impl Call {
         (self.policy.max_in_flight as usize).saturating_sub(self.held.len())
     }
 
-    /// Every verdict error the worker gives passes here, and is counted by its code.
-    fn answer(&self, error: VerdictError) {
-        self.verdict_errors.count(error.code);
-        let _ = self.events.send(Event::VerdictError(error));
-    }
-
     /// The answer to a verdict on `id`, which this call does not hold.
-    fn not_held(&self, text: &str, id: &BrandedId) -> VerdictError {
+    fn not_held(&self, id: &BrandedId) -> Refusal {
         match self.gone.get(id) {
-            Some(gone) => verdicts::gone(text, *gone),
-            None => verdicts::unknown_id(text),
+            Some(gone) => Refusal::Gone(*gone),
+            None => Refusal::UnknownId,
         }
     }
 }
@@ -185,8 +203,8 @@ pub(crate) struct Detached {
     pub(crate) last: bool,
 }
 
-/// One group's bookkeeping. See the module doc.
-pub(crate) struct Ledger {
+/// One group's bookkeeping, `D` the contents of a delivery. See the module doc.
+pub(crate) struct Ledger<D> {
     stream: String,
     group: String,
     /// At-most-once: nothing is pending, verdicts only free credit.
@@ -198,16 +216,27 @@ pub(crate) struct Ledger {
     calls: HashMap<SessionId, Call>,
     entries: IdMap<StreamId, Track>,
     waiting: BTreeSet<(Instant, StreamId)>,
-    ready: VecDeque<Outgoing>,
+    ready: VecDeque<Outgoing<D>>,
     /// Entries asked of the reader and not yet returned (credit spoken for).
     read_outstanding: usize,
+    /// Since when free credit has been too little to be worth a read.
+    short_of_credit: Option<Instant>,
     orders: Orders,
-    metrics: GroupMetrics,
+    /// Frames and span ends for the worker, in order.
+    effects: Vec<Effect<D>>,
+    tally: Tally,
+    /// Deliveries have spans (traces are exported): [`Effect::Ended`] is queued.
+    traced: bool,
+    /// The wall clock (unix milliseconds) at an instant, as the worker last
+    /// read it: retry states in Redis are due at wall-clock times, and the
+    /// ledger reads no clock of its own.
+    wall_clock: (Instant, u64),
 }
 
-impl Ledger {
-    /// An empty ledger for `group` on `stream`.
-    pub(crate) fn new(stream: &str, group: &str, no_ack: bool, draining: bool, metrics: GroupMetrics) -> Ledger {
+impl<D> Ledger<D> {
+    /// An empty ledger for `group` on `stream`; `traced`: say when each
+    /// delivery's span ends.
+    pub(crate) fn new(stream: &str, group: &str, no_ack: bool, draining: bool, traced: bool) -> Ledger<D> {
         Ledger {
             stream: stream.to_owned(),
             group: group.to_owned(),
@@ -219,8 +248,12 @@ impl Ledger {
             waiting: BTreeSet::new(),
             ready: VecDeque::new(),
             read_outstanding: 0,
+            short_of_credit: None,
             orders: Orders::default(),
-            metrics,
+            effects: Vec::new(),
+            tally: Tally::default(),
+            traced,
+            wall_clock: (Instant::now(), 0),
         }
     }
 
@@ -233,7 +266,6 @@ impl Ledger {
         shard: usize,
         policy: Policy,
         settings: GroupPolicy,
-        events: mpsc::UnboundedSender<Event>,
     ) -> Result<(), Error> {
         match &self.settings {
             Some(current) if *current != settings && !self.calls.is_empty() => {
@@ -246,19 +278,8 @@ impl Ledger {
             }
             _ => self.settings = Some(settings),
         }
-        let verdict_errors = self.metrics.verdict_errors.clone();
-        let call = Call {
-            shard,
-            policy,
-            events,
-            held: IdMap::default(),
-            gone: IdMap::default(),
-            closed: false,
-            verdict_errors,
-        };
-        if self.calls.insert(session, call).is_none() {
-            self.metrics.consume_calls.inc();
-        }
+        let call = Call { shard, policy, held: IdMap::default(), gone: IdMap::default(), closed: false };
+        self.calls.insert(session, call);
         Ok(())
     }
 
@@ -267,10 +288,10 @@ impl Ledger {
         let Some(call) = self.calls.remove(&session) else {
             return Detached { returned: 0, last: self.calls.is_empty() };
         };
-        self.metrics.consume_calls.dec();
         let returned = call.held.len();
         for held in call.held.into_values() {
             self.entries.remove(&held.stream_id);
+            self.ended(held.stream_id, None);
             let delay = call.policy.backoff.delay(held.attempts);
             self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned(), now);
         }
@@ -345,12 +366,53 @@ impl Ledger {
     /// whose acks free one slot at a time does not cost one XREADGROUP per
     /// slot; with none out, one: the stream is idle and a read costs nothing
     /// while it blocks, and waiting would add latency.
-    pub(crate) fn worth_reading(&self, max: usize) -> usize {
+    fn worth_reading(&self, max: usize) -> usize {
         if self.held() + self.ready.len() == 0 {
             return 1;
         }
         let credit: usize = self.calls.values().filter(|c| !c.closed).map(|c| c.policy.max_in_flight as usize).sum();
         (credit / 4).clamp(1, max.max(1))
+    }
+
+    /// The one decision to read new entries: how many to ask for now (at
+    /// most `max`), or `None`. No read while one is under way or without
+    /// free credit; with free credit, a read once it is worth it (see
+    /// [`Ledger::worth_reading`]: at once with nothing out, else a quarter
+    /// of the credit) or [`READ_LINGER`] after the first slot came free,
+    /// whichever is first. [`Ledger::read_due`] says when to ask again.
+    pub(crate) fn read_now(&mut self, now: Instant, max: usize) -> Option<usize> {
+        if self.is_reading() {
+            return None;
+        }
+        let count = self.free().min(max);
+        if count == 0 {
+            self.short_of_credit = None;
+            return None;
+        }
+        let lingered = self.short_of_credit.is_some_and(|since| now >= since + READ_LINGER);
+        if count >= self.worth_reading(max) || lingered {
+            self.short_of_credit = None;
+            return Some(count);
+        }
+        self.short_of_credit.get_or_insert(now);
+        None
+    }
+
+    /// When a read held back for too little free credit is due anyway.
+    pub(crate) fn read_due(&self) -> Option<Instant> {
+        self.short_of_credit.map(|since| since + READ_LINGER)
+    }
+
+    /// The wall clock reads `unix_ms` at `at` (the worker tells it before
+    /// each transition that may record a retry state).
+    pub(crate) fn set_wall_clock(&mut self, at: Instant, unix_ms: u64) {
+        self.wall_clock = (at, unix_ms);
+    }
+
+    /// The wall clock at `now`, from the last reading.
+    fn unix_ms(&self, now: Instant) -> u64 {
+        let (at, unix_ms) = self.wall_clock;
+        unix_ms.saturating_add(now.saturating_duration_since(at).as_millis() as u64)
     }
 
     /// A read of `count` new entries was asked of the reader.
@@ -405,7 +467,7 @@ impl Ledger {
     /// what a call still holds: that call's verdict settles it, it is not
     /// handed out twice. While draining nothing is handed out: a read that
     /// was under way leaves its entries ready, pending for the next run or a peer.
-    pub(crate) fn offer(&mut self, out: Outgoing, now: Instant) {
+    pub(crate) fn offer(&mut self, out: Outgoing<D>, now: Instant) {
         if matches!(self.entries.get(&out.stream_id), Some(Track::Held(..))) {
             return;
         }
@@ -436,7 +498,7 @@ impl Ledger {
         }
     }
 
-    fn keep_ready(&mut self, out: Outgoing, now: Instant) {
+    fn keep_ready(&mut self, out: Outgoing<D>, now: Instant) {
         if self.calls.is_empty() {
             return self.wait(out.stream_id, now);
         }
@@ -447,7 +509,7 @@ impl Ledger {
     /// Hands one entry to the call with the most free credit that does not
     /// already hold an entry with the same branded id (so a verdict by branded
     /// id is never ambiguous). Gives the entry back when no call can take it.
-    fn hand_out(&mut self, out: Outgoing, now: Instant) -> Option<Outgoing> {
+    fn hand_out(&mut self, out: Outgoing<D>, now: Instant) -> Option<Outgoing<D>> {
         let target = self
             .calls
             .iter()
@@ -456,20 +518,32 @@ impl Ledger {
             .map(|(id, _)| *id);
         let Some(session) = target else { return Some(out) };
         let call = self.calls.get_mut(&session).expect("picked from the map");
-        let Outgoing { stream_id, branded, mut delivery } = out;
-        let attempts = delivery.attempts;
-        let span = telemetry::exporting().then(|| delivery_span(&self.stream, &self.group, stream_id, &mut delivery));
-        let event = Event::Delivery { shard: call.shard, id: branded, delivery };
-        if let Err(mpsc::error::SendError(Event::Delivery { delivery, .. })) = call.events.send(event) {
-            call.closed = true;
-            return Some(Outgoing { stream_id, branded, delivery });
-        }
+        let (stream_id, branded, attempts) = (out.stream_id, out.branded, out.attempts);
         call.gone.remove(&branded);
         let deadline = call.policy.ack_deadline.map(|d| now + d);
-        call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now, span });
+        call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now });
         self.entries.insert(stream_id, Track::Held(session, branded));
-        self.metrics.deliveries.inc();
+        self.tally.deliveries += 1;
+        self.effects.push(Effect::Deliver { session, shard: call.shard, out });
         None
+    }
+
+    /// The worker could not hand `out` to call `session` (its receiver is
+    /// gone; its detach is on the way): the call is closed, takes nothing
+    /// more, and the entry is first in line for another call.
+    pub(crate) fn undelivered(&mut self, session: SessionId, out: Outgoing<D>, now: Instant) {
+        if let Some(call) = self.calls.get_mut(&session) {
+            call.closed = true;
+            if call.held.remove(&out.branded).is_some() {
+                self.entries.remove(&out.stream_id);
+                self.tally.deliveries = self.tally.deliveries.saturating_sub(1);
+            }
+        }
+        if self.calls.is_empty() {
+            return self.wait(out.stream_id, now);
+        }
+        self.entries.insert(out.stream_id, Track::Ready);
+        self.ready.push_front(out);
     }
 
     /// Schedules a failed entry's re-delivery after `delay`, here and, through
@@ -479,9 +553,9 @@ impl Ledger {
         if self.no_ack {
             return;
         }
-        self.metrics.fails.inc();
+        self.tally.fails += 1;
         self.wait(stream_id, now + delay);
-        let due_unix_ms = crate::entry::now_unix_ms().saturating_add(delay.as_millis() as u64);
+        let due_unix_ms = self.unix_ms(now).saturating_add(delay.as_millis() as u64);
         self.orders.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
     }
 
@@ -490,24 +564,38 @@ impl Ledger {
     fn settle(&mut self, session: SessionId, text: &str, id: BrandedId, now: Instant) -> Option<Held> {
         let call = self.calls.get_mut(&session)?;
         let Some(held) = call.held.remove(&id) else {
-            call.answer(call.not_held(text, &id));
+            let refusal = call.not_held(&id);
+            self.effects.push(Effect::Answer { session, text: text.to_owned(), refusal });
             return None;
         };
-        self.metrics.handler_seconds.observe(now.saturating_duration_since(held.delivered_at).as_secs_f64());
+        if call.policy.sharded {
+            self.effects.push(Effect::Left { session, shard: call.shard, id });
+        }
+        self.tally.handler_seconds.push(now.saturating_duration_since(held.delivered_at).as_secs_f64());
         self.entries.remove(&held.stream_id);
         Some(held)
+    }
+
+    /// The delivery of `stream_id` left its call (see [`Effect::Ended`]).
+    fn ended(&mut self, stream_id: StreamId, verdict: Option<&'static str>) {
+        if self.traced {
+            self.effects.push(Effect::Ended { stream_id, verdict });
+        }
+    }
+
+    /// Queues an answer to call `session`'s verdict on `text`.
+    fn refuse(&mut self, session: SessionId, text: String, refusal: Refusal) {
+        self.effects.push(Effect::Answer { session, text, refusal });
     }
 
     /// An Ack: queues the XACK (none in at-most-once mode, where the entry is
     /// not pending); UNKNOWN_ID or NOT_PENDING when the call does not hold `id`.
     pub(crate) fn ack(&mut self, session: SessionId, text: String, id: BrandedId, now: Instant) {
         let Some(held) = self.settle(session, &text, id, now) else { return };
-        held.record_verdict("ack");
+        self.ended(held.stream_id, Some("ack"));
         if !self.no_ack {
             let redelivered = held.attempts > 1;
-            // The settle span links to the delivery's (only while exported).
-            let delivery = held.span.as_ref().and_then(telemetry::span_context_of);
-            self.orders.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered, delivery });
+            self.orders.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered });
         }
     }
 
@@ -520,28 +608,29 @@ impl Ledger {
         let FailVerdict { text, id, retry_after, dead_letter, reason } = fail;
         let Some(call) = self.calls.get(&session) else { return };
         if let Some(gone) = call.gone.get(&id) {
-            return call.answer(verdicts::gone(&text, *gone));
+            let refusal = Refusal::Gone(*gone);
+            return self.refuse(session, text, refusal);
         }
         let retry_after = match retry_after {
             Ok(retry_after) => retry_after,
             Err(reason) => {
                 let message = format!("{reason}; nothing was applied (a delivery this call holds stays held)");
-                return call.answer(verdicts::invalid(&text, message));
+                return self.refuse(session, text, Refusal::Invalid(message));
             }
         };
         if self.no_ack {
-            return call.answer(verdicts::fail_without_pel(&text));
+            return self.refuse(session, text, Refusal::FailWithoutPel);
         }
-        let policy = call.policy.clone();
+        let backoff = call.policy.backoff;
         let Some(held) = self.settle(session, &text, id, now) else { return };
-        held.record_verdict(if dead_letter { "dead_letter" } else { "fail" });
+        self.ended(held.stream_id, Some(if dead_letter { "dead_letter" } else { "fail" }));
         if dead_letter {
             let reason =
                 if reason.is_empty() { "dead-lettered by the client (no reason given)".to_owned() } else { reason };
             let order = DeadLetterOrder { stream_id: held.stream_id, reason, verdict: Some((session, text)) };
             return self.orders.dead_letters.push(order);
         }
-        let delay = retry_after.unwrap_or_else(|| policy.backoff.delay(held.attempts));
+        let delay = retry_after.unwrap_or_else(|| backoff.delay(held.attempts));
         tracing::debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");
         self.retry_later(held.stream_id, delay, reason, now);
     }
@@ -554,7 +643,7 @@ impl Ledger {
         for (text, id) in ids {
             match call.held.get_mut(&id) {
                 Some(held) => held.deadline = call.policy.ack_deadline.map(|_| now + by),
-                None => call.answer(call.not_held(&text, &id)),
+                None => self.effects.push(Effect::Answer { session, refusal: call.not_held(&id), text }),
             }
         }
     }
@@ -566,22 +655,23 @@ impl Ledger {
     }
 
     /// Deliveries past their ack deadline are treated as failed: they leave
-    /// their call (told by [`Event::Left`]; a later verdict is UNKNOWN_ID)
+    /// their call (told by [`Effect::Left`]; a later verdict is UNKNOWN_ID)
     /// and wait for their backoff. Returns how many expired.
     pub(crate) fn expire(&mut self, now: Instant) -> usize {
         let mut expired = Vec::new();
-        for call in self.calls.values_mut() {
+        for (&session, call) in self.calls.iter_mut() {
             let ids: Vec<BrandedId> =
                 call.held.iter().filter(|(_, h)| h.deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
             for id in ids {
                 let held = call.held.remove(&id).expect("listed above");
                 expired.push((held.stream_id, call.policy.backoff.delay(held.attempts)));
-                let _ = call.events.send(Event::Left { shard: call.shard, id });
+                self.effects.push(Effect::Left { session, shard: call.shard, id });
             }
         }
         for &(stream_id, delay) in &expired {
             tracing::debug!(stream = %self.stream, %stream_id, "ack deadline passed; treated as failed");
             self.entries.remove(&stream_id);
+            self.ended(stream_id, None);
             self.retry_later(stream_id, delay, "the ack deadline passed".to_owned(), now);
         }
         expired.len()
@@ -589,7 +679,7 @@ impl Ledger {
 
     /// Stops tracking an entry Redis no longer has pending for this sidecar.
     /// A held one leaves its call (freeing its slot; the call is told by
-    /// [`Event::Left`], and its later verdicts are answered NOT_PENDING,
+    /// [`Effect::Left`], and its later verdicts are answered NOT_PENDING,
     /// saying `gone`); returns that call and the delivery's id.
     pub(crate) fn forget(&mut self, stream_id: StreamId, gone: Gone) -> Option<(SessionId, BrandedId)> {
         match self.entries.remove(&stream_id)? {
@@ -600,7 +690,8 @@ impl Ledger {
                     call.gone.clear();
                 }
                 call.gone.insert(id, gone);
-                let _ = call.events.send(Event::Left { shard: call.shard, id });
+                self.effects.push(Effect::Left { session, shard: call.shard, id });
+                self.ended(stream_id, None);
                 Some((session, id))
             }
             Track::Ready => {
@@ -619,10 +710,8 @@ impl Ledger {
     /// being applied. Returns whether a call held it.
     pub(crate) fn lease_lost(&mut self, stream_id: StreamId) -> bool {
         let Some((session, id)) = self.forget(stream_id, Gone::ToPeer) else { return false };
-        self.metrics.leases_lost.inc();
-        if let Some(call) = self.calls.get(&session) {
-            call.answer(verdicts::lease_lost(&id.to_string()));
-        }
+        self.tally.leases_lost += 1;
+        self.refuse(session, id.to_string(), Refusal::LeaseLost);
         true
     }
 
@@ -635,16 +724,189 @@ impl Ledger {
             .collect()
     }
 
-    /// A dead-lettered entry is done here.
-    pub(crate) fn dead_lettered(&mut self, stream_id: StreamId) {
-        self.entries.remove(&stream_id);
+    /// The entry was deleted from the stream and Redis dropped it from the
+    /// PEL (XAUTOCLAIM's deleted ids, a nil body in a PEL read, a script's
+    /// `deleted`): never forwarded, and if a call holds it, its verdict is
+    /// answered NOT_PENDING.
+    pub(crate) fn trimmed(&mut self, stream_id: StreamId) {
+        self.forget(stream_id, Gone::Deleted);
+        self.tally.trimmed += 1;
+        tracing::debug!(stream = %self.stream, group = %self.group, %stream_id, "entry was deleted from the stream while pending");
     }
 
-    /// Answers a call's verdict (if the call is still attached).
-    pub(crate) fn answer(&self, session: SessionId, error: VerdictError) {
-        if let Some(call) = self.calls.get(&session) {
-            call.answer(error);
+    /// Entries Redis has pending for this consumer (a page of its own PEL,
+    /// or taken over by the reclaim beat) wait for re-delivery now, unless
+    /// the ledger tracks them already. Returns how many were new to it.
+    pub(crate) fn found_pending(&mut self, ids: &[StreamId], now: Instant) -> u64 {
+        let mut found = 0;
+        for &id in ids {
+            if !self.tracks(id) {
+                self.wait(id, now);
+                found += 1;
+            }
         }
+        found
+    }
+
+    /// The reply of one XAUTOCLAIM page: the entries it took wait for
+    /// re-delivery, the deleted ones are dropped. Returns how many it took.
+    pub(crate) fn reclaimed(&mut self, claimed: &[StreamId], deleted: &[StreamId], now: Instant) -> u64 {
+        let taken = self.found_pending(claimed, now);
+        for &id in deleted {
+            self.trimmed(id);
+        }
+        self.tally.reclaimed += taken;
+        taken
+    }
+
+    /// What `redeliver.lua` did with a due entry, but for a claimed one
+    /// (which the worker offers): a deleted one is dropped, an early one
+    /// waits until its recorded due time (`now_unix_ms` the wall clock of
+    /// `now`), a poison one is returned for the dead-letter step.
+    pub(crate) fn redelivered(
+        &mut self,
+        stream_id: StreamId,
+        outcome: Redelivery,
+        now: Instant,
+        now_unix_ms: u64,
+    ) -> Option<DeadLetterOrder> {
+        match outcome {
+            Redelivery::NotOurs => {
+                tracing::debug!(stream = %self.stream, %stream_id, "no longer pending for this consumer; a peer took it")
+            }
+            Redelivery::Deleted => self.trimmed(stream_id),
+            Redelivery::NotDue { due_unix_ms } => {
+                self.wait(stream_id, now + Duration::from_millis(due_unix_ms.saturating_sub(now_unix_ms)))
+            }
+            Redelivery::Poison { deliveries, reason } => {
+                tracing::debug!(stream = %self.stream, %stream_id, deliveries, "max deliveries reached");
+                let reason = if reason.is_empty() { "max deliveries reached".to_owned() } else { reason };
+                return Some(DeadLetterOrder { stream_id, reason, verdict: None });
+            }
+            Redelivery::Claimed { .. } => debug_assert!(false, "a claimed entry is offered, not passed here"),
+        }
+        None
+    }
+
+    /// The leases of `asked` entries were refreshed but for `unrefreshed`:
+    /// a deleted entry is dropped, one a peer took leaves its call
+    /// (LEASE_LOST), one pending for no consumer stays (a re-created group
+    /// reads it again and the call's verdict then applies, or another client
+    /// acknowledged it and the verdict is answered NOT_PENDING).
+    pub(crate) fn refreshed(&mut self, asked: usize, unrefreshed: Vec<(StreamId, Unrefreshed)>) {
+        self.tally.lease_refreshes += asked.saturating_sub(unrefreshed.len()) as u64;
+        for (stream_id, why) in unrefreshed {
+            match why {
+                Unrefreshed::Deleted => self.trimmed(stream_id),
+                Unrefreshed::ToPeer => {
+                    if self.lease_lost(stream_id) {
+                        tracing::warn!(stream = %self.stream, group = %self.group, %stream_id, "lease lost: the entry is no longer pending for this consumer");
+                    }
+                }
+                Unrefreshed::Unowned => {
+                    tracing::debug!(stream = %self.stream, group = %self.group, %stream_id, "held entry is pending for no consumer")
+                }
+            }
+        }
+    }
+
+    /// One `settle.lua` run's reply: per chunk of `acks`
+    /// ([`ACK_CHUNK`] ids), how many of its ids Redis still had pending.
+    /// All or none is exact: the ones not pending are answered NOT_PENDING.
+    /// In between (another client acknowledged some of them: an operator, or
+    /// a peer past a lost lease) XACK cannot say which, so none is answered:
+    /// the shortfall is counted and logged. Every id of the chunk is settled
+    /// for the group either way.
+    pub(crate) fn acked(&mut self, acks: Vec<PendingAck>, pending: &[usize]) {
+        let mut acks = acks.into_iter();
+        for &pending in pending {
+            let chunk: Vec<PendingAck> = acks.by_ref().take(ACK_CHUNK).collect();
+            let pending = pending.min(chunk.len());
+            self.tally.acks += pending as u64;
+            self.tally.acks_not_pending += (chunk.len() - pending) as u64;
+            if pending == 0 {
+                for ack in chunk {
+                    self.answer(ack.session, ack.text, Refusal::NotPendingInGroup);
+                }
+            } else if pending < chunk.len() {
+                tracing::warn!(
+                    stream = %self.stream,
+                    group = %self.group,
+                    acked = chunk.len(),
+                    not_pending = chunk.len() - pending,
+                    first = %chunk[0].stream_id,
+                    last = %chunk[chunk.len() - 1].stream_id,
+                    "some acknowledged entries were no longer pending for the group (another client acknowledged them); XACK does not say which, so none is answered NOT_PENDING"
+                );
+            }
+        }
+    }
+
+    /// A Redis write of these entries failed (`message` says what happened
+    /// to them): the verdicts that asked for it are answered UNAVAILABLE,
+    /// and the entries wait until `retry_at`. They come back only if still
+    /// pending (the re-delivery checks), so an applied ack is not undone.
+    pub(crate) fn not_written(
+        &mut self,
+        entries: impl IntoIterator<Item = (StreamId, Option<(SessionId, String)>)>,
+        message: &str,
+        retry_at: Instant,
+    ) {
+        for (stream_id, verdict) in entries {
+            self.wait(stream_id, retry_at);
+            if let Some((session, text)) = verdict {
+                self.answer(session, text, Refusal::Unavailable(message.to_owned()));
+            }
+        }
+    }
+
+    /// What `dead_letter.lua` did with each of `orders`, to
+    /// `dead_letter_stream`: a moved entry is done here; the Fail that asked
+    /// for one that did not move is told why (deleted, or no longer this
+    /// consumer's).
+    pub(crate) fn dead_lettered(
+        &mut self,
+        orders: Vec<DeadLetterOrder>,
+        outcomes: Vec<(StreamId, DeadLettered)>,
+        dead_letter_stream: &str,
+    ) {
+        for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
+            let refusal = match outcome {
+                DeadLettered::Moved { dead_id, deliveries } => {
+                    self.entries.remove(&stream_id);
+                    self.tally.dead_letters += 1;
+                    tracing::warn!(stream = %self.stream, group = %self.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {}", order.reason);
+                    continue;
+                }
+                DeadLettered::Deleted => {
+                    self.trimmed(stream_id);
+                    Refusal::Gone(Gone::Deleted)
+                }
+                DeadLettered::NotOurs => Refusal::NotDeadLettered,
+            };
+            if let Some((session, text)) = order.verdict {
+                self.answer(session, text, refusal);
+            }
+        }
+    }
+
+    /// Answers call `session`'s verdict on `text` (if the call is still attached).
+    pub(crate) fn answer(&mut self, session: SessionId, text: String, refusal: Refusal) {
+        if self.calls.contains_key(&session) {
+            self.refuse(session, text, refusal);
+        }
+    }
+
+    /// Moves the effects queued since the last call into `into` (empty; its
+    /// allocation is reused for the next ones).
+    pub(crate) fn take_effects(&mut self, into: &mut Vec<Effect<D>>) {
+        debug_assert!(into.is_empty());
+        std::mem::swap(&mut self.effects, into);
+    }
+
+    /// What was counted since the worker last recorded it; the worker drains it.
+    pub(crate) fn tally(&mut self) -> &mut Tally {
+        &mut self.tally
     }
 
     /// The Redis writes queued since the last call.
@@ -652,36 +914,52 @@ impl Ledger {
         std::mem::take(&mut self.orders)
     }
 
+    /// Panics unless each entry the ledger tracks is in exactly one state and
+    /// the states agree with their index: every `entries` record names a
+    /// held delivery, a ready entry or a waiting one that is there, and
+    /// every one of those has its record; a call holds no more than its
+    /// credit and never an id it was told it lost.
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        for (stream_id, track) in &self.entries {
+            match *track {
+                Track::Held(session, id) => {
+                    let held = self.calls.get(&session).and_then(|call| call.held.get(&id));
+                    assert_eq!(held.map(|h| h.stream_id), Some(*stream_id), "{stream_id} is not held as recorded");
+                }
+                Track::Ready => {
+                    let copies = self.ready.iter().filter(|out| out.stream_id == *stream_id).count();
+                    assert_eq!(copies, 1, "{stream_id} is recorded ready, and is so {copies} times");
+                }
+                Track::Waiting(at) => {
+                    assert!(self.waiting.contains(&(at, *stream_id)), "{stream_id} is not waiting as recorded")
+                }
+            }
+        }
+        for (session, call) in &self.calls {
+            for (id, held) in &call.held {
+                let track = self.entries.get(&held.stream_id);
+                assert_eq!(track, Some(&Track::Held(*session, *id)), "held {id} has another record");
+                assert!(!call.gone.contains_key(id), "{id} is both held and gone");
+            }
+            assert!(call.held.len() <= call.policy.max_in_flight as usize, "call {session} holds over its credit");
+        }
+        for out in &self.ready {
+            assert_eq!(self.entries.get(&out.stream_id), Some(&Track::Ready), "ready {} unrecorded", out.stream_id);
+        }
+        for (at, stream_id) in &self.waiting {
+            assert_eq!(self.entries.get(stream_id), Some(&Track::Waiting(*at)), "waiting {stream_id} unrecorded");
+        }
+        let states = self.held() + self.ready.len() + self.waiting.len();
+        assert_eq!(self.entries.len(), states, "the index and the states disagree");
+        assert!(self.free() <= self.free_for_due() && self.free_for_due() <= self.slots());
+    }
+
     /// Whether Redis writes are queued.
     pub(crate) fn has_orders(&self) -> bool {
         let o = &self.orders;
         !(o.acks.is_empty() && o.retry_writes.is_empty() && o.dead_letters.is_empty())
     }
-}
-
-/// The span of one delivery, from hand-over to verdict, child of the trace
-/// context the entry carries; the delivery then carries the span's own. Kind
-/// CONSUMER, operation `process`: the sidecar pushes the entry to its client,
-/// and the span lasts while the client processes it.
-fn delivery_span(stream: &str, group: &str, stream_id: StreamId, delivery: &mut Delivery) -> tracing::Span {
-    let span = tracing::info_span!(
-        "echomq.deliver",
-        otel.kind = "consumer",
-        messaging.system = telemetry::MESSAGING_SYSTEM,
-        messaging.operation.type = "process",
-        messaging.operation.name = "deliver",
-        messaging.destination.name = stream,
-        messaging.consumer.group.name = group,
-        messaging.message.id = delivery.id.as_str(),
-        echomq.stream_id = %stream_id,
-        echomq.attempts = delivery.attempts,
-        echomq.verdict = tracing::field::Empty,
-    );
-    telemetry::set_parent(&span, Some(&delivery.traceparent).filter(|t| !t.is_empty()).map(String::as_str));
-    if let Some(traceparent) = telemetry::traceparent_of(&span) {
-        delivery.traceparent = traceparent;
-    }
-    span
 }
 
 /// Call `shard`'s share of a sharded call's `max_in_flight`: an even split,

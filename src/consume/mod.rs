@@ -16,9 +16,12 @@ mod gauges;
 mod hygiene;
 mod lease;
 mod ledger;
+mod orders;
 mod reader;
 mod recovery;
 mod retry;
+#[cfg(test)]
+mod script_replies;
 mod session;
 mod settle;
 mod subscribe;
@@ -50,10 +53,10 @@ use crate::{
     redis::{readers::ReaderPool, Redis},
     security::{Caller, Guard},
 };
-use ledger::{Event, Policy, SessionId};
-use retry::Backoff;
+use ledger::Policy;
+use orders::{Backoff, SessionId};
 use subscribe::Subscription;
-use worker::{Command, Worker};
+use worker::{Command, Event, Worker};
 
 /// How long a new Consume call may take to send its subscribe.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -2,7 +2,7 @@
 //! that delay binds peers and outlives a restart.
 //!
 //! - The delay after `n` deliveries is `initial × 2^(n-1)`, capped at `max`,
-//!   jittered into its upper half ([`Backoff::delay`]); a Fail's
+//!   jittered into its upper half ([`Backoff::delay`](super::orders::Backoff::delay)); a Fail's
 //!   `retry_after` overrides it.
 //! - Here, the entry waits in the worker's ledger until then. In Redis, its
 //!   due time and last failure reason go into the group's retry hash
@@ -14,77 +14,13 @@
 //!   entries that reached `max_deliveries` (`Poison`: the dead-letter step
 //!   takes them).
 
-use std::time::Duration;
-
 use redis::{RedisResult, Value};
 
-use tokio::time::Instant;
-use tracing::debug;
-
-use super::{
-    dead_letter::DeadLetterOrder,
-    worker::{Step, Worker},
-    GroupKeys,
-};
+use super::{orders::Redelivery, GroupKeys};
 use crate::{
     id::StreamId,
-    redis::{array, bytes, int, parse_entry, tagged, unknown_tag, RawEntry},
+    redis::{array, bytes, int, parse_entry, tagged, unknown_tag},
 };
-
-/// The retry delays of a subscription.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Backoff {
-    /// The first retry delay; doubled per delivery.
-    pub(crate) initial: Duration,
-    /// The cap of the retry delay.
-    pub(crate) max: Duration,
-}
-
-impl Backoff {
-    /// The retry delay after `attempts` deliveries: `initial × 2^(attempts-1)`,
-    /// capped, then jittered into its upper half so that entries failed
-    /// together do not come back together.
-    pub(crate) fn delay(&self, attempts: u32) -> Duration {
-        let doublings = attempts.saturating_sub(1).min(30);
-        let full = self.initial.saturating_mul(1 << doublings).min(self.max);
-        let half = full / 2;
-        half + half.mul_f64(fastrand::f64())
-    }
-}
-
-/// A retry state to record in the group's retry hash.
-#[derive(Debug)]
-pub(crate) struct RetryWrite {
-    pub(crate) stream_id: StreamId,
-    /// When the entry is due again (unix milliseconds).
-    pub(crate) due_unix_ms: u64,
-    /// Its last failure reason, dead letters' `echomq.reason` should it be
-    /// dead-lettered after `max_deliveries`.
-    pub(crate) reason: String,
-}
-
-impl RetryWrite {
-    /// The hash value: `"<due unix ms> <reason>"`, as `redeliver.lua` parses it.
-    pub(crate) fn state(&self) -> String {
-        format!("{} {}", self.due_unix_ms, self.reason)
-    }
-}
-
-/// What [`redeliver`] did with one due entry.
-#[derive(Debug)]
-pub(crate) enum Redelivery {
-    /// No longer pending for this consumer (a peer took it): nothing done.
-    NotOurs,
-    /// Deleted from the stream while pending: dropped from the PEL.
-    Deleted,
-    /// Its retry delay (recorded by this sidecar before a restart, or by a
-    /// peer) has not passed: not claimed.
-    NotDue { due_unix_ms: u64 },
-    /// It reached `max_deliveries`: not claimed, for the dead-letter step.
-    Poison { deliveries: u64, reason: String },
-    /// Claimed: `deliveries` is its delivery count now.
-    Claimed { deliveries: u32, entry: RawEntry },
-}
 
 /// Claims the due entries `ids` for re-delivery (`redeliver.lua`: XPENDING …
 /// consumer, HGET of the retry hash, XRANGE, XCLAIM, XACK of deleted ones),
@@ -128,48 +64,6 @@ fn parse_redelivery(item: &Value) -> RedisResult<(StreamId, Redelivery)> {
     Ok((id, outcome))
 }
 
-impl Worker {
-    /// Claims due entries that are still this consumer's and hands them out;
-    /// dead-letters those that reached `max_deliveries`.
-    pub(super) async fn redeliver(&mut self, due: Vec<StreamId>) {
-        let max_deliveries = self.ledger.settings().map_or(0, |p| p.max_deliveries);
-        let outcomes = match redeliver(&self.keys, max_deliveries, &due).await {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
-                self.redis_failed(Step::Redeliver, &e);
-                let retry_at = self.paused_until;
-                for id in due {
-                    self.ledger.wait(id, retry_at);
-                }
-                return;
-            }
-        };
-        self.redis_ok();
-        let mut to_dead_letter = Vec::new();
-        for (stream_id, outcome) in outcomes {
-            match outcome {
-                Redelivery::NotOurs => {
-                    debug!(stream = %self.keys.stream, %stream_id, "no longer pending for this consumer; a peer took it")
-                }
-                Redelivery::Deleted => self.trimmed_while_pending(stream_id),
-                Redelivery::NotDue { due_unix_ms } => {
-                    let delay = Duration::from_millis(due_unix_ms.saturating_sub(crate::entry::now_unix_ms()));
-                    self.ledger.wait(stream_id, Instant::now() + delay);
-                }
-                Redelivery::Poison { deliveries, reason } => {
-                    debug!(stream = %self.keys.stream, %stream_id, deliveries, "max deliveries reached");
-                    let reason = if reason.is_empty() { "max deliveries reached".to_owned() } else { reason };
-                    to_dead_letter.push(DeadLetterOrder { stream_id, reason, verdict: None });
-                }
-                Redelivery::Claimed { deliveries, entry } => to_dead_letter.extend(self.offer(entry, deliveries)),
-            }
-        }
-        if !to_dead_letter.is_empty() {
-            self.dead_letter(to_dead_letter).await;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,15 +97,15 @@ mod tests {
     }
 
     #[test]
-    fn every_tag_the_script_replies_is_known_here() {
+    fn the_script_replies_exactly_the_tags_known_here() {
+        let known = ["not_ours", "deleted", "not_due", "poison", "claimed"];
         let lua = include_str!("redeliver.lua");
-        for tag in ["'not_ours'", "'deleted'", "'not_due'", "'poison'", "'claimed'"] {
-            assert!(lua.contains(&format!("{{ id, {tag}")), "redeliver.lua no longer replies {tag}");
-        }
+        super::super::script_replies::assert_replies_agree("redeliver.lua", lua, &known, parse_redelivery);
     }
 
     #[test]
     fn the_retry_state_is_shaped_as_the_script_parses_it() {
+        use super::super::orders::RetryWrite;
         let write = RetryWrite { stream_id: StreamId { ms: 1, seq: 2 }, due_unix_ms: 1234, reason: "a b".to_owned() };
         assert_eq!(write.state(), "1234 a b");
         assert!(include_str!("redeliver.lua").contains(r"'^(%d+) ?(.*)$'"));

@@ -8,7 +8,10 @@
 //!
 //! A call on a sharded stream is served by one worker per shard: the relay
 //! remembers which shard each delivery it holds came from and sends each
-//! verdict there. While the client does not read, the relay waits on the
+//! verdict there. It forgets a route only when that worker says the
+//! delivery left the call (`Event::Left`: settled by a verdict, past its
+//! deadline, taken by a peer, deleted), never by guessing which verdicts
+//! the worker will apply. While the client does not read, the relay waits on the
 //! outbound channel and reads no new verdicts either, nor while the
 //! worker's answers pile up (one Ack can name thousands of ids), so gRPC
 //! flow control pushes back on the client and nothing grows without bound.
@@ -20,9 +23,10 @@ use tonic::{Status, Streaming};
 use tracing::debug;
 
 use super::{
-    ledger::{Event, FailVerdict, SessionId},
+    ledger::FailVerdict,
+    orders::SessionId,
     verdicts,
-    worker::Command,
+    worker::{Command, Event},
     IdMap,
 };
 use crate::{
@@ -179,16 +183,8 @@ impl Shards {
         self.routes.get(id).or_else(|| self.left.get(id)).copied().unwrap_or(0)
     }
 
-    /// The shard an Ack or Fail of `id` goes to, which settles it there, and
-    /// the delivery parked behind it, to send now.
-    fn settle(&mut self, id: &BrandedId) -> (usize, Option<Delivery>) {
-        match self.sharded().then(|| self.routes.remove(id)).flatten() {
-            Some(shard) => (shard, self.unpark(id)),
-            None => (self.route(id), None),
-        }
-    }
-
-    /// The delivery of `id` from `shard` left its worker: held, it makes way
+    /// The delivery of `id` from `shard` left the call (settled by a verdict,
+    /// or taken from it by its worker): held, it makes way
     /// for the delivery parked behind it, returned to send now (else its
     /// route is kept for a late verdict); parked, it is dropped rather than
     /// handed out stale.
@@ -263,7 +259,7 @@ pub(super) async fn relay(
         tokio::select! {
             message = inbound.message(), if events.len() < EVENT_BACKLOG => match message {
                 Ok(Some(request)) => {
-                    if let Err(status) = forward(session, request, &outbound, &mut shards, framing, &verdict_errors).await {
+                    if let Err(status) = forward(session, request, &outbound, &mut shards, &verdict_errors).await {
                         break Some(status);
                     }
                 }
@@ -341,7 +337,6 @@ async fn forward(
     request: ConsumeRequest,
     outbound: &Outbound,
     shards: &mut Shards,
-    framing: Framing,
     counted: &VerdictErrors,
 ) -> Result<(), Status> {
     match request.kind {
@@ -353,29 +348,23 @@ async fn forward(
         None => Err(Error::invalid("kind", "a message must set subscribe, ack, fail, extend or drain").into()),
         Some(Kind::Ack(ack)) => {
             let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
-            let mut unparked = Vec::new();
             for (text, id) in parse_ids(ack.ids, outbound, counted).await {
-                let (shard, behind) = shards.settle(&id);
-                unparked.extend(behind);
-                by_shard[shard].push((text, id));
+                by_shard[shards.route(&id)].push((text, id));
             }
             for (shard, ids) in by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()) {
                 shards.send(shard, Command::Ack { session, ids }).await?;
             }
-            send_unparked(outbound, framing, unparked).await;
             Ok(())
         }
         Some(Kind::Fail(fail)) => {
             let Some(id) = parse_id(&fail.id, outbound, counted).await else { return Ok(()) };
             let retry_after =
                 super::subscribe::duration("fail.retry_after", fail.retry_after).map_err(|e| e.to_string());
-            // A Fail the worker will refuse as malformed settles nothing.
-            let (shard, unparked) = if retry_after.is_ok() { shards.settle(&id) } else { (shards.route(&id), None) };
+            let shard = shards.route(&id);
             let mut reason = fail.reason;
             truncate_utf8(&mut reason, MAX_REASON_BYTES);
             let fail = FailVerdict { text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason };
             shards.send(shard, Command::Fail { session, fail }).await?;
-            send_unparked(outbound, framing, unparked).await;
             Ok(())
         }
         Some(Kind::Drain(_)) => {
@@ -403,19 +392,6 @@ async fn forward(
             }
             Ok(())
         }
-    }
-}
-
-/// Sends deliveries that were parked behind a namesake, each in a frame of its
-/// own (a batch of one for a call that takes batches).
-async fn send_unparked(outbound: &Outbound, framing: Framing, deliveries: impl IntoIterator<Item = Delivery>) {
-    for delivery in deliveries {
-        let kind = if framing.max_batch > 1 {
-            consume_response::Kind::Batch(DeliveryBatch { deliveries: vec![delivery] })
-        } else {
-            consume_response::Kind::Delivery(delivery)
-        };
-        let _ = outbound.send(Ok(response(kind))).await;
     }
 }
 
@@ -473,8 +449,8 @@ mod tests {
         let mut plain = shards(1);
         let held = id("a1");
         assert!(plain.deliver(0, held, Delivery::default()).is_some());
+        assert_eq!(plain.route(&held), 0);
         assert_eq!(plain.left(0, &held), None);
-        assert_eq!(plain.settle(&held), (0, None));
         assert_eq!(plain.route(&id("b2")), 0);
         assert!(plain.routes.is_empty() && plain.left.is_empty() && plain.parked.is_empty());
     }
@@ -487,7 +463,9 @@ mod tests {
         assert!(sharded.deliver(1, gone, Delivery::default()).is_some());
         assert_eq!(sharded.left(1, &gone), None);
         assert_eq!(sharded.route(&gone), 1, "its worker says why the call no longer holds it");
-        assert_eq!(sharded.settle(&held), (2, None));
+        assert_eq!(sharded.route(&held), 2);
+        assert_eq!(sharded.left(2, &held), None, "settled there: nothing parked behind it");
+        assert_eq!(sharded.route(&held), 2, "a late verdict goes where it was settled, which answers it");
         assert_eq!(sharded.route(&id("e5")), 0, "an id never delivered goes to the first shard, which answers it");
         assert!(sharded.deliver(0, gone, Delivery::default()).is_some());
         assert_eq!(sharded.route(&gone), 0, "a new delivery supersedes the route");
@@ -499,9 +477,8 @@ mod tests {
         let same = id("f6");
         assert!(sharded.deliver(0, same, Delivery::default()).is_some());
         assert!(sharded.deliver(1, same, Delivery::default()).is_none(), "parked behind shard 0's");
-        let (shard, unparked) = sharded.settle(&same);
-        assert_eq!(shard, 0);
-        assert!(unparked.is_some(), "shard 1's is handed over");
+        assert_eq!(sharded.route(&same), 0, "a verdict goes to the holder, which says whether it settles");
+        assert!(sharded.left(0, &same).is_some(), "settled on shard 0: shard 1's is handed over");
         assert_eq!(sharded.route(&same), 1);
 
         assert!(sharded.deliver(0, same, Delivery::default()).is_none(), "parked behind shard 1's");

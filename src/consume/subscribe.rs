@@ -3,7 +3,11 @@
 
 use std::time::Duration;
 
-use super::{dead_letter::GroupPolicy, ledger::Policy, retry::Backoff, Consumers};
+use super::{
+    ledger::Policy,
+    orders::{Backoff, GroupPolicy},
+    Consumers,
+};
 use crate::{
     error::Error,
     id::StreamId,
@@ -102,7 +106,7 @@ impl Consumers {
             n => n,
         };
         let backoff = Backoff { initial: backoff_initial, max: backoff_max };
-        let policy = Policy { max_in_flight, ack_deadline, backoff };
+        let policy = Policy { max_in_flight, ack_deadline, backoff, sharded: shards.len() > 1 };
         let shards = shards
             .into_iter()
             .zip(dead_letter_streams)

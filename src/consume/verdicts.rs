@@ -17,6 +17,45 @@ pub(crate) enum Gone {
     Deleted,
 }
 
+/// An answer to a verdict, as the consume core decides it: its kind and
+/// what it needs, without the wire type; [`Refusal::error`] builds the frame
+/// at the edge, with the one text of its kind.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// [`unknown_id`].
+    UnknownId,
+    /// [`gone`].
+    Gone(Gone),
+    /// [`not_pending_in_group`].
+    NotPendingInGroup,
+    /// [`not_dead_lettered`].
+    NotDeadLettered,
+    /// [`lease_lost`].
+    LeaseLost,
+    /// [`invalid`], saying why.
+    Invalid(String),
+    /// [`fail_without_pel`].
+    FailWithoutPel,
+    /// [`unavailable`], saying what happened to the entry.
+    Unavailable(String),
+}
+
+impl Refusal {
+    /// The VerdictError frame of this answer to the verdict on `id`.
+    pub(crate) fn error(self, id: &str) -> VerdictError {
+        match self {
+            Refusal::UnknownId => unknown_id(id),
+            Refusal::Gone(why) => gone(id, why),
+            Refusal::NotPendingInGroup => not_pending_in_group(id),
+            Refusal::NotDeadLettered => not_dead_lettered(id),
+            Refusal::LeaseLost => lease_lost(id),
+            Refusal::Invalid(reason) => invalid(id, reason),
+            Refusal::FailWithoutPel => fail_without_pel(id),
+            Refusal::Unavailable(message) => unavailable(id, message),
+        }
+    }
+}
+
 fn error(id: &str, code: VerdictErrorCode, message: impl Into<String>) -> VerdictError {
     VerdictError { id: id.to_owned(), code: code as i32, message: message.into() }
 }
@@ -59,11 +98,6 @@ pub(crate) fn not_dead_lettered(id: &str) -> VerdictError {
         VerdictErrorCode::NotPending,
         "Redis no longer has this entry pending for this consumer; nothing was dead-lettered",
     )
-}
-
-/// NOT_PENDING: the entry was deleted from the stream while held.
-pub(crate) fn deleted(id: &str) -> VerdictError {
-    gone(id, Gone::Deleted)
 }
 
 /// LEASE_LOST: sent unasked when a peer took a delivery the call holds.

@@ -1,20 +1,24 @@
 //! The group worker: one task per (stream, group) in this sidecar, serving
 //! every call subscribed to that pair under the sidecar's one consumer name.
 //!
-//! This file is the loop and nothing else: it takes commands from calls,
-//! applies them to the [`Ledger`] (the bookkeeping, synchronous), carries out
-//! the Redis work the ledger asks for, and runs each job of the consume path
-//! on its beat. Each job's Redis step is an `impl Worker` block in the file
-//! of its job, beside its script: [`reader`](super::reader),
-//! [`recovery`](super::recovery), [`retry`](super::retry),
-//! [`lease`](super::lease) (reclaim and lease refresh),
-//! [`dead_letter`](super::dead_letter), [`settle`](super::settle),
-//! [`hygiene`](super::hygiene), [`gauges`](super::gauges).
+//! It takes commands from calls, applies them to the [`Ledger`] (the
+//! bookkeeping, synchronous), carries out the Redis work the ledger asks
+//! for, and runs each job of the consume path on its beat. Each job's Redis
+//! step is a wrapper in the file of its job, beside its script, that returns
+//! an outcome enum and knows nothing of the worker:
+//! [`reader`](super::reader), [`recovery`](super::recovery),
+//! [`retry`](super::retry), [`lease`](super::lease) (reclaim and lease
+//! refresh), [`dead_letter`](super::dead_letter), [`settle`](super::settle),
+//! [`hygiene`](super::hygiene), [`gauges`](super::gauges); this file feeds
+//! those outcomes back. Nothing outside it has an `impl Worker`.
 
 use std::{
+    collections::HashMap,
     sync::{atomic::Ordering, Arc},
     time::Duration,
 };
+
+use opentelemetry::trace::SpanContext;
 
 use redis::{RedisError, RedisResult};
 use tokio::{
@@ -27,22 +31,24 @@ use tracing::{debug, info, warn};
 use prost::Message;
 
 use super::{
-    dead_letter::{DeadLetterOrder, GroupPolicy},
-    delivery, gauges,
-    ledger::{Event, FailVerdict, Ledger, Policy, SessionId},
+    dead_letter,
+    delivery::{self, Outgoing},
+    gauges, hygiene, lease,
+    ledger::{Effect, FailVerdict, Ledger, Policy},
+    orders::{DeadLetterOrder, GroupPolicy, PendingAck, Redelivery, RetryWrite, SessionId},
     reader::{self, Reader},
-    verdicts::Gone,
-    GroupKeys, Shared,
+    recovery, retry, settle, GroupKeys, IdMap, Shared,
 };
 use crate::{
     error::Error,
     id::{BrandedId, StreamId},
     metrics::GroupMetrics,
+    proto::{Delivery, VerdictError},
     redis::RawEntry,
 };
 
 /// The most entries one XREADGROUP or claim asks for.
-pub(super) const BATCH_MAX: usize = 512;
+const BATCH_MAX: usize = 512;
 /// Room left in a frame for the ConsumeResponse wrapper around a Delivery (bytes).
 const FRAME_OVERHEAD: usize = 16;
 /// How often held entries are checked against their ack deadlines.
@@ -50,12 +56,26 @@ const DEADLINE_CHECK: Duration = Duration::from_millis(100);
 /// Bounds of the pause after a failed Redis command.
 const REDIS_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const REDIS_BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// The longest a read waits for a worthwhile share of credit to come free
-/// (see [`Ledger::worth_reading`]): a call with a free slot gets a new entry
-/// within this, even from a client that holds the rest for good.
-const READ_LINGER: Duration = Duration::from_millis(2);
+/// How many XAUTOCLAIM pages one reclaim beat may walk.
+const RECLAIM_PAGES_PER_BEAT: usize = 8;
 /// Commands taken in one go, so that their acks reach Redis as one script run.
 const COMMANDS_PER_TURN: usize = 1024;
+
+/// What the worker tells a call. The channel is unbounded, but what flows on it
+/// is bounded: deliveries by the call's credit, verdict errors by the verdicts
+/// the call sent (and a call does not read new verdicts while its answers
+/// pile up).
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Hand this to the client: the delivery of `id` from the call's shard `shard`.
+    Delivery { shard: usize, id: BrandedId, delivery: Delivery },
+    /// The answer to a verdict that was not applied, or an unasked LEASE_LOST.
+    VerdictError(VerdictError),
+    /// The call no longer holds `id` from shard `shard` (its ack deadline
+    /// passed, a peer took it, it was deleted): a sharded call's relay routes
+    /// its later verdict here still, and may hand over a namesake it parked.
+    Left { shard: usize, id: BrandedId },
+}
 
 /// What a call tells its worker.
 #[derive(Debug)]
@@ -149,38 +169,46 @@ impl Step {
 /// One group's worker. Built by [`Worker::spawn`]; its steps on Redis are
 /// `impl Worker` blocks in the file of their job.
 pub(crate) struct Worker {
-    pub(super) keys: GroupKeys,
-    pub(super) shared: Arc<Shared>,
-    pub(super) metrics: GroupMetrics,
-    pub(super) ledger: Ledger,
+    keys: GroupKeys,
+    shared: Arc<Shared>,
+    metrics: GroupMetrics,
+    ledger: Ledger<Delivery>,
+    /// Each attached call's channel, where the ledger's effects for it go.
+    links: HashMap<SessionId, mpsc::UnboundedSender<Event>>,
+    /// The ledger's effects being carried out (kept for its allocation).
+    effects: Vec<Effect<Delivery>>,
+    /// Traces are exported: each held delivery has a span, here until its
+    /// verdict (or its leaving) ends it.
+    traced: bool,
+    spans: IdMap<StreamId, tracing::Span>,
+    /// The spans of acknowledged deliveries, for the settle span to link to.
+    ack_links: IdMap<StreamId, SpanContext>,
     /// At-most-once: reads with NOACK, nothing is pending, verdicts only free credit.
-    pub(super) no_ack: bool,
+    no_ack: bool,
     /// Calls waiting for the next flush before they end.
-    pub(super) flushed: Vec<oneshot::Sender<()>>,
+    flushed: Vec<oneshot::Sender<()>>,
     /// While recovering its own PEL: the last id seen (`None`: from the start).
-    pub(super) recovering: Option<Option<StreamId>>,
+    recovering: Option<Option<StreamId>>,
     /// Entries the walk under way queued for re-delivery, for its log line.
-    pub(super) recovered: u64,
+    recovered: u64,
     /// The blocking reader and its pool connection, while there are calls to
     /// read for: started by the first call's Attach, stopped when the last
     /// call leaves or the sidecar drains.
-    pub(super) reader: Option<Reader>,
-    pub(super) reclaim_cursor: StreamId,
+    reader: Option<Reader>,
+    reclaim_cursor: StreamId,
     /// Entries found deleted while pending since the last log line, so a
     /// trim of many pending entries is logged once with their count.
-    pub(super) trimmed_unlogged: u64,
+    trimmed_unlogged: u64,
     /// The group is gone (NOGROUP): re-create it before anything else.
-    pub(super) group_lost: bool,
+    group_lost: bool,
     /// The hygiene beat found the stream deleted and said so; cleared (and
     /// said) when a beat finds it again, so the log has one line per loss.
-    pub(super) stream_gone: bool,
+    stream_gone: bool,
     /// No Redis command from the pump before this instant (backoff after errors).
-    pub(super) paused_until: Instant,
-    pub(super) backoff: Duration,
+    paused_until: Instant,
+    backoff: Duration,
     /// The held count last added to the sidecar-wide one.
-    pub(super) published_held: usize,
-    /// Since when free credit has been too little to be worth a read.
-    pub(super) short_of_credit: Option<Instant>,
+    published_held: usize,
 }
 
 impl Worker {
@@ -197,11 +225,17 @@ impl Worker {
         for step in Step::ALL {
             let _ = metrics.redis_errors(step.label());
         }
-        let ledger = Ledger::new(&stream, &group, no_ack, *shared.draining.borrow(), metrics.clone());
+        let traced = crate::telemetry::exporting();
+        let ledger = Ledger::new(&stream, &group, no_ack, *shared.draining.borrow(), traced);
         let worker = Worker {
             keys: GroupKeys::new(&shared, stream, group),
             metrics,
             ledger,
+            links: HashMap::new(),
+            effects: Vec::new(),
+            traced,
+            spans: IdMap::default(),
+            ack_links: IdMap::default(),
             no_ack,
             flushed: Vec::new(),
             // Nothing of an at-most-once reader is ever pending: nothing to recover.
@@ -215,7 +249,6 @@ impl Worker {
             paused_until: Instant::now(),
             backoff: REDIS_BACKOFF_MIN,
             published_held: 0,
-            short_of_credit: None,
             shared,
         };
         (commands_tx, tokio::spawn(worker.run(commands)))
@@ -228,7 +261,7 @@ impl Worker {
         let mut reclaim = interval(shared.reclaim_interval);
         let mut deadlines = interval(DEADLINE_CHECK);
         let mut poll = interval(shared.metrics_poll.unwrap_or(Duration::from_secs(3600)));
-        let mut hygiene = interval(super::hygiene::beat_interval(shared.consumer_idle_limit));
+        let mut hygiene = interval(hygiene::beat_interval(shared.consumer_idle_limit));
         for tick in [&mut refresh, &mut reclaim, &mut deadlines, &mut hygiene, &mut poll] {
             tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
@@ -238,6 +271,7 @@ impl Worker {
             if !self.ledger.draining() {
                 self.pump().await;
             }
+            self.act();
             self.publish_held();
             let wake = self.next_wake();
             tokio::select! {
@@ -254,18 +288,21 @@ impl Worker {
                     self.flush().await;
                 }
                 result = reader::next_read(&mut self.reader) => self.on_read(result).await,
-                () = super::recovery::primary_switched(&mut switches) => self.after_primary_switch(),
+                () = recovery::primary_switched(&mut switches) => self.after_primary_switch(),
                 _ = sleep_until(wake) => {}
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,
                 _ = deadlines.tick(), if self.ledger.has_deadlines() => {
-                    self.ledger.expire(Instant::now());
+                    let now = Instant::now();
+                    self.ledger.set_wall_clock(now, crate::entry::now_unix_ms());
+                    self.ledger.expire(now);
                     // Their retry delays go to Redis now, to bind peers and
                     // outlive a restart, not with the next verdict.
                     self.flush().await;
                 }
                 _ = poll.tick(), if shared.metrics_poll.is_some() => {
                     if self.redis_usable() {
+                        self.act();
                         gauges::poll(&self.keys, &self.metrics).await;
                     }
                 }
@@ -286,6 +323,98 @@ impl Worker {
         info!(stream = %self.keys.stream, group = %self.keys.group, "group worker stopped");
     }
 
+    /// Carries out what the ledger queued, in order: frames to calls
+    /// (giving back a delivery whose call is gone), span ends, then the
+    /// metrics it counted. Called before every await, so nothing the ledger
+    /// decided waits on Redis.
+    fn act(&mut self) {
+        loop {
+            self.ledger.take_effects(&mut self.effects);
+            if self.effects.is_empty() {
+                break;
+            }
+            let mut effects = std::mem::take(&mut self.effects);
+            for effect in effects.drain(..) {
+                self.carry_out(effect);
+            }
+            self.effects = effects;
+        }
+        let tally = self.ledger.tally();
+        let metrics = &self.metrics;
+        for (count, counter) in [
+            (&mut tally.deliveries, &metrics.deliveries),
+            (&mut tally.fails, &metrics.fails),
+            (&mut tally.leases_lost, &metrics.leases_lost),
+            (&mut tally.acks, &metrics.acks),
+            (&mut tally.acks_not_pending, &metrics.acks_not_pending),
+            (&mut tally.dead_letters, &metrics.dead_letters),
+            (&mut tally.lease_refreshes, &metrics.lease_refreshes),
+            (&mut tally.reclaimed, &metrics.reclaimed),
+        ] {
+            if *count > 0 {
+                counter.inc_by(std::mem::take(count));
+            }
+        }
+        if tally.trimmed > 0 {
+            metrics.trimmed_while_pending.inc_by(tally.trimmed);
+            self.trimmed_unlogged += std::mem::take(&mut tally.trimmed);
+        }
+        for seconds in tally.handler_seconds.drain(..) {
+            metrics.handler_seconds.observe(seconds);
+        }
+    }
+
+    fn carry_out(&mut self, effect: Effect<Delivery>) {
+        match effect {
+            Effect::Deliver { session, shard, out } => {
+                let Outgoing { stream_id, branded, attempts, mut body } = out;
+                let span =
+                    self.traced.then(|| delivery::span(&self.keys.stream, &self.keys.group, stream_id, &mut body));
+                let event = Event::Delivery { shard, id: branded, delivery: body };
+                let unsent = match self.links.get(&session) {
+                    Some(link) => link.send(event).err().map(|unsent| unsent.0),
+                    None => Some(event),
+                };
+                match unsent {
+                    None => {
+                        if let Some(span) = span {
+                            self.spans.insert(stream_id, span);
+                        }
+                    }
+                    Some(Event::Delivery { delivery: body, .. }) => self.ledger.undelivered(
+                        session,
+                        Outgoing { stream_id, branded, attempts, body },
+                        Instant::now(),
+                    ),
+                    Some(_) => {}
+                }
+            }
+            Effect::Answer { session, text, refusal } => {
+                let error = refusal.error(&text);
+                self.metrics.verdict_errors.count(error.code);
+                if let Some(link) = self.links.get(&session) {
+                    let _ = link.send(Event::VerdictError(error));
+                }
+            }
+            Effect::Left { session, shard, id } => {
+                if let Some(link) = self.links.get(&session) {
+                    let _ = link.send(Event::Left { shard, id });
+                }
+            }
+            Effect::Ended { stream_id, verdict } => {
+                let Some(span) = self.spans.remove(&stream_id) else { return };
+                if let Some(verdict) = verdict {
+                    span.record("echomq.verdict", verdict);
+                    if verdict == "ack" && !self.no_ack {
+                        if let Some(context) = crate::telemetry::span_context_of(&span) {
+                            self.ack_links.insert(stream_id, context);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Keeps the sidecar-wide held count (what shutdown waits for) and the
     /// `echomq_in_flight` gauge in step with the ledger's one count.
     fn publish_held(&mut self) {
@@ -303,13 +432,18 @@ impl Worker {
 
     async fn handle(&mut self, command: Command) {
         let now = Instant::now();
+        self.ledger.set_wall_clock(now, crate::entry::now_unix_ms());
         match command {
             Command::Attach { session, shard, policy, group, events, reply } => {
-                let mut attached = self.ledger.attach(session, shard, policy, group, events);
+                let mut attached = self.ledger.attach(session, shard, policy, group);
                 if attached.is_ok() {
+                    if self.links.insert(session, events).is_none() {
+                        self.metrics.consume_calls.inc();
+                    }
                     attached = self.start_reader().await;
                     if attached.is_err() {
                         self.ledger.detach(session, now);
+                        self.unlink(session);
                     }
                 }
                 let _ = reply.send(attached);
@@ -334,6 +468,7 @@ impl Worker {
                 // reach it (after a client closed its side, it still reads).
                 self.carry_out_orders().await;
                 let detached = self.ledger.detach(session, now);
+                self.unlink(session);
                 if self.ledger.draining() {
                     self.shared.returned_while_draining.fetch_add(detached.returned, Ordering::Relaxed);
                 }
@@ -348,6 +483,14 @@ impl Worker {
         }
     }
 
+    /// Forgets an ended call's channel.
+    fn unlink(&mut self, session: SessionId) {
+        self.act();
+        if self.links.remove(&session).is_some() {
+            self.metrics.consume_calls.dec();
+        }
+    }
+
     /// Carries out the queued Redis writes, then lets ending calls go.
     async fn flush(&mut self) {
         self.carry_out_orders().await;
@@ -359,6 +502,7 @@ impl Worker {
     /// The Redis writes the ledger queued: dead letters first (their Fails
     /// settle nothing else), then acks and retry states as one `settle.lua` run.
     async fn carry_out_orders(&mut self) {
+        self.act();
         if !self.ledger.has_orders() {
             return;
         }
@@ -369,6 +513,7 @@ impl Worker {
         if !orders.acks.is_empty() || !orders.retry_writes.is_empty() {
             self.settle(orders.acks, orders.retry_writes).await;
         }
+        self.act();
     }
 
     /// Cuts off the blocked XREADGROUP, so no entry appended meanwhile is
@@ -399,6 +544,7 @@ impl Worker {
         if self.reader.is_some() || self.ledger.draining() {
             return Ok(());
         }
+        self.act();
         let conn = self.shared.readers.acquire(&self.keys.stream, &self.keys.group).await?;
         let (stream, group) = (self.keys.stream.clone(), self.keys.group.clone());
         self.reader = Some(Reader::spawn(self.shared.clone(), conn, stream, group, self.no_ack));
@@ -422,21 +568,21 @@ impl Worker {
         if self.paused() && (self.ledger.free() > 0 || self.group_lost) {
             return self.paused_until;
         }
-        let read_due = self.short_of_credit.map_or(far, |since| since + READ_LINGER);
+        let read_due = self.ledger.read_due().map_or(far, |at| at.min(far));
         if self.ledger.free_for_due() == 0 {
             return read_due.min(far);
         }
         self.ledger.next_due().map_or(far, |at| at.min(far)).min(read_due)
     }
 
-    pub(super) fn paused(&self) -> bool {
+    fn paused(&self) -> bool {
         Instant::now() < self.paused_until
     }
 
     /// Whether a beat that only reads or refreshes may use Redis now: while
     /// paused or without a group, it could only fail again and push the
     /// pause out, starving the pump that re-creates the group.
-    pub(super) fn redis_usable(&self) -> bool {
+    fn redis_usable(&self) -> bool {
         !(self.no_ack || self.group_lost || self.paused())
     }
 
@@ -444,7 +590,7 @@ impl Worker {
     /// found the group gone, which is expected (the stream was deleted, or
     /// Redis lost its data) and recovered from by re-creating the group:
     /// that counts in `echomq_group_recreations_total`, not as an error.
-    pub(super) fn redis_failed(&mut self, step: Step, error: &RedisError) {
+    fn redis_failed(&mut self, step: Step, error: &RedisError) {
         if reader::is_group_lost(error) {
             if !self.group_lost {
                 warn!(stream = %self.keys.stream, group = %self.keys.group, "the group is gone ({error}); re-creating it");
@@ -458,7 +604,7 @@ impl Worker {
         self.backoff = (self.backoff * 2).min(REDIS_BACKOFF_MAX);
     }
 
-    pub(super) fn redis_ok(&mut self) {
+    fn redis_ok(&mut self) {
         self.backoff = REDIS_BACKOFF_MIN;
     }
 
@@ -491,19 +637,8 @@ impl Worker {
             }
             break;
         }
-        if !self.ledger.is_reading() {
-            let count = self.ledger.free().min(BATCH_MAX);
-            let now = Instant::now();
-            if count == 0 {
-                self.short_of_credit = None;
-            } else if count >= self.ledger.worth_reading(BATCH_MAX)
-                || self.short_of_credit.is_some_and(|since| now >= since + READ_LINGER)
-            {
-                self.short_of_credit = None;
-                self.read(count);
-            } else {
-                self.short_of_credit.get_or_insert(now);
-            }
+        if let Some(count) = self.ledger.read_now(Instant::now(), BATCH_MAX) {
+            self.read(count);
         }
     }
 
@@ -511,10 +646,10 @@ impl Worker {
     /// the ledger; an entry too large for a frame is returned for the
     /// dead-letter step instead: a frame the client could not receive would
     /// end its call (and the next, and the next).
-    pub(super) fn offer(&mut self, entry: RawEntry, attempts: u32) -> Option<DeadLetterOrder> {
+    fn offer(&mut self, entry: RawEntry, attempts: u32) -> Option<DeadLetterOrder> {
         let stream_id = entry.id;
         let Some(fields) = entry.fields else {
-            self.trimmed_while_pending(stream_id);
+            self.ledger.trimmed(stream_id);
             return None;
         };
         let keys = &self.keys;
@@ -522,7 +657,7 @@ impl Worker {
             warn!(stream = %keys.stream, %stream_id, "entry has no branded id (its milliseconds exceed 6 bytes); it stays pending");
             return None;
         };
-        let size = out.delivery.encoded_len() + FRAME_OVERHEAD;
+        let size = out.body.encoded_len() + FRAME_OVERHEAD;
         if size > self.shared.max_message_bytes {
             let reason = format!(
                 "the entry's delivery frame is {size} bytes, over the sidecar's --max-message-bytes ({})",
@@ -555,20 +690,236 @@ impl Worker {
         }
     }
 
-    /// The entry was deleted from the stream and Redis dropped it from the PEL
-    /// (XAUTOCLAIM's deleted ids, a nil body in a PEL read): never forwarded,
-    /// and if a call holds it, its verdict is answered NOT_PENDING.
-    pub(super) fn trimmed_while_pending(&mut self, stream_id: StreamId) {
-        self.ledger.forget(stream_id, Gone::Deleted);
-        self.metrics.trimmed_while_pending.inc();
-        self.trimmed_unlogged += 1;
-        debug!(stream = %self.keys.stream, group = %self.keys.group, %stream_id, "entry was deleted from the stream while pending");
-    }
-
     fn log_trimmed(&mut self) {
         if self.trimmed_unlogged > 0 {
             let entries = std::mem::take(&mut self.trimmed_unlogged);
             warn!(stream = %self.keys.stream, group = %self.keys.group, entries, "entries were deleted from the stream while pending (trimmed, XDEL); dropped from the PEL, never delivered again");
+        }
+    }
+}
+
+// The Redis writes and re-delivery: each job's call, its outcome fed back.
+impl Worker {
+    /// The dead-letter step, for Fails with `dead_letter`, poison entries and
+    /// oversized ones alike. On failure the entries wait and come back.
+    async fn dead_letter(&mut self, orders: Vec<DeadLetterOrder>) {
+        self.act();
+        let dead_letter_stream = self.ledger.settings().map_or_else(
+            || self.shared.redis.keys.dead_letter_stream(&self.keys.stream),
+            |p| p.dead_letter_stream.clone(),
+        );
+        match dead_letter::dead_letter(&self.keys, &dead_letter_stream, &orders).await {
+            Ok(outcomes) => {
+                self.redis_ok();
+                self.ledger.dead_lettered(orders, outcomes, &dead_letter_stream);
+            }
+            Err(e) => {
+                self.redis_failed(Step::DeadLetter, &e);
+                let message =
+                    format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again");
+                let entries = orders.into_iter().map(|order| (order.stream_id, order.verdict));
+                self.ledger.not_written(entries, &message, self.paused_until);
+            }
+        }
+    }
+
+    /// Claims due entries that are still this consumer's and hands them out;
+    /// dead-letters those that reached `max_deliveries`.
+    async fn redeliver(&mut self, due: Vec<StreamId>) {
+        self.act();
+        let max_deliveries = self.ledger.settings().map_or(0, |p| p.max_deliveries);
+        let outcomes = match retry::redeliver(&self.keys, max_deliveries, &due).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                self.redis_failed(Step::Redeliver, &e);
+                for id in due {
+                    self.ledger.wait(id, self.paused_until);
+                }
+                return;
+            }
+        };
+        self.redis_ok();
+        let (now, now_unix_ms) = (Instant::now(), crate::entry::now_unix_ms());
+        let mut to_dead_letter = Vec::new();
+        for (stream_id, outcome) in outcomes {
+            let order = match outcome {
+                Redelivery::Claimed { deliveries, entry } => self.offer(entry, deliveries),
+                outcome => self.ledger.redelivered(stream_id, outcome, now, now_unix_ms),
+            };
+            to_dead_letter.extend(order);
+        }
+        if !to_dead_letter.is_empty() {
+            self.dead_letter(to_dead_letter).await;
+        }
+    }
+
+    /// XACKs and retry states, as one `settle.lua` run.
+    async fn settle(&mut self, acks: Vec<PendingAck>, writes: Vec<RetryWrite>) {
+        self.act();
+        let links: Vec<(SpanContext, String)> = if self.ack_links.is_empty() {
+            Vec::new()
+        } else {
+            let ack_links = &mut self.ack_links;
+            acks.iter().filter_map(|ack| Some((ack_links.remove(&ack.stream_id)?, ack.text.clone()))).collect()
+        };
+        match settle::settle(&self.keys, &acks, &writes, links).await {
+            Ok(pending) => {
+                self.redis_ok();
+                self.ledger.acked(acks, &pending);
+            }
+            Err(e) => {
+                // The retry delays stay local.
+                self.redis_failed(Step::Settle, &e);
+                let message = if e.is_timeout() {
+                    format!("XACK's outcome is unknown: Redis did not answer in time ({e}); if it was applied the entry is done, else it stays pending and will be delivered again")
+                } else {
+                    format!("XACK failed ({e}); the entry stays pending and will be delivered again")
+                };
+                let entries = acks.into_iter().map(|ack| (ack.stream_id, Some((ack.session, ack.text))));
+                self.ledger.not_written(entries, &message, self.paused_until);
+            }
+        }
+    }
+}
+
+// Leases: the rules applied to [`lease`]'s outcomes.
+impl Worker {
+    /// The lease refresh beat (see [`lease`](super::lease)).
+    async fn refresh_leases(&mut self) {
+        if !self.redis_usable() {
+            return;
+        }
+        for chunk in self.ledger.leased().chunks(BATCH_MAX) {
+            self.act();
+            let unrefreshed = match lease::refresh(&self.keys, chunk).await {
+                Ok(unrefreshed) => unrefreshed,
+                Err(e) => return self.redis_failed(Step::RefreshLeases, &e),
+            };
+            self.ledger.refreshed(chunk.len(), unrefreshed);
+        }
+    }
+
+    /// The reclaim beat (see [`lease`](super::lease)).
+    async fn reclaim(&mut self) {
+        if !self.redis_usable() || self.ledger.draining() {
+            return;
+        }
+        for _ in 0..RECLAIM_PAGES_PER_BEAT {
+            self.act();
+            let count = self.ledger.reclaim_room().min(BATCH_MAX);
+            if count == 0 {
+                return;
+            }
+            let page = match lease::reclaim(&self.keys, self.shared.reclaim_min_idle, self.reclaim_cursor, count).await
+            {
+                Ok(page) => page,
+                Err(e) => return self.redis_failed(Step::Reclaim, &e),
+            };
+            let taken = self.ledger.reclaimed(&page.claimed, &page.deleted, Instant::now());
+            if taken > 0 {
+                info!(stream = %self.keys.stream, group = %self.keys.group, taken, "reclaimed idle entries");
+            }
+            self.reclaim_cursor = page.next;
+            if page.next == StreamId::ZERO {
+                return;
+            }
+        }
+    }
+}
+
+// Recovery: the rules applied to [`recovery`]'s outcomes.
+impl Worker {
+    /// The primary switched: the new one may hold this consumer's PEL
+    /// otherwise than the worker last saw it (an asynchronous replica had not
+    /// yet received the last reads or acks), so the own PEL is walked again,
+    /// as at start, and a pause for the old primary's errors ends now.
+    fn after_primary_switch(&mut self) {
+        info!(stream = %self.keys.stream, group = %self.keys.group, "the Redis primary switched; recovering own pending entries from the new one");
+        if !self.no_ack {
+            self.recovering = Some(None);
+        }
+        self.paused_until = Instant::now();
+        self.redis_ok();
+    }
+
+    async fn recreate_group(&mut self) -> bool {
+        self.act();
+        if let Err(e) = recovery::recreate_group(&self.keys).await {
+            self.redis_failed(Step::RecreateGroup, &e);
+            return false;
+        }
+        self.redis_ok();
+        self.metrics.group_recreations.inc();
+        self.group_lost = false;
+        self.reclaim_cursor = StreamId::ZERO;
+        true
+    }
+
+    /// A `>` read was outstanding when its reply was lost: the reader was
+    /// stopped under it (the group's last call left or drained), or its
+    /// connection broke or timed out. Redis may have run it all the same and
+    /// put its entries in this consumer's PEL, where nothing else would find
+    /// them before the reclaim beat (after `--reclaim-min-idle-ms`) or a
+    /// restart. So the own PEL is walked again, as at start, before the next
+    /// new read: the next call gets those entries first. A read that took
+    /// nothing costs one `XPENDING`; a worker whose reads all returned pays
+    /// nothing. At most once (NOACK) nothing is pending: nothing to find.
+    fn recover_after_lost_read(&mut self) {
+        if !self.no_ack && self.recovering.is_none() {
+            debug!(stream = %self.keys.stream, group = %self.keys.group, "a read's reply was lost; recovering own pending entries before the next read");
+            self.recovering = Some(None);
+        }
+    }
+
+    /// Reads one page of this consumer's own PEL and queues the entries for
+    /// re-delivery, in stream order.
+    async fn recover_page(&mut self, after: Option<StreamId>, count: usize) {
+        self.act();
+        let ids = match recovery::own_pending_page(&self.keys, after, count).await {
+            Ok(ids) => ids,
+            Err(e) => return self.redis_failed(Step::Recover, &e),
+        };
+        self.redis_ok();
+        self.recovered += self.ledger.found_pending(&ids, Instant::now());
+        if ids.len() < count {
+            let entries = std::mem::take(&mut self.recovered);
+            if entries > 0 {
+                info!(stream = %self.keys.stream, group = %self.keys.group, entries, "recovered own pending entries; reading new ones");
+            } else {
+                debug!(stream = %self.keys.stream, group = %self.keys.group, "no own pending entries to recover; reading new ones");
+            }
+            self.recovering = None;
+        } else {
+            self.recovering = Some(ids.last().copied().or(after));
+        }
+    }
+}
+
+// Hygiene: the rules applied to [`hygiene`]'s outcomes.
+impl Worker {
+    /// The hygiene beat (see [`hygiene`](super::hygiene)).
+    async fn hygiene(&mut self) {
+        if !self.redis_usable() {
+            return;
+        }
+        self.act();
+        let (stream, group) = (&self.keys.stream, &self.keys.group);
+        match hygiene::beat(&self.keys, self.shared.consumer_idle_limit).await {
+            Ok(hygiene::Beat::StreamGone) => {
+                if !self.stream_gone {
+                    warn!(%stream, %group, "stream `{stream}` no longer exists: it was deleted (DEL, FLUSHALL, or a Redis restart without persistence), and group `{group}` and its pending entries with it; consumer hygiene waits for it to come back (a call that subscribes re-creates it)");
+                    self.stream_gone = true;
+                }
+            }
+            Ok(hygiene::Beat::Done { removed }) => {
+                if std::mem::take(&mut self.stream_gone) {
+                    info!(%stream, %group, "stream `{stream}` exists again; consumer hygiene resumes");
+                }
+                if !removed.is_empty() {
+                    info!(%stream, %group, ?removed, "removed dead consumers that held nothing")
+                }
+            }
+            Err(e) => self.redis_failed(Step::Hygiene, &e),
         }
     }
 }

@@ -1,7 +1,9 @@
-//! The ledger's rules, without Redis.
+//! The ledger's rules, without Redis, a runtime or a metrics registry.
+
+use std::collections::{HashMap, HashSet};
 
 use super::*;
-use crate::{metrics::Metrics, proto::VerdictErrorCode};
+use crate::proto::VerdictErrorCode;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -10,6 +12,7 @@ fn policy(max_in_flight: u32) -> Policy {
         max_in_flight,
         ack_deadline: None,
         backoff: Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(10) },
+        sharded: false,
     }
 }
 
@@ -17,21 +20,123 @@ fn settings() -> GroupPolicy {
     GroupPolicy { max_deliveries: 5, dead_letter_stream: "s:dlq".to_owned() }
 }
 
-fn ledger() -> Ledger {
-    Ledger::new("s", "g", false, false, Metrics::new().group("s", "s", "g"))
+/// A ledger driven as its worker drives it: the effects for each call are
+/// kept in the call's outbox, a delivery to a call that hung up is given
+/// back. Its invariant ([`Ledger::check`]) is checked before every use, so
+/// after every step of a test, and once more at its end.
+struct Checked {
+    ledger: Ledger<()>,
+    outbox: HashMap<SessionId, Vec<Effect<()>>>,
+    hung_up: HashSet<SessionId>,
 }
 
-fn call(ledger: &mut Ledger, session: SessionId, policy: Policy) -> mpsc::UnboundedReceiver<Event> {
-    let (events, receiver) = mpsc::unbounded_channel();
-    ledger.attach(session, 0, policy, settings(), events).expect("attach");
-    receiver
+impl std::ops::Deref for Checked {
+    type Target = Ledger<()>;
+    fn deref(&self) -> &Ledger<()> {
+        self.ledger.check();
+        &self.ledger
+    }
+}
+
+impl std::ops::DerefMut for Checked {
+    fn deref_mut(&mut self) -> &mut Ledger<()> {
+        self.ledger.check();
+        &mut self.ledger
+    }
+}
+
+impl Drop for Checked {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.ledger.check();
+        }
+    }
+}
+
+impl Checked {
+    fn new(ledger: Ledger<()>) -> Checked {
+        Checked { ledger, outbox: HashMap::new(), hung_up: HashSet::new() }
+    }
+
+    /// Carries out the queued effects, as the worker does.
+    fn act(&mut self) {
+        let mut effects = Vec::new();
+        loop {
+            self.ledger.take_effects(&mut effects);
+            if effects.is_empty() {
+                break;
+            }
+            for effect in effects.drain(..) {
+                match effect {
+                    Effect::Deliver { session, out, .. } if self.hung_up.contains(&session) => {
+                        self.ledger.undelivered(session, out, Instant::now())
+                    }
+                    Effect::Deliver { session, .. } | Effect::Answer { session, .. } | Effect::Left { session, .. } => {
+                        self.outbox.entry(session).or_default().push(effect)
+                    }
+                    Effect::Ended { .. } => {}
+                }
+            }
+        }
+        self.ledger.check();
+    }
+
+    /// Call `session`'s receiver is gone.
+    fn hang_up(&mut self, session: SessionId) {
+        self.hung_up.insert(session);
+    }
+
+    /// What call `session` was told since last asked.
+    fn told(&mut self, session: SessionId) -> Vec<Effect<()>> {
+        self.act();
+        self.outbox.remove(&session).unwrap_or_default()
+    }
+
+    /// The deliveries call `session` got since last asked (entry numbers).
+    fn deliveries(&mut self, session: SessionId) -> Vec<u64> {
+        let told = self.told(session).into_iter();
+        told.filter_map(|effect| match effect {
+            Effect::Deliver { out, .. } => Some(out.branded.minted_as().ms),
+            _ => None,
+        })
+        .collect()
+    }
+
+    /// The answers call `session` got since last asked, as the frames' codes.
+    fn answers(&mut self, session: SessionId) -> Vec<(String, VerdictErrorCode)> {
+        let told = self.told(session).into_iter();
+        told.filter_map(|effect| match effect {
+            Effect::Answer { text, refusal, .. } => {
+                let error = refusal.error(&text);
+                Some((error.id, VerdictErrorCode::try_from(error.code).expect("a known code")))
+            }
+            _ => None,
+        })
+        .collect()
+    }
+
+    /// The deliveries call `session` was told it no longer holds.
+    fn left(&mut self, session: SessionId) -> Vec<BrandedId> {
+        let told = self.told(session).into_iter();
+        told.filter_map(|effect| match effect {
+            Effect::Left { id, .. } => Some(id),
+            _ => None,
+        })
+        .collect()
+    }
+}
+
+fn ledger() -> Checked {
+    Checked::new(Ledger::new("s", "g", false, false, false))
+}
+
+fn call(ledger: &mut Checked, session: SessionId, policy: Policy) {
+    ledger.attach(session, 0, policy, settings()).expect("attach");
 }
 
 /// Entry `n`: stream id `n-0`, its branded id derived from it.
-fn entry(n: u64, attempts: u32) -> Outgoing {
-    let stream_id = StreamId { ms: n, seq: 0 };
-    super::super::delivery::build("s", "g", "id", stream_id, vec![(b"k".to_vec(), b"v".to_vec())], attempts)
-        .expect("a branded id")
+fn entry(n: u64, attempts: u32) -> Outgoing<()> {
+    Outgoing { stream_id: sid(n), branded: branded(n), attempts, body: () }
 }
 
 fn sid(n: u64) -> StreamId {
@@ -42,53 +147,40 @@ fn branded(n: u64) -> BrandedId {
     BrandedId::from_stream_id(sid(n)).expect("fits")
 }
 
+/// Offers entries `ns`, first deliveries all.
+fn hand_out(ledger: &mut Checked, ns: std::ops::RangeInclusive<u64>, now: Instant) {
+    for n in ns {
+        ledger.offer(entry(n, 1), now);
+    }
+}
+
 /// A Fail of entry `n`, sent as its branded id.
 fn fail_of(n: u64, retry_after: Result<Option<Duration>, String>, dead_letter: bool) -> FailVerdict {
     FailVerdict { text: branded(n).to_string(), id: branded(n), retry_after, dead_letter, reason: "boom".to_owned() }
 }
 
-fn deliveries(events: &mut mpsc::UnboundedReceiver<Event>) -> Vec<u64> {
-    let mut out = Vec::new();
-    while let Ok(event) = events.try_recv() {
-        if let Event::Delivery { id, .. } = event {
-            out.push(id.minted_as().ms);
-        }
-    }
-    out
-}
-
-fn answers(events: &mut mpsc::UnboundedReceiver<Event>) -> Vec<(String, VerdictErrorCode)> {
-    let mut out = Vec::new();
-    while let Ok(event) = events.try_recv() {
-        if let Event::VerdictError(e) = event {
-            out.push((e.id, VerdictErrorCode::try_from(e.code).expect("a known code")));
-        }
-    }
-    out
-}
-
 #[test]
 fn a_call_never_holds_more_than_its_credit() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut events = call(&mut ledger, 1, policy(2));
+    call(&mut ledger, 1, policy(2));
     assert_eq!(ledger.free(), 2);
     for n in 1..=3 {
         ledger.offer(entry(n, 1), now);
     }
-    assert_eq!(deliveries(&mut events), vec![1, 2]);
+    assert_eq!(ledger.deliveries(1), vec![1, 2]);
     assert_eq!((ledger.held(), ledger.free(), ledger.free_for_due()), (2, 0, 0), "the third waits as ready");
 
     ledger.ack(1, branded(1).to_string(), branded(1), now);
     assert_eq!(ledger.free(), 0, "the freed slot is spoken for by the ready entry");
     ledger.hand_out_ready(now);
-    assert_eq!(deliveries(&mut events), vec![3]);
+    assert_eq!(ledger.deliveries(1), vec![3]);
     assert_eq!(ledger.held(), 2);
 }
 
 #[test]
 fn a_read_under_way_holds_its_credit() {
     let mut ledger = ledger();
-    let _events = call(&mut ledger, 1, policy(10));
+    call(&mut ledger, 1, policy(10));
     ledger.reading(8);
     assert_eq!((ledger.free(), ledger.free_for_due()), (2, 10), "due retries are not held back by the read");
     ledger.read_done();
@@ -98,12 +190,12 @@ fn a_read_under_way_holds_its_credit() {
 #[test]
 fn hand_out_goes_to_the_call_with_the_most_free_credit() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut small = call(&mut ledger, 1, policy(1));
-    let mut large = call(&mut ledger, 2, policy(3));
+    call(&mut ledger, 1, policy(1));
+    call(&mut ledger, 2, policy(3));
     for n in 1..=4 {
         ledger.offer(entry(n, 1), now);
     }
-    let (to_small, to_large) = (deliveries(&mut small), deliveries(&mut large));
+    let (to_small, to_large) = (ledger.deliveries(1), ledger.deliveries(2));
     assert_eq!(to_small.len(), 1, "{to_small:?} {to_large:?}");
     assert_eq!(to_large.len(), 3);
     assert_eq!(ledger.held(), 4);
@@ -112,28 +204,28 @@ fn hand_out_goes_to_the_call_with_the_most_free_credit() {
 #[test]
 fn a_call_never_holds_two_deliveries_with_one_branded_id() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut events = call(&mut ledger, 1, policy(4));
+    call(&mut ledger, 1, policy(4));
     let first = entry(7, 1);
     let mut copy = entry(8, 1);
     copy.branded = first.branded;
     ledger.offer(first, now);
     ledger.offer(copy, now);
-    assert_eq!(deliveries(&mut events), vec![7], "the copy waits until the first is settled");
+    assert_eq!(ledger.deliveries(1), vec![7], "the copy waits until the first is settled");
     ledger.ack(1, branded(7).to_string(), branded(7), now);
     ledger.hand_out_ready(now);
-    assert_eq!(deliveries(&mut events), vec![7], "the copy, under the same branded id");
+    assert_eq!(ledger.deliveries(1), vec![7], "the copy, under the same branded id");
 }
 
 #[test]
 fn a_verdict_for_an_id_not_held_is_answered_unknown_and_changes_nothing() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut events = call(&mut ledger, 1, policy(4));
+    call(&mut ledger, 1, policy(4));
     ledger.offer(entry(1, 1), now);
     ledger.ack(1, "x".to_owned(), branded(2), now);
     ledger.fail(1, FailVerdict { text: "y".to_owned(), ..fail_of(3, Ok(None), false) }, now);
     ledger.extend(1, vec![("z".to_owned(), branded(4))], Duration::from_secs(1), now);
     let expected = ["x", "y", "z"].map(|id| (id.to_owned(), VerdictErrorCode::UnknownId));
-    assert_eq!(answers(&mut events), expected);
+    assert_eq!(ledger.answers(1), expected);
     assert_eq!(ledger.held(), 1);
     assert!(ledger.take_orders().acks.is_empty());
 }
@@ -141,19 +233,19 @@ fn a_verdict_for_an_id_not_held_is_answered_unknown_and_changes_nothing() {
 #[test]
 fn one_call_cannot_settle_another_calls_delivery() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut holder = call(&mut ledger, 1, policy(1));
-    let mut other = call(&mut ledger, 2, policy(0));
+    call(&mut ledger, 1, policy(1));
+    call(&mut ledger, 2, policy(0));
     ledger.offer(entry(1, 1), now);
-    assert_eq!(deliveries(&mut holder), vec![1]);
+    assert_eq!(ledger.deliveries(1), vec![1]);
     ledger.ack(2, branded(1).to_string(), branded(1), now);
-    assert_eq!(answers(&mut other), vec![(branded(1).to_string(), VerdictErrorCode::UnknownId)]);
+    assert_eq!(ledger.answers(2), vec![(branded(1).to_string(), VerdictErrorCode::UnknownId)]);
     assert_eq!(ledger.held(), 1);
 }
 
 #[test]
 fn an_ack_queues_one_xack_and_a_retry_state_drop_for_a_redelivery() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let _events = call(&mut ledger, 1, policy(4));
+    call(&mut ledger, 1, policy(4));
     ledger.offer(entry(1, 1), now);
     ledger.offer(entry(2, 3), now);
     ledger.ack(1, branded(1).to_string(), branded(1), now);
@@ -179,23 +271,25 @@ fn retry_delays_double_per_attempt_within_their_cap_and_jitter_into_the_upper_ha
 #[test]
 fn a_fail_waits_for_its_delay_and_records_it_for_peers() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let _events = call(&mut ledger, 1, policy(4));
+    call(&mut ledger, 1, policy(4));
     ledger.offer(entry(1, 1), now);
-    ledger.fail(1, fail_of(1, Ok(Some(Duration::from_secs(2))), false), now);
-    assert_eq!(ledger.next_due(), Some(now + Duration::from_secs(2)));
+    ledger.set_wall_clock(now, 1_000_000);
+    ledger.fail(1, fail_of(1, Ok(Some(Duration::from_secs(2))), false), now + MS);
+    assert_eq!(ledger.next_due(), Some(now + MS + Duration::from_secs(2)));
     assert!(ledger.take_due(now + Duration::from_millis(1999), 10).is_empty(), "not before its delay");
     let orders = ledger.take_orders();
     assert_eq!(orders.retry_writes.len(), 1);
     assert_eq!(orders.retry_writes[0].reason, "boom");
+    assert_eq!(orders.retry_writes[0].due_unix_ms, 1_002_001, "due on the wall clock as on the ledger's");
     assert!(orders.acks.is_empty());
-    assert_eq!(ledger.take_due(now + Duration::from_secs(2), 10), vec![sid(1)]);
+    assert_eq!(ledger.take_due(now + MS + Duration::from_secs(2), 10), vec![sid(1)]);
     assert!(!ledger.tracks(sid(1)), "taken out until claimed or put back");
 }
 
 #[test]
 fn a_fail_with_dead_letter_is_queued_for_the_dead_letter_step() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let _events = call(&mut ledger, 1, policy(4));
+    call(&mut ledger, 1, policy(4));
     ledger.offer(entry(1, 2), now);
     ledger.fail(1, fail_of(1, Ok(None), true), now);
     let orders = ledger.take_orders();
@@ -208,18 +302,18 @@ fn a_fail_with_dead_letter_is_queued_for_the_dead_letter_step() {
 #[test]
 fn a_bad_retry_after_or_an_at_most_once_fail_leaves_the_delivery_held() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut events = call(&mut ledger, 1, policy(4));
+    call(&mut ledger, 1, policy(4));
     ledger.offer(entry(1, 1), now);
     let text = branded(1).to_string();
     ledger.fail(1, fail_of(1, Err("fail.retry_after: must not be negative".to_owned()), false), now);
-    assert_eq!(answers(&mut events), vec![(text.clone(), VerdictErrorCode::InvalidArgument)]);
+    assert_eq!(ledger.answers(1), vec![(text.clone(), VerdictErrorCode::InvalidArgument)]);
     assert_eq!(ledger.held(), 1);
 
-    let mut at_most_once = Ledger::new("s", "g", true, false, Metrics::new().group("s", "s", "g"));
-    let mut events = call(&mut at_most_once, 1, policy(4));
+    let mut at_most_once = Checked::new(Ledger::new("s", "g", true, false, false));
+    call(&mut at_most_once, 1, policy(4));
     at_most_once.offer(entry(1, 1), now);
     at_most_once.fail(1, fail_of(1, Ok(None), false), now);
-    assert_eq!(answers(&mut events)[0].1, VerdictErrorCode::InvalidArgument);
+    assert_eq!(at_most_once.answers(1)[0].1, VerdictErrorCode::InvalidArgument);
     assert_eq!(at_most_once.held(), 1);
     at_most_once.ack(1, branded(1).to_string(), branded(1), now);
     assert!(at_most_once.take_orders().acks.is_empty(), "nothing pending, nothing to XACK");
@@ -228,55 +322,49 @@ fn a_bad_retry_after_or_an_at_most_once_fail_leaves_the_delivery_held() {
 #[test]
 fn a_passed_ack_deadline_frees_the_slot_and_schedules_a_retry() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut events = call(&mut ledger, 1, Policy { ack_deadline: Some(Duration::from_secs(1)), ..policy(2) });
+    call(&mut ledger, 1, Policy { ack_deadline: Some(Duration::from_secs(1)), ..policy(2) });
     ledger.offer(entry(1, 1), now);
     ledger.offer(entry(2, 1), now);
     ledger.extend(1, vec![(branded(2).to_string(), branded(2))], Duration::from_secs(5), now);
     assert!(ledger.has_deadlines());
     assert_eq!(ledger.expire(now + Duration::from_millis(999)), 0);
     assert_eq!(ledger.expire(now + Duration::from_secs(1)), 1, "the extended one stays");
-    let left: Vec<BrandedId> = std::iter::from_fn(|| events.try_recv().ok())
-        .filter_map(|e| match e {
-            Event::Left { id, .. } => Some(id),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(left, vec![branded(1)]);
+    assert_eq!(ledger.left(1), vec![branded(1)]);
     assert_eq!((ledger.held(), ledger.free()), (1, 1), "the expired entry frees its slot and waits");
     assert_eq!(ledger.reclaim_room(), 0, "the waiting entry speaks for that slot");
     assert_eq!(ledger.take_orders().retry_writes.len(), 1);
     ledger.ack(1, branded(1).to_string(), branded(1), now);
-    assert_eq!(answers(&mut events), vec![(branded(1).to_string(), VerdictErrorCode::UnknownId)]);
+    assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::UnknownId)]);
 }
 
 #[test]
 fn a_forgotten_delivery_leaves_its_call_and_its_verdicts_say_why_until_delivered_again() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut events = call(&mut ledger, 1, policy(2));
+    call(&mut ledger, 1, policy(2));
     ledger.offer(entry(1, 1), now);
     ledger.offer(entry(2, 1), now);
     assert!(ledger.lease_lost(sid(1)));
     assert_eq!(ledger.forget(sid(2), Gone::Deleted), Some((1, branded(2))));
     assert_eq!((ledger.held(), ledger.free()), (0, 2));
-    assert_eq!(answers(&mut events), vec![(branded(1).to_string(), VerdictErrorCode::LeaseLost)]);
+    assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::LeaseLost)]);
 
     for _ in 0..2 {
         ledger.ack(1, branded(1).to_string(), branded(1), now);
     }
     ledger.extend(1, vec![(branded(2).to_string(), branded(2))], Duration::from_secs(1), now);
-    let codes: Vec<VerdictErrorCode> = answers(&mut events).into_iter().map(|(_, code)| code).collect();
+    let codes: Vec<VerdictErrorCode> = ledger.answers(1).into_iter().map(|(_, code)| code).collect();
     assert_eq!(codes, vec![VerdictErrorCode::NotPending; 3]);
 
     ledger.offer(entry(1, 2), now);
     ledger.ack(1, branded(1).to_string(), branded(1), now);
-    assert!(answers(&mut events).is_empty(), "the new delivery supersedes the lost one");
+    assert!(ledger.answers(1).is_empty(), "the new delivery supersedes the lost one");
     assert_eq!(ledger.take_orders().acks.len(), 1);
 }
 
 #[test]
 fn forget_drops_ready_and_waiting_entries_without_telling_a_call() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut events = call(&mut ledger, 1, policy(1));
+    call(&mut ledger, 1, policy(1));
     ledger.offer(entry(1, 1), now);
     ledger.offer(entry(2, 1), now);
     ledger.wait(sid(3), now);
@@ -285,17 +373,17 @@ fn forget_drops_ready_and_waiting_entries_without_telling_a_call() {
     assert_eq!(ledger.forget(sid(4), Gone::Deleted), None, "unknown to the worker");
     assert!(ledger.next_due().is_none());
     assert_eq!(ledger.leased(), vec![sid(1)]);
-    let _ = deliveries(&mut events);
+    let _ = ledger.deliveries(1);
     ledger.ack(1, branded(1).to_string(), branded(1), now);
     ledger.hand_out_ready(now);
-    assert!(deliveries(&mut events).is_empty(), "the forgotten ready entry is not handed out");
+    assert!(ledger.deliveries(1).is_empty(), "the forgotten ready entry is not handed out");
 }
 
 #[test]
 fn a_detached_call_returns_what_it_held_to_wait_for_its_backoff() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let _first = call(&mut ledger, 1, policy(1));
-    let _second = call(&mut ledger, 2, policy(1));
+    call(&mut ledger, 1, policy(1));
+    call(&mut ledger, 2, policy(1));
     ledger.offer(entry(1, 1), now);
     ledger.offer(entry(2, 1), now);
     ledger.offer(entry(3, 1), now);
@@ -313,7 +401,7 @@ fn a_detached_call_returns_what_it_held_to_wait_for_its_backoff() {
 #[test]
 fn due_entries_are_taken_within_credit_in_due_order() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let _events = call(&mut ledger, 1, policy(2));
+    call(&mut ledger, 1, policy(2));
     ledger.wait(sid(3), now + 3 * MS);
     ledger.wait(sid(1), now + MS);
     ledger.wait(sid(2), now + 2 * MS);
@@ -326,48 +414,51 @@ fn due_entries_are_taken_within_credit_in_due_order() {
 #[test]
 fn a_drained_or_closed_call_takes_nothing_more() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let events = call(&mut ledger, 1, policy(4));
+    call(&mut ledger, 1, policy(4));
     ledger.drain_call(1);
     assert_eq!(ledger.free(), 0);
     ledger.offer(entry(1, 1), now);
     assert_eq!(ledger.held(), 0);
 
-    let closed = call(&mut ledger, 2, policy(4));
-    drop(closed);
+    call(&mut ledger, 2, policy(4));
+    ledger.hang_up(2);
     ledger.offer(entry(2, 1), now);
+    ledger.act();
     assert_eq!((ledger.held(), ledger.free()), (0, 0), "a call whose receiver is gone is closed on first send");
-    drop(events);
+    let mut ready = ledger.leased();
+    ready.sort();
+    assert_eq!(ready, vec![sid(1), sid(2)], "both entries are kept ready for another call");
 }
 
 #[test]
 fn while_draining_entries_read_are_kept_not_handed_out() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut events = call(&mut ledger, 1, policy(4));
+    call(&mut ledger, 1, policy(4));
     ledger.set_draining(true);
     ledger.offer(entry(1, 1), now);
-    assert!(deliveries(&mut events).is_empty());
+    assert!(ledger.deliveries(1).is_empty());
     assert_eq!(ledger.leased(), vec![sid(1)]);
 }
 
 #[test]
 fn a_re_read_of_a_held_entry_is_not_handed_out_twice() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let mut first = call(&mut ledger, 1, policy(1));
-    let mut second = call(&mut ledger, 2, policy(1));
+    call(&mut ledger, 1, policy(1));
+    call(&mut ledger, 2, policy(1));
     ledger.offer(entry(1, 1), now);
     ledger.offer(entry(1, 1), now);
-    assert_eq!(deliveries(&mut first).len() + deliveries(&mut second).len(), 1);
+    assert_eq!(ledger.deliveries(1).len() + ledger.deliveries(2).len(), 1);
 }
 
 #[test]
 fn a_second_call_with_other_group_settings_is_refused() {
     let mut ledger = ledger();
-    let _events = call(&mut ledger, 1, policy(1));
+    call(&mut ledger, 1, policy(1));
     let other = GroupPolicy { max_deliveries: 9, ..settings() };
-    let refused = ledger.attach(2, 0, policy(1), other.clone(), mpsc::unbounded_channel().0);
+    let refused = ledger.attach(2, 0, policy(1), other.clone());
     assert!(matches!(refused, Err(Error::Conflict { .. })));
     ledger.detach(1, Instant::now());
-    assert!(ledger.attach(3, 0, policy(1), other, mpsc::unbounded_channel().0).is_ok(), "alone, it sets them");
+    assert!(ledger.attach(3, 0, policy(1), other).is_ok(), "alone, it sets them");
 }
 
 #[test]
@@ -381,7 +472,7 @@ fn the_shard_share_splits_credit_evenly_with_the_remainder_first() {
 #[test]
 fn a_read_waits_for_a_quarter_of_the_credit_while_deliveries_are_out() {
     let (mut ledger, now) = (ledger(), Instant::now());
-    let _events = call(&mut ledger, 1, policy(100));
+    call(&mut ledger, 1, policy(100));
     assert_eq!(ledger.worth_reading(512), 1, "nothing out: read at once");
     for n in 1..=100 {
         ledger.offer(entry(n, 1), now);
@@ -394,4 +485,181 @@ fn a_read_waits_for_a_quarter_of_the_credit_while_deliveries_are_out() {
     ledger.ack(1, branded(25).to_string(), branded(25), now);
     assert!(ledger.free() >= ledger.worth_reading(512));
     assert_eq!(ledger.worth_reading(8), 8, "never more than one read's worth");
+}
+
+#[test]
+fn with_nothing_out_a_read_asks_for_all_free_credit_at_once() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    assert_eq!(ledger.read_now(now, 512), None, "no call, no credit, no read");
+    call(&mut ledger, 1, policy(100));
+    assert_eq!(ledger.read_now(now, 512), Some(100));
+    assert_eq!(ledger.read_now(now, 8), Some(8), "never more than one read's worth");
+    ledger.reading(8);
+    assert_eq!(ledger.read_now(now, 512), None, "one read at a time");
+    assert_eq!(ledger.read_due(), None);
+}
+
+#[test]
+fn with_deliveries_out_a_read_waits_for_a_quarter_of_the_credit() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(100));
+    hand_out(&mut ledger, 1..=100, now);
+    assert_eq!(ledger.read_now(now, 512), None, "no free slot");
+    assert_eq!(ledger.read_due(), None, "nothing lingers without a free slot");
+    for n in 1..=25 {
+        ledger.ack(1, branded(n).to_string(), branded(n), now);
+    }
+    assert_eq!(ledger.read_now(now, 512), Some(25), "a quarter free: read at once");
+    assert_eq!(ledger.read_due(), None);
+}
+
+#[test]
+fn a_read_short_of_a_quarter_lingers_two_milliseconds_from_the_first_free_slot() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(100));
+    hand_out(&mut ledger, 1..=100, now);
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    assert_eq!(ledger.read_now(now, 512), None, "one free slot is not worth a read yet");
+    assert_eq!(ledger.read_due(), Some(now + READ_LINGER));
+    ledger.ack(1, branded(2).to_string(), branded(2), now + MS);
+    assert_eq!(ledger.read_now(now + MS, 512), None, "the linger runs from the first free slot");
+    assert_eq!(ledger.read_due(), Some(now + READ_LINGER));
+    assert_eq!(ledger.read_now(now + READ_LINGER, 512), Some(2), "lingered long enough: read what is free");
+    assert_eq!(ledger.read_due(), None, "the next linger starts afresh");
+
+    ledger.reading(2);
+    ledger.read_done();
+    for n in 3..=4 {
+        ledger.ack(1, branded(n).to_string(), branded(n), now + READ_LINGER);
+    }
+    assert_eq!(ledger.read_now(now + READ_LINGER, 512), None);
+    assert_eq!(ledger.read_due(), Some(now + 2 * READ_LINGER));
+}
+
+#[test]
+fn a_slot_taken_again_ends_the_linger() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(8));
+    hand_out(&mut ledger, 1..=8, now);
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    assert_eq!(ledger.read_now(now, 512), None);
+    ledger.offer(entry(9, 1), now);
+    assert_eq!(ledger.read_now(now, 512), None, "no free slot left");
+    assert_eq!(ledger.read_due(), None, "nothing to linger for");
+}
+
+/// Entries 1..=n held by call 1 and acked, their XACKs queued.
+fn acks_of(ledger: &mut Checked, n: u64, now: Instant) -> Vec<PendingAck> {
+    call(ledger, 1, policy(n as u32));
+    hand_out(ledger, 1..=n, now);
+    for k in 1..=n {
+        ledger.ack(1, branded(k).to_string(), branded(k), now);
+    }
+    ledger.take_orders().acks
+}
+
+#[test]
+fn an_xack_that_finds_none_pending_answers_each_and_one_that_finds_some_answers_none() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let acks = acks_of(&mut ledger, 3, now);
+    let _ = ledger.deliveries(1);
+    ledger.acked(acks, &[0]);
+    let codes: Vec<VerdictErrorCode> = ledger.answers(1).into_iter().map(|(_, code)| code).collect();
+    assert_eq!(codes, vec![VerdictErrorCode::NotPending; 3]);
+    assert_eq!((ledger.tally().acks, ledger.tally().acks_not_pending), (0, 3));
+
+    let (mut ledger, now) = (self::ledger(), Instant::now());
+    let acks = acks_of(&mut ledger, 3, now);
+    ledger.acked(acks, &[2]);
+    assert!(ledger.answers(1).is_empty(), "XACK does not say which one was not pending");
+    assert_eq!((ledger.tally().acks, ledger.tally().acks_not_pending), (2, 1));
+}
+
+#[test]
+fn a_write_that_failed_answers_its_verdicts_unavailable_and_its_entries_wait() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    let acks = acks_of(&mut ledger, 2, now);
+    let retry_at = now + Duration::from_secs(1);
+    let entries = acks.into_iter().map(|ack| (ack.stream_id, Some((ack.session, ack.text))));
+    ledger.not_written(entries, "XACK failed", retry_at);
+    let codes: Vec<VerdictErrorCode> = ledger.answers(1).into_iter().map(|(_, code)| code).collect();
+    assert_eq!(codes, vec![VerdictErrorCode::Unavailable; 2]);
+    assert_eq!(ledger.next_due(), Some(retry_at));
+    assert_eq!(ledger.take_due(retry_at, 10), vec![sid(1), sid(2)]);
+}
+
+#[test]
+fn a_dead_letter_that_did_not_move_tells_its_fail_why() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(3));
+    hand_out(&mut ledger, 1..=3, now);
+    for n in 1..=3 {
+        ledger.fail(1, fail_of(n, Ok(None), true), now);
+    }
+    let orders = ledger.take_orders().dead_letters;
+    let moved = DeadLettered::Moved { dead_id: sid(9), deliveries: 1 };
+    let outcomes = vec![(sid(1), moved), (sid(2), DeadLettered::Deleted), (sid(3), DeadLettered::NotOurs)];
+    ledger.dead_lettered(orders, outcomes, "s:dlq");
+    let answers = ledger.answers(1);
+    let expected = [(2, VerdictErrorCode::NotPending), (3, VerdictErrorCode::NotPending)];
+    assert_eq!(answers, expected.map(|(n, code)| (branded(n).to_string(), code)));
+    assert_eq!((ledger.tally().dead_letters, ledger.tally().trimmed), (1, 1));
+}
+
+#[test]
+fn a_refresh_that_finds_a_lease_taken_tells_the_call_and_drops_a_deleted_entry() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    hand_out(&mut ledger, 1..=4, now);
+    let _ = ledger.deliveries(1);
+    let unrefreshed =
+        vec![(sid(1), Unrefreshed::ToPeer), (sid(2), Unrefreshed::Deleted), (sid(3), Unrefreshed::Unowned)];
+    ledger.refreshed(4, unrefreshed);
+    assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::LeaseLost)]);
+    assert_eq!(ledger.held(), 2, "the unowned one stays held: its verdict decides");
+    let tally = ledger.tally();
+    assert_eq!((tally.lease_refreshes, tally.leases_lost, tally.trimmed), (1, 1, 1));
+}
+
+#[test]
+fn entries_found_pending_wait_unless_already_tracked() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    hand_out(&mut ledger, 1..=1, now);
+    ledger.wait(sid(2), now + Duration::from_secs(5));
+    assert_eq!(ledger.found_pending(&[sid(1), sid(2), sid(3)], now), 1, "only entry 3 is new");
+    assert_eq!(ledger.reclaimed(&[sid(3), sid(4)], &[sid(2)], now), 1, "4 taken, 2 deleted");
+    assert_eq!(ledger.take_due(now, 10), vec![sid(3), sid(4)]);
+    assert_eq!(ledger.tally().reclaimed, 1);
+}
+
+#[test]
+fn an_early_redelivery_waits_for_its_recorded_due_time_and_a_poison_one_is_dead_lettered() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    let early = Redelivery::NotDue { due_unix_ms: 10_500 };
+    assert!(ledger.redelivered(sid(1), early, now, 10_000).is_none());
+    assert_eq!(ledger.next_due(), Some(now + Duration::from_millis(500)));
+    let poison = Redelivery::Poison { deliveries: 5, reason: String::new() };
+    let order = ledger.redelivered(sid(2), poison, now, 10_000).expect("a dead-letter order");
+    assert_eq!((order.stream_id, order.reason.as_str(), order.verdict), (sid(2), "max deliveries reached", None));
+    assert!(ledger.redelivered(sid(3), Redelivery::Deleted, now, 10_000).is_none());
+    assert_eq!(ledger.tally().trimmed, 1);
+}
+
+#[test]
+fn a_sharded_call_is_told_when_a_verdict_settles_a_delivery_and_a_plain_one_is_not() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, Policy { sharded: true, ..policy(2) });
+    hand_out(&mut ledger, 1..=2, now);
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    ledger.fail(1, fail_of(2, Err("bad".to_owned()), false), now);
+    assert_eq!(ledger.left(1), vec![branded(1)], "a refused Fail settles nothing, so nothing left");
+    ledger.fail(1, fail_of(2, Ok(None), false), now);
+    assert_eq!(ledger.left(1), vec![branded(2)]);
+
+    call(&mut ledger, 2, policy(1));
+    hand_out(&mut ledger, 3..=3, now);
+    ledger.ack(2, branded(3).to_string(), branded(3), now);
+    assert!(ledger.left(2).is_empty(), "a plain call routes nothing");
 }
