@@ -67,8 +67,9 @@ pub(crate) enum Effect<D> {
     /// Tell the call it no longer holds `id` from shard `shard` (its ack
     /// deadline passed, a peer took it, it was deleted; on a sharded call,
     /// also a verdict settled it): a sharded call's relay routes its later
-    /// verdict there still, and hands over a namesake it parked.
-    Left { session: SessionId, shard: usize, id: BrandedId },
+    /// verdict there still, and hands over a namesake it parked. `settled`:
+    /// by a verdict, so no later verdict on it needs that route.
+    Left { session: SessionId, shard: usize, id: BrandedId, settled: bool },
     /// The delivery of `stream_id` left its call, settled by `verdict`
     /// (`ack`, `fail`, `dead_letter`) or by none: its span ends. Only on a
     /// ledger made `traced`.
@@ -569,7 +570,7 @@ impl<D> Ledger<D> {
             return None;
         };
         if call.policy.sharded {
-            self.effects.push(Effect::Left { session, shard: call.shard, id });
+            self.effects.push(Effect::Left { session, shard: call.shard, id, settled: true });
         }
         self.tally.handler_seconds.push(now.saturating_duration_since(held.delivered_at).as_secs_f64());
         self.entries.remove(&held.stream_id);
@@ -665,7 +666,7 @@ impl<D> Ledger<D> {
             for id in ids {
                 let held = call.held.remove(&id).expect("listed above");
                 expired.push((held.stream_id, call.policy.backoff.delay(held.attempts)));
-                self.effects.push(Effect::Left { session, shard: call.shard, id });
+                self.effects.push(Effect::Left { session, shard: call.shard, id, settled: false });
             }
         }
         for &(stream_id, delay) in &expired {
@@ -690,7 +691,7 @@ impl<D> Ledger<D> {
                     call.gone.clear();
                 }
                 call.gone.insert(id, gone);
-                self.effects.push(Effect::Left { session, shard: call.shard, id });
+                self.effects.push(Effect::Left { session, shard: call.shard, id, settled: false });
                 self.ended(stream_id, None);
                 Some((session, id))
             }

@@ -122,7 +122,7 @@ fn event_frame(
     let delivery = match event {
         Event::Delivery { shard, id, delivery } => shards.deliver(shard, id, delivery)?,
         Event::VerdictError(error) => return Some(response(consume_response::Kind::VerdictError(error))),
-        Event::Left { shard, id } => shards.left(shard, &id)?,
+        Event::Left { shard, id, settled } => shards.left(shard, &id, settled)?,
     };
     Some(delivery_frame(delivery, events, shards, framing, next))
 }
@@ -188,7 +188,7 @@ impl Shards {
     /// for the delivery parked behind it, returned to send now (else its
     /// route is kept for a late verdict); parked, it is dropped rather than
     /// handed out stale.
-    fn left(&mut self, shard: usize, id: &BrandedId) -> Option<Delivery> {
+    fn left(&mut self, shard: usize, id: &BrandedId, settled: bool) -> Option<Delivery> {
         if !self.sharded() {
             return None;
         }
@@ -198,7 +198,10 @@ impl Shards {
         }
         self.routes.remove(id);
         let unparked = self.unpark(id);
-        if unparked.is_none() {
+        // Taken from the call, its late verdict still goes to its shard (to
+        // be answered NOT_PENDING there); settled, no verdict needs the
+        // route, and remembering every settled id would push those out.
+        if unparked.is_none() && !settled {
             if self.left.len() >= LEFT_REMEMBERED {
                 self.left.clear();
             }
@@ -314,8 +317,8 @@ pub(super) async fn relay(
         while let (true, Some(event)) = (listening, queued.next()) {
             let error = match event {
                 Event::VerdictError(error) => error,
-                Event::Left { shard, id } => {
-                    shards.left(shard, &id);
+                Event::Left { shard, id, settled } => {
+                    shards.left(shard, &id, settled);
                     continue;
                 }
                 Event::Delivery { .. } => continue,
@@ -450,7 +453,7 @@ mod tests {
         let held = id("a1");
         assert!(plain.deliver(0, held, Delivery::default()).is_some());
         assert_eq!(plain.route(&held), 0);
-        assert_eq!(plain.left(0, &held), None);
+        assert_eq!(plain.left(0, &held, true), None);
         assert_eq!(plain.route(&id("b2")), 0);
         assert!(plain.routes.is_empty() && plain.left.is_empty() && plain.parked.is_empty());
     }
@@ -461,11 +464,12 @@ mod tests {
         let (held, gone) = (id("c3"), id("d4"));
         assert!(sharded.deliver(2, held, Delivery::default()).is_some());
         assert!(sharded.deliver(1, gone, Delivery::default()).is_some());
-        assert_eq!(sharded.left(1, &gone), None);
+        assert_eq!(sharded.left(1, &gone, false), None);
         assert_eq!(sharded.route(&gone), 1, "its worker says why the call no longer holds it");
         assert_eq!(sharded.route(&held), 2);
-        assert_eq!(sharded.left(2, &held), None, "settled there: nothing parked behind it");
-        assert_eq!(sharded.route(&held), 2, "a late verdict goes where it was settled, which answers it");
+        assert_eq!(sharded.left(2, &held, true), None, "settled there: nothing parked behind it");
+        assert_eq!(sharded.route(&held), 0, "settled: a late verdict goes to the first shard, as for any id not held");
+        assert!(!sharded.left.contains_key(&held), "settled ids are not remembered, so taken ones are not pushed out");
         assert_eq!(sharded.route(&id("e5")), 0, "an id never delivered goes to the first shard, which answers it");
         assert!(sharded.deliver(0, gone, Delivery::default()).is_some());
         assert_eq!(sharded.route(&gone), 0, "a new delivery supersedes the route");
@@ -478,14 +482,14 @@ mod tests {
         assert!(sharded.deliver(0, same, Delivery::default()).is_some());
         assert!(sharded.deliver(1, same, Delivery::default()).is_none(), "parked behind shard 0's");
         assert_eq!(sharded.route(&same), 0, "a verdict goes to the holder, which says whether it settles");
-        assert!(sharded.left(0, &same).is_some(), "settled on shard 0: shard 1's is handed over");
+        assert!(sharded.left(0, &same, true).is_some(), "settled on shard 0: shard 1's is handed over");
         assert_eq!(sharded.route(&same), 1);
 
         assert!(sharded.deliver(0, same, Delivery::default()).is_none(), "parked behind shard 1's");
-        assert!(sharded.left(1, &same).is_some(), "shard 1's left: shard 0's is handed over");
+        assert!(sharded.left(1, &same, false).is_some(), "shard 1's left: shard 0's is handed over");
         assert_eq!(sharded.route(&same), 0);
         assert!(sharded.deliver(1, same, Delivery::default()).is_none());
-        assert_eq!(sharded.left(1, &same), None, "a parked delivery that left is dropped");
+        assert_eq!(sharded.left(1, &same, false), None, "a parked delivery that left is dropped");
         assert!(sharded.parked.is_empty());
         assert_eq!(sharded.route(&same), 0);
     }

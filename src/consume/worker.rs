@@ -74,7 +74,8 @@ pub(crate) enum Event {
     /// The call no longer holds `id` from shard `shard` (its ack deadline
     /// passed, a peer took it, it was deleted): a sharded call's relay routes
     /// its later verdict here still, and may hand over a namesake it parked.
-    Left { shard: usize, id: BrandedId },
+    /// `settled`: by the call's own verdict (no later verdict needs the route).
+    Left { shard: usize, id: BrandedId, settled: bool },
 }
 
 /// What a call tells its worker.
@@ -315,6 +316,9 @@ impl Worker {
                     }
                 }
             }
+            // What the beat just found (entries deleted while pending) is
+            // counted as its effects are carried out: before the log line.
+            self.act();
             self.log_trimmed();
         }
         self.flush().await;
@@ -396,9 +400,9 @@ impl Worker {
                     let _ = link.send(Event::VerdictError(error));
                 }
             }
-            Effect::Left { session, shard, id } => {
+            Effect::Left { session, shard, id, settled } => {
                 if let Some(link) = self.links.get(&session) {
-                    let _ = link.send(Event::Left { shard, id });
+                    let _ = link.send(Event::Left { shard, id, settled });
                 }
             }
             Effect::Ended { stream_id, verdict } => {

@@ -35,7 +35,7 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
     Arc, Mutex, PoisonError,
 };
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
@@ -70,7 +70,15 @@ struct Current {
     /// The primary's generation the connection was made at.
     generation: u64,
     manager: ConnectionManager,
+    /// When a refusal of the credentials last replaced the connection: the
+    /// next refusal replaces it only [`REFUSED_RETRY`] later, so a burst of
+    /// commands is not a burst of connections and AUTHs.
+    refused_at: Option<Instant>,
 }
+
+/// The least time between two new connections after Redis refused the
+/// credentials (until it accepts them, commands fail at once meanwhile).
+const REFUSED_RETRY: Duration = Duration::from_secs(1);
 
 impl SharedConnection {
     /// Connects to `primary` with `config` (whose response timeout,
@@ -86,7 +94,7 @@ impl SharedConnection {
         let (generation, client) = primary.connectable()?;
         let manager = ConnectionManager::new_with_config(client, config.clone()).await?;
         let db = manager.get_db();
-        let current = Arc::new(Mutex::new(Current { replacement: 0, generation, manager }));
+        let current = Arc::new(Mutex::new(Current { replacement: 0, generation, manager, refused_at: None }));
         let refusal_logged = Arc::new(AtomicBool::new(false));
         Ok(SharedConnection { current, primary, config: Arc::new(config), timeout, db, refusal_logged })
     }
@@ -129,6 +137,13 @@ impl SharedConnection {
         let mut guard = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if guard.replacement != replacement {
             return;
+        }
+        if refused {
+            let now = Instant::now();
+            if guard.refused_at.is_some_and(|at| now < at + REFUSED_RETRY) {
+                return;
+            }
+            guard.refused_at = Some(now);
         }
         let client = self.primary.state().client;
         match ConnectionManager::new_lazy_with_config(client, (*self.config).clone()) {
