@@ -227,7 +227,8 @@ impl Worker {
             let _ = metrics.redis_errors(step.label());
         }
         let traced = crate::telemetry::exporting();
-        let ledger = Ledger::new(&stream, &group, no_ack, *shared.draining.borrow(), traced);
+        let mut ledger = Ledger::new(&stream, &group, no_ack, *shared.draining.borrow(), traced);
+        ledger.set_wall_clock(Instant::now(), crate::entry::now_unix_ms());
         let worker = Worker {
             keys: GroupKeys::new(&shared, stream, group),
             metrics,
@@ -436,7 +437,12 @@ impl Worker {
 
     async fn handle(&mut self, command: Command) {
         let now = Instant::now();
-        self.ledger.set_wall_clock(now, crate::entry::now_unix_ms());
+        // Only a Fail or a call's end writes retry states (due times in unix
+        // ms): the clock is read for those, not for every Ack. Between
+        // readings the ledger counts on from the last one by `Instant`.
+        if matches!(command, Command::Fail { .. } | Command::Detach { .. }) {
+            self.ledger.set_wall_clock(now, crate::entry::now_unix_ms());
+        }
         match command {
             Command::Attach { session, shard, policy, group, events, reply } => {
                 let mut attached = self.ledger.attach(session, shard, policy, group);
