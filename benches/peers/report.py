@@ -51,18 +51,26 @@ def main() -> None:
                 (int(rnd), float(secs), float(client), float(sidecar), float(redis_cpu))
             )
 
+    # Through the baseline sidecar (ECHOMQ_BENCH_BASELINE_BIN), when it ran.
+    contenders = list(CONTENDERS)
+    ratios = list(RATIOS)
+    for name, desc in CONTENDERS:
+        if f"{name}-base" in runs:
+            contenders.append((f"{name}-base", f"{name} through the baseline sidecar"))
+            ratios.append((name, f"{name}-base"))
+
     for line in header:
         print(line)
     print(f"  load     {load0} at start, {load1} at end (1, 5, 15 min)")
     print(f"  entries  {n_entries} per contender and round, 100-byte body; {rounds} round{'s' if rounds != '1' else ''}, order rotated each round")
     print()
-    name_w = max(len(name) for name, _ in CONTENDERS)
+    name_w = max(len(name) for name, _ in contenders)
     print(
         f"  {'contender':<{name_w}}  {'median/s':>9}  {'each round (entries/s)':<32}"
         f"  {'CPU s: client':>13} {'sidecar':>7} {'redis':>6}  {'CPU µs/entry':>12}"
     )
     medians: dict[str, float] = {}
-    for name, _ in CONTENDERS:
+    for name, _ in contenders:
         got = sorted(runs.get(name, []))
         if not got:
             continue
@@ -76,14 +84,14 @@ def main() -> None:
         )
     print()
     print("  ratios (medians)")
-    for ours, peer in RATIOS:
+    for ours, peer in ratios:
         if ours in medians and peer in medians:
             print(f"    {ours} / {peer}: {medians[ours] / medians[peer]:.2f}")
     print()
     print("  CPU s: medians over the rounds of the CPU time each process spent in the contender's timed window")
     print("  (client: the contender's own process; the sidecar idles during the direct contenders);")
     print("  CPU µs/entry: the three added up, per entry.")
-    for name, desc in CONTENDERS:
+    for name, desc in contenders:
         print(f"    {name:<{name_w}}  {desc}")
     print("  The Rust pair's latency and the sidecar's memory: `cargo bench --bench consume`.")
 
