@@ -195,6 +195,17 @@ pub(crate) struct Orders {
     pub(crate) dead_letters: Vec<DeadLetterOrder>,
 }
 
+/// The next Redis step of the worker's pump (see [`Ledger::next_work`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// Claim these due entries (`redeliver.lua`) and offer them.
+    Redeliver(Vec<StreamId>),
+    /// Read `count` ids of the own PEL after `after` (`None`: from the start).
+    RecoverPage { after: Option<StreamId>, count: usize },
+    /// Ask the reader for `count` new entries.
+    Read(usize),
+}
+
 /// What [`Ledger::detach`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Detached {
@@ -222,6 +233,11 @@ pub(crate) struct Ledger<D> {
     read_outstanding: usize,
     /// Since when free credit has been too little to be worth a read.
     short_of_credit: Option<Instant>,
+    /// While this consumer's own PEL is walked: the last id seen (`None`:
+    /// from the start). New entries are read only after the walk.
+    recovering: Option<Option<StreamId>>,
+    /// Entries the walk under way found, for its end's log line.
+    recovered: u64,
     orders: Orders,
     /// Frames and span ends for the worker, in order.
     effects: Vec<Effect<D>>,
@@ -250,6 +266,9 @@ impl<D> Ledger<D> {
             ready: VecDeque::new(),
             read_outstanding: 0,
             short_of_credit: None,
+            // Nothing of an at-most-once reader is ever pending: nothing to recover.
+            recovering: if no_ack { None } else { Some(None) },
+            recovered: 0,
             orders: Orders::default(),
             effects: Vec::new(),
             tally: Tally::default(),
@@ -396,6 +415,51 @@ impl<D> Ledger<D> {
             return Some(count);
         }
         self.short_of_credit.get_or_insert(now);
+        None
+    }
+
+    /// What the worker does next with Redis while it may, in this order:
+    /// claim the due entries for re-delivery (at most `max`, within credit),
+    /// walk the next page of the own PEL, read new entries (see
+    /// [`Ledger::read_now`]); `None` when none is due. Taking due entries
+    /// moves them out of the waiting set: the worker offers what it claims
+    /// and puts back ([`Ledger::wait`]) what it could not.
+    pub(crate) fn next_work(&mut self, now: Instant, max: usize) -> Option<Work> {
+        let due = self.take_due(now, max);
+        if !due.is_empty() {
+            return Some(Work::Redeliver(due));
+        }
+        if let Some(after) = self.recovering {
+            let count = self.free().min(max);
+            return (count > 0).then_some(Work::RecoverPage { after, count });
+        }
+        self.read_now(now, max).map(Work::Read)
+    }
+
+    /// Walks the own PEL again before the next new read (unless a walk is
+    /// under way, or at most once, where nothing is pending): after a read's
+    /// reply was lost (Redis may have run it) and after a primary switch.
+    /// Returns whether a walk started.
+    pub(crate) fn recover_own_pending(&mut self) -> bool {
+        if self.no_ack || self.recovering.is_some() {
+            return false;
+        }
+        self.recovering = Some(None);
+        true
+    }
+
+    /// One page of the own PEL (`ids`, in stream order, of `asked`) waits
+    /// for re-delivery. A short page ends the walk: returns how many
+    /// entries the whole walk found new, for its log line.
+    pub(crate) fn recovered_page(&mut self, ids: &[StreamId], asked: usize, now: Instant) -> Option<u64> {
+        self.recovered += self.found_pending(ids, now);
+        if ids.len() < asked {
+            self.recovering = None;
+            return Some(std::mem::take(&mut self.recovered));
+        }
+        if let (Some(after), Some(&last)) = (self.recovering.as_mut(), ids.last()) {
+            *after = Some(last);
+        }
         None
     }
 

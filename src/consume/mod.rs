@@ -10,6 +10,7 @@
 //!
 #![doc = include_str!("README.md")]
 
+mod commands;
 mod dead_letter;
 mod delivery;
 mod gauges;
@@ -17,6 +18,8 @@ mod hygiene;
 mod lease;
 mod ledger;
 mod orders;
+mod outlet;
+mod pacing;
 mod reader;
 mod recovery;
 mod retry;
@@ -53,10 +56,11 @@ use crate::{
     redis::{readers::ReaderPool, Redis},
     security::{Caller, Guard},
 };
+use commands::{Command, Event};
 use ledger::Policy;
 use orders::{Backoff, SessionId};
 use subscribe::Subscription;
-use worker::{Command, Event, Worker};
+use worker::Worker;
 
 /// How long a new Consume call may take to send its subscribe.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);

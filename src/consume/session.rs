@@ -23,11 +23,10 @@ use tonic::{Status, Streaming};
 use tracing::debug;
 
 use super::{
+    commands::{Command, Event},
     ledger::FailVerdict,
     orders::SessionId,
-    verdicts,
-    worker::{Command, Event},
-    IdMap,
+    verdicts, IdMap,
 };
 use crate::{
     error::Error,

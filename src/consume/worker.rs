@@ -1,9 +1,11 @@
 //! The group worker: one task per (stream, group) in this sidecar, serving
 //! every call subscribed to that pair under the sidecar's one consumer name.
 //!
-//! It takes commands from calls, applies them to the [`Ledger`] (the
-//! bookkeeping, synchronous), carries out the Redis work the ledger asks
-//! for, and runs each job of the consume path on its beat. Each job's Redis
+//! A driver: it takes commands from calls and applies them to the
+//! [`Ledger`] (the bookkeeping and the rules, synchronous), has the
+//! [`Outlet`] carry out the ledger's effects before every await, carries out
+//! the Redis work the ledger asks for (and [`Pacing`] allows), and runs each
+//! job of the consume path on its beat. Each job's Redis
 //! step is a wrapper in the file of its job, beside its script, that returns
 //! an outcome enum and knows nothing of the worker:
 //! [`reader`](super::reader), [`recovery`](super::recovery),
@@ -12,14 +14,9 @@
 //! [`hygiene`](super::hygiene), [`gauges`](super::gauges); this file feeds
 //! those outcomes back. Nothing outside it has an `impl Worker`.
 
-use std::{
-    collections::HashMap,
-    sync::{atomic::Ordering, Arc},
-    time::Duration,
-};
+use std::{sync::atomic::Ordering, sync::Arc, time::Duration};
 
-use opentelemetry::trace::SpanContext;
-
+use prost::Message;
 use redis::{RedisError, RedisResult};
 use tokio::{
     sync::{mpsc, oneshot},
@@ -28,24 +25,17 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use prost::Message;
-
 use super::{
-    dead_letter,
-    delivery::{self, Outgoing},
-    gauges, hygiene, lease,
-    ledger::{Effect, FailVerdict, Ledger, Policy},
-    orders::{DeadLetterOrder, GroupPolicy, PendingAck, Redelivery, RetryWrite, SessionId},
+    commands::Command,
+    dead_letter, delivery, gauges, hygiene, lease,
+    ledger::{Ledger, Work},
+    orders::{DeadLetterOrder, PendingAck, Redelivery, RetryWrite, SessionId},
+    outlet::Outlet,
+    pacing::{Pacing, Step},
     reader::{self, Reader},
-    recovery, retry, settle, GroupKeys, IdMap, Shared,
+    recovery, retry, settle, GroupKeys, Shared,
 };
-use crate::{
-    error::Error,
-    id::{BrandedId, StreamId},
-    metrics::GroupMetrics,
-    proto::{Delivery, VerdictError},
-    redis::RawEntry,
-};
+use crate::{error::Error, id::StreamId, proto::Delivery, redis::RawEntry};
 
 /// The most entries one XREADGROUP or claim asks for.
 const BATCH_MAX: usize = 512;
@@ -53,163 +43,33 @@ const BATCH_MAX: usize = 512;
 const FRAME_OVERHEAD: usize = 16;
 /// How often held entries are checked against their ack deadlines.
 const DEADLINE_CHECK: Duration = Duration::from_millis(100);
-/// Bounds of the pause after a failed Redis command.
-const REDIS_BACKOFF_MIN: Duration = Duration::from_millis(100);
-const REDIS_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How many XAUTOCLAIM pages one reclaim beat may walk.
 const RECLAIM_PAGES_PER_BEAT: usize = 8;
 /// Commands taken in one go, so that their acks reach Redis as one script run.
 const COMMANDS_PER_TURN: usize = 1024;
 
-/// What the worker tells a call. The channel is unbounded, but what flows on it
-/// is bounded: deliveries by the call's credit, verdict errors by the verdicts
-/// the call sent (and a call does not read new verdicts while its answers
-/// pile up).
-#[derive(Debug)]
-pub(crate) enum Event {
-    /// Hand this to the client: the delivery of `id` from the call's shard `shard`.
-    Delivery { shard: usize, id: BrandedId, delivery: Delivery },
-    /// The answer to a verdict that was not applied, or an unasked LEASE_LOST.
-    VerdictError(VerdictError),
-    /// The call no longer holds `id` from shard `shard` (its ack deadline
-    /// passed, a peer took it, it was deleted): a sharded call's relay routes
-    /// its later verdict here still, and may hand over a namesake it parked.
-    /// `settled`: by the call's own verdict (no later verdict needs the route).
-    Left { shard: usize, id: BrandedId, settled: bool },
-}
-
-/// What a call tells its worker.
-#[derive(Debug)]
-pub(crate) enum Command {
-    /// A new call subscribed; deliveries and verdict errors go to `events`,
-    /// deliveries marked with `shard` (the index of this worker's stream among
-    /// the call's shards; 0 for a plain stream). Answered with an error when
-    /// `group` conflicts with the group's calls.
-    Attach {
-        session: SessionId,
-        shard: usize,
-        policy: Policy,
-        group: GroupPolicy,
-        events: mpsc::UnboundedSender<Event>,
-        reply: oneshot::Sender<Result<(), Error>>,
-    },
-    /// Acknowledge these deliveries (the client's text and the parsed id).
-    Ack { session: SessionId, ids: Vec<(String, BrandedId)> },
-    /// A delivery failed.
-    Fail { session: SessionId, fail: FailVerdict },
-    /// Push the ack deadline of these deliveries to now + `by`.
-    Extend { session: SessionId, ids: Vec<(String, BrandedId)>, by: Duration },
-    /// The client is stopping: hand this call nothing more.
-    Drain { session: SessionId },
-    /// The call ended; what it holds goes back to waiting.
-    /// `flushed` is answered once the call's verdicts have reached Redis, so
-    /// a call that ends OK has had its acks applied.
-    Detach { session: SessionId, flushed: oneshot::Sender<()> },
-}
-
-/// A Redis step of the worker, for logs and the `operation` label of
-/// `echomq_redis_errors_total{stream,group,operation}`.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Step {
-    Read,
-    Recover,
-    Redeliver,
-    Reclaim,
-    RefreshLeases,
-    Settle,
-    DeadLetter,
-    RecreateGroup,
-    Hygiene,
-}
-
-impl Step {
-    /// Every step, so each one's error series exists from the start.
-    const ALL: [Step; 9] = [
-        Step::Read,
-        Step::Recover,
-        Step::Redeliver,
-        Step::Reclaim,
-        Step::RefreshLeases,
-        Step::Settle,
-        Step::DeadLetter,
-        Step::RecreateGroup,
-        Step::Hygiene,
-    ];
-
-    /// The metric label: a short snake_case word.
-    fn label(self) -> &'static str {
-        match self {
-            Step::Read => "read",
-            Step::Recover => "recover",
-            Step::Redeliver => "redeliver",
-            Step::Reclaim => "reclaim",
-            Step::RefreshLeases => "refresh_leases",
-            Step::Settle => "settle",
-            Step::DeadLetter => "dead_letter",
-            Step::RecreateGroup => "recreate_group",
-            Step::Hygiene => "hygiene",
-        }
-    }
-
-    /// What the log says failed.
-    fn doing(self) -> &'static str {
-        match self {
-            Step::Read => "reading new entries",
-            Step::Recover => "recovering own pending entries",
-            Step::Redeliver => "re-delivering pending entries",
-            Step::Reclaim => "reclaiming idle entries",
-            Step::RefreshLeases => "refreshing leases",
-            Step::Settle => "acknowledging",
-            Step::DeadLetter => "dead-lettering",
-            Step::RecreateGroup => "re-creating the group",
-            Step::Hygiene => "recording the heartbeat and removing dead consumers",
-        }
-    }
-}
-
-/// One group's worker. Built by [`Worker::spawn`]; its steps on Redis are
-/// `impl Worker` blocks in the file of their job.
+/// One group's worker. Built by [`Worker::spawn`].
 pub(crate) struct Worker {
     keys: GroupKeys,
     shared: Arc<Shared>,
-    metrics: GroupMetrics,
     ledger: Ledger<Delivery>,
-    /// Each attached call's channel, where the ledger's effects for it go.
-    links: HashMap<SessionId, mpsc::UnboundedSender<Event>>,
-    /// The ledger's effects being carried out (kept for its allocation).
-    effects: Vec<Effect<Delivery>>,
-    /// Traces are exported: each held delivery has a span, here until its
-    /// verdict (or its leaving) ends it.
-    traced: bool,
-    spans: IdMap<StreamId, tracing::Span>,
-    /// The spans of acknowledged deliveries, for the settle span to link to.
-    ack_links: IdMap<StreamId, SpanContext>,
+    /// Calls' channels, delivery spans, metrics: where the ledger's effects go.
+    outlet: Outlet,
+    pacing: Pacing,
     /// At-most-once: reads with NOACK, nothing is pending, verdicts only free credit.
     no_ack: bool,
     /// Calls waiting for the next flush before they end.
     flushed: Vec<oneshot::Sender<()>>,
-    /// While recovering its own PEL: the last id seen (`None`: from the start).
-    recovering: Option<Option<StreamId>>,
-    /// Entries the walk under way queued for re-delivery, for its log line.
-    recovered: u64,
     /// The blocking reader and its pool connection, while there are calls to
     /// read for: started by the first call's Attach, stopped when the last
     /// call leaves or the sidecar drains.
     reader: Option<Reader>,
     reclaim_cursor: StreamId,
-    /// Entries found deleted while pending since the last log line, so a
-    /// trim of many pending entries is logged once with their count.
-    trimmed_unlogged: u64,
     /// The group is gone (NOGROUP): re-create it before anything else.
     group_lost: bool,
     /// The hygiene beat found the stream deleted and said so; cleared (and
     /// said) when a beat finds it again, so the log has one line per loss.
     stream_gone: bool,
-    /// No Redis command from the pump before this instant (backoff after errors).
-    paused_until: Instant,
-    backoff: Duration,
-    /// The held count last added to the sidecar-wide one.
-    published_held: usize,
 }
 
 impl Worker {
@@ -230,27 +90,16 @@ impl Worker {
         let mut ledger = Ledger::new(&stream, &group, no_ack, *shared.draining.borrow(), traced);
         ledger.set_wall_clock(Instant::now(), crate::entry::now_unix_ms());
         let worker = Worker {
+            outlet: Outlet::new(&stream, &group, metrics, traced, no_ack),
             keys: GroupKeys::new(&shared, stream, group),
-            metrics,
             ledger,
-            links: HashMap::new(),
-            effects: Vec::new(),
-            traced,
-            spans: IdMap::default(),
-            ack_links: IdMap::default(),
+            pacing: Pacing::new(Instant::now()),
             no_ack,
             flushed: Vec::new(),
-            // Nothing of an at-most-once reader is ever pending: nothing to recover.
-            recovering: if no_ack { None } else { Some(None) },
-            recovered: 0,
             reader: None,
             reclaim_cursor: StreamId::ZERO,
-            trimmed_unlogged: 0,
             group_lost: false,
             stream_gone: false,
-            paused_until: Instant::now(),
-            backoff: REDIS_BACKOFF_MIN,
-            published_held: 0,
             shared,
         };
         (commands_tx, tokio::spawn(worker.run(commands)))
@@ -305,7 +154,7 @@ impl Worker {
                 _ = poll.tick(), if shared.metrics_poll.is_some() => {
                     if self.redis_usable() {
                         self.act();
-                        gauges::poll(&self.keys, &self.metrics).await;
+                        gauges::poll(&self.keys, &self.outlet.metrics).await;
                     }
                 }
                 _ = hygiene.tick() => self.hygiene().await,
@@ -320,7 +169,7 @@ impl Worker {
             // What the beat just found (entries deleted while pending) is
             // counted as its effects are carried out: before the log line.
             self.act();
-            self.log_trimmed();
+            self.outlet.log_trimmed();
         }
         self.flush().await;
         self.stop_reading();
@@ -328,111 +177,14 @@ impl Worker {
         info!(stream = %self.keys.stream, group = %self.keys.group, "group worker stopped");
     }
 
-    /// Carries out what the ledger queued, in order: frames to calls
-    /// (giving back a delivery whose call is gone), span ends, then the
-    /// metrics it counted. Called before every await, so nothing the ledger
-    /// decided waits on Redis.
+    /// Carries out what the ledger decided (see [`Outlet::act`]). Called
+    /// before every await, so nothing the ledger decided waits on Redis.
     fn act(&mut self) {
-        loop {
-            self.ledger.take_effects(&mut self.effects);
-            if self.effects.is_empty() {
-                break;
-            }
-            let mut effects = std::mem::take(&mut self.effects);
-            for effect in effects.drain(..) {
-                self.carry_out(effect);
-            }
-            self.effects = effects;
-        }
-        let tally = self.ledger.tally();
-        let metrics = &self.metrics;
-        for (count, counter) in [
-            (&mut tally.deliveries, &metrics.deliveries),
-            (&mut tally.fails, &metrics.fails),
-            (&mut tally.leases_lost, &metrics.leases_lost),
-            (&mut tally.acks, &metrics.acks),
-            (&mut tally.acks_not_pending, &metrics.acks_not_pending),
-            (&mut tally.dead_letters, &metrics.dead_letters),
-            (&mut tally.lease_refreshes, &metrics.lease_refreshes),
-            (&mut tally.reclaimed, &metrics.reclaimed),
-        ] {
-            if *count > 0 {
-                counter.inc_by(std::mem::take(count));
-            }
-        }
-        if tally.trimmed > 0 {
-            metrics.trimmed_while_pending.inc_by(tally.trimmed);
-            self.trimmed_unlogged += std::mem::take(&mut tally.trimmed);
-        }
-        for seconds in tally.handler_seconds.drain(..) {
-            metrics.handler_seconds.observe(seconds);
-        }
+        self.outlet.act(&mut self.ledger);
     }
 
-    fn carry_out(&mut self, effect: Effect<Delivery>) {
-        match effect {
-            Effect::Deliver { session, shard, out } => {
-                let Outgoing { stream_id, branded, attempts, mut body } = out;
-                let span =
-                    self.traced.then(|| delivery::span(&self.keys.stream, &self.keys.group, stream_id, &mut body));
-                let event = Event::Delivery { shard, id: branded, delivery: body };
-                let unsent = match self.links.get(&session) {
-                    Some(link) => link.send(event).err().map(|unsent| unsent.0),
-                    None => Some(event),
-                };
-                match unsent {
-                    None => {
-                        if let Some(span) = span {
-                            self.spans.insert(stream_id, span);
-                        }
-                    }
-                    Some(Event::Delivery { delivery: body, .. }) => self.ledger.undelivered(
-                        session,
-                        Outgoing { stream_id, branded, attempts, body },
-                        Instant::now(),
-                    ),
-                    Some(_) => {}
-                }
-            }
-            Effect::Answer { session, text, refusal } => {
-                let error = refusal.error(&text);
-                self.metrics.verdict_errors.count(error.code);
-                if let Some(link) = self.links.get(&session) {
-                    let _ = link.send(Event::VerdictError(error));
-                }
-            }
-            Effect::Left { session, shard, id, settled } => {
-                if let Some(link) = self.links.get(&session) {
-                    let _ = link.send(Event::Left { shard, id, settled });
-                }
-            }
-            Effect::Ended { stream_id, verdict } => {
-                let Some(span) = self.spans.remove(&stream_id) else { return };
-                if let Some(verdict) = verdict {
-                    span.record("echomq.verdict", verdict);
-                    if verdict == "ack" && !self.no_ack {
-                        if let Some(context) = crate::telemetry::span_context_of(&span) {
-                            self.ack_links.insert(stream_id, context);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Keeps the sidecar-wide held count (what shutdown waits for) and the
-    /// `echomq_in_flight` gauge in step with the ledger's one count.
     fn publish_held(&mut self) {
-        let held = self.ledger.held();
-        if held != self.published_held {
-            if held > self.published_held {
-                self.shared.held.fetch_add(held - self.published_held, Ordering::Relaxed);
-            } else {
-                self.shared.held.fetch_sub(self.published_held - held, Ordering::Relaxed);
-            }
-            self.metrics.in_flight.set(held as i64);
-            self.published_held = held;
-        }
+        self.outlet.publish_held(self.ledger.held(), &self.shared.held);
     }
 
     async fn handle(&mut self, command: Command) {
@@ -447,9 +199,7 @@ impl Worker {
             Command::Attach { session, shard, policy, group, events, reply } => {
                 let mut attached = self.ledger.attach(session, shard, policy, group);
                 if attached.is_ok() {
-                    if self.links.insert(session, events).is_none() {
-                        self.metrics.consume_calls.inc();
-                    }
+                    self.outlet.link(session, events);
                     attached = self.start_reader().await;
                     if attached.is_err() {
                         self.ledger.detach(session, now);
@@ -495,10 +245,7 @@ impl Worker {
 
     /// Forgets an ended call's channel.
     fn unlink(&mut self, session: SessionId) {
-        self.act();
-        if self.links.remove(&session).is_some() {
-            self.metrics.consume_calls.dec();
-        }
+        self.outlet.unlink(session, &mut self.ledger);
     }
 
     /// Carries out the queued Redis writes, then lets ending calls go.
@@ -576,7 +323,7 @@ impl Worker {
         }
         // After a failed command, the pump retries at the end of the pause.
         if self.paused() && (self.ledger.free() > 0 || self.group_lost) {
-            return self.paused_until;
+            return self.pacing.paused_until();
         }
         let read_due = self.ledger.read_due().map_or(far, |at| at.min(far));
         if self.ledger.free_for_due() == 0 {
@@ -586,7 +333,7 @@ impl Worker {
     }
 
     fn paused(&self) -> bool {
-        Instant::now() < self.paused_until
+        self.pacing.paused(Instant::now())
     }
 
     /// Whether a beat that only reads or refreshes may use Redis now: while
@@ -596,59 +343,40 @@ impl Worker {
         !(self.no_ack || self.group_lost || self.paused())
     }
 
-    /// A Redis step failed: pause (with backoff), and count it, unless it
-    /// found the group gone, which is expected (the stream was deleted, or
-    /// Redis lost its data) and recovered from by re-creating the group:
-    /// that counts in `echomq_group_recreations_total`, not as an error.
+    /// A Redis step failed: pause (with the step's own backoff, see
+    /// [`Pacing`]), and count it, unless it found the group gone, which is
+    /// expected (the stream was deleted, or Redis lost its data) and
+    /// recovered from by re-creating the group: that counts in
+    /// `echomq_group_recreations_total`, not as an error.
     fn redis_failed(&mut self, step: Step, error: &RedisError) {
+        let pause = self.pacing.failed(step, Instant::now());
+        let (stream, group) = (&self.keys.stream, &self.keys.group);
         if reader::is_group_lost(error) {
             if !self.group_lost {
-                warn!(stream = %self.keys.stream, group = %self.keys.group, "the group is gone ({error}); re-creating it");
+                warn!(%stream, %group, "the group is gone ({error}); re-creating it");
             }
             self.group_lost = true;
         } else {
-            self.metrics.redis_errors(step.label()).inc();
-            warn!(stream = %self.keys.stream, group = %self.keys.group, "{} failed, retrying in {:?}: {error}", step.doing(), self.backoff);
+            self.outlet.metrics.redis_errors(step.label()).inc();
+            let redis = self.keys.redis.target();
+            warn!(%stream, %group, %redis, "{} failed, retrying in {pause:?}: {error}", step.doing());
         }
-        self.paused_until = Instant::now() + self.backoff;
-        self.backoff = (self.backoff * 2).min(REDIS_BACKOFF_MAX);
     }
 
-    fn redis_ok(&mut self) {
-        self.backoff = REDIS_BACKOFF_MIN;
-    }
-
-    /// Moves work forward while there is credit: ready entries first, then due
-    /// re-deliveries, then recovery of the own PEL, then a new read.
+    /// Moves work forward while Redis may be used and there is credit: the
+    /// group first if it is lost, then what [`Ledger::next_work`] says.
     async fn pump(&mut self) {
         self.ledger.hand_out_ready(Instant::now());
-        if self.paused() {
+        if self.paused() || (self.group_lost && !self.recreate_group().await) {
             return;
         }
-        if self.group_lost && !self.recreate_group().await {
-            return;
-        }
-        loop {
-            if self.paused() {
-                return;
+        while !self.paused() {
+            match self.ledger.next_work(Instant::now(), BATCH_MAX) {
+                Some(Work::Redeliver(due)) => self.redeliver(due).await,
+                Some(Work::RecoverPage { after, count }) => self.recover_page(after, count).await,
+                Some(Work::Read(count)) => return self.read(count),
+                None => return,
             }
-            let due = self.ledger.take_due(Instant::now(), BATCH_MAX);
-            if !due.is_empty() {
-                self.redeliver(due).await;
-                continue;
-            }
-            let free = self.ledger.free();
-            if free == 0 {
-                return;
-            }
-            if let Some(after) = self.recovering {
-                self.recover_page(after, free.min(BATCH_MAX)).await;
-                continue;
-            }
-            break;
-        }
-        if let Some(count) = self.ledger.read_now(Instant::now(), BATCH_MAX) {
-            self.read(count);
         }
     }
 
@@ -692,18 +420,11 @@ impl Worker {
                 return self.redis_failed(Step::Read, &e);
             }
         };
-        self.redis_ok();
+        self.pacing.succeeded(Step::Read);
         // A `>` read hands each entry over for the first time: attempts 1.
         let oversized: Vec<DeadLetterOrder> = entries.into_iter().filter_map(|entry| self.offer(entry, 1)).collect();
         if !oversized.is_empty() {
             self.dead_letter(oversized).await;
-        }
-    }
-
-    fn log_trimmed(&mut self) {
-        if self.trimmed_unlogged > 0 {
-            let entries = std::mem::take(&mut self.trimmed_unlogged);
-            warn!(stream = %self.keys.stream, group = %self.keys.group, entries, "entries were deleted from the stream while pending (trimmed, XDEL); dropped from the PEL, never delivered again");
         }
     }
 }
@@ -720,7 +441,7 @@ impl Worker {
         );
         match dead_letter::dead_letter(&self.keys, &dead_letter_stream, &orders).await {
             Ok(outcomes) => {
-                self.redis_ok();
+                self.pacing.succeeded(Step::DeadLetter);
                 self.ledger.dead_lettered(orders, outcomes, &dead_letter_stream);
             }
             Err(e) => {
@@ -728,7 +449,7 @@ impl Worker {
                 let message =
                     format!("dead-lettering failed ({e}); the entry stays pending and will be delivered again");
                 let entries = orders.into_iter().map(|order| (order.stream_id, order.verdict));
-                self.ledger.not_written(entries, &message, self.paused_until);
+                self.ledger.not_written(entries, &message, self.pacing.paused_until());
             }
         }
     }
@@ -743,12 +464,12 @@ impl Worker {
             Err(e) => {
                 self.redis_failed(Step::Redeliver, &e);
                 for id in due {
-                    self.ledger.wait(id, self.paused_until);
+                    self.ledger.wait(id, self.pacing.paused_until());
                 }
                 return;
             }
         };
-        self.redis_ok();
+        self.pacing.succeeded(Step::Redeliver);
         let (now, now_unix_ms) = (Instant::now(), crate::entry::now_unix_ms());
         let mut to_dead_letter = Vec::new();
         for (stream_id, outcome) in outcomes {
@@ -766,15 +487,10 @@ impl Worker {
     /// XACKs and retry states, as one `settle.lua` run.
     async fn settle(&mut self, acks: Vec<PendingAck>, writes: Vec<RetryWrite>) {
         self.act();
-        let links: Vec<(SpanContext, String)> = if self.ack_links.is_empty() {
-            Vec::new()
-        } else {
-            let ack_links = &mut self.ack_links;
-            acks.iter().filter_map(|ack| Some((ack_links.remove(&ack.stream_id)?, ack.text.clone()))).collect()
-        };
+        let links = self.outlet.take_ack_links(&acks);
         match settle::settle(&self.keys, &acks, &writes, links).await {
             Ok(pending) => {
-                self.redis_ok();
+                self.pacing.succeeded(Step::Settle);
                 self.ledger.acked(acks, &pending);
             }
             Err(e) => {
@@ -786,7 +502,7 @@ impl Worker {
                     format!("XACK failed ({e}); the entry stays pending and will be delivered again")
                 };
                 let entries = acks.into_iter().map(|ack| (ack.stream_id, Some((ack.session, ack.text))));
-                self.ledger.not_written(entries, &message, self.paused_until);
+                self.ledger.not_written(entries, &message, self.pacing.paused_until());
             }
         }
     }
@@ -805,6 +521,7 @@ impl Worker {
                 Ok(unrefreshed) => unrefreshed,
                 Err(e) => return self.redis_failed(Step::RefreshLeases, &e),
             };
+            self.pacing.succeeded(Step::RefreshLeases);
             self.ledger.refreshed(chunk.len(), unrefreshed);
         }
     }
@@ -825,6 +542,7 @@ impl Worker {
                 Ok(page) => page,
                 Err(e) => return self.redis_failed(Step::Reclaim, &e),
             };
+            self.pacing.succeeded(Step::Reclaim);
             let taken = self.ledger.reclaimed(&page.claimed, &page.deleted, Instant::now());
             if taken > 0 {
                 info!(stream = %self.keys.stream, group = %self.keys.group, taken, "reclaimed idle entries");
@@ -845,11 +563,8 @@ impl Worker {
     /// as at start, and a pause for the old primary's errors ends now.
     fn after_primary_switch(&mut self) {
         info!(stream = %self.keys.stream, group = %self.keys.group, "the Redis primary switched; recovering own pending entries from the new one");
-        if !self.no_ack {
-            self.recovering = Some(None);
-        }
-        self.paused_until = Instant::now();
-        self.redis_ok();
+        self.ledger.recover_own_pending();
+        self.pacing.restart(Instant::now());
     }
 
     async fn recreate_group(&mut self) -> bool {
@@ -858,8 +573,8 @@ impl Worker {
             self.redis_failed(Step::RecreateGroup, &e);
             return false;
         }
-        self.redis_ok();
-        self.metrics.group_recreations.inc();
+        self.pacing.succeeded(Step::RecreateGroup);
+        self.outlet.metrics.group_recreations.inc();
         self.group_lost = false;
         self.reclaim_cursor = StreamId::ZERO;
         true
@@ -875,9 +590,8 @@ impl Worker {
     /// nothing costs one `XPENDING`; a worker whose reads all returned pays
     /// nothing. At most once (NOACK) nothing is pending: nothing to find.
     fn recover_after_lost_read(&mut self) {
-        if !self.no_ack && self.recovering.is_none() {
+        if self.ledger.recover_own_pending() {
             debug!(stream = %self.keys.stream, group = %self.keys.group, "a read's reply was lost; recovering own pending entries before the next read");
-            self.recovering = Some(None);
         }
     }
 
@@ -889,18 +603,12 @@ impl Worker {
             Ok(ids) => ids,
             Err(e) => return self.redis_failed(Step::Recover, &e),
         };
-        self.redis_ok();
-        self.recovered += self.ledger.found_pending(&ids, Instant::now());
-        if ids.len() < count {
-            let entries = std::mem::take(&mut self.recovered);
-            if entries > 0 {
-                info!(stream = %self.keys.stream, group = %self.keys.group, entries, "recovered own pending entries; reading new ones");
-            } else {
-                debug!(stream = %self.keys.stream, group = %self.keys.group, "no own pending entries to recover; reading new ones");
-            }
-            self.recovering = None;
+        self.pacing.succeeded(Step::Recover);
+        let Some(entries) = self.ledger.recovered_page(&ids, count, Instant::now()) else { return };
+        if entries > 0 {
+            info!(stream = %self.keys.stream, group = %self.keys.group, entries, "recovered own pending entries; reading new ones");
         } else {
-            self.recovering = Some(ids.last().copied().or(after));
+            debug!(stream = %self.keys.stream, group = %self.keys.group, "no own pending entries to recover; reading new ones");
         }
     }
 }
@@ -914,7 +622,11 @@ impl Worker {
         }
         self.act();
         let (stream, group) = (&self.keys.stream, &self.keys.group);
-        match hygiene::beat(&self.keys, self.shared.consumer_idle_limit).await {
+        let beat = hygiene::beat(&self.keys, self.shared.consumer_idle_limit).await;
+        if beat.is_ok() {
+            self.pacing.succeeded(Step::Hygiene);
+        }
+        match beat {
             Ok(hygiene::Beat::StreamGone) => {
                 if !self.stream_gone {
                     warn!(%stream, %group, "stream `{stream}` no longer exists: it was deleted (DEL, FLUSHALL, or a Redis restart without persistence), and group `{group}` and its pending entries with it; consumer hygiene waits for it to come back (a call that subscribes re-creates it)");

@@ -250,6 +250,18 @@ impl Redis {
         }
     }
 
+    /// Where commands go, for log lines (no credentials): the current
+    /// primary's `host:port`, or a cluster's seed addresses.
+    pub fn target(&self) -> String {
+        match &self.target {
+            Target::Single(primary) => primary.state().client.get_connection_info().addr().to_string(),
+            Target::Cluster { seeds, .. } => {
+                let seeds: Vec<String> = seeds.iter().map(|seed| seed.addr().to_string()).collect();
+                format!("cluster {}", seeds.join(","))
+            }
+        }
+    }
+
     /// The server this connection reaches (`INFO server`); on a cluster, the
     /// oldest of its primaries. Errors: [`version::VersionError::TooOld`]
     /// below [`version::FLOOR`], naming what was found;

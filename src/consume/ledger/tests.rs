@@ -663,3 +663,51 @@ fn a_sharded_call_is_told_when_a_verdict_settles_a_delivery_and_a_plain_one_is_n
     ledger.ack(2, branded(3).to_string(), branded(3), now);
     assert!(ledger.left(2).is_empty(), "a plain call routes nothing");
 }
+
+#[test]
+fn the_pump_redelivers_due_entries_then_walks_the_own_pel_then_reads() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    assert_eq!(ledger.next_work(now, 512), None, "no call, no credit: nothing to do");
+    call(&mut ledger, 1, policy(10));
+    ledger.wait(sid(7), now + MS);
+    assert_eq!(
+        ledger.next_work(now, 512),
+        Some(Work::RecoverPage { after: None, count: 10 }),
+        "a new worker walks its PEL first"
+    );
+    assert_eq!(ledger.next_work(now + MS, 512), Some(Work::Redeliver(vec![sid(7)])), "due entries before all else");
+    assert_eq!(ledger.next_work(now + MS, 4), Some(Work::RecoverPage { after: None, count: 4 }));
+
+    assert_eq!(ledger.recovered_page(&[sid(1), sid(2), sid(3), sid(4)], 4, now), None, "a full page: the walk goes on");
+    assert_eq!(ledger.next_work(now, 4), Some(Work::Redeliver(vec![sid(1), sid(2), sid(3), sid(4)])));
+    for n in 1..=4 {
+        ledger.offer(entry(n, 2), now);
+    }
+    assert_eq!(
+        ledger.next_work(now, 512),
+        Some(Work::RecoverPage { after: Some(sid(4)), count: 6 }),
+        "from where it was"
+    );
+    assert_eq!(ledger.recovered_page(&[sid(5)], 6, now), Some(5), "a short page ends the walk, counting all it found");
+    assert_eq!(ledger.next_work(now, 512), Some(Work::Redeliver(vec![sid(5)])));
+    ledger.offer(entry(5, 2), now);
+    assert_eq!(ledger.next_work(now, 512), Some(Work::Read(5)), "walked: new entries are read");
+}
+
+#[test]
+fn a_walk_of_the_own_pel_starts_again_once_at_a_time_and_never_at_most_once() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(10));
+    assert!(!ledger.recover_own_pending(), "a new worker walks already");
+    assert_eq!(ledger.recovered_page(&[], 10, now), Some(0));
+    assert_eq!(ledger.next_work(now, 512), Some(Work::Read(10)));
+    ledger.reading(10);
+    ledger.read_done();
+    assert!(ledger.recover_own_pending(), "a lost read's reply: walk again");
+    assert_eq!(ledger.next_work(now, 512), Some(Work::RecoverPage { after: None, count: 10 }));
+
+    let mut at_most_once = Checked::new(Ledger::new("s", "g", true, false, false));
+    call(&mut at_most_once, 1, policy(10));
+    assert!(!at_most_once.recover_own_pending(), "nothing is pending at most once");
+    assert_eq!(at_most_once.next_work(now, 512), Some(Work::Read(10)));
+}

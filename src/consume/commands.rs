@@ -1,0 +1,63 @@
+//! What a call and its group's worker tell each other: [`Command`]s from the
+//! call's session to the worker (one bounded channel per worker, shared by
+//! its calls), [`Event`]s back (one unbounded channel per call).
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    ledger::{FailVerdict, Policy},
+    orders::{GroupPolicy, SessionId},
+};
+use crate::{
+    error::Error,
+    id::BrandedId,
+    proto::{Delivery, VerdictError},
+};
+
+/// What the worker tells a call. The channel is unbounded, but what flows on it
+/// is bounded: deliveries by the call's credit, verdict errors by the verdicts
+/// the call sent (and a call does not read new verdicts while its answers
+/// pile up).
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Hand this to the client: the delivery of `id` from the call's shard `shard`.
+    Delivery { shard: usize, id: BrandedId, delivery: Delivery },
+    /// The answer to a verdict that was not applied, or an unasked LEASE_LOST.
+    VerdictError(VerdictError),
+    /// The call no longer holds `id` from shard `shard` (its ack deadline
+    /// passed, a peer took it, it was deleted): a sharded call's relay routes
+    /// its later verdict here still, and may hand over a namesake it parked.
+    /// `settled`: by the call's own verdict (no later verdict needs the route).
+    Left { shard: usize, id: BrandedId, settled: bool },
+}
+
+/// What a call tells its worker.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// A new call subscribed; deliveries and verdict errors go to `events`,
+    /// deliveries marked with `shard` (the index of this worker's stream among
+    /// the call's shards; 0 for a plain stream). Answered with an error when
+    /// `group` conflicts with the group's calls.
+    Attach {
+        session: SessionId,
+        shard: usize,
+        policy: Policy,
+        group: GroupPolicy,
+        events: mpsc::UnboundedSender<Event>,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    /// Acknowledge these deliveries (the client's text and the parsed id).
+    Ack { session: SessionId, ids: Vec<(String, BrandedId)> },
+    /// A delivery failed.
+    Fail { session: SessionId, fail: FailVerdict },
+    /// Push the ack deadline of these deliveries to now + `by`.
+    Extend { session: SessionId, ids: Vec<(String, BrandedId)>, by: Duration },
+    /// The client is stopping: hand this call nothing more.
+    Drain { session: SessionId },
+    /// The call ended; what it holds goes back to waiting.
+    /// `flushed` is answered once the call's verdicts have reached Redis, so
+    /// a call that ends OK has had its acks applied.
+    Detach { session: SessionId, flushed: oneshot::Sender<()> },
+}

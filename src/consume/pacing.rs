@@ -1,0 +1,195 @@
+//! When a group's worker may use Redis again after a failed command.
+//!
+//! One pause for the whole group: a Redis that just failed one step is not
+//! asked again at once by another. Its length is the failed step's own
+//! backoff, which doubles with each failure of that step (up to
+//! [`BACKOFF_MAX`]) and starts over only when that same step succeeds: a
+//! read that keeps failing backs off to five seconds even while recovery
+//! pages, which ask less of Redis, still go through (with one shared
+//! backoff, each good page reset it and the failing read was logged ~7 times
+//! a second). Pure: the worker passes the clock in.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The first pause after a step fails.
+pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The longest pause, reached after six failures of one step in a row.
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// A Redis step of the worker, for logs, its own backoff, and the `operation`
+/// label of `echomq_redis_errors_total{stream,group,operation}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    Read,
+    Recover,
+    Redeliver,
+    Reclaim,
+    RefreshLeases,
+    Settle,
+    DeadLetter,
+    RecreateGroup,
+    Hygiene,
+}
+
+impl Step {
+    /// Every step, so each one's error series exists from the start.
+    pub(super) const ALL: [Step; 9] = [
+        Step::Read,
+        Step::Recover,
+        Step::Redeliver,
+        Step::Reclaim,
+        Step::RefreshLeases,
+        Step::Settle,
+        Step::DeadLetter,
+        Step::RecreateGroup,
+        Step::Hygiene,
+    ];
+
+    /// The metric label: a short snake_case word.
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Step::Read => "read",
+            Step::Recover => "recover",
+            Step::Redeliver => "redeliver",
+            Step::Reclaim => "reclaim",
+            Step::RefreshLeases => "refresh_leases",
+            Step::Settle => "settle",
+            Step::DeadLetter => "dead_letter",
+            Step::RecreateGroup => "recreate_group",
+            Step::Hygiene => "hygiene",
+        }
+    }
+
+    /// What the log says failed.
+    pub(super) fn doing(self) -> &'static str {
+        match self {
+            Step::Read => "reading new entries",
+            Step::Recover => "recovering own pending entries",
+            Step::Redeliver => "re-delivering pending entries",
+            Step::Reclaim => "reclaiming idle entries",
+            Step::RefreshLeases => "refreshing leases",
+            Step::Settle => "acknowledging",
+            Step::DeadLetter => "dead-lettering",
+            Step::RecreateGroup => "re-creating the group",
+            Step::Hygiene => "recording the heartbeat and removing dead consumers",
+        }
+    }
+}
+
+/// The group's pause and each step's next backoff.
+#[derive(Debug)]
+pub(super) struct Pacing {
+    paused_until: Instant,
+    /// Indexed by `Step as usize`: the pause after that step's next failure.
+    backoffs: [Duration; Step::ALL.len()],
+}
+
+impl Pacing {
+    /// Not paused; every step's backoff at [`BACKOFF_MIN`].
+    pub(super) fn new(now: Instant) -> Pacing {
+        Pacing { paused_until: now, backoffs: [BACKOFF_MIN; Step::ALL.len()] }
+    }
+
+    /// Whether Redis is to be left alone at `now`.
+    pub(super) fn paused(&self, now: Instant) -> bool {
+        now < self.paused_until
+    }
+
+    /// The end of the pause (in the past when there is none).
+    pub(super) fn paused_until(&self) -> Instant {
+        self.paused_until
+    }
+
+    /// `step` failed at `now`: the group pauses for the step's backoff (never
+    /// shortening a longer pause already under way), which doubles for the
+    /// step's next failure. Returns the pause this failure asked for.
+    pub(super) fn failed(&mut self, step: Step, now: Instant) -> Duration {
+        let backoff = &mut self.backoffs[step as usize];
+        let pause = *backoff;
+        *backoff = (pause * 2).min(BACKOFF_MAX);
+        self.paused_until = self.paused_until.max(now + pause);
+        pause
+    }
+
+    /// `step` succeeded: its own backoff starts over; other steps' do not.
+    pub(super) fn succeeded(&mut self, step: Step) {
+        self.backoffs[step as usize] = BACKOFF_MIN;
+    }
+
+    /// A new start (the primary switched): the pause ends at `now` and every
+    /// backoff starts over, since what failed was the old primary.
+    pub(super) fn restart(&mut self, now: Instant) {
+        *self = Pacing::new(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_step_backs_off_doubling_up_to_the_maximum() {
+        let now = Instant::now();
+        let mut pacing = Pacing::new(now);
+        assert!(!pacing.paused(now));
+        let pauses: Vec<u64> = (0..8).map(|_| pacing.failed(Step::Read, now).as_millis() as u64).collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        assert!(pacing.paused(now + Duration::from_millis(4999)));
+        assert!(!pacing.paused(now + BACKOFF_MAX));
+    }
+
+    #[test]
+    fn another_step_succeeding_leaves_a_failing_steps_backoff_alone() {
+        let now = Instant::now();
+        let mut pacing = Pacing::new(now);
+        for _ in 0..3 {
+            pacing.failed(Step::Read, now);
+            pacing.succeeded(Step::Recover);
+        }
+        assert_eq!(pacing.failed(Step::Read, now), Duration::from_millis(800));
+        assert_eq!(pacing.failed(Step::Recover, now), BACKOFF_MIN, "each step has its own backoff");
+    }
+
+    #[test]
+    fn a_step_succeeding_starts_its_own_backoff_over() {
+        let now = Instant::now();
+        let mut pacing = Pacing::new(now);
+        pacing.failed(Step::Settle, now);
+        pacing.failed(Step::Settle, now);
+        pacing.succeeded(Step::Settle);
+        assert_eq!(pacing.failed(Step::Settle, now), BACKOFF_MIN);
+    }
+
+    #[test]
+    fn a_short_failure_does_not_cut_a_longer_pause() {
+        let now = Instant::now();
+        let mut pacing = Pacing::new(now);
+        for _ in 0..4 {
+            pacing.failed(Step::Read, now);
+        }
+        let long = pacing.paused_until();
+        pacing.failed(Step::Hygiene, now);
+        assert_eq!(pacing.paused_until(), long);
+    }
+
+    #[test]
+    fn a_restart_ends_the_pause_and_every_backoff() {
+        let now = Instant::now();
+        let mut pacing = Pacing::new(now);
+        for _ in 0..4 {
+            pacing.failed(Step::Read, now);
+        }
+        pacing.restart(now);
+        assert!(!pacing.paused(now));
+        assert_eq!(pacing.failed(Step::Read, now), BACKOFF_MIN);
+    }
+
+    #[test]
+    fn every_step_has_its_own_slot() {
+        for (index, step) in Step::ALL.into_iter().enumerate() {
+            assert_eq!(step as usize, index, "{step:?} is out of order in Step::ALL");
+        }
+    }
+}
