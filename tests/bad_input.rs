@@ -83,8 +83,8 @@ const GROUP: &str = "g";
 const POOL: usize = 4;
 /// A verdict error echoes at most this many characters of a malformed id.
 const ECHO_CHARS: usize = 64;
-/// The sidecar's default `max_in_flight`.
-const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
+/// The sidecar's default `max_in_flight`: the cap of the adaptive window of a subscription that sends 0.
+const DEFAULT_MAX_IN_FLIGHT: u32 = 1024;
 /// Kept of a Fail reason (bytes).
 const MAX_REASON_BYTES: usize = 4096;
 /// Over the sidecar's default `--max-message-bytes` (4 MiB).

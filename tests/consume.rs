@@ -99,7 +99,7 @@ async fn subscribe_creates_group_with_mkstream() {
     assert_eq!(subscribed.stream, "fresh");
     assert_eq!(subscribed.group, "workers");
     assert_eq!(subscribed.consumer, "pod-7", "Subscribed names the sidecar's --consumer-name");
-    assert_eq!(subscribed.max_in_flight, 64, "the default max_in_flight is reported");
+    assert_eq!(subscribed.max_in_flight, 1024, "the adaptive window's cap is reported");
     let groups = groups(&mut con, "fresh").await;
     assert!(groups.contains_key("workers"), "XINFO GROUPS must show the group: {groups:?}");
 }
@@ -262,6 +262,64 @@ async fn max_in_flight_above_limit_is_invalid_argument() {
     let err = Consumer::try_subscribe(&sidecar, sub).await.err().expect("max_in_flight over the limit must be refused");
 
     assert_code(&err, Code::InvalidArgument);
+}
+
+/// Takes the deliveries that arrive until none has for `quiet`: what the
+/// call's credit let the sidecar send.
+async fn take_until_quiet(consumer: &mut Consumer, quiet: Duration) -> Vec<String> {
+    let mut ids = Vec::new();
+    loop {
+        match consumer.next_event(quiet).await {
+            Event::Delivery(delivery) => ids.push(delivery.id),
+            Event::Timeout => return ids,
+            other => panic!("expected deliveries, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_max_in_flight_the_window_doubles_while_the_client_keeps_up() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    sidecar.append_numbered("s", 3000).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+
+    // Each turn takes all the credit allows, then acks it all at once, fast.
+    let mut turns = Vec::new();
+    for _ in 0..5 {
+        let ids = take_until_quiet(&mut consumer, Duration::from_millis(100)).await;
+        turns.push(ids.len());
+        consumer.ack(&ids.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    }
+    assert_eq!(turns, [64, 128, 256, 512, 1024], "the window starts at 64 and doubles up to its cap");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_max_in_flight_a_client_that_falls_behind_gets_a_smaller_window() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    sidecar.append_numbered("s", 400).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+
+    // A slow handler: one ack every 10 ms, while the window keeps 64 waiting.
+    let mut in_hand: std::collections::VecDeque<String> =
+        take_until_quiet(&mut consumer, Duration::from_millis(100)).await.into();
+    assert_eq!(in_hand.len(), 64);
+    let mut most_after_the_first_window = 0;
+    for acked in 1..=140 {
+        let id = in_hand.pop_front().expect("the window never runs dry here");
+        consumer.ack_one(&id).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        in_hand.extend(take_until_quiet(&mut consumer, Duration::from_millis(2)).await);
+        // The window shrinks at the 64th verdict; the call holds less once 16 more settled.
+        if acked > 64 + 16 {
+            most_after_the_first_window = most_after_the_first_window.max(in_hand.len());
+        }
+    }
+    assert!(
+        (1..=48).contains(&most_after_the_first_window),
+        "verdicts came back slowly: at most 48 held, got {most_after_the_first_window}"
+    );
 }
 
 // ---------------------------------------------------------------------------

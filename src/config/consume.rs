@@ -11,8 +11,9 @@ use super::millis;
 pub const DEFAULT_RECLAIM_MIN_IDLE: Duration = Duration::from_secs(30);
 /// Default period of the reclaim beat (XAUTOCLAIM).
 pub const DEFAULT_RECLAIM_INTERVAL: Duration = Duration::from_secs(5);
-/// Default `max_in_flight` (entries) for a subscription that sends 0.
-pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
+/// Default cap (entries) of the adaptive window of a subscription that sends
+/// `max_in_flight` 0.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 1024;
 /// Default upper bound (entries) on a subscription's `max_in_flight`.
 pub const DEFAULT_MAX_IN_FLIGHT_LIMIT: u32 = 10_000;
 /// Default `max_deliveries` of a group whose subscription sends 0: no limit.
@@ -50,9 +51,16 @@ pub struct ConsumeConfig {
           default_value = default_millis!(DEFAULT_RECLAIM_INTERVAL), value_parser = millis::within(10..))]
     pub reclaim_interval: Duration,
 
-    /// `max_in_flight` (entries) of a subscription that sends 0.
-    #[arg(long, env = "ECHOMQ_DEFAULT_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT, value_parser = clap::value_parser!(u32).range(1..))]
-    pub default_max_in_flight: u32,
+    /// The most entries (`max_in_flight`) a subscription that sends 0 may
+    /// hold: its window starts at 64 and grows (doubling) while the client
+    /// keeps up and shrinks (by a quarter, down to 8) when it falls behind,
+    /// judged by the time from delivery to verdict. A subscription that sets
+    /// `max_in_flight` gets exactly that, fixed.
+    /// Unset: 1024, or `--max-in-flight-limit` if that is lower (see
+    /// [`Consume::default_max_in_flight`]).
+    #[arg(id = "default_max_in_flight", long = "default-max-in-flight", value_name = "DEFAULT_MAX_IN_FLIGHT", env = "ECHOMQ_DEFAULT_MAX_IN_FLIGHT",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub default_max_in_flight_set: Option<u32>,
 
     /// The largest `max_in_flight` (entries) a subscription may ask for.
     #[arg(long, env = "ECHOMQ_MAX_IN_FLIGHT_LIMIT", default_value_t = DEFAULT_MAX_IN_FLIGHT_LIMIT, value_parser = clap::value_parser!(u32).range(1..))]
@@ -131,12 +139,19 @@ impl ConsumeConfig {
         millis::unless_off(self.consumer_idle_limit)
     }
 
+    /// The cap (entries) of the adaptive window of a subscription that sends
+    /// `max_in_flight` 0: `--default-max-in-flight`, else
+    /// [`DEFAULT_MAX_IN_FLIGHT`] within `--max-in-flight-limit`.
+    pub fn default_max_in_flight(&self) -> u32 {
+        self.default_max_in_flight_set.unwrap_or(DEFAULT_MAX_IN_FLIGHT.min(self.max_in_flight_limit))
+    }
+
     /// Checks the defaults against their limits.
     pub(super) fn validate(&self) -> Result<(), String> {
-        if self.default_max_in_flight > self.max_in_flight_limit {
+        if let Some(default) = self.default_max_in_flight_set.filter(|&n| n > self.max_in_flight_limit) {
             return Err(format!(
-                "--default-max-in-flight ({}) is above --max-in-flight-limit ({})",
-                self.default_max_in_flight, self.max_in_flight_limit
+                "--default-max-in-flight ({default}) is above --max-in-flight-limit ({})",
+                self.max_in_flight_limit
             ));
         }
         if self.retry_backoff_initial > self.retry_backoff_max {

@@ -248,7 +248,7 @@ mod tests {
         assert_eq!(config.redis.redis_url, DEFAULT_REDIS_URL);
         assert_eq!(config.server.listen, Listen::Tcp("127.0.0.1:50051".parse().unwrap()));
         assert_eq!(config.admin.admin_listen, "0.0.0.0:9464".parse().unwrap());
-        assert_eq!(config.consume.default_max_in_flight, DEFAULT_MAX_IN_FLIGHT);
+        assert_eq!(config.consume.default_max_in_flight(), DEFAULT_MAX_IN_FLIGHT);
         assert!(config.validate().is_ok());
     }
 
@@ -295,6 +295,9 @@ mod tests {
         assert!(parse(&sentinel).unwrap().validate().is_ok());
         let config = parse(&["--default-max-in-flight", "20", "--max-in-flight-limit", "10"]).unwrap();
         assert!(config.validate().unwrap_err().contains("--max-in-flight-limit"));
+        let config = parse(&["--max-in-flight-limit", "100"]).unwrap();
+        assert_eq!(config.validate(), Ok(()), "an unset default follows a lower limit");
+        assert_eq!(config.consume.default_max_in_flight(), 100);
         let twice = parse(&["--retention", "x=maxlen:3,y=maxlen:1,x=maxage:1d"]).unwrap();
         assert!(twice.validate().unwrap_err().contains("`x` twice"));
         assert!(parse(&["--retention", "x=maxlen:3,y=maxlen:1"]).unwrap().validate().is_ok());

@@ -38,6 +38,7 @@ use super::{
         Unrefreshed, ACK_CHUNK,
     },
     verdicts::{Gone, Refusal},
+    window::Window,
     IdMap,
 };
 use crate::{
@@ -109,6 +110,9 @@ pub(crate) struct Policy {
     /// Most entries the call holds un-settled (this worker's share of them
     /// on a sharded stream).
     pub(crate) max_in_flight: u32,
+    /// The client set no `max_in_flight`: its window adapts up to
+    /// `max_in_flight` (see [`Window`]) instead of being fixed there.
+    pub(crate) adaptive: bool,
     /// How long a delivery may stay un-settled; `None`: as long as the call lives.
     pub(crate) ack_deadline: Option<Duration>,
     /// The retry delays after a Fail without `retry_after`, a passed
@@ -150,6 +154,8 @@ struct Call {
     /// This worker's stream's index among the call's shards.
     shard: usize,
     policy: Policy,
+    /// How many entries it may hold now (at most `policy.max_in_flight`).
+    window: Window,
     held: IdMap<BrandedId, Held>,
     /// Deliveries Redis took from this call, and why: their verdicts are
     /// answered NOT_PENDING until the id is delivered to the call again.
@@ -164,7 +170,7 @@ impl Call {
         if self.closed {
             return 0;
         }
-        (self.policy.max_in_flight as usize).saturating_sub(self.held.len())
+        (self.window.size() as usize).saturating_sub(self.held.len())
     }
 
     /// The answer to a verdict on `id`, which this call does not hold.
@@ -298,7 +304,9 @@ impl<D> Ledger<D> {
             }
             _ => self.settings = Some(settings),
         }
-        let call = Call { shard, policy, held: IdMap::default(), gone: IdMap::default(), closed: false };
+        let window =
+            if policy.adaptive { Window::adaptive(policy.max_in_flight) } else { Window::fixed(policy.max_in_flight) };
+        let call = Call { shard, policy, window, held: IdMap::default(), gone: IdMap::default(), closed: false };
         self.calls.insert(session, call);
         Ok(())
     }
@@ -390,7 +398,7 @@ impl<D> Ledger<D> {
         if self.held() + self.ready.len() == 0 {
             return 1;
         }
-        let credit: usize = self.calls.values().filter(|c| !c.closed).map(|c| c.policy.max_in_flight as usize).sum();
+        let credit: usize = self.calls.values().filter(|c| !c.closed).map(|c| c.window.size() as usize).sum();
         (credit / 4).clamp(1, max.max(1))
     }
 
@@ -587,6 +595,9 @@ impl<D> Ledger<D> {
         call.gone.remove(&branded);
         let deadline = call.policy.ack_deadline.map(|d| now + d);
         call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now });
+        if call.free() == 0 {
+            call.window.ran_out();
+        }
         self.entries.insert(stream_id, Track::Held(session, branded));
         self.tally.deliveries += 1;
         self.effects.push(Effect::Deliver { session, shard: call.shard, out });
@@ -636,7 +647,9 @@ impl<D> Ledger<D> {
         if call.policy.sharded {
             self.effects.push(Effect::Left { session, shard: call.shard, id, settled: true });
         }
-        self.tally.handler_seconds.push(now.saturating_duration_since(held.delivered_at).as_secs_f64());
+        let latency = now.saturating_duration_since(held.delivered_at);
+        call.window.verdict(latency, now);
+        self.tally.handler_seconds.push(latency.as_secs_f64());
         self.entries.remove(&held.stream_id);
         Some(held)
     }
@@ -1008,6 +1021,7 @@ impl<D> Ledger<D> {
                 assert!(!call.gone.contains_key(id), "{id} is both held and gone");
             }
             assert!(call.held.len() <= call.policy.max_in_flight as usize, "call {session} holds over its credit");
+            assert!(call.window.size() <= call.policy.max_in_flight, "call {session}'s window is over its cap");
         }
         for out in &self.ready {
             assert_eq!(self.entries.get(&out.stream_id), Some(&Track::Ready), "ready {} unrecorded", out.stream_id);

@@ -29,6 +29,7 @@ mod session;
 mod settle;
 mod subscribe;
 mod verdicts;
+mod window;
 mod worker;
 
 use std::{
@@ -194,7 +195,7 @@ impl Consumers {
         };
         let defaults = Defaults {
             max_deliveries: config.consume.default_max_deliveries,
-            max_in_flight: config.consume.default_max_in_flight,
+            max_in_flight: config.consume.default_max_in_flight(),
             max_in_flight_limit: config.consume.max_in_flight_limit,
             backoff: Backoff { initial: config.consume.retry_backoff_initial, max: config.consume.retry_backoff_max },
         };

@@ -106,7 +106,8 @@ impl Consumers {
             n => n,
         };
         let backoff = Backoff { initial: backoff_initial, max: backoff_max };
-        let policy = Policy { max_in_flight, ack_deadline, backoff, sharded: shards.len() > 1 };
+        let adaptive = subscribe.max_in_flight == 0;
+        let policy = Policy { max_in_flight, adaptive, ack_deadline, backoff, sharded: shards.len() > 1 };
         let shards = shards
             .into_iter()
             .zip(dead_letter_streams)

@@ -10,6 +10,7 @@ const MS: Duration = Duration::from_millis(1);
 fn policy(max_in_flight: u32) -> Policy {
     Policy {
         max_in_flight,
+        adaptive: false,
         ack_deadline: None,
         backoff: Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(10) },
         sharded: false,
@@ -710,4 +711,36 @@ fn a_walk_of_the_own_pel_starts_again_once_at_a_time_and_never_at_most_once() {
     call(&mut at_most_once, 1, policy(10));
     assert!(!at_most_once.recover_own_pending(), "nothing is pending at most once");
     assert_eq!(at_most_once.next_work(now, 512), Some(Work::Read(10)));
+}
+
+#[test]
+fn a_call_without_max_in_flight_gets_a_window_that_grows_while_it_keeps_up() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, Policy { adaptive: true, ..policy(1000) });
+    assert_eq!(ledger.free(), 64, "an adaptive window starts at 64");
+    hand_out(&mut ledger, 1..=64, now);
+    assert_eq!(ledger.free(), 0);
+    for n in 1..=64 {
+        ledger.ack(1, branded(n).to_string(), branded(n), now + MS);
+    }
+    assert_eq!(ledger.free(), 128, "a window's worth acked fast with the credit used up: doubled");
+    hand_out(&mut ledger, 65..=100, now + MS);
+    for n in 65..=100 {
+        ledger.ack(1, branded(n).to_string(), branded(n), now + 2 * MS);
+    }
+    assert_eq!(ledger.free(), 128, "credit left over: the window was not the limit, it holds");
+}
+
+#[test]
+fn a_call_without_max_in_flight_that_falls_behind_gets_a_smaller_window() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, Policy { adaptive: true, ..policy(1000) });
+    hand_out(&mut ledger, 1..=64, now);
+    ledger.ack(1, branded(1).to_string(), branded(1), now + MS);
+    for n in 2..=64 {
+        ledger.ack(1, branded(n).to_string(), branded(n), now + Duration::from_secs(1));
+    }
+    assert_eq!(ledger.free(), 48, "verdicts came back far slower than the fastest: a quarter less");
+    hand_out(&mut ledger, 65..=112, now);
+    assert_eq!(ledger.free(), 0);
 }
