@@ -8,7 +8,9 @@ mod support;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use echomq::proto::{DescribeGroupRequest, GroupStart, ListDeadLettersRequest, ReplayDeadLettersRequest};
+use echomq::proto::{
+    DescribeGroupRequest, DestroyGroupRequest, GroupStart, ListDeadLettersRequest, ReplayDeadLettersRequest,
+};
 use support::*;
 use tonic::Code;
 
@@ -436,6 +438,38 @@ async fn two_groups_with_their_keys(sidecar: &Sidecar, con: &mut redis::aio::Mul
     }
     wait_no_blocked_readers(con).await;
     assert_eq!(keys_besides_the_stream(con).await, expected_keys(&["g1", "g2"]));
+}
+
+/// DestroyGroup removes the group and, in the same step, every key the
+/// sidecars keep for it alone; the other group's keys and the dead-letter
+/// stream stay; a group with pending entries needs `force`; and the group's
+/// worker, still running, brings back neither the group nor a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_group_removes_the_group_with_every_key_of_its_own() {
+    let redis = RedisServer::start().await;
+    // Hygiene beats every 250 ms: a key it would write back shows within the test.
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--consumer-idle-limit-ms").arg("1000")).await;
+    let mut con = redis.conn().await;
+    two_groups_with_their_keys(&sidecar, &mut con).await;
+    let mut admin = sidecar.admin_client().await;
+    let request = |force| DestroyGroupRequest { stream: "s".into(), group: "g1".into(), force, ..Default::default() };
+
+    let err = admin.destroy_group(request(false)).await.expect_err("one entry is pending");
+    assert_code(&err, Code::FailedPrecondition);
+    assert!(err.message().contains("1 pending"), "{}", err.message());
+    assert!(groups(&mut con, "s").await.contains_key("g1"), "a refusal changes nothing");
+    assert_eq!(keys_besides_the_stream(&mut con).await, expected_keys(&["g1", "g2"]));
+
+    let destroyed = admin.destroy_group(request(true)).await.expect("destroy with force").into_inner();
+
+    assert_eq!((destroyed.pending_dropped, destroyed.keys_removed), (1, 2));
+    assert_eq!(groups(&mut con, "s").await.keys().collect::<Vec<_>>(), ["g2"]);
+    assert_eq!(keys_besides_the_stream(&mut con).await, expected_keys(&["g2"]));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(groups(&mut con, "s").await.keys().collect::<Vec<_>>(), ["g2"], "not re-created");
+    assert_eq!(keys_besides_the_stream(&mut con).await, expected_keys(&["g2"]), "no key written back");
+    let err = admin.destroy_group(request(true)).await.expect_err("gone already");
+    assert_code(&err, Code::NotFound);
 }
 
 /// A group destroyed behind the sidecar's back (a plain XGROUP DESTROY): the
