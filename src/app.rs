@@ -553,14 +553,8 @@ impl Files {
             std::fs::read(path).map_err(|e| AppError::Config(format!("{flag} {}: {e}", path.display())))
         };
         let text = |flag: &str, path: &Path| -> Result<String, AppError> {
-            let bytes = read(flag, path)?;
-            let text = String::from_utf8(bytes)
-                .map_err(|_| AppError::Config(format!("{flag} {}: not UTF-8 text", path.display())))?;
-            let text = text.trim().to_owned();
-            if text.is_empty() {
-                return Err(AppError::Config(format!("{flag} {}: the file is empty", path.display())));
-            }
-            Ok(text)
+            crate::redis::credentials::read_text(path)
+                .map_err(|reason| AppError::Config(format!("{flag} {}: {reason}", path.display())))
         };
         let auth_token =
             config.security.auth_token_file.as_deref().map(|p| text("--auth-token-file", p)).transpose()?;
@@ -612,6 +606,7 @@ async fn connect_with_backoff(
         let url = &config.redis.redis_url;
         let options = ConnectOptions {
             password: files.redis_password.as_deref(),
+            password_file: config.redis.redis_password_file.as_deref(),
             ca_pem: files.redis_ca.as_deref(),
             timeout,
             sharded: &config.redis.sharded_streams,

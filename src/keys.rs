@@ -106,6 +106,15 @@ impl Keyspace {
         self.derived(stream, &format!(":heartbeats:{group}"))
     }
 
+    /// Every key the sidecars keep for `group` on `stream` alone, heartbeat
+    /// hash first: what DestroyGroup removes with the group, and what the
+    /// hygiene beat removes when it finds the group gone. A new per-group key
+    /// belongs here, or it outlives its group. The dead-letter stream is not
+    /// one: it is the stream's (shared by its groups) and holds user data.
+    pub fn group_keys(&self, stream: &str, group: &str) -> [String; 2] {
+        [self.heartbeats(stream, group), self.retries(stream, group)]
+    }
+
     /// The dedup record of `dedup_key` on the stream key `stream` (an
     /// Append's `dedup_key`): a string `<stream id> <branded id>` of the
     /// first append with that key, expiring after `--dedup-window-ms`:
@@ -326,7 +335,9 @@ mod tests {
         for stream in ["orders", "{orders}", "a{b}c", "orders:{orders:3}", "a{b"] {
             let dlq = cluster.dead_letter_stream(stream);
             assert_eq!(Slot::for_key(stream), Slot::for_key(&dlq), "{stream} -> {dlq}");
-            assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.retries(stream, "g")), "{stream}");
+            for key in cluster.group_keys(stream, "g") {
+                assert_eq!(Slot::for_key(stream), Slot::for_key(&key), "{stream} -> {key}");
+            }
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.fold_lease(stream)), "{stream}");
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.archive_through(stream)), "{stream}");
             for dedup_key in ["k", "{other}", "}{x}"] {

@@ -10,7 +10,8 @@
 //! - [`admin_http`]: the admin HTTP port: `/livez`, `/readyz`, `/metrics`.
 //! - [`archive`]: the archive's storage only: Parquet files and per-stream
 //!   manifests on object storage (a directory or S3), written and read back.
-//! - [`admin`]: the AdminService: describe a group, list and replay dead letters.
+//! - [`admin`]: the AdminService: describe a group, list and replay dead letters,
+//!   destroy a group with its keys.
 //! - [`stream`]: the StreamService: Append and AppendBatch, Read, Trim; the
 //!   retention policies; `stream/fold.rs`, the fold-then-trim order that
 //!   archives what a trim removes (leases, the crash-safe order).

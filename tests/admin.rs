@@ -6,9 +6,11 @@
 
 mod support;
 
-use std::time::Duration;
+use std::{collections::BTreeSet, time::Duration};
 
-use echomq::proto::{DescribeGroupRequest, GroupStart, ListDeadLettersRequest, ReplayDeadLettersRequest};
+use echomq::proto::{
+    DescribeGroupRequest, DestroyGroupRequest, GroupStart, ListDeadLettersRequest, ReplayDeadLettersRequest,
+};
 use support::*;
 use tonic::Code;
 
@@ -399,4 +401,96 @@ async fn lag_after_a_trim_of_unread_entries_is_right_or_unset_never_false() {
     read_and_ack(&mut con, "s", "g", 1).await;
     let lag = described_lag(&sidecar, "s", "g").await;
     assert!(lag.is_none() || lag == Some(306), "306 unread after the last-delivered id; got {lag:?}");
+}
+
+/// Every key in Redis but the stream `s`, sorted.
+async fn keys_besides_the_stream(con: &mut redis::aio::MultiplexedConnection) -> BTreeSet<String> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(con).await.expect("KEYS");
+    keys.into_iter().filter(|key| key != "s").collect()
+}
+
+/// The keys of groups `g1` and `g2` of stream `s`, and the dead-letter stream.
+fn expected_keys(groups: &[&str]) -> BTreeSet<String> {
+    let mut keys: BTreeSet<String> = ["s:dlq".to_owned()].into();
+    for group in groups {
+        keys.extend([format!("s:heartbeats:{group}"), format!("s:retries:{group}")]);
+    }
+    keys
+}
+
+/// Groups `g1` and `g2` of stream `s`, each with a failed entry pending (so
+/// a retry hash) and this sidecar's heartbeat, and a dead letter in `s:dlq`;
+/// both calls ended, their readers no longer blocked.
+async fn two_groups_with_their_keys(sidecar: &Sidecar, con: &mut redis::aio::MultiplexedConnection) {
+    xadd_raw(con, "s:dlq", &[(b"k", b"a dead letter")]).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    for group in ["g1", "g2"] {
+        let mut call = Consumer::start(sidecar, "s", group, GroupStart::Beginning, 0).await;
+        let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+        call.fail(&delivery.id, Some(Duration::from_secs(60))).await;
+        let retries = format!("s:retries:{group}");
+        let written = eventually(EVENT_TIMEOUT, || {
+            let (mut c, retries) = (con.clone(), retries.clone());
+            async move { exists(&mut c, &retries).await }
+        })
+        .await;
+        assert!(written, "no retry hash for {group}:\n{}", sidecar.log());
+    }
+    wait_no_blocked_readers(con).await;
+    assert_eq!(keys_besides_the_stream(con).await, expected_keys(&["g1", "g2"]));
+}
+
+/// DestroyGroup removes the group and, in the same step, every key the
+/// sidecars keep for it alone; the other group's keys and the dead-letter
+/// stream stay; a group with pending entries needs `force`; and the group's
+/// worker, still running, brings back neither the group nor a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_group_removes_the_group_with_every_key_of_its_own() {
+    let redis = RedisServer::start().await;
+    // Hygiene beats every 250 ms: a key it would write back shows within the test.
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--consumer-idle-limit-ms").arg("1000")).await;
+    let mut con = redis.conn().await;
+    two_groups_with_their_keys(&sidecar, &mut con).await;
+    let mut admin = sidecar.admin_client().await;
+    let request = |force| DestroyGroupRequest { stream: "s".into(), group: "g1".into(), force, ..Default::default() };
+
+    let err = admin.destroy_group(request(false)).await.expect_err("one entry is pending");
+    assert_code(&err, Code::FailedPrecondition);
+    assert!(err.message().contains("1 pending"), "{}", err.message());
+    assert!(groups(&mut con, "s").await.contains_key("g1"), "a refusal changes nothing");
+    assert_eq!(keys_besides_the_stream(&mut con).await, expected_keys(&["g1", "g2"]));
+
+    let destroyed = admin.destroy_group(request(true)).await.expect("destroy with force").into_inner();
+
+    assert_eq!((destroyed.pending_dropped, destroyed.keys_removed), (1, 2));
+    assert_eq!(groups(&mut con, "s").await.keys().collect::<Vec<_>>(), ["g2"]);
+    assert_eq!(keys_besides_the_stream(&mut con).await, expected_keys(&["g2"]));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(groups(&mut con, "s").await.keys().collect::<Vec<_>>(), ["g2"], "not re-created");
+    assert_eq!(keys_besides_the_stream(&mut con).await, expected_keys(&["g2"]), "no key written back");
+    let err = admin.destroy_group(request(true)).await.expect_err("gone already");
+    assert_code(&err, Code::NotFound);
+}
+
+/// A group destroyed behind the sidecar's back (a plain XGROUP DESTROY): the
+/// next hygiene beat writes no heartbeat for it and removes its keys, and its
+/// worker does not re-create it; the other group keeps its keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_destroyed_with_xgroup_destroy_leaves_no_key_behind() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--consumer-idle-limit-ms").arg("1000")).await;
+    let mut con = redis.conn().await;
+    two_groups_with_their_keys(&sidecar, &mut con).await;
+
+    let _: i64 = redis::cmd("XGROUP").arg("DESTROY").arg("s").arg("g1").query_async(&mut con).await.unwrap();
+
+    let cleaned = eventually(EVENT_TIMEOUT, || {
+        let mut c = con.clone();
+        async move { keys_besides_the_stream(&mut c).await == expected_keys(&["g2"]) }
+    })
+    .await;
+    assert!(cleaned, "left behind: {:?}\n{}", keys_besides_the_stream(&mut con).await, sidecar.log());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(groups(&mut con, "s").await.keys().collect::<Vec<_>>(), ["g2"], "not re-created");
+    assert_eq!(keys_besides_the_stream(&mut con).await, expected_keys(&["g2"]), "no key written back");
 }

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use echomq::proto::{
-    consume_request::Kind, AppendBatchRequest, AppendRequest, BatchEntry, DescribeGroupRequest, Drain, GroupStart,
-    ListDeadLettersRequest, ReadRequest, TrimRequest,
+    consume_request::Kind, AppendBatchRequest, AppendRequest, BatchEntry, DescribeGroupRequest, DestroyGroupRequest,
+    Drain, GroupStart, ListDeadLettersRequest, ReadRequest, TrimRequest,
 };
 use redis::cluster_async::ClusterConnection;
 use support::cluster::{key_slot, RedisCluster, Role};
@@ -636,4 +636,71 @@ async fn durable_and_idempotent_appends_wait_on_the_slot_owner() {
     let first = streams.append(keyed(&sharded, "order-1")).await.unwrap().into_inner();
     let retry = streams.append(keyed(&sharded, "order-1")).await.unwrap().into_inner();
     assert!(retry.duplicate && retry.stream == first.stream && retry.id == first.id, "{retry:?}");
+}
+
+/// DestroyGroup on a cluster: a group's own keys (heartbeat and retry hash)
+/// share its stream key's slot, so one script removes them with the group; on
+/// a sharded stream, on every shard. The other group's keys stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_group_removes_its_keys_on_a_cluster_and_on_every_shard() {
+    let cluster = RedisCluster::start(3, 0).await;
+    let (plain, sharded) = (unique("orders"), unique("sh"));
+    let options = SidecarOptions::default().arg("--sharded-streams").arg(&format!("{sharded}=2"));
+    let sidecar = Sidecar::start_with_url(&cluster.seed_url(), options).await;
+    let mut con = cluster.conn().await;
+    let shard_keys = [format!("{sharded}:{{{sharded}:0}}"), format!("{sharded}:{{{sharded}:1}}")];
+    let own_keys = |group: &str| {
+        let mut keys = vec![format!("{{{plain}}}:heartbeats:{group}"), format!("{{{plain}}}:retries:{group}")];
+        for shard in &shard_keys {
+            keys.extend([format!("{shard}:heartbeats:{group}"), format!("{shard}:retries:{group}")]);
+        }
+        keys
+    };
+    for stream in [&plain, &sharded] {
+        // Round-robin: one entry in each shard of the sharded stream.
+        sidecar.append_numbered(stream, 2).await;
+        for group in ["g1", "g2"] {
+            let mut call = Consumer::start(&sidecar, stream, group, GroupStart::Beginning, 16).await;
+            for delivery in call.deliveries(2, Duration::from_secs(10)).await {
+                call.fail(&delivery.id, Some(Duration::from_secs(60))).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    let count = |keys: Vec<String>| {
+        let mut con = con.clone();
+        async move {
+            let mut found = 0;
+            for key in keys {
+                let exists: i64 = redis::cmd("EXISTS").arg(&key).query_async(&mut con).await.unwrap();
+                found += exists;
+            }
+            found
+        }
+    };
+    let every = own_keys("g1").len() as i64;
+    let written = support::eventually(Duration::from_secs(10), || async {
+        count(own_keys("g1")).await == every && count(own_keys("g2")).await == every
+    })
+    .await;
+    assert!(written, "every group's keys exist on every stream key:\n{}", sidecar.log());
+    // The calls ended: let their readers stop, so no read finds the group gone.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut admin = sidecar.admin_client().await;
+    let mut removed = Vec::new();
+    for stream in [&plain, &sharded] {
+        let request = DestroyGroupRequest { stream: stream.clone(), group: "g1".into(), force: true };
+        let answer = admin.destroy_group(request).await.unwrap().into_inner();
+        removed.push((answer.pending_dropped, answer.keys_removed));
+    }
+
+    assert_eq!(removed, [(2, 2), (2, 4)], "pending entries dropped and keys removed, per call");
+    assert_eq!(count(own_keys("g1")).await, 0, "no key of the destroyed group is left");
+    assert_eq!(count(own_keys("g2")).await, every, "the other group's keys stay");
+    for key in [&plain, &shard_keys[0], &shard_keys[1]] {
+        let groups: Vec<Vec<redis::Value>> =
+            redis::cmd("XINFO").arg("GROUPS").arg(key).query_async(&mut con).await.unwrap();
+        assert_eq!(groups.len(), 1, "only g2 is left on {key}");
+    }
 }

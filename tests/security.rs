@@ -821,6 +821,49 @@ async fn an_acl_user_deleted_and_re_created_is_reconnected_as() {
     assert!((1..=2).contains(&refusals), "one warning per refusal, not per retry: {refusals}\n{}", sidecar.log());
 }
 
+/// A password rotated the way Kubernetes rotates a mounted Secret: Redis
+/// gets the new password, the file gets the new text, and the sidecar's
+/// connections are closed (CLIENT KILL). Redis refuses the old password on
+/// the reconnect, so the sidecar reads the file again: appends (the shared
+/// connection) and consumption (the reader's own connection) recover with
+/// the new password, said once in the log, without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_password_file_is_read_again_when_redis_refuses_the_old_one() {
+    let redis = password_redis().await;
+    let mut admin = redis.conn_with_auth(None, REDIS_PASSWORD).await;
+    acl_user(&mut admin, "echomq", "first-pa55", "~* &*").await;
+    let (options, dir) = as_acl_user(&redis, "echomq", "first-pa55", "");
+    let sidecar = Sidecar::start(&redis, options).await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let before = try_append(&sidecar, "s").await.expect("append with the first password");
+    assert_eq!(call.next_delivery(EVENT_TIMEOUT).await.id, before.id);
+
+    let _: redis::Value = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("echomq")
+        .arg("resetpass")
+        .arg(">second-pa55")
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    write_file(dir.path(), "redis-password", "second-pa55\n");
+    let killed: i64 =
+        redis::cmd("CLIENT").arg("KILL").arg("USER").arg("echomq").query_async(&mut admin).await.expect("CLIENT KILL");
+    assert!(killed >= 2, "the shared connection and the reader's were open: {killed}");
+
+    let appended = eventually(EVENT_TIMEOUT, || async { try_append(&sidecar, "s").await.is_ok() }).await;
+    assert!(appended, "appends never recovered with the new password:\n{}", sidecar.log());
+    let after = try_append(&sidecar, "s").await.expect("append with the second password");
+    let mut delivered = Vec::new();
+    while !delivered.contains(&after.id) {
+        delivered.push(call.next_delivery(EVENT_TIMEOUT).await.id);
+    }
+    let log = sidecar.log();
+    let said = log.lines().filter(|l| l.contains("--redis-password-file") && !l.contains("test fixture")).count();
+    assert_eq!(said, 1, "the new password is said once:\n{log}");
+    assert!(!log.contains("pa55"), "no password in the log:\n{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_for_the_acl_user_keeps_the_sidecar_unready() {
     let redis = password_redis().await;

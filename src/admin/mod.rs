@@ -1,15 +1,17 @@
-//! The AdminService: what is stuck, and dead letters back to work. One RPC per
-//! file; this file only routes.
+//! The AdminService: what is stuck, dead letters back to work, and a group
+//! destroyed with its keys. One RPC per file; this file only routes.
 
 mod dead_letters;
 mod describe;
+mod destroy;
 
 use tonic::{Request, Response, Status};
 
 use crate::{
     proto::{
-        admin_service_server::AdminService, DescribeGroupRequest, DescribeGroupResponse, ListDeadLettersRequest,
-        ListDeadLettersResponse, ReplayDeadLettersRequest, ReplayDeadLettersResponse,
+        admin_service_server::AdminService, DescribeGroupRequest, DescribeGroupResponse, DestroyGroupRequest,
+        DestroyGroupResponse, ListDeadLettersRequest, ListDeadLettersResponse, ReplayDeadLettersRequest,
+        ReplayDeadLettersResponse,
     },
     redis::Redis,
     security::Guard,
@@ -63,5 +65,12 @@ impl AdminService for Admin {
         request: Request<ReplayDeadLettersRequest>,
     ) -> Result<Response<ReplayDeadLettersResponse>, Status> {
         Ok(Response::new(dead_letters::replay(self, request.extensions().get(), request.get_ref()).await?))
+    }
+
+    async fn destroy_group(
+        &self,
+        request: Request<DestroyGroupRequest>,
+    ) -> Result<Response<DestroyGroupResponse>, Status> {
+        Ok(Response::new(destroy::destroy_group(self, request.extensions().get(), request.get_ref()).await?))
     }
 }

@@ -38,7 +38,10 @@ pub struct RedisConfig {
     pub sharded_streams: BTreeMap<String, u32>,
 
     /// Read the Redis password from this file (overrides one in the URL); pair
-    /// it with an ACL user in the URL (`redis://user@host:port`).
+    /// it with an ACL user in the URL (`redis://user@host:port`). Read again
+    /// whenever Redis refuses the password in use, so a rotated Secret is
+    /// picked up on the next reconnect (single server and Sentinel; a cluster
+    /// keeps the password read at start).
     #[arg(long, env = "ECHOMQ_REDIS_PASSWORD_FILE")]
     pub redis_password_file: Option<PathBuf>,
 

@@ -12,20 +12,41 @@
 -- nothing can be delivered to it in between. Times are Redis' own (TIME), so
 -- the sidecars' clocks need not agree.
 --
+-- A group that no longer exists (its stream deleted, or XGROUP DESTROY
+-- behind the sidecars' back) gets no heartbeat: one would re-create its hash.
+-- Its own keys are removed instead, so none outlives it by more than a beat
+-- of a sidecar that served it. Nor is the group re-created here: only a
+-- Consume call re-creates a lost group (the worker, on its next read).
+--
 -- KEYS[1]  the stream
 -- KEYS[2]  the group's heartbeat hash: consumer → Redis time (unix ms) of its last beat
+-- KEYS[3…] the group's other own keys (its retry hash), removed with KEYS[2]
+--          when the group is gone (`Keyspace::group_keys`)
 -- ARGV[1]  the group
 -- ARGV[2]  this sidecar's consumer (never removed)
 -- ARGV[3]  the idle limit, milliseconds; 0: only record the heartbeat
--- Returns the names removed, or false (nil) when the stream does not exist.
+-- Returns the names removed; false (nil) when the stream does not exist; the
+-- number of the group's keys removed (an integer) when the stream exists
+-- without the group.
 
 local stream, beats, group, me = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local limit = tonumber(ARGV[3])
+local function remove_own_keys()
+  return redis.call('DEL', unpack(KEYS, 2))
+end
 -- A stream deleted (DEL, FLUSHALL, a restart without persistence) took its
 -- group and consumers with it: nothing to beat for, and XINFO would fail with
 -- `no such key`. Say so, and record no heartbeat that would outlive it.
 if redis.call('EXISTS', stream) == 0 then
+  remove_own_keys()
   return false
+end
+local consumers = redis.pcall('XINFO', 'CONSUMERS', stream, group)
+if type(consumers) == 'table' and consumers.err then
+  if string.find(consumers.err, 'NOGROUP', 1, true) then
+    return remove_own_keys()
+  end
+  return redis.error_reply(consumers.err)
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -37,7 +58,7 @@ if limit == 0 then
   return removed
 end
 local present = {}
-for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
+for _, consumer in ipairs(consumers) do
   local info = {}
   for i = 1, #consumer, 2 do
     info[consumer[i]] = consumer[i + 1]

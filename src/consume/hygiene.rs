@@ -11,12 +11,21 @@
 //! stream deleted (DEL, FLUSHALL, a Redis restart without persistence). It
 //! says so once, in words, records nothing while the stream is gone, and
 //! says so again when the stream is back.
+//!
+//! It may also find the stream there without the group (XGROUP DESTROY
+//! behind the sidecars' back; DestroyGroup removes the keys itself). Then it
+//! records nothing either, and removes the group's own keys
+//! ([`crate::keys::Keyspace::group_keys`]), which would otherwise outlive it
+//! (the retry hash has no expiry). It does not re-create the group: a worker
+//! with no call open leaves a destroyed group destroyed; a call's next read
+//! re-creates it (`recovery.rs`).
 
 use std::time::Duration;
 
-use redis::RedisResult;
+use redis::{RedisResult, Value};
 
 use super::GroupKeys;
+use crate::redis::{array, bytes};
 
 /// The longest time between two heartbeats of a sidecar.
 const MAX_BEAT: Duration = Duration::from_secs(10);
@@ -44,20 +53,28 @@ pub(crate) enum Beat {
 /// Records this sidecar's heartbeat and, with `idle_limit`, removes the dead
 /// consumers (`EVALSHA hygiene.lua`, one atomic run).
 ///
-/// Errors: Redis' (NOGROUP when the stream exists without the group and a
-/// limit is set).
+/// A group gone from an existing stream is `Done` with nobody removed (its
+/// own keys are, and logged here when there were any).
+///
+/// Errors: Redis'.
 pub(crate) async fn beat(keys: &GroupKeys, idle_limit: Option<Duration>) -> RedisResult<Beat> {
     let mut conn = keys.redis.conn.clone();
-    let removed: Option<Vec<String>> = keys
-        .redis
-        .scripts
-        .hygiene
-        .key(&keys.stream)
-        .key(&keys.heartbeats)
-        .arg(&keys.group)
-        .arg(&keys.consumer)
-        .arg(idle_limit.map_or(0, |limit| limit.as_millis().max(1) as u64))
-        .invoke_async(&mut conn)
-        .await?;
-    Ok(removed.map_or(Beat::StreamGone, |removed| Beat::Done { removed }))
+    let mut script = keys.redis.scripts.hygiene.prepare_invoke();
+    // The heartbeat hash comes first among the group's own keys, as the script expects.
+    script.key(&keys.stream).key(keys.own_keys.as_slice());
+    script.arg(&keys.group).arg(&keys.consumer).arg(idle_limit.map_or(0, |limit| limit.as_millis().max(1) as u64));
+    let reply: Value = script.invoke_async(&mut conn).await?;
+    match reply {
+        Value::Nil => Ok(Beat::StreamGone),
+        Value::Int(removed) => {
+            if removed > 0 {
+                tracing::info!(stream = %keys.stream, group = %keys.group, keys = removed, "the group no longer exists (destroyed behind the sidecar's back): removed the keys it left behind, and no heartbeat is recorded for it");
+            }
+            Ok(Beat::Done { removed: Vec::new() })
+        }
+        names => {
+            let removed = array(&names).iter().map(|name| Ok(String::from_utf8_lossy(&bytes(name)?).into_owned()));
+            Ok(Beat::Done { removed: removed.collect::<RedisResult<_>>()? })
+        }
+    }
 }

@@ -104,8 +104,9 @@ pub(crate) struct GroupKeys {
     pub(crate) consumer: String,
     /// `<stream>:retries:<group>`, the group's retry hash (see [`retry`]).
     pub(crate) retries: String,
-    /// `<stream>:heartbeats:<group>`, the group's heartbeat hash (see [`hygiene`]).
-    pub(crate) heartbeats: String,
+    /// Every key of this group alone ([`crate::keys::Keyspace::group_keys`]):
+    /// its heartbeat hash (see [`hygiene`]) first, then its retry hash.
+    pub(crate) own_keys: [String; 2],
     /// The reserved branded-id field.
     pub(crate) id_field: String,
 }
@@ -115,7 +116,7 @@ impl GroupKeys {
         GroupKeys {
             redis: shared.redis.clone(),
             retries: shared.redis.keys.retries(&stream, &group),
-            heartbeats: shared.redis.keys.heartbeats(&stream, &group),
+            own_keys: shared.redis.keys.group_keys(&stream, &group),
             consumer: shared.consumer.clone(),
             id_field: shared.id_field.clone(),
             stream,

@@ -15,6 +15,8 @@ use redis::{
 use prometheus_client::registry::Registry;
 
 use super::{
+    credentials::PasswordFile,
+    fault::refuses_credentials,
     primary::{self, PrimaryMetrics},
     reply::{array, bytes},
     scripts::Scripts,
@@ -168,7 +170,13 @@ impl Redis {
     /// a setting to fix), or Redis cannot be reached or refuses the
     /// credentials now.
     pub async fn connect(urls: &str, options: ConnectOptions<'_>, metrics: RedisMetrics) -> RedisResult<Redis> {
-        let ConnectOptions { password, ca_pem, timeout, sharded, sentinel_username, sentinel_password } = options;
+        let ConnectOptions { password, password_file, ca_pem, timeout, sharded, sentinel_username, sentinel_password } =
+            options;
+        // Read again when Redis refuses the password (a rotated Secret); a
+        // cluster keeps the password of the start.
+        let password_file = || {
+            password_file.zip(password).map(|(path, password)| PasswordFile::new(path.to_owned(), password.to_owned()))
+        };
         let scripts = Scripts::new();
         let manager_config = || {
             ConnectionManagerConfig::new()
@@ -183,16 +191,20 @@ impl Redis {
             })?;
             let sentinels =
                 primary::Sentinels::new(&url, sentinel_username, sentinel_password, password, ca_pem, tcp_settings())?;
-            let primary =
-                primary::Primary::start(primary::Locator::Sentinel(sentinels), timeout, metrics.primary.clone())
-                    .await?;
+            let primary = primary::Primary::start(
+                primary::Locator::Sentinel(sentinels),
+                password_file(),
+                timeout,
+                metrics.primary.clone(),
+            )
+            .await?;
             return Redis::single(primary, manager_config(), timeout, scripts, metrics, sharded.clone()).await;
         }
         let seeds = urls
             .split(',')
             .map(str::trim)
             .filter(|url| !url.is_empty())
-            .map(|url| Ok(with_password(url.into_connection_info()?, password)?.set_tcp_settings(tcp_settings())))
+            .map(|url| Ok(with_password(url.into_connection_info()?, password).set_tcp_settings(tcp_settings())))
             .collect::<RedisResult<Vec<ConnectionInfo>>>()?;
         let Some(first) = seeds.first().cloned() else {
             return Err((redis::ErrorKind::InvalidClientConfig, "no Redis URL given").into());
@@ -205,7 +217,7 @@ impl Redis {
         }
         if !cluster {
             let locator = primary::Locator::Address { info: first, ca_pem: ca_pem.map(<[u8]>::to_vec) };
-            let primary = primary::Primary::start(locator, timeout, metrics.primary.clone()).await?;
+            let primary = primary::Primary::start(locator, password_file(), timeout, metrics.primary.clone()).await?;
             return Redis::single(primary, manager_config(), timeout, scripts, metrics, sharded.clone()).await;
         }
         let mut conn = cluster_client(seeds.clone(), timeout, Some(timeout), ca_pem)?.get_async_connection().await?;
@@ -331,7 +343,11 @@ impl Redis {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(response_timeout);
-                let conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+                let conn = client.get_multiplexed_async_connection_with_config(&config).await.inspect_err(|e| {
+                    if refuses_credentials(e) {
+                        primary.credentials_refused();
+                    }
+                })?;
                 Ok(Connection::Dedicated(DedicatedConnection { conn, generation, primary: primary.clone() }))
             }
             Target::Cluster { seeds, ca_pem } => {
@@ -404,6 +420,9 @@ fn cluster_client(
 pub struct ConnectOptions<'a> {
     /// Overrides the URL's password for the data nodes (`--redis-password-file`).
     pub password: Option<&'a str>,
+    /// The file `password` was read from, read again when Redis refuses it
+    /// (single server and Sentinel; see [`super::credentials`]).
+    pub password_file: Option<&'a std::path::Path>,
     /// The only trusted root for `rediss://` (`--redis-ca-file`); `None`: the system's.
     pub ca_pem: Option<&'a [u8]>,
     /// Bounds connecting and each non-blocking command (`--redis-timeout-ms`).
@@ -439,14 +458,15 @@ pub(super) fn tcp_keepalive() -> redis::io::tcp::socket2::TcpKeepalive {
         .with_retries(TCP_KEEPALIVE_RETRIES)
 }
 
-fn with_password(info: ConnectionInfo, password: Option<&str>) -> RedisResult<ConnectionInfo> {
-    Ok(match password {
+/// `info` with `password` in place of its own, when given.
+pub(super) fn with_password(info: ConnectionInfo, password: Option<&str>) -> ConnectionInfo {
+    match password {
         Some(password) => {
             let settings = info.redis_settings().clone().set_password(password);
             info.set_redis_settings(settings)
         }
         None => info,
-    })
+    }
 }
 
 /// Whether the server has cluster mode on (`INFO cluster`).

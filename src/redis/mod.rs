@@ -24,12 +24,14 @@
 //! One file per job: [`connect`] (the handles and connections), [`timed`]
 //! (every command's latency, and its series), [`scripts`] (the Lua scripts), [`reply`] (parsing replies), [`shards`] (sharded
 //! streams' shard counts), [`trim`] (`trim.lua`'s wrapper); the connections'
-//! own: [`primary`], [`shared`], [`readers`], [`resp`]; and what the services
+//! own: [`primary`], [`credentials`] (the password file, read again), [`shared`],
+//! [`readers`], [`resp`]; and what the services
 //! share, below them: [`fault`](mod@fault) (a Redis error's kind, decided
 //! once), [`group`] (a group's state), [`range`] (range paging), [`version`]
 //! (the server's).
 
 pub mod connect;
+pub mod credentials;
 pub mod fault;
 pub mod group;
 pub mod primary;

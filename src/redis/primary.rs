@@ -44,6 +44,7 @@ use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
 use super::{
+    credentials::PasswordFile,
     fault::{fault, Fault},
     reply::RawEntry,
 };
@@ -80,6 +81,9 @@ pub struct PrimaryState {
 /// (see the module doc). Shared by every connection; cheap to read.
 pub struct Primary {
     locator: Locator,
+    /// `--redis-password-file`, read again when Redis refuses the password
+    /// in use ([`Primary::credentials_refused`]); `None` without the flag.
+    password_file: Option<PasswordFile>,
     state: watch::Sender<PrimaryState>,
     /// Wakes the task that looks for the primary when a switch starts.
     wake: Arc<Notify>,
@@ -123,11 +127,18 @@ impl Primary {
     /// Errors: as [`Locator::locate`]; with Sentinel, an error of kind
     /// `InvalidClientConfig` when no Sentinel answers or none knows the
     /// master name (a setting to fix: the sidecar exits 2, naming them).
-    pub async fn start(locator: Locator, timeout: Duration, metrics: PrimaryMetrics) -> RedisResult<Arc<Primary>> {
+    /// `password_file` is read again when Redis refuses the password.
+    pub async fn start(
+        locator: Locator,
+        password_file: Option<PasswordFile>,
+        timeout: Duration,
+        metrics: PrimaryMetrics,
+    ) -> RedisResult<Arc<Primary>> {
         let client = locator.locate(timeout).await.map_err(|failure| failure.at_start())?;
         let wake = Arc::new(Notify::new());
         let primary = Arc::new(Primary {
             locator,
+            password_file,
             state: watch::Sender::new(PrimaryState { generation: 0, client, switching: None }),
             wake: wake.clone(),
             metrics,
@@ -161,6 +172,30 @@ impl Primary {
             Some(why) => Err(primary_changing(why)),
             None => Ok((state.generation, state.client.clone())),
         }
+    }
+
+    /// Redis refused the credentials of a connection (see
+    /// [`super::credentials`]): reads `--redis-password-file` again and,
+    /// when it holds a new password, makes every connection from now on with
+    /// it. Not a switch: the node is the same, so the generation stays, no
+    /// watcher is woken, and connections that Redis still accepts are kept.
+    pub fn credentials_refused(&self) {
+        let Some(password) = self.password_file.as_ref().and_then(PasswordFile::reread) else { return };
+        self.state.send_if_modified(|state| {
+            match self.locator.client_with(state.client.get_connection_info().clone(), &password) {
+                Ok(client) => state.client = client,
+                // Only a configuration the first connection already passed can fail here.
+                Err(e) => warn!("no client could be made with the new password: {e}"),
+            }
+            false
+        });
+    }
+
+    /// `client` with the password in use (a located primary's, which the
+    /// locator made with the password of the start).
+    fn with_password_in_use(&self, client: Client) -> Client {
+        let Some(file) = &self.password_file else { return client };
+        self.locator.client_with(client.get_connection_info().clone(), &file.password()).unwrap_or(client)
     }
 
     /// Follows the primary's state: changes at each switch's start and end.
@@ -365,6 +400,7 @@ async fn follow(primary: Weak<Primary>, wake: Arc<Notify>, timeout: Duration) {
         }
         match this.locator.locate(timeout).await {
             Ok(client) => {
+                let client = this.with_password_in_use(client);
                 let node = this.locator.node_name(&PrimaryState { client: client.clone(), ..state });
                 this.state.send_modify(|state| {
                     state.generation += 1;
@@ -479,6 +515,15 @@ impl Locator {
             }
             Locator::Sentinel(sentinels) => sentinels.locate(timeout).await,
         }
+    }
+
+    /// A client for `info` with `password`, TLS as this locator's.
+    fn client_with(&self, info: ConnectionInfo, password: &str) -> RedisResult<Client> {
+        let ca_pem = match self {
+            Locator::Address { ca_pem, .. } => ca_pem.as_deref(),
+            Locator::Sentinel(sentinels) => sentinels.ca_pem.as_deref(),
+        };
+        client_for(super::connect::with_password(info, Some(password)), ca_pem)
     }
 
     /// `host:port` of the node `state` reaches, for logs.

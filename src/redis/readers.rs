@@ -46,6 +46,7 @@ use tracing::{debug, warn};
 
 use super::{
     connect::{Connection, Redis, Target},
+    fault::refuses_credentials,
     reply::{parse_read_reply, RawEntry},
     resp::RespConnection,
 };
@@ -308,7 +309,12 @@ impl Manager {
                 let settings = info.redis_settings();
                 let conn =
                     RespConnection::connect(host, *port, settings, READER_CLIENT_NAME, self.timeout, self.read_timeout)
-                        .await?;
+                        .await
+                        .inspect_err(|e| {
+                            if refuses_credentials(e) {
+                                primary.credentials_refused();
+                            }
+                        })?;
                 return Ok(ReaderLink::Resp(conn, generation));
             }
         }

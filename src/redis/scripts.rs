@@ -35,6 +35,8 @@ pub struct Scripts {
     pub lease_renew: Script,
     /// `lease_release.lua`: give the archive's fold lease up while this sidecar holds it.
     pub lease_release: Script,
+    /// `destroy_group.lua`: XGROUP DESTROY and the group's own keys, in one step.
+    pub destroy_group: Script,
 }
 
 impl Scripts {
@@ -52,6 +54,7 @@ impl Scripts {
             (&self.group_lag, "group_lag"),
             (&self.lease_renew, "lease_renew"),
             (&self.lease_release, "lease_release"),
+            (&self.destroy_group, "destroy_group"),
         ]
         .into_iter()
         .map(|(script, name)| (script.get_hash().to_owned(), name))
@@ -72,6 +75,7 @@ impl Scripts {
             group_lag: script(include_str!("lua/group_lag.lua")),
             lease_renew: script(include_str!("lua/lease_renew.lua")),
             lease_release: script(include_str!("lua/lease_release.lua")),
+            destroy_group: script(include_str!("lua/destroy_group.lua")),
         }
     }
 }

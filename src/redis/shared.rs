@@ -22,7 +22,8 @@
 //! set again, leaves the manager holding the failed reconnection's error for
 //! good, since it reconnects only after I/O errors. So a command refused its
 //! credentials (`WRONGPASS`, `NOAUTH`) also retires the connection: the next
-//! command tries the configured credentials afresh.
+//! command tries the configured credentials afresh, with the password file
+//! read again ([`super::credentials`]).
 //!
 //! Nor does it notice that its server stopped being the primary: it would
 //! keep sending writes that answer `READONLY`. That is [`Primary`]'s to
@@ -144,6 +145,8 @@ impl SharedConnection {
                 return;
             }
             guard.refused_at = Some(now);
+            // A rotated password (see `super::credentials`) is read before the new connection.
+            self.primary.credentials_refused();
         }
         let client = self.primary.state().client;
         match ConnectionManager::new_lazy_with_config(client, (*self.config).clone()) {

@@ -847,6 +847,146 @@ func (x *ReplayDeadLettersResponse) GetOtherSourceIds() []string {
 	return nil
 }
 
+// Which group to destroy.
+type DestroyGroupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stream key, or the name of a sharded stream (then the group is
+	// destroyed on every shard, after every shard was checked). Required.
+	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// The consumer group. Required.
+	Group string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	// Destroy the group even though it has pending entries (they are dropped
+	// with it; the entries stay in the stream). Default false.
+	Force         bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DestroyGroupRequest) Reset() {
+	*x = DestroyGroupRequest{}
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DestroyGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DestroyGroupRequest) ProtoMessage() {}
+
+func (x *DestroyGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DestroyGroupRequest.ProtoReflect.Descriptor instead.
+func (*DestroyGroupRequest) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DestroyGroupRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *DestroyGroupRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *DestroyGroupRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+// What DestroyGroup removed.
+type DestroyGroupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stream key, or the sharded stream's name, as asked.
+	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// The group.
+	Group string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	// Pending entries the group had when it was destroyed (entries); 0 unless
+	// `force` was set.
+	PendingDropped uint64 `protobuf:"varint,3,opt,name=pending_dropped,json=pendingDropped,proto3" json:"pending_dropped,omitempty"`
+	// The group's own keys removed with it (keys): 0 to 2 per stream key.
+	KeysRemoved   uint64 `protobuf:"varint,4,opt,name=keys_removed,json=keysRemoved,proto3" json:"keys_removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DestroyGroupResponse) Reset() {
+	*x = DestroyGroupResponse{}
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DestroyGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DestroyGroupResponse) ProtoMessage() {}
+
+func (x *DestroyGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DestroyGroupResponse.ProtoReflect.Descriptor instead.
+func (*DestroyGroupResponse) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DestroyGroupResponse) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *DestroyGroupResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *DestroyGroupResponse) GetPendingDropped() uint64 {
+	if x != nil {
+		return x.PendingDropped
+	}
+	return 0
+}
+
+func (x *DestroyGroupResponse) GetKeysRemoved() uint64 {
+	if x != nil {
+		return x.KeysRemoved
+	}
+	return 0
+}
+
 var File_echomq_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_echomq_v1_admin_service_proto_rawDesc = "" +
@@ -912,11 +1052,21 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\x19ReplayDeadLettersResponse\x12/\n" +
 	"\breplayed\x18\x01 \x03(\v2\x13.echomq.v1.ReplayedR\breplayed\x12\"\n" +
 	"\rnot_found_ids\x18\x02 \x03(\tR\vnotFoundIds\x12(\n" +
-	"\x10other_source_ids\x18\x03 \x03(\tR\x0eotherSourceIds2\x9c\x02\n" +
+	"\x10other_source_ids\x18\x03 \x03(\tR\x0eotherSourceIds\"Y\n" +
+	"\x13DestroyGroupRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x14\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\"\x90\x01\n" +
+	"\x14DestroyGroupResponse\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12'\n" +
+	"\x0fpending_dropped\x18\x03 \x01(\x04R\x0ependingDropped\x12!\n" +
+	"\fkeys_removed\x18\x04 \x01(\x04R\vkeysRemoved2\xed\x02\n" +
 	"\fAdminService\x12R\n" +
 	"\rDescribeGroup\x12\x1f.echomq.v1.DescribeGroupRequest\x1a .echomq.v1.DescribeGroupResponse\x12X\n" +
 	"\x0fListDeadLetters\x12!.echomq.v1.ListDeadLettersRequest\x1a\".echomq.v1.ListDeadLettersResponse\x12^\n" +
-	"\x11ReplayDeadLetters\x12#.echomq.v1.ReplayDeadLettersRequest\x1a$.echomq.v1.ReplayDeadLettersResponseB\x9d\x01\n" +
+	"\x11ReplayDeadLetters\x12#.echomq.v1.ReplayDeadLettersRequest\x1a$.echomq.v1.ReplayDeadLettersResponse\x12O\n" +
+	"\fDestroyGroup\x12\x1e.echomq.v1.DestroyGroupRequest\x1a\x1f.echomq.v1.DestroyGroupResponseB\x9d\x01\n" +
 	"\rcom.echomq.v1B\x11AdminServiceProtoP\x01Z4github.com/echomq/echomq-sidecar/clients/go/echomqv1\xa2\x02\x03EXX\xaa\x02\tEchomq.V1\xca\x02\tEchomq\\V1\xe2\x02\x15Echomq\\V1\\GPBMetadata\xea\x02\n" +
 	"Echomq::V1b\x06proto3"
 
@@ -932,7 +1082,7 @@ func file_echomq_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_echomq_v1_admin_service_proto_rawDescData
 }
 
-var file_echomq_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_echomq_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_echomq_v1_admin_service_proto_goTypes = []any{
 	(*DescribeGroupRequest)(nil),      // 0: echomq.v1.DescribeGroupRequest
 	(*ConsumerInfo)(nil),              // 1: echomq.v1.ConsumerInfo
@@ -944,28 +1094,32 @@ var file_echomq_v1_admin_service_proto_goTypes = []any{
 	(*ReplayDeadLettersRequest)(nil),  // 7: echomq.v1.ReplayDeadLettersRequest
 	(*Replayed)(nil),                  // 8: echomq.v1.Replayed
 	(*ReplayDeadLettersResponse)(nil), // 9: echomq.v1.ReplayDeadLettersResponse
-	(*durationpb.Duration)(nil),       // 10: google.protobuf.Duration
-	(*Entry)(nil),                     // 11: echomq.v1.Entry
-	(*timestamppb.Timestamp)(nil),     // 12: google.protobuf.Timestamp
+	(*DestroyGroupRequest)(nil),       // 10: echomq.v1.DestroyGroupRequest
+	(*DestroyGroupResponse)(nil),      // 11: echomq.v1.DestroyGroupResponse
+	(*durationpb.Duration)(nil),       // 12: google.protobuf.Duration
+	(*Entry)(nil),                     // 13: echomq.v1.Entry
+	(*timestamppb.Timestamp)(nil),     // 14: google.protobuf.Timestamp
 }
 var file_echomq_v1_admin_service_proto_depIdxs = []int32{
-	10, // 0: echomq.v1.ConsumerInfo.idle:type_name -> google.protobuf.Duration
+	12, // 0: echomq.v1.ConsumerInfo.idle:type_name -> google.protobuf.Duration
 	1,  // 1: echomq.v1.DescribeGroupResponse.consumers:type_name -> echomq.v1.ConsumerInfo
-	10, // 2: echomq.v1.DescribeGroupResponse.oldest_pending_age:type_name -> google.protobuf.Duration
+	12, // 2: echomq.v1.DescribeGroupResponse.oldest_pending_age:type_name -> google.protobuf.Duration
 	2,  // 3: echomq.v1.DescribeGroupResponse.shards:type_name -> echomq.v1.DescribeGroupResponse
 	3,  // 4: echomq.v1.DescribeGroupResponse.archive:type_name -> echomq.v1.ArchiveInfo
-	11, // 5: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
-	12, // 6: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	13, // 5: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
+	14, // 6: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
 	5,  // 7: echomq.v1.ListDeadLettersResponse.dead_letters:type_name -> echomq.v1.DeadLetter
 	8,  // 8: echomq.v1.ReplayDeadLettersResponse.replayed:type_name -> echomq.v1.Replayed
 	0,  // 9: echomq.v1.AdminService.DescribeGroup:input_type -> echomq.v1.DescribeGroupRequest
 	4,  // 10: echomq.v1.AdminService.ListDeadLetters:input_type -> echomq.v1.ListDeadLettersRequest
 	7,  // 11: echomq.v1.AdminService.ReplayDeadLetters:input_type -> echomq.v1.ReplayDeadLettersRequest
-	2,  // 12: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
-	6,  // 13: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
-	9,  // 14: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
+	10, // 12: echomq.v1.AdminService.DestroyGroup:input_type -> echomq.v1.DestroyGroupRequest
+	2,  // 13: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
+	6,  // 14: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
+	9,  // 15: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
+	11, // 16: echomq.v1.AdminService.DestroyGroup:output_type -> echomq.v1.DestroyGroupResponse
+	13, // [13:17] is the sub-list for method output_type
+	9,  // [9:13] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -984,7 +1138,7 @@ func file_echomq_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_echomq_v1_admin_service_proto_rawDesc), len(file_echomq_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	AdminService_DescribeGroup_FullMethodName     = "/echomq.v1.AdminService/DescribeGroup"
 	AdminService_ListDeadLetters_FullMethodName   = "/echomq.v1.AdminService/ListDeadLetters"
 	AdminService_ReplayDeadLetters_FullMethodName = "/echomq.v1.AdminService/ReplayDeadLetters"
+	AdminService_DestroyGroup_FullMethodName      = "/echomq.v1.AdminService/DestroyGroup"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -64,6 +65,23 @@ type AdminServiceClient interface {
 	// saying it was moved on the primary but not confirmed (replaying again
 	// moves only what is still in the dead-letter stream).
 	ReplayDeadLetters(ctx context.Context, in *ReplayDeadLettersRequest, opts ...grpc.CallOption) (*ReplayDeadLettersResponse, error)
+	// DestroyGroup removes a consumer group (XGROUP DESTROY) and, in the same
+	// script, every key the sidecars keep for that group alone: its retry hash
+	// (`<stream>:retries:<group>`) and its heartbeat hash
+	// (`<stream>:heartbeats:<group>`). The stream, its other groups and their
+	// keys, and the dead-letter stream (user data, shared by every group of the
+	// stream) stay. A group with pending entries is refused unless `force` is
+	// set: its pending entries would be lost to it. A sidecar that still has a
+	// Consume call open on the group re-creates it at its next read, from the
+	// start of the stream (as after any lost group): end those calls first.
+	// A sidecar with no call open on it only stops beating for it.
+	//
+	// Errors: INVALID_ARGUMENT for an empty stream or group; NOT_FOUND when
+	// the group does not exist (keys it left behind, if any, are removed all
+	// the same); FAILED_PRECONDITION when the key is not a stream, or when the
+	// group has pending entries and `force` is not set (nothing is removed);
+	// UNAVAILABLE when Redis cannot be reached.
+	DestroyGroup(ctx context.Context, in *DestroyGroupRequest, opts ...grpc.CallOption) (*DestroyGroupResponse, error)
 }
 
 type adminServiceClient struct {
@@ -98,6 +116,16 @@ func (c *adminServiceClient) ReplayDeadLetters(ctx context.Context, in *ReplayDe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReplayDeadLettersResponse)
 	err := c.cc.Invoke(ctx, AdminService_ReplayDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DestroyGroup(ctx context.Context, in *DestroyGroupRequest, opts ...grpc.CallOption) (*DestroyGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DestroyGroupResponse)
+	err := c.cc.Invoke(ctx, AdminService_DestroyGroup_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -144,6 +172,23 @@ type AdminServiceServer interface {
 	// saying it was moved on the primary but not confirmed (replaying again
 	// moves only what is still in the dead-letter stream).
 	ReplayDeadLetters(context.Context, *ReplayDeadLettersRequest) (*ReplayDeadLettersResponse, error)
+	// DestroyGroup removes a consumer group (XGROUP DESTROY) and, in the same
+	// script, every key the sidecars keep for that group alone: its retry hash
+	// (`<stream>:retries:<group>`) and its heartbeat hash
+	// (`<stream>:heartbeats:<group>`). The stream, its other groups and their
+	// keys, and the dead-letter stream (user data, shared by every group of the
+	// stream) stay. A group with pending entries is refused unless `force` is
+	// set: its pending entries would be lost to it. A sidecar that still has a
+	// Consume call open on the group re-creates it at its next read, from the
+	// start of the stream (as after any lost group): end those calls first.
+	// A sidecar with no call open on it only stops beating for it.
+	//
+	// Errors: INVALID_ARGUMENT for an empty stream or group; NOT_FOUND when
+	// the group does not exist (keys it left behind, if any, are removed all
+	// the same); FAILED_PRECONDITION when the key is not a stream, or when the
+	// group has pending entries and `force` is not set (nothing is removed);
+	// UNAVAILABLE when Redis cannot be reached.
+	DestroyGroup(context.Context, *DestroyGroupRequest) (*DestroyGroupResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -162,6 +207,9 @@ func (UnimplementedAdminServiceServer) ListDeadLetters(context.Context, *ListDea
 }
 func (UnimplementedAdminServiceServer) ReplayDeadLetters(context.Context, *ReplayDeadLettersRequest) (*ReplayDeadLettersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReplayDeadLetters not implemented")
+}
+func (UnimplementedAdminServiceServer) DestroyGroup(context.Context, *DestroyGroupRequest) (*DestroyGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DestroyGroup not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -238,6 +286,24 @@ func _AdminService_ReplayDeadLetters_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_DestroyGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DestroyGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DestroyGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DestroyGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DestroyGroup(ctx, req.(*DestroyGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -256,6 +322,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReplayDeadLetters",
 			Handler:    _AdminService_ReplayDeadLetters_Handler,
+		},
+		{
+			MethodName: "DestroyGroup",
+			Handler:    _AdminService_DestroyGroup_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

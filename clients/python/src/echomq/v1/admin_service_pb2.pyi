@@ -141,3 +141,25 @@ class ReplayDeadLettersResponse(_message.Message):
     not_found_ids: _containers.RepeatedScalarFieldContainer[str]
     other_source_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, replayed: _Optional[_Iterable[_Union[Replayed, _Mapping]]] = ..., not_found_ids: _Optional[_Iterable[str]] = ..., other_source_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DestroyGroupRequest(_message.Message):
+    __slots__ = ("stream", "group", "force")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    group: str
+    force: bool
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., force: bool = ...) -> None: ...
+
+class DestroyGroupResponse(_message.Message):
+    __slots__ = ("stream", "group", "pending_dropped", "keys_removed")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PENDING_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    KEYS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    group: str
+    pending_dropped: int
+    keys_removed: int
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., pending_dropped: _Optional[int] = ..., keys_removed: _Optional[int] = ...) -> None: ...

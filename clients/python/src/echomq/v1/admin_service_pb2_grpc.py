@@ -50,6 +50,11 @@ class AdminServiceStub(object):
                 request_serializer=echomq_dot_v1_dot_admin__service__pb2.ReplayDeadLettersRequest.SerializeToString,
                 response_deserializer=echomq_dot_v1_dot_admin__service__pb2.ReplayDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.DestroyGroup = channel.unary_unary(
+                '/echomq.v1.AdminService/DestroyGroup',
+                request_serializer=echomq_dot_v1_dot_admin__service__pb2.DestroyGroupRequest.SerializeToString,
+                response_deserializer=echomq_dot_v1_dot_admin__service__pb2.DestroyGroupResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer(object):
@@ -105,6 +110,28 @@ class AdminServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DestroyGroup(self, request, context):
+        """DestroyGroup removes a consumer group (XGROUP DESTROY) and, in the same
+        script, every key the sidecars keep for that group alone: its retry hash
+        (`<stream>:retries:<group>`) and its heartbeat hash
+        (`<stream>:heartbeats:<group>`). The stream, its other groups and their
+        keys, and the dead-letter stream (user data, shared by every group of the
+        stream) stay. A group with pending entries is refused unless `force` is
+        set: its pending entries would be lost to it. A sidecar that still has a
+        Consume call open on the group re-creates it at its next read, from the
+        start of the stream (as after any lost group): end those calls first.
+        A sidecar with no call open on it only stops beating for it.
+
+        Errors: INVALID_ARGUMENT for an empty stream or group; NOT_FOUND when
+        the group does not exist (keys it left behind, if any, are removed all
+        the same); FAILED_PRECONDITION when the key is not a stream, or when the
+        group has pending entries and `force` is not set (nothing is removed);
+        UNAVAILABLE when Redis cannot be reached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -122,6 +149,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ReplayDeadLetters,
                     request_deserializer=echomq_dot_v1_dot_admin__service__pb2.ReplayDeadLettersRequest.FromString,
                     response_serializer=echomq_dot_v1_dot_admin__service__pb2.ReplayDeadLettersResponse.SerializeToString,
+            ),
+            'DestroyGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DestroyGroup,
+                    request_deserializer=echomq_dot_v1_dot_admin__service__pb2.DestroyGroupRequest.FromString,
+                    response_serializer=echomq_dot_v1_dot_admin__service__pb2.DestroyGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -206,6 +238,33 @@ class AdminService(object):
             '/echomq.v1.AdminService/ReplayDeadLetters',
             echomq_dot_v1_dot_admin__service__pb2.ReplayDeadLettersRequest.SerializeToString,
             echomq_dot_v1_dot_admin__service__pb2.ReplayDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DestroyGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/echomq.v1.AdminService/DestroyGroup',
+            echomq_dot_v1_dot_admin__service__pb2.DestroyGroupRequest.SerializeToString,
+            echomq_dot_v1_dot_admin__service__pb2.DestroyGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,
