@@ -1,5 +1,7 @@
 //! Compiles `proto/` with protox (pure Rust, no protoc binary) and feeds the
 //! same file descriptor set to tonic's code generator and to server reflection.
+//! KEDA's vendored `externalscaler.proto` gets a descriptor set of its own, so
+//! reflection lists it only when the sidecar serves it (`--keda-scaler`).
 
 use std::{env, fs, path::PathBuf};
 
@@ -16,6 +18,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(files, ["proto"])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out.join("echomq_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+
+    let keda = "proto/externalscaler/externalscaler.proto";
+    println!("cargo:rerun-if-changed={keda}");
+    let fds = protox::compile([keda], ["proto"])?;
+    fs::write(out.join("externalscaler_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
     Ok(())
 }

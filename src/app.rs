@@ -39,6 +39,7 @@ use crate::{
     config::{Config, Listen},
     consume::Consumers,
     deferred::Deferred,
+    keda::{proto::external_scaler_server::ExternalScalerServer, Scaler},
     metrics::Metrics,
     proto::{
         admin_service_server::AdminServiceServer, consumer_service_server::ConsumerServiceServer,
@@ -183,11 +184,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let consumer_service = Deferred::new(REDIS_NOT_YET);
     let stream_service = Deferred::new(REDIS_NOT_YET);
     let admin_service = Deferred::new(REDIS_NOT_YET);
+    let keda_service = Deferred::new(REDIS_NOT_YET);
     // Both versions: grpcurl speaks v1, Python's grpcio-reflection only v1alpha.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let keda = config.server.keda_scaler;
+    // KEDA's service is listed only where it is served.
+    let reflection = || {
+        let builder = reflection();
+        if keda {
+            builder.register_encoded_file_descriptor_set(crate::keda::proto::FILE_DESCRIPTOR_SET)
+        } else {
+            builder
+        }
     };
     let reflection_v1 = reflection().build_v1().expect("the embedded descriptors are valid");
     let reflection_v1alpha = reflection().build_v1alpha().expect("the embedded descriptors are valid");
@@ -204,7 +216,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         .add_service(reflection_v1alpha)
         .add_service(InterceptedService::new(consumer_service.clone(), admit.clone()))
         .add_service(InterceptedService::new(stream_service.clone(), admit.clone()))
-        .add_service(InterceptedService::new(admin_service.clone(), admit));
+        .add_service(InterceptedService::new(admin_service.clone(), admit.clone()))
+        // Not added without --keda-scaler: tonic answers its calls UNIMPLEMENTED.
+        .add_optional_service(keda.then(|| InterceptedService::new(keda_service.clone(), admit)));
     let (closing_tx, closing) = watch::channel(false);
     let stop_serving = wait_true(closing.clone());
     let mut server = tokio::spawn(async move {
@@ -285,6 +299,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         ))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max),
+    );
+    keda_service.set(
+        ExternalScalerServer::new(Scaler::new(redis.clone(), guard.clone(), config.consume.reclaim_min_idle))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
     );
     // Ready only once the services answer: a probe that sees 200 (or
     // SERVING) before they are set would send calls to the placeholders.

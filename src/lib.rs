@@ -75,6 +75,9 @@
 //!   [`redis::shards`] (sharded streams' recorded shard counts),
 //!   [`redis::trim`] (`trim.lua`'s wrapper, a typed bound in),
 //!   [`redis::version`] (the server's version and the floor).
+//! - [`keda`]: KEDA's external scaler (`--keda-scaler`): a group's backlog
+//!   as the metric that scales its consumers; `keda/metadata.rs`, a
+//!   trigger's metadata.
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
@@ -96,6 +99,7 @@ pub mod durable;
 pub mod entry;
 pub mod error;
 pub mod id;
+pub mod keda;
 pub mod keys;
 pub mod metrics;
 pub mod redis;

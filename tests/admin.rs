@@ -345,25 +345,6 @@ async fn described_lag(sidecar: &Sidecar, stream: &str, group: &str) -> Option<u
     sidecar.admin_client().await.describe_group(request).await.expect("describe").into_inner().lag
 }
 
-/// Reads `count` new entries for `group` by hand (XREADGROUP … COUNT) and acks them.
-async fn read_and_ack(con: &mut redis::aio::MultiplexedConnection, stream: &str, group: &str, count: usize) {
-    let reply: redis::Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(group)
-        .arg("reader")
-        .arg("COUNT")
-        .arg(count)
-        .arg("STREAMS")
-        .arg(stream)
-        .arg(">")
-        .query_async(con)
-        .await
-        .unwrap();
-    let ids: Vec<String> = echomq::redis::parse_read_reply(reply).unwrap().iter().map(|e| e.id.to_string()).collect();
-    assert_eq!(ids.len(), count, "read {count}");
-    let _: i64 = redis::cmd("XACK").arg(stream).arg(group).arg(&ids).query_async(con).await.unwrap();
-}
-
 /// A trim that removes entries the group has not read leaves Redis 7.0's
 /// `lag` wrong for good (the issue saw 199 with every entry read). The lag
 /// described is right in each state after such a trim, or unset: never false.

@@ -613,25 +613,6 @@ async fn before_redis_answers_health_and_reflection_serve_and_calls_are_unavaila
     assert_eq!(appended.id.len(), 28);
 }
 
-/// The services reflection (v1) lists.
-async fn list_services(sidecar: &Sidecar) -> Vec<String> {
-    use tonic_reflection::pb::v1::{
-        server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
-        server_reflection_response::MessageResponse, ServerReflectionRequest,
-    };
-    let mut client = ServerReflectionClient::new(sidecar.channel().await);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut answers =
-        client.server_reflection_info(tokio_stream::iter([request])).await.expect("reflection").into_inner();
-    match answers.message().await.expect("a reflection answer").and_then(|a| a.message_response) {
-        Some(MessageResponse::ListServicesResponse(list)) => list.service.into_iter().map(|s| s.name).collect(),
-        other => panic!("reflection answered {other:?}"),
-    }
-}
-
 /// At start the sidecar asks the server its version (`INFO server`): below
 /// Redis 6.2 (no XAUTOCLAIM, no XGROUP CREATECONSUMER, no exclusive ranges)
 /// it exits 2 naming the version found and the one it needs; at 6.2 or newer

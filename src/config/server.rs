@@ -1,5 +1,6 @@
 //! The gRPC server: where it listens, the limits every request is held to,
-//! the threads that run it, and how long it waits for calls when it stops.
+//! the threads that run it, whether it serves KEDA's external scaler, and how
+//! long it waits for calls when it stops.
 
 use std::{
     net::{SocketAddr, ToSocketAddrs},
@@ -51,6 +52,13 @@ pub struct ServerConfig {
     /// at one CPU, and an archive fold (Parquet encoding) then holds deliveries back while it runs.
     #[arg(long, env = "ECHOMQ_WORKER_THREADS", default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1024))]
     pub worker_threads: usize,
+
+    /// Serve KEDA's external scaler protocol (`externalscaler.ExternalScaler`) on the gRPC port, behind
+    /// the same token, mTLS and allow-list: a trigger's metric is a group's backlog (its lag plus the
+    /// pending entries no live call holds), so KEDA scales consumers to the work and to zero.
+    /// Off: the service is not served (UNIMPLEMENTED).
+    #[arg(long, env = "ECHOMQ_KEDA_SCALER", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub keda_scaler: bool,
 
     /// Time (milliseconds) calls get on SIGTERM to settle what they hold before
     /// the sidecar ends them and exits. What is still un-settled stays pending.

@@ -1,5 +1,6 @@
 //! A consumer group's state as Redis reports it, read in one pipeline:
 //! DescribeGroup and the consume path's polled gauges both read it here.
+//! And a group's backlog, the work no call is doing (the KEDA scaler's metric).
 
 use std::{collections::HashMap, time::Duration};
 
@@ -86,7 +87,7 @@ pub async fn group_state(redis: &Redis, stream: &str, group: &str, scan: usize) 
     let oldest_pending_id = summary.get(1).and_then(|v| parse_stream_id(v).ok());
     Ok(GroupState {
         pending: summary.first().and_then(int).unwrap_or(0),
-        lag: group_lag(redis, stream, group).await?,
+        lag: group_lag(redis, stream, group, LAG_COUNT_LIMIT).await?,
         last_delivered_id: info.get("last-delivered-id").and_then(text).unwrap_or_default(),
         consumers,
         oldest_pending_id,
@@ -97,23 +98,24 @@ pub async fn group_state(redis: &Redis, stream: &str, group: &str, scan: usize) 
     })
 }
 
-/// The most entries [`group_lag`] counts one by one (XRANGE) where Redis'
-/// own figure cannot be trusted.
+/// The most entries [`group_state`]'s lag counts one by one (XRANGE) where
+/// Redis' own figure cannot be trusted.
 const LAG_COUNT_LIMIT: usize = 100;
 
 /// `group`'s lag on `stream` (`group_lag.lua`): the entries after its
 /// last-delivered id. Exact when the group has read everything (0) or
 /// nothing still in the stream (the length); Redis' XINFO `lag` on 7.2 and
 /// later, and on 7.0/7.1 while nothing was ever removed from the stream;
-/// otherwise counted up to [`LAG_COUNT_LIMIT`], and `None` beyond: Redis 7.0
+/// otherwise counted up to `limit` entries, and `None` beyond: Redis 7.0
 /// miscounts `lag` for good after a trim removed entries the group had not
 /// read, and 6.2 has none.
 ///
-/// Errors: [`Error::NotFound`] when the group is gone; [`Error::Unavailable`].
-pub async fn group_lag(redis: &Redis, stream: &str, group: &str) -> Result<Option<u64>, Error> {
+/// Errors: [`Error::NotFound`] when the stream or the group is missing;
+/// [`Error::Unavailable`].
+pub async fn group_lag(redis: &Redis, stream: &str, group: &str, limit: usize) -> Result<Option<u64>, Error> {
     let mut conn = redis.conn.clone();
     let lag: Option<u64> =
-        redis.scripts.group_lag.key(stream).arg(group).arg(LAG_COUNT_LIMIT).invoke_async(&mut conn).await.map_err(
+        redis.scripts.group_lag.key(stream).arg(group).arg(limit).invoke_async(&mut conn).await.map_err(
             |e| match fault(&e) {
                 Fault::NoGroup | Fault::NoSuchKey => {
                     Error::NotFound { what: format!("group `{group}` of stream `{stream}`") }
@@ -122,6 +124,75 @@ pub async fn group_lag(redis: &Redis, stream: &str, group: &str) -> Result<Optio
             },
         )?;
     Ok(lag)
+}
+
+/// A group's backlog: the entries waiting for a consumer that no call is
+/// working on (see [`backlog`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// The entries (lag + pending entries no live call holds), or a floor of
+    /// them when `at_least`.
+    pub entries: u64,
+    /// More than the limit [`backlog`] was given were there to count one by
+    /// one: `entries` is limit + 1 for that part, a floor, not the count.
+    pub at_least: bool,
+}
+
+impl std::ops::Add for Backlog {
+    type Output = Backlog;
+
+    fn add(self, other: Backlog) -> Backlog {
+        Backlog { entries: self.entries + other.entries, at_least: self.at_least || other.at_least }
+    }
+}
+
+/// `group`'s backlog on `stream`: its lag ([`group_lag`], what DescribeGroup
+/// reports as `lag`, right after trims on every server) plus the pending
+/// entries idle for at least `unheld_after`. A call that holds an entry keeps
+/// its PEL idle time fresh (the lease refresh, every third of
+/// `--reclaim-min-idle-ms`), so an entry idle that long is held by no live
+/// call: its consumer died, or its call went away; it is what a reclaim takes
+/// over. Pass `--reclaim-min-idle-ms` as `unheld_after`.
+///
+/// Each part is exact up to `limit` entries; beyond, it counts as `limit + 1`
+/// and `at_least` is set (only the lag on Redis 6.2, and on 7.0/7.1 after a
+/// trim, is ever counted one by one; the idle pending entries always are:
+/// `XPENDING … IDLE`).
+///
+/// Not counted: scheduled entries that are due but not yet moved into the
+/// stream. Scheduled entries (DESIGN.md, `deliver_at`) are not built yet;
+/// when they are, their due count is the third part to add here.
+///
+/// Errors: as [`group_lag`].
+pub async fn backlog(
+    redis: &Redis,
+    stream: &str,
+    group: &str,
+    unheld_after: Duration,
+    limit: usize,
+) -> Result<Backlog, Error> {
+    let lag = group_lag(redis, stream, group, limit).await?;
+    let mut conn = redis.conn.clone();
+    let idle: Vec<Value> = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .arg("IDLE")
+        .arg(unheld_after.as_millis() as u64)
+        .arg("-")
+        .arg("+")
+        .arg(limit + 1)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| match fault(&e) {
+            Fault::NoGroup | Fault::NoSuchKey => {
+                Error::NotFound { what: format!("group `{group}` of stream `{stream}`") }
+            }
+            _ => Error::from_redis(e, "counting the group's unheld pending entries", stream),
+        })?;
+    let floor = limit as u64 + 1;
+    let lag = Backlog { entries: lag.unwrap_or(floor), at_least: lag.is_none() };
+    let unheld = Backlog { entries: (idle.len() as u64).min(floor), at_least: idle.len() > limit };
+    Ok(lag + unheld)
 }
 
 /// A RESP2 flat `[name, value, name, value, …]` reply (or a RESP3 map) as a map.

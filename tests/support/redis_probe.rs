@@ -244,3 +244,23 @@ pub async fn wait_pending(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Reads `count` new entries for `group` by hand (XREADGROUP … COUNT) and acks them.
+pub async fn read_and_ack(con: &mut MultiplexedConnection, stream: &str, group: &str, count: usize) {
+    let reply: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg("reader")
+        .arg("COUNT")
+        .arg(count)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(">")
+        .query_async(con)
+        .await
+        .expect("XREADGROUP");
+    let ids: Vec<String> =
+        echomq::redis::parse_read_reply(reply).expect("an XREADGROUP reply").iter().map(|e| e.id.to_string()).collect();
+    assert_eq!(ids.len(), count, "read {count}");
+    let _: i64 = redis::cmd("XACK").arg(stream).arg(group).arg(&ids).query_async(con).await.expect("XACK");
+}

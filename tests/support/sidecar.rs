@@ -521,3 +521,22 @@ impl Drop for Sidecar {
         }
     }
 }
+
+/// The services reflection (v1) lists.
+pub async fn list_services(sidecar: &Sidecar) -> Vec<String> {
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+        server_reflection_response::MessageResponse, ServerReflectionRequest,
+    };
+    let mut client = ServerReflectionClient::new(sidecar.channel().await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers =
+        client.server_reflection_info(tokio_stream::iter([request])).await.expect("reflection").into_inner();
+    match answers.message().await.expect("a reflection answer").and_then(|a| a.message_response) {
+        Some(MessageResponse::ListServicesResponse(list)) => list.service.into_iter().map(|s| s.name).collect(),
+        other => panic!("reflection answered {other:?}"),
+    }
+}

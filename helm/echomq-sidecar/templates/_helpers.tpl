@@ -289,7 +289,9 @@ The sidecar container, as one list item (it starts with `- name:`), for a pod's
 The argument is this chart's context, or a dict with it under "context" and,
 optionally, "native" (bool) to override nativeSidecar.enabled and "replicas"
 (the pod count of the workload, to refuse a fixed consumer name shared by
-several pods):
+several pods), and "keda" (bool: the KEDA scaler's sidecar, with
+ECHOMQ_KEDA_SCALER=true and its gRPC port on the admin port's interface,
+keda.scaler.grpcPort; only templates/keda.yaml sets it):
 
   initContainers:
     {{- include "echomq-sidecar.container" (dict "context" (index .Subcharts "echomq-sidecar") "native" true "replicas" .Values.replicaCount) | nindent 4 }}
@@ -323,6 +325,14 @@ that `echomq-sidecar.volumes` renders: the pod must list it.
 {{- end }}
 {{- $c := $v.sidecar.config }}
 {{- $s := $v.sidecar }}
+{{- /* The KEDA scaler's sidecar: KEDA's operator dials its gRPC port from
+another pod, so it listens where the admin port does (see keda.yaml). */}}
+{{- $keda := and (hasKey . "keda") .keda }}
+{{- $listen := $c.listen }}
+{{- if $keda }}
+{{- $adminHost := include "echomq-sidecar.adminListen" $ctx | trimSuffix (printf ":%d" (int64 $c.adminPort)) }}
+{{- $listen = printf "%s:%d" $adminHost (int64 $v.keda.scaler.grpcPort) }}
+{{- end }}
 {{- if and $c.consumerName (gt (int64 $replicas) 1) }}
 {{- fail (printf "sidecar.config.consumerName (%q) is fixed, but %d pods would run the sidecar: every pod would be the same consumer of each group, and two consumers with one name hand entries to each other's calls. Leave consumerName empty (each pod is a consumer named after itself) or run one replica." $c.consumerName (int64 $replicas)) }}
 {{- end }}
@@ -348,6 +358,11 @@ that `echomq-sidecar.volumes` renders: the pod must list it.
     - name: admin
       containerPort: {{ $c.adminPort }}
       protocol: TCP
+    {{- if $keda }}
+    - name: grpc
+      containerPort: {{ $v.keda.scaler.grpcPort }}
+      protocol: TCP
+    {{- end }}
   env:
     - name: POD_NAME
       valueFrom:
@@ -379,7 +394,11 @@ that `echomq-sidecar.volumes` renders: the pod must list it.
       value: {{ printf "%s/redis/sentinel-password" $dir | quote }}
     {{- end }}
     - name: ECHOMQ_LISTEN
-      value: {{ $c.listen | quote }}
+      value: {{ $listen | quote }}
+    {{- if $keda }}
+    - name: ECHOMQ_KEDA_SCALER
+      value: "true"
+    {{- end }}
     - name: ECHOMQ_ADMIN_LISTEN
       value: {{ include "echomq-sidecar.adminListen" $ctx | quote }}
     - name: ECHOMQ_RECLAIM_MIN_IDLE_MS
