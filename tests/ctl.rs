@@ -412,6 +412,38 @@ async fn trim_removes_the_oldest_and_is_held_back_by_a_group() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_destroy_is_refused_while_entries_are_pending_unless_forced() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    for id in 1..=2 {
+        xadd_raw_at(&mut con, "s", &format!("{id}-0"), &[(b"k", b"v")]).await;
+    }
+    create_group(&mut con, "s", "g", "0").await;
+    create_group(&mut con, "s", "other", "0").await;
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg(&["GROUP", "g", "c", "COUNT", "1", "STREAMS", "s", ">"])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+
+    let refused = ctl(&sidecar.endpoint(), &["group", "destroy", "s", "g"]).await;
+    assert_eq!(refused.code, 5, "FAILED_PRECONDITION is a refusal: {refused:?}");
+    assert!(refused.stderr.contains("pending"), "{refused:?}");
+
+    let forced = ctl(&sidecar.endpoint(), &["group", "destroy", "s", "g", "--force", "--json"]).await.ok().json();
+    assert_eq!(forced["pending_dropped"], 1);
+    let groups: Vec<Vec<Value>> = redis::cmd("XINFO").arg(&["GROUPS", "s"]).query_async(&mut con).await.unwrap();
+    assert_eq!(groups.len(), 1, "only `other` is left: {groups:?}");
+    assert_eq!(xlen(&mut con, "s").await, 2, "the entries stay");
+
+    let gone = ctl(&sidecar.endpoint(), &["group", "destroy", "s", "g"]).await;
+    assert_eq!(gone.code, 4, "NOT_FOUND: {gone:?}");
+    let text = ctl(&sidecar.endpoint(), &["group", "destroy", "s", "other"]).await.ok();
+    assert!(text.stdout.starts_with("destroyed group other of s"), "{text:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_archive_trim_folds_describe_shows_it_and_read_marks_archived_entries() {
     let redis = RedisServer::start().await;
     let dir = TempDir::new("ctl-archive");

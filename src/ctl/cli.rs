@@ -116,8 +116,19 @@ pub(crate) enum Command {
     Read(crate::read::Args),
     /// Remove the oldest entries of a stream; by default never past what a group still needs.
     Trim(crate::trim::Args),
+    /// Consumer groups: destroy one with the keys kept for it.
+    #[command(subcommand)]
+    Group(Group),
     /// Write a shell completion script to standard output.
     Completions(crate::completions::Args),
+}
+
+/// The consumer-group commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Group {
+    /// Destroy a group and the keys the sidecars keep for it alone; refused while it has
+    /// pending entries, unless --force.
+    Destroy(crate::group::DestroyArgs),
 }
 
 /// The dead-letter commands.

@@ -25,6 +25,7 @@ mod connect;
 mod describe;
 mod dlq;
 mod exit;
+mod group;
 mod ids;
 mod read;
 mod render;
@@ -83,5 +84,6 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Dlq(cli::Dlq::Replay(args)) => dlq::replay(args, &connect().await?).await,
         Command::Read(args) => read::run(args, &connect().await?).await,
         Command::Trim(args) => trim::run(args, &connect().await?).await,
+        Command::Group(cli::Group::Destroy(args)) => group::destroy(args, &connect().await?).await,
     }
 }
