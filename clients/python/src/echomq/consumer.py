@@ -80,7 +80,8 @@ class Subscription:
     group: str
     #: The sidecar's consumer name in the group.
     consumer: str
-    #: The effective `max_in_flight` (entries).
+    #: The effective `max_in_flight` (entries): as set, or when unset the
+    #: cap of the adaptive window (`--default-max-in-flight`, 1024 by default).
     max_in_flight: int
 
 
