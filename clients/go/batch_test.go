@@ -31,7 +31,9 @@ type wire struct {
 	// Fail sent.
 	ackMsgs [][]string
 	failIDs []string
-	// subscribedMax holds the max_in_flight of each Subscribed received.
+	// sentMax holds the max_in_flight of each Subscribe sent, subscribedMax
+	// that of each Subscribed received.
+	sentMax       []uint32
 	subscribedMax []uint32
 	// peakUnsettled is the most deliveries one call had received and sent
 	// no verdict for, at any moment: a lower bound of the sidecar's window.
@@ -69,6 +71,7 @@ func (s *wireStream) SendMsg(m any) error {
 		s.w.mu.Lock()
 		if req.GetSubscribe() != nil {
 			s.w.subscribes++
+			s.w.sentMax = append(s.w.sentMax, req.GetSubscribe().GetMaxInFlight())
 		}
 		if req.GetAck() != nil {
 			s.w.ackMsgs = append(s.w.ackMsgs, slices.Clone(req.GetAck().GetIds()))
@@ -152,6 +155,13 @@ func (w *wire) flow() ([]uint32, int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Clone(w.subscribedMax), w.peakUnsettled
+}
+
+// sentMaxInFlight returns the max_in_flight of every Subscribe sent.
+func (w *wire) sentMaxInFlight() []uint32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.sentMax)
 }
 
 func (w *wire) subscribed() int {

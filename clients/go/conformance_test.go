@@ -861,6 +861,13 @@ func (r *run) check() {
 			if r.maxRunning > n {
 				t.Errorf("max_concurrent_handlers: %d ran at once, want at most %d", r.maxRunning, n)
 			}
+		case "sent_max_in_flight":
+			var n uint32
+			decode(&n)
+			got := r.wire.sentMaxInFlight()
+			if len(got) == 0 || slices.ContainsFunc(got, func(m uint32) bool { return m != n }) {
+				t.Errorf("sent_max_in_flight: Subscribe carried %v, want %d", got, n)
+			}
 		case "subscribed_max_in_flight":
 			var n uint32
 			decode(&n)

@@ -192,6 +192,7 @@ class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self.acks: Counter[str] = Counter()
+        self.sent_max_in_flight: list[int] = []
         self.subscribed_max_in_flight: list[int] = []
         self.peak_unsettled = 0
 
@@ -211,6 +212,8 @@ class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
                     unsettled -= len(request.ack.ids)
                 elif kind == "fail":
                     unsettled -= 1
+                elif kind == "subscribe":
+                    self.sent_max_in_flight.append(request.subscribe.max_in_flight)
                 yield request
 
         call = await continuation(client_call_details, counted())

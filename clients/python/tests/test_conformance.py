@@ -362,6 +362,9 @@ class ScenarioRunner:
                 assert got == want, f"{got} handler calls saw their lease lost, want {want}"
             elif key == "max_concurrent_handlers":
                 assert run.max_running <= want, f"{run.max_running} handlers ran at once, limit {want}"
+            elif key == "sent_max_in_flight":
+                sent = self.acks.sent_max_in_flight
+                assert sent and all(m == want for m in sent), f"Subscribe carried {sent}, want {want}"
             elif key == "subscribed_max_in_flight":
                 got = self.acks.subscribed_max_in_flight
                 assert got and all(m == want for m in got), f"Subscribed reported {got}, want {want}"

@@ -66,7 +66,7 @@ const KNOWN_EXPECT_KEYS = new Set([
   'handled', 'distinct_handled', 'attempts', 'min_redelivery_gap_ms', 'pending_after', 'dead_letters',
   'dead_letter_fields', 'dead_letter_keeps_branded_id', 'each_acked_once', 'payload_equals_appended',
   'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms', 'lease_lost_signalled', 'stream_length',
-  'handled_ids_equal_appended', 'subscribed_max_in_flight', 'peak_unsettled_at_least',
+  'handled_ids_equal_appended', 'sent_max_in_flight', 'subscribed_max_in_flight', 'peak_unsettled_at_least',
 ]);
 
 /** The parts of a ConsumeResponse the interceptor reads. */
@@ -120,6 +120,8 @@ class Run {
   /** Ends hanging handlers when the scenario is over. */
   readonly over = new AbortController();
 
+  /** The `maxInFlight` of each Subscribe sent on the wire. */
+  readonly sentMaxInFlight: number[] = [];
   /** The `maxInFlight` of each Subscribed received on the wire. */
   readonly subscribedMaxInFlight: number[] = [];
   /** The most deliveries one call had received and sent no verdict for at once. */
@@ -143,7 +145,11 @@ class Run {
           },
         });
       },
-      sendMessage: (message: { ack?: { ids: string[] } | null; fail?: object | null }, next) => {
+      sendMessage: (
+        message: { ack?: { ids: string[] } | null; fail?: object | null; subscribe?: { maxInFlight?: number } | null },
+        next,
+      ) => {
+        if (message.subscribe) this.sentMaxInFlight.push(Number(message.subscribe.maxInFlight ?? 0));
         for (const id of message.ack?.ids ?? []) this.acksSent.set(id, (this.acksSent.get(id) ?? 0) + 1);
         unsettled -= (message.ack?.ids.length ?? 0) + (message.fail ? 1 : 0);
         next(message);
@@ -490,6 +496,11 @@ async function check(fixture: Fixture, scenario: Scenario, stream: string, run: 
   }
   if (expect.max_concurrent_handlers !== undefined) {
     assert.ok(run.maxRunning <= (expect.max_concurrent_handlers as number), `${run.maxRunning} handlers ran at once`);
+  }
+  if (expect.sent_max_in_flight !== undefined) {
+    const want = expect.sent_max_in_flight as number;
+    const sent = run.sentMaxInFlight;
+    assert.ok(sent.length > 0 && sent.every((m) => m === want), `Subscribe carried ${JSON.stringify(sent)}, want ${want}`);
   }
   if (expect.subscribed_max_in_flight !== undefined) {
     const want = expect.subscribed_max_in_flight as number;

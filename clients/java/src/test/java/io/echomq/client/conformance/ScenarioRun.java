@@ -71,6 +71,8 @@ final class ScenarioRun {
   private final Set<String> finishedIds = ConcurrentHashMap.newKeySet();
   private final AtomicInteger running = new AtomicInteger();
   private final AtomicInteger maxRunning = new AtomicInteger();
+  /** The max_in_flight of each Subscribe sent on the wire. */
+  private final List<Integer> sentMaxInFlight = Collections.synchronizedList(new ArrayList<>());
   /** The max_in_flight of each Subscribed received on the wire. */
   private final List<Integer> subscribedMaxInFlight = Collections.synchronizedList(new ArrayList<>());
   /** The most deliveries one call had received and sent no verdict for at once. */
@@ -427,6 +429,9 @@ final class ScenarioRun {
           if (message instanceof ConsumeRequest request && request.hasFail()) {
             unsettled.decrementAndGet();
           }
+          if (message instanceof ConsumeRequest request && request.hasSubscribe()) {
+            sentMaxInFlight.add(request.getSubscribe().getMaxInFlight());
+          }
           super.sendMessage(message);
         }
       };
@@ -620,6 +625,12 @@ final class ScenarioRun {
         case "max_concurrent_handlers" -> {
           if (maxRunning.get() > want.getAsInt()) {
             problems.add("max_concurrent_handlers: " + maxRunning.get() + " > " + want.getAsInt());
+          }
+        }
+        case "sent_max_in_flight" -> {
+          List<Integer> sent = List.copyOf(sentMaxInFlight);
+          if (sent.isEmpty() || sent.stream().anyMatch(m -> m != want.getAsInt())) {
+            problems.add("sent_max_in_flight: Subscribe carried " + sent + ", want " + want.getAsInt());
           }
         }
         case "subscribed_max_in_flight" -> {
