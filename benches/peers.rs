@@ -14,7 +14,10 @@
 //! - `echomq-rs`: this crate's tonic client (`ConsumerServiceClient`) through
 //!   the sidecar, one Consume call with `max_in_flight` 1024 and `max_batch`
 //!   256, one `Ack` message with every id of a frame as it arrives (the consume
-//!   bench's batched contender, `common::ConsumeCall`).
+//!   bench's batched contender, `common::ConsumeCall`). It drives the raw
+//!   stubs, with no client library and so no client defaults to take: its
+//!   settings are explicit, where `echomq-py` and `echomq-go` run with their
+//!   clients' defaults (the sidecar's adaptive window, up to the same 1024).
 //!
 //! A contender prints one line, `RESULT <name> <seconds> <client cpu s>
 //! <sidecar cpu s> <redis cpu s>`: the timed window, this process's CPU time in
@@ -41,7 +44,9 @@ use redis::{aio::MultiplexedConnection, AsyncConnectionConfig};
 
 /// The direct consumer's XREADGROUP COUNT, as go-redis' in the Go program.
 const COUNT: usize = 256;
-/// The Consume call's `max_in_flight`, as the Go and Python clients' contenders.
+/// The Consume call's `max_in_flight`, fixed: the cap the Go and Python
+/// clients' default (adaptive) window grows to, and what their `-1024`
+/// contenders set.
 const MAX_IN_FLIGHT: usize = 1024;
 /// The Consume call's `max_batch`: deliveries per frame at most.
 const MAX_BATCH: u32 = 256;

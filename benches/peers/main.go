@@ -50,7 +50,7 @@ func main() {
 	streams := fs.String("streams", "", "comma-separated stream keys (append)")
 	group := fs.String("group", "", "consumer group")
 	n := fs.Int("n", 100_000, "entries")
-	maxInFlight := fs.Uint("max-in-flight", 1024, "echomq: MaxInFlight")
+	maxInFlight := fs.Uint("max-in-flight", 0, "echomq: MaxInFlight (0: the client's default, the adaptive window)")
 	_ = fs.Parse(os.Args[2:])
 	ctx := context.Background()
 	var err error
@@ -66,7 +66,11 @@ func main() {
 			return watermillSub(ctx, rdb, *stream, *group, *n)
 		})
 	case "echomq":
-		err = timed("echomq-go", *redisAddr, *stream, *group, *n, func(rdb *redis.Client) error {
+		name := "echomq-go"
+		if *maxInFlight != 0 {
+			name = fmt.Sprintf("echomq-go-%d", *maxInFlight)
+		}
+		err = timed(name, *redisAddr, *stream, *group, *n, func(rdb *redis.Client) error {
 			return echomqGo(ctx, *sidecar, *stream, *group, *n, uint32(*maxInFlight))
 		})
 	default:
@@ -225,8 +229,10 @@ func watermillSub(ctx context.Context, rdb *redis.Client, stream, group string, 
 	return nil
 }
 
-// echomqGo: our Go client through the sidecar, MaxInFlight 1024 and its other
-// defaults (batched frames, coalesced acks), a handler that returns nil.
+// echomqGo: our Go client through the sidecar with its defaults (MaxInFlight
+// unset: the sidecar's adaptive window, 64 handler goroutines, batched frames,
+// coalesced acks), or with MaxInFlight fixed when maxInFlight is not 0; a
+// handler that returns nil.
 func echomqGo(ctx context.Context, sidecar, stream, group string, n int, maxInFlight uint32) error {
 	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
 		Target: sidecar, Stream: stream, Group: group, Start: echomq.StartBeginning(), FlowControl: echomq.FlowControl{MaxInFlight: maxInFlight},

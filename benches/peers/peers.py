@@ -109,7 +109,9 @@ def redispy_naive(args: argparse.Namespace) -> None:
 
 
 async def echomq_client(args: argparse.Namespace) -> None:
-    """Our Python client through the sidecar: max_in_flight 1024, its other defaults."""
+    """Our Python client through the sidecar with its defaults (max_in_flight
+    unset: the sidecar's adaptive window, 64 handler workers, max_batch 256), or
+    with max_in_flight fixed when --max-in-flight is given."""
     from echomq import Consumer, Delivery, FlowControl, Start
 
     r = redis.asyncio.Redis(port=args.redis)
@@ -129,7 +131,7 @@ async def echomq_client(args: argparse.Namespace) -> None:
         args.group,
         handle,
         start=Start.BEGINNING,
-        flow_control=FlowControl(max_in_flight=args.max_in_flight),
+        flow_control=FlowControl(max_in_flight=args.max_in_flight or None),
     )
     with Window() as w:
         await consumer.start()
@@ -153,7 +155,7 @@ def main() -> None:
     p.add_argument("--stream", required=True)
     p.add_argument("--group", required=True)
     p.add_argument("-n", type=int, default=100_000)
-    p.add_argument("--max-in-flight", type=int, default=1024)
+    p.add_argument("--max-in-flight", type=int, default=0, help="echomq: 0 (default) leaves it unset")
     args = p.parse_args()
     if args.contender.startswith("redispy") and not HIREDIS_AVAILABLE:
         sys.exit("hiredis is not installed: redis-py would use its pure-Python parser")
@@ -162,7 +164,7 @@ def main() -> None:
     elif args.contender == "redispy-naive":
         redispy_naive(args)
     else:
-        args.contender = "echomq-py"
+        args.contender = f"echomq-py-{args.max_in_flight}" if args.max_in_flight else "echomq-py"
         asyncio.run(echomq_client(args))
 
 

@@ -31,6 +31,13 @@ type wire struct {
 	// Fail sent.
 	ackMsgs [][]string
 	failIDs []string
+	// sentMax holds the max_in_flight of each Subscribe sent, subscribedMax
+	// that of each Subscribed received.
+	sentMax       []uint32
+	subscribedMax []uint32
+	// peakUnsettled is the most deliveries one call had received and sent
+	// no verdict for, at any moment: a lower bound of the sidecar's window.
+	peakUnsettled int
 }
 
 func (w *wire) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -44,14 +51,27 @@ func (w *wire) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cl
 type wireStream struct {
 	grpc.ClientStream
 	w *wire
+	// unsettled counts this call's deliveries received minus the verdicts
+	// sent. A verdict counts before it is sent and a delivery after it
+	// arrived, so this never exceeds what the sidecar holds for the call.
+	unsettled int
 }
 
 func (s *wireStream) SendMsg(m any) error {
+	if req, ok := m.(*pb.ConsumeRequest); ok {
+		s.w.mu.Lock()
+		s.unsettled -= len(req.GetAck().GetIds())
+		if req.GetFail() != nil {
+			s.unsettled--
+		}
+		s.w.mu.Unlock()
+	}
 	err := s.ClientStream.SendMsg(m)
 	if req, ok := m.(*pb.ConsumeRequest); ok && err == nil {
 		s.w.mu.Lock()
 		if req.GetSubscribe() != nil {
 			s.w.subscribes++
+			s.w.sentMax = append(s.w.sentMax, req.GetSubscribe().GetMaxInFlight())
 		}
 		if req.GetAck() != nil {
 			s.w.ackMsgs = append(s.w.ackMsgs, slices.Clone(req.GetAck().GetIds()))
@@ -80,9 +100,16 @@ func (s *wireStream) RecvMsg(m any) error {
 			ids = append(ids, d.GetId())
 		}
 	} else {
+		if sub := resp.GetSubscribed(); sub != nil {
+			s.w.mu.Lock()
+			s.w.subscribedMax = append(s.w.subscribedMax, sub.GetMaxInFlight())
+			s.w.mu.Unlock()
+		}
 		return err
 	}
 	s.w.mu.Lock()
+	s.unsettled += len(ids)
+	s.w.peakUnsettled = max(s.w.peakUnsettled, s.unsettled)
 	s.w.frames = append(s.w.frames, ids)
 	s.w.batch = append(s.w.batch, isBatch)
 	s.w.mu.Unlock()
@@ -120,6 +147,21 @@ func (w *wire) verdicts() map[string]int {
 		out[id]++
 	}
 	return out
+}
+
+// flow returns the max_in_flight of every Subscribed received and the peak
+// of deliveries held un-settled by one call.
+func (w *wire) flow() ([]uint32, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.subscribedMax), w.peakUnsettled
+}
+
+// sentMaxInFlight returns the max_in_flight of every Subscribe sent.
+func (w *wire) sentMaxInFlight() []uint32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.sentMax)
 }
 
 func (w *wire) subscribed() int {

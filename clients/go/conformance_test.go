@@ -861,6 +861,31 @@ func (r *run) check() {
 			if r.maxRunning > n {
 				t.Errorf("max_concurrent_handlers: %d ran at once, want at most %d", r.maxRunning, n)
 			}
+		case "sent_max_in_flight":
+			var n uint32
+			decode(&n)
+			got := r.wire.sentMaxInFlight()
+			if len(got) == 0 || slices.ContainsFunc(got, func(m uint32) bool { return m != n }) {
+				t.Errorf("sent_max_in_flight: Subscribe carried %v, want %d", got, n)
+			}
+		case "subscribed_max_in_flight":
+			var n uint32
+			decode(&n)
+			got, _ := r.wire.flow()
+			if len(got) == 0 {
+				t.Errorf("subscribed_max_in_flight: no Subscribed received")
+			}
+			for _, m := range got {
+				if m != n {
+					t.Errorf("subscribed_max_in_flight: Subscribed reported %d, want %d", m, n)
+				}
+			}
+		case "peak_unsettled_at_least":
+			var n int
+			decode(&n)
+			if _, peak := r.wire.flow(); peak < n {
+				t.Errorf("peak_unsettled_at_least: at most %d deliveries were un-settled at once, want at least %d", peak, n)
+			}
 		case "stop_returned_within_ms":
 			var ms int
 			decode(&ms)

@@ -16,10 +16,23 @@ import (
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
 
-// DefaultMaxInFlight mirrors the sidecar's `--default-max-in-flight` (64): the
-// handler concurrency used when neither [FlowControl.Concurrency] nor
-// [FlowControl.MaxInFlight] is set and the sidecar does not report its own.
-const DefaultMaxInFlight = 64
+// DefaultMaxInFlight mirrors the sidecar's `--default-max-in-flight` (1024):
+// the cap of the adaptive window that a call gets when
+// [FlowControl.MaxInFlight] is 0, which the sidecar reports in Subscribed.
+// The window starts at 64 and grows toward the cap while the handlers keep
+// up. Used only when a sidecar reports no value of its own. Until the
+// adaptive window (issue 27) it was 64 and also the default handler
+// concurrency; that is [DefaultConcurrency] now.
+const DefaultMaxInFlight = 1024
+
+// DefaultConcurrency is the number of handler goroutines when
+// [FlowControl.Concurrency] and [FlowControl.MaxInFlight] are both 0 (never
+// more than the cap the sidecar reports). Not the cap itself: a fast
+// handler keeps up with the whole window from 64 goroutines (the deliveries
+// wait in the consumer's queue for microseconds), and when handlers are
+// slow the deliveries queue in the consumer, which the sidecar sees as delay
+// and answers by shrinking the window.
+const DefaultConcurrency = 64
 
 // DefaultMaxBatch is the most deliveries per frame the consumer asks for when
 // [FlowControl.MaxBatch] is 0 (capped by MaxInFlight when that is set).
@@ -43,23 +56,31 @@ const stopCloseGrace = time.Second
 // "Surface"). There is no byte bound: the protocol counts entries.
 type FlowControl struct {
 	// MaxInFlight is the most deliveries the call holds un-settled (running
-	// or queued for a handler). 0: the sidecar's default
-	// (`--default-max-in-flight`, 64). Above the sidecar's limit (10000 by
-	// default) the subscription fails with INVALID_ARGUMENT.
+	// or queued for a handler), fixed. 0 (sent as 0): an adaptive window of
+	// 64 up to the sidecar's cap (`--default-max-in-flight`, 1024 by default,
+	// [DefaultMaxInFlight]), which grows while the handlers keep up and
+	// shrinks (down to 8) when deliveries queue in the consumer. Either way
+	// the consumer buffers at most the cap the sidecar reports: at most
+	// cap × entry size bytes (1024 × `--max-message-bytes`). Above the
+	// sidecar's limit (10000 by default) the subscription fails with
+	// INVALID_ARGUMENT.
 	MaxInFlight uint32
 	// Concurrency is the most handlers running at once: the consumer starts
 	// this many handler goroutines once and feeds them every delivery (or,
-	// with [Consumer.RunBatch], every frame). 0: the effective MaxInFlight
-	// (the one the sidecar reports, 64 by default), or 1 with RunBatch. More
-	// than the effective MaxInFlight is never used.
+	// with [Consumer.RunBatch], every frame). 0: MaxInFlight when that is
+	// set; [DefaultConcurrency] (64) when it is not; 1 with RunBatch. More
+	// than the effective MaxInFlight (the one the sidecar reports) is never
+	// used.
 	Concurrency int
 	// MaxBatch is the most deliveries the sidecar may put in one frame
 	// (Subscribe.max_batch). Frames never wait to fill, so batching adds no
 	// latency at low rates; at high rates it saves a gRPC message per entry.
 	// A [Handler] still sees one delivery at a time; a [BatchHandler] sees one
 	// frame. 0: [DefaultMaxBatch] (256), or MaxInFlight if that is set and
-	// smaller (with MaxInFlight unset, the sidecar's in-flight bound, 64 by
-	// default, caps the frames the same way). 1: one delivery per frame.
+	// smaller. With MaxInFlight unset it is 256, a quarter of the default cap
+	// (1024): a frame never holds more than the window's free credit (64 at
+	// the start), and the sidecar reads again when a quarter is free, so a
+	// full window comes in four frames. 1: one delivery per frame.
 	// Above 4096 the subscription fails with INVALID_ARGUMENT.
 	MaxBatch uint32
 }

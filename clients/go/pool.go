@@ -15,7 +15,7 @@ type work struct {
 }
 
 // pool is the consumer's fixed set of handler workers: Concurrency goroutines
-// (at most the effective max_in_flight) started on the first subscribe and
+// (DefaultConcurrency by default, at most the effective max_in_flight) started on the first subscribe and
 // taking work until Run ends. Shared by the consumer's calls, so a handler of
 // a broken call still counts against the bound while the next call delivers.
 // Nothing is started per delivery.
@@ -74,8 +74,9 @@ type worker struct {
 	ctxCall *call
 }
 
-// startPool starts the workers on first use, sized from Concurrency, else the
-// call's effective max_in_flight (1 for a batch handler), never above it.
+// startPool starts the workers on first use, sized from Concurrency, else
+// MaxInFlight when that is set, else DefaultConcurrency (1 for a batch
+// handler), never above the call's effective max_in_flight.
 func (c *Consumer) startPool(effective int) *pool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -86,6 +87,10 @@ func (c *Consumer) startPool(effective int) *pool {
 	switch {
 	case n <= 0 && c.batchHandler != nil:
 		n = 1 // a batch handler works in bulk: one batch at a time unless asked
+	case n <= 0 && c.cfg.flow().MaxInFlight == 0:
+		// The adaptive window: the cap (1024) would be 1024 goroutines
+		// mostly idle; see DefaultConcurrency.
+		n = min(DefaultConcurrency, effective)
 	case n <= 0 || n > effective:
 		n = effective
 	}

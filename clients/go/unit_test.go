@@ -579,3 +579,31 @@ func TestALostLeaseEndsSettlementAndAnEarlierVerdictStands(t *testing.T) {
 		t.Fatalf("%d verdicts, want the ack", len(rec.sent))
 	}
 }
+
+// The default handler concurrency is 64, not the cap of the adaptive window
+// (1024 goroutines, mostly idle); a set MaxInFlight still sizes the pool; a
+// sidecar whose cap is below 64 bounds it; the queue is bounded by the cap.
+func TestDefaultConcurrencyIs64NotTheAdaptiveCap(t *testing.T) {
+	cases := []struct {
+		name          string
+		flow          FlowControl
+		effective     int
+		workers, room int
+	}{
+		{"nothing set, the default cap", FlowControl{}, DefaultMaxInFlight, DefaultConcurrency, DefaultMaxInFlight},
+		{"nothing set, a cap below 64", FlowControl{}, 5, 5, 5},
+		{"max_in_flight set", FlowControl{MaxInFlight: 200}, 200, 200, 200},
+		{"concurrency set", FlowControl{Concurrency: 100}, DefaultMaxInFlight, 100, DefaultMaxInFlight},
+	}
+	if DefaultConcurrency != 64 || DefaultMaxInFlight != 1024 {
+		t.Fatalf("DefaultConcurrency %d, DefaultMaxInFlight %d; clients/CONTRACT.md says 64 and 1024", DefaultConcurrency, DefaultMaxInFlight)
+	}
+	for _, tc := range cases {
+		c := NewConsumer(ConsumerConfig{FlowControl: tc.flow})
+		p := c.startPool(tc.effective)
+		if len(p.workers) != tc.workers || p.limit != tc.room {
+			t.Errorf("%s: %d workers, queue bound %d; want %d, %d", tc.name, len(p.workers), p.limit, tc.workers, tc.room)
+		}
+		p.stop()
+	}
+}

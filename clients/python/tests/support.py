@@ -186,18 +186,47 @@ class Sidecar:
 
 
 class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    """Counts, per branded id, the Ack ids the client really sends on the wire."""
+    """Counts, per branded id, the Ack ids the client really sends on the wire;
+    records the `max_in_flight` of each `Subscribed` it receives, and the most
+    deliveries one call had received and sent no verdict for at once."""
 
     def __init__(self) -> None:
         self.acks: Counter[str] = Counter()
+        self.sent_max_in_flight: list[int] = []
+        self.subscribed_max_in_flight: list[int] = []
+        self.peak_unsettled = 0
 
     async def intercept_stream_stream(
         self, continuation: Callable[..., Any], client_call_details: Any, request_iterator: Any
     ) -> Any:
+        # A verdict counts before it is sent and a delivery once it arrived,
+        # so `unsettled` never exceeds what the sidecar holds for the call.
+        unsettled = 0
+
         async def counted() -> AsyncIterator[pb.ConsumeRequest]:
+            nonlocal unsettled
             async for request in request_iterator:
-                if request.WhichOneof("kind") == "ack":
+                kind = request.WhichOneof("kind")
+                if kind == "ack":
                     self.acks.update(request.ack.ids)
+                    unsettled -= len(request.ack.ids)
+                elif kind == "fail":
+                    unsettled -= 1
+                elif kind == "subscribe":
+                    self.sent_max_in_flight.append(request.subscribe.max_in_flight)
                 yield request
 
-        return await continuation(client_call_details, counted())
+        call = await continuation(client_call_details, counted())
+
+        async def received() -> AsyncIterator[pb.ConsumeResponse]:
+            nonlocal unsettled
+            async for response in call:
+                kind = response.WhichOneof("kind")
+                if kind == "subscribed":
+                    self.subscribed_max_in_flight.append(response.subscribed.max_in_flight)
+                elif kind in ("delivery", "batch"):
+                    unsettled += 1 if kind == "delivery" else len(response.batch.deliveries)
+                    self.peak_unsettled = max(self.peak_unsettled, unsettled)
+                yield response
+
+        return received()

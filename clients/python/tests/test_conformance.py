@@ -162,7 +162,7 @@ class ScenarioRunner:
             GROUP,
             self.handle,
             start=Start.BEGINNING,
-            flow_control=FlowControl(max_in_flight=settings["max_in_flight"], concurrency=settings["concurrency"]),
+            flow_control=FlowControl(max_in_flight=settings.get("max_in_flight"), concurrency=settings.get("concurrency")),
             reconnect=RECONNECT,
             on_verdict_error=self.on_verdict_error,
             interceptors=[self.acks],
@@ -362,6 +362,15 @@ class ScenarioRunner:
                 assert got == want, f"{got} handler calls saw their lease lost, want {want}"
             elif key == "max_concurrent_handlers":
                 assert run.max_running <= want, f"{run.max_running} handlers ran at once, limit {want}"
+            elif key == "sent_max_in_flight":
+                sent = self.acks.sent_max_in_flight
+                assert sent and all(m == want for m in sent), f"Subscribe carried {sent}, want {want}"
+            elif key == "subscribed_max_in_flight":
+                got = self.acks.subscribed_max_in_flight
+                assert got and all(m == want for m in got), f"Subscribed reported {got}, want {want}"
+            elif key == "peak_unsettled_at_least":
+                peak = self.acks.peak_unsettled
+                assert peak >= want, f"at most {peak} deliveries were un-settled at once, want at least {want}"
             elif key == "stop_returned_within_ms":
                 assert run.stop_ms is not None, "the scenario has no stop step"
                 assert run.stop_ms <= want, f"stop took {run.stop_ms:.0f} ms, limit {want}"

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import grpc
 import pytest
 
-from echomq import Backoff, Consumer, PermanentError, RpcError, Start, StartKind, VerdictErrorCode
+from echomq import Backoff, Consumer, FlowControl, PermanentError, RpcError, Start, StartKind, VerdictErrorCode
 from echomq.consumer import _Call, _Ready
 from echomq.delivery import Delivery, VerdictError
 from echomq.errors import from_rpc_error
@@ -66,6 +66,20 @@ def test_concurrency_is_bounded_by_max_in_flight() -> None:
     with pytest.raises(ValueError):
         Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=4, concurrency=5)
     assert Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, max_in_flight=4).concurrency == 4
+
+
+def test_handler_concurrency_defaults_to_64_not_the_adaptive_cap() -> None:
+    from echomq import sync as echomq_sync
+    from echomq.consumer import DEFAULT_CONCURRENCY, DEFAULT_MAX_IN_FLIGHT
+
+    assert (DEFAULT_CONCURRENCY, DEFAULT_MAX_IN_FLIGHT) == (64, 1024)  # clients/CONTRACT.md
+    # Unset: sized when the sidecar reports its cap (min(64, cap), test_whole.py).
+    assert Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW).concurrency is None
+    assert Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, flow_control=FlowControl(2000)).concurrency == 2000
+    unset = echomq_sync.Consumer("127.0.0.1:1", "s", "g", lambda d: None, start=Start.NEW)
+    assert unset._pool._max_workers == 64  # not a thread per slot of the cap (1024)
+    fixed = echomq_sync.Consumer("127.0.0.1:1", "s", "g", lambda d: None, start=Start.NEW, flow_control=FlowControl(200))
+    assert fixed._pool._max_workers == 200
 
 
 class _FakeError(grpc.RpcError):
@@ -345,7 +359,7 @@ def test_max_batch_defaults_to_256_capped_by_max_in_flight() -> None:
     def subscribe(**kwargs: int) -> pb.Subscribe:
         return Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, **kwargs)._subscribe.subscribe
 
-    assert subscribe().max_batch == 256  # max_in_flight unset: a frame never exceeds the credit anyway
+    assert subscribe().max_batch == 256  # max_in_flight unset: a quarter of the cap, 1024; a frame never exceeds the credit
     assert subscribe().max_in_flight == 0  # unset is sent as 0: the sidecar's default (clients/CONTRACT.md)
     assert subscribe(max_in_flight=64).max_batch == 64
     assert subscribe(max_in_flight=1000).max_batch == 256

@@ -31,6 +31,7 @@ from echomq import (
     is_branded_id,
 )
 from echomq import sync as echomq_sync
+from echomq.consumer import DEFAULT_CONCURRENCY, DEFAULT_MAX_IN_FLIGHT
 from support import RedisServer, Sidecar
 
 
@@ -410,6 +411,33 @@ async def test_an_unset_max_in_flight_is_the_sidecars_default_and_sizes_the_pool
         assert consumer.concurrency == 5 and most == 5
         release.set()
         await until("all acked", lambda: redis_client.xlen(fresh) == 12 and pending(redis_client, fresh, "g") == 0
+                    and int(redis_client.xinfo_groups(fresh)[0]["lag"] or 0) == 0)
+
+
+async def test_unset_flow_control_gets_the_cap_1024_and_64_handlers(
+    live_sidecar: Sidecar, redis_client: redis.Redis, fresh: str
+) -> None:
+    """The adaptive window's cap is reported (1024), but the pool stays at 64."""
+    async with Streams(live_sidecar.target) as streams:
+        await streams.append_batch(fresh, [{"n": str(i)} for i in range(100)])
+    running, most = 0, 0
+    release = asyncio.Event()
+
+    async def handle(delivery: Delivery) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await release.wait()
+        running -= 1
+
+    async with Consumer(live_sidecar.target, fresh, "g", handle, start=Start.BEGINNING) as consumer:
+        assert consumer._subscribe.subscribe.max_in_flight == 0  # unset is sent as 0
+        assert (await consumer.wait_subscribed(10)).max_in_flight == DEFAULT_MAX_IN_FLIGHT == 1024
+        await until("64 handlers", lambda: running == 64)
+        await asyncio.sleep(0.2)  # no 65th starts
+        assert consumer.concurrency == DEFAULT_CONCURRENCY == 64 and most == 64
+        release.set()
+        await until("all acked", lambda: pending(redis_client, fresh, "g") == 0
                     and int(redis_client.xinfo_groups(fresh)[0]["lag"] or 0) == 0)
 
 

@@ -60,7 +60,10 @@ export interface Subscribed {
   readonly group: string;
   /** The sidecar's consumer name in the group. */
   readonly consumer: string;
-  /** The effective `max_in_flight` after the sidecar's default. */
+  /**
+   * The effective `max_in_flight`: as set, or, when unset, the cap of the
+   * adaptive window (`--default-max-in-flight`, 1024 by default).
+   */
   readonly maxInFlight: number;
 }
 
@@ -115,17 +118,23 @@ export type BatchHandler = (deliveries: readonly Delivery[]) => BatchVerdicts | 
  */
 export interface FlowControl {
   /**
-   * The most deliveries the call holds un-settled. Default: the sidecar's
-   * `--default-max-in-flight` (64). The sidecar refuses values above its
-   * `--max-in-flight-limit` (INVALID_ARGUMENT).
+   * The most deliveries the call holds un-settled, fixed. Default (unset,
+   * sent as 0): an adaptive window of 64 up to the sidecar's cap
+   * (`--default-max-in-flight`, 1024 by default, {@link DEFAULT_MAX_IN_FLIGHT}),
+   * which doubles while the handlers keep up and shrinks by a quarter (down
+   * to 8) when deliveries queue in the client; `onSubscribed` sees the cap.
+   * The client holds at most the cap's deliveries: cap × entry size bytes.
+   * The sidecar refuses values above its `--max-in-flight-limit`
+   * (INVALID_ARGUMENT).
    */
   maxInFlight?: number;
   /**
    * How many handlers run at once: the consumer runs this many handler
    * workers, which take deliveries (or, with {@link Consumer.runBatch},
-   * batches) from one queue. Default: the effective `maxInFlight` for `run`,
-   * 1 for `runBatch`. More than `maxInFlight` never run, since the call holds
-   * no more deliveries.
+   * batches) from one queue. Default for `run`: `maxInFlight` when that is
+   * set, else {@link DEFAULT_CONCURRENCY} (64); 1 for `runBatch`. More than
+   * the effective `maxInFlight` never run, since the call holds no more
+   * deliveries.
    */
   concurrency?: number;
   /**
@@ -134,7 +143,9 @@ export interface FlowControl {
    * fill, so batching adds no latency at low rates; at high rates it saves a
    * gRPC message per entry. A {@link Handler} still sees one delivery at a
    * time. 1: one delivery per frame. Default: 256, or `maxInFlight` if that is
-   * set and smaller. Above 4096 the sidecar refuses the subscribe
+   * set and smaller (256 with `maxInFlight` unset: a quarter of the default
+   * cap; a frame never holds more than the window's free credit). Above 4096
+   * the sidecar refuses the subscribe
    * (INVALID_ARGUMENT).
    */
   maxBatch?: number;
@@ -263,8 +274,23 @@ export const DEFAULT_MAX_BATCH = 256;
 export const DEFAULT_ACK_LINGER_MS = 1;
 /** The default {@link ConsumerOptions.ackBatch} (capped by a quarter of the effective `maxInFlight`). */
 export const DEFAULT_ACK_BATCH = 256;
-/** The sidecar's `--default-max-in-flight`, for a sidecar that does not report its effective value. */
-const DEFAULT_MAX_IN_FLIGHT = 64;
+/**
+ * The sidecar's `--default-max-in-flight` (1024): the cap of the adaptive
+ * window that a call gets when `maxInFlight` is unset (sent as 0; it starts
+ * at 64 and grows toward the cap while the handlers keep up), which the
+ * sidecar reports in {@link Subscribed.maxInFlight}. Used only for a sidecar
+ * that does not report its value. (It was 64, fixed, before the adaptive
+ * window; the default handler concurrency is {@link DEFAULT_CONCURRENCY}.)
+ */
+export const DEFAULT_MAX_IN_FLIGHT = 1024;
+/**
+ * The default {@link FlowControl.concurrency} when `maxInFlight` is unset too
+ * (never more than the cap the sidecar reports). Not the cap: 64 workers keep
+ * up with a fast handler's whole window, and when handlers are slow the
+ * deliveries queue in the client, which the sidecar sees as delay and answers
+ * by shrinking the window.
+ */
+export const DEFAULT_CONCURRENCY = 64;
 
 const DEFAULT_STOP_DEADLINE_MS = 30_000;
 /**
@@ -621,7 +647,9 @@ export class Consumer {
   #onSubscribed(call: Call, subscribed: Subscribed): void {
     const effective = subscribed.maxInFlight || this.#options.maxInFlight || DEFAULT_MAX_IN_FLIGHT;
     call.setMaxInFlight(effective);
-    const fallback = this.#batchHandler ? 1 : effective;
+    // Unset maxInFlight: the adaptive window's cap is no pool size (see
+    // DEFAULT_CONCURRENCY).
+    const fallback = this.#batchHandler ? 1 : this.#options.maxInFlight ? effective : DEFAULT_CONCURRENCY;
     this.#concurrency = Math.max(1, Math.min(this.#options.concurrency || fallback, effective));
     // The workers, started once and kept across calls (a handler of a broken
     // call may still run while the next call delivers); a smaller concurrency

@@ -37,7 +37,7 @@ interface Scenario {
   append_after_restart?: { fields: Record<string, FieldSpec> }[];
   append_generated?: { count: number; field: string };
   append_calls?: AppendCall[];
-  consumer: { max_in_flight: number; concurrency: number };
+  consumer: { max_in_flight?: number; concurrency?: number };
   handler: { default?: Action; by_attempt?: Record<string, Action> };
   steps?: string[];
   expect: Record<string, unknown>;
@@ -66,8 +66,15 @@ const KNOWN_EXPECT_KEYS = new Set([
   'handled', 'distinct_handled', 'attempts', 'min_redelivery_gap_ms', 'pending_after', 'dead_letters',
   'dead_letter_fields', 'dead_letter_keeps_branded_id', 'each_acked_once', 'payload_equals_appended',
   'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms', 'lease_lost_signalled', 'stream_length',
-  'handled_ids_equal_appended',
+  'handled_ids_equal_appended', 'sent_max_in_flight', 'subscribed_max_in_flight', 'peak_unsettled_at_least',
 ]);
+
+/** The parts of a ConsumeResponse the interceptor reads. */
+interface WireResponse {
+  subscribed?: { maxInFlight: number } | null;
+  delivery?: object | null;
+  batch?: { deliveries: object[] } | null;
+}
 
 const suite = JSON.parse(readFileSync(join(REPO_ROOT, 'tests', 'conformance', 'scenarios.json'), 'utf8')) as Suite;
 
@@ -113,13 +120,42 @@ class Run {
   /** Ends hanging handlers when the scenario is over. */
   readonly over = new AbortController();
 
-  readonly interceptor: Interceptor = (options, nextCall) =>
-    new InterceptingCall(nextCall(options), {
-      sendMessage: (message: { ack?: { ids: string[] } | null }, next) => {
+  /** The `maxInFlight` of each Subscribe sent on the wire. */
+  readonly sentMaxInFlight: number[] = [];
+  /** The `maxInFlight` of each Subscribed received on the wire. */
+  readonly subscribedMaxInFlight: number[] = [];
+  /** The most deliveries one call had received and sent no verdict for at once. */
+  peakUnsettled = 0;
+
+  // A verdict counts before it is sent and a delivery once it arrived, so a
+  // call's `unsettled` never exceeds what the sidecar holds for it.
+  readonly interceptor: Interceptor = (options, nextCall) => {
+    let unsettled = 0;
+    return new InterceptingCall(nextCall(options), {
+      start: (metadata, _listener, next) => {
+        next(metadata, {
+          onReceiveMessage: (message: WireResponse, nextMessage) => {
+            if (message.subscribed) this.subscribedMaxInFlight.push(Number(message.subscribed.maxInFlight));
+            const received = message.delivery ? 1 : (message.batch?.deliveries.length ?? 0);
+            if (received > 0) {
+              unsettled += received;
+              this.peakUnsettled = Math.max(this.peakUnsettled, unsettled);
+            }
+            nextMessage(message);
+          },
+        });
+      },
+      sendMessage: (
+        message: { ack?: { ids: string[] } | null; fail?: object | null; subscribe?: { maxInFlight?: number } | null },
+        next,
+      ) => {
+        if (message.subscribe) this.sentMaxInFlight.push(Number(message.subscribe.maxInFlight ?? 0));
         for (const id of message.ack?.ids ?? []) this.acksSent.set(id, (this.acksSent.get(id) ?? 0) + 1);
+        unsettled -= (message.ack?.ids.length ?? 0) + (message.fail ? 1 : 0);
         next(message);
       },
     });
+  };
 
   constructor(readonly scenario: Scenario) {}
 
@@ -460,6 +496,20 @@ async function check(fixture: Fixture, scenario: Scenario, stream: string, run: 
   }
   if (expect.max_concurrent_handlers !== undefined) {
     assert.ok(run.maxRunning <= (expect.max_concurrent_handlers as number), `${run.maxRunning} handlers ran at once`);
+  }
+  if (expect.sent_max_in_flight !== undefined) {
+    const want = expect.sent_max_in_flight as number;
+    const sent = run.sentMaxInFlight;
+    assert.ok(sent.length > 0 && sent.every((m) => m === want), `Subscribe carried ${JSON.stringify(sent)}, want ${want}`);
+  }
+  if (expect.subscribed_max_in_flight !== undefined) {
+    const want = expect.subscribed_max_in_flight as number;
+    const got = run.subscribedMaxInFlight;
+    assert.ok(got.length > 0 && got.every((m) => m === want), `Subscribed reported ${JSON.stringify(got)}, want ${want}`);
+  }
+  if (expect.peak_unsettled_at_least !== undefined) {
+    const want = expect.peak_unsettled_at_least as number;
+    assert.ok(run.peakUnsettled >= want, `at most ${run.peakUnsettled} deliveries were un-settled at once, want at least ${want}`);
   }
   if (expect.stop_returned_within_ms !== undefined) {
     assert.ok(run.stopMs !== undefined, 'stop_returned_within_ms without a stop step');

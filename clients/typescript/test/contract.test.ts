@@ -5,7 +5,15 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { status } from '@grpc/grpc-js';
-import { DEFAULT_ACK_BATCH, DEFAULT_ACK_LINGER_MS, DEFAULT_MAX_BATCH, EchoMQError, PERMANENT_CODES } from '@echomq/client';
+import {
+  DEFAULT_ACK_BATCH,
+  DEFAULT_ACK_LINGER_MS,
+  DEFAULT_CONCURRENCY,
+  DEFAULT_MAX_BATCH,
+  DEFAULT_MAX_IN_FLIGHT,
+  EchoMQError,
+  PERMANENT_CODES,
+} from '@echomq/client';
 import { REPO_ROOT } from './support/fixture.js';
 
 const contract = readFileSync(join(REPO_ROOT, 'clients', 'CONTRACT.md'), 'utf8');
@@ -45,4 +53,12 @@ test("the consumer's batching and ack-coalescing defaults are CONTRACT.md's", ()
   assert.match(defaults, /ack coalescing \| 1 ms linger, at most 256 ids and at most a quarter of `max_in_flight`/);
   assert.equal(DEFAULT_ACK_LINGER_MS, 1);
   assert.equal(DEFAULT_ACK_BATCH, 256);
+});
+
+test("the flow-control defaults are CONTRACT.md's: an adaptive window up to 1024, 64 handlers", () => {
+  const defaults = section('Defaults').join('\n');
+  assert.match(defaults, /`max_in_flight` \| unset: an adaptive window of 64 up to the sidecar's cap \(1024 by default\)/);
+  assert.equal(DEFAULT_MAX_IN_FLIGHT, 1024);
+  assert.match(defaults, /handler concurrency \| `max_in_flight` when set; 64 when unset/);
+  assert.equal(DEFAULT_CONCURRENCY, 64);
 });

@@ -35,9 +35,19 @@ BatchHandler = Callable[[list[Delivery]], Awaitable[Sequence[Verdict] | None]]
 #: it runs on the task that reads the call.
 VerdictErrorHook = Callable[[VerdictError], object]
 
-#: The sidecar's default `max_in_flight` (entries, `--default-max-in-flight`),
-#: which an unset `max_in_flight` gets (it is sent as 0).
-DEFAULT_MAX_IN_FLIGHT = 64
+#: The sidecar's default `--default-max-in-flight` (entries): the cap of the
+#: adaptive window an unset `max_in_flight` gets (it is sent as 0; the window
+#: starts at 64 and grows toward the cap while the handlers keep up), which
+#: the sidecar reports in `Subscription.max_in_flight`. Used only until the
+#: sidecar says. It was 64, the fixed default, before the adaptive window
+#: (issue 27); the default handler concurrency is `DEFAULT_CONCURRENCY` now.
+DEFAULT_MAX_IN_FLIGHT = 1024
+#: Handler workers when neither `concurrency` nor `max_in_flight` is set (at
+#: most the cap the sidecar reports). Not the cap: 64 workers keep up with a
+#: fast handler's whole window, and when handlers are slow the deliveries
+#: queue in the client, which the sidecar sees as delay and answers by
+#: shrinking the window; 1024 threads would be wasted in `echomq.sync`.
+DEFAULT_CONCURRENCY = 64
 #: The sidecar's default `--max-in-flight-limit` (entries): the most a
 #: subscribe may ask for.
 MAX_IN_FLIGHT_LIMIT = 10_000
@@ -70,7 +80,8 @@ class Subscription:
     group: str
     #: The sidecar's consumer name in the group.
     consumer: str
-    #: The effective `max_in_flight` (entries).
+    #: The effective `max_in_flight` (entries): as set, or when unset the
+    #: cap of the adaptive window (`--default-max-in-flight`, 1024 by default).
     max_in_flight: int
 
 
@@ -298,12 +309,15 @@ class Consumer:
     `target` is `host:port`, `unix:/path`, or a `grpc.aio.Channel` you own.
     `start` is required (see `Start`). `flow_control` (a `FlowControl`) groups
     how much the consumer takes on at once: `max_in_flight` (entries) is the
-    most deliveries the sidecar hands this consumer un-settled; None (the
-    default) sends 0, which is the sidecar's `--default-max-in-flight` (64
-    unless the sidecar says otherwise), and the effective value comes back in
-    `Subscription.max_in_flight`. `concurrency` is the most handler calls
-    running at once (a fixed pool of that many workers; default: the
-    effective `max_in_flight` for `handler`, known once subscribed; 1 for
+    most deliveries the sidecar hands this consumer un-settled, fixed; None
+    (the default) sends 0: an adaptive window of 64 up to the sidecar's cap
+    (`--default-max-in-flight`, 1024 by default), which grows while the
+    handlers keep up and shrinks (down to 8) when deliveries queue in the
+    client; the cap comes back in `Subscription.max_in_flight`, and the
+    client never holds more than it (cap × entry size bytes). `concurrency`
+    is the most handler calls running at once (a fixed pool of that many
+    workers; default: `max_in_flight` when that is given, else
+    `DEFAULT_CONCURRENCY` (64, at most the cap the sidecar reports); 1 for
     `batch_handler`; at most `max_in_flight` when that is given). The flat
     `max_in_flight=`, `concurrency=` and `max_batch=` keywords are the
     deprecated spelling of the same (a `DeprecationWarning`; not both).
@@ -316,8 +330,8 @@ class Consumer:
     and every delivery must be settled explicitly.
 
     `FlowControl.max_batch` (deliveries, default `min(256, max_in_flight)`, 256 when
-    `max_in_flight` is unset: a frame never holds more than the call's
-    credit anyway; the sidecar
+    `max_in_flight` is unset, a quarter of the default cap: a frame never
+    holds more than the window's free credit anyway; the sidecar
     refuses more than 4096 with INVALID_ARGUMENT) is the most deliveries per
     frame the sidecar sends, and the largest list a batch handler gets; 1 asks
     for one delivery per frame. Acks are coalesced: one `Ack` message per
@@ -393,8 +407,9 @@ class Consumer:
                 raise TypeError("concurrency is for handlers; an iterated consumer runs no worker")
             concurrency = 0
         elif concurrency is None:
-            # Unset with max_in_flight unset too: None, the effective
-            # max_in_flight, spawned when the sidecar says it (_serve).
+            # Unset with max_in_flight unset too: None, DEFAULT_CONCURRENCY
+            # capped by the cap the sidecar reports, spawned when it says
+            # it (_serve).
             concurrency = 1 if batch_handler is not None else max_in_flight
         if concurrency is not None and not iterated:
             if concurrency < 1 or (max_in_flight is not None and concurrency > max_in_flight):
@@ -424,7 +439,8 @@ class Consumer:
         self.stream = stream
         self.group = group
         #: The handler pool's size; None until the first subscribe when it is
-        #: the effective max_in_flight; 0 for an iterated consumer.
+        #: DEFAULT_CONCURRENCY or the cap the sidecar reports, whichever is
+        #: smaller; 0 for an iterated consumer.
         self.concurrency: int | None = concurrency
         self.max_batch = max_batch
         self.ack_linger = linger
@@ -795,7 +811,8 @@ class Consumer:
                     self._max_in_flight = confirmed.max_in_flight or self._max_in_flight
                     call.max_ack_ids = max_ack_ids(self._max_in_flight)
                     if self.concurrency is None:
-                        self._spawn_workers(self._max_in_flight)  # before any delivery of this call
+                        # Before any delivery of this call.
+                        self._spawn_workers(min(DEFAULT_CONCURRENCY, self._max_in_flight))
                     self._subscribed.set()
                     log.info(
                         "subscribed to %s as %s in group %s", confirmed.stream, confirmed.consumer, confirmed.group

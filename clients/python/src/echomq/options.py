@@ -134,15 +134,20 @@ class FlowControl:
                  flow_control=FlowControl(max_in_flight=128, concurrency=16))
 
     - `max_in_flight` (entries): the most deliveries the sidecar hands the
-      consumer un-settled (pubsub's `max_messages`). None: the sidecar's
-      `--default-max-in-flight` (64 unless it says otherwise); the effective
-      value comes back in `Subscription.max_in_flight`.
+      consumer un-settled, fixed (pubsub's `max_messages`). None (sent as 0):
+      an adaptive window of 64 up to the sidecar's cap
+      (`--default-max-in-flight`, 1024 by default), which grows while the
+      handlers keep up and shrinks (down to 8) when they fall behind; the
+      cap comes back in `Subscription.max_in_flight`, and bounds what the
+      client buffers (cap × entry size).
     - `concurrency`: the most handler calls running at once (a fixed pool of
-      that many workers). None: the effective `max_in_flight` for a handler,
-      1 for a batch handler; at most `max_in_flight` when that is given.
+      that many workers). None: `max_in_flight` when that is given, else 64
+      (`DEFAULT_CONCURRENCY`, at most the sidecar's cap) for a handler; 1
+      for a batch handler; at most `max_in_flight` when that is given.
     - `max_batch` (deliveries): the most per frame the sidecar sends, and the
       largest list a batch handler gets. None: `min(256, max_in_flight)`
-      (256 when `max_in_flight` is unset); at most 4096.
+      (256, a quarter of the default cap, when `max_in_flight` is unset); at
+      most 4096.
 
     There is no byte bound: the protocol counts entries, not bytes.
     """

@@ -307,11 +307,13 @@ class Consumer:
             target, stream, group, self._run_handler if handler is not None else None, **settings
         )
         # Threads start as work needs them; the asyncio consumer's workers
-        # (`concurrency`, by default the effective max_in_flight) bound how
-        # many handlers run at once, so the pool's cap only has to be enough.
+        # (`concurrency`: by default max_in_flight when set, else
+        # DEFAULT_CONCURRENCY) bound how many handlers run at once, so the
+        # pool's cap only has to be enough: never one thread per slot of the
+        # adaptive window's cap (1024).
         flow: FlowControl = self._consumer.flow_control
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=flow.concurrency or flow.max_in_flight or aio.MAX_IN_FLIGHT_LIMIT,
+            max_workers=flow.concurrency or flow.max_in_flight or aio.DEFAULT_CONCURRENCY,
             thread_name_prefix="echomq-handler",
         )
 

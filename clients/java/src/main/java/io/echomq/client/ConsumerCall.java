@@ -98,8 +98,9 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   /**
    * The most ids of one Ack message: {@code maxIds}, but never more than a quarter of
    * {@code maxInFlight} (the sidecar reads again when that much credit is free, so waiting for
-   * more only stalls the flow), and at least 1. A {@code maxInFlight} of 0 (the sidecar's default)
-   * counts as {@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT} until {@code Subscribed} says.
+   * more only stalls the flow), and at least 1. A {@code maxInFlight} of 0 (the adaptive window)
+   * counts as its default cap, {@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT}, until {@code
+   * Subscribed} says.
    */
   static int ackBatchFor(int maxIds, int maxInFlight) {
     int inFlight = maxInFlight > 0 ? maxInFlight : EchoMqConsumer.DEFAULT_MAX_IN_FLIGHT;

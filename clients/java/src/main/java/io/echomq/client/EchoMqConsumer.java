@@ -78,10 +78,21 @@ public final class EchoMqConsumer implements AutoCloseable {
   private enum State { NEW, RUNNING, STOPPING, STOPPED }
 
   /**
-   * The sidecar's default {@code max_in_flight} (its {@code --default-max-in-flight}), which an
-   * unset {@link FlowControl#maxInFlight()} (sent as 0) gets; also the default handler concurrency.
+   * The sidecar's default {@code --default-max-in-flight}: the cap of the adaptive window that an
+   * unset {@link FlowControl#maxInFlight()} (sent as 0) gets. The window starts at 64 and grows
+   * toward the cap while the handlers keep up; {@code Subscribed.max_in_flight} reports the cap.
+   * Used only until the sidecar says. It was 64, the fixed default and the default handler
+   * concurrency, before the adaptive window (issue 27); the concurrency is {@link
+   * #DEFAULT_CONCURRENCY} now.
    */
-  public static final int DEFAULT_MAX_IN_FLIGHT = 64;
+  public static final int DEFAULT_MAX_IN_FLIGHT = 1024;
+  /**
+   * Handler threads when neither {@link FlowControl#concurrency()} nor {@link
+   * FlowControl#maxInFlight()} is set. Not the adaptive window's cap: 64 threads keep up with a fast
+   * handler's whole window, and when handlers are slow the deliveries queue in the client, which
+   * the sidecar sees as delay and answers by shrinking the window; 1024 threads would mostly idle.
+   */
+  public static final int DEFAULT_CONCURRENCY = 64;
   /** The most deliveries per frame asked for by default ({@link FlowControl#maxBatch()}). */
   public static final int DEFAULT_MAX_BATCH = 256;
   /** The sidecar refuses a {@code max_batch} above this with INVALID_ARGUMENT. */
@@ -905,7 +916,7 @@ public final class EchoMqConsumer implements AutoCloseable {
       return maxInFlight;
     }
 
-    /** The max in flight the sidecar applies: the setting, or its default when 0. */
+    /** The most the sidecar hands out: the setting, or the adaptive window's default cap when 0. */
     private int appliedMaxInFlight() {
       return maxInFlight > 0 ? maxInFlight : DEFAULT_MAX_IN_FLIGHT;
     }
@@ -914,7 +925,11 @@ public final class EchoMqConsumer implements AutoCloseable {
       if (concurrency > 0) {
         return concurrency;
       }
-      return batchHandler != null ? 1 : appliedMaxInFlight();
+      if (batchHandler != null) {
+        return 1;
+      }
+      // Unset max_in_flight: the adaptive window's cap is no pool size (DEFAULT_CONCURRENCY).
+      return maxInFlight > 0 ? maxInFlight : DEFAULT_CONCURRENCY;
     }
 
     int effectiveMaxBatch() {

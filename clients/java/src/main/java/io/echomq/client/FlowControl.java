@@ -11,16 +11,23 @@ package io.echomq.client;
  *     ...
  * }</pre>
  *
- * @param maxInFlight the most deliveries the call holds un-settled (entries, sent in Subscribe).
- *     0: the sidecar's default ({@code --default-max-in-flight}, {@value
- *     EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT}). The sidecar refuses more than its {@code
- *     --max-in-flight-limit} (10,000) with INVALID_ARGUMENT ({@link EchoMqConsumer#start()} fails).
+ * @param maxInFlight the most deliveries the call holds un-settled (entries, sent in Subscribe),
+ *     fixed. 0 (sent as 0): an adaptive window of 64 up to the sidecar's cap ({@code
+ *     --default-max-in-flight}, {@value EchoMqConsumer#DEFAULT_MAX_IN_FLIGHT} by default), which
+ *     doubles while the handlers keep up and shrinks by a quarter (down to 8) when deliveries queue
+ *     in the client. The client holds at most the cap's deliveries: cap &times; entry size bytes.
+ *     The sidecar refuses more than its {@code --max-in-flight-limit} (10,000) with
+ *     INVALID_ARGUMENT ({@link EchoMqConsumer#start()} fails).
  * @param concurrency the most handlers running at once: the threads of the handler pool, started
- *     once. 0: the effective max in flight, so every delivery the call holds can be in a handler; 1
+ *     once. 0: {@code maxInFlight} when that is set, else {@value
+ *     EchoMqConsumer#DEFAULT_CONCURRENCY} (not the adaptive window's cap: 64 threads keep a fast
+ *     handler's window full, and slow handlers let deliveries queue, which shrinks the window); 1
  *     with a batch handler. At most {@code maxInFlight} when that is set.
  * @param maxBatch the most deliveries the sidecar may put in one frame ({@code
  *     Subscribe.max_batch}), and the most a batch handler gets at once. 0: the smaller of {@value
- *     EchoMqConsumer#DEFAULT_MAX_BATCH} and the effective max in flight. Above {@value
+ *     EchoMqConsumer#DEFAULT_MAX_BATCH} and {@code maxInFlight} ({@value
+ *     EchoMqConsumer#DEFAULT_MAX_BATCH} when that is unset, a quarter of the default cap; a frame
+ *     never holds more than the window's free credit). Above {@value
  *     EchoMqConsumer#MAX_BATCH_LIMIT} the sidecar refuses the subscription with INVALID_ARGUMENT.
  */
 public record FlowControl(int maxInFlight, int concurrency, int maxBatch) {

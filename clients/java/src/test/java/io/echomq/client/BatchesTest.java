@@ -162,13 +162,13 @@ class BatchesTest extends LiveSidecar {
     assertPending(stream, 0);
 
     assertEquals(256, EchoMqConsumer.builder().maxInFlight(1000).effectiveMaxBatch());
-    assertEquals(64, EchoMqConsumer.builder().maxInFlight(0).effectiveMaxBatch(), "the sidecar's default max_in_flight, 64");
+    assertEquals(256, EchoMqConsumer.builder().maxInFlight(0).effectiveMaxBatch(), "unset: 256, a quarter of the cap");
     assertEquals(16, EchoMqConsumer.builder().maxInFlight(16).effectiveMaxBatch(), "capped by max_in_flight");
-    assertEquals(64, EchoMqConsumer.builder().concurrency(4).effectiveMaxBatch(), "the default max_in_flight, 64");
+    assertEquals(256, EchoMqConsumer.builder().concurrency(4).effectiveMaxBatch(), "max_in_flight unset: 256");
     assertEquals(1, ConsumerCall.ackBatchFor(256, 2), "at least 1");
     assertEquals(128, ConsumerCall.ackBatchFor(256, 512), "a quarter of max_in_flight");
     assertEquals(256, ConsumerCall.ackBatchFor(256, 10_000));
-    assertEquals(16, ConsumerCall.ackBatchFor(256, 0), "the sidecar's default, 64, until Subscribed says");
+    assertEquals(256, ConsumerCall.ackBatchFor(256, 0), "the default cap, 1024, until Subscribed says");
   }
 
   @Test

@@ -17,9 +17,11 @@ class DefaultsTest {
   }
 
   @Test
-  void concurrency_defaults_to_the_effective_max_in_flight() {
-    assertEquals(64, EchoMqConsumer.DEFAULT_MAX_IN_FLIGHT);
-    assertEquals(64, builder().handler(d -> { }).effectiveConcurrency(), "max_in_flight unset: the sidecar's 64");
+  void concurrency_defaults_to_64_unset_and_to_max_in_flight_set() {
+    assertEquals(1024, EchoMqConsumer.DEFAULT_MAX_IN_FLIGHT, "the adaptive window's default cap");
+    assertEquals(64, EchoMqConsumer.DEFAULT_CONCURRENCY);
+    assertEquals(64, builder().handler(d -> { }).effectiveConcurrency(), "max_in_flight unset: 64, not the cap");
+    assertEquals(2000, builder().maxInFlight(2000).handler(d -> { }).effectiveConcurrency());
     assertEquals(10, builder().maxInFlight(10).handler(d -> { }).effectiveConcurrency());
     assertEquals(1, builder().batchHandler(b -> null).effectiveConcurrency(), "1 for a batch handler");
     assertEquals(3, builder().maxInFlight(10).concurrency(3).handler(d -> { }).effectiveConcurrency());
@@ -32,7 +34,7 @@ class DefaultsTest {
 
   @Test
   void max_batch_defaults_to_the_smaller_of_256_and_max_in_flight() {
-    assertEquals(64, builder().effectiveMaxBatch());
+    assertEquals(256, builder().effectiveMaxBatch(), "max_in_flight unset: a quarter of the cap");
     assertEquals(256, builder().maxInFlight(1000).effectiveMaxBatch());
     assertEquals(8, builder().maxInFlight(8).effectiveMaxBatch());
   }

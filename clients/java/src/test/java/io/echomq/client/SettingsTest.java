@@ -76,11 +76,11 @@ class SettingsTest extends LiveSidecar {
       consumer.start().get(10, TimeUnit.SECONDS);
       long handlerThreads =
           Thread.getAllStackTraces().keySet().stream().filter(t -> t.getName().startsWith("echomq-handler-" + stream + "-")).count();
-      assertEquals(64, handlerThreads, "concurrency = the effective max_in_flight");
+      assertEquals(64, handlerThreads, "max_in_flight unset: 64 handler threads, not the cap (1024)");
     }
     Subscribe subscribe = sent.get(0);
-    assertEquals(0, subscribe.getMaxInFlight(), "0: the sidecar's --default-max-in-flight");
-    assertEquals(64, subscribe.getMaxBatch());
+    assertEquals(0, subscribe.getMaxInFlight(), "0: the sidecar's adaptive window");
+    assertEquals(256, subscribe.getMaxBatch(), "max_in_flight unset: a quarter of the cap");
     assertEquals(0, subscribe.getMaxDeliveries());
     assertEquals("", subscribe.getDeadLetterStream());
     assertTrue(!subscribe.getNoAck() && !subscribe.hasAckDeadline() && !subscribe.hasRetryBackoffInitial()

@@ -13,11 +13,14 @@ import io.echomq.client.StartPosition;
 import io.echomq.client.testing.Resp;
 import io.echomq.client.testing.SidecarFixture;
 import io.echomq.v1.ConsumeRequest;
+import io.echomq.v1.ConsumeResponse;
 import io.grpc.CallOptions;
 import io.grpc.Channel;
 import io.grpc.ClientCall;
 import io.grpc.ClientInterceptor;
 import io.grpc.ForwardingClientCall;
+import io.grpc.ForwardingClientCallListener;
+import io.grpc.Metadata;
 import io.grpc.MethodDescriptor;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
@@ -68,6 +71,12 @@ final class ScenarioRun {
   private final Set<String> finishedIds = ConcurrentHashMap.newKeySet();
   private final AtomicInteger running = new AtomicInteger();
   private final AtomicInteger maxRunning = new AtomicInteger();
+  /** The max_in_flight of each Subscribe sent on the wire. */
+  private final List<Integer> sentMaxInFlight = Collections.synchronizedList(new ArrayList<>());
+  /** The max_in_flight of each Subscribed received on the wire. */
+  private final List<Integer> subscribedMaxInFlight = Collections.synchronizedList(new ArrayList<>());
+  /** The most deliveries one call had received and sent no verdict for at once. */
+  private final AtomicInteger peakUnsettled = new AtomicInteger();
   /** Handler calls that saw their delivery's lease-lost signal (wait_lease_lost). */
   private final AtomicInteger leaseLostSignalled = new AtomicInteger();
   /** Released when the scenario ends: the only way a `hang` handler returns on its own. */
@@ -297,8 +306,8 @@ final class ScenarioRun {
             .startPosition(StartPosition.beginning())
             .flowControl(
                 FlowControl.builder()
-                    .maxInFlight(spec.get("max_in_flight").getAsInt())
-                    .concurrency(spec.get("concurrency").getAsInt())
+                    .maxInFlight(spec.has("max_in_flight") ? spec.get("max_in_flight").getAsInt() : 0)
+                    .concurrency(spec.has("concurrency") ? spec.get("concurrency").getAsInt() : 0)
                     .build())
             .handler(handler())
             .onVerdictError(error -> verdictErrors.add(error.code().name()))
@@ -377,16 +386,51 @@ final class ScenarioRun {
     return spec.getAsJsonObject("default");
   }
 
-  /** Counts the Ack ids the client puts on the wire. */
+  /**
+   * Counts the Ack ids the client puts on the wire; records the {@code max_in_flight} of each
+   * Subscribed received, and the most deliveries one call had received and sent no verdict for.
+   */
   private final class AckCounter implements ClientInterceptor {
     @Override
     public <ReqT, RespT> ClientCall<ReqT, RespT> interceptCall(
         MethodDescriptor<ReqT, RespT> method, CallOptions options, Channel next) {
+      // A verdict counts before it is sent and a delivery once it arrived, so this never exceeds
+      // what the sidecar holds for the call.
+      AtomicInteger unsettled = new AtomicInteger();
       return new ForwardingClientCall.SimpleForwardingClientCall<>(next.newCall(method, options)) {
+        @Override
+        public void start(Listener<RespT> listener, Metadata headers) {
+          super.start(
+              new ForwardingClientCallListener.SimpleForwardingClientCallListener<>(listener) {
+                @Override
+                public void onMessage(RespT message) {
+                  if (message instanceof ConsumeResponse response) {
+                    if (response.hasSubscribed()) {
+                      subscribedMaxInFlight.add(response.getSubscribed().getMaxInFlight());
+                    }
+                    int received =
+                        response.hasDelivery() ? 1 : response.hasBatch() ? response.getBatch().getDeliveriesCount() : 0;
+                    if (received > 0) {
+                      peakUnsettled.accumulateAndGet(unsettled.addAndGet(received), Math::max);
+                    }
+                  }
+                  super.onMessage(message);
+                }
+              },
+              headers);
+        }
+
         @Override
         public void sendMessage(ReqT message) {
           if (message instanceof ConsumeRequest request && request.hasAck()) {
             request.getAck().getIdsList().forEach(id -> acksSent.merge(id, 1, Integer::sum));
+            unsettled.addAndGet(-request.getAck().getIdsCount());
+          }
+          if (message instanceof ConsumeRequest request && request.hasFail()) {
+            unsettled.decrementAndGet();
+          }
+          if (message instanceof ConsumeRequest request && request.hasSubscribe()) {
+            sentMaxInFlight.add(request.getSubscribe().getMaxInFlight());
           }
           super.sendMessage(message);
         }
@@ -581,6 +625,23 @@ final class ScenarioRun {
         case "max_concurrent_handlers" -> {
           if (maxRunning.get() > want.getAsInt()) {
             problems.add("max_concurrent_handlers: " + maxRunning.get() + " > " + want.getAsInt());
+          }
+        }
+        case "sent_max_in_flight" -> {
+          List<Integer> sent = List.copyOf(sentMaxInFlight);
+          if (sent.isEmpty() || sent.stream().anyMatch(m -> m != want.getAsInt())) {
+            problems.add("sent_max_in_flight: Subscribe carried " + sent + ", want " + want.getAsInt());
+          }
+        }
+        case "subscribed_max_in_flight" -> {
+          List<Integer> got = List.copyOf(subscribedMaxInFlight);
+          if (got.isEmpty() || got.stream().anyMatch(m -> m != want.getAsInt())) {
+            problems.add("subscribed_max_in_flight: Subscribed reported " + got + ", want " + want.getAsInt());
+          }
+        }
+        case "peak_unsettled_at_least" -> {
+          if (peakUnsettled.get() < want.getAsInt()) {
+            problems.add("peak_unsettled_at_least: at most " + peakUnsettled.get() + " deliveries were un-settled at once, want at least " + want.getAsInt());
           }
         }
         case "stop_returned_within_ms" -> {
