@@ -31,8 +31,8 @@ use std::{
 use clap::Parser;
 use echomq::proto::{
     consume_request::Kind, consume_response::Kind as Event, consumer_service_client::ConsumerServiceClient,
-    stream_service_client::StreamServiceClient, Ack, AppendRequest, ConsumeRequest, Delivery, Fail, GroupStart,
-    Subscribe, VerdictErrorCode,
+    stream_service_client::StreamServiceClient, Ack, AppendRequest, ConsumeRequest, Delivery, Fail, FailKind,
+    GroupStart, Subscribe, VerdictErrorCode,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -311,6 +311,8 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
                                 reason: "demo: simulated handler error".to_owned(),
                                 retry_after: Some(prost_types::Duration { seconds: 0, nanos: RETRY_AFTER.as_nanos() as i32 }),
                                 dead_letter: false,
+                                // The entry's own failure: the next delivery counts as attempt 2.
+                                kind: FailKind::Message as i32,
                             })
                         } else {
                             println!("{} ack        id={}", t(), d.id);

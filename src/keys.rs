@@ -93,7 +93,8 @@ impl Keyspace {
     }
 
     /// The retry hash of `group` on `stream` (stream id → `<due unix ms> <last
-    /// failure reason>`): `<stream>:retries:<group>`, tagged like
+    /// failure reason>`, the ms followed by `t` after a transient Fail):
+    /// `<stream>:retries:<group>`, tagged like
     /// [`Self::dead_letter_stream`].
     pub fn retries(&self, stream: &str, group: &str) -> String {
         self.derived(stream, &format!(":retries:{group}"))

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use echomq::proto::consume_request::Kind;
-use echomq::proto::{Ack, AppendBatchRequest, BatchEntry, Fail, GroupStart, RawField, VerdictErrorCode};
+use echomq::proto::{Ack, AppendBatchRequest, BatchEntry, Fail, FailKind, GroupStart, RawField, VerdictErrorCode};
 use support::*;
 use tonic::Code;
 
@@ -984,6 +984,82 @@ async fn poison_entry_moves_to_dead_letter_stream_after_max_deliveries() {
     // New entries keep flowing.
     let next = sidecar.append("s", &[("k", b"next")]).await;
     assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.id, next.id);
+}
+
+/// A Fail of `kind` (the wire value), retried after 50 ms.
+async fn fail_of_kind(consumer: &Consumer, id: &str, kind: FailKind, dead_letter: bool) {
+    consumer
+        .send(req(Kind::Fail(Fail {
+            id: id.to_owned(),
+            reason: format!("{kind:?}"),
+            retry_after: Some(duration_ms(50)),
+            dead_letter,
+            kind: kind as i32,
+        })))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_fail_costs_no_attempt_so_it_never_dead_letters_and_a_message_fail_does() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let con = redis.conn().await;
+    let mut sub = subscribe_msg("s", "g", GroupStart::New);
+    sub.max_deliveries = 2;
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+
+    let mut attempts = Vec::new();
+    for kind in
+        [FailKind::Transient, FailKind::Transient, FailKind::Transient, FailKind::Message, FailKind::Unspecified]
+    {
+        let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+        assert_eq!(d.id, e.id);
+        attempts.push(d.attempts);
+        fail_of_kind(&consumer, &d.id, kind, false).await;
+    }
+    assert_eq!(attempts, [1, 1, 1, 1, 2], "transient fails keep the count; a message fail adds one");
+    consumer.assert_quiet(Duration::from_millis(500), "the second counted failure reached max_deliveries 2").await;
+    assert_eq!(sidecar.counter("echomq_transient_fails_total").await, 3.0);
+    assert_eq!(sidecar.counter("echomq_fails_total").await, 5.0);
+    assert!(
+        eventually(EVENT_TIMEOUT, || {
+            let mut con = con.clone();
+            async move { xlen(&mut con, "s:dlq").await == 1 }
+        })
+        .await,
+        "dead-lettered after two counted attempts"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_fail_dead_letters_now_and_a_contradictory_or_unknown_kind_is_refused() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+    let d = consumer.next_delivery(EVENT_TIMEOUT).await;
+
+    fail_of_kind(&consumer, &d.id, FailKind::Transient, true).await;
+    let refused = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(refused.code, VerdictErrorCode::InvalidArgument as i32);
+    assert!(refused.message.contains("FAIL_KIND_TRANSIENT with dead_letter"), "{}", refused.message);
+    consumer.send(req(Kind::Fail(Fail { id: d.id.clone(), kind: 9, ..Default::default() }))).await;
+    let unknown = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(unknown.code, VerdictErrorCode::InvalidArgument as i32);
+    assert!(unknown.message.contains("9 is not a FailKind"), "{}", unknown.message);
+
+    fail_of_kind(&consumer, &d.id, FailKind::Poison, false).await;
+    assert!(
+        eventually(EVENT_TIMEOUT, || {
+            let mut con = con.clone();
+            async move { xlen(&mut con, "s:dlq").await == 1 }
+        })
+        .await,
+        "POISON dead-letters at once, the refused verdicts having left it held"
+    );
+    assert_eq!(xrange(&mut con, "s:dlq").await[0].field("id"), Some(e.id.as_bytes()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,6 +80,45 @@ async fn peer_reclaims_dead_sidecars_entries_after_min_idle() {
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
 }
 
+/// A transient Fail binds the group, not only its sidecar: the sidecar dies
+/// before the retry delay passes, a peer reclaims the entry and delivers it
+/// after the delay with the count it had; a later ended call counts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_reclaims_a_transient_failure_delivers_it_with_the_count_it_had() {
+    let redis = RedisServer::start().await;
+    let mut dead = Sidecar::start(&redis, SidecarOptions::named("dead").reclaim(1000, 200)).await;
+    let mut con = redis.conn().await;
+    let mut call = Consumer::start(&dead, "s", "g", GroupStart::New, 0).await;
+    let e = dead.append("s", &[("k", b"e")]).await;
+    let first = call.next_delivery(EVENT_TIMEOUT).await;
+    call.send(req(Kind::Fail(echomq::proto::Fail {
+        id: first.id.clone(),
+        reason: "the database is down".to_owned(),
+        retry_after: Some(duration_ms(2000)),
+        kind: echomq::proto::FailKind::Transient as i32,
+        ..Default::default()
+    })))
+    .await;
+    let recorded = eventually(EVENT_TIMEOUT, || {
+        let mut con = con.clone();
+        async move { redis::cmd("HLEN").arg("s:retries:g").query_async::<u64>(&mut con).await.unwrap() == 1 }
+    })
+    .await;
+    assert!(recorded, "the retry state is written before the sidecar dies");
+    dead.kill9();
+
+    let peer = Sidecar::start(&redis, SidecarOptions::named("peer").reclaim(1000, 200)).await;
+    let mut peer_call = Consumer::start(&peer, "s", "g", GroupStart::New, 0).await;
+    let again = peer_call.next_delivery(Duration::from_secs(15)).await;
+    assert_eq!((again.id.as_str(), again.attempts), (e.id.as_str(), 1), "the transient failure cost no attempt");
+    drop(peer_call);
+    let mut next_call = Consumer::start(&peer, "s", "g", GroupStart::New, 0).await;
+    let after_an_ended_call = next_call.next_delivery(Duration::from_secs(15)).await;
+    assert_eq!(after_an_ended_call.attempts, 2, "a call that ended holding it counts, as always");
+    next_call.ack_one(&after_an_ended_call.id).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_client_keeps_its_entry_from_peer_reclaim() {
     let redis = RedisServer::start().await;

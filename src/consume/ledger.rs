@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use super::{
     delivery::Outgoing,
     orders::{
-        Backoff, DeadLetterOrder, DeadLettered, GroupPolicy, PendingAck, Redelivery, RetryWrite, SessionId,
+        Backoff, DeadLetterOrder, DeadLettered, FailKind, GroupPolicy, PendingAck, Redelivery, RetryWrite, SessionId,
         Unrefreshed, ACK_CHUNK,
     },
     verdicts::{Gone, Refusal},
@@ -86,6 +86,8 @@ pub(crate) struct Tally {
     /// Deliveries failed: a Fail, a passed deadline, a call that ended
     /// holding them (`echomq_fails_total`).
     pub(crate) fails: u64,
+    /// Of those, transient Fails, which cost no attempt (`echomq_transient_fails_total`).
+    pub(crate) transient_fails: u64,
     /// Held deliveries a peer took (`echomq_leases_lost_total`).
     pub(crate) leases_lost: u64,
     /// Acks Redis confirmed (`echomq_acks_total`).
@@ -133,8 +135,9 @@ pub(crate) struct FailVerdict {
     /// Overrides the subscription's backoff; `Err` says why the client's value
     /// is invalid (the verdict is then answered INVALID_ARGUMENT).
     pub(crate) retry_after: Result<Option<Duration>, String>,
-    /// Move to the dead-letter stream now.
-    pub(crate) dead_letter: bool,
+    /// Whether it counts, or is dead-lettered now; `Err` says why the
+    /// client's kind is invalid (answered INVALID_ARGUMENT).
+    pub(crate) kind: Result<FailKind, String>,
     /// Kept as the entry's last failure reason.
     pub(crate) reason: String,
 }
@@ -321,7 +324,7 @@ impl<D> Ledger<D> {
             self.entries.remove(&held.stream_id);
             self.ended(held.stream_id, None);
             let delay = call.policy.backoff.delay(held.attempts);
-            self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned(), now);
+            self.retry_later(held.stream_id, delay, "the call ended before a verdict".to_owned(), true, now);
         }
         let last = self.calls.is_empty();
         if last {
@@ -625,14 +628,16 @@ impl<D> Ledger<D> {
     /// Schedules a failed entry's re-delivery after `delay`, here and, through
     /// the group's retry hash, for a peer that reclaims it or for this sidecar
     /// after a restart.
-    fn retry_later(&mut self, stream_id: StreamId, delay: Duration, reason: String, now: Instant) {
+    /// `counts`: the failure counts as an attempt (all but a transient Fail).
+    fn retry_later(&mut self, stream_id: StreamId, delay: Duration, reason: String, counts: bool, now: Instant) {
         if self.no_ack {
             return;
         }
         self.tally.fails += 1;
+        self.tally.transient_fails += u64::from(!counts);
         self.wait(stream_id, now + delay);
         let due_unix_ms = self.unix_ms(now).saturating_add(delay.as_millis() as u64);
-        self.orders.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason });
+        self.orders.retry_writes.push(RetryWrite { stream_id, due_unix_ms, reason, counts });
     }
 
     /// Takes the delivery `id` out of the call's hands; answers the verdict
@@ -683,15 +688,15 @@ impl<D> Ledger<D> {
     /// away; INVALID_ARGUMENT for a bad `retry_after` or on an at-most-once
     /// subscription (the delivery stays held); UNKNOWN_ID when not held.
     pub(crate) fn fail(&mut self, session: SessionId, fail: FailVerdict, now: Instant) {
-        let FailVerdict { text, id, retry_after, dead_letter, reason } = fail;
+        let FailVerdict { text, id, retry_after, kind, reason } = fail;
         let Some(call) = self.calls.get(&session) else { return };
         if let Some(gone) = call.gone.get(&id) {
             let refusal = Refusal::Gone(*gone);
             return self.refuse(session, text, refusal);
         }
-        let retry_after = match retry_after {
-            Ok(retry_after) => retry_after,
-            Err(reason) => {
+        let (retry_after, kind) = match (retry_after, kind) {
+            (Ok(retry_after), Ok(kind)) => (retry_after, kind),
+            (Err(reason), _) | (_, Err(reason)) => {
                 let message = format!("{reason}; nothing was applied (a delivery this call holds stays held)");
                 return self.refuse(session, text, Refusal::Invalid(message));
             }
@@ -701,16 +706,21 @@ impl<D> Ledger<D> {
         }
         let backoff = call.policy.backoff;
         let Some(held) = self.settle(session, &text, id, now) else { return };
-        self.ended(held.stream_id, Some(if dead_letter { "dead_letter" } else { "fail" }));
-        if dead_letter {
+        let verdict = match kind {
+            FailKind::Message => "fail",
+            FailKind::Transient => "fail_transient",
+            FailKind::Poison => "dead_letter",
+        };
+        self.ended(held.stream_id, Some(verdict));
+        if kind == FailKind::Poison {
             let reason =
                 if reason.is_empty() { "dead-lettered by the client (no reason given)".to_owned() } else { reason };
             let order = DeadLetterOrder { stream_id: held.stream_id, reason, verdict: Some((session, text)) };
             return self.orders.dead_letters.push(order);
         }
         let delay = retry_after.unwrap_or_else(|| backoff.delay(held.attempts));
-        tracing::debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, %reason, "delivery failed; retrying after the delay");
-        self.retry_later(held.stream_id, delay, reason, now);
+        tracing::debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, ?kind, %reason, "delivery failed; retrying after the delay");
+        self.retry_later(held.stream_id, delay, reason, kind == FailKind::Message, now);
     }
 
     /// An Extend: pushes the ack deadline of each held id to `now + by` (no
@@ -750,7 +760,7 @@ impl<D> Ledger<D> {
             tracing::debug!(stream = %self.stream, %stream_id, "ack deadline passed; treated as failed");
             self.entries.remove(&stream_id);
             self.ended(stream_id, None);
-            self.retry_later(stream_id, delay, "the ack deadline passed".to_owned(), now);
+            self.retry_later(stream_id, delay, "the ack deadline passed".to_owned(), true, now);
         }
         expired.len()
     }

@@ -59,6 +59,17 @@ pub(crate) struct PendingAck {
     pub(crate) redelivered: bool,
 }
 
+/// Why a delivery failed (`Fail.kind`), which decides whether it counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FailKind {
+    /// The entry failed: its next delivery is another attempt.
+    Message,
+    /// The handler could not try it: its next delivery keeps its count.
+    Transient,
+    /// It can never succeed: dead-lettered now.
+    Poison,
+}
+
 /// A retry state to record in the group's retry hash.
 #[derive(Debug)]
 pub(crate) struct RetryWrite {
@@ -68,12 +79,17 @@ pub(crate) struct RetryWrite {
     /// Its last failure reason, dead letters' `echomq.reason` should it be
     /// dead-lettered after `max_deliveries`.
     pub(crate) reason: String,
+    /// The failure counts as an attempt; false for a transient one, whose
+    /// re-delivery keeps the delivery count (`XCLAIM … RETRYCOUNT`).
+    pub(crate) counts: bool,
 }
 
 impl RetryWrite {
-    /// The hash value: `"<due unix ms> <reason>"`, as `redeliver.lua` parses it.
+    /// The hash value, as `redeliver.lua` parses it: `"<due unix ms> <reason>"`,
+    /// or `"<due unix ms>t <reason>"` for a failure that does not count.
     pub(crate) fn state(&self) -> String {
-        format!("{} {}", self.due_unix_ms, self.reason)
+        let mark = if self.counts { "" } else { "t" };
+        format!("{}{mark} {}", self.due_unix_ms, self.reason)
     }
 }
 

@@ -98,6 +98,7 @@ impl Outlet {
         for (count, counter) in [
             (&mut tally.deliveries, &metrics.deliveries),
             (&mut tally.fails, &metrics.fails),
+            (&mut tally.transient_fails, &metrics.transient_fails),
             (&mut tally.leases_lost, &metrics.leases_lost),
             (&mut tally.acks, &metrics.acks),
             (&mut tally.acks_not_pending, &metrics.acks_not_pending),

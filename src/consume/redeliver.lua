@@ -9,7 +9,9 @@
 -- it back, so two handlers would run it at once.
 --
 -- KEYS[1]  the stream
--- KEYS[2]  the group's retry hash: stream id → "<due unix ms> <last failure reason>"
+-- KEYS[2]  the group's retry hash: stream id → "<due unix ms> <last failure reason>",
+--          or "<due unix ms>t <reason>" after a transient failure, which
+--          does not count: its re-delivery keeps the delivery count
 -- ARGV[1]  the group
 -- ARGV[2]  this sidecar's consumer
 -- ARGV[3]  max deliveries (0: no limit)
@@ -22,7 +24,9 @@
 --   { id, 'not_due', due_ms }            its retry delay has not passed: not claimed
 --   { id, 'poison', n, reason }          n deliveries reached max deliveries: not
 --                                        claimed; the caller dead-letters it
---   { id, 'claimed', n, { field, … } }   claimed: n is its delivery count now
+--   { id, 'claimed', n, { field, … } }   claimed: n is its delivery count now (one
+--                                        more than before, or the same after a
+--                                        transient failure: XCLAIM … RETRYCOUNT)
 
 local stream, retries = KEYS[1], KEYS[2]
 local group, consumer, max_deliveries = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -38,11 +42,11 @@ for i = 4, #ARGV do
     out[#out + 1] = { id, 'not_ours' }
   else
     local deliveries = pending[1][4]
-    local due, reason = 0, ''
+    local due, transient, reason = 0, false, ''
     local state = redis.call('HGET', retries, id)
     if state then
-      local d, r = string.match(state, '^(%d+) ?(.*)$')
-      due, reason = tonumber(d) or 0, r or ''
+      local d, t, r = string.match(state, '^(%d+)(t?) ?(.*)$')
+      due, transient, reason = tonumber(d) or 0, t == 't', r or ''
     end
     if #redis.call('XRANGE', stream, id, id) == 0 then
       redis.call('XACK', stream, group, id)
@@ -50,8 +54,14 @@ for i = 4, #ARGV do
       out[#out + 1] = { id, 'deleted' }
     elseif due > now_ms then
       out[#out + 1] = { id, 'not_due', due }
-    elseif max_deliveries > 0 and deliveries >= max_deliveries then
+    elseif not transient and max_deliveries > 0 and deliveries >= max_deliveries then
       out[#out + 1] = { id, 'poison', deliveries, reason }
+    elseif transient then
+      -- Its count stays; the state loses its mark, so that a later re-delivery
+      -- without a new verdict (its call ended) counts again.
+      local claimed = redis.call('XCLAIM', stream, group, consumer, 0, id, 'RETRYCOUNT', deliveries)
+      redis.call('HSET', retries, id, due .. ' ' .. reason)
+      out[#out + 1] = { id, 'claimed', deliveries, claimed[1][2] }
     else
       local claimed = redis.call('XCLAIM', stream, group, consumer, 0, id)
       out[#out + 1] = { id, 'claimed', deliveries + 1, claimed[1][2] }

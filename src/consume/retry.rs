@@ -106,8 +106,11 @@ mod tests {
     #[test]
     fn the_retry_state_is_shaped_as_the_script_parses_it() {
         use super::super::orders::RetryWrite;
-        let write = RetryWrite { stream_id: StreamId { ms: 1, seq: 2 }, due_unix_ms: 1234, reason: "a b".to_owned() };
+        let stream_id = StreamId { ms: 1, seq: 2 };
+        let write = RetryWrite { stream_id, due_unix_ms: 1234, reason: "a b".to_owned(), counts: true };
         assert_eq!(write.state(), "1234 a b");
-        assert!(include_str!("redeliver.lua").contains(r"'^(%d+) ?(.*)$'"));
+        let transient = RetryWrite { counts: false, ..write };
+        assert_eq!(transient.state(), "1234t a b");
+        assert!(include_str!("redeliver.lua").contains(r"'^(%d+)(t?) ?(.*)$'"));
     }
 }

@@ -25,7 +25,7 @@ use tracing::debug;
 use super::{
     commands::{Command, Event},
     ledger::FailVerdict,
-    orders::SessionId,
+    orders::{FailKind, SessionId},
     verdicts, IdMap,
 };
 use crate::{
@@ -365,7 +365,8 @@ async fn forward(
             let shard = shards.route(&id);
             let mut reason = fail.reason;
             truncate_utf8(&mut reason, MAX_REASON_BYTES);
-            let fail = FailVerdict { text: fail.id, id, retry_after, dead_letter: fail.dead_letter, reason };
+            let kind = fail_kind(fail.kind, fail.dead_letter);
+            let fail = FailVerdict { text: fail.id, id, retry_after, kind, reason };
             shards.send(shard, Command::Fail { session, fail }).await?;
             Ok(())
         }
@@ -431,6 +432,22 @@ fn truncate_utf8(text: &mut String, max: usize) {
             end -= 1;
         }
         text.truncate(end);
+    }
+}
+
+/// The kind of a Fail: `kind`, with `dead_letter` the same as POISON.
+/// `Err` (answered INVALID_ARGUMENT): an unknown kind, or TRANSIENT with
+/// `dead_letter`, which ask for opposite things.
+fn fail_kind(kind: i32, dead_letter: bool) -> Result<FailKind, String> {
+    use crate::proto::FailKind as Wire;
+    match (Wire::try_from(kind), dead_letter) {
+        (Err(_), _) => Err(format!("fail.kind: {kind} is not a FailKind (MESSAGE 1, TRANSIENT 2, POISON 3)")),
+        (Ok(Wire::Transient), true) => Err(
+            "fail.kind: FAIL_KIND_TRANSIENT with dead_letter: a transient failure is retried without counting, a dead letter is never retried; send one".to_owned(),
+        ),
+        (Ok(Wire::Poison), _) | (_, true) => Ok(FailKind::Poison),
+        (Ok(Wire::Transient), false) => Ok(FailKind::Transient),
+        (Ok(Wire::Unspecified | Wire::Message), false) => Ok(FailKind::Message),
     }
 }
 

@@ -61,6 +61,7 @@ pub(super) struct GroupFamilies {
     deliveries: GroupCounter,
     acks: GroupCounter,
     fails: GroupCounter,
+    transient_fails: GroupCounter,
     dead_letters: GroupCounter,
     reclaimed: GroupCounter,
     lease_refreshes: GroupCounter,
@@ -96,6 +97,12 @@ impl GroupFamilies {
                 r,
                 "fails",
                 "Fail verdicts, deadlines passed and calls ended holding entries",
+                Family::default(),
+            ),
+            transient_fails: registered(
+                r,
+                "transient_fails",
+                "Fail verdicts of kind TRANSIENT, re-delivered without counting an attempt (also in fails)",
                 Family::default(),
             ),
             dead_letters: registered(r, "dead_letters", "Entries moved to a dead-letter stream", Family::default()),
@@ -195,6 +202,7 @@ impl GroupFamilies {
             deliveries: self.deliveries.get_or_create(&labels).clone(),
             acks: self.acks.get_or_create(&labels).clone(),
             fails: self.fails.get_or_create(&labels).clone(),
+            transient_fails: self.transient_fails.get_or_create(&labels).clone(),
             dead_letters: self.dead_letters.get_or_create(&labels).clone(),
             reclaimed: self.reclaimed.get_or_create(&labels).clone(),
             lease_refreshes: self.lease_refreshes.get_or_create(&labels).clone(),
@@ -233,6 +241,8 @@ pub struct GroupMetrics {
     pub acks: Counter,
     /// `echomq_fails_total`: Fail verdicts, passed deadlines, calls ended holding entries.
     pub fails: Counter,
+    /// `echomq_transient_fails_total`: the Fails of kind TRANSIENT among those.
+    pub transient_fails: Counter,
     /// `echomq_dead_letters_total`: entries moved to the dead-letter stream.
     pub dead_letters: Counter,
     /// `echomq_reclaimed_total`: entries taken over by XAUTOCLAIM.

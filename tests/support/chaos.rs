@@ -467,6 +467,7 @@ pub async fn handle(
             reason: "chaos: a poison entry".to_owned(),
             retry_after: Some(duration_ms(10)),
             dead_letter: delivery.attempts >= 2,
+            ..Default::default()
         })
     } else if rng.u32(..100) < FAIL_PERCENT {
         ledger.fails_sent.fetch_add(1, Relaxed);

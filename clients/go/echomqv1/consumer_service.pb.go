@@ -87,6 +87,69 @@ func (GroupStart) EnumDescriptor() ([]byte, []int) {
 	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{0}
 }
 
+// Why a delivery failed.
+type FailKind int32
+
+const (
+	// As FAIL_KIND_MESSAGE.
+	FailKind_FAIL_KIND_UNSPECIFIED FailKind = 0
+	// The entry failed: its next delivery counts as another attempt (its
+	// delivery count grows, toward `max_deliveries`), as every Fail always did.
+	FailKind_FAIL_KIND_MESSAGE FailKind = 1
+	// The handler could not try it (a database down, a rate limit): it is
+	// delivered again after the delay with the delivery count it had, so
+	// `attempts` does not grow and it is never dead-lettered for this. The
+	// re-delivery claims it with `XCLAIM … RETRYCOUNT <its count>`, whichever
+	// sidecar of the group makes it.
+	FailKind_FAIL_KIND_TRANSIENT FailKind = 2
+	// The entry can never succeed: moved to the dead-letter stream now, as
+	// with `dead_letter`.
+	FailKind_FAIL_KIND_POISON FailKind = 3
+)
+
+// Enum value maps for FailKind.
+var (
+	FailKind_name = map[int32]string{
+		0: "FAIL_KIND_UNSPECIFIED",
+		1: "FAIL_KIND_MESSAGE",
+		2: "FAIL_KIND_TRANSIENT",
+		3: "FAIL_KIND_POISON",
+	}
+	FailKind_value = map[string]int32{
+		"FAIL_KIND_UNSPECIFIED": 0,
+		"FAIL_KIND_MESSAGE":     1,
+		"FAIL_KIND_TRANSIENT":   2,
+		"FAIL_KIND_POISON":      3,
+	}
+)
+
+func (x FailKind) Enum() *FailKind {
+	p := new(FailKind)
+	*p = x
+	return p
+}
+
+func (x FailKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FailKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_echomq_v1_consumer_service_proto_enumTypes[1].Descriptor()
+}
+
+func (FailKind) Type() protoreflect.EnumType {
+	return &file_echomq_v1_consumer_service_proto_enumTypes[1]
+}
+
+func (x FailKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FailKind.Descriptor instead.
+func (FailKind) EnumDescriptor() ([]byte, []int) {
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{1}
+}
+
 // Why a verdict or extension was not applied.
 type VerdictErrorCode int32
 
@@ -149,11 +212,11 @@ func (x VerdictErrorCode) String() string {
 }
 
 func (VerdictErrorCode) Descriptor() protoreflect.EnumDescriptor {
-	return file_echomq_v1_consumer_service_proto_enumTypes[1].Descriptor()
+	return file_echomq_v1_consumer_service_proto_enumTypes[2].Descriptor()
 }
 
 func (VerdictErrorCode) Type() protoreflect.EnumType {
-	return &file_echomq_v1_consumer_service_proto_enumTypes[1]
+	return &file_echomq_v1_consumer_service_proto_enumTypes[2]
 }
 
 func (x VerdictErrorCode) Number() protoreflect.EnumNumber {
@@ -162,7 +225,7 @@ func (x VerdictErrorCode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use VerdictErrorCode.Descriptor instead.
 func (VerdictErrorCode) EnumDescriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{1}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{2}
 }
 
 // A client message on the Consume call.
@@ -579,7 +642,8 @@ func (x *Ack) GetIds() []string {
 // Reports that a delivery could not be handled. The entry stays in the PEL and
 // is delivered again (to this call or another one, here or on a peer sidecar)
 // after `retry_after`, or, when unset, after the subscription's exponential
-// backoff. With `dead_letter`, it is moved to the dead-letter stream instead.
+// backoff. With `dead_letter` or `kind` FAIL_KIND_POISON, it is moved to the
+// dead-letter stream instead.
 type Fail struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The branded id (28 lowercase hex characters) of a delivery this call holds.
@@ -597,7 +661,12 @@ type Fail struct {
 	// sidecar appends it there (with its branded id, source stream, group,
 	// attempts and `reason`) and then acknowledges it on the source, in one
 	// server-side script, so a crash can never lose it.
-	DeadLetter    bool `protobuf:"varint,4,opt,name=dead_letter,json=deadLetter,proto3" json:"dead_letter,omitempty"`
+	DeadLetter bool `protobuf:"varint,4,opt,name=dead_letter,json=deadLetter,proto3" json:"dead_letter,omitempty"`
+	// Whether the failure was the entry's fault, which decides whether it
+	// counts as an attempt (see FailKind). With `dead_letter`, only
+	// UNSPECIFIED, MESSAGE and POISON are valid: TRANSIENT gets a VerdictError
+	// (INVALID_ARGUMENT) and nothing is applied.
+	Kind          FailKind `protobuf:"varint,5,opt,name=kind,proto3,enum=echomq.v1.FailKind" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -658,6 +727,13 @@ func (x *Fail) GetDeadLetter() bool {
 		return x.DeadLetter
 	}
 	return false
+}
+
+func (x *Fail) GetKind() FailKind {
+	if x != nil {
+		return x.Kind
+	}
+	return FailKind_FAIL_KIND_UNSPECIFIED
 }
 
 // Extends the ack deadline of deliveries this call holds. Without an
@@ -1233,14 +1309,15 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\x06no_ack\x18\f \x01(\bR\x05noAck\x12\x1b\n" +
 	"\tmax_batch\x18\r \x01(\rR\bmaxBatch\"\x17\n" +
 	"\x03Ack\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids\"\x8b\x01\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"\xb4\x01\n" +
 	"\x04Fail\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12:\n" +
 	"\vretry_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x1f\n" +
 	"\vdead_letter\x18\x04 \x01(\bR\n" +
-	"deadLetter\"E\n" +
+	"deadLetter\x12'\n" +
+	"\x04kind\x18\x05 \x01(\x0e2\x13.echomq.v1.FailKindR\x04kind\"E\n" +
 	"\x06Extend\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\x12)\n" +
 	"\x02by\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02by\"\a\n" +
@@ -1287,7 +1364,12 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\x0fGROUP_START_NEW\x10\x01\x12\x19\n" +
 	"\x15GROUP_START_BEGINNING\x10\x02\x12\x12\n" +
 	"\x0eGROUP_START_ID\x10\x03\x12\x17\n" +
-	"\x13GROUP_START_INSTANT\x10\x04*\xed\x01\n" +
+	"\x13GROUP_START_INSTANT\x10\x04*k\n" +
+	"\bFailKind\x12\x19\n" +
+	"\x15FAIL_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11FAIL_KIND_MESSAGE\x10\x01\x12\x17\n" +
+	"\x13FAIL_KIND_TRANSIENT\x10\x02\x12\x14\n" +
+	"\x10FAIL_KIND_POISON\x10\x03*\xed\x01\n" +
 	"\x10VerdictErrorCode\x12\"\n" +
 	"\x1eVERDICT_ERROR_CODE_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dVERDICT_ERROR_CODE_UNKNOWN_ID\x10\x01\x12\"\n" +
@@ -1312,56 +1394,58 @@ func file_echomq_v1_consumer_service_proto_rawDescGZIP() []byte {
 	return file_echomq_v1_consumer_service_proto_rawDescData
 }
 
-var file_echomq_v1_consumer_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_echomq_v1_consumer_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_echomq_v1_consumer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_echomq_v1_consumer_service_proto_goTypes = []any{
 	(GroupStart)(0),               // 0: echomq.v1.GroupStart
-	(VerdictErrorCode)(0),         // 1: echomq.v1.VerdictErrorCode
-	(*ConsumeRequest)(nil),        // 2: echomq.v1.ConsumeRequest
-	(*Subscribe)(nil),             // 3: echomq.v1.Subscribe
-	(*Ack)(nil),                   // 4: echomq.v1.Ack
-	(*Fail)(nil),                  // 5: echomq.v1.Fail
-	(*Extend)(nil),                // 6: echomq.v1.Extend
-	(*Drain)(nil),                 // 7: echomq.v1.Drain
-	(*ConsumeResponse)(nil),       // 8: echomq.v1.ConsumeResponse
-	(*DeliveryBatch)(nil),         // 9: echomq.v1.DeliveryBatch
-	(*Subscribed)(nil),            // 10: echomq.v1.Subscribed
-	(*Delivery)(nil),              // 11: echomq.v1.Delivery
-	(*VerdictError)(nil),          // 12: echomq.v1.VerdictError
-	nil,                           // 13: echomq.v1.Delivery.PayloadEntry
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*RawField)(nil),              // 16: echomq.v1.RawField
+	(FailKind)(0),                 // 1: echomq.v1.FailKind
+	(VerdictErrorCode)(0),         // 2: echomq.v1.VerdictErrorCode
+	(*ConsumeRequest)(nil),        // 3: echomq.v1.ConsumeRequest
+	(*Subscribe)(nil),             // 4: echomq.v1.Subscribe
+	(*Ack)(nil),                   // 5: echomq.v1.Ack
+	(*Fail)(nil),                  // 6: echomq.v1.Fail
+	(*Extend)(nil),                // 7: echomq.v1.Extend
+	(*Drain)(nil),                 // 8: echomq.v1.Drain
+	(*ConsumeResponse)(nil),       // 9: echomq.v1.ConsumeResponse
+	(*DeliveryBatch)(nil),         // 10: echomq.v1.DeliveryBatch
+	(*Subscribed)(nil),            // 11: echomq.v1.Subscribed
+	(*Delivery)(nil),              // 12: echomq.v1.Delivery
+	(*VerdictError)(nil),          // 13: echomq.v1.VerdictError
+	nil,                           // 14: echomq.v1.Delivery.PayloadEntry
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*RawField)(nil),              // 17: echomq.v1.RawField
 }
 var file_echomq_v1_consumer_service_proto_depIdxs = []int32{
-	3,  // 0: echomq.v1.ConsumeRequest.subscribe:type_name -> echomq.v1.Subscribe
-	4,  // 1: echomq.v1.ConsumeRequest.ack:type_name -> echomq.v1.Ack
-	5,  // 2: echomq.v1.ConsumeRequest.fail:type_name -> echomq.v1.Fail
-	6,  // 3: echomq.v1.ConsumeRequest.extend:type_name -> echomq.v1.Extend
-	7,  // 4: echomq.v1.ConsumeRequest.drain:type_name -> echomq.v1.Drain
+	4,  // 0: echomq.v1.ConsumeRequest.subscribe:type_name -> echomq.v1.Subscribe
+	5,  // 1: echomq.v1.ConsumeRequest.ack:type_name -> echomq.v1.Ack
+	6,  // 2: echomq.v1.ConsumeRequest.fail:type_name -> echomq.v1.Fail
+	7,  // 3: echomq.v1.ConsumeRequest.extend:type_name -> echomq.v1.Extend
+	8,  // 4: echomq.v1.ConsumeRequest.drain:type_name -> echomq.v1.Drain
 	0,  // 5: echomq.v1.Subscribe.group_start:type_name -> echomq.v1.GroupStart
-	14, // 6: echomq.v1.Subscribe.start_time:type_name -> google.protobuf.Timestamp
-	15, // 7: echomq.v1.Subscribe.ack_deadline:type_name -> google.protobuf.Duration
-	15, // 8: echomq.v1.Subscribe.retry_backoff_initial:type_name -> google.protobuf.Duration
-	15, // 9: echomq.v1.Subscribe.retry_backoff_max:type_name -> google.protobuf.Duration
-	15, // 10: echomq.v1.Fail.retry_after:type_name -> google.protobuf.Duration
-	15, // 11: echomq.v1.Extend.by:type_name -> google.protobuf.Duration
-	10, // 12: echomq.v1.ConsumeResponse.subscribed:type_name -> echomq.v1.Subscribed
-	11, // 13: echomq.v1.ConsumeResponse.delivery:type_name -> echomq.v1.Delivery
-	12, // 14: echomq.v1.ConsumeResponse.verdict_error:type_name -> echomq.v1.VerdictError
-	9,  // 15: echomq.v1.ConsumeResponse.batch:type_name -> echomq.v1.DeliveryBatch
-	11, // 16: echomq.v1.DeliveryBatch.deliveries:type_name -> echomq.v1.Delivery
-	13, // 17: echomq.v1.Delivery.payload:type_name -> echomq.v1.Delivery.PayloadEntry
-	14, // 18: echomq.v1.Delivery.minted_at:type_name -> google.protobuf.Timestamp
-	16, // 19: echomq.v1.Delivery.raw_fields:type_name -> echomq.v1.RawField
-	1,  // 20: echomq.v1.VerdictError.code:type_name -> echomq.v1.VerdictErrorCode
-	2,  // 21: echomq.v1.ConsumerService.Consume:input_type -> echomq.v1.ConsumeRequest
-	8,  // 22: echomq.v1.ConsumerService.Consume:output_type -> echomq.v1.ConsumeResponse
-	22, // [22:23] is the sub-list for method output_type
-	21, // [21:22] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	15, // 6: echomq.v1.Subscribe.start_time:type_name -> google.protobuf.Timestamp
+	16, // 7: echomq.v1.Subscribe.ack_deadline:type_name -> google.protobuf.Duration
+	16, // 8: echomq.v1.Subscribe.retry_backoff_initial:type_name -> google.protobuf.Duration
+	16, // 9: echomq.v1.Subscribe.retry_backoff_max:type_name -> google.protobuf.Duration
+	16, // 10: echomq.v1.Fail.retry_after:type_name -> google.protobuf.Duration
+	1,  // 11: echomq.v1.Fail.kind:type_name -> echomq.v1.FailKind
+	16, // 12: echomq.v1.Extend.by:type_name -> google.protobuf.Duration
+	11, // 13: echomq.v1.ConsumeResponse.subscribed:type_name -> echomq.v1.Subscribed
+	12, // 14: echomq.v1.ConsumeResponse.delivery:type_name -> echomq.v1.Delivery
+	13, // 15: echomq.v1.ConsumeResponse.verdict_error:type_name -> echomq.v1.VerdictError
+	10, // 16: echomq.v1.ConsumeResponse.batch:type_name -> echomq.v1.DeliveryBatch
+	12, // 17: echomq.v1.DeliveryBatch.deliveries:type_name -> echomq.v1.Delivery
+	14, // 18: echomq.v1.Delivery.payload:type_name -> echomq.v1.Delivery.PayloadEntry
+	15, // 19: echomq.v1.Delivery.minted_at:type_name -> google.protobuf.Timestamp
+	17, // 20: echomq.v1.Delivery.raw_fields:type_name -> echomq.v1.RawField
+	2,  // 21: echomq.v1.VerdictError.code:type_name -> echomq.v1.VerdictErrorCode
+	3,  // 22: echomq.v1.ConsumerService.Consume:input_type -> echomq.v1.ConsumeRequest
+	9,  // 23: echomq.v1.ConsumerService.Consume:output_type -> echomq.v1.ConsumeResponse
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_echomq_v1_consumer_service_proto_init() }
@@ -1388,7 +1472,7 @@ func file_echomq_v1_consumer_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_echomq_v1_consumer_service_proto_rawDesc), len(file_echomq_v1_consumer_service_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -157,7 +157,8 @@ fn hand_out(ledger: &mut Checked, ns: std::ops::RangeInclusive<u64>, now: Instan
 
 /// A Fail of entry `n`, sent as its branded id.
 fn fail_of(n: u64, retry_after: Result<Option<Duration>, String>, dead_letter: bool) -> FailVerdict {
-    FailVerdict { text: branded(n).to_string(), id: branded(n), retry_after, dead_letter, reason: "boom".to_owned() }
+    let kind = Ok(if dead_letter { FailKind::Poison } else { FailKind::Message });
+    FailVerdict { text: branded(n).to_string(), id: branded(n), retry_after, kind, reason: "boom".to_owned() }
 }
 
 #[test]
@@ -743,4 +744,28 @@ fn a_call_without_max_in_flight_that_falls_behind_gets_a_smaller_window() {
     assert_eq!(ledger.free(), 48, "verdicts came back far slower than the fastest: a quarter less");
     hand_out(&mut ledger, 65..=112, now);
     assert_eq!(ledger.free(), 0);
+}
+
+#[test]
+fn a_transient_fail_waits_for_its_delay_and_records_that_it_does_not_count() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    hand_out(&mut ledger, 1..=2, now);
+    ledger.fail(1, FailVerdict { kind: Ok(FailKind::Transient), ..fail_of(1, Ok(Some(MS)), false) }, now);
+    ledger.fail(1, fail_of(2, Ok(Some(MS)), false), now);
+    let writes = ledger.take_orders().retry_writes;
+    assert_eq!(writes.iter().map(|w| (w.stream_id, w.counts)).collect::<Vec<_>>(), [(sid(1), false), (sid(2), true)]);
+    assert_eq!((ledger.tally().fails, ledger.tally().transient_fails), (2, 1));
+    assert_eq!(ledger.take_due(now + MS, 10), [sid(1), sid(2)], "both wait for their delay");
+}
+
+#[test]
+fn an_invalid_fail_kind_is_answered_and_leaves_the_delivery_held() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    hand_out(&mut ledger, 1..=1, now);
+    ledger.fail(1, FailVerdict { kind: Err("fail.kind: bad".to_owned()), ..fail_of(1, Ok(None), false) }, now);
+    assert_eq!(ledger.held(), 1);
+    assert!(!ledger.has_orders());
+    assert_eq!(ledger.answers(1), [(branded(1).to_string(), VerdictErrorCode::InvalidArgument)]);
 }

@@ -17,6 +17,13 @@ class GroupStart(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GROUP_START_ID: _ClassVar[GroupStart]
     GROUP_START_INSTANT: _ClassVar[GroupStart]
 
+class FailKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAIL_KIND_UNSPECIFIED: _ClassVar[FailKind]
+    FAIL_KIND_MESSAGE: _ClassVar[FailKind]
+    FAIL_KIND_TRANSIENT: _ClassVar[FailKind]
+    FAIL_KIND_POISON: _ClassVar[FailKind]
+
 class VerdictErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     VERDICT_ERROR_CODE_UNSPECIFIED: _ClassVar[VerdictErrorCode]
@@ -30,6 +37,10 @@ GROUP_START_NEW: GroupStart
 GROUP_START_BEGINNING: GroupStart
 GROUP_START_ID: GroupStart
 GROUP_START_INSTANT: GroupStart
+FAIL_KIND_UNSPECIFIED: FailKind
+FAIL_KIND_MESSAGE: FailKind
+FAIL_KIND_TRANSIENT: FailKind
+FAIL_KIND_POISON: FailKind
 VERDICT_ERROR_CODE_UNSPECIFIED: VerdictErrorCode
 VERDICT_ERROR_CODE_UNKNOWN_ID: VerdictErrorCode
 VERDICT_ERROR_CODE_NOT_PENDING: VerdictErrorCode
@@ -88,16 +99,18 @@ class Ack(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Fail(_message.Message):
-    __slots__ = ("id", "reason", "retry_after", "dead_letter")
+    __slots__ = ("id", "reason", "retry_after", "dead_letter", "kind")
     ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     id: str
     reason: str
     retry_after: _duration_pb2.Duration
     dead_letter: bool
-    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dead_letter: bool = ...) -> None: ...
+    kind: FailKind
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dead_letter: bool = ..., kind: _Optional[_Union[FailKind, str]] = ...) -> None: ...
 
 class Extend(_message.Message):
     __slots__ = ("ids", "by")
