@@ -653,7 +653,7 @@ impl<D> Ledger<D> {
             self.effects.push(Effect::Left { session, shard: call.shard, id, settled: true });
         }
         let latency = now.saturating_duration_since(held.delivered_at);
-        call.window.verdict(latency, now);
+        call.window.verdict(held.delivered_at, now);
         self.tally.handler_seconds.push(latency.as_secs_f64());
         self.entries.remove(&held.stream_id);
         Some(held)
