@@ -396,9 +396,11 @@ type Subscribe struct {
 	// group would skip every entry appended until then).
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
 	// Flow control: the most deliveries this call holds un-settled at once
-	// (entries). 0 means the sidecar's default (`--default-max-in-flight`,
-	// 64). INVALID_ARGUMENT above the sidecar's limit (`--max-in-flight-limit`,
-	// 10000). The sidecar never reads more from Redis than its calls can take.
+	// (entries), fixed. 0 gets an adaptive window instead: it starts at 64,
+	// doubles while verdicts come back fast, shrinks by a quarter (down to 8)
+	// while they queue in the client, and never exceeds the sidecar's
+	// `--default-max-in-flight` (1024 by default). INVALID_ARGUMENT above the
+	// sidecar's limit (`--max-in-flight-limit`, 10000). The sidecar never reads more from Redis than its calls can take.
 	// On a sharded stream it is shared out evenly over the shards (so a busy
 	// shard cannot starve the others), and raised to the shard count when
 	// smaller (one entry per shard); `Subscribed.max_in_flight` says so.
@@ -1019,8 +1021,9 @@ type Subscribed struct {
 	// The sidecar's consumer name inside the group (`--consumer-name`, stable
 	// across restarts of the same pod).
 	Consumer string `protobuf:"bytes,3,opt,name=consumer,proto3" json:"consumer,omitempty"`
-	// The effective `max_in_flight` (entries) after applying the default (and,
-	// on a sharded stream, the one-per-shard minimum).
+	// The most deliveries the call may hold (entries): `max_in_flight` as
+	// asked, or for 0 the cap of its adaptive window (`--default-max-in-flight`);
+	// on a sharded stream, at least one per shard.
 	MaxInFlight   uint32 `protobuf:"varint,4,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
