@@ -37,7 +37,7 @@ use crate::{
     admin_http::{self, Readiness},
     archive::Archive,
     config::{Config, Listen},
-    consume::Consumers,
+    consume::{Consumers, Signals},
     deferred::Deferred,
     keda::{proto::external_scaler_server::ExternalScalerServer, Scaler},
     metrics::Metrics,
@@ -139,6 +139,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         source,
     })?;
     let grpc_listener = bind_grpc(&config.server.listen).await?;
+    let scaler_listener = match config.server.keda_scaler_listen {
+        Some(address) => Some(TcpListener::bind(address).await.map_err(|source| AppError::Bind {
+            what: "KEDA scaler",
+            address: address.to_string(),
+            source,
+        })?),
+        None => None,
+    };
 
     // Built before connecting to Redis, so unusable TLS files fail the start at once.
     let mut builder = Server::builder()
@@ -191,7 +199,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let keda = config.server.keda_scaler;
+    // KEDA's scaler on the gRPC port, unless it has a port of its own.
+    let keda = config.server.keda_scaler && scaler_listener.is_none();
     // KEDA's service is listed only where it is served.
     let reflection = || {
         let builder = reflection();
@@ -210,6 +219,32 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         let gate = guard.gate().clone();
         move |request| gate.admit(request)
     };
+    let (closing_tx, closing) = watch::channel(false);
+    // The scaler's own port: KEDA's service, health and reflection, nothing
+    // else, and no bearer token asked (KEDA's client cannot send one).
+    let scaler_server = scaler_listener.map(|listener| {
+        let gate = guard.gate().without_token();
+        let admit = move |request| gate.admit(request);
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(crate::keda::proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let router = builder
+            .clone()
+            .add_service(health_service.clone())
+            .add_service(reflection().build_v1().expect("the embedded descriptors are valid"))
+            .add_service(reflection().build_v1alpha().expect("the embedded descriptors are valid"))
+            .add_service(InterceptedService::new(keda_service.clone(), admit));
+        let address = listener.local_addr().map_or_else(|_| String::from("?"), |a| a.to_string());
+        info!(%address, "serving the KEDA scaler on its own port");
+        let stop = wait_true(closing.clone());
+        tokio::spawn(async move {
+            if let Err(e) = router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await {
+                warn!("the KEDA scaler's port failed: {}", error_chain(&e));
+            }
+        })
+    });
     let router = builder
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -219,7 +254,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         .add_service(InterceptedService::new(admin_service.clone(), admit.clone()))
         // Not added without --keda-scaler: tonic answers its calls UNIMPLEMENTED.
         .add_optional_service(keda.then(|| InterceptedService::new(keda_service.clone(), admit)));
-    let (closing_tx, closing) = watch::channel(false);
     let stop_serving = wait_true(closing.clone());
     let mut server = tokio::spawn(async move {
         match grpc_listener {
@@ -273,7 +307,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         config.archive.retention_interval,
         draining.clone(),
     ));
-    let consumers = Consumers::new(redis.clone(), metrics.clone(), &config, consumer, draining, closing, guard.clone());
+    let (redis_up_tx, redis_up) = watch::channel(true);
+    let signals = Signals { draining, closing, redis_up };
+    let consumers = Consumers::new(redis.clone(), metrics.clone(), &config, consumer, signals, guard.clone());
     consumer_service.set(
         ConsumerServiceServer::new(consumers.clone()).max_decoding_message_size(max).max_encoding_message_size(max),
     );
@@ -311,7 +347,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     for service in SERVICES {
         health.set_service_status(service, ServingStatus::Serving).await;
     }
-    let pinger = tokio::spawn(ping_loop(redis, readiness.clone(), health.clone(), SERVICES));
+    let pinger = tokio::spawn(ping_loop(redis, readiness.clone(), health.clone(), SERVICES, redis_up_tx));
     info!("serving");
 
     let mut running = Running {
@@ -322,6 +358,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         closing: closing_tx,
         stopped: stopped_tx,
         server,
+        scaler_server,
         retention,
         pinger,
         admin,
@@ -356,6 +393,8 @@ struct Running {
     /// Turned true last: the admin port stops.
     stopped: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
+    /// The KEDA scaler's own port (`--keda-scaler-listen`), stopped with the gRPC port.
+    scaler_server: Option<JoinHandle<()>>,
     retention: JoinHandle<()>,
     pinger: JoinHandle<()>,
     admin: JoinHandle<io::Result<()>>,
@@ -366,8 +405,19 @@ impl Running {
     /// settle what they hold; a Unix socket at `listen` is removed; the
     /// outcome is logged.
     async fn shut_down(self, grace: Duration, listen: &Listen) {
-        let Running { consumers, readiness, health, draining, closing, stopped, mut server, retention, pinger, admin } =
-            self;
+        let Running {
+            consumers,
+            readiness,
+            health,
+            draining,
+            closing,
+            stopped,
+            mut server,
+            scaler_server,
+            retention,
+            pinger,
+            admin,
+        } = self;
         // By convention a second SIGTERM or SIGINT ends the grace at once;
         // listening starts now, so one sent right after the first is not missed.
         let second_signal = shutdown_signal();
@@ -403,6 +453,12 @@ impl Running {
         if tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut server).await.is_err() {
             warn!("gRPC connections did not close within {SERVER_STOP_TIMEOUT:?}; stopping anyway");
             server.abort();
+        }
+        if let Some(mut scaler_server) = scaler_server {
+            if tokio::time::timeout(SERVER_STOP_TIMEOUT, &mut scaler_server).await.is_err() {
+                warn!("KEDA scaler connections did not close within {SERVER_STOP_TIMEOUT:?}; stopping anyway");
+                scaler_server.abort();
+            }
         }
         consumers.shutdown(WORKER_STOP_TIMEOUT).await;
         // A fold in progress stops where it is: committed files stay, the trim
@@ -700,6 +756,7 @@ async fn ping_loop(
     readiness: Readiness,
     health: tonic_health::server::HealthReporter,
     services: [&str; 4],
+    redis_up: watch::Sender<bool>,
 ) {
     let mut was_up = true;
     // The cause last logged, without its error detail, so that a cause that
@@ -716,6 +773,7 @@ async fn ping_loop(
             }
         }
         readiness.set_redis_up(up);
+        redis_up.send_if_modified(|was| std::mem::replace(was, up) != up);
         if let Some(why) = &unready {
             let cause = why.split(" (").next().unwrap_or(why);
             if cause != logged_cause {

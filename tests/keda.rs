@@ -177,7 +177,7 @@ async fn bad_metadata_is_refused_with_a_status_that_says_what_to_fix() {
     create_group(&mut con, "s", "g", "0").await;
     // The trigger's metadata, the status it gets, and what the message must say.
     type Case = (&'static [(&'static str, &'static str)], Code, &'static str);
-    let cases: [Case; 6] = [
+    let cases: [Case; 4] = [
         (&[("group", "g")], Code::InvalidArgument, "set `stream` in the trigger's metadata"),
         (&[("stream", "s")], Code::InvalidArgument, "set `group` in the trigger's metadata"),
         (
@@ -186,8 +186,6 @@ async fn bad_metadata_is_refused_with_a_status_that_says_what_to_fix() {
             "`ten` is not a whole number",
         ),
         (&[("stream", "s"), ("group", "g"), ("backlogPerReplica", "0")], Code::InvalidArgument, "must be at least 1"),
-        (&[("stream", "s"), ("group", "nope")], Code::NotFound, "group `nope` of stream `s` does not exist"),
-        (&[("stream", "nowhere"), ("group", "g")], Code::NotFound, "group `g` of stream `nowhere` does not exist"),
     ];
     for (pairs, code, says) in cases {
         let mut client = client(&sidecar).await;
@@ -206,6 +204,28 @@ async fn bad_metadata_is_refused_with_a_status_that_says_what_to_fix() {
     }
 }
 
+/// A group that does not exist (before its first consumer, or lost with
+/// Redis' data): its backlog is the whole stream, so KEDA wakes consumers
+/// that create it; a stream that does not exist has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_does_not_exist_has_the_whole_stream_as_its_backlog() {
+    let redis = RedisServer::start().await;
+    let sidecar = scaler_sidecar(&redis, 30_000).await;
+    let mut con = redis.conn().await;
+    let not_yet = trigger(&[("stream", "s"), ("group", "not-yet")]);
+    assert_eq!(metric(&sidecar, not_yet.clone()).await.unwrap(), 0, "no stream, no backlog");
+    assert!(!is_active(&sidecar, not_yet.clone()).await.unwrap());
+    let spec = client(&sidecar).await.get_metric_spec(not_yet.clone()).await.expect("a spec before the group exists");
+    assert_eq!(spec.into_inner().metric_specs.len(), 1);
+
+    xadd_n(&mut con, "s", 7).await;
+    assert_eq!(metric(&sidecar, not_yet.clone()).await.unwrap(), 7, "every entry, until a consumer creates the group");
+    assert!(is_active(&sidecar, not_yet.clone()).await.unwrap(), "KEDA wakes the consumers that would create it");
+
+    create_group(&mut con, "s", "not-yet", "$").await;
+    assert_eq!(metric(&sidecar, not_yet).await.unwrap(), 0, "created from the end: nothing to do");
+}
+
 /// GetMetricSpec names one metric per trigger and asks for
 /// `backlogPerReplica` entries per replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,24 +241,32 @@ async fn metric_spec_names_the_group_and_targets_backlog_per_replica() {
     assert_eq!((specs[0].target_size, specs[0].target_size_float), (50, 50.0));
 }
 
-/// The scaler sits behind the same bearer token and stream allow-list as the
-/// EchoMQ services.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_scaler_needs_the_token_and_a_stream_in_the_allow_list() {
+/// A scaler sidecar (`flag`, with `value` if any) behind the bearer token
+/// `s3cret` and the allow-list `orders:*`, with group `g` on `orders:eu`
+/// (allowed) and on `payments` (not); the directory holds the token file.
+async fn guarded_scaler(flag: &str, value: Option<&str>) -> (RedisServer, Sidecar, TempDir) {
     let redis = RedisServer::start().await;
     let dir = TempDir::new("keda-token");
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "s3cret\n").unwrap();
-    let options = SidecarOptions::default()
-        .arg("--keda-scaler")
-        .arg("--auth-token-file")
-        .arg(token_file.to_str().unwrap())
-        .arg("--allow-streams")
-        .arg("orders:*");
+    let mut options = SidecarOptions::default().arg(flag);
+    if let Some(value) = value {
+        options = options.arg(value);
+    }
+    let options =
+        options.arg("--auth-token-file").arg(token_file.to_str().unwrap()).arg("--allow-streams").arg("orders:*");
     let sidecar = Sidecar::start(&redis, options).await;
     let mut con = redis.conn().await;
     create_group(&mut con, "orders:eu", "g", "0").await;
     create_group(&mut con, "payments", "g", "0").await;
+    (redis, sidecar, dir)
+}
+
+/// The scaler sits behind the same bearer token and stream allow-list as the
+/// EchoMQ services.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scaler_needs_the_token_and_a_stream_in_the_allow_list() {
+    let (_redis, sidecar, _dir) = guarded_scaler("--keda-scaler", None).await;
     let mut client = client(&sidecar).await;
     let orders = trigger(&[("stream", "orders:eu"), ("group", "g")]);
 
@@ -250,6 +278,41 @@ async fn the_scaler_needs_the_token_and_a_stream_in_the_allow_list() {
     let denied = client.is_active(with_token(outside, Some("s3cret"))).await.expect_err("outside the allow-list");
     assert_code(&denied, Code::PermissionDenied);
     assert!(denied.message().contains("`payments`"), "{denied:?}");
+}
+
+/// `--keda-scaler-listen`: the scaler on a port of its own, with nothing
+/// else on it, asks for no token (KEDA cannot send one) but keeps the
+/// allow-list; the gRPC port no longer serves it, and keeps its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_its_own_port_the_scaler_asks_no_token_and_serves_nothing_else() {
+    let port = free_port();
+    let (_redis, sidecar, _dir) = guarded_scaler("--keda-scaler-listen", Some(&format!("127.0.0.1:{port}"))).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("the scaler's port");
+    let mut scaler = ExternalScalerClient::new(channel.clone());
+    let orders = trigger(&[("stream", "orders:eu"), ("group", "g")]);
+
+    let answered = scaler.is_active(orders.clone()).await.expect("no token asked on the scaler's port");
+    assert!(!answered.into_inner().result);
+    let outside = trigger(&[("stream", "payments"), ("group", "g")]);
+    let denied = scaler.is_active(outside).await.expect_err("the allow-list applies");
+    assert_code(&denied, Code::PermissionDenied);
+
+    let describe = DescribeGroupRequest { stream: "orders:eu".into(), group: "g".into() };
+    let admin = echomq::proto::admin_service_client::AdminServiceClient::new(channel.clone())
+        .describe_group(describe)
+        .await
+        .expect_err("no EchoMQ call on the scaler's port");
+    assert_code(&admin, Code::Unimplemented);
+    let services = list_services_on(channel).await;
+    assert!(services.iter().any(|s| s == "externalscaler.ExternalScaler"), "{services:?}");
+    assert!(!services.iter().any(|s| s.starts_with("echomq.")), "{services:?}");
+
+    let on_grpc_port = client(&sidecar).await.is_active(with_token(orders, Some("s3cret"))).await;
+    assert_code(&on_grpc_port.expect_err("not on the gRPC port"), Code::Unimplemented);
 }
 
 /// Off by default: the service is not served, and reflection does not list it.

@@ -290,6 +290,39 @@ async fn redis_restart_during_subscription_then_new_entries_are_delivered() {
     assert_eq!(sidecar.readyz().await, Some(200));
 }
 
+/// After an outage long enough for every step's backoff to reach 5 s, the
+/// sidecar delivers again as soon as it is ready, not when each worker's
+/// backoff runs out: the readiness check's recovery ends the backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_resume_as_soon_as_redis_is_ready_again_not_after_the_backoff() {
+    let mut redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let first = sidecar.append("s", &[("k", b"first")]).await;
+    ack_until(&mut call, &first.id, EVENT_TIMEOUT).await;
+
+    redis.kill9();
+    // 100 ms doubling to 5 s: by now every failing step waits 5 s between tries.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    redis.restart().await; // empty: the group is re-created
+    let ready = eventually(Duration::from_secs(10), || async { sidecar.readyz().await == Some(200) }).await;
+    assert!(ready, "never ready again:\n{}", sidecar.log());
+    let ready_at = Instant::now();
+    let mut con = redis.conn().await;
+    let id: String = redis::cmd("XADD").arg("s").arg("*").arg("k").arg("after").query_async(&mut con).await.unwrap();
+    loop {
+        match call.next_event(Duration::from_secs(10)).await {
+            Event::Delivery(d) if d.stream_id == id => break,
+            Event::Delivery(d) => call.ack(&[&d.id]).await,
+            // An ack that met the outage is answered UNAVAILABLE: tolerated.
+            Event::VerdictError(e) => assert_eq!(e.code, VerdictErrorCode::Unavailable as i32, "{e:?}"),
+            other => panic!("waiting for {id} after the outage: {other:?}\n{}", sidecar.log()),
+        }
+    }
+    let waited = ready_at.elapsed();
+    assert!(waited < Duration::from_secs(3), "delivered {waited:?} after ready: the backoff was waited out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_while_an_entry_is_held_recovers_promptly_with_short_leases() {
     // Lease refreshes every ~0.7 s fail with NOGROUP after the restart; they must

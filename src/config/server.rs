@@ -60,6 +60,14 @@ pub struct ServerConfig {
     #[arg(long, env = "ECHOMQ_KEDA_SCALER", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub keda_scaler: bool,
 
+    /// Serve the KEDA scaler on this address (host:port) instead of the gRPC port, with nothing but
+    /// health and reflection beside it; implies --keda-scaler. KEDA cannot send a bearer token, so
+    /// this port asks for none; the stream allow-list applies, and mTLS with the --tls-* files. So
+    /// a scaler the cluster can reach exposes no other EchoMQ call (the gRPC port can stay on
+    /// loopback, or keep its token).
+    #[arg(long, env = "ECHOMQ_KEDA_SCALER_LISTEN", value_name = "ADDR")]
+    pub keda_scaler_listen: Option<std::net::SocketAddr>,
+
     /// Time (milliseconds) calls get on SIGTERM to settle what they hold before
     /// the sidecar ends them and exits. What is still un-settled stays pending.
     #[arg(id = "shutdown_grace_ms", long = "shutdown-grace-ms", value_name = "SHUTDOWN_GRACE_MS", env = "ECHOMQ_SHUTDOWN_GRACE_MS",

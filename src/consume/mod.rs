@@ -68,6 +68,16 @@ const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Frames buffered toward one client before the sidecar waits for it to read.
 const OUTBOUND_BUFFER: usize = 64;
 
+/// The sidecar's state changes the consume path follows.
+pub struct Signals {
+    /// Turns true on shutdown: hand out nothing new, keep taking verdicts.
+    pub draining: watch::Receiver<bool>,
+    /// Turns true when calls are to end.
+    pub closing: watch::Receiver<bool>,
+    /// Whether the readiness check (PING, ROLE every second) finds Redis usable.
+    pub redis_up: watch::Receiver<bool>,
+}
+
 /// What every worker and call of this sidecar share.
 pub(crate) struct Shared {
     pub(crate) redis: Redis,
@@ -86,6 +96,9 @@ pub(crate) struct Shared {
     pub(crate) consumer_idle_limit: Option<Duration>,
     /// Becomes true on shutdown: hand out nothing new, keep taking verdicts.
     pub(crate) draining: watch::Receiver<bool>,
+    /// Whether the readiness check finds Redis usable: when it turns true
+    /// again, workers end the backoff their failed steps ran up meanwhile.
+    pub(crate) redis_up: watch::Receiver<bool>,
     /// Deliveries held by calls across all workers (entries): what shutdown waits for.
     pub(crate) held: AtomicUsize,
     /// Deliveries that calls ended holding since shutdown began.
@@ -166,10 +179,10 @@ impl Consumers {
         metrics: Arc<Metrics>,
         config: &Config,
         consumer: String,
-        draining: watch::Receiver<bool>,
-        closing: watch::Receiver<bool>,
+        signals: Signals,
         guard: Guard,
     ) -> Consumers {
+        let Signals { draining, closing, redis_up } = signals;
         let redis_timeout = config.redis.redis_timeout;
         let shared = Shared {
             readers: ReaderPool::new(
@@ -189,6 +202,7 @@ impl Consumers {
             max_message_bytes: config.server.max_message_bytes,
             consumer_idle_limit: config.consume.consumer_removal(),
             draining,
+            redis_up,
             held: AtomicUsize::new(0),
             returned_while_draining: AtomicUsize::new(0),
             metrics,

@@ -108,6 +108,7 @@ impl Worker {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         let shared = self.shared.clone();
         let mut draining = shared.draining.clone();
+        let mut redis_up = shared.redis_up.clone();
         let mut refresh = interval(shared.lease_refresh);
         let mut reclaim = interval(shared.reclaim_interval);
         let mut deadlines = interval(DEADLINE_CHECK);
@@ -140,6 +141,13 @@ impl Worker {
                 }
                 result = reader::next_read(&mut self.reader) => self.on_read(result).await,
                 () = recovery::primary_switched(&mut switches) => self.after_primary_switch(),
+                // Redis answers the readiness check again: a step that failed
+                // through the outage need not wait out its backoff (up to 5 s).
+                Ok(()) = redis_up.changed() => {
+                    if *redis_up.borrow_and_update() {
+                        self.pacing.restart(Instant::now());
+                    }
+                }
                 _ = sleep_until(wake) => {}
                 _ = refresh.tick() => self.refresh_leases().await,
                 _ = reclaim.tick() => self.reclaim().await,

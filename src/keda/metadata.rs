@@ -35,25 +35,9 @@ impl Trigger {
         };
         let stream = required("stream", "scalerMetadata.stream", "the stream whose group's backlog scales the target")?;
         let group = required("group", "scalerMetadata.group", "the consumer group the scaled Deployment consumes in")?;
-        let backlog_per_replica = match metadata.get("backlogPerReplica").map(|v| v.trim()) {
-            None | Some("") => DEFAULT_BACKLOG_PER_REPLICA,
-            Some(text) => match text.parse::<u64>() {
-                Ok(0) => {
-                    return Err(Error::invalid(
-                        "scalerMetadata.backlogPerReplica",
-                        "must be at least 1: the backlog entries one replica should take",
-                    ))
-                }
-                Ok(n) => n,
-                Err(_) => {
-                    return Err(Error::invalid(
-                        "scalerMetadata.backlogPerReplica",
-                        format!(
-                        "`{text}` is not a whole number: give the backlog entries one replica should take, e.g. `100`"
-                    ),
-                    ))
-                }
-            },
+        let backlog_per_replica = match metadata.get("backlogPerReplica").map(String::as_str) {
+            None => DEFAULT_BACKLOG_PER_REPLICA,
+            Some(text) => backlog_per_replica(text)?,
         };
         Ok(Trigger { stream, group, backlog_per_replica })
     }
@@ -69,6 +53,24 @@ impl Trigger {
                 _ => '-',
             })
             .collect()
+    }
+}
+
+/// `backlogPerReplica`'s value: digits only (no sign, no blanks), from 1 to
+/// `i64::MAX`, the largest target KEDA's `targetSize` (an int64) holds, so the
+/// spec's `targetSize` and `targetSizeFloat` always agree.
+fn backlog_per_replica(text: &str) -> Result<u64, Error> {
+    let field = "scalerMetadata.backlogPerReplica";
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Error::invalid(
+            field,
+            format!("`{text}` is not a whole number: give the backlog entries one replica should take, e.g. `100`"),
+        ));
+    }
+    match text.parse::<i64>() {
+        Ok(0) => Err(Error::invalid(field, "must be at least 1: the backlog entries one replica should take")),
+        Ok(n) => Ok(n as u64),
+        Err(_) => Err(Error::invalid(field, format!("`{text}` is too large: at most {}", i64::MAX))),
     }
 }
 
@@ -99,10 +101,16 @@ mod tests {
         assert!(message(&[("stream", "s"), ("group", "")]).starts_with("scalerMetadata.group: required"));
         let zero = message(&[("stream", "s"), ("group", "g"), ("backlogPerReplica", "0")]);
         assert!(zero.contains("backlogPerReplica: must be at least 1"), "{zero}");
-        for bad in ["ten", "-3", "1.5"] {
+        for bad in ["ten", "-3", "1.5", "", " 5", "+5"] {
             let text = message(&[("stream", "s"), ("group", "g"), ("backlogPerReplica", bad)]);
             assert!(text.contains(&format!("`{bad}` is not a whole number")), "{text}");
         }
+        for huge in ["9223372036854775808", "99999999999999999999"] {
+            let text = message(&[("stream", "s"), ("group", "g"), ("backlogPerReplica", huge)]);
+            assert!(text.contains("is too large: at most 9223372036854775807"), "{text}");
+        }
+        let largest = parse(&[("stream", "s"), ("group", "g"), ("backlogPerReplica", "9223372036854775807")]);
+        assert_eq!(largest.unwrap().backlog_per_replica, i64::MAX as u64);
     }
 
     #[test]

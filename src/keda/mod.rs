@@ -105,13 +105,34 @@ impl Scaler {
         let (stream, group) = (trigger.stream.as_str(), trigger.group.as_str());
         let Some(shards) = self.redis.keys.shards(stream) else {
             self.redis.refuse_sharded("scalerMetadata.stream", stream).await?;
-            return backlog(&self.redis, stream, group, self.unheld_after, limit).await;
+            return self.key_backlog(stream, group, limit).await;
         };
         let mut sum = Backlog::default();
         for key in &shards {
-            sum = sum + backlog(&self.redis, key, group, self.unheld_after, limit).await?;
+            sum = sum + self.key_backlog(key, group, limit).await?;
         }
         Ok(sum)
+    }
+
+    /// The backlog of `group` on the stream key `key`. A group that does not
+    /// exist (no consumer has subscribed yet, or Redis lost its data, or it
+    /// was destroyed) has every entry of the stream as its backlog: scaled to
+    /// zero, no consumer would ever create it otherwise, and a consumer woken
+    /// creates it from its own start. A stream that does not exist has none.
+    async fn key_backlog(&self, key: &str, group: &str, limit: usize) -> Result<Backlog, Error> {
+        match backlog(&self.redis, key, group, self.unheld_after, limit).await {
+            Err(Error::NotFound { .. }) => {
+                let mut conn = self.redis.conn.clone();
+                let entries: u64 = redis::cmd("XLEN")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| Error::from_redis(e, "counting a stream without the group", key))?;
+                debug!(stream = %key, %group, entries, "the group does not exist: its backlog is the whole stream");
+                Ok(Backlog { entries, at_least: false })
+            }
+            counted => counted,
+        }
     }
 
     async fn is_active(&self, trigger: &Trigger) -> Result<bool, Error> {
@@ -175,8 +196,8 @@ impl ExternalScaler for Scaler {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<GetMetricSpecResponse>, Status> {
         let trigger = self.trigger(request.extensions().get(), Some(request.get_ref()))?;
-        // KEDA asks for the spec when the ScaledObject is made: a misspelt
-        // stream or group shows there (NOT_FOUND), not as a metric stuck at 0.
+        // KEDA asks for the spec when the ScaledObject is made: a stream that
+        // is not one (FAILED_PRECONDITION) or Redis out of reach shows there.
         self.backlog(&trigger, ACTIVE_COUNT_LIMIT).await?;
         let target = trigger.backlog_per_replica;
         Ok(Response::new(GetMetricSpecResponse {

@@ -524,11 +524,16 @@ impl Drop for Sidecar {
 
 /// The services reflection (v1) lists.
 pub async fn list_services(sidecar: &Sidecar) -> Vec<String> {
+    list_services_on(sidecar.channel().await).await
+}
+
+/// The services reflection (v1) lists on `channel`.
+pub async fn list_services_on(channel: Channel) -> Vec<String> {
     use tonic_reflection::pb::v1::{
         server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
         server_reflection_response::MessageResponse, ServerReflectionRequest,
     };
-    let mut client = ServerReflectionClient::new(sidecar.channel().await);
+    let mut client = ServerReflectionClient::new(channel);
     let request = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),

@@ -289,9 +289,10 @@ The sidecar container, as one list item (it starts with `- name:`), for a pod's
 The argument is this chart's context, or a dict with it under "context" and,
 optionally, "native" (bool) to override nativeSidecar.enabled and "replicas"
 (the pod count of the workload, to refuse a fixed consumer name shared by
-several pods), and "keda" (bool: the KEDA scaler's sidecar, with
-ECHOMQ_KEDA_SCALER=true and its gRPC port on the admin port's interface,
-keda.scaler.grpcPort; only templates/keda.yaml sets it):
+several pods), and "keda" (bool: the KEDA scaler's sidecar, serving only
+the scaler on keda.scaler.grpcPort on the admin port's interface with
+ECHOMQ_KEDA_SCALER_LISTEN, its gRPC port left on loopback, and no retention
+or archive of its own; only templates/keda.yaml sets it):
 
   initContainers:
     {{- include "echomq-sidecar.container" (dict "context" (index .Subcharts "echomq-sidecar") "native" true "replicas" .Values.replicaCount) | nindent 4 }}
@@ -325,13 +326,15 @@ that `echomq-sidecar.volumes` renders: the pod must list it.
 {{- end }}
 {{- $c := $v.sidecar.config }}
 {{- $s := $v.sidecar }}
-{{- /* The KEDA scaler's sidecar: KEDA's operator dials its gRPC port from
-another pod, so it listens where the admin port does (see keda.yaml). */}}
+{{- /* The KEDA scaler's sidecar: KEDA's operator dials the scaler from
+another pod, so the scaler's own port listens where the admin port does
+(see keda.yaml); the gRPC port, with every other call, stays where it was. */}}
 {{- $keda := and (hasKey . "keda") .keda }}
 {{- $listen := $c.listen }}
+{{- $scalerListen := "" }}
 {{- if $keda }}
 {{- $adminHost := include "echomq-sidecar.adminListen" $ctx | trimSuffix (printf ":%d" (int64 $c.adminPort)) }}
-{{- $listen = printf "%s:%d" $adminHost (int64 $v.keda.scaler.grpcPort) }}
+{{- $scalerListen = printf "%s:%d" $adminHost (int64 $v.keda.scaler.grpcPort) }}
 {{- end }}
 {{- if and $c.consumerName (gt (int64 $replicas) 1) }}
 {{- fail (printf "sidecar.config.consumerName (%q) is fixed, but %d pods would run the sidecar: every pod would be the same consumer of each group, and two consumers with one name hand entries to each other's calls. Leave consumerName empty (each pod is a consumer named after itself) or run one replica." $c.consumerName (int64 $replicas)) }}
@@ -396,8 +399,8 @@ another pod, so it listens where the admin port does (see keda.yaml). */}}
     - name: ECHOMQ_LISTEN
       value: {{ $listen | quote }}
     {{- if $keda }}
-    - name: ECHOMQ_KEDA_SCALER
-      value: "true"
+    - name: ECHOMQ_KEDA_SCALER_LISTEN
+      value: {{ $scalerListen | quote }}
     {{- end }}
     - name: ECHOMQ_ADMIN_LISTEN
       value: {{ include "echomq-sidecar.adminListen" $ctx | quote }}
@@ -457,6 +460,8 @@ another pod, so it listens where the admin port does (see keda.yaml). */}}
     - name: ECHOMQ_ALLOW_STREAMS_FOR
       value: {{ join ";" $rules | quote }}
     {{- end }}
+    {{- /* The scaler consumes nothing: it folds and trims nothing either. */}}
+    {{- if not $keda }}
     {{- with $v.archive.url }}
     - name: ECHOMQ_ARCHIVE_URL
       value: {{ . | quote }}
@@ -503,6 +508,7 @@ another pod, so it listens where the admin port does (see keda.yaml). */}}
       value: {{ join "," . | quote }}
     - name: ECHOMQ_RETENTION_INTERVAL_MS
       value: {{ $c.retentionIntervalMs | int64 | quote }}
+    {{- end }}
     {{- end }}
     {{- if $s.auth.enabled }}
     - name: ECHOMQ_AUTH_TOKEN_FILE
