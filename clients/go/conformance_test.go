@@ -54,12 +54,14 @@ type scenario struct {
 		Field string `json:"field"`
 	} `json:"append_generated"`
 	Consumer struct {
-		MaxInFlight uint32 `json:"max_in_flight"`
-		Concurrency int    `json:"concurrency"`
+		MaxInFlight   uint32 `json:"max_in_flight"`
+		Concurrency   int    `json:"concurrency"`
+		MaxDeliveries uint32 `json:"max_deliveries"`
 	} `json:"consumer"`
 	Handler struct {
 		Default   *action           `json:"default"`
 		ByAttempt map[string]action `json:"by_attempt"`
+		ByCall    map[string]action `json:"by_call"`
 	} `json:"handler"`
 	Steps  []string                   `json:"steps"`
 	Expect map[string]json.RawMessage `json:"expect"`
@@ -95,6 +97,7 @@ type valueSpec struct {
 
 type action struct {
 	Action       string `json:"action"`
+	Kind         string `json:"kind"`
 	Message      string `json:"message"`
 	RetryAfterMs int    `json:"retry_after_ms"`
 	Reason       string `json:"reason"`
@@ -132,7 +135,12 @@ func (e entrySpec) fields() (map[string][]byte, error) {
 	return out, nil
 }
 
-func (s *scenario) actionFor(attempts uint32) (action, bool) {
+// actionFor is the action for the n-th call for a delivery's id (by_call)
+// with attempts (by_attempt), else the default.
+func (s *scenario) actionFor(n int, attempts uint32) (action, bool) {
+	if a, ok := s.Handler.ByCall[strconv.Itoa(n)]; ok {
+		return a, true
+	}
 	if a, ok := s.Handler.ByAttempt[strconv.Itoa(int(attempts))]; ok {
 		return a, true
 	}
@@ -140,6 +148,14 @@ func (s *scenario) actionFor(attempts uint32) (action, bool) {
 		return *s.Handler.Default, true
 	}
 	return action{}, false
+}
+
+// failKinds are the explicit fail action's kinds (clients/CONTRACT.md,
+// "Failure kinds").
+var failKinds = map[string]echomq.FailKind{
+	"message":   echomq.FailKindMessage,
+	"transient": echomq.FailKindTransient,
+	"poison":    echomq.FailKindPoison,
 }
 
 func TestConformance(t *testing.T) {
@@ -215,6 +231,7 @@ type run struct {
 	calls         []call
 	finished      int
 	finishedIDs   map[string]bool
+	callsByID     map[string]int // handler calls per branded id, for by_call
 	running       int
 	maxRunning    int
 	verdictErrors []string
@@ -239,6 +256,7 @@ func (r *run) execute() {
 	}
 	r.producer = echomq.NewStreams(r.pconn)
 	r.finishedIDs = map[string]bool{}
+	r.callsByID = map[string]int{}
 
 	var initial []map[string][]byte
 	for i, e := range r.sc.Append {
@@ -501,11 +519,12 @@ func (r *run) startConsumer() {
 		t.Fatalf("dial: %v", err)
 	}
 	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
-		Conn:        conn,
-		Stream:      r.stream,
-		Group:       conformanceGroup,
-		Start:       echomq.StartBeginning(),
-		FlowControl: echomq.FlowControl{MaxInFlight: r.sc.Consumer.MaxInFlight, Concurrency: r.sc.Consumer.Concurrency},
+		Conn:          conn,
+		Stream:        r.stream,
+		Group:         conformanceGroup,
+		Start:         echomq.StartBeginning(),
+		FlowControl:   echomq.FlowControl{MaxInFlight: r.sc.Consumer.MaxInFlight, Concurrency: r.sc.Consumer.Concurrency},
+		MaxDeliveries: r.sc.Consumer.MaxDeliveries,
 		OnVerdictError: func(e echomq.VerdictError) {
 			r.mu.Lock()
 			r.verdictErrors = append(r.verdictErrors, echomq.CodeName(e.Code))
@@ -601,6 +620,8 @@ func (r *run) waitUntil(what string, ok func() bool) {
 func (r *run) handle(ctx context.Context, d *echomq.Delivery) error {
 	r.mu.Lock()
 	r.calls = append(r.calls, call{id: d.ID, streamID: d.StreamID, attempts: d.Attempts, payload: d.Payload, started: time.Now()})
+	r.callsByID[d.ID]++
+	n := r.callsByID[d.ID]
 	r.running++
 	r.maxRunning = max(r.maxRunning, r.running)
 	r.mu.Unlock()
@@ -621,7 +642,7 @@ func (r *run) handle(ctx context.Context, d *echomq.Delivery) error {
 		r.mu.Unlock()
 	}()
 
-	a, ok := r.sc.actionFor(d.Attempts)
+	a, ok := r.sc.actionFor(n, d.Attempts)
 	if !ok {
 		r.unknownAction(fmt.Sprintf("no action for attempts %d", d.Attempts))
 		return errors.New("no action")
@@ -630,9 +651,23 @@ func (r *run) handle(ctx context.Context, d *echomq.Delivery) error {
 	case "return":
 		return nil
 	case "raise":
-		return errors.New(a.Message)
+		err := errors.New(a.Message)
+		switch a.Kind {
+		case "", "message":
+			return err
+		case "transient":
+			return echomq.Transient(err)
+		case "poison":
+			return echomq.Poison(err)
+		}
 	case "fail":
-		return d.Fail(a.Reason, time.Duration(a.RetryAfterMs)*time.Millisecond)
+		retryAfter := time.Duration(a.RetryAfterMs) * time.Millisecond
+		if a.Kind == "" {
+			return d.Fail(a.Reason, retryAfter)
+		}
+		if kind, ok := failKinds[a.Kind]; ok {
+			return d.Fail(a.Reason, retryAfter, kind)
+		}
 	case "dead_letter":
 		return d.DeadLetter(a.Reason)
 	case "sleep":
@@ -670,7 +705,7 @@ func (r *run) handle(ctx context.Context, d *echomq.Delivery) error {
 			return errors.New("scenario over")
 		}
 	}
-	r.unknownAction(a.Action)
+	r.unknownAction(a.Action + " " + a.Kind)
 	return errors.New("unknown action")
 }
 

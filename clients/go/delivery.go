@@ -2,6 +2,7 @@ package echomq
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -12,7 +13,9 @@ import (
 
 // Handler handles one delivery. Returning nil acknowledges it; returning an
 // error fails it with err.Error() as the reason, and the sidecar delivers it
-// again after the subscription's retry backoff. A handler that settles the
+// again after the subscription's retry backoff: an attempt spent, unless the
+// error is (or wraps) [Transient] (no attempt spent) or [Poison]
+// (dead-lettered now). A handler that settles the
 // delivery itself ([Delivery.Ack], [Delivery.Fail], [Delivery.DeadLetter]) is
 // not settled again, whatever it returns. A panic is recovered and fails the
 // entry like an error.
@@ -35,7 +38,8 @@ type Handler func(ctx context.Context, d *Delivery) error
 // The verdicts are the returned slice: nil acknowledges every delivery;
 // otherwise it must have one entry per delivery, where a nil error
 // acknowledges batch[i] and an error fails it with err.Error() as the reason
-// (delivered again after the retry backoff). Deliveries the handler settled
+// (delivered again after the retry backoff), of the kind its type says, as
+// for [Handler]. Deliveries the handler settled
 // itself ([Delivery.Ack], [Delivery.Fail], [Delivery.DeadLetter]) keep that
 // verdict. A slice of the wrong length or a panic fails every delivery not
 // settled yet.
@@ -152,27 +156,47 @@ func (d *Delivery) Ack() error {
 // and is delivered again after retryAfter, or after the subscription's
 // exponential backoff when retryAfter is zero (a negative value counts as
 // zero). reason (at most 4096 bytes kept) is logged by the sidecar and kept
-// for a later dead letter. Errors as for [Delivery.Ack].
-func (d *Delivery) Fail(reason string, retryAfter time.Duration) error {
+// for a later dead letter.
+//
+// kind, at most one, says whose fault it was: [FailKindMessage] when left
+// out (an attempt spent), [FailKindTransient] (the database is down: no
+// attempt spent), [FailKindPoison] (dead-lettered now). More than one kind is
+// a programming error: nothing is sent and the delivery stays unsettled.
+// Other errors as for [Delivery.Ack].
+func (d *Delivery) Fail(reason string, retryAfter time.Duration, kind ...FailKind) error {
+	if len(kind) > 1 {
+		return fmt.Errorf("echomq: Fail takes at most one FailKind, got %d", len(kind))
+	}
+	k := FailKindMessage
+	if len(kind) == 1 {
+		k = kind[0]
+	}
 	if err := d.settle(failed); err != nil {
 		return err
 	}
-	f := &pb.Fail{Id: d.ID, Reason: reason}
-	if retryAfter > 0 {
-		f.RetryAfter = durationpb.New(retryAfter)
-	}
-	return d.call.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Fail{Fail: f}})
+	return d.call.send(failRequest(d.ID, reason, retryAfter, k, false))
 }
 
 // DeadLetter moves the entry to the subscription's dead-letter stream now
 // (default `<stream>:dlq`), with its branded id, payload and reason, and
-// acknowledges it on the source. Errors as for [Delivery.Ack].
+// acknowledges it on the source: a Fail of [FailKindPoison], sent with the
+// older dead_letter flag too, so that a sidecar that predates the kinds does
+// the same. Errors as for [Delivery.Ack].
 func (d *Delivery) DeadLetter(reason string) error {
 	if err := d.settle(deadLettered); err != nil {
 		return err
 	}
-	f := &pb.Fail{Id: d.ID, Reason: reason, DeadLetter: true}
-	return d.call.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Fail{Fail: f}})
+	return d.call.send(failRequest(d.ID, reason, 0, FailKindPoison, true))
+}
+
+// failRequest is the one place a Fail is built, so every fail, returned or
+// explicit, carries its kind.
+func failRequest(id, reason string, retryAfter time.Duration, kind FailKind, deadLetter bool) *pb.ConsumeRequest {
+	f := &pb.Fail{Id: id, Reason: reason, Kind: kind, DeadLetter: deadLetter}
+	if retryAfter > 0 {
+		f.RetryAfter = durationpb.New(retryAfter)
+	}
+	return &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Fail{Fail: f}}
 }
 
 // Extend pushes the delivery's ack deadline ([ConsumerConfig.AckDeadline]) to

@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -122,6 +123,28 @@ func ExampleConsumer_RunBatch() {
 			rows[i] = d.Payload
 		}
 		return insertRows(ctx, rows) // nil: all acked; else one error (or nil) per delivery
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// A handler says whose fault a failure was: the database being down costs the
+// entry no attempt, a payload that cannot be parsed is dead-lettered at once.
+func ExampleTransient() {
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
+		Target: "127.0.0.1:50051", Stream: "orders", Group: "billing", Start: echomq.StartBeginning(),
+		MaxDeliveries: 5,
+	})
+	err := consumer.Run(context.Background(), func(ctx context.Context, d *echomq.Delivery) error {
+		amount, err := strconv.Atoi(string(d.Payload["amount"]))
+		if err != nil {
+			return echomq.Poison(err) // can never succeed: dead-lettered now
+		}
+		if err := saveOrderState(ctx, map[string][]byte{"amount": []byte(strconv.Itoa(amount))}); err != nil {
+			return echomq.Transient(err) // the database is down: delivered again, Attempts unchanged
+		}
+		return nil
 	})
 	if err != nil {
 		log.Fatal(err)

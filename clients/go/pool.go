@@ -344,13 +344,14 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*Delivery, h BatchHa
 	}
 }
 
-// settle acks d (err nil) or fails it with err as the reason.
+// settle acks d (err nil) or fails it with err as the reason, of the kind
+// err's type says ([Transient], [Poison]).
 func (c *Consumer) settle(d *Delivery, err error) {
 	var sendErr error
 	if err == nil {
 		sendErr = d.Ack()
 	} else {
-		sendErr = d.Fail(err.Error(), 0)
+		sendErr = d.Fail(err.Error(), 0, kindOf(err))
 	}
 	if sendErr != nil {
 		c.log.Debug("echomq: verdict dropped", "id", d.ID, "error", sendErr)

@@ -3,6 +3,7 @@ package echomq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -178,6 +179,77 @@ func TestFailWithoutDelayLeavesRetryAfterUnset(t *testing.T) {
 	}
 	if rec.sent[1].GetFail().RetryAfter.AsDuration() != 300*time.Millisecond {
 		t.Error("Fail(…, 300ms) must send retry_after 300ms")
+	}
+}
+
+func TestEveryFailCarriesTheKindItMeans(t *testing.T) {
+	c := NewConsumer(ConsumerConfig{})
+	dbDown := errors.New("the database is down")
+	for _, tc := range []struct {
+		name       string
+		handler    Handler
+		kind       FailKind
+		deadLetter bool
+	}{
+		{"an error is the message's fault", func(context.Context, *Delivery) error { return dbDown }, FailKindMessage, false},
+		{"Transient", func(context.Context, *Delivery) error { return Transient(dbDown) }, FailKindTransient, false},
+		{"Transient wrapped again", func(context.Context, *Delivery) error {
+			return fmt.Errorf("saving: %w", Transient(dbDown))
+		}, FailKindTransient, false},
+		{"Poison", func(context.Context, *Delivery) error { return Poison(errors.New("not JSON")) }, FailKindPoison, false},
+		{"the outermost kind wins", func(context.Context, *Delivery) error { return Poison(Transient(dbDown)) }, FailKindPoison, false},
+		{"explicit Fail without a kind", func(_ context.Context, d *Delivery) error { return d.Fail("x", 0) }, FailKindMessage, false},
+		{"explicit transient Fail", func(_ context.Context, d *Delivery) error {
+			return d.Fail("rate limited", time.Second, FailKindTransient)
+		}, FailKindTransient, false},
+		{"explicit poison Fail", func(_ context.Context, d *Delivery) error { return d.Fail("x", 0, FailKindPoison) }, FailKindPoison, false},
+		{"DeadLetter is poison, with the old flag", func(_ context.Context, d *Delivery) error { return d.DeadLetter("x") }, FailKindPoison, true},
+	} {
+		rec := &recordingSender{}
+		c.handle(context.Background(), delivery(rec, "0000000000010000000000000001"), tc.handler)
+		if len(rec.sent) != 1 || rec.sent[0].GetFail() == nil {
+			t.Errorf("%s: sent %v, want one Fail", tc.name, rec.sent)
+			continue
+		}
+		if f := rec.sent[0].GetFail(); f.GetKind() != tc.kind || f.GetDeadLetter() != tc.deadLetter {
+			t.Errorf("%s: sent kind %v dead_letter %v, want %v %v", tc.name, f.GetKind(), f.GetDeadLetter(), tc.kind, tc.deadLetter)
+		}
+	}
+}
+
+func TestTransientAndPoisonKeepTheErrorAndNil(t *testing.T) {
+	dbDown := errors.New("the database is down")
+	if Transient(nil) != nil || Poison(nil) != nil {
+		t.Error("Transient(nil) and Poison(nil) must be nil, so that returning them acks")
+	}
+	err := Transient(dbDown)
+	var transient *TransientError
+	if !errors.Is(err, dbDown) || !errors.As(err, &transient) || err.Error() != dbDown.Error() {
+		t.Errorf("Transient(err) = %v: must wrap err, be a *TransientError and keep its message", err)
+	}
+}
+
+func TestFailRefusesTwoKindsAndSendsNothing(t *testing.T) {
+	rec := &recordingSender{}
+	d := delivery(rec, "a")
+	if err := d.Fail("x", 0, FailKindTransient, FailKindPoison); err == nil || d.Settled() || len(rec.sent) != 0 {
+		t.Fatalf("Fail with two kinds: err %v, settled %v, sent %d; want an error, unsettled, nothing", err, d.Settled(), len(rec.sent))
+	}
+}
+
+func TestABatchHandlersErrorsCarryTheirKind(t *testing.T) {
+	c := NewConsumer(ConsumerConfig{})
+	rec := &recordingSender{}
+	batch := []*Delivery{delivery(rec, "a"), delivery(rec, "b"), delivery(rec, "c")}
+	c.handleBatch(context.Background(), batch, func(context.Context, []*Delivery) []error {
+		return []error{Transient(errors.New("down")), Poison(errors.New("bad")), errors.New("failed")}
+	})
+	var got []FailKind
+	for _, m := range rec.sent {
+		got = append(got, m.GetFail().GetKind())
+	}
+	if want := []FailKind{FailKindTransient, FailKindPoison, FailKindMessage}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("kinds %v, want %v", got, want)
 	}
 }
 

@@ -21,7 +21,21 @@ import pytest
 import redis
 
 from conftest import load_scenarios
-from echomq import AppendResult, Backoff, BatchEntry, Consumer, Delivery, FlowControl, RpcError, Start, Streams, VerdictError
+from echomq import (
+    AppendResult,
+    Backoff,
+    BatchEntry,
+    Consumer,
+    Delivery,
+    FailKind,
+    FlowControl,
+    PoisonError,
+    RpcError,
+    Start,
+    Streams,
+    TransientError,
+    VerdictError,
+)
 from echomq.v1 import consumer_service_pb2 as pb
 from support import AckCounter, Sidecar
 
@@ -29,6 +43,10 @@ SUITE = load_scenarios()
 LANGUAGE = "python"
 GROUP = "conformance"
 WAIT_TIMEOUT = 30.0
+#: What the `raise` action raises for its `kind`, and the explicit `fail`
+#: action's kind option (clients/CONTRACT.md, "Failure kinds").
+RAISED: dict[str, Callable[[str], Exception]] = {"message": RuntimeError, "transient": TransientError, "poison": PoisonError}
+FAIL_KINDS = {"message": FailKind.MESSAGE, "transient": FailKind.TRANSIENT, "poison": FailKind.POISON}
 #: Reconnect quickly in tests: the suite restarts the sidecar.
 RECONNECT = Backoff(initial=0.05, maximum=0.5)
 
@@ -101,6 +119,7 @@ class ScenarioRunner:
         self.dlq = f"{self.stream}:dlq"
         self.expect: dict[str, Any] = scenario.get("expect", {})
         self.run = Run()
+        self.calls_by_id: Counter[str] = Counter()
         self.acks = AckCounter()
         self.consumers: list[Consumer] = []
         self.stopped: set[int] = set()
@@ -108,25 +127,34 @@ class ScenarioRunner:
 
     # -- the handler -------------------------------------------------------------
 
-    def action_for(self, attempts: int) -> dict[str, Any]:
+    def action_for(self, id: str, attempts: int) -> dict[str, Any]:
         handler = self.scenario["handler"]
-        by_attempt = handler.get("by_attempt", {})
-        return by_attempt.get(str(attempts), handler.get("default", {"action": "return"}))  # type: ignore[no-any-return]
+        calls = self.calls_by_id[id]  # this call counted already
+        for key, by in (("by_call", calls), ("by_attempt", attempts)):
+            action = handler.get(key, {}).get(str(by))
+            if action is not None:
+                return action  # type: ignore[no-any-return]
+        return handler.get("default", {"action": "return"})  # type: ignore[no-any-return]
 
     async def handle(self, delivery: Delivery) -> None:
         call = HandlerCall(delivery.id, delivery.stream_id, delivery.attempts, dict(delivery.payload), time.monotonic())
         self.run.calls.append(call)
+        self.calls_by_id[delivery.id] += 1
         self.run.running += 1
         self.run.max_running = max(self.run.max_running, self.run.running)
         try:
-            action = self.action_for(delivery.attempts)
+            action = self.action_for(delivery.id, delivery.attempts)
             kind = action["action"]
             if kind == "return":
                 pass
             elif kind == "raise":
-                raise RuntimeError(action["message"])
+                raise RAISED[action.get("kind", "message")](action["message"])
             elif kind == "fail":
-                await delivery.fail(action.get("reason", ""), retry_after=action["retry_after_ms"] / 1000)
+                await delivery.fail(
+                    action.get("reason", ""),
+                    retry_after=action["retry_after_ms"] / 1000,
+                    **({"kind": FAIL_KINDS[action["kind"]]} if "kind" in action else {}),
+                )
             elif kind == "dead_letter":
                 await delivery.dead_letter(action.get("reason", ""))
             elif kind == "sleep":
@@ -163,6 +191,7 @@ class ScenarioRunner:
             self.handle,
             start=Start.BEGINNING,
             flow_control=FlowControl(max_in_flight=settings.get("max_in_flight"), concurrency=settings.get("concurrency")),
+            max_deliveries=settings.get("max_deliveries"),
             reconnect=RECONNECT,
             on_verdict_error=self.on_verdict_error,
             interceptors=[self.acks],

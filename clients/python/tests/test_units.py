@@ -10,9 +10,24 @@ from datetime import datetime, timedelta, timezone
 import grpc
 import pytest
 
-from echomq import Backoff, Consumer, FlowControl, PermanentError, RpcError, Start, StartKind, VerdictErrorCode
-from echomq.consumer import _Call, _Ready
-from echomq.delivery import Delivery, VerdictError
+from echomq import (
+    Backoff,
+    Consumer,
+    DeadLetter,
+    EchoMQError,
+    Fail,
+    FailKind,
+    FlowControl,
+    PermanentError,
+    PoisonError,
+    RpcError,
+    Start,
+    StartKind,
+    TransientError,
+    VerdictErrorCode,
+)
+from echomq.consumer import _apply, _Call, _fail_unsettled, _Ready
+from echomq.delivery import Delivery, VerdictError, fail_kind_of
 from echomq.errors import from_rpc_error
 from echomq.options import to_duration
 from echomq._appends import AppendResult, BatchEntry, append_batch_request, append_request, appended, encode_fields
@@ -175,6 +190,66 @@ async def test_a_delivery_is_settled_once() -> None:
     assert delivery.settled
     [sent] = await _drain(call)
     assert sent.fail.id == delivery.id and sent.fail.reason == "nope" and sent.fail.retry_after.nanos == 250_000_000
+
+
+async def test_an_explicit_fail_sends_its_kind_and_message_unless_told() -> None:
+    call = _Call()
+    plain, transient, poison = (_delivery(call, f"{i:028x}") for i in range(3))
+    await plain.fail("bad row")
+    await transient.fail("db down", retry_after=0.5, kind=FailKind.TRANSIENT)
+    await poison.fail("cannot parse", kind=FailKind.POISON)
+    sent = [m.fail for m in await _drain(call)]
+    assert [(f.id, f.kind, f.dead_letter) for f in sent] == [
+        (plain.id, pb.FAIL_KIND_MESSAGE, False),
+        (transient.id, pb.FAIL_KIND_TRANSIENT, False),
+        (poison.id, pb.FAIL_KIND_POISON, False),
+    ]
+    assert sent[1].retry_after.nanos == 500_000_000 and sent[2].reason == "cannot parse"
+
+
+async def test_dead_letter_is_a_poison_fail_that_an_older_sidecar_also_understands() -> None:
+    call = _Call()
+    delivery = _delivery(call)
+    await delivery.dead_letter("bad")
+    [sent] = await _drain(call)
+    assert sent.fail.kind == pb.FAIL_KIND_POISON and sent.fail.dead_letter and sent.fail.reason == "bad"
+
+
+def test_a_handlers_exception_type_says_the_kind() -> None:
+    assert fail_kind_of(TransientError("db down")) is FailKind.TRANSIENT
+    assert fail_kind_of(PoisonError("cannot parse")) is FailKind.POISON
+    assert fail_kind_of(ValueError("bad row")) is FailKind.MESSAGE
+    assert issubclass(TransientError, EchoMQError) and issubclass(PoisonError, EchoMQError), "one error family"
+
+
+async def test_a_batch_handlers_verdicts_and_exceptions_send_their_kind() -> None:
+    call = _Call()
+    batch = [_delivery(call, f"{i:028x}") for i in range(6)]
+    verdicts = [
+        Fail("later", kind=FailKind.TRANSIENT),
+        Fail("bad row"),
+        TransientError("db down"),
+        PoisonError("cannot parse"),
+        DeadLetter("rule broken"),
+    ]
+    for delivery, verdict in zip(batch, verdicts):
+        await _apply(delivery, verdict)
+    await _fail_unsettled(batch, "the whole batch: db down", FailKind.TRANSIENT)
+    sent = [m.fail for m in await _drain(call)]
+    assert [(f.reason, f.kind, f.dead_letter) for f in sent] == [
+        ("later", pb.FAIL_KIND_TRANSIENT, False),
+        ("bad row", pb.FAIL_KIND_MESSAGE, False),
+        ("db down", pb.FAIL_KIND_TRANSIENT, False),
+        ("cannot parse", pb.FAIL_KIND_POISON, False),
+        ("rule broken", pb.FAIL_KIND_POISON, True),
+        ("the whole batch: db down", pb.FAIL_KIND_TRANSIENT, False),
+    ]
+
+
+async def test_a_fail_kind_must_be_a_fail_kind() -> None:
+    delivery = _delivery(_Call())
+    with pytest.raises(TypeError, match="FailKind"):
+        await delivery.fail("x", kind="transient")  # type: ignore[arg-type]
 
 
 async def test_verdicts_for_an_ended_call_are_dropped() -> None:

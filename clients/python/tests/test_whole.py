@@ -23,9 +23,12 @@ from echomq import (
     Admin,
     Consumer,
     Delivery,
+    FailKind,
     PermanentError,
+    PoisonError,
     Start,
     Streams,
+    TransientError,
     VerdictError,
     VerdictErrorCode,
     is_branded_id,
@@ -524,6 +527,38 @@ async def test_max_deliveries_with_the_sync_consumer(
     await asyncio.get_running_loop().run_in_executor(None, consumer.stop)
     await runner
     assert attempts == [1, 2, 3]
+
+
+def test_the_sync_consumer_fails_transient_and_poison_by_exception_type(
+    live_sidecar: Sidecar, redis_client: redis.Redis, fresh: str
+) -> None:
+    with echomq_sync.Streams(live_sidecar.target) as streams:
+        flaky, poison = (streams.append(fresh, {"n": n}).id for n in ("flaky", "poison"))
+    calls: list[tuple[str, int]] = []
+
+    def handle(delivery: echomq_sync.SyncDelivery) -> None:
+        calls.append((delivery.id, delivery.attempts))
+        if delivery.id == poison:
+            raise PoisonError("cannot parse")
+        if len([c for c in calls if c[0] == flaky]) <= 2:
+            raise TransientError("the database is down")
+        if len([c for c in calls if c[0] == flaky]) == 3:
+            delivery.fail("still down", kind=FailKind.TRANSIENT, retry_after=0.05)
+
+    consumer = echomq_sync.Consumer(live_sidecar.target, fresh, "g", handle, start=Start.BEGINNING,
+                                    max_deliveries=2, retry_backoff_initial=0.05)
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(calls) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        consumer.stop(5)
+        runner.join(10)
+    assert calls.count((flaky, 1)) == 4, f"transient fails cost no attempt: {calls}"
+    assert calls.count((poison, 1)) == 1 and redis_client.xlen(f"{fresh}:dlq") == 1
+    assert pending(redis_client, fresh, "g") == 0
 
 
 # -- LEASE_LOST --------------------------------------------------------------------

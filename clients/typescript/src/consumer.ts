@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { status as Status, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import type { BrandedId } from './branded-id.js';
-import type { Delivery, FailOptions, RawField } from './delivery.js';
-import { CallEndedError, EchoMQError, LeaseLostError } from './errors.js';
+import type { Delivery, FailKind, FailOptions, RawField } from './delivery.js';
+import { CallEndedError, EchoMQError, LeaseLostError, PoisonError, TransientError } from './errors.js';
 import { consumerClient, dateOf, durationOf, timestampOf, type ConnectionOptions } from './grpc.js';
 import type { ConsumeRequest } from './gen/echomq/v1/ConsumeRequest.js';
 import type { ConsumeResponse__Output } from './gen/echomq/v1/ConsumeResponse.js';
@@ -77,7 +77,11 @@ export interface ReconnectInfo {
   readonly error: EchoMQError;
 }
 
-/** A handler: resolve to acknowledge, throw (or reject) to fail with the error's message. */
+/**
+ * A handler: resolve to acknowledge, throw (or reject) to fail with the
+ * error's message; a `TransientError` fails it transient (no attempt spent), a
+ * `PoisonError` poison (dead-lettered now).
+ */
 export type Handler = (delivery: Delivery) => unknown;
 
 /**
@@ -85,8 +89,9 @@ export type Handler = (delivery: Delivery) => unknown;
  *
  * - `undefined`, `null` or `'ack'`: acknowledge it;
  * - an `Error`: fail it with the error's message as the reason (delivered
- *   again after the subscription's backoff);
- * - `{ fail: reason, retryAfterMs? }`: fail it, as {@link Delivery.fail};
+ *   again after the subscription's backoff), of the kind its class says
+ *   (`TransientError`, `PoisonError`; else `'message'`);
+ * - `{ fail: reason, retryAfterMs?, kind? }`: fail it, as {@link Delivery.fail};
  * - `{ deadLetter: reason }`: move it to the dead-letter stream now, as
  *   {@link Delivery.deadLetter}.
  */
@@ -95,7 +100,7 @@ export type Verdict =
   | null
   | 'ack'
   | Error
-  | { readonly fail: string; readonly retryAfterMs?: number }
+  | { readonly fail: string; readonly retryAfterMs?: number; readonly kind?: FailKind }
   | { readonly deadLetter: string };
 
 /** What a {@link BatchHandler} returns: one verdict per delivery, in order, or nothing to acknowledge them all. */
@@ -545,8 +550,9 @@ export class Consumer {
   }
 
   /** Low-level: sends a Fail of any `id` on the current call. Returns false when no call is open. */
-  rawFail(id: string, options: { reason?: string; retryAfterMs?: number; deadLetter?: boolean } = {}): boolean {
-    return this.#call?.send({ fail: failOf(id, options.reason ?? '', options.retryAfterMs, options.deadLetter ?? false) }) ?? false;
+  rawFail(id: string, options: { reason?: string; retryAfterMs?: number; deadLetter?: boolean; kind?: FailKind } = {}): boolean {
+    const fail = failOf(id, options.reason ?? '', options.retryAfterMs, options.kind ?? 'message', options.deadLetter ?? false);
+    return this.#call?.send({ fail }) ?? false;
   }
 
   get #stopping(): boolean {
@@ -733,7 +739,7 @@ export class Consumer {
           if (isThenable(result)) await result;
           delivery.ack();
         } catch (error) {
-          delivery.fail(reasonOf(error));
+          delivery.fail(reasonOf(error), { kind: kindOf(error) });
         } finally {
           this.#busy--;
         }
@@ -766,7 +772,8 @@ export class Consumer {
           settleBatch(batch, verdicts);
         } catch (error) {
           const reason = reasonOf(error);
-          for (const delivery of batch) delivery.fail(reason);
+          const kind = kindOf(error);
+          for (const delivery of batch) delivery.fail(reason, { kind });
         } finally {
           this.#busy--;
         }
@@ -799,12 +806,12 @@ function applyVerdict(delivery: DeliveryImpl, verdict: Verdict): void {
   if (verdict === undefined || verdict === null || verdict === 'ack') {
     delivery.ack();
   } else if (verdict instanceof Error) {
-    delivery.fail(reasonOf(verdict));
+    delivery.fail(reasonOf(verdict), { kind: kindOf(verdict) });
   } else if (typeof verdict === 'object' && typeof (verdict as { deadLetter?: unknown }).deadLetter === 'string') {
     delivery.deadLetter((verdict as { deadLetter: string }).deadLetter);
   } else if (typeof verdict === 'object' && typeof (verdict as { fail?: unknown }).fail === 'string') {
-    const { fail, retryAfterMs } = verdict as { fail: string; retryAfterMs?: number };
-    delivery.fail(fail, retryAfterMs === undefined ? {} : { retryAfterMs });
+    const { fail, retryAfterMs, kind } = verdict as { fail: string; retryAfterMs?: number; kind?: FailKind };
+    delivery.fail(fail, { ...(retryAfterMs === undefined ? {} : { retryAfterMs }), ...(kind === undefined ? {} : { kind }) });
   } else if (!delivery.settled) {
     const reason = `the batch handler answered ${JSON.stringify(verdict) ?? String(verdict)}, not a verdict`;
     process.emitWarning(`EchoMQ: ${reason} for ${delivery.id}; failing it`, { code: 'ECHOMQ_BATCH_VERDICTS' });
@@ -1212,16 +1219,17 @@ class DeliveryImpl implements Delivery {
   }
 
   fail(reason = '', options: FailOptions = {}): boolean {
+    const fail = failOf(this.id, reason, options.retryAfterMs, options.kind ?? 'message', false); // throws on a bad kind: nothing settled
     if (!this.#settle()) return false;
     // At most once: nothing to retry; the Ack only frees the slot.
     if (this.call.noAck) return this.call.ack(this.id);
-    return this.call.settle(this.id, { fail: failOf(this.id, reason, options.retryAfterMs, false) });
+    return this.call.settle(this.id, { fail });
   }
 
   deadLetter(reason: string): boolean {
     if (!this.#settle()) return false;
     if (this.call.noAck) return this.call.ack(this.id);
-    return this.call.settle(this.id, { fail: failOf(this.id, reason, undefined, true) });
+    return this.call.settle(this.id, { fail: failOf(this.id, reason, undefined, 'poison', true) });
   }
 
   extend(byMs: number): boolean {
@@ -1238,13 +1246,37 @@ class DeliveryImpl implements Delivery {
   }
 }
 
-function failOf(id: string, reason: string, retryAfterMs: number | undefined, deadLetter: boolean): ConsumeRequest['fail'] {
+/** The wire names of the failure kinds. */
+const FAIL_KINDS: Readonly<Record<FailKind, 'FAIL_KIND_MESSAGE' | 'FAIL_KIND_TRANSIENT' | 'FAIL_KIND_POISON'>> = {
+  message: 'FAIL_KIND_MESSAGE',
+  transient: 'FAIL_KIND_TRANSIENT',
+  poison: 'FAIL_KIND_POISON',
+};
+
+/** The one place a Fail is built, so every fail, thrown or explicit, carries its kind. */
+function failOf(
+  id: string,
+  reason: string,
+  retryAfterMs: number | undefined,
+  kind: FailKind,
+  deadLetter: boolean,
+): ConsumeRequest['fail'] {
+  const wireKind = FAIL_KINDS[kind];
+  if (wireKind === undefined) throw new TypeError(`a fail's kind is 'message', 'transient' or 'poison', not ${JSON.stringify(kind)}`);
   return {
     id,
     reason,
     deadLetter,
+    kind: wireKind,
     ...(retryAfterMs === undefined ? {} : { retryAfter: durationOf(retryAfterMs) }),
   };
+}
+
+/** The kind of failure a handler's error means, by its class. */
+function kindOf(error: unknown): FailKind {
+  if (error instanceof TransientError) return 'transient';
+  if (error instanceof PoisonError) return 'poison';
+  return 'message';
 }
 
 function reasonOf(error: unknown): string {

@@ -7,6 +7,19 @@ export interface RawField {
   readonly value: Buffer;
 }
 
+/**
+ * Whose fault a failure was, which decides whether it counts as an attempt
+ * (`clients/CONTRACT.md`, "Failure kinds"):
+ * - `'message'`: the entry's. Its next delivery counts as another attempt,
+ *   toward `maxDeliveries`. What a fail is unless it says otherwise.
+ * - `'transient'`: not the entry's (its database is down, a rate limit):
+ *   delivered again after the delay with the `attempts` it had, never
+ *   dead-lettered for it. A handler may throw a `TransientError` instead.
+ * - `'poison'`: it can never succeed: dead-lettered now. A handler may throw a
+ *   `PoisonError` instead.
+ */
+export type FailKind = 'message' | 'transient' | 'poison';
+
 /** Options of {@link Delivery.fail}. */
 export interface FailOptions {
   /**
@@ -14,13 +27,15 @@ export interface FailOptions {
    * subscription's exponential backoff by attempts.
    */
   retryAfterMs?: number;
+  /** Whose fault it was. Default: `'message'` (an attempt spent). */
+  kind?: FailKind;
 }
 
 /**
  * One hand-over of an entry to this consumer.
  *
  * Settle it once: return from the handler (ack), throw (fail with the error's
- * message), or call {@link ack}, {@link fail} or {@link deadLetter} yourself.
+ * message; a `TransientError` fails transient, a `PoisonError` poison), or call {@link ack}, {@link fail} or {@link deadLetter} yourself.
  * The first settlement wins; later ones, and the automatic one after the handler
  * returns, do nothing.
  */
@@ -75,13 +90,16 @@ export interface Delivery {
   /**
    * Fails the entry: it stays pending and is delivered again after
    * `retryAfterMs` (or the subscription's backoff). `reason` is logged and kept
-   * for a later dead letter. Returns false when already settled or the call is gone.
+   * for a later dead letter. `kind` says whose fault it was: `'transient'`
+   * spends no attempt (the database is down), `'poison'` dead-letters now.
+   * Returns false when already settled or the call is gone.
    */
   fail(reason?: string, options?: FailOptions): boolean;
   /**
    * Moves the entry to the dead-letter stream now (with its branded id, payload,
-   * attempts and `reason`) instead of retrying it. Returns false when already
-   * settled or the call is gone.
+   * attempts and `reason`) instead of retrying it: a fail of kind `'poison'`,
+   * sent with the older `deadLetter` flag too, so that a sidecar that predates
+   * the kinds does the same. Returns false when already settled or the call is gone.
    */
   deadLetter(reason: string): boolean;
   /**

@@ -83,3 +83,28 @@ export class CallEndedError extends Error {
     super('the Consume call that delivered this entry ended: its verdict can no longer be applied (the sidecar delivers it again)');
   }
 }
+
+/**
+ * Thrown by a handler that could not try the delivery (its database is down, a
+ * rate limit): the consumer fails it with kind TRANSIENT and the message as
+ * the reason. It comes back after the backoff with the `attempts` it had, so it
+ * is never dead-lettered for this (`clients/CONTRACT.md`, "Failure kinds").
+ * Keep the original as `cause`: `throw new TransientError('database down', { cause: error })`.
+ */
+export class TransientError extends Error {
+  override readonly name = 'TransientError';
+  /** The failure kind it stands for. */
+  readonly kind = 'transient' as const;
+}
+
+/**
+ * Thrown by a handler for a delivery that can never succeed (it cannot be
+ * parsed, it breaks a rule): the consumer fails it with kind POISON and the
+ * message as the reason, and the sidecar moves it to the dead-letter stream
+ * now, whatever `maxDeliveries` would allow.
+ */
+export class PoisonError extends Error {
+  override readonly name = 'PoisonError';
+  /** The failure kind it stands for. */
+  readonly kind = 'poison' as const;
+}

@@ -14,7 +14,9 @@
  * - `entry.ts`: the {@link Entry} that reads return;
  * - `branded-id.ts`: the {@link BrandedId} type and helpers;
  * - `idempotency.ts`: {@link SeenSet} and {@link NewerWins}, deduplication by branded id;
- * - `errors.ts`: {@link EchoMQError} and which gRPC codes are permanent;
+ * - `errors.ts`: {@link EchoMQError} and which gRPC codes are permanent, and
+ *   {@link TransientError} / {@link PoisonError}, which a handler throws to fail
+ *   a delivery with that kind;
  * - `grpc.ts`: proto loading and channel defaults;
  * - `gen/`: types generated from `proto/` at build time (never committed).
  *
@@ -43,7 +45,7 @@ export {
   type VerdictError,
   type VerdictErrorCode,
 } from './consumer.js';
-export type { Delivery, FailOptions, RawField } from './delivery.js';
+export type { Delivery, FailKind, FailOptions, RawField } from './delivery.js';
 export {
   Producer,
   Streams,
@@ -93,5 +95,5 @@ export {
   /** @deprecated Use `VersionStore`. */
   type NewerWinsStore,
 } from './idempotency.js';
-export { CallEndedError, EchoMQError, LeaseLostError, PERMANENT_CODES } from './errors.js';
+export { CallEndedError, EchoMQError, LeaseLostError, PERMANENT_CODES, PoisonError, TransientError } from './errors.js';
 export { DEFAULT_TARGET, type CallOptions, type ConnectionOptions } from './grpc.js';

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { InterceptingCall, type Interceptor } from '@grpc/grpc-js';
-import { Consumer, LeaseLostError, Streams, type AppendResult, type Delivery, type VerdictError } from '@echomq/client';
+import { Consumer, LeaseLostError, PoisonError, Streams, TransientError, type AppendResult, type Delivery, type FailKind, type VerdictError } from '@echomq/client';
 import { eventually, Fixture, REPO_ROOT } from './support/fixture.js';
 
 const LANGUAGE = 'typescript';
@@ -23,6 +23,7 @@ type FieldSpec =
 
 interface Action {
   action: 'return' | 'raise' | 'fail' | 'dead_letter' | 'sleep' | 'hang' | 'wait_lease_lost';
+  kind?: FailKind;
   message?: string;
   reason?: string;
   retry_after_ms?: number;
@@ -37,8 +38,8 @@ interface Scenario {
   append_after_restart?: { fields: Record<string, FieldSpec> }[];
   append_generated?: { count: number; field: string };
   append_calls?: AppendCall[];
-  consumer: { max_in_flight?: number; concurrency?: number };
-  handler: { default?: Action; by_attempt?: Record<string, Action> };
+  consumer: { max_in_flight?: number; concurrency?: number; max_deliveries?: number };
+  handler: { default?: Action; by_attempt?: Record<string, Action>; by_call?: Record<string, Action> };
   steps?: string[];
   expect: Record<string, unknown>;
 }
@@ -159,8 +160,13 @@ class Run {
 
   constructor(readonly scenario: Scenario) {}
 
-  action(attempts: number): Action {
-    const action = this.scenario.handler.by_attempt?.[String(attempts)] ?? this.scenario.handler.default;
+  /** Handler calls per branded id so far, for `by_call`. */
+  readonly callsById = new Map<string, number>();
+
+  action(id: string, attempts: number): Action {
+    const call = this.callsById.get(id) ?? 0; // this call counted already
+    const handler = this.scenario.handler;
+    const action = handler.by_call?.[String(call)] ?? handler.by_attempt?.[String(attempts)] ?? handler.default;
     if (!action) throw new Error(`scenario ${this.scenario.name} has no handler action for attempts ${attempts}`);
     return action;
   }
@@ -173,18 +179,30 @@ class Run {
       payload: delivery.payload,
       startedAt: Date.now(),
     });
+    this.callsById.set(delivery.id, (this.callsById.get(delivery.id) ?? 0) + 1);
     this.running += 1;
     this.maxRunning = Math.max(this.maxRunning, this.running);
     let hung = false;
     try {
-      const action = this.action(delivery.attempts);
+      const action = this.action(delivery.id, delivery.attempts);
       switch (action.action) {
         case 'return':
           return;
         case 'raise':
-          throw new Error(action.message ?? 'raised');
+          switch (action.kind ?? 'message') {
+            case 'message':
+              throw new Error(action.message ?? 'raised');
+            case 'transient':
+              throw new TransientError(action.message ?? 'raised');
+            case 'poison':
+              throw new PoisonError(action.message ?? 'raised');
+          }
+          throw new Error(`unknown raise kind ${action.kind}`);
         case 'fail':
-          delivery.fail(action.reason ?? '', action.retry_after_ms === undefined ? {} : { retryAfterMs: action.retry_after_ms });
+          delivery.fail(action.reason ?? '', {
+            ...(action.retry_after_ms === undefined ? {} : { retryAfterMs: action.retry_after_ms }),
+            ...(action.kind === undefined ? {} : { kind: action.kind }),
+          });
           return;
         case 'dead_letter':
           delivery.deadLetter(action.reason ?? '');
@@ -317,6 +335,7 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
       group: GROUP,
       start: 'beginning',
       flowControl: { maxInFlight: scenario.consumer.max_in_flight, concurrency: scenario.consumer.concurrency },
+      ...(scenario.consumer.max_deliveries === undefined ? {} : { maxDeliveries: scenario.consumer.max_deliveries }),
       interceptors: [run.interceptor],
       onVerdictError: (error) => run.verdictErrors.push(error),
       onSubscribed: () => {

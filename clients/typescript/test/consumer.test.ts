@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { InterceptingCall, status, type Interceptor } from '@grpc/grpc-js';
-import { Consumer, EchoMQError, Producer, type AppendResult, type Delivery, type ReconnectInfo } from '@echomq/client';
+import { Consumer, EchoMQError, PoisonError, Producer, TransientError, type AppendResult, type Delivery, type ReconnectInfo } from '@echomq/client';
 import { eventually, Fixture } from './support/fixture.js';
 
 const GROUP = 'g';
@@ -15,17 +15,22 @@ const streamName = (what: string) => `ts:${what}:${process.pid}:${++unique}`;
 function frameCounter() {
   const acks = new Map<string, number>();
   const fails: { id: string; reason: string; deadLetter: boolean }[] = [];
+  const failKinds = new Map<string, string>(); // id → the wire kind of its Fail
   const kinds: string[] = [];
+  type Sent = { ack?: { ids: string[] } | null; fail?: { id: string; reason: string; deadLetter: boolean; kind?: string } | null };
   const interceptor: Interceptor = (options, nextCall) =>
     new InterceptingCall(nextCall(options), {
-      sendMessage: (message: { ack?: { ids: string[] } | null; fail?: { id: string; reason: string; deadLetter: boolean } | null }, next) => {
+      sendMessage: (message: Sent, next) => {
         kinds.push(Object.entries(message).find(([, value]) => value != null)?.[0] ?? '?');
         for (const id of message.ack?.ids ?? []) acks.set(id, (acks.get(id) ?? 0) + 1);
-        if (message.fail) fails.push({ id: message.fail.id, reason: message.fail.reason, deadLetter: message.fail.deadLetter });
+        if (message.fail) {
+          fails.push({ id: message.fail.id, reason: message.fail.reason, deadLetter: message.fail.deadLetter });
+          failKinds.set(message.fail.id, `${message.fail.kind ?? 'unset'}${message.fail.deadLetter ? '+dead_letter' : ''}`);
+        }
         next(message);
       },
     });
-  return { acks, fails, kinds, interceptor };
+  return { acks, fails, failKinds, kinds, interceptor };
 }
 
 /** XINFO GROUPS <stream>, the named group's fields (`last-delivered-id`, `entries-read`, …). */
@@ -125,6 +130,33 @@ describe('consumer and producer against a sidecar', () => {
     assert.deepEqual(frames.fails, [{ id, reason: 'explicit', deadLetter: false }]);
     assert.equal(frames.acks.get(id), 1);
     assert.ok(await eventually(async () => (await fixture.pending(stream, GROUP)) === 0, 5_000));
+  });
+
+  test('every fail carries the kind it means: by the error class thrown, or the explicit option', async () => {
+    const stream = streamName('kinds');
+    const cases: Record<string, { act: (d: Delivery) => unknown; wire: string }> = {
+      error: { act: () => { throw new Error('bad row'); }, wire: 'FAIL_KIND_MESSAGE' },
+      transient: { act: () => { throw new TransientError('the database is down'); }, wire: 'FAIL_KIND_TRANSIENT' },
+      poison: { act: () => { throw new PoisonError('cannot parse'); }, wire: 'FAIL_KIND_POISON' },
+      failPlain: { act: (d) => d.fail('later', { retryAfterMs: 50 }), wire: 'FAIL_KIND_MESSAGE' },
+      failTransient: { act: (d) => d.fail('rate limited', { retryAfterMs: 50, kind: 'transient' }), wire: 'FAIL_KIND_TRANSIENT' },
+      failPoison: { act: (d) => d.fail('cannot parse', { kind: 'poison' }), wire: 'FAIL_KIND_POISON' },
+      deadLetter: { act: (d) => d.deadLetter('rule broken'), wire: 'FAIL_KIND_POISON+dead_letter' },
+    };
+    const ids = new Map<string, string>();
+    for (const name of Object.keys(cases)) ids.set((await producer.append(stream, { case: name })).id, name);
+    const frames = frameCounter();
+    const seen = new Set<string>();
+    const consumer = new Consumer({ target: fixture.target, stream, group: GROUP, start: 'beginning', interceptors: [frames.interceptor] });
+    const running = consumer.run((d) => {
+      if (seen.has(d.id)) return; // the retried ones are acked the second time
+      seen.add(d.id);
+      return cases[d.text('case')!]!.act(d);
+    });
+    assert.ok(await eventually(() => frames.failKinds.size === ids.size, 10_000));
+    await consumer.stop({ deadlineMs: 5_000 });
+    await running;
+    for (const [id, name] of ids) assert.equal(frames.failKinds.get(id), cases[name]!.wire, name);
   });
 
   test('stop past its deadline abandons a hanging handler: its signal aborts and the entry stays pending', async () => {

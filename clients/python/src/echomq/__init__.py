@@ -7,8 +7,8 @@ Layout:
   handler or `async for` iteration, LEASE_LOST signalled to the delivery,
   graceful stop, reconnect with jittered backoff);
 - `delivery`: `Delivery` (what a handler gets, with ack/fail/dead_letter),
-  `Ack`/`Fail`/`DeadLetter` (a batch handler's verdicts) and `VerdictError`
-  (a verdict the sidecar did not apply);
+  `Ack`/`Fail`/`DeadLetter` (a batch handler's verdicts), `FailKind` (whose
+  fault a failure was) and `VerdictError` (a verdict the sidecar did not apply);
 - `streams`: `Streams`, the StreamService: append and append a batch, read (by
   id or instant, paged) and trim (safe by default); `Producer` is its
   deprecated name;
@@ -22,7 +22,9 @@ Layout:
 - `options`: `Start` (where a new group starts), `FlowControl` (max_in_flight,
   concurrency, max_batch) and `Backoff`;
 - `idempotency`: `SeenSet` and `NewerWins`, keyed by the branded id;
-- `errors`: `EchoMQError`, `RpcError`, `PermanentError`, `PERMANENT_CODES`;
+- `errors`: `EchoMQError`, `RpcError`, `PermanentError`, `PERMANENT_CODES`, and
+  `TransientError` / `PoisonError`, which a handler raises to fail a delivery
+  with that kind;
 - `sync`: blocking `Streams`, `Admin` and `Consumer` for scripts, derived from
   the asyncio ones;
 - `v1`: the generated protobuf/gRPC stubs (do not edit).
@@ -31,8 +33,8 @@ Layout:
 from ._deprecation import renamed_attributes
 from .admin import Admin
 from .consumer import BatchHandler, Consumer, Handler, Subscription
-from .delivery import Ack, DeadLetter, Delivery, Fail, RawField, Verdict, VerdictError, VerdictErrorCode
-from .errors import PERMANENT_CODES, EchoMQError, PermanentError, RpcError
+from .delivery import Ack, DeadLetter, Delivery, Fail, FailKind, RawField, Verdict, VerdictError, VerdictErrorCode
+from .errors import PERMANENT_CODES, EchoMQError, PermanentError, PoisonError, RpcError, TransientError
 from .idempotency import MemorySeenStore, MemoryVersionStore, NewerWins, SeenSet, SeenStore, VersionStore, is_branded_id
 from .options import Backoff, FlowControl, Start, StartKind
 from ._appends import AppendResult, BatchEntry
@@ -66,6 +68,7 @@ __all__ = [
     "EchoMQError",
     "Entry",
     "Fail",
+    "FailKind",
     "FlowControl",
     "GroupInfo",
     "Handler",
@@ -73,6 +76,7 @@ __all__ = [
     "MemoryVersionStore",
     "NewerWins",
     "PermanentError",
+    "PoisonError",
     "RawField",
     "ReadPage",
     "Replayed",
@@ -84,6 +88,7 @@ __all__ = [
     "StartKind",
     "Streams",
     "Subscription",
+    "TransientError",
     "TrimResult",
     "Verdict",
     "VerdictError",

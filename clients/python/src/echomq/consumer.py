@@ -17,7 +17,18 @@ import grpc
 
 from . import _deprecation as deprecation
 from ._channel import ChannelOptions, aio_channel
-from .delivery import Ack, DeadLetter, Delivery, Fail, Verdict, VerdictError, VerdictErrorCode
+from .delivery import (
+    Ack,
+    DeadLetter,
+    Delivery,
+    Fail,
+    FailKind,
+    Verdict,
+    VerdictError,
+    VerdictErrorCode,
+    fail_kind_of,
+    fail_request,
+)
 from .errors import EchoMQError, PermanentError, from_rpc_error
 from .options import Backoff, FlowControl, Seconds, Start, seconds, to_duration
 from .v1 import consumer_service_pb2 as pb
@@ -638,9 +649,9 @@ class Consumer:
         raising handler's are), and left to the group otherwise (delivered
         again after the backoff)."""
         if self._iterated and isinstance(exc, Exception):
-            reason = str(exc) or type(exc).__name__
+            reason, kind = str(exc) or type(exc).__name__, fail_kind_of(exc)
             for delivery in self._unsettled_handed():
-                await delivery.fail(reason)
+                await delivery.fail(reason, kind=kind)
         await self._stop(DEFAULT_STOP_DEADLINE, wait_for_handed=False)
 
     # -- iteration ---------------------------------------------------------------
@@ -733,14 +744,18 @@ class Consumer:
         return call is not None and call.send(pb.ConsumeRequest(ack=pb.Ack(ids=list(ids))))
 
     async def send_fail(
-        self, id: str, reason: str = "", *, retry_after: Seconds | None = None, dead_letter: bool = False
+        self,
+        id: str,
+        reason: str = "",
+        *,
+        retry_after: Seconds | None = None,
+        dead_letter: bool = False,
+        kind: FailKind = FailKind.MESSAGE,
     ) -> bool:
         """Sends a raw Fail of `id` on the current call (see `send_ack`)."""
-        fail = pb.Fail(id=id, reason=reason, dead_letter=dead_letter)
-        if retry_after is not None:
-            fail.retry_after.CopyFrom(to_duration(retry_after))
+        request = fail_request(id, reason, retry_after, kind, dead_letter=dead_letter)
         call = self._call
-        return call is not None and call.send(pb.ConsumeRequest(fail=fail))
+        return call is not None and call.send(request)
 
     # -- internals -------------------------------------------------------------
 
@@ -870,9 +885,15 @@ class Consumer:
                     await delivery.fail("CancelledError")
             except Exception as error:  # a handler's failure is a Fail verdict, not ours
                 if not delivery.settled:
-                    reason = str(error) or type(error).__name__
-                    log.info("handler failed for %s (attempt %d): %s", delivery.id, delivery.attempts, reason)
-                    await delivery.fail(reason)
+                    reason, kind = str(error) or type(error).__name__, fail_kind_of(error)
+                    log.info(
+                        "handler failed for %s (attempt %d, %s): %s",
+                        delivery.id,
+                        delivery.attempts,
+                        kind.name.lower(),
+                        reason,
+                    )
+                    await delivery.fail(reason, kind=kind)
             else:
                 if not delivery._settled:
                     delivery._ack()
@@ -908,7 +929,7 @@ class Consumer:
                         raise
                     reason = str(error) or type(error).__name__
                     log.info("batch handler failed for %d deliveries: %s", len(batch), reason)
-                    await _fail_unsettled(batch, reason)
+                    await _fail_unsettled(batch, reason, fail_kind_of(error))
                 else:
                     try:
                         await _settle_batch(batch, verdicts)
@@ -983,11 +1004,11 @@ async def _settle_batch(batch: list[Delivery], verdicts: Iterable[Verdict] | Non
             await _apply(delivery, verdict)
 
 
-async def _fail_unsettled(batch: list[Delivery], reason: str) -> None:
+async def _fail_unsettled(batch: list[Delivery], reason: str, kind: FailKind = FailKind.MESSAGE) -> None:
     """Fails each delivery of `batch` that is not settled yet."""
     for delivery in batch:
         if not delivery.settled:
-            await delivery.fail(reason)
+            await delivery.fail(reason, kind=kind)
 
 
 async def _apply(delivery: Delivery, verdict: Verdict) -> None:
@@ -995,11 +1016,11 @@ async def _apply(delivery: Delivery, verdict: Verdict) -> None:
     if verdict is None or isinstance(verdict, Ack):
         delivery._ack()
     elif isinstance(verdict, Fail):
-        await delivery.fail(verdict.reason, retry_after=verdict.retry_after)
+        await delivery.fail(verdict.reason, retry_after=verdict.retry_after, kind=verdict.kind)
     elif isinstance(verdict, DeadLetter):
         await delivery.dead_letter(verdict.reason)
     elif isinstance(verdict, Exception):
-        await delivery.fail(str(verdict) or type(verdict).__name__)
+        await delivery.fail(str(verdict) or type(verdict).__name__, kind=fail_kind_of(verdict))
     else:
         reason = f"the batch handler answered {verdict!r}, not a verdict"
         log.error("%s for %s; failing it", reason, delivery.id)

@@ -1,6 +1,7 @@
 """What a handler receives (`Delivery`), what a batch handler answers per
-delivery (`Ack`, `Fail`, `DeadLetter`), and what the sidecar reports about a
-verdict it did not apply (`VerdictError`)."""
+delivery (`Ack`, `Fail`, `DeadLetter`), whose fault a failure was
+(`FailKind`), and what the sidecar reports about a verdict it did not apply
+(`VerdictError`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple, Protocol, Union
 
+from .errors import PoisonError, TransientError
 from .options import Seconds, to_duration
 from .v1 import consumer_service_pb2 as pb
 
@@ -53,6 +55,43 @@ class VerdictErrorCode(enum.Enum):
             return cls.UNSPECIFIED
 
 
+class FailKind(enum.Enum):
+    """Whose fault a failure was; mirrors `echomq.v1.FailKind`, and decides
+    whether the failure counts as an attempt (clients/CONTRACT.md, "Failure kinds")."""
+
+    #: The entry's: its next delivery counts as another attempt, toward
+    #: `max_deliveries`. What a fail is unless it says otherwise.
+    MESSAGE = pb.FAIL_KIND_MESSAGE
+    #: Not the entry's (its database is down, a rate limit): delivered again
+    #: after the delay with the `attempts` it had, never dead-lettered for it.
+    TRANSIENT = pb.FAIL_KIND_TRANSIENT
+    #: It can never succeed: dead-lettered now.
+    POISON = pb.FAIL_KIND_POISON
+
+
+def fail_kind_of(error: BaseException) -> FailKind:
+    """The kind of failure a handler's exception means: TRANSIENT for a
+    `TransientError`, POISON for a `PoisonError`, MESSAGE for anything else."""
+    if isinstance(error, TransientError):
+        return FailKind.TRANSIENT
+    if isinstance(error, PoisonError):
+        return FailKind.POISON
+    return FailKind.MESSAGE
+
+
+def fail_request(
+    id: str, reason: str, retry_after: Seconds | None, kind: FailKind, *, dead_letter: bool = False
+) -> pb.ConsumeRequest:
+    """The one place a Fail is built: every fail, raised or explicit, carries
+    its kind on the wire."""
+    if not isinstance(kind, FailKind):
+        raise TypeError(f"kind must be a FailKind, not {kind!r}")
+    fail = pb.Fail(id=id, reason=reason, dead_letter=dead_letter, kind=kind.value)
+    if retry_after is not None:
+        fail.retry_after.CopyFrom(to_duration(retry_after))
+    return pb.ConsumeRequest(fail=fail)
+
+
 @dataclass(frozen=True)
 class VerdictError:
     """A verdict (or extension) the sidecar answered with an error. The call goes on."""
@@ -74,10 +113,12 @@ class Ack:
 @dataclass(frozen=True)
 class Fail:
     """A batch handler's verdict: fail the delivery, as `Delivery.fail` does
-    (`retry_after` in seconds or a timedelta; None: the subscription's backoff)."""
+    (`retry_after` in seconds or a timedelta; None: the subscription's backoff;
+    `kind`: whose fault it was, `FailKind.MESSAGE` unless said)."""
 
     reason: str = ""
     retry_after: Seconds | None = None
+    kind: FailKind = FailKind.MESSAGE
 
 
 @dataclass(frozen=True)
@@ -89,7 +130,8 @@ class DeadLetter:
 
 #: One entry of a batch handler's answer: `None` or `Ack()` acks, `Fail(...)`
 #: fails, `DeadLetter(...)` dead-letters, an exception instance fails with its
-#: message (as raising does in a per-delivery handler).
+#: message and the kind its type says (as raising does in a per-delivery
+#: handler: `TransientError` is TRANSIENT, `PoisonError` POISON).
 Verdict = Union[Ack, Fail, DeadLetter, Exception, None]
 
 
@@ -341,20 +383,24 @@ class Delivery:
             return False
         return True
 
-    async def fail(self, reason: str = "", *, retry_after: Seconds | None = None) -> bool:
+    async def fail(
+        self, reason: str = "", *, retry_after: Seconds | None = None, kind: FailKind = FailKind.MESSAGE
+    ) -> bool:
         """Fails the delivery: it stays pending and comes back after
         `retry_after` (seconds or timedelta), or after the subscription's
         exponential backoff when None. `reason` (at most 4096 bytes are kept)
-        shows in logs and in a later dead-letter entry."""
-        fail = pb.Fail(id=self.id, reason=reason)
-        if retry_after is not None:
-            fail.retry_after.CopyFrom(to_duration(retry_after))
-        return self._settle(pb.ConsumeRequest(fail=fail), "fail")
+        shows in logs and in a later dead-letter entry. `kind` says whose
+        fault it was: `FailKind.MESSAGE` counts as an attempt,
+        `FailKind.TRANSIENT` does not (the database is down: fail transient),
+        `FailKind.POISON` dead-letters now."""
+        return self._settle(fail_request(self.id, reason, retry_after, kind), "fail")
 
     async def dead_letter(self, reason: str = "") -> bool:
         """Moves the entry to the dead-letter stream now (with its branded id,
-        source stream, group, attempts and `reason`) instead of retrying it."""
-        request = pb.ConsumeRequest(fail=pb.Fail(id=self.id, reason=reason, dead_letter=True))
+        source stream, group, attempts and `reason`) instead of retrying it:
+        a fail of kind POISON, sent with `dead_letter` too so that a sidecar
+        older than `FailKind` does the same."""
+        request = fail_request(self.id, reason, None, FailKind.POISON, dead_letter=True)
         return self._settle(request, "dead-letter")
 
     async def extend(self, by: Seconds) -> bool:

@@ -51,6 +51,22 @@ class PermanentError(RpcError):
     """An `RpcError` with a code in `PERMANENT_CODES`: fix the request or the setup."""
 
 
+class TransientError(EchoMQError):
+    """Raised by a handler that could not try the delivery (its database is
+    down, a rate limit): the consumer fails it with kind TRANSIENT and the
+    message as the reason. It comes back after the backoff with the
+    `attempts` it had, so it is never dead-lettered for this (clients/CONTRACT.md,
+    "Failure kinds"). Chain the cause: `raise TransientError("db down") from error`.
+    """
+
+
+class PoisonError(EchoMQError):
+    """Raised by a handler for a delivery that can never succeed (it cannot
+    be parsed, it breaks a rule): the consumer fails it with kind POISON and
+    the message as the reason, and the sidecar moves it to the dead-letter
+    stream now, whatever `max_deliveries` would allow."""
+
+
 def from_rpc_error(operation: str, error: grpc.RpcError) -> RpcError:
     """Maps a grpc error (sync or asyncio) to `RpcError` or `PermanentError`."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN

@@ -209,7 +209,18 @@ public final class Delivery {
    * @return true when this call settled the delivery and the verdict was sent
    */
   public boolean fail(String reason) {
-    return settle(failRequest(id(), reason, null, false));
+    return settle(failRequest(id(), reason, null, FailKind.MESSAGE, false));
+  }
+
+  /**
+   * Fails the entry with a kind: {@link FailKind#TRANSIENT} when it is not to blame (the database
+   * is down: no attempt spent), {@link FailKind#POISON} to dead-letter it now; delivered again (if
+   * at all) after the subscription's backoff.
+   *
+   * @return true when this call settled the delivery and the verdict was sent
+   */
+  public boolean fail(String reason, FailKind kind) {
+    return settle(failRequest(id(), reason, null, Objects.requireNonNull(kind, "kind"), false));
   }
 
   /**
@@ -218,17 +229,34 @@ public final class Delivery {
    * @return true when this call settled the delivery and the verdict was sent
    */
   public boolean fail(String reason, Duration retryAfter) {
-    return settle(failRequest(id(), reason, Objects.requireNonNull(retryAfter, "retryAfter"), false));
+    return settle(failRequest(id(), reason, Objects.requireNonNull(retryAfter, "retryAfter"), FailKind.MESSAGE, false));
+  }
+
+  /**
+   * Fails the entry with a kind (see {@link #fail(String, FailKind)}); it is delivered again after
+   * {@code retryAfter}, for example when a rate limit says when.
+   *
+   * @return true when this call settled the delivery and the verdict was sent
+   */
+  public boolean fail(String reason, Duration retryAfter, FailKind kind) {
+    return settle(
+        failRequest(
+            id(),
+            reason,
+            Objects.requireNonNull(retryAfter, "retryAfter"),
+            Objects.requireNonNull(kind, "kind"),
+            false));
   }
 
   /**
    * Moves the entry to the dead-letter stream now (default {@code <stream>:dlq}), keeping its
-   * branded id and payload, with {@code reason}.
+   * branded id and payload, with {@code reason}: a {@link FailKind#POISON} fail, sent with the
+   * older {@code dead_letter} flag too, so that a sidecar that predates the kinds does the same.
    *
    * @return true when this call settled the delivery and the verdict was sent
    */
   public boolean deadLetter(String reason) {
-    return settle(failRequest(id(), reason, null, true));
+    return settle(failRequest(id(), reason, null, FailKind.POISON, true));
   }
 
   /**
@@ -260,8 +288,14 @@ public final class Delivery {
     return sink.fail(this, verdict);
   }
 
-  static ConsumeRequest failRequest(String id, String reason, Duration retryAfter, boolean deadLetter) {
-    Fail.Builder fail = Fail.newBuilder().setId(id).setReason(reason == null ? "" : reason).setDeadLetter(deadLetter);
+  /** The one place a Fail is built, so every fail, thrown or explicit, carries its kind. */
+  static ConsumeRequest failRequest(String id, String reason, Duration retryAfter, FailKind kind, boolean deadLetter) {
+    Fail.Builder fail =
+        Fail.newBuilder()
+            .setId(id)
+            .setReason(reason == null ? "" : reason)
+            .setKind(kind.toProto())
+            .setDeadLetter(deadLetter);
     if (retryAfter != null) {
       fail.setRetryAfter(toProto(retryAfter));
     }

@@ -352,8 +352,20 @@ public final class EchoMqConsumer implements AutoCloseable {
    * @return false when no call is open: nothing was sent
    */
   public boolean rawFail(String id, String reason, Duration retryAfter, boolean deadLetter) {
+    return rawFail(id, reason, retryAfter, deadLetter, FailKind.MESSAGE);
+  }
+
+  /**
+   * Low-level: sends a raw Fail of any id, with a kind, on the current call. Prefer {@link
+   * Delivery#fail(String, FailKind)}.
+   *
+   * @param retryAfter null for the subscription's backoff
+   * @return false when no call is open: nothing was sent
+   */
+  public boolean rawFail(String id, String reason, Duration retryAfter, boolean deadLetter, FailKind kind) {
     ConsumerCall call = currentCall();
-    return call != null && call.send(Delivery.failRequest(id, reason, retryAfter, deadLetter));
+    return call != null
+        && call.send(Delivery.failRequest(id, reason, retryAfter, Objects.requireNonNull(kind, "kind"), deadLetter));
   }
 
   private ConsumerCall currentCall() {
@@ -426,7 +438,7 @@ public final class EchoMqConsumer implements AutoCloseable {
       }
     } catch (Throwable t) {
       if (!delivery.isSettled()) {
-        delivery.fail(reasonOf(t));
+        delivery.fail(reasonOf(t), FailKind.of(t));
       }
       if (t instanceof Error) {
         LOG.log(Level.WARNING, "handler threw on " + delivery + "; failed it", t);
@@ -443,9 +455,10 @@ public final class EchoMqConsumer implements AutoCloseable {
       verdicts = batchHandler.handle(batch);
     } catch (Throwable t) {
       String reason = reasonOf(t);
+      FailKind kind = FailKind.of(t);
       for (Delivery delivery : batch) {
         if (!delivery.isSettled()) {
-          delivery.fail(reason);
+          delivery.fail(reason, kind);
         }
       }
       if (t instanceof Error) {

@@ -54,6 +54,54 @@ class DeliveryTest {
   }
 
   @Test
+  void dead_letter_is_a_poison_fail_that_keeps_the_old_flag() {
+    assertTrue(delivery(true).deadLetter("cannot parse"));
+    assertEquals(io.echomq.v1.FailKind.FAIL_KIND_POISON, sent.get(0).getFail().getKind());
+    assertTrue(sent.get(0).getFail().getDeadLetter());
+  }
+
+  @Test
+  void every_explicit_fail_sends_the_kind_it_means() {
+    delivery(true).fail("bad row");
+    delivery(true).fail("later", Duration.ofSeconds(1));
+    delivery(true).fail("the database is down", FailKind.TRANSIENT);
+    delivery(true).fail("rate limited", Duration.ofSeconds(2), FailKind.TRANSIENT);
+    delivery(true).fail("cannot parse", FailKind.POISON);
+    assertEquals(
+        List.of(
+            io.echomq.v1.FailKind.FAIL_KIND_MESSAGE,
+            io.echomq.v1.FailKind.FAIL_KIND_MESSAGE,
+            io.echomq.v1.FailKind.FAIL_KIND_TRANSIENT,
+            io.echomq.v1.FailKind.FAIL_KIND_TRANSIENT,
+            io.echomq.v1.FailKind.FAIL_KIND_POISON),
+        sent.stream().map(r -> r.getFail().getKind()).toList());
+    assertTrue(sent.stream().noneMatch(r -> r.getFail().getDeadLetter()), "a poison fail is sent by its kind alone");
+    assertEquals(2, sent.get(3).getFail().getRetryAfter().getSeconds());
+  }
+
+  @Test
+  void a_batch_verdict_sends_its_kind() {
+    Verdict.fail("down", FailKind.TRANSIENT).applyTo(delivery(true));
+    Verdict.fail("down", Duration.ofMillis(100), FailKind.TRANSIENT).applyTo(delivery(true));
+    Verdict.fail("bad").applyTo(delivery(true));
+    Verdict.deadLetter("poison").applyTo(delivery(true));
+    assertEquals(
+        List.of(
+            io.echomq.v1.FailKind.FAIL_KIND_TRANSIENT,
+            io.echomq.v1.FailKind.FAIL_KIND_TRANSIENT,
+            io.echomq.v1.FailKind.FAIL_KIND_MESSAGE,
+            io.echomq.v1.FailKind.FAIL_KIND_POISON),
+        sent.stream().map(r -> r.getFail().getKind()).toList());
+  }
+
+  @Test
+  void a_thrown_exceptions_class_says_the_kind() {
+    assertEquals(FailKind.TRANSIENT, FailKind.of(new TransientException("the database is down", new RuntimeException())));
+    assertEquals(FailKind.POISON, FailKind.of(new PoisonException("cannot parse")));
+    assertEquals(FailKind.MESSAGE, FailKind.of(new IllegalStateException("bad row")));
+  }
+
+  @Test
   void a_verdict_for_an_ended_call_is_dropped() {
     Delivery d = delivery(false);
     assertFalse(d.ack());

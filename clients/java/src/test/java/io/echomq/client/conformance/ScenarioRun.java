@@ -8,8 +8,11 @@ import io.echomq.client.DeliveryHandler;
 import io.echomq.client.EchoMqConsumer;
 import io.echomq.client.EchoMqException;
 import io.echomq.client.EchoMqStreams;
+import io.echomq.client.FailKind;
 import io.echomq.client.FlowControl;
+import io.echomq.client.PoisonException;
 import io.echomq.client.StartPosition;
+import io.echomq.client.TransientException;
 import io.echomq.client.testing.Resp;
 import io.echomq.client.testing.SidecarFixture;
 import io.echomq.v1.ConsumeRequest;
@@ -66,6 +69,8 @@ final class ScenarioRun {
   private final String deadLetters;
 
   private final List<Call> calls = Collections.synchronizedList(new ArrayList<>());
+  /** Handler calls per branded id so far, for the handler's {@code by_call}. */
+  private final Map<String, Integer> callsById = new ConcurrentHashMap<>();
   private final AtomicInteger started = new AtomicInteger();
   private final AtomicInteger finished = new AtomicInteger();
   private final Set<String> finishedIds = ConcurrentHashMap.newKeySet();
@@ -294,11 +299,11 @@ final class ScenarioRun {
   private EchoMqConsumer startConsumer() {
     JsonObject spec = scenario.getAsJsonObject("consumer");
     for (String key : spec.keySet()) {
-      if (!Set.of("max_in_flight", "concurrency").contains(key)) {
+      if (!Set.of("max_in_flight", "concurrency", "max_deliveries").contains(key)) {
         problems.add("unknown consumer key `" + key + "`");
       }
     }
-    EchoMqConsumer consumer =
+    EchoMqConsumer.Builder builder =
         EchoMqConsumer.builder()
             .target(fixture.target())
             .stream(stream)
@@ -313,8 +318,11 @@ final class ScenarioRun {
             .onVerdictError(error -> verdictErrors.add(error.code().name()))
             .intercept(new AckCounter())
             // Sidecar restarts in tests take well under a second: keep reconnects brisk.
-            .reconnectBackoff(Duration.ofMillis(50), Duration.ofSeconds(1))
-            .build();
+            .reconnectBackoff(Duration.ofMillis(50), Duration.ofSeconds(1));
+    if (spec.has("max_deliveries")) {
+      builder.maxDeliveries(spec.get("max_deliveries").getAsInt());
+    }
+    EchoMqConsumer consumer = builder.build();
     consumers.add(consumer);
     consumer.start();
     return consumer;
@@ -324,15 +332,35 @@ final class ScenarioRun {
     JsonObject spec = scenario.getAsJsonObject("handler");
     return delivery -> {
       calls.add(new Call(delivery.id(), delivery.streamId(), delivery.attempts(), delivery.payload(), System.nanoTime()));
+      int call = callsById.merge(delivery.id(), 1, Integer::sum);
       started.incrementAndGet();
       maxRunning.accumulateAndGet(running.incrementAndGet(), Math::max);
       boolean hang = false;
       try {
-        JsonObject action = actionFor(spec, delivery.attempts());
+        JsonObject action = actionFor(spec, call, delivery.attempts());
+        String message = action.has("message") ? action.get("message").getAsString() : null;
         switch (action.get("action").getAsString()) {
           case "return" -> { }
-          case "raise" -> throw new RuntimeException(action.get("message").getAsString());
-          case "fail" -> delivery.fail(action.get("reason").getAsString(), Duration.ofMillis(action.get("retry_after_ms").getAsLong()));
+          case "raise" -> {
+            switch (action.has("kind") ? action.get("kind").getAsString() : "message") {
+              case "message" -> throw new RuntimeException(message);
+              case "transient" -> throw new TransientException(message);
+              case "poison" -> throw new PoisonException(message);
+              default -> {
+                problems.add("unknown raise kind " + action);
+                throw new IllegalStateException("unknown raise kind " + action);
+              }
+            }
+          }
+          case "fail" -> {
+            String reason = action.get("reason").getAsString();
+            Duration retryAfter = Duration.ofMillis(action.get("retry_after_ms").getAsLong());
+            if (action.has("kind")) {
+              delivery.fail(reason, retryAfter, FailKind.valueOf(action.get("kind").getAsString().toUpperCase(java.util.Locale.ROOT)));
+            } else {
+              delivery.fail(reason, retryAfter);
+            }
+          }
           case "dead_letter" -> delivery.deadLetter(action.get("reason").getAsString());
           case "sleep" -> Thread.sleep(
               action.has("ms")
@@ -376,7 +404,11 @@ final class ScenarioRun {
     };
   }
 
-  private static JsonObject actionFor(JsonObject spec, int attempts) {
+  /** The action for the {@code call}-th handler call for an id (by_call), else by attempts. */
+  private static JsonObject actionFor(JsonObject spec, int call, int attempts) {
+    if (spec.has("by_call") && spec.getAsJsonObject("by_call").has(String.valueOf(call))) {
+      return spec.getAsJsonObject("by_call").getAsJsonObject(String.valueOf(call));
+    }
     if (spec.has("by_attempt")) {
       JsonObject byAttempt = spec.getAsJsonObject("by_attempt");
       if (byAttempt.has(String.valueOf(attempts))) {
