@@ -36,8 +36,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     set -eux; \
     triple="$(uname -m)-unknown-linux-gnu"; \
-    cargo build --release --locked --target "$triple" --bin echomq-sidecar; \
-    install -D -m 0755 "target/$triple/release/echomq-sidecar" /rootfs/usr/local/bin/echomq-sidecar; \
+    cargo build --profile dist --locked --target "$triple" --bin echomq-sidecar; \
+    install -D -m 0755 "target/$triple/dist/echomq-sidecar" /rootfs/usr/local/bin/echomq-sidecar; \
     if readelf -l /rootfs/usr/local/bin/echomq-sidecar | grep -q INTERP; then \
       echo "echomq-sidecar is dynamically linked; it would not run FROM scratch" >&2; exit 1; \
     fi
