@@ -1003,7 +1003,7 @@ async fn fail_of_kind(consumer: &Consumer, id: &str, kind: FailKind, dead_letter
 async fn a_transient_fail_costs_no_attempt_so_it_never_dead_letters_and_a_message_fail_does() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-    let con = redis.conn().await;
+    let mut con = redis.conn().await;
     let mut sub = subscribe_msg("s", "g", GroupStart::New);
     sub.max_deliveries = 2;
     let mut consumer = Consumer::subscribe(&sidecar, sub).await;
@@ -1019,6 +1019,8 @@ async fn a_transient_fail_costs_no_attempt_so_it_never_dead_letters_and_a_messag
         fail_of_kind(&consumer, &d.id, kind, false).await;
     }
     assert_eq!(attempts, [1, 1, 1, 1, 2], "transient fails keep the count; a message fail adds one");
+    let retries: u64 = redis::cmd("HLEN").arg("s:retries:g").query_async(&mut con).await.unwrap();
+    assert_eq!(retries, 1, "one retry state, the message fail's: a claimed transient one leaves none");
     consumer.assert_quiet(Duration::from_millis(500), "the second counted failure reached max_deliveries 2").await;
     assert_eq!(sidecar.counter("echomq_transient_fails_total").await, 3.0);
     assert_eq!(sidecar.counter("echomq_fails_total").await, 5.0);
@@ -1060,6 +1062,27 @@ async fn a_poison_fail_dead_letters_now_and_a_contradictory_or_unknown_kind_is_r
         "POISON dead-letters at once, the refused verdicts having left it held"
     );
     assert_eq!(xrange(&mut con, "s:dlq").await[0].field("id"), Some(e.id.as_bytes()));
+}
+
+/// An entry acked after a transient failure (its attempts still 1) leaves no
+/// retry state behind: the claim that re-delivered it removed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_acked_after_a_transient_fail_leaves_no_retry_state() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    sidecar.append_numbered("s", 20).await;
+    for d in consumer.deliveries(20, EVENT_TIMEOUT).await {
+        fail_of_kind(&consumer, &d.id, FailKind::Transient, false).await;
+    }
+    for d in consumer.deliveries(20, EVENT_TIMEOUT).await {
+        assert_eq!(d.attempts, 1);
+        consumer.ack_one(&d.id).await;
+    }
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+    let retries: u64 = redis::cmd("HLEN").arg("s:retries:g").query_async(&mut con).await.unwrap();
+    assert_eq!(retries, 0, "a database outage must not grow the retry hash for good");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -226,6 +226,32 @@ async fn a_group_that_does_not_exist_has_the_whole_stream_as_its_backlog() {
     assert_eq!(metric(&sidecar, not_yet).await.unwrap(), 0, "created from the end: nothing to do");
 }
 
+/// Open StreamIsActive calls are capped, so no client (the scaler's own
+/// port asks no token) can load Redis or the scaler without bound; a closed
+/// one frees its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_is_active_calls_are_capped_and_a_closed_one_frees_its_place() {
+    let redis = RedisServer::start().await;
+    let sidecar = scaler_sidecar(&redis, 30_000).await;
+    let mut con = redis.conn().await;
+    create_group(&mut con, "s", "g", "0").await;
+    let mut client = client(&sidecar).await;
+    let mut open = Vec::new();
+    for _ in 0..echomq::keda::MAX_OPEN_STREAMS {
+        open.push(client.stream_is_active(s_g()).await.expect("within the cap").into_inner());
+    }
+    let refused = client.stream_is_active(s_g()).await.expect_err("one over the cap");
+    assert_code(&refused, Code::ResourceExhausted);
+    assert!(refused.message().contains("256 StreamIsActive calls are open"), "{refused:?}");
+    drop(open.pop());
+    let freed = eventually(EVENT_TIMEOUT, || {
+        let mut client = client.clone();
+        async move { client.stream_is_active(s_g()).await.is_ok() }
+    })
+    .await;
+    assert!(freed, "a closed call frees its place");
+}
+
 /// GetMetricSpec names one metric per trigger and asks for
 /// `backlogPerReplica` entries per replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,10 +57,11 @@ for i = 4, #ARGV do
     elseif not transient and max_deliveries > 0 and deliveries >= max_deliveries then
       out[#out + 1] = { id, 'poison', deliveries, reason }
     elseif transient then
-      -- Its count stays; the state loses its mark, so that a later re-delivery
-      -- without a new verdict (its call ended) counts again.
+      -- Its count stays, and its state goes: its ack, at attempts 1 still,
+      -- drops no state, and a later re-delivery without a verdict (its call
+      -- ended, its deadline passed) writes one that counts again.
       local claimed = redis.call('XCLAIM', stream, group, consumer, 0, id, 'RETRYCOUNT', deliveries)
-      redis.call('HSET', retries, id, due .. ' ' .. reason)
+      redis.call('HDEL', retries, id)
       out[#out + 1] = { id, 'claimed', deliveries, claimed[1][2] }
     else
       local claimed = redis.call('XCLAIM', stream, group, consumer, 0, id)

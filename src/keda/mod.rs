@@ -19,6 +19,8 @@
 //! - `StreamMetricSpec` (optional in KEDA): UNIMPLEMENTED, so KEDA reads
 //!   `GetMetricSpec` as before; the target never changes while a trigger lives.
 //!
+//! `StreamIsActive` is RESOURCE_EXHAUSTED while [`MAX_OPEN_STREAMS`] are open.
+//!
 //! Errors, for every RPC: INVALID_ARGUMENT for missing or bad metadata (the
 //! message names the key); NOT_FOUND when the stream or the group does not
 //! exist; PERMISSION_DENIED for a stream outside the allow-list;
@@ -28,9 +30,9 @@
 
 pub mod metadata;
 
-use std::{pin::Pin, time::Duration};
+use std::{pin::Pin, sync::Arc, time::Duration};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::{wrappers::ReceiverStream, Stream};
 use tonic::{Request, Response, Status};
 use tracing::debug;
@@ -65,6 +67,12 @@ pub mod proto {
 /// `XPENDING … COUNT 1`.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
+/// The most `StreamIsActive` calls open at once on one sidecar: KEDA holds
+/// one per trigger (and operator replica); each polls Redis every
+/// [`POLL_INTERVAL`]. Past it a call is RESOURCE_EXHAUSTED, so no client,
+/// token or not, can open enough of them to load Redis or exhaust the scaler.
+pub const MAX_OPEN_STREAMS: usize = 256;
+
 /// The most entries of each part of the backlog `GetMetrics` counts one by
 /// one; beyond, it reports this + 1 (see [`backlog`]). 10,000 entries is
 /// far more replicas than any `backlogPerReplica` worth setting asks for.
@@ -81,13 +89,15 @@ pub struct Scaler {
     /// A pending entry idle this long is held by no live call
     /// (`--reclaim-min-idle-ms`; calls refresh theirs every third of it).
     unheld_after: Duration,
+    /// One permit per open `StreamIsActive` call ([`MAX_OPEN_STREAMS`]).
+    open_streams: Arc<Semaphore>,
 }
 
 impl Scaler {
     /// Serves KEDA with `redis`; names are checked by `guard`; a pending
     /// entry idle for `unheld_after` (`--reclaim-min-idle-ms`) counts.
     pub fn new(redis: Redis, guard: Guard, unheld_after: Duration) -> Scaler {
-        Scaler { redis, guard, unheld_after }
+        Scaler { redis, guard, unheld_after, open_streams: Arc::new(Semaphore::new(MAX_OPEN_STREAMS)) }
     }
 
     /// The trigger of `scaled`, its names checked for `caller`.
@@ -154,6 +164,11 @@ impl ExternalScaler for Scaler {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<Self::StreamIsActiveStream>, Status> {
         let trigger = self.trigger(request.extensions().get(), Some(request.get_ref()))?;
+        let permit = self.open_streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{MAX_OPEN_STREAMS} StreamIsActive calls are open on this scaler already: close some, or spread the triggers over more scalers"
+            ))
+        })?;
         // Bad metadata or a missing group is the call's status, not a message.
         let first = Scaler::is_active(self, &trigger).await?;
         // One message in flight: a slow reader gets the latest change next,
@@ -161,6 +176,7 @@ impl ExternalScaler for Scaler {
         let (tx, rx) = mpsc::channel(1);
         let scaler = self.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut last = first;
             if tx.send(Ok(IsActiveResponse { result: last })).await.is_err() {
                 return;

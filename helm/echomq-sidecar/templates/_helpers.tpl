@@ -448,9 +448,15 @@ another pod, so the scaler's own port listens where the admin port does
       value: {{ $c.waitAof | toString | quote }}
     - name: ECHOMQ_DEDUP_WINDOW_MS
       value: {{ $c.dedupWindowMs | int64 | quote }}
+    {{- if $keda }}
+    {{- /* The scaler answers callers with no token: it may name its one stream only. */}}
+    - name: ECHOMQ_ALLOW_STREAMS
+      value: {{ $v.keda.stream | quote }}
+    {{- else }}
     {{- with $c.allowStreams }}
     - name: ECHOMQ_ALLOW_STREAMS
       value: {{ join "," . | quote }}
+    {{- end }}
     {{- end }}
     {{- with $c.allowStreamsFor }}
     {{- $rules := list }}
