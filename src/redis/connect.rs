@@ -15,7 +15,7 @@ use redis::{
 use prometheus_client::registry::Registry;
 
 use super::{
-    credentials::PasswordFile,
+    credentials::{with_password, PasswordFile},
     fault::refuses_credentials,
     primary::{self, PrimaryMetrics},
     reply::{array, bytes},
@@ -456,17 +456,6 @@ pub(super) fn tcp_keepalive() -> redis::io::tcp::socket2::TcpKeepalive {
         .with_time(TCP_KEEPALIVE_IDLE)
         .with_interval(TCP_KEEPALIVE_INTERVAL)
         .with_retries(TCP_KEEPALIVE_RETRIES)
-}
-
-/// `info` with `password` in place of its own, when given.
-pub(super) fn with_password(info: ConnectionInfo, password: Option<&str>) -> ConnectionInfo {
-    match password {
-        Some(password) => {
-            let settings = info.redis_settings().clone().set_password(password);
-            info.set_redis_settings(settings)
-        }
-        None => info,
-    }
 }
 
 /// Whether the server has cluster mode on (`INFO cluster`).

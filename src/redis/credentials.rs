@@ -16,6 +16,7 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
+use redis::ConnectionInfo;
 use tracing::{info, warn};
 
 /// Reads a one-line secret file (a password, a token): its text, trimmed.
@@ -82,6 +83,17 @@ impl PasswordFile {
                 Some(text)
             }
         }
+    }
+}
+
+/// `info` with `password` in place of its own, when given.
+pub(super) fn with_password(info: ConnectionInfo, password: Option<&str>) -> ConnectionInfo {
+    match password {
+        Some(password) => {
+            let settings = info.redis_settings().clone().set_password(password);
+            info.set_redis_settings(settings)
+        }
+        None => info,
     }
 }
 

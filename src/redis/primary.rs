@@ -523,7 +523,7 @@ impl Locator {
             Locator::Address { ca_pem, .. } => ca_pem.as_deref(),
             Locator::Sentinel(sentinels) => sentinels.ca_pem.as_deref(),
         };
-        client_for(super::connect::with_password(info, Some(password)), ca_pem)
+        client_for(super::credentials::with_password(info, Some(password)), ca_pem)
     }
 
     /// `host:port` of the node `state` reaches, for logs.
