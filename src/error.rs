@@ -129,10 +129,6 @@ impl Error {
             Fault::WrongType => Error::WrongType { key: key.to_owned() },
             Fault::Timeout => Error::Timeout { context, source },
             Fault::Unreachable | Fault::NotPrimary => Error::Unavailable { context, source },
-            // The connection reconnects with the current credentials (and
-            // re-reads --redis-password-file): retrying may help, as for an
-            // outage, and it is not the caller's request that failed.
-            _ if crate::redis::fault::refuses_credentials(&source) => Error::Unavailable { context, source },
             _ => Error::Redis { context, source },
         }
     }

@@ -31,7 +31,8 @@ pub enum Fault {
     /// retrying may help.
     NotPrimary,
     /// Reaching Redis failed, or it cannot serve now (loading, failover,
-    /// a cluster redirect the client could not follow): retry may help.
+    /// a cluster redirect the client could not follow, refused credentials
+    /// while they are being renewed): retry may help.
     Unreachable,
     /// Anything else: about the command, not about reaching Redis.
     Other,
@@ -67,6 +68,9 @@ pub fn fault(error: &RedisError) -> Fault {
         // A MOVED or ASK that reaches us is one the cluster client could not
         // follow: the slot's node is unreachable or the topology is changing.
         || matches!(error.code(), Some("BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK"))
+        // Refused credentials (an ACL user deleted, a password rotated): the
+        // connection reconnects with the current ones, so a retry may help.
+        || refuses_credentials(error)
     {
         Fault::Unreachable
     } else {
@@ -98,7 +102,7 @@ mod tests {
 
     #[test]
     fn each_code_the_sidecar_acts_on_is_its_kind() {
-        let cases: [(&[u8], Fault); 10] = [
+        let cases: [(&[u8], Fault); 12] = [
             (b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n", Fault::WrongType),
             (b"-NOGROUP No such key 's' or consumer group 'g'\r\n", Fault::NoGroup),
             (b"-UNBLOCKED the stream key no longer exists\r\n", Fault::NoGroup),
@@ -115,6 +119,8 @@ mod tests {
             (b"-BUSYGROUP Consumer Group name already exists\r\n", Fault::BusyGroup),
             (b"-NOPERM this user has no permissions to run the 'xadd' command\r\n", Fault::NoPermission),
             (b"-LOADING Redis is loading the dataset in memory\r\n", Fault::NotPrimary),
+            (b"-WRONGPASS invalid username-password pair or user is disabled.\r\n", Fault::Unreachable),
+            (b"-NOAUTH Authentication required.\r\n", Fault::Unreachable),
         ];
         for (reply, kind) in cases {
             assert_eq!(fault(&server_error(reply)), kind, "{}", String::from_utf8_lossy(reply));
