@@ -1005,7 +1005,7 @@ async fn fail_of_kind(consumer: &Consumer, id: &str, kind: FailKind, dead_letter
 async fn a_transient_fail_costs_no_attempt_so_it_never_dead_letters_and_a_message_fail_does() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-    let mut con = redis.conn().await;
+    let con = redis.conn().await;
     let mut sub = subscribe_msg("s", "g", GroupStart::New);
     sub.max_deliveries = 2;
     let mut consumer = Consumer::subscribe(&sidecar, sub).await;
