@@ -455,7 +455,7 @@ impl Sidecar {
     }
 
     /// Starts `bin` against `redis_url` (comma-separated seeds for a cluster)
-    /// with `args` added, without the caller's `ECHOMQ_*` environment; returned
+    /// with `args` added (consumer name `bench` unless they give one), without the caller's `ECHOMQ_*` environment; returned
     /// once `/readyz` says 200.
     pub(crate) async fn start(bin: &Path, redis_url: &str, args: &[&str], dir: &Path) -> Result<Sidecar, Error> {
         let (grpc_port, admin_port) = (free_port(), free_port());
@@ -473,7 +473,7 @@ impl Sidecar {
             .arg(format!("127.0.0.1:{grpc_port}"))
             .arg("--admin-listen")
             .arg(format!("127.0.0.1:{admin_port}"))
-            .args(["--consumer-name", "bench"])
+            .args(if args.contains(&"--consumer-name") { &[][..] } else { &["--consumer-name", "bench"][..] })
             .args(args)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
