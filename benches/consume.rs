@@ -140,9 +140,9 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
             redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
             let (cpu_before, redis_before) = (through.cpu_time(), redis_cpu(&mut redis).await?);
             let group = if contender.baseline { format!("bench-{round}-baseline") } else { format!("bench-{round}") };
-            let took = phase(contender.label, async {
+            let (took, message_bytes) = phase(contender.label, async {
                 match contender.max_batch {
-                    None => direct_throughput(&redis_server, contender.stream, &group, entries).await,
+                    None => Ok((direct_throughput(&redis_server, contender.stream, &group, entries).await?, None)),
                     Some(max_batch) => {
                         sidecar_throughput(endpoint, &mut redis, contender.stream, &group, entries, WINDOW, max_batch)
                             .await
@@ -152,7 +152,14 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
             .await?;
             let redis_cpu_used = redis_cpu(&mut redis).await? - redis_before;
             let sidecar_cpu_used = contender.max_batch.map(|_| through.cpu_time() - cpu_before);
-            samples[which].push(Sample { took, sidecar_cpu: sidecar_cpu_used, redis_cpu: redis_cpu_used });
+            let redis_bytes = redis_wire_bytes(&mut redis).await?;
+            samples[which].push(Sample {
+                took,
+                sidecar_cpu: sidecar_cpu_used,
+                redis_cpu: redis_cpu_used,
+                redis_bytes,
+                message_bytes,
+            });
             if round == 0 {
                 commands[which] = command_calls(&mut redis).await?;
             }
@@ -167,10 +174,17 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
         let rate = median(samples.iter().map(|s| common::rate(entries, s.took)).collect());
         let redis_us = median(samples.iter().map(|s| per_entry(s.redis_cpu)).collect());
         let sidecar_us = samples.iter().filter_map(|s| s.sidecar_cpu).map(per_entry).collect::<Vec<_>>();
+        let bytes = |b: u64| b as f64 / entries as f64;
+        let redis_bytes = median(samples.iter().map(|s| bytes(s.redis_bytes)).collect());
+        let message_bytes = samples.iter().filter_map(|s| s.message_bytes).map(bytes).collect::<Vec<_>>();
         let cpu = if sidecar_us.is_empty() {
-            format!("Redis CPU {redis_us:.2} µs/entry")
+            format!("Redis CPU {redis_us:.2} µs/entry; Redis wire {redis_bytes:.0} B/entry")
         } else {
-            format!("sidecar CPU {:.2} µs/entry, Redis CPU {redis_us:.2} µs/entry", median(sidecar_us))
+            format!(
+                "sidecar CPU {:.2} µs/entry, Redis CPU {redis_us:.2} µs/entry; Redis wire {redis_bytes:.0} B/entry, gRPC messages {:.0} B/entry",
+                median(sidecar_us),
+                median(message_bytes)
+            )
         };
         let each = samples.iter().map(|s| thousands(common::rate(entries, s.took))).collect::<Vec<_>>().join(" / ");
         println!("  {} {}:  {:>9} entries/s  ({each}; {cpu})", contender.label, contender.about, thousands(rate));
@@ -191,7 +205,7 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     println!();
 
     // Memory: idle at start (above), then a call with the largest window the sidecar allows by default.
-    let took =
+    let (took, _) =
         phase("wide window", sidecar_throughput(&endpoint, &mut redis, "bench-c", "wide", entries, WIDE_WINDOW, 256))
             .await?;
     let (_, peak_rss) = sidecar.memory();
@@ -258,6 +272,12 @@ struct Sample {
     took: Duration,
     sidecar_cpu: Option<Duration>,
     redis_cpu: Duration,
+    /// Bytes Redis read and wrote on its connections (`INFO stats`,
+    /// `total_net_input_bytes` + `total_net_output_bytes`), the bench's own
+    /// polls included.
+    redis_bytes: u64,
+    /// The Consume call's gRPC message bytes, both ways (none for the direct consumer).
+    message_bytes: Option<u64>,
 }
 
 /// A throughput contender: its stream, and how it consumes (`max_batch` for a
@@ -335,6 +355,14 @@ async fn redis_cpu(redis: &mut MultiplexedConnection) -> Result<Duration, Error>
     Ok(Duration::from_secs_f64(seconds("used_cpu_user:").unwrap_or(0.0) + seconds("used_cpu_sys:").unwrap_or(0.0)))
 }
 
+/// Bytes Redis read and wrote on its connections since the last `CONFIG
+/// RESETSTAT` (`INFO stats`: `total_net_input_bytes` + `total_net_output_bytes`).
+async fn redis_wire_bytes(redis: &mut MultiplexedConnection) -> Result<u64, Error> {
+    let info: String = redis::cmd("INFO").arg("stats").query_async(redis).await?;
+    let bytes = |key: &str| info.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u64>().ok());
+    Ok(bytes("total_net_input_bytes:").unwrap_or(0) + bytes("total_net_output_bytes:").unwrap_or(0))
+}
+
 /// The `p`th percentile of sorted samples (nearest rank).
 fn percentile(sorted: &[u64], p: usize) -> u64 {
     if sorted.is_empty() {
@@ -375,7 +403,7 @@ async fn sidecar_throughput(
     entries: usize,
     max_in_flight: usize,
     max_batch: u32,
-) -> Result<Duration, Error> {
+) -> Result<(Duration, Option<u64>), Error> {
     let mut call =
         ConsumeCall::open_window(endpoint, stream, group, GroupStart::Beginning, max_in_flight, max_batch).await?;
     // Kept to the end, so that freeing the ids is not timed.
@@ -385,9 +413,10 @@ async fn sidecar_throughput(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let took = call.started.elapsed();
+    let message_bytes = call.message_bytes;
     drop(call.verdicts);
     while call.inbound.message().await?.is_some() {}
-    Ok(took)
+    Ok((took, Some(message_bytes)))
 }
 
 /// (b) throughput: XREADGROUP COUNT 256 BLOCK, then one XACK per read.

@@ -149,6 +149,8 @@ async fn run(full: bool) -> Result<(), Error> {
         all.push(costs);
     }
     println!();
+    print_model_check(&all);
+    println!();
     print_targets(&all);
     println!();
     println!("  load average {} at end", common::load_average());
@@ -432,6 +434,47 @@ fn print_costs(costs: &Costs) {
         costs.latency.max,
         costs.latency.delivered,
         costs.latency.appended,
+    );
+}
+
+/// The capacity model (docs/src/capacity.md) predicts a fleet from one
+/// sidecar with one subscription: each sidecar costs what that one did.
+/// Prints the prediction beside the fleet's measured figures.
+fn print_model_check(all: &[Costs]) {
+    let (Some(one), Some(fleet)) =
+        (all.iter().find(|c| c.sidecars == 1 && c.subscriptions == 1), all.iter().find(|c| c.sidecars > 1))
+    else {
+        return;
+    };
+    let k = fleet.sidecars as f64;
+    let off = |measured: f64, predicted: f64| {
+        if predicted > 0.0 {
+            format!("{:+.0}%", (measured / predicted - 1.0) * 100.0)
+        } else {
+            "-".to_owned()
+        }
+    };
+    println!(
+        "capacity model check: {} sidecars predicted from the 1-subscription stage, against the fleet measured",
+        fleet.sidecars
+    );
+    let connections = one.connections as f64 * k;
+    println!(
+        "  Redis connections  predicted {connections:.0}, measured {} ({})",
+        fleet.connections,
+        off(fleet.connections as f64, connections)
+    );
+    let idle = one.idle_commands * k;
+    println!(
+        "  idle commands/s    predicted {idle:.1}, measured {:.1} ({})",
+        fleet.idle_commands,
+        off(fleet.idle_commands, idle)
+    );
+    println!(
+        "  RSS per sidecar    predicted {:.1} MB, measured {:.1} MB ({})",
+        one.rss as f64 / 1e6,
+        fleet.rss as f64 / 1e6,
+        off(fleet.rss as f64, one.rss as f64)
     );
 }
 

@@ -216,6 +216,10 @@ pub(crate) struct ConsumeCall {
     pub(crate) inbound: Streaming<ConsumeResponse>,
     /// When the call was made, the subscribe queued: throughput is timed from here.
     pub(crate) started: Instant,
+    /// gRPC message bytes [`ConsumeCall::ack_each`] received and sent, each
+    /// message's protobuf encoding plus gRPC's 5-byte length prefix (not
+    /// HTTP/2's frame headers).
+    pub(crate) message_bytes: u64,
 }
 
 impl ConsumeCall {
@@ -256,7 +260,7 @@ impl ConsumeCall {
         verdicts.send(subscribe(stream, group, start, max_in_flight, max_batch)).await?;
         let started = Instant::now();
         let inbound = client.consume(ReceiverStream::new(outbound)).await?.into_inner();
-        Ok(ConsumeCall { _client: client, verdicts, inbound, started })
+        Ok(ConsumeCall { _client: client, verdicts, inbound, started, message_bytes: 0 })
     }
 
     /// Receives until `entries` distinct entries were delivered, acking each as
@@ -273,6 +277,7 @@ impl ConsumeCall {
         let mut seen = HashSet::with_capacity(entries);
         while seen.len() < entries {
             let message = self.inbound.message().await?.ok_or("the sidecar ended the call early")?;
+            self.message_bytes += GRPC_PREFIX + prost::Message::encoded_len(&message) as u64;
             let deliveries = match message.kind {
                 Some(Event::Delivery(delivery)) => vec![delivery],
                 Some(Event::Batch(batch)) => batch.deliveries,
@@ -291,11 +296,17 @@ impl ConsumeCall {
                 ids.push(delivery.id);
             }
             // One Ack message per frame: one id for a single delivery, all of a batch's.
-            self.verdicts.send(ack_ids(ids)).await?;
+            let ack = ack_ids(ids);
+            self.message_bytes += GRPC_PREFIX + prost::Message::encoded_len(&ack) as u64;
+            self.verdicts.send(ack).await?;
         }
         Ok(seen)
     }
 }
+
+/// gRPC's length prefix of each message (bytes): a compressed flag and a
+/// 4-byte length.
+const GRPC_PREFIX: u64 = 5;
 
 /// A direct consumer's XREADGROUP BLOCK (ms), as the sidecar's default.
 pub(crate) const DIRECT_BLOCK_MS: u64 = 2_000;
