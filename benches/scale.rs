@@ -103,6 +103,9 @@ struct Costs {
     /// Resident set, bytes, mean over the sidecars.
     rss: u64,
     latency: Latency,
+    /// When some appended entries were not delivered in time: what the
+    /// groups say of them (pending, lag), summed over the streams.
+    undelivered: Option<(i64, i64)>,
 }
 
 async fn run(full: bool) -> Result<(), Error> {
@@ -191,6 +194,7 @@ async fn stage(
     let idle_commands = monitor_round_trips(redis_server.port(), window).await?;
     let rss = sidecar.memory().0;
     let latency = measure_latency(redis, calls, &streams, streams.len() as f64, window).await?;
+    let undelivered = groups_backlog(redis, &streams, "scale", &latency).await?;
     Ok(Costs {
         label: format!("{n} subscription{}", if n == 1 { "" } else { "s" }),
         subscriptions: n,
@@ -200,6 +204,7 @@ async fn stage(
         idle_commands,
         rss,
         latency,
+        undelivered,
     })
 }
 
@@ -231,6 +236,7 @@ async fn fleet_stage(
     let idle_commands = monitor_round_trips(redis_server.port(), window).await?;
     let rss = sidecars.iter().map(|s| s.memory().0).sum::<u64>() / fleet as u64;
     let latency = measure_latency(redis, calls, std::slice::from_ref(&stream), fleet as f64, window).await?;
+    let undelivered = groups_backlog(redis, std::slice::from_ref(&stream), "fleet", &latency).await?;
     Ok(Costs {
         label: format!("{fleet} sidecars × 1 group"),
         subscriptions: fleet,
@@ -240,6 +246,7 @@ async fn fleet_stage(
         idle_commands,
         rss,
         latency,
+        undelivered,
     })
 }
 
@@ -347,8 +354,9 @@ async fn measure_latency(
     rate: f64,
     window: Duration,
 ) -> Result<Latency, Error> {
-    // Every delivery's id and latency (ms), from every call's acking task.
-    let (received, mut samples_in) = mpsc::unbounded_channel::<(String, f64)>();
+    // Every delivery's stream and id (ids of plain XADDs repeat across
+    // streams) and its latency (ms), from every call's acking task.
+    let (received, mut samples_in) = mpsc::unbounded_channel::<((String, String), f64)>();
     let mut acking = JoinSet::new();
     for mut call in calls {
         let received = received.clone();
@@ -367,7 +375,8 @@ async fn measure_latency(
                         .get("sent_us")
                         .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
                         .unwrap_or(now);
-                    let _ = received.send((delivery.id.clone(), now.saturating_sub(sent) as f64 / 1000.0));
+                    let key = (delivery.stream.clone(), delivery.id.clone());
+                    let _ = received.send((key, now.saturating_sub(sent) as f64 / 1000.0));
                     ids.push(delivery.id);
                 }
                 let ack = ConsumeRequest { kind: Some(Kind::Ack(Ack { ids })) };
@@ -413,6 +422,34 @@ async fn measure_latency(
     })
 }
 
+/// When `latency` missed deliveries: the groups' pending entries and lag
+/// summed over `streams` (`XINFO GROUPS`; lag is Redis 7's, 0 where the
+/// server does not say).
+async fn groups_backlog(
+    redis: &mut MultiplexedConnection,
+    streams: &[String],
+    group: &str,
+    latency: &Latency,
+) -> Result<Option<(i64, i64)>, Error> {
+    if latency.delivered >= latency.appended {
+        return Ok(None);
+    }
+    let (mut pending, mut lag) = (0, 0);
+    for stream in streams {
+        let groups: Vec<std::collections::HashMap<String, redis::Value>> =
+            redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(redis).await?;
+        for info in groups.iter().filter(|g| g.get("name") == Some(&redis::Value::BulkString(group.into()))) {
+            let int = |key: &str| match info.get(key) {
+                Some(redis::Value::Int(n)) => *n,
+                _ => 0,
+            };
+            pending += int("pending");
+            lag += int("lag");
+        }
+    }
+    Ok(Some((pending, lag)))
+}
+
 fn unix_micros() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
@@ -435,6 +472,13 @@ fn print_costs(costs: &Costs) {
         costs.latency.delivered,
         costs.latency.appended,
     );
+    if let Some((pending, lag)) = costs.undelivered {
+        println!(
+            "{:<26} not delivered within 2 s of the window's end: {}; the groups have {pending} pending and a lag of {lag}",
+            "",
+            costs.latency.appended - costs.latency.delivered
+        );
+    }
 }
 
 /// The capacity model (docs/src/capacity.md) predicts a fleet from one
