@@ -54,8 +54,8 @@ use std::{
 
 use common::redis_server::{RedisOptions, RedisServer};
 use common::{
-    ack_all, ack_ids, append, connection, create_group, pending, phase, rate, read_group, thousands, ConsumeCall,
-    Error, Sidecar, APPEND_BATCH, BODY_BYTES, WINDOW,
+    ack_all, ack_ids, append, connection, create_group, pending, phase, rate, read_group, redis_cpu, thousands,
+    ConsumeCall, Error, Sidecar, APPEND_BATCH, BODY_BYTES, WINDOW,
 };
 use echomq::proto::{consume_response::Kind as Event, stream_service_client::StreamServiceClient, GroupStart};
 use redis::aio::MultiplexedConnection;
@@ -112,16 +112,22 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
 
     // 1. Two streams of N entries each, through AppendBatch.
     let mut streams = StreamServiceClient::connect(endpoint.clone()).await?;
+    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
+    let (sidecar_before, redis_before) = (sidecar.cpu_time(), redis_cpu(&mut redis).await?);
     let started = Instant::now();
     for stream in ["bench-a", "bench-b", "bench-c"] {
         append(&mut streams, stream, entries, APPEND_BATCH).await?;
     }
     let took = started.elapsed();
+    let per_appended = |d: Duration| d.as_secs_f64() * 1e6 / (3 * entries) as f64;
     println!(
-        "setup       AppendBatch ({APPEND_BATCH} per call) through the sidecar: {} entries in {:.3} s = {} entries/s",
+        "setup       AppendBatch ({APPEND_BATCH} per call) through the sidecar: {} entries in {:.3} s = {} entries/s; sidecar CPU {:.2} µs/entry, Redis CPU {:.2} µs/entry, Redis wire {:.0} B/entry",
         3 * entries,
         took.as_secs_f64(),
-        thousands(rate(3 * entries, took))
+        thousands(rate(3 * entries, took)),
+        per_appended(sidecar.cpu_time() - sidecar_before),
+        per_appended(redis_cpu(&mut redis).await? - redis_before),
+        redis_wire_bytes(&mut redis).await? as f64 / (3 * entries) as f64
     );
     println!();
 
@@ -346,13 +352,6 @@ fn median(mut values: Vec<f64>) -> f64 {
         n if n % 2 == 1 => values[n / 2],
         n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
-}
-
-/// Redis' CPU time so far, user and system (`INFO cpu`).
-async fn redis_cpu(redis: &mut MultiplexedConnection) -> Result<Duration, Error> {
-    let info: String = redis::cmd("INFO").arg("cpu").query_async(redis).await?;
-    let seconds = |key: &str| info.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<f64>().ok());
-    Ok(Duration::from_secs_f64(seconds("used_cpu_user:").unwrap_or(0.0) + seconds("used_cpu_sys:").unwrap_or(0.0)))
 }
 
 /// Bytes Redis read and wrote on its connections since the last `CONFIG

@@ -18,14 +18,18 @@
 //!    and opens them again, so the costs below are those of N subscriptions;
 //! 2. counts the sidecar's Redis connections (`CLIENT LIST` less the bench's
 //!    own, which are named `echomq-bench`);
-//! 3. idle: watches Redis' `MONITOR` for 20 s (2 s in the smoke run) with
-//!    nothing appended and counts the commands the sidecar sent (round trips:
-//!    the commands a script runs inside Redis are not counted, `MONITOR` tags
-//!    them `lua`), per subscription per second; the sidecar's resident set;
+//! 3. idle, nothing appended: the CPU time Redis (`INFO cpu`) and the sidecar
+//!    (`/proc/<pid>/stat`) spend per second over 20 s (2 s in the smoke run);
+//!    then, over as long, the commands the sidecar sends, from Redis'
+//!    `MONITOR` (round trips: the commands a script runs inside Redis are not
+//!    counted, `MONITOR` tags them `lua`), per subscription per second; the
+//!    sidecar's resident set;
 //! 4. latency: a producer appends to every stream once a second, spread evenly
 //!    (N entries/s in all; a plain `XADD` writing the send time, unix µs), for
 //!    20 s (2 s), while each call acks what it gets; latency is the receive time
-//!    minus the send time (it includes the XADD). p50, p99, max.
+//!    minus the send time (it includes the XADD). p50, p99, max; and the CPU
+//!    time Redis and the sidecar spent per entry meanwhile, upkeep included
+//!    (what an entry costs at a trickle, where each read finds one entry).
 //!
 //! Then a fleet: 50 sidecars (`ECHOMQ_SCALE_FLEET`; 3 in the smoke run), each
 //! with one call on the same stream and group (consumer names of their own),
@@ -100,6 +104,12 @@ struct Costs {
     connections: usize,
     /// Round trips per second, all sidecars together, with nothing to deliver.
     idle_commands: f64,
+    /// CPU time per second of Redis and of the sidecars together, with
+    /// nothing to deliver (ms/s).
+    idle_cpu: Cpu,
+    /// CPU time of Redis and of the sidecars per entry in the latency phase,
+    /// upkeep included (µs/entry).
+    trickle_cpu: Cpu,
     /// Resident set, bytes, mean over the sidecars.
     rss: u64,
     latency: Latency,
@@ -191,9 +201,14 @@ async fn stage(
     // Let start-up work (group creation, the first reclaim beats) pass.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let connections = sidecar_connections(redis).await?;
+    let before = cpu_now(redis, &[&sidecar]).await?;
+    tokio::time::sleep(window).await;
+    let idle_cpu = cpu_since(redis, &[&sidecar], before, window.as_secs_f64() / 1e3).await?;
     let idle_commands = monitor_round_trips(redis_server.port(), window).await?;
     let rss = sidecar.memory().0;
+    let before = cpu_now(redis, &[&sidecar]).await?;
     let latency = measure_latency(redis, calls, &streams, streams.len() as f64, window).await?;
+    let trickle_cpu = cpu_since(redis, &[&sidecar], before, latency.appended as f64 / 1e6).await?;
     let undelivered = groups_backlog(redis, &streams, "scale", &latency).await?;
     Ok(Costs {
         label: format!("{n} subscription{}", if n == 1 { "" } else { "s" }),
@@ -202,6 +217,8 @@ async fn stage(
         refused_by_default: refused,
         connections,
         idle_commands,
+        idle_cpu,
+        trickle_cpu,
         rss,
         latency,
         undelivered,
@@ -233,9 +250,15 @@ async fn fleet_stage(
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let connections = sidecar_connections(redis).await?;
+    let all: Vec<&Sidecar> = sidecars.iter().collect();
+    let before = cpu_now(redis, &all).await?;
+    tokio::time::sleep(window).await;
+    let idle_cpu = cpu_since(redis, &all, before, window.as_secs_f64() / 1e3).await?;
     let idle_commands = monitor_round_trips(redis_server.port(), window).await?;
     let rss = sidecars.iter().map(|s| s.memory().0).sum::<u64>() / fleet as u64;
+    let before = cpu_now(redis, &all).await?;
     let latency = measure_latency(redis, calls, std::slice::from_ref(&stream), fleet as f64, window).await?;
+    let trickle_cpu = cpu_since(redis, &all, before, latency.appended as f64 / 1e6).await?;
     let undelivered = groups_backlog(redis, std::slice::from_ref(&stream), "fleet", &latency).await?;
     Ok(Costs {
         label: format!("{fleet} sidecars × 1 group"),
@@ -244,6 +267,8 @@ async fn fleet_stage(
         refused_by_default: refused,
         connections,
         idle_commands,
+        idle_cpu,
+        trickle_cpu,
         rss,
         latency,
         undelivered,
@@ -333,6 +358,32 @@ async fn monitor_round_trips(port: u16, window: Duration) -> Result<f64, Error> 
         }
     }
     Ok(commands as f64 / window.as_secs_f64())
+}
+
+/// CPU time of Redis and of the sidecars, in the unit its use says.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    redis: f64,
+    sidecars: f64,
+}
+
+/// Redis' and the sidecars' CPU time so far.
+async fn cpu_now(redis: &mut MultiplexedConnection, sidecars: &[&Sidecar]) -> Result<(Duration, Duration), Error> {
+    Ok((common::redis_cpu(redis).await?, sidecars.iter().map(|s| s.cpu_time()).sum()))
+}
+
+/// CPU used since `before`, each divided by `per`.
+async fn cpu_since(
+    redis: &mut MultiplexedConnection,
+    sidecars: &[&Sidecar],
+    before: (Duration, Duration),
+    per: f64,
+) -> Result<Cpu, Error> {
+    let now = cpu_now(redis, sidecars).await?;
+    Ok(Cpu {
+        redis: (now.0.saturating_sub(before.0)).as_secs_f64() / per,
+        sidecars: (now.1.saturating_sub(before.1)).as_secs_f64() / per,
+    })
 }
 
 /// Latency percentiles, milliseconds, and how many deliveries they cover.
@@ -471,6 +522,16 @@ fn print_costs(costs: &Costs) {
         costs.latency.max,
         costs.latency.delivered,
         costs.latency.appended,
+    );
+    println!(
+        "{:<26} CPU idle: Redis {:.2} ms/s, sidecar{} {:.2} ms/s | CPU per entry at the trickle, upkeep included: Redis {:.1} µs, sidecar{} {:.1} µs",
+        "",
+        costs.idle_cpu.redis,
+        if costs.sidecars > 1 { "s" } else { "" },
+        costs.idle_cpu.sidecars,
+        costs.trickle_cpu.redis,
+        if costs.sidecars > 1 { "s" } else { "" },
+        costs.trickle_cpu.sidecars,
     );
     if let Some((pending, lag)) = costs.undelivered {
         println!(

@@ -381,6 +381,14 @@ pub(crate) async fn ack_all(
     Ok(())
 }
 
+/// Redis' CPU time so far, user and system (`INFO cpu`).
+#[allow(dead_code)] // the consume and scale benches'
+pub(crate) async fn redis_cpu(redis: &mut MultiplexedConnection) -> Result<Duration, Error> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(redis).await?;
+    let seconds = |key: &str| info.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<f64>().ok());
+    Ok(Duration::from_secs_f64(seconds("used_cpu_user:").unwrap_or(0.0) + seconds("used_cpu_sys:").unwrap_or(0.0)))
+}
+
 /// The group's pending count (`XPENDING <stream> <group>`, summary form).
 pub(crate) async fn pending(redis: &mut MultiplexedConnection, stream: &str, group: &str) -> Result<i64, Error> {
     let reply: Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(redis).await?;
