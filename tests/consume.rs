@@ -1411,6 +1411,39 @@ async fn a_busy_shard_cannot_take_the_credit_of_another() {
     assert_eq!(pending_count(&mut con, busy, "g").await, 2, "the busy shard never held more than its share");
 }
 
+/// On a sharded stream a Release, like an Ack, goes to the shard that
+/// delivered each id: both shards' entries go back, each to its own shard's
+/// group, and the group's other call gets them at once, at no attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_a_sharded_stream_gives_each_entry_back_to_its_shard() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--sharded-streams").arg("rel=2")).await;
+    let mut con = redis.conn().await;
+    let shards = ["rel:{rel:0}", "rel:{rel:1}"];
+    let mut first = Consumer::start(&sidecar, "rel", "g", GroupStart::New, 2).await;
+    let mut appended = Vec::new();
+    for shard in shards {
+        appended.push(sidecar.append(shard, &[("k", shard.as_bytes())]).await.id);
+    }
+    let got = first.deliveries(2, EVENT_TIMEOUT).await;
+    assert_eq!(got.iter().map(|d| d.stream.as_str()).collect::<BTreeSet<_>>(), shards.into_iter().collect());
+
+    let mut second = Consumer::start(&sidecar, "rel", "g", GroupStart::New, 2).await;
+    first.send(req(Kind::Drain(Drain {}))).await;
+    release(&first, &appended.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let taken = second.deliveries(2, EVENT_TIMEOUT).await;
+    let mut ids = ids(&taken);
+    ids.sort();
+    appended.sort();
+    assert_eq!(ids, appended);
+    assert!(taken.iter().all(|d| d.attempts == 1), "at no attempt: {taken:?}");
+    first.assert_quiet(Duration::from_millis(300), "no verdict error: each id went to its shard").await;
+    for shard in shards {
+        let pending = pending_entries(&mut con, shard, "g").await;
+        assert_eq!(pending.iter().map(|p| p.deliveries).collect::<Vec<_>>(), [1], "{shard}: {pending:?}");
+    }
+}
+
 /// The sidecar's resident memory, in bytes (`VmRSS` in /proc).
 fn resident_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
