@@ -38,6 +38,8 @@
 //!   - `consume/dead_letter.rs` + `dead_letter.lua`: **the dead-letter step**
 //!     (Fail with dead_letter, poison entries, oversized entries);
 //!   - `consume/settle.rs` + `settle.lua`: XACK batches;
+//!   - `consume/release.rs` + `release.lua`: **Release**, unstarted
+//!     deliveries back to the group with their delivery count restored;
 //!   - `consume/hygiene.rs` + `hygiene.lua`: heartbeats, and removing dead consumers;
 //!   - `consume/gauges.rs`: polling the group's state into metrics.
 //! - [`durable`]: writes that create entries: run as one `EVALSHA` (loading

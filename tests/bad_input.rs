@@ -8,8 +8,8 @@
 //!   Redis type, an oversized message), checked against the status the proto
 //!   documents; a few edge cases that must be accepted (a unicode stream name,
 //!   a name of exactly the limit) are mixed in;
-//! - a subscribed call that sends random verdicts and extensions (ids held,
-//!   unknown, already settled, held by another call, malformed: unicode, 10 KB,
+//! - a subscribed call that sends random verdicts (Ack, Fail, Release) and
+//!   extensions (ids held, unknown, already settled, held by another call, malformed: unicode, 10 KB,
 //!   uppercase, 27 and 29 characters; 1 MB reasons; negative, zero and huge
 //!   durations, `i64::MIN` and `i64::MAX` seconds among them (a huge or
 //!   non-normalised one may be taken or refused with INVALID_ARGUMENT, never

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use echomq::proto::consume_request::Kind;
-use echomq::proto::{Ack, AppendBatchRequest, BatchEntry, Fail, FailKind, GroupStart, RawField, VerdictErrorCode};
+use echomq::proto::{
+    Ack, AppendBatchRequest, BatchEntry, Drain, Fail, FailKind, GroupStart, RawField, Release, VerdictErrorCode,
+};
 use support::*;
 use tonic::Code;
 
@@ -1071,6 +1073,96 @@ async fn an_entry_acked_after_a_transient_fail_leaves_no_retry_state() {
     assert_eq!(retries, 0, "a database outage must not grow the retry hash for good");
 }
 
+/// A Release of the ids in `ids`.
+async fn release(consumer: &Consumer, ids: &[&str]) {
+    consumer.send(req(Kind::Release(Release { ids: ids.iter().map(|id| (*id).to_owned()).collect() }))).await;
+}
+
+/// A released delivery goes at once to the group's other call on this
+/// sidecar, with the attempts it had: the release costs no attempt, and no
+/// wait for `--reclaim-min-idle-ms` (30 s here, so no reclaim beat helps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_delivery_goes_to_the_groups_other_call_at_once_with_the_attempts_it_had() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(30_000, 100)).await;
+    let mut con = redis.conn().await;
+    let mut first = Consumer::start(&sidecar, "s", "g", GroupStart::New, 1).await;
+    let e = sidecar.append("s", &[("k", b"v")]).await;
+    let d = first.next_delivery(EVENT_TIMEOUT).await;
+    first.fail(&d.id, Some(Duration::ZERO)).await;
+    let d = first.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!((d.id.as_str(), d.attempts), (e.id.as_str(), 2));
+
+    let mut second = Consumer::start(&sidecar, "s", "g", GroupStart::New, 1).await;
+    let released_at = Instant::now();
+    release(&first, &[&d.id]).await;
+    let taken = second.next_delivery(Duration::from_secs(5)).await;
+    assert!(released_at.elapsed() < Duration::from_secs(2), "at once: {:?}", released_at.elapsed());
+    assert_eq!((taken.id.as_str(), taken.attempts), (e.id.as_str(), 2), "the attempts it had");
+    let pending = pending_entries(&mut con, "s", "g").await;
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].deliveries, 2, "Redis counts what the delivery says: {pending:?}");
+    assert_eq!(sidecar.counter("echomq_releases_total").await, 1.0);
+
+    first.ack_one(&d.id).await;
+    let late = first.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(late.code, VerdictErrorCode::UnknownId as i32, "released: no longer this call's: {late:?}");
+    second.ack_one(&taken.id).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
+/// Bad input: a Release of an id the call does not hold (never delivered,
+/// released already, acked), or one that is no id, is a VerdictError and
+/// applies nothing; the ids the call held beside it are released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_an_id_the_call_does_not_hold_is_refused_and_applies_nothing() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 2).await;
+    let a = sidecar.append("s", &[("k", b"a")]).await;
+    let b = sidecar.append("s", &[("k", b"b")]).await;
+    let got = consumer.deliveries(2, EVENT_TIMEOUT).await;
+    assert_eq!(ids(&got), [a.id.clone(), b.id.clone()]);
+    consumer.ack_one(&a.id).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 1, EVENT_TIMEOUT).await, 1);
+    // Drained, so nothing released comes back to this call while it is tested.
+    consumer.send(req(Kind::Drain(Drain {}))).await;
+
+    let never = "0".repeat(28);
+    release(&consumer, &[&never, &a.id, "not-an-id", &b.id]).await;
+    let mut refused = Vec::new();
+    for _ in 0..3 {
+        let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+        refused.push((error.id, VerdictErrorCode::try_from(error.code).unwrap()));
+    }
+    refused.sort();
+    let mut expected = vec![
+        (never.clone(), VerdictErrorCode::UnknownId),
+        (a.id.clone(), VerdictErrorCode::UnknownId),
+        ("not-an-id".to_owned(), VerdictErrorCode::InvalidArgument),
+    ];
+    expected.sort();
+    assert_eq!(refused, expected);
+    release(&consumer, &[&b.id]).await;
+    let twice = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!((twice.id.as_str(), twice.code), (b.id.as_str(), VerdictErrorCode::UnknownId as i32), "released once");
+    consumer.assert_quiet(Duration::from_millis(300), "nothing else answered").await;
+
+    // b went back with its delivery count restored (0: never delivered for
+    // good), looking idle for long; a stays acknowledged.
+    let pending = pending_entries(&mut con, "s", "g").await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].deliveries, 0, "{pending:?}");
+    assert!(pending[0].idle_ms > 300 * 24 * 3600 * 1000, "{pending:?}");
+    assert_eq!(sidecar.counter("echomq_releases_total").await, 1.0);
+
+    // The next call gets it as a first delivery.
+    let mut next = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let again = next.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!((again.id.as_str(), again.attempts), (b.id.as_str(), 1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_ack_entries_are_never_pending_and_fail_is_refused() {
     let redis = RedisServer::start().await;
@@ -1089,7 +1181,13 @@ async fn no_ack_entries_are_never_pending_and_fail_is_refused() {
     consumer.fail(&d.id, None).await;
     let err = consumer.next_verdict_error(EVENT_TIMEOUT).await;
     assert_eq!(err.code, VerdictErrorCode::InvalidArgument as i32, "{err:?}");
-    consumer.assert_quiet(Duration::from_millis(500), "max_in_flight 1 still applies").await;
+    consumer.send(req(Kind::Release(Release { ids: vec![d.id.clone()] }))).await;
+    let err = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(err.code, VerdictErrorCode::InvalidArgument as i32, "{err:?}");
+    assert!(err.message.contains("at-most-once"), "{}", err.message);
+    consumer
+        .assert_quiet(Duration::from_millis(500), "max_in_flight 1 still applies: the refused release left it held")
+        .await;
     consumer.ack(&[&d.id]).await;
     assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.id, b.id, "an ack frees the slot");
 }
@@ -1311,6 +1409,39 @@ async fn a_busy_shard_cannot_take_the_credit_of_another() {
 
     assert_eq!((delivered.id.as_str(), delivered.stream.as_str()), (late.id.as_str(), quiet));
     assert_eq!(pending_count(&mut con, busy, "g").await, 2, "the busy shard never held more than its share");
+}
+
+/// On a sharded stream a Release, like an Ack, goes to the shard that
+/// delivered each id: both shards' entries go back, each to its own shard's
+/// group, and the group's other call gets them at once, at no attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_a_sharded_stream_gives_each_entry_back_to_its_shard() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--sharded-streams").arg("rel=2")).await;
+    let mut con = redis.conn().await;
+    let shards = ["rel:{rel:0}", "rel:{rel:1}"];
+    let mut first = Consumer::start(&sidecar, "rel", "g", GroupStart::New, 2).await;
+    let mut appended = Vec::new();
+    for shard in shards {
+        appended.push(sidecar.append(shard, &[("k", shard.as_bytes())]).await.id);
+    }
+    let got = first.deliveries(2, EVENT_TIMEOUT).await;
+    assert_eq!(got.iter().map(|d| d.stream.as_str()).collect::<BTreeSet<_>>(), shards.into_iter().collect());
+
+    let mut second = Consumer::start(&sidecar, "rel", "g", GroupStart::New, 2).await;
+    first.send(req(Kind::Drain(Drain {}))).await;
+    release(&first, &appended.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let taken = second.deliveries(2, EVENT_TIMEOUT).await;
+    let mut ids = ids(&taken);
+    ids.sort();
+    appended.sort();
+    assert_eq!(ids, appended);
+    assert!(taken.iter().all(|d| d.attempts == 1), "at no attempt: {taken:?}");
+    first.assert_quiet(Duration::from_millis(300), "no verdict error: each id went to its shard").await;
+    for shard in shards {
+        let pending = pending_entries(&mut con, shard, "g").await;
+        assert_eq!(pending.iter().map(|p| p.deliveries).collect::<Vec<_>>(), [1], "{shard}: {pending:?}");
+    }
 }
 
 /// The sidecar's resident memory, in bytes (`VmRSS` in /proc).

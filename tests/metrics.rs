@@ -769,8 +769,18 @@ async fn build_info_and_process_metrics_describe_this_process() {
 // ---------------------------------------------------------------------------
 
 /// Every worker step that can fail, as `echomq_redis_errors_total{operation}` names it.
-const OPERATIONS: [&str; 9] =
-    ["read", "recover", "redeliver", "reclaim", "refresh_leases", "settle", "dead_letter", "recreate_group", "hygiene"];
+const OPERATIONS: [&str; 10] = [
+    "read",
+    "recover",
+    "redeliver",
+    "reclaim",
+    "refresh_leases",
+    "settle",
+    "dead_letter",
+    "release",
+    "recreate_group",
+    "hygiene",
+];
 
 /// Every verdict error code, as `echomq_verdict_errors_total{code}` names it.
 const VERDICT_CODES: [&str; 5] = ["unknown_id", "not_pending", "invalid_argument", "unavailable", "lease_lost"];
@@ -789,6 +799,7 @@ async fn a_subscribed_groups_series_are_present_from_the_start_at_zero() {
         "echomq_deliveries_total",
         "echomq_acks_total",
         "echomq_fails_total",
+        "echomq_releases_total",
         "echomq_dead_letters_total",
         "echomq_reclaimed_total",
         "echomq_lease_refreshes_total",

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use echomq::proto::consume_request::Kind;
-use echomq::proto::{AppendRequest, Drain, GroupStart, VerdictErrorCode};
+use echomq::proto::{AppendRequest, Drain, GroupStart, Release, VerdictErrorCode};
 use support::*;
 use tonic::Code;
 
@@ -116,6 +116,60 @@ async fn a_peer_that_reclaims_a_transient_failure_delivers_it_with_the_count_it_
     let after_an_ended_call = next_call.next_delivery(Duration::from_secs(15)).await;
     assert_eq!(after_an_ended_call.attempts, 2, "a call that ended holding it counts, as always");
     next_call.ack_one(&after_an_ended_call.id).await;
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
+/// The rolling restart the Release is for: a client drains and gives back
+/// what it never started. A peer sidecar gets those entries on its next
+/// reclaim beat, far sooner than `--reclaim-min-idle-ms` (30 s here), each
+/// with the `attempts` it had (2 for one that failed once); this sidecar's
+/// other call, once it has room, gets none of them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_calls_released_deliveries_reach_a_peer_well_before_min_idle_with_attempts_unchanged() {
+    let redis = RedisServer::start().await;
+    let pod_a = Sidecar::start(&redis, SidecarOptions::named("pod-a").reclaim(30_000, 100)).await;
+    let pod_b = Sidecar::start(&redis, SidecarOptions::named("pod-b").reclaim(30_000, 100)).await;
+    let mut con = redis.conn().await;
+
+    // pod-a's other call, full with e0 for now.
+    let mut other = Consumer::start(&pod_a, "s", "g", GroupStart::New, 1).await;
+    let e0 = pod_a.append("s", &[("k", b"0")]).await;
+    assert_eq!(other.next_delivery(EVENT_TIMEOUT).await.id, e0.id);
+
+    let mut stopping = Consumer::start(&pod_a, "s", "g", GroupStart::New, 3).await;
+    let mut appended = Vec::new();
+    for i in 1..=3 {
+        appended.push(pod_a.append("s", &[("k", i.to_string().as_bytes())]).await.id);
+    }
+    let got = stopping.deliveries(3, EVENT_TIMEOUT).await;
+    assert_eq!(ids(&got), appended);
+    stopping.fail(&appended[0], Some(Duration::ZERO)).await;
+    let again = stopping.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!((again.id.as_str(), again.attempts), (appended[0].as_str(), 2));
+
+    let mut peer = Consumer::start(&pod_b, "s", "g", GroupStart::New, 10).await;
+    stopping.send(req(Kind::Drain(Drain {}))).await;
+    let released_at = Instant::now();
+    stopping.send(req(Kind::Release(Release { ids: appended.clone() }))).await;
+
+    let taken = peer.deliveries(3, Duration::from_secs(10)).await;
+    let waited = released_at.elapsed();
+    assert!(waited < Duration::from_secs(5), "the peer got them {waited:?} after the release, min-idle is 30 s");
+    let mut attempts: Vec<(String, u32)> = taken.iter().map(|d| (d.id.clone(), d.attempts)).collect();
+    attempts.sort();
+    let expected = vec![(appended[0].clone(), 2), (appended[1].clone(), 1), (appended[2].clone(), 1)];
+    assert_eq!(attempts, expected, "each released entry comes with the attempts it had");
+    assert_eq!(pod_a.counter("echomq_releases_total").await, 3.0);
+    let pending = pending_entries(&mut con, "s", "g").await;
+    let owners: BTreeSet<(String, String)> =
+        pending.iter().map(|p| (p.stream_id.clone(), p.consumer.clone())).collect();
+    assert_eq!(owners.iter().filter(|(_, c)| c == "pod-b").count(), 3, "{pending:?}");
+
+    // pod-a's other call has room now: the released entries are the peer's, never doubled here.
+    other.ack_one(&e0.id).await;
+    other.assert_quiet(Duration::from_millis(1500), "a released entry a peer took is not delivered here too").await;
+    stopping.assert_quiet(Duration::from_millis(100), "drained").await;
+    peer.ack(&appended.iter().map(String::as_str).collect::<Vec<_>>()).await;
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
 }
 

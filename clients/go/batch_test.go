@@ -31,6 +31,8 @@ type wire struct {
 	// Fail sent.
 	ackMsgs [][]string
 	failIDs []string
+	// releasedIDs holds the ids of every Release sent, in order.
+	releasedIDs []string
 	// sentMax holds the max_in_flight of each Subscribe sent, subscribedMax
 	// that of each Subscribed received.
 	sentMax       []uint32
@@ -60,7 +62,7 @@ type wireStream struct {
 func (s *wireStream) SendMsg(m any) error {
 	if req, ok := m.(*pb.ConsumeRequest); ok {
 		s.w.mu.Lock()
-		s.unsettled -= len(req.GetAck().GetIds())
+		s.unsettled -= len(req.GetAck().GetIds()) + len(req.GetRelease().GetIds())
 		if req.GetFail() != nil {
 			s.unsettled--
 		}
@@ -79,6 +81,7 @@ func (s *wireStream) SendMsg(m any) error {
 		if req.GetFail() != nil {
 			s.w.failIDs = append(s.w.failIDs, req.GetFail().GetId())
 		}
+		s.w.releasedIDs = append(s.w.releasedIDs, req.GetRelease().GetIds()...)
 		s.w.mu.Unlock()
 	}
 	return err
@@ -124,6 +127,17 @@ func (w *wire) received() int {
 		n += len(f)
 	}
 	return n
+}
+
+// released counts, per branded id, the ids sent in Release messages.
+func (w *wire) released() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]int{}
+	for _, id := range w.releasedIDs {
+		out[id]++
+	}
+	return out
 }
 
 func (w *wire) acked() map[string]int {

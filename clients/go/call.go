@@ -81,6 +81,14 @@ type call struct {
 	recvDone chan struct{}
 	recvErr  error // set before recvDone is closed
 
+	// releaseMu guards drained and unstarted: deliveries a stop kept from a
+	// handler wait in unstarted until the Drain is queued, so that a Release
+	// never goes out before it (the sidecar would hand a released entry
+	// straight back to this call, the one with room).
+	releaseMu sync.Mutex
+	drained   bool
+	unstarted []*Delivery
+
 	// frame is receive's scratch for the work items of one frame.
 	frame []work
 }
@@ -155,10 +163,12 @@ func (k *call) serve() error {
 
 // drain is the graceful end: a Drain tells the sidecar to hand this call
 // nothing more (so the credit freed by the last acks pulls no new entry into
-// the PEL); no new handler starts; the running ones finish and queue their
-// verdicts; the sender flushes the coalesced acks and half-closes after them;
-// the sidecar, having applied them, ends the call. Deliveries already on the
-// wire are left un-settled: the call's end returns them to the group.
+// the PEL); no new handler starts; a Release gives back the deliveries no
+// handler started (queued for the workers, or still arriving), so the
+// group's other consumers get them at once with the attempts they had; the
+// running ones finish and queue their verdicts; the sender flushes the
+// coalesced acks and half-closes after them; the sidecar, having applied
+// them, ends the call.
 //
 // Stop's deadline does not wait for the running handlers: their verdicts are
 // refused from then on and their contexts cancelled (in that order, so one
@@ -173,6 +183,12 @@ func (k *call) drain() error {
 	if k.running.Or(drainingBit) == 0 {
 		k.setIdle()
 	}
+	k.releaseMu.Lock()
+	k.drained = true
+	unstarted := append(k.unstarted, k.pool.takeQueued(k)...)
+	k.unstarted = nil
+	k.releaseMu.Unlock()
+	k.release(unstarted)
 	select {
 	case <-k.idle:
 	case <-k.c.expired:
@@ -198,6 +214,49 @@ func (k *call) drain() error {
 }
 
 func (k *call) setIdle() { k.idleOnce.Do(func() { close(k.idle) }) }
+
+// giveBack releases ds, which a stop kept from a handler: at once once the
+// Drain is queued, else when drain queues it.
+func (k *call) giveBack(ds []*Delivery) {
+	k.releaseMu.Lock()
+	if !k.drained {
+		k.unstarted = append(k.unstarted, ds...)
+		k.releaseMu.Unlock()
+		return
+	}
+	k.releaseMu.Unlock()
+	k.release(ds)
+}
+
+// release sends one Release of ds, deliveries no handler started: the
+// sidecar gives them back to the group at once with their delivery count
+// restored, for another consumer (this sidecar's other calls, or a peer's
+// next reclaim beat), so they cost no attempt and no wait for the reclaim's
+// min-idle. Each counts as settled here. Nothing is sent for one already
+// settled or whose lease was lost, nor at most once (NoAck: nothing is
+// pending), nor once the call ended (the sidecar returned them already).
+func (k *call) release(ds []*Delivery) {
+	if len(ds) == 0 || k.c.cfg.NoAck || k.ctx.Err() != nil {
+		return
+	}
+	ids := make([]string, 0, len(ds))
+	for _, d := range ds {
+		if k.takeLost(d.ID) {
+			k.lose(d)
+			continue
+		}
+		if d.settled.CompareAndSwap(int32(unsettled), int32(released)) {
+			ids = append(ids, d.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	req := &pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Release{Release: &pb.Release{Ids: ids}}}
+	if k.push(outgoing{req: req}, k.recvDone) == nil {
+		k.c.log.Info("echomq: stop: released deliveries no handler started back to the group", "count", len(ids))
+	}
+}
 
 // begin admits one handler run, unless the call ended or a stop began: a stop
 // wins over a delivery that is ready at the same moment. end must follow a
@@ -487,6 +546,9 @@ func (k *call) sendLoop() {
 			}
 			if o.req.GetFail() != nil {
 				k.held.Add(-1)
+			}
+			if r := o.req.GetRelease(); r != nil {
+				k.held.Add(-int64(len(r.GetIds())))
 			}
 			if err := k.stream.Send(o.req); err != nil {
 				return

@@ -340,20 +340,12 @@ func (r *run) step(step string) {
 		}
 		c.ended = true
 	case "stop":
-		ms := num()
-		c := r.current()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(ms)*time.Millisecond)
-		begin := time.Now()
-		err := c.consumer.Stop(ctx)
-		took := time.Since(begin)
-		cancel()
-		if err != nil {
-			t.Errorf("stop: %v", err)
-		}
-		r.awaitRun(c)
+		took := r.stop(r.current(), num())
 		r.mu.Lock()
 		r.stopTook, r.stopped = took, true
 		r.mu.Unlock()
+	case "stop_first":
+		r.stop(r.consumers[0], num())
 	case "kill_sidecar":
 		r.cl.killSidecar()
 	case "restart_sidecar":
@@ -535,6 +527,21 @@ func (r *run) startConsumer() {
 	c := &consumerRun{consumer: consumer, conn: conn, cancel: cancel, done: make(chan error, 1)}
 	go func() { c.done <- consumer.Run(ctx, r.handle) }()
 	r.consumers = append(r.consumers, c)
+}
+
+// stop stops c gracefully with a deadline of ms milliseconds, waits for its
+// Run to return, and returns how long Stop took.
+func (r *run) stop(c *consumerRun, ms int) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(ms)*time.Millisecond)
+	defer cancel()
+	begin := time.Now()
+	err := c.consumer.Stop(ctx)
+	took := time.Since(begin)
+	if err != nil {
+		r.t.Errorf("stop: %v", err)
+	}
+	r.awaitRun(c)
+	return took
 }
 
 // current is the latest consumer still running.
@@ -849,6 +856,18 @@ func (r *run) check() {
 				if len(acks) != len(distinct) {
 					t.Errorf("each_acked_once: acks for %d ids, %d ids handled", len(acks), len(distinct))
 				}
+			}
+		case "released":
+			var want int
+			decode(&want)
+			released := r.wire.released()
+			for id, n := range released {
+				if n != 1 {
+					t.Errorf("released: %s released %d times", id, n)
+				}
+			}
+			if len(released) != want {
+				t.Errorf("released: %d ids released, want %d", len(released), want)
 			}
 		case "payload_equals_appended":
 			var want bool

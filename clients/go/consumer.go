@@ -397,8 +397,11 @@ func (c *Consumer) run(ctx context.Context, h Handler, bh BatchHandler) error {
 // Stop ends Run gracefully: no new delivery is handed to a handler; running
 // handlers finish and their verdicts are sent; then the call is closed and
 // Run returns. Deliveries that had arrived but not yet started are not
-// handled: the call's end returns them to the group, and they are delivered
-// again after the retry backoff.
+// handled: right after the Drain the consumer gives them back in one
+// Release, and the group's other consumers (this sidecar's other calls, or a
+// peer sidecar's next reclaim beat) get them at once, with the Attempts they
+// had, so a rolling restart costs no attempt and no wait for the sidecar's
+// --reclaim-min-idle-ms. (With NoAck nothing is pending: nothing is released.)
 //
 // If ctx ends first, the handlers still running lose their verdicts: from
 // that moment the call refuses new ones ([ErrCallEnded]) and their contexts

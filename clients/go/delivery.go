@@ -69,6 +69,9 @@ const (
 	// lost: the sidecar reported the lease lost (LEASE_LOST); no verdict may
 	// follow.
 	lost
+	// released: never handed to a handler, given back to the group by the
+	// consumer's graceful stop (a Release); no verdict may follow.
+	released
 )
 
 // verdictSender is the Consume call a delivery came on; only that call may

@@ -206,11 +206,17 @@ func (p *pool) wakeOne() {
 	}
 }
 
-// runWork runs one item unless its call ended or a stop began: then it is
-// left un-settled, and the call's end returns it to the group.
+// runWork runs one item unless its call ended or a stop began: then no
+// handler runs it, and the call gives it back to the group (see
+// call.giveBack; once the call ended, the sidecar has returned it already).
 func (c *Consumer) runWork(w *worker, it work) {
 	k := it.k
 	if !k.begin() {
+		if it.d != nil {
+			k.giveBack([]*Delivery{it.d})
+		} else {
+			k.giveBack(it.batch)
+		}
 		return
 	}
 	defer k.end()
@@ -299,6 +305,37 @@ func (p *pool) loseRunning(k *call, id string) bool {
 		w.mu.Unlock()
 	}
 	return false
+}
+
+// takeQueued takes the work of call k still waiting in the queue, which no
+// worker will start then, and returns its deliveries in delivery order.
+func (p *pool) takeQueued(k *call) []*Delivery {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var taken []*Delivery
+	live := p.queue[p.head:]
+	kept := 0
+	for _, it := range live {
+		switch {
+		case it.k != k:
+			live[kept] = it
+			kept++
+		case it.d != nil:
+			taken = append(taken, it.d)
+		default:
+			taken = append(taken, it.batch...)
+		}
+	}
+	clear(live[kept:])
+	p.queue = p.queue[:p.head+kept]
+	if p.head == len(p.queue) {
+		p.queue, p.head = p.queue[:0], 0
+	}
+	if p.room != nil && len(taken) > 0 {
+		close(p.room)
+		p.room = nil
+	}
+	return taken
 }
 
 // stop ends the workers once Run is over (no call is left to feed them).

@@ -52,6 +52,8 @@ pub(crate) enum Command {
     Ack { session: SessionId, ids: Vec<(String, BrandedId)> },
     /// A delivery failed.
     Fail { session: SessionId, fail: FailVerdict },
+    /// Give these deliveries back to the group: the client never started them.
+    Release { session: SessionId, ids: Vec<(String, BrandedId)> },
     /// Push the ack deadline of these deliveries to now + `by`.
     Extend { session: SessionId, ids: Vec<(String, BrandedId)>, by: Duration },
     /// The client is stopping: hand this call nothing more.

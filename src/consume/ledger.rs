@@ -34,8 +34,8 @@ use tokio::time::Instant;
 use super::{
     delivery::Outgoing,
     orders::{
-        Backoff, DeadLetterOrder, DeadLettered, FailKind, GroupPolicy, PendingAck, Redelivery, RetryWrite, SessionId,
-        Unrefreshed, ACK_CHUNK,
+        Backoff, DeadLetterOrder, DeadLettered, FailKind, GroupPolicy, PendingAck, Redelivery, ReleaseOrder, Released,
+        RetryWrite, SessionId, Unrefreshed, ACK_CHUNK,
     },
     verdicts::{Gone, Refusal},
     window::Window,
@@ -88,6 +88,9 @@ pub(crate) struct Tally {
     pub(crate) fails: u64,
     /// Of those, transient Fails, which cost no attempt (`echomq_transient_fails_total`).
     pub(crate) transient_fails: u64,
+    /// Deliveries given back to the group by a Release, as Redis confirmed
+    /// (`echomq_releases_total`).
+    pub(crate) releases: u64,
     /// Held deliveries a peer took (`echomq_leases_lost_total`).
     pub(crate) leases_lost: u64,
     /// Acks Redis confirmed (`echomq_acks_total`).
@@ -202,6 +205,8 @@ pub(crate) struct Orders {
     pub(crate) retry_writes: Vec<RetryWrite>,
     /// Entries to move to the dead-letter stream (dead_letter.lua).
     pub(crate) dead_letters: Vec<DeadLetterOrder>,
+    /// Deliveries to give back to the group (release.lua).
+    pub(crate) releases: Vec<ReleaseOrder>,
 }
 
 /// The next Redis step of the worker's pump (see [`Ledger::next_work`]).
@@ -641,8 +646,10 @@ impl<D> Ledger<D> {
     }
 
     /// Takes the delivery `id` out of the call's hands; answers the verdict
-    /// itself when the call does not hold it.
-    fn settle(&mut self, session: SessionId, text: &str, id: BrandedId, now: Instant) -> Option<Held> {
+    /// itself when the call does not hold it. `handled`: a handler ran it (an
+    /// Ack or a Fail), so its time until the verdict is a handler time, for
+    /// the window and the histogram; a released delivery's is not.
+    fn settle(&mut self, session: SessionId, text: &str, id: BrandedId, now: Instant, handled: bool) -> Option<Held> {
         let call = self.calls.get_mut(&session)?;
         let Some(held) = call.held.remove(&id) else {
             let refusal = call.not_held(&id);
@@ -652,9 +659,11 @@ impl<D> Ledger<D> {
         if call.policy.sharded {
             self.effects.push(Effect::Left { session, shard: call.shard, id, settled: true });
         }
-        let latency = now.saturating_duration_since(held.delivered_at);
-        call.window.verdict(held.delivered_at, now);
-        self.tally.handler_seconds.push(latency.as_secs_f64());
+        if handled {
+            let latency = now.saturating_duration_since(held.delivered_at);
+            call.window.verdict(held.delivered_at, now);
+            self.tally.handler_seconds.push(latency.as_secs_f64());
+        }
         self.entries.remove(&held.stream_id);
         Some(held)
     }
@@ -674,7 +683,7 @@ impl<D> Ledger<D> {
     /// An Ack: queues the XACK (none in at-most-once mode, where the entry is
     /// not pending); UNKNOWN_ID or NOT_PENDING when the call does not hold `id`.
     pub(crate) fn ack(&mut self, session: SessionId, text: String, id: BrandedId, now: Instant) {
-        let Some(held) = self.settle(session, &text, id, now) else { return };
+        let Some(held) = self.settle(session, &text, id, now, true) else { return };
         self.ended(held.stream_id, Some("ack"));
         if !self.no_ack {
             let redelivered = held.attempts > 1;
@@ -705,7 +714,7 @@ impl<D> Ledger<D> {
             return self.refuse(session, text, Refusal::FailWithoutPel);
         }
         let backoff = call.policy.backoff;
-        let Some(held) = self.settle(session, &text, id, now) else { return };
+        let Some(held) = self.settle(session, &text, id, now, true) else { return };
         let verdict = match kind {
             FailKind::Message => "fail",
             FailKind::Transient => "fail_transient",
@@ -721,6 +730,58 @@ impl<D> Ledger<D> {
         let delay = retry_after.unwrap_or_else(|| backoff.delay(held.attempts));
         tracing::debug!(stream = %self.stream, stream_id = %held.stream_id, ?delay, ?kind, %reason, "delivery failed; retrying after the delay");
         self.retry_later(held.stream_id, delay, reason, kind == FailKind::Message, now);
+    }
+
+    /// A Release: the call gives back deliveries it never started. Each
+    /// leaves the call now (its slot is free, a later verdict on it is
+    /// UNKNOWN_ID) and is queued for `release.lua`, which gives it back to
+    /// the group with its delivery count restored; [`Ledger::released`]
+    /// takes the outcome. Answered, per id: NOT_PENDING for a delivery Redis
+    /// took away; INVALID_ARGUMENT on an at-most-once subscription (the
+    /// delivery stays held); UNKNOWN_ID when not held. Nothing is applied for
+    /// an answered id.
+    pub(crate) fn release(&mut self, session: SessionId, ids: Vec<(String, BrandedId)>, now: Instant) {
+        for (text, id) in ids {
+            let Some(call) = self.calls.get(&session) else { return };
+            if let Some(gone) = call.gone.get(&id) {
+                let refusal = Refusal::Gone(*gone);
+                self.refuse(session, text, refusal);
+                continue;
+            }
+            if self.no_ack {
+                self.refuse(session, text, Refusal::ReleaseWithoutPel);
+                continue;
+            }
+            let Some(held) = self.settle(session, &text, id, now, false) else { continue };
+            self.ended(held.stream_id, Some("release"));
+            self.orders.releases.push(ReleaseOrder { stream_id: held.stream_id, session, text });
+        }
+    }
+
+    /// What `release.lua` did with each of `orders`: a released entry waits
+    /// here due now, for this sidecar's other calls of the group (whose
+    /// claim checks it is still this consumer's: a peer's reclaim beat may
+    /// take it first); the Release of one that was not released is told why
+    /// (a peer took it, or it was deleted).
+    pub(crate) fn released(&mut self, orders: Vec<ReleaseOrder>, outcomes: Vec<(StreamId, Released)>, now: Instant) {
+        for ((stream_id, outcome), order) in outcomes.into_iter().zip(orders) {
+            let refusal = match outcome {
+                Released::GivenBack { deliveries } => {
+                    tracing::debug!(stream = %self.stream, group = %self.group, %stream_id, deliveries, "released to the group");
+                    self.tally.releases += 1;
+                    if !self.tracks(stream_id) {
+                        self.wait(stream_id, now);
+                    }
+                    continue;
+                }
+                Released::NotOurs => Refusal::NotReleased,
+                Released::Deleted => {
+                    self.trimmed(stream_id);
+                    Refusal::Gone(Gone::Deleted)
+                }
+            };
+            self.answer(order.session, order.text, refusal);
+        }
     }
 
     /// An Extend: pushes the ack deadline of each held id to `now + by` (no
@@ -1047,7 +1108,7 @@ impl<D> Ledger<D> {
     /// Whether Redis writes are queued.
     pub(crate) fn has_orders(&self) -> bool {
         let o = &self.orders;
-        !(o.acks.is_empty() && o.retry_writes.is_empty() && o.dead_letters.is_empty())
+        !(o.acks.is_empty() && o.retry_writes.is_empty() && o.dead_letters.is_empty() && o.releases.is_empty())
     }
 }
 

@@ -22,6 +22,7 @@ mod outlet;
 mod pacing;
 mod reader;
 mod recovery;
+mod release;
 mod retry;
 #[cfg(test)]
 mod script_replies;

@@ -131,6 +131,27 @@ pub(crate) enum Redelivery {
     Claimed { deliveries: u32, entry: RawEntry },
 }
 
+/// A delivery to give back to the group (a Release).
+#[derive(Debug)]
+pub(crate) struct ReleaseOrder {
+    pub(crate) stream_id: StreamId,
+    /// The Release that asked for it (call, id as sent), answered if it cannot be applied.
+    pub(crate) session: SessionId,
+    pub(crate) text: String,
+}
+
+/// What [`release`](super::release::release) did with one entry.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// Given back: idle since long ago, its delivery count `deliveries` now
+    /// (one less than the released delivery's).
+    GivenBack { deliveries: u64 },
+    /// No longer pending for this consumer (a peer took it): nothing done.
+    NotOurs,
+    /// Deleted from the stream while pending: dropped from the PEL.
+    Deleted,
+}
+
 /// Why [`refresh`](super::lease::refresh) could not refresh a lease.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Unrefreshed {

@@ -29,13 +29,14 @@ pub(super) enum Step {
     RefreshLeases,
     Settle,
     DeadLetter,
+    Release,
     RecreateGroup,
     Hygiene,
 }
 
 impl Step {
     /// Every step, so each one's error series exists from the start.
-    pub(super) const ALL: [Step; 9] = [
+    pub(super) const ALL: [Step; 10] = [
         Step::Read,
         Step::Recover,
         Step::Redeliver,
@@ -43,6 +44,7 @@ impl Step {
         Step::RefreshLeases,
         Step::Settle,
         Step::DeadLetter,
+        Step::Release,
         Step::RecreateGroup,
         Step::Hygiene,
     ];
@@ -57,6 +59,7 @@ impl Step {
             Step::RefreshLeases => "refresh_leases",
             Step::Settle => "settle",
             Step::DeadLetter => "dead_letter",
+            Step::Release => "release",
             Step::RecreateGroup => "recreate_group",
             Step::Hygiene => "hygiene",
         }
@@ -72,6 +75,7 @@ impl Step {
             Step::RefreshLeases => "refreshing leases",
             Step::Settle => "acknowledging",
             Step::DeadLetter => "dead-lettering",
+            Step::Release => "releasing entries to the group",
             Step::RecreateGroup => "re-creating the group",
             Step::Hygiene => "recording the heartbeat and removing dead consumers",
         }

@@ -66,11 +66,8 @@ fn parse_redelivery(item: &Value) -> RedisResult<(StreamId, Redelivery)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::script_replies::bulk;
     use super::*;
-
-    fn bulk(text: &str) -> Value {
-        Value::BulkString(text.as_bytes().to_vec())
-    }
 
     #[test]
     fn every_reply_of_the_script_parses_into_its_outcome() {

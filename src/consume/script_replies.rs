@@ -57,6 +57,11 @@ fn refused<T>(parse: &impl Fn(&Value) -> RedisResult<T>, tag: &str) -> bool {
     parse(&item).is_err_and(|e| e.detail().is_some_and(|detail| detail.ends_with(&format!("replied `{tag}`"))))
 }
 
+/// A bulk string reply of `text`, as a script's reply item holds it.
+pub(super) fn bulk(text: &str) -> Value {
+    Value::BulkString(text.as_bytes().to_vec())
+}
+
 /// Asserts that `script` (its text `lua`) replies exactly the tags `known`,
 /// the wrapper's outcomes, and that `parse` takes each of them and refuses
 /// another: both ways, so a script made to reply an unknown tag fails, and

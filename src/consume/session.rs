@@ -347,14 +347,16 @@ async fn forward(
             "this call is already subscribed; a call subscribes once (open another call for another subscription)",
         )
         .into()),
-        None => Err(Error::invalid("kind", "a message must set subscribe, ack, fail, extend or drain").into()),
+        None => Err(Error::invalid("kind", "a message must set subscribe, ack, fail, extend, drain or release").into()),
         Some(Kind::Ack(ack)) => {
-            let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
-            for (text, id) in parse_ids(ack.ids, outbound, counted).await {
-                by_shard[shards.route(&id)].push((text, id));
-            }
-            for (shard, ids) in by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()) {
+            for (shard, ids) in by_shard(ack.ids, outbound, shards, counted).await {
                 shards.send(shard, Command::Ack { session, ids }).await?;
+            }
+            Ok(())
+        }
+        Some(Kind::Release(release)) => {
+            for (shard, ids) in by_shard(release.ids, outbound, shards, counted).await {
+                shards.send(shard, Command::Release { session, ids }).await?;
             }
             Ok(())
         }
@@ -386,16 +388,27 @@ async fn forward(
                     return Ok(());
                 }
             };
-            let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
-            for (text, id) in parse_ids(extend.ids, outbound, counted).await {
-                by_shard[shards.route(&id)].push((text, id));
-            }
-            for (shard, ids) in by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()) {
+            for (shard, ids) in by_shard(extend.ids, outbound, shards, counted).await {
                 shards.send(shard, Command::Extend { session, ids, by }).await?;
             }
             Ok(())
         }
     }
+}
+
+/// The ids of an Ack, a Release or an Extend, parsed (the others answered
+/// INVALID_ARGUMENT), grouped by the shard each goes to; shards with none left out.
+async fn by_shard(
+    texts: Vec<String>,
+    outbound: &Outbound,
+    shards: &Shards,
+    counted: &VerdictErrors,
+) -> Vec<(usize, Vec<(String, BrandedId)>)> {
+    let mut by_shard: Vec<Vec<(String, BrandedId)>> = vec![Vec::new(); shards.workers.len()];
+    for (text, id) in parse_ids(texts, outbound, counted).await {
+        by_shard[shards.route(&id)].push((text, id));
+    }
+    by_shard.into_iter().enumerate().filter(|(_, ids)| !ids.is_empty()).collect()
 }
 
 async fn parse_ids(texts: Vec<String>, outbound: &Outbound, counted: &VerdictErrors) -> Vec<(String, BrandedId)> {

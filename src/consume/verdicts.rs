@@ -30,12 +30,16 @@ pub(crate) enum Refusal {
     NotPendingInGroup,
     /// [`not_dead_lettered`].
     NotDeadLettered,
+    /// [`not_released`].
+    NotReleased,
     /// [`lease_lost`].
     LeaseLost,
     /// [`invalid`], saying why.
     Invalid(String),
     /// [`fail_without_pel`].
     FailWithoutPel,
+    /// [`release_without_pel`].
+    ReleaseWithoutPel,
     /// [`unavailable`], saying what happened to the entry.
     Unavailable(String),
 }
@@ -48,9 +52,11 @@ impl Refusal {
             Refusal::Gone(why) => gone(id, why),
             Refusal::NotPendingInGroup => not_pending_in_group(id),
             Refusal::NotDeadLettered => not_dead_lettered(id),
+            Refusal::NotReleased => not_released(id),
             Refusal::LeaseLost => lease_lost(id),
             Refusal::Invalid(reason) => invalid(id, reason),
             Refusal::FailWithoutPel => fail_without_pel(id),
+            Refusal::ReleaseWithoutPel => release_without_pel(id),
             Refusal::Unavailable(message) => unavailable(id, message),
         }
     }
@@ -93,11 +99,19 @@ pub(crate) fn not_pending_in_group(id: &str) -> VerdictError {
 /// NOT_PENDING: a Fail with `dead_letter` on an entry no longer pending for
 /// this consumer.
 pub(crate) fn not_dead_lettered(id: &str) -> VerdictError {
-    error(
-        id,
-        VerdictErrorCode::NotPending,
-        "Redis no longer has this entry pending for this consumer; nothing was dead-lettered",
-    )
+    not_ours(id, "nothing was dead-lettered")
+}
+
+/// NOT_PENDING: a Release of an entry no longer pending for this consumer.
+pub(crate) fn not_released(id: &str) -> VerdictError {
+    not_ours(id, "a peer took it (or another client acknowledged it), so nothing was released")
+}
+
+/// NOT_PENDING: a verdict's script found the entry no longer pending for
+/// this consumer; `outcome` says what that left undone.
+fn not_ours(id: &str, outcome: &str) -> VerdictError {
+    let message = format!("Redis no longer has this entry pending for this consumer; {outcome}");
+    error(id, VerdictErrorCode::NotPending, message)
 }
 
 /// LEASE_LOST: sent unasked when a peer took a delivery the call holds.
@@ -119,6 +133,14 @@ pub(crate) fn fail_without_pel(id: &str) -> VerdictError {
     invalid(
         id,
         "this is an at-most-once (no_ack) subscription: the entry is not pending, so it cannot be retried or dead-lettered; ack it",
+    )
+}
+
+/// INVALID_ARGUMENT: a Release on an at-most-once subscription.
+pub(crate) fn release_without_pel(id: &str) -> VerdictError {
+    invalid(
+        id,
+        "this is an at-most-once (no_ack) subscription: the entry is not pending, so it cannot go back to the group; ack it",
     )
 }
 

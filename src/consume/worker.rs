@@ -11,6 +11,7 @@
 //! [`reader`](super::reader), [`recovery`](super::recovery),
 //! [`retry`](super::retry), [`lease`](super::lease) (reclaim and lease
 //! refresh), [`dead_letter`](super::dead_letter), [`settle`](super::settle),
+//! [`release`](super::release),
 //! [`hygiene`](super::hygiene), [`gauges`](super::gauges); this file feeds
 //! those outcomes back. Nothing outside it has an `impl Worker`.
 
@@ -29,11 +30,11 @@ use super::{
     commands::Command,
     dead_letter, delivery, gauges, hygiene, lease,
     ledger::{Ledger, Work},
-    orders::{DeadLetterOrder, PendingAck, Redelivery, RetryWrite, SessionId},
+    orders::{DeadLetterOrder, PendingAck, Redelivery, ReleaseOrder, RetryWrite, SessionId},
     outlet::Outlet,
     pacing::{Pacing, Step},
     reader::{self, Reader},
-    recovery, retry, settle, GroupKeys, Shared,
+    recovery, release, retry, settle, GroupKeys, Shared,
 };
 use crate::{error::Error, id::StreamId, proto::Delivery, redis::RawEntry};
 
@@ -222,6 +223,7 @@ impl Worker {
                 }
             }
             Command::Fail { session, fail } => self.ledger.fail(session, fail, now),
+            Command::Release { session, ids } => self.ledger.release(session, ids, now),
             Command::Extend { session, ids, by } => self.ledger.extend(session, ids, by, now),
             Command::Drain { session } => {
                 self.ledger.drain_call(session);
@@ -265,7 +267,9 @@ impl Worker {
     }
 
     /// The Redis writes the ledger queued: dead letters first (their Fails
-    /// settle nothing else), then acks and retry states as one `settle.lua` run.
+    /// settle nothing else), then acks and retry states as one `settle.lua`
+    /// run, then releases. All before the pump's next re-delivery, which
+    /// would otherwise claim a released entry before it was given back.
     async fn carry_out_orders(&mut self) {
         self.act();
         if !self.ledger.has_orders() {
@@ -277,6 +281,9 @@ impl Worker {
         }
         if !orders.acks.is_empty() || !orders.retry_writes.is_empty() {
             self.settle(orders.acks, orders.retry_writes).await;
+        }
+        if !orders.releases.is_empty() {
+            self.release(orders.releases).await;
         }
         self.act();
     }
@@ -489,6 +496,27 @@ impl Worker {
         }
         if !to_dead_letter.is_empty() {
             self.dead_letter(to_dead_letter).await;
+        }
+    }
+
+    /// Gives released deliveries back to the group (`release.lua`). On
+    /// failure the Releases are answered UNAVAILABLE and the entries wait
+    /// here, still pending with their count, and come back (counting an
+    /// attempt) after the pause.
+    async fn release(&mut self, orders: Vec<ReleaseOrder>) {
+        self.act();
+        let ids: Vec<StreamId> = orders.iter().map(|order| order.stream_id).collect();
+        match release::release(&self.keys, &ids).await {
+            Ok(outcomes) => {
+                self.pacing.succeeded(Step::Release);
+                self.ledger.released(orders, outcomes, Instant::now());
+            }
+            Err(e) => {
+                self.redis_failed(Step::Release, &e);
+                let message = format!("releasing failed ({e}); the entry stays pending for this sidecar and will be delivered again, as another attempt");
+                let entries = orders.into_iter().map(|order| (order.stream_id, Some((order.session, order.text))));
+                self.ledger.not_written(entries, &message, self.pacing.paused_until());
+            }
         }
     }
 

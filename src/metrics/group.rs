@@ -62,6 +62,7 @@ pub(super) struct GroupFamilies {
     acks: GroupCounter,
     fails: GroupCounter,
     transient_fails: GroupCounter,
+    releases: GroupCounter,
     dead_letters: GroupCounter,
     reclaimed: GroupCounter,
     lease_refreshes: GroupCounter,
@@ -103,6 +104,12 @@ impl GroupFamilies {
                 r,
                 "transient_fails",
                 "Fail verdicts of kind TRANSIENT, re-delivered without counting an attempt (also in fails)",
+                Family::default(),
+            ),
+            releases: registered(
+                r,
+                "releases",
+                "Deliveries a client released unstarted, given back to the group with their delivery count restored",
                 Family::default(),
             ),
             dead_letters: registered(r, "dead_letters", "Entries moved to a dead-letter stream", Family::default()),
@@ -203,6 +210,7 @@ impl GroupFamilies {
             acks: self.acks.get_or_create(&labels).clone(),
             fails: self.fails.get_or_create(&labels).clone(),
             transient_fails: self.transient_fails.get_or_create(&labels).clone(),
+            releases: self.releases.get_or_create(&labels).clone(),
             dead_letters: self.dead_letters.get_or_create(&labels).clone(),
             reclaimed: self.reclaimed.get_or_create(&labels).clone(),
             lease_refreshes: self.lease_refreshes.get_or_create(&labels).clone(),
@@ -243,6 +251,8 @@ pub struct GroupMetrics {
     pub fails: Counter,
     /// `echomq_transient_fails_total`: the Fails of kind TRANSIENT among those.
     pub transient_fails: Counter,
+    /// `echomq_releases_total`: deliveries released unstarted, as Redis confirmed (entries).
+    pub releases: Counter,
     /// `echomq_dead_letters_total`: entries moved to the dead-letter stream.
     pub dead_letters: Counter,
     /// `echomq_reclaimed_total`: entries taken over by XAUTOCLAIM.

@@ -19,6 +19,8 @@ pub struct Scripts {
     pub redeliver: Script,
     /// `consume/refresh.lua`: keep the leases of held entries fresh.
     pub refresh: Script,
+    /// `consume/release.lua`: give held entries back to the group, their delivery count restored.
+    pub release: Script,
     /// `consume/dead_letter.lua`: move entries to the dead-letter stream.
     pub dead_letter: Script,
     /// `consume/hygiene.lua`: record this sidecar's heartbeat, remove dead consumers that hold nothing.
@@ -46,6 +48,7 @@ impl Scripts {
             (&self.append, "append"),
             (&self.redeliver, "redeliver"),
             (&self.refresh, "refresh"),
+            (&self.release, "release"),
             (&self.dead_letter, "dead_letter"),
             (&self.trim, "trim"),
             (&self.settle, "settle"),
@@ -67,6 +70,7 @@ impl Scripts {
             append: script(include_str!("lua/append.lua")),
             redeliver: script(include_str!("../consume/redeliver.lua")),
             refresh: script(include_str!("../consume/refresh.lua")),
+            release: script(include_str!("../consume/release.lua")),
             dead_letter: script(include_str!("../consume/dead_letter.lua")),
             trim: script(include_str!("lua/trim.lua")),
             settle: script(include_str!("../consume/settle.lua")),

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use echomq::proto::consume_request::Kind;
 use echomq::proto::{
-    Ack, AppendBatchRequest, AppendRequest, BatchEntry, ConsumeRequest, Drain, Extend, Fail, GroupStart, Subscribe,
-    VerdictErrorCode,
+    Ack, AppendBatchRequest, AppendRequest, BatchEntry, ConsumeRequest, Drain, Extend, Fail, GroupStart, Release,
+    Subscribe, VerdictErrorCode,
 };
 use tonic::Code;
 
@@ -321,7 +321,7 @@ pub(crate) fn verdict(
     effects: &mut Vec<Effect>,
 ) -> (String, ConsumeRequest) {
     match rng.u32(..100) {
-        0..=39 => {
+        0..=31 => {
             let n = [0, 1, 1, 1, 2, 3, 5][rng.usize(..7)];
             let mut ids = Vec::new();
             for _ in 0..n {
@@ -335,6 +335,25 @@ pub(crate) fn verdict(
             }
             let text = format!("Ack [{}]", ids.iter().map(|i| short(i)).collect::<Vec<_>>().join(", "));
             (text, req(Kind::Ack(Ack { ids })))
+        }
+        32..=39 => {
+            let n = [0, 1, 1, 2, 3][rng.usize(..5)];
+            let mut ids = Vec::new();
+            for _ in 0..n {
+                let (id, code, held) = any_id(rng, avail, gone);
+                match code {
+                    Some(code) => expects.push(Expect::new(&id, code)),
+                    None if held => {
+                        // Given back to the group at once: it may come back to this call.
+                        gone.retain(|g| *g != id);
+                        effects.push(Effect::Failed(id.clone()));
+                    }
+                    None => {}
+                }
+                ids.push(id);
+            }
+            let text = format!("Release [{}]", ids.iter().map(|i| short(i)).collect::<Vec<_>>().join(", "));
+            (text, req(Kind::Release(Release { ids })))
         }
         40..=79 => {
             let (id, code, held) = any_id(rng, avail, gone);

@@ -241,6 +241,7 @@ type ConsumeRequest struct {
 	//	*ConsumeRequest_Fail
 	//	*ConsumeRequest_Extend
 	//	*ConsumeRequest_Drain
+	//	*ConsumeRequest_Release
 	Kind          isConsumeRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -328,6 +329,15 @@ func (x *ConsumeRequest) GetDrain() *Drain {
 	return nil
 }
 
+func (x *ConsumeRequest) GetRelease() *Release {
+	if x != nil {
+		if x, ok := x.Kind.(*ConsumeRequest_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
 type isConsumeRequest_Kind interface {
 	isConsumeRequest_Kind()
 }
@@ -357,6 +367,12 @@ type ConsumeRequest_Drain struct {
 	Drain *Drain `protobuf:"bytes,5,opt,name=drain,proto3,oneof"`
 }
 
+type ConsumeRequest_Release struct {
+	// Gives back deliveries the client never started: they go back to the
+	// group at once, their delivery count restored.
+	Release *Release `protobuf:"bytes,6,opt,name=release,proto3,oneof"`
+}
+
 func (*ConsumeRequest_Subscribe) isConsumeRequest_Kind() {}
 
 func (*ConsumeRequest_Ack) isConsumeRequest_Kind() {}
@@ -366,6 +382,8 @@ func (*ConsumeRequest_Fail) isConsumeRequest_Kind() {}
 func (*ConsumeRequest_Extend) isConsumeRequest_Kind() {}
 
 func (*ConsumeRequest_Drain) isConsumeRequest_Kind() {}
+
+func (*ConsumeRequest_Release) isConsumeRequest_Kind() {}
 
 // Opens a subscription of this call to a stream through a consumer group.
 //
@@ -802,8 +820,9 @@ func (x *Extend) GetBy() *durationpb.Duration {
 // Sent by a client that is stopping gracefully, before it settles what it
 // holds: the sidecar hands this call nothing more (so it reads nothing more
 // from Redis on its behalf) while verdicts keep working. Deliveries already on
-// the wire still arrive; leave them un-settled (they are delivered again after
-// the backoff) or fail them. The call stays open until the client closes it.
+// the wire still arrive; give back those no handler started with `Release`
+// (the group gets them at once, at no attempt), or leave them un-settled (they
+// are delivered again after the backoff) or fail them. The call stays open until the client closes it.
 // Without a Drain, the credit freed by the last acks may pull new entries just
 // before the call closes; they then wait in the PEL for their backoff.
 type Drain struct {
@@ -842,6 +861,78 @@ func (*Drain) Descriptor() ([]byte, []int) {
 	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{5}
 }
 
+// "I have not started these": gives held deliveries back to the group at once,
+// for this sidecar's other calls or a peer sidecar, with their delivery count
+// restored, so the next delivery says the same `attempts` as the released one
+// did. What a stopping client does with the deliveries it received but never
+// handed to a handler (after its Drain), so a rolling restart costs no
+// attempts and no wait for `--reclaim-min-idle-ms`.
+//
+// On every supported server (Redis 6.2 on, Valkey) one script per batch of
+// ids, for each id still pending for this sidecar's consumer: `XCLAIM <stream>
+// <group> <consumer> 0 <id> IDLE <ms> RETRYCOUNT <count - 1> JUSTID`. The
+// entry stays in this consumer's PEL but looks idle since long ago, so any
+// sidecar's next reclaim beat (XAUTOCLAIM with its min-idle) takes it at once;
+// this sidecar's other calls of the group get it first if they have room. The
+// claim that delivers it raises the count back to what it was. `XNACK`
+// (Redis 8.8) is not used: it cannot be tested on the servers supported.
+//
+// A released entry is never delivered twice: whoever claims it first has it,
+// and the others find it no longer theirs. The call no longer holds a
+// released id (its `max_in_flight` slot is free; no verdict is needed); a
+// later verdict on it is answered UNKNOWN_ID. Per id, nothing is applied and
+// a `VerdictError` says why when the call does not hold it (UNKNOWN_ID, or
+// NOT_PENDING after a lost lease or a deletion), on a `no_ack` subscription
+// (INVALID_ARGUMENT: nothing is pending there), or when Redis fails
+// (UNAVAILABLE: the entry stays pending and is delivered again after the
+// backoff, counting an attempt). An id Redis no longer has pending for this
+// sidecar when the script runs (a peer took it meanwhile) gets NOT_PENDING.
+type Release struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Branded ids (28 lowercase hex characters) of deliveries this call holds
+	// and has not started. An empty list does nothing.
+	Ids           []string `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Release) Reset() {
+	*x = Release{}
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Release) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Release) ProtoMessage() {}
+
+func (x *Release) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Release.ProtoReflect.Descriptor instead.
+func (*Release) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Release) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
 // A server message on the Consume call.
 type ConsumeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -860,7 +951,7 @@ type ConsumeResponse struct {
 
 func (x *ConsumeResponse) Reset() {
 	*x = ConsumeResponse{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[6]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +963,7 @@ func (x *ConsumeResponse) String() string {
 func (*ConsumeResponse) ProtoMessage() {}
 
 func (x *ConsumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[6]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +976,7 @@ func (x *ConsumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeResponse) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{6}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConsumeResponse) GetKind() isConsumeResponse_Kind {
@@ -976,7 +1067,7 @@ type DeliveryBatch struct {
 
 func (x *DeliveryBatch) Reset() {
 	*x = DeliveryBatch{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1079,7 @@ func (x *DeliveryBatch) String() string {
 func (*DeliveryBatch) ProtoMessage() {}
 
 func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1092,7 @@ func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryBatch.ProtoReflect.Descriptor instead.
 func (*DeliveryBatch) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{7}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeliveryBatch) GetDeliveries() []*Delivery {
@@ -1031,7 +1122,7 @@ type Subscribed struct {
 
 func (x *Subscribed) Reset() {
 	*x = Subscribed{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1134,7 @@ func (x *Subscribed) String() string {
 func (*Subscribed) ProtoMessage() {}
 
 func (x *Subscribed) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1147,7 @@ func (x *Subscribed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subscribed.ProtoReflect.Descriptor instead.
 func (*Subscribed) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{8}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Subscribed) GetStream() string {
@@ -1127,7 +1218,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1230,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1243,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{9}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Delivery) GetId() string {
@@ -1233,7 +1324,7 @@ type VerdictError struct {
 
 func (x *VerdictError) Reset() {
 	*x = VerdictError{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1336,7 @@ func (x *VerdictError) String() string {
 func (*VerdictError) ProtoMessage() {}
 
 func (x *VerdictError) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1349,7 @@ func (x *VerdictError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerdictError.ProtoReflect.Descriptor instead.
 func (*VerdictError) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{10}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *VerdictError) GetId() string {
@@ -1286,13 +1377,14 @@ var File_echomq_v1_consumer_service_proto protoreflect.FileDescriptor
 
 const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\n" +
-	" echomq/v1/consumer_service.proto\x12\techomq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15echomq/v1/types.proto\"\xf0\x01\n" +
+	" echomq/v1/consumer_service.proto\x12\techomq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15echomq/v1/types.proto\"\xa0\x02\n" +
 	"\x0eConsumeRequest\x124\n" +
 	"\tsubscribe\x18\x01 \x01(\v2\x14.echomq.v1.SubscribeH\x00R\tsubscribe\x12\"\n" +
 	"\x03ack\x18\x02 \x01(\v2\x0e.echomq.v1.AckH\x00R\x03ack\x12%\n" +
 	"\x04fail\x18\x03 \x01(\v2\x0f.echomq.v1.FailH\x00R\x04fail\x12+\n" +
 	"\x06extend\x18\x04 \x01(\v2\x11.echomq.v1.ExtendH\x00R\x06extend\x12(\n" +
-	"\x05drain\x18\x05 \x01(\v2\x10.echomq.v1.DrainH\x00R\x05drainB\x06\n" +
+	"\x05drain\x18\x05 \x01(\v2\x10.echomq.v1.DrainH\x00R\x05drain\x12.\n" +
+	"\arelease\x18\x06 \x01(\v2\x12.echomq.v1.ReleaseH\x00R\areleaseB\x06\n" +
 	"\x04kind\"\xc8\x04\n" +
 	"\tSubscribe\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
@@ -1324,7 +1416,9 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\x06Extend\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\x12)\n" +
 	"\x02by\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02by\"\a\n" +
-	"\x05Drain\"\xf7\x01\n" +
+	"\x05Drain\"\x1b\n" +
+	"\aRelease\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"\xf7\x01\n" +
 	"\x0fConsumeResponse\x127\n" +
 	"\n" +
 	"subscribed\x18\x01 \x01(\v2\x15.echomq.v1.SubscribedH\x00R\n" +
@@ -1398,7 +1492,7 @@ func file_echomq_v1_consumer_service_proto_rawDescGZIP() []byte {
 }
 
 var file_echomq_v1_consumer_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_echomq_v1_consumer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_echomq_v1_consumer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_echomq_v1_consumer_service_proto_goTypes = []any{
 	(GroupStart)(0),               // 0: echomq.v1.GroupStart
 	(FailKind)(0),                 // 1: echomq.v1.FailKind
@@ -1409,15 +1503,16 @@ var file_echomq_v1_consumer_service_proto_goTypes = []any{
 	(*Fail)(nil),                  // 6: echomq.v1.Fail
 	(*Extend)(nil),                // 7: echomq.v1.Extend
 	(*Drain)(nil),                 // 8: echomq.v1.Drain
-	(*ConsumeResponse)(nil),       // 9: echomq.v1.ConsumeResponse
-	(*DeliveryBatch)(nil),         // 10: echomq.v1.DeliveryBatch
-	(*Subscribed)(nil),            // 11: echomq.v1.Subscribed
-	(*Delivery)(nil),              // 12: echomq.v1.Delivery
-	(*VerdictError)(nil),          // 13: echomq.v1.VerdictError
-	nil,                           // 14: echomq.v1.Delivery.PayloadEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*RawField)(nil),              // 17: echomq.v1.RawField
+	(*Release)(nil),               // 9: echomq.v1.Release
+	(*ConsumeResponse)(nil),       // 10: echomq.v1.ConsumeResponse
+	(*DeliveryBatch)(nil),         // 11: echomq.v1.DeliveryBatch
+	(*Subscribed)(nil),            // 12: echomq.v1.Subscribed
+	(*Delivery)(nil),              // 13: echomq.v1.Delivery
+	(*VerdictError)(nil),          // 14: echomq.v1.VerdictError
+	nil,                           // 15: echomq.v1.Delivery.PayloadEntry
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(*RawField)(nil),              // 18: echomq.v1.RawField
 }
 var file_echomq_v1_consumer_service_proto_depIdxs = []int32{
 	4,  // 0: echomq.v1.ConsumeRequest.subscribe:type_name -> echomq.v1.Subscribe
@@ -1425,30 +1520,31 @@ var file_echomq_v1_consumer_service_proto_depIdxs = []int32{
 	6,  // 2: echomq.v1.ConsumeRequest.fail:type_name -> echomq.v1.Fail
 	7,  // 3: echomq.v1.ConsumeRequest.extend:type_name -> echomq.v1.Extend
 	8,  // 4: echomq.v1.ConsumeRequest.drain:type_name -> echomq.v1.Drain
-	0,  // 5: echomq.v1.Subscribe.group_start:type_name -> echomq.v1.GroupStart
-	15, // 6: echomq.v1.Subscribe.start_time:type_name -> google.protobuf.Timestamp
-	16, // 7: echomq.v1.Subscribe.ack_deadline:type_name -> google.protobuf.Duration
-	16, // 8: echomq.v1.Subscribe.retry_backoff_initial:type_name -> google.protobuf.Duration
-	16, // 9: echomq.v1.Subscribe.retry_backoff_max:type_name -> google.protobuf.Duration
-	16, // 10: echomq.v1.Fail.retry_after:type_name -> google.protobuf.Duration
-	1,  // 11: echomq.v1.Fail.kind:type_name -> echomq.v1.FailKind
-	16, // 12: echomq.v1.Extend.by:type_name -> google.protobuf.Duration
-	11, // 13: echomq.v1.ConsumeResponse.subscribed:type_name -> echomq.v1.Subscribed
-	12, // 14: echomq.v1.ConsumeResponse.delivery:type_name -> echomq.v1.Delivery
-	13, // 15: echomq.v1.ConsumeResponse.verdict_error:type_name -> echomq.v1.VerdictError
-	10, // 16: echomq.v1.ConsumeResponse.batch:type_name -> echomq.v1.DeliveryBatch
-	12, // 17: echomq.v1.DeliveryBatch.deliveries:type_name -> echomq.v1.Delivery
-	14, // 18: echomq.v1.Delivery.payload:type_name -> echomq.v1.Delivery.PayloadEntry
-	15, // 19: echomq.v1.Delivery.minted_at:type_name -> google.protobuf.Timestamp
-	17, // 20: echomq.v1.Delivery.raw_fields:type_name -> echomq.v1.RawField
-	2,  // 21: echomq.v1.VerdictError.code:type_name -> echomq.v1.VerdictErrorCode
-	3,  // 22: echomq.v1.ConsumerService.Consume:input_type -> echomq.v1.ConsumeRequest
-	9,  // 23: echomq.v1.ConsumerService.Consume:output_type -> echomq.v1.ConsumeResponse
-	23, // [23:24] is the sub-list for method output_type
-	22, // [22:23] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	9,  // 5: echomq.v1.ConsumeRequest.release:type_name -> echomq.v1.Release
+	0,  // 6: echomq.v1.Subscribe.group_start:type_name -> echomq.v1.GroupStart
+	16, // 7: echomq.v1.Subscribe.start_time:type_name -> google.protobuf.Timestamp
+	17, // 8: echomq.v1.Subscribe.ack_deadline:type_name -> google.protobuf.Duration
+	17, // 9: echomq.v1.Subscribe.retry_backoff_initial:type_name -> google.protobuf.Duration
+	17, // 10: echomq.v1.Subscribe.retry_backoff_max:type_name -> google.protobuf.Duration
+	17, // 11: echomq.v1.Fail.retry_after:type_name -> google.protobuf.Duration
+	1,  // 12: echomq.v1.Fail.kind:type_name -> echomq.v1.FailKind
+	17, // 13: echomq.v1.Extend.by:type_name -> google.protobuf.Duration
+	12, // 14: echomq.v1.ConsumeResponse.subscribed:type_name -> echomq.v1.Subscribed
+	13, // 15: echomq.v1.ConsumeResponse.delivery:type_name -> echomq.v1.Delivery
+	14, // 16: echomq.v1.ConsumeResponse.verdict_error:type_name -> echomq.v1.VerdictError
+	11, // 17: echomq.v1.ConsumeResponse.batch:type_name -> echomq.v1.DeliveryBatch
+	13, // 18: echomq.v1.DeliveryBatch.deliveries:type_name -> echomq.v1.Delivery
+	15, // 19: echomq.v1.Delivery.payload:type_name -> echomq.v1.Delivery.PayloadEntry
+	16, // 20: echomq.v1.Delivery.minted_at:type_name -> google.protobuf.Timestamp
+	18, // 21: echomq.v1.Delivery.raw_fields:type_name -> echomq.v1.RawField
+	2,  // 22: echomq.v1.VerdictError.code:type_name -> echomq.v1.VerdictErrorCode
+	3,  // 23: echomq.v1.ConsumerService.Consume:input_type -> echomq.v1.ConsumeRequest
+	10, // 24: echomq.v1.ConsumerService.Consume:output_type -> echomq.v1.ConsumeResponse
+	24, // [24:25] is the sub-list for method output_type
+	23, // [23:24] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_echomq_v1_consumer_service_proto_init() }
@@ -1463,8 +1559,9 @@ func file_echomq_v1_consumer_service_proto_init() {
 		(*ConsumeRequest_Fail)(nil),
 		(*ConsumeRequest_Extend)(nil),
 		(*ConsumeRequest_Drain)(nil),
+		(*ConsumeRequest_Release)(nil),
 	}
-	file_echomq_v1_consumer_service_proto_msgTypes[6].OneofWrappers = []any{
+	file_echomq_v1_consumer_service_proto_msgTypes[7].OneofWrappers = []any{
 		(*ConsumeResponse_Subscribed)(nil),
 		(*ConsumeResponse_Delivery)(nil),
 		(*ConsumeResponse_VerdictError)(nil),
@@ -1476,7 +1573,7 @@ func file_echomq_v1_consumer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_echomq_v1_consumer_service_proto_rawDesc), len(file_echomq_v1_consumer_service_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,7 +36,8 @@ type ConsumerServiceClient interface {
 	// Consume is the consumer call: one bidirectional stream per subscription.
 	//
 	// The first client message must be a `Subscribe`; every later one is a
-	// verdict (`Ack`, `Fail`) or a lease extension (`Extend`). The server answers
+	// verdict (`Ack`, `Fail`, `Release`), a lease extension (`Extend`) or a
+	// `Drain`. The server answers
 	// the subscribe with one `Subscribed`, then sends deliveries (one per frame,
 	// or in `DeliveryBatch` frames when the subscribe asks with `max_batch`) and
 	// per-verdict errors.
@@ -90,7 +91,8 @@ type ConsumerServiceServer interface {
 	// Consume is the consumer call: one bidirectional stream per subscription.
 	//
 	// The first client message must be a `Subscribe`; every later one is a
-	// verdict (`Ack`, `Fail`) or a lease extension (`Extend`). The server answers
+	// verdict (`Ack`, `Fail`, `Release`), a lease extension (`Extend`) or a
+	// `Drain`. The server answers
 	// the subscribe with one `Subscribed`, then sends deliveries (one per frame,
 	// or in `DeliveryBatch` frames when the subscribe asks with `max_batch`) and
 	// per-verdict errors.

@@ -186,12 +186,14 @@ class Sidecar:
 
 
 class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    """Counts, per branded id, the Ack ids the client really sends on the wire;
-    records the `max_in_flight` of each `Subscribed` it receives, and the most
-    deliveries one call had received and sent no verdict for at once."""
+    """Counts, per branded id, the Ack ids the client really sends on the wire,
+    and the Release ids; records the `max_in_flight` of each `Subscribed` it
+    receives, and the most deliveries one call had received and sent no
+    verdict for at once."""
 
     def __init__(self) -> None:
         self.acks: Counter[str] = Counter()
+        self.released: Counter[str] = Counter()
         self.sent_max_in_flight: list[int] = []
         self.subscribed_max_in_flight: list[int] = []
         self.peak_unsettled = 0
@@ -212,6 +214,9 @@ class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
                     unsettled -= len(request.ack.ids)
                 elif kind == "fail":
                     unsettled -= 1
+                elif kind == "release":
+                    self.released.update(request.release.ids)
+                    unsettled -= len(request.release.ids)
                 elif kind == "subscribe":
                     self.sent_max_in_flight.append(request.subscribe.max_in_flight)
                 yield request

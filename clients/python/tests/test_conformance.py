@@ -282,6 +282,10 @@ class ScenarioRunner:
             began = time.monotonic()
             await self.stop_all(int(arg) / 1000)
             self.run.stop_ms = (time.monotonic() - began) * 1000
+        elif name == "stop_first":
+            self.stopped.add(0)
+            await self.consumers[0].stop(int(arg) / 1000)
+            await self.consumers[0].wait()
         elif name == "kill_sidecar":
             self.sidecar.kill()
         elif name == "restart_sidecar":
@@ -381,6 +385,11 @@ class ScenarioRunner:
                 wrong = {i: self.acks.acks[i] for i in ids if self.acks.acks[i] != 1}
                 extra = set(self.acks.acks) - ids
                 assert (not wrong and not extra) == want, f"ack counts off: {wrong}, acks of unhandled ids: {extra}"
+            elif key == "released":
+                repeated = {i: n for i, n in self.acks.released.items() if n != 1}
+                assert not repeated, f"ids released more than once: {repeated}"
+                got = len(self.acks.released)
+                assert got == want, f"{got} ids released, want {want}"
             elif key == "payload_equals_appended":
                 for c in run.calls:
                     assert (c.payload == run.appended[c.stream_id]) == want, f"payload of {c.stream_id} differs"

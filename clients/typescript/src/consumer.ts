@@ -481,8 +481,12 @@ export class Consumer {
    * handlers under way may finish within `deadlineMs` and their verdicts are
    * sent, coalesced acks included; then the call is closed. Deliveries
    * received but not started, and those still arriving after the Drain, are
-   * not handed to a handler: they stay pending in the group and are delivered
-   * again after the sidecar's backoff.
+   * not handed to a handler: right after the Drain they are given back in
+   * one `Release`, and the group's other consumers (this sidecar's other
+   * calls, or a peer sidecar's next reclaim beat) get them at once, with the
+   * `attempts` they had, so a rolling restart costs no attempt and no wait
+   * for the sidecar's `--reclaim-min-idle-ms` (with `noAck` nothing is
+   * pending, so nothing is released).
    *
    * At the deadline, only the handlers still running lose their verdicts: the
    * call refuses verdicts from then on (`ack()`/`fail()` return false), then
@@ -508,11 +512,14 @@ export class Consumer {
     }
     if (this.#state === 'running') {
       this.#state = 'stopping';
-      this.#queue.clear();
+      const unstarted = this.#queue.takeAll();
       this.#wakeAll();
       // Before any verdict of the handlers under way: the sidecar stops handing
       // out (and reading) before their credit frees.
       this.#call?.drain();
+      // No handler starts any more: what waited goes back to the group now.
+      const call = this.#call;
+      if (call) call.release(unstarted.filter((delivery) => delivery.call === call));
       this.#closing = this.#settleAndClose(Date.now() + deadlineMs);
     }
     await this.#closing;
@@ -668,9 +675,13 @@ export class Consumer {
   }
 
   #onDeliveries(call: Call, deliveries: readonly DeliveryImpl[]): void {
-    // While stopping, nothing new starts: the entries stay held by the call
-    // and return to the group's PEL when the call closes.
-    if (this.#stopping || call !== this.#call) return;
+    if (call !== this.#call) return;
+    // While stopping, nothing new starts: what was on the wire goes back to
+    // the group at once (a graceful stop has sent its Drain already).
+    if (this.#stopping) {
+      call.release(deliveries);
+      return;
+    }
     for (const delivery of deliveries) this.#queue.push(delivery);
     // Wake as many idle workers as there is work for: one per delivery, or
     // one per batch of up to maxBatch.
@@ -862,6 +873,13 @@ class Fifo<T> {
     this.#head = 0;
   }
 
+  /** Empties the queue, returning what it held in order. */
+  takeAll(): T[] {
+    const items = this.#items.slice(this.#head) as T[];
+    this.clear();
+    return items;
+  }
+
   removeIf(drop: (item: T) => boolean): void {
     if (this.length === 0) return;
     this.#items = (this.#items.slice(this.#head) as T[]).filter((item) => !drop(item));
@@ -993,6 +1011,29 @@ class Call {
     if (this.#drained || !this.#writable) return false;
     this.#drained = true;
     this.#stream.write({ drain: {} });
+    return true;
+  }
+
+  /**
+   * Gives `deliveries` (of this call, never handed to a handler) back to the
+   * group in one `Release`: the sidecar returns them
+   * at once with their delivery count restored, for another consumer. Each
+   * counts as settled here. False (nothing sent) when none is unsettled, at
+   * most once (`noAck`: nothing is pending), or when the call can no longer
+   * take a frame (once it ended the sidecar has returned them already).
+   */
+  release(deliveries: readonly DeliveryImpl[]): boolean {
+    if (this.noAck || !this.#writable) return false;
+    const ids: string[] = [];
+    for (const delivery of deliveries) {
+      if (!delivery.markReleased()) continue;
+      this.#held.delete(delivery.id);
+      ids.push(delivery.id);
+    }
+    if (ids.length === 0) return false;
+    // Ahead of the acks waiting, as the Drain: they name other deliveries,
+    // and the call takes no new ones.
+    this.#stream.write({ release: { ids } });
     return true;
   }
 
@@ -1198,6 +1239,14 @@ class DeliveryImpl implements Delivery {
     if (this.#abortReason !== undefined) return;
     this.#abortReason = reason;
     this.#controller?.abort(reason);
+  }
+
+  /** Given back unstarted (a Release, from the call): settled with no verdict; false when it already was. */
+  markReleased(): boolean {
+    if (this.#settled) return false;
+    this.#settled = true;
+    this.call.events.settled(this);
+    return true;
   }
 
   /** LEASE_LOST (from the call): settled with no verdict, and the signal aborts. */

@@ -67,7 +67,7 @@ const KNOWN_EXPECT_KEYS = new Set([
   'handled', 'distinct_handled', 'attempts', 'min_redelivery_gap_ms', 'pending_after', 'dead_letters',
   'dead_letter_fields', 'dead_letter_keeps_branded_id', 'each_acked_once', 'payload_equals_appended',
   'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms', 'lease_lost_signalled', 'stream_length',
-  'handled_ids_equal_appended', 'sent_max_in_flight', 'subscribed_max_in_flight', 'peak_unsettled_at_least',
+  'handled_ids_equal_appended', 'sent_max_in_flight', 'subscribed_max_in_flight', 'peak_unsettled_at_least', 'released',
 ]);
 
 /** The parts of a ConsumeResponse the interceptor reads. */
@@ -110,6 +110,8 @@ class Run {
   readonly verdictErrors: VerdictError[] = [];
   /** Ack ids the client sent, counted in an interceptor on the wire side. */
   readonly acksSent = new Map<string, number>();
+  /** Release ids the client sent, counted likewise. */
+  readonly releasedSent = new Map<string, number>();
   subscribedCalls = 0;
   stopMs: number | undefined;
   /** Handler calls that saw their delivery's signal abort with a LeaseLostError. */
@@ -147,12 +149,18 @@ class Run {
         });
       },
       sendMessage: (
-        message: { ack?: { ids: string[] } | null; fail?: object | null; subscribe?: { maxInFlight?: number } | null },
+        message: {
+          ack?: { ids: string[] } | null;
+          fail?: object | null;
+          release?: { ids: string[] } | null;
+          subscribe?: { maxInFlight?: number } | null;
+        },
         next,
       ) => {
         if (message.subscribe) this.sentMaxInFlight.push(Number(message.subscribe.maxInFlight ?? 0));
         for (const id of message.ack?.ids ?? []) this.acksSent.set(id, (this.acksSent.get(id) ?? 0) + 1);
-        unsettled -= (message.ack?.ids.length ?? 0) + (message.fail ? 1 : 0);
+        for (const id of message.release?.ids ?? []) this.releasedSent.set(id, (this.releasedSent.get(id) ?? 0) + 1);
+        unsettled -= (message.ack?.ids.length ?? 0) + (message.release?.ids.length ?? 0) + (message.fail ? 1 : 0);
         next(message);
       },
     });
@@ -386,6 +394,11 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
           run.stopMs = Date.now() - started;
           break;
         }
+        case 'stop_first': {
+          await consumers[0]!.consumer.stop({ deadlineMs: Number(arg) });
+          assert.equal(await consumers[0]!.done, undefined, 'the first consumer stopped cleanly');
+          break;
+        }
         case 'kill_sidecar':
           await fixture.killSidecar();
           break;
@@ -495,6 +508,10 @@ async function check(fixture: Fixture, scenario: Scenario, stream: string, run: 
   if (expect.each_acked_once) {
     for (const id of distinct) assert.equal(run.acksSent.get(id) ?? 0, 1, `acks sent for ${id}`);
     assert.equal(run.acksSent.size, distinct.size, 'acks sent only for handled ids');
+  }
+  if (expect.released !== undefined) {
+    for (const [id, n] of run.releasedSent) assert.equal(n, 1, `releases sent for ${id}`);
+    assert.equal(run.releasedSent.size, expect.released, 'ids released');
   }
   if (expect.payload_equals_appended) {
     assert.ok(run.calls.length > 0, 'payload_equals_appended: nothing handled');

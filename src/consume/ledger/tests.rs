@@ -769,3 +769,101 @@ fn an_invalid_fail_kind_is_answered_and_leaves_the_delivery_held() {
     assert!(!ledger.has_orders());
     assert_eq!(ledger.answers(1), [(branded(1).to_string(), VerdictErrorCode::InvalidArgument)]);
 }
+
+/// A Release of entries `ns`, sent as their branded ids.
+fn release_of(ns: &[u64]) -> Vec<(String, BrandedId)> {
+    ns.iter().map(|&n| (branded(n).to_string(), branded(n))).collect()
+}
+
+#[test]
+fn a_release_frees_the_slot_at_once_and_queues_the_entry_for_release_lua() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(2));
+    hand_out(&mut ledger, 1..=2, now);
+    assert_eq!(ledger.deliveries(1), vec![1, 2]);
+    assert_eq!(ledger.free_for_due(), 0);
+    ledger.release(1, release_of(&[2]), now + MS);
+    assert_eq!(ledger.held(), 1, "the released delivery left the call");
+    assert_eq!(ledger.free_for_due(), 1, "its slot is free at once");
+    assert!(!ledger.tracks(sid(2)), "untracked until release.lua says what it did");
+    assert!(ledger.take_due(now + Duration::from_secs(3600), 10).is_empty(), "not claimed before it is given back");
+    let orders = ledger.take_orders();
+    assert_eq!(orders.releases.len(), 1);
+    assert_eq!((orders.releases[0].stream_id, orders.releases[0].session), (sid(2), 1));
+    assert!(orders.retry_writes.is_empty() && orders.acks.is_empty(), "a release writes no retry state, acks nothing");
+    assert_eq!(ledger.tally().fails, 0, "a release is no Fail");
+    assert!(ledger.tally().handler_seconds.is_empty(), "no handler ran it: no handler time");
+    ledger.ack(1, branded(2).to_string(), branded(2), now + MS);
+    assert_eq!(ledger.answers(1), vec![(branded(2).to_string(), VerdictErrorCode::UnknownId)], "no longer held");
+    assert!(ledger.take_orders().acks.is_empty());
+}
+
+#[test]
+fn a_released_entry_waits_due_now_for_the_groups_other_calls() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(1));
+    hand_out(&mut ledger, 1..=1, now);
+    assert_eq!(ledger.deliveries(1), vec![1]);
+    call(&mut ledger, 2, policy(1));
+    ledger.drain_call(1);
+    ledger.release(1, release_of(&[1]), now);
+    let orders = ledger.take_orders().releases;
+    ledger.released(orders, vec![(sid(1), Released::GivenBack { deliveries: 0 })], now);
+    assert_eq!(ledger.tally().releases, 1);
+    assert_eq!(ledger.next_due(), Some(now), "due at once");
+    assert_eq!(ledger.take_due(now, 10), vec![sid(1)], "for call 2, which has room");
+    assert!(ledger.answers(1).is_empty());
+    ledger.offer(entry(1, 1), now);
+    assert_eq!(ledger.deliveries(2), vec![1]);
+}
+
+#[test]
+fn a_release_not_applied_says_why_per_id_and_leaves_the_rest() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    hand_out(&mut ledger, 1..=4, now);
+    ledger.deliveries(1);
+    ledger.lease_lost(sid(4));
+    ledger.answers(1);
+    // 5 was never delivered, 4 was lost to a peer: answered, nothing queued.
+    ledger.release(1, release_of(&[1, 2, 3, 4, 5]), now);
+    let expected = [(4, VerdictErrorCode::NotPending), (5, VerdictErrorCode::UnknownId)];
+    assert_eq!(ledger.answers(1), expected.map(|(n, code)| (branded(n).to_string(), code)));
+    let orders = ledger.take_orders().releases;
+    assert_eq!(orders.iter().map(|o| o.stream_id).collect::<Vec<_>>(), vec![sid(1), sid(2), sid(3)]);
+    let outcomes =
+        vec![(sid(1), Released::GivenBack { deliveries: 0 }), (sid(2), Released::NotOurs), (sid(3), Released::Deleted)];
+    ledger.released(orders, outcomes, now);
+    let expected = [(2, VerdictErrorCode::NotPending), (3, VerdictErrorCode::NotPending)];
+    assert_eq!(ledger.answers(1), expected.map(|(n, code)| (branded(n).to_string(), code)));
+    assert!(ledger.tracks(sid(1)) && !ledger.tracks(sid(2)) && !ledger.tracks(sid(3)), "only 1 waits here");
+    assert_eq!((ledger.tally().releases, ledger.tally().trimmed), (1, 1));
+    // Released twice: the second is not held any more.
+    ledger.release(1, release_of(&[1]), now);
+    assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::UnknownId)]);
+}
+
+#[test]
+fn an_at_most_once_release_is_invalid_and_leaves_the_delivery_held() {
+    let now = Instant::now();
+    let mut at_most_once = Checked::new(Ledger::new("s", "g", true, false, false));
+    call(&mut at_most_once, 1, policy(4));
+    at_most_once.offer(entry(1, 1), now);
+    at_most_once.release(1, release_of(&[1]), now);
+    assert_eq!(at_most_once.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::InvalidArgument)]);
+    assert_eq!(at_most_once.held(), 1);
+    assert!(at_most_once.take_orders().releases.is_empty());
+}
+
+#[test]
+fn a_release_that_failed_answers_unavailable_and_its_entry_waits() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(4));
+    hand_out(&mut ledger, 1..=1, now);
+    ledger.release(1, release_of(&[1]), now);
+    let orders = ledger.take_orders().releases;
+    let entries = orders.into_iter().map(|o| (o.stream_id, Some((o.session, o.text))));
+    ledger.not_written(entries, "releasing failed", now + Duration::from_secs(1));
+    assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::Unavailable)]);
+    assert_eq!(ledger.next_due(), Some(now + Duration::from_secs(1)));
+}

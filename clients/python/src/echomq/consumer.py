@@ -251,6 +251,19 @@ class _Call:
         self._outbox.put_nowait(request)
         return True
 
+    def give_back(self, deliveries: list[Delivery]) -> bool:
+        """Sends one `Release` of `deliveries` (of this call, never handed to a
+        handler): the sidecar returns them to the group at once with their
+        delivery count restored, for another consumer (this sidecar's other
+        calls, or a peer's next reclaim beat), so they cost no attempt and no
+        wait for the reclaim's min-idle. They count as settled here. False (and
+        nothing sent) when there are none or the call is closed."""
+        for delivery in deliveries:
+            delivery._settled = True
+            self.release(delivery)
+        ids = [delivery.id for delivery in deliveries]
+        return bool(ids) and self.send(pb.ConsumeRequest(release=pb.Release(ids=ids)))
+
     def drain(self) -> bool:
         """Asks the sidecar for no further deliveries on this call; verdicts
         still work. Sent once; false when the call is closed or already drained."""
@@ -455,6 +468,8 @@ class Consumer:
         self.concurrency: int | None = concurrency
         self.max_batch = max_batch
         self.ack_linger = linger
+        #: At most once: nothing is pending, so nothing is ever released.
+        self._no_ack = no_ack
         # The effective max_in_flight: as asked, until a subscribe says (_serve).
         self._max_in_flight = max_in_flight or DEFAULT_MAX_IN_FLIGHT
         self._iterated = iterated
@@ -560,10 +575,13 @@ class Consumer:
 
         First a `Drain` goes out on the call: the sidecar hands it nothing more
         and reads nothing more for it, so the credit freed by the last verdicts
-        cannot pull another entry into the group's PEL. Deliveries that arrive
-        after it (already on the wire) and deliveries that no handler started
-        are left un-settled: the sidecar returns them to the group when the call
-        ends. Handlers still running at the deadline are cancelled; their
+        cannot pull another entry into the group's PEL. Then a `Release` gives
+        back the deliveries that no handler started (and those that arrive
+        after the Drain, already on the wire): the group's other consumers get
+        them at once, with the `attempts` they had, so a rolling restart costs
+        no attempt and no wait for the sidecar's `--reclaim-min-idle-ms`.
+        (A `no_ack` consumer releases nothing: its entries are not pending.)
+        Handlers still running at the deadline are cancelled; their
         entries stay pending and are delivered again. The call then gets what is
         left of the deadline (at least `CLOSE_GRACE` seconds) to end cleanly.
         Never raises a consumer error: use `wait()` for that. Calling it again
@@ -588,6 +606,8 @@ class Consumer:
             # Queued before any verdict of the handlers still running, so the
             # sidecar stops handing out (and reading) before their credit frees.
             call.drain()
+            # No handler starts any more (`_stopping` is set): what waits goes back.
+            self._release_unstarted(call)
         if wait_for_handed:
             while self._unsettled_handed() and loop.time() < end and not self._task.done():
                 await asyncio.sleep(0.01)
@@ -839,13 +859,27 @@ class Consumer:
 
     def _dispatch(self, call: _Call, messages: Iterable[pb.Delivery]) -> None:
         assert self._stopping is not None
-        if self._stopping.is_set():
-            return  # stopping: left held; the sidecar returns them to the group when the call ends
         from_proto, held = Delivery.from_proto, call.held
         deliveries = [from_proto(message, call) for message in messages]
+        if self._stopping.is_set():
+            # On the wire when the consumer stopped: never started, so given back.
+            if not self._no_ack:
+                call.give_back(deliveries)
+            return
         for delivery in deliveries:
             held[delivery.id] = delivery
         self._ready.put(deliveries)
+
+    def _release_unstarted(self, call: _Call) -> None:
+        """Gives back (one `Release`) the deliveries of `call` that wait for a
+        handler or the iteration and will never get one: the consumer stops.
+        At most once (`no_ack`) nothing is pending, so nothing is released."""
+        items = self._ready.items
+        unstarted = [d for d in items if d._call is call and not d._settled and not d._lost]
+        items.clear()
+        if unstarted and not self._no_ack:
+            call.give_back(unstarted)
+            log.info("stop: released %d deliveries no handler started back to the group", len(unstarted))
 
     def _retire_workers(self) -> set[asyncio.Task[None]]:
         """Cancels the idle workers (no handler starts any more: `_stopping` is

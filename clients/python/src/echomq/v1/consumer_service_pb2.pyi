@@ -49,18 +49,20 @@ VERDICT_ERROR_CODE_UNAVAILABLE: VerdictErrorCode
 VERDICT_ERROR_CODE_LEASE_LOST: VerdictErrorCode
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("subscribe", "ack", "fail", "extend", "drain")
+    __slots__ = ("subscribe", "ack", "fail", "extend", "drain", "release")
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     FAIL_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     subscribe: Subscribe
     ack: Ack
     fail: Fail
     extend: Extend
     drain: Drain
-    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
+    release: Release
+    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
     __slots__ = ("stream", "group", "group_start", "start_id", "start_time", "max_in_flight", "ack_deadline", "retry_backoff_initial", "retry_backoff_max", "dead_letter_stream", "max_deliveries", "no_ack", "max_batch")
@@ -123,6 +125,12 @@ class Extend(_message.Message):
 class Drain(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
     __slots__ = ("subscribed", "delivery", "verdict_error", "batch")

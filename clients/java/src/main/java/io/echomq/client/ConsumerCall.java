@@ -4,6 +4,7 @@ import io.echomq.v1.Ack;
 import io.echomq.v1.ConsumeRequest;
 import io.echomq.v1.ConsumeResponse;
 import io.echomq.v1.Drain;
+import io.echomq.v1.Release;
 import io.echomq.v1.VerdictErrorCode;
 import io.grpc.Status;
 import io.grpc.stub.ClientCallStreamObserver;
@@ -87,6 +88,10 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
    * nor lost to a peer, by branded id.
    */
   private final Map<String, Delivery> holding = new HashMap<>();
+  /** The Drain went out (see {@link #release}). */
+  private boolean drained;
+  /** Deliveries given back before the Drain went out, released right after it. */
+  private List<Delivery> unstarted = new ArrayList<>();
 
   ConsumerCall(long generation, Listener listener, AckWindow settings, int maxInFlight) {
     this.generation = generation;
@@ -246,8 +251,51 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
    *
    * @return false when the call is no longer open: nothing was sent
    */
-  boolean drain() {
-    return send(DRAIN);
+  synchronized boolean drain() {
+    boolean sent = send(DRAIN);
+    drained = true;
+    List<Delivery> waiting = unstarted;
+    unstarted = new ArrayList<>();
+    releaseLocked(waiting);
+    return sent;
+  }
+
+  /**
+   * Sends one {@code Release} of {@code deliveries} (of this call, never handed to a handler): the
+   * sidecar gives them back to the group at once with their delivery count restored, for another
+   * consumer (this sidecar's other calls, or a peer's next reclaim beat), so they cost no attempt
+   * and no wait for the reclaim's min-idle. Each counts as settled here. Before the {@code Drain}
+   * they wait for it: released earlier, an entry would be handed straight back to this call, the
+   * one with room. Nothing is sent for one already settled or whose lease was lost, at most once
+   * (nothing is pending), or once the call ended (the sidecar returned them already). It goes
+   * ahead of the waiting acks, as the Drain: they name other deliveries.
+   */
+  @Override
+  public synchronized void release(List<Delivery> deliveries) {
+    if (!drained) {
+      unstarted.addAll(deliveries);
+      return;
+    }
+    releaseLocked(deliveries);
+  }
+
+  private void releaseLocked(List<Delivery> deliveries) {
+    if (deliveries.isEmpty() || settings.noAck() || !open) {
+      return;
+    }
+    List<String> ids = new ArrayList<>(deliveries.size());
+    for (Delivery delivery : deliveries) {
+      if (delivery.sink() == this && delivery.markReleased()) {
+        holding.remove(delivery.id(), delivery);
+        ids.add(delivery.id());
+      }
+    }
+    if (ids.isEmpty()) {
+      return;
+    }
+    if (writeLocked(ConsumeRequest.newBuilder().setRelease(Release.newBuilder().addAllIds(ids)).build())) {
+      LOG.log(System.Logger.Level.INFO, "stop: released {0} deliveries no handler started back to the group", ids.size());
+    }
   }
 
   @Override

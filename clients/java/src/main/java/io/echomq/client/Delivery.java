@@ -173,6 +173,16 @@ public final class Delivery {
     leaseLost = true;
   }
 
+  /**
+   * Given back unstarted by a graceful stop (a {@code Release}): settled without a verdict, so
+   * nothing more is sent for it. The call runs this under its lock.
+   *
+   * @return false when it was settled already (or its lease was lost): it is not released
+   */
+  boolean markReleased() {
+    return settled.compareAndSet(false, true);
+  }
+
   /** Second half, outside the call's lock: completes {@link #leaseLost()} (on a gRPC thread). */
   void signalLeaseLost() {
     CompletableFuture<Void> signal;

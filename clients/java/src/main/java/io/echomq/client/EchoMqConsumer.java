@@ -66,7 +66,8 @@ import java.util.function.Consumer;
  *   <li>{@link #stop(Duration)} sends {@code Drain} (the sidecar hands the call nothing more),
  *       stops taking work, lets running handlers finish within the deadline, sends their
  *       verdicts (the coalesced acks included), then closes the call. Deliveries that were received but
- *       not yet handed to a handler stay pending and come back after the sidecar's backoff. At the
+ *       not yet handed to a handler go back to the group at once in a {@code Release}, with the
+ *       attempts they had, for its other consumers. At the
  *       deadline only the handlers still running lose their verdicts; those given before still
  *       go out.</li>
  *   <li>{@link #abort()} drops the call at once, with no verdicts.</li>
@@ -237,8 +238,11 @@ public final class EchoMqConsumer implements AutoCloseable {
    * and reads nothing more from Redis on its behalf; hands no new delivery to a handler, lets
    * running handlers finish within {@code deadline}, sends their verdicts, then closes the call.
    * What was received but not started (including deliveries that were already on the wire when
-   * the sidecar got the Drain) stays pending in the group and is delivered again after the
-   * sidecar's backoff.
+   * the sidecar got the Drain) is given back in one {@code Release} right after the Drain: the
+   * group's other consumers (this sidecar's other calls, or a peer sidecar's next reclaim beat)
+   * get it at once, with the {@code attempts} it had, so a rolling restart costs no attempt and no
+   * wait for the sidecar's {@code --reclaim-min-idle-ms} (with {@code noAck} nothing is pending,
+   * so nothing is released).
    *
    * <p>Running handlers get 90 % of the deadline (the rest, at most 1 s, is kept to close the
    * call). If some are still running then, only they lose their verdicts: the call refuses
@@ -283,9 +287,11 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
     // First step, before waiting for the running handlers: Drain, so the credit their acks free
     // cannot pull another entry into this call (and the group's PEL) just before it closes.
-    // Deliveries already on the wire still arrive; onDelivery leaves them un-settled.
+    // Then what no handler started goes back to the group (deliveries still on the wire too, as
+    // they arrive: onDeliveries).
     if (call != null) {
       call.drain();
+      call.release(unstarted(handlers.takeWaiting()));
     }
     Thread stopper = new Thread(() -> finishStop(deadline, result), "echomq-stop-" + stream);
     stopper.setDaemon(true);
@@ -415,6 +421,20 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
   }
 
+  /** The deliveries of handler-queue items (deliveries, or frames for the batch handler). */
+  @SuppressWarnings("unchecked")
+  private static List<Delivery> unstarted(List<Object> items) {
+    List<Delivery> deliveries = new ArrayList<>(items.size());
+    for (Object item : items) {
+      if (item instanceof Delivery delivery) {
+        deliveries.add(delivery);
+      } else {
+        deliveries.addAll((List<Delivery>) item);
+      }
+    }
+    return deliveries;
+  }
+
   /** Runs one item of the handler queue: a delivery, or a frame for the batch handler. */
   @SuppressWarnings("unchecked")
   private void runItem(Object item) {
@@ -427,8 +447,10 @@ public final class EchoMqConsumer implements AutoCloseable {
 
   private void runHandler(Delivery delivery) {
     if (state != State.RUNNING || !delivery.sink().isOpen() || delivery.isLeaseLost()) {
-      // Stopping, or the call broke while the delivery waited: leave it to come back. Or a peer
-      // took the entry before its handler started: it is the peer's to run now.
+      // Stopping: given back, never started. The call broke while the delivery waited: the
+      // sidecar returned it already. Or a peer took the entry before its handler started: it is
+      // the peer's to run now (nothing is released for it).
+      delivery.sink().release(List.of(delivery));
       return;
     }
     try {
@@ -448,7 +470,8 @@ public final class EchoMqConsumer implements AutoCloseable {
 
   private void runBatchHandler(List<Delivery> batch) {
     if (state != State.RUNNING || !batch.get(0).sink().isOpen()) {
-      return; // As for a single delivery: left to come back.
+      batch.get(0).sink().release(batch); // As for a single delivery.
+      return;
     }
     List<Verdict> verdicts;
     try {
@@ -585,11 +608,11 @@ public final class EchoMqConsumer implements AutoCloseable {
 
     @Override
     public void onDeliveries(ConsumerCall call, List<Delivery> frame) {
-      // Stopping (Drain sent; these were already on the wire), or the call broke: not handed to a
-      // handler and not settled; they stay pending and come back after the backoff. The queue holds
-      // the call's max_in_flight, which the sidecar never exceeds, so this waits only while a
-      // broken call's leftovers are skipped.
+      // Stopping (Drain sent; these were already on the wire): not handed to a handler, given
+      // back. The queue holds the call's max_in_flight, which the sidecar never exceeds, so this
+      // waits only while a broken call's leftovers are skipped.
       if (state != State.RUNNING) {
+        call.release(frame);
         return;
       }
       java.util.function.BooleanSupplier wanted = () -> state == State.RUNNING && call.isOpen();

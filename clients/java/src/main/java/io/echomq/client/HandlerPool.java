@@ -1,6 +1,8 @@
 package io.echomq.client;
 
 import java.lang.System.Logger.Level;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.TimeUnit;
@@ -113,6 +115,13 @@ final class HandlerPool {
         }
       }
     }
+  }
+
+  /** Takes the waiting items out of the queue, in order: no thread starts them. */
+  List<Object> takeWaiting() {
+    List<Object> waiting = new ArrayList<>();
+    queue.drainTo(waiting);
+    return waiting;
   }
 
   /** No item starts from now on; idle threads end, running items finish. Waiting items are dropped. */

@@ -2,6 +2,7 @@ package io.echomq.client;
 
 import io.echomq.v1.Ack;
 import io.echomq.v1.ConsumeRequest;
+import java.util.List;
 
 /**
  * Where a delivery's verdict goes: the one call that delivered it. A sink whose call has ended
@@ -30,6 +31,13 @@ interface VerdictSink {
   default boolean fail(Delivery delivery, ConsumeRequest request) {
     return send(request);
   }
+
+  /**
+   * Gives {@code deliveries} (of this call, never handed to a handler) back to the group: the
+   * sidecar returns them at once with their delivery count restored. Nothing is sent by a sink that
+   * cannot (the default).
+   */
+  default void release(List<Delivery> deliveries) {}
 
   /** False once verdicts given to this sink can no longer reach the sidecar. */
   default boolean isOpen() {

@@ -88,6 +88,8 @@ final class ScenarioRun {
   private final CountDownLatch scenarioOver = new CountDownLatch(1);
   /** Acks the client sent, per id, counted on the wire by an interceptor. */
   private final Map<String, Integer> acksSent = new ConcurrentHashMap<>();
+  /** Release ids the client sent, per id, counted likewise. */
+  private final Map<String, Integer> releasedSent = new ConcurrentHashMap<>();
   private final List<String> verdictErrors = Collections.synchronizedList(new ArrayList<>());
   /** Appended fields by stream id, for payload_equals_appended. */
   private final Map<String, Map<String, byte[]>> appended = new ConcurrentHashMap<>();
@@ -461,6 +463,10 @@ final class ScenarioRun {
           if (message instanceof ConsumeRequest request && request.hasFail()) {
             unsettled.decrementAndGet();
           }
+          if (message instanceof ConsumeRequest request && request.hasRelease()) {
+            request.getRelease().getIdsList().forEach(id -> releasedSent.merge(id, 1, Integer::sum));
+            unsettled.addAndGet(-request.getRelease().getIdsCount());
+          }
           if (message instanceof ConsumeRequest request && request.hasSubscribe()) {
             sentMaxInFlight.add(request.getSubscribe().getMaxInFlight());
           }
@@ -497,6 +503,12 @@ final class ScenarioRun {
           consumer.stop(Duration.ofMillis(Long.parseLong(arg))).get(Long.parseLong(arg) + 5000, TimeUnit.MILLISECONDS);
         }
         stopMillis = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t0);
+      }
+      case "stop_first" -> {
+        long ms = Long.parseLong(arg);
+        if (!consumers.get(0).stop(Duration.ofMillis(ms)).get(ms + 5000, TimeUnit.MILLISECONDS)) {
+          problems.add("stop_first: the first consumer did not stop cleanly within " + ms + " ms");
+        }
       }
       case "kill_sidecar" -> fixture.killSidecar();
       case "restart_sidecar" -> fixture.restartSidecar();
@@ -631,6 +643,14 @@ final class ScenarioRun {
               problems.add("each_acked_once: acks sent per id differ for " + wrong.size() + " ids: " + first(wrong, 10));
             }
           }
+        }
+        case "released" -> {
+          releasedSent.forEach((id, n) -> {
+            if (n != 1) {
+              problems.add("released: " + id + " released " + n + " times");
+            }
+          });
+          same("released (ids sent in Release messages)", want.getAsInt(), releasedSent.size());
         }
         case "payload_equals_appended" -> {
           if (want.getAsBoolean()) {
