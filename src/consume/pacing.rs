@@ -31,11 +31,12 @@ pub(super) enum Step {
     DeadLetter,
     RecreateGroup,
     Hygiene,
+    AckEmit,
 }
 
 impl Step {
     /// Every step, so each one's error series exists from the start.
-    pub(super) const ALL: [Step; 9] = [
+    pub(super) const ALL: [Step; 10] = [
         Step::Read,
         Step::Recover,
         Step::Redeliver,
@@ -45,6 +46,7 @@ impl Step {
         Step::DeadLetter,
         Step::RecreateGroup,
         Step::Hygiene,
+        Step::AckEmit,
     ];
 
     /// The metric label: a short snake_case word.
@@ -59,6 +61,7 @@ impl Step {
             Step::DeadLetter => "dead_letter",
             Step::RecreateGroup => "recreate_group",
             Step::Hygiene => "hygiene",
+            Step::AckEmit => "ack_emit",
         }
     }
 
@@ -74,6 +77,7 @@ impl Step {
             Step::DeadLetter => "dead-lettering",
             Step::RecreateGroup => "re-creating the group",
             Step::Hygiene => "recording the heartbeat and removing dead consumers",
+            Step::AckEmit => "acknowledging and emitting (AckEmit)",
         }
     }
 }

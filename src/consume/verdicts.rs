@@ -38,6 +38,8 @@ pub(crate) enum Refusal {
     FailWithoutPel,
     /// [`unavailable`], saying what happened to the entry.
     Unavailable(String),
+    /// [`permission_denied`], saying which stream.
+    PermissionDenied(String),
 }
 
 impl Refusal {
@@ -52,6 +54,7 @@ impl Refusal {
             Refusal::Invalid(reason) => invalid(id, reason),
             Refusal::FailWithoutPel => fail_without_pel(id),
             Refusal::Unavailable(message) => unavailable(id, message),
+            Refusal::PermissionDenied(message) => permission_denied(id, message),
         }
     }
 }
@@ -131,6 +134,12 @@ pub(crate) fn bad_extension(id: &str) -> VerdictError {
 /// happened to the entry.
 pub(crate) fn unavailable(id: &str, message: impl Into<String>) -> VerdictError {
     error(id, VerdictErrorCode::Unavailable, message)
+}
+
+/// PERMISSION_DENIED: an AckEmit names a stream outside the allow-list;
+/// `message` says which.
+pub(crate) fn permission_denied(id: &str, message: impl Into<String>) -> VerdictError {
+    error(id, VerdictErrorCode::PermissionDenied, message)
 }
 
 /// Why a held entry cannot be settled: it was deleted from the stream.

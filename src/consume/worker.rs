@@ -26,14 +26,17 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
+    ack_emit,
     commands::Command,
     dead_letter, delivery, gauges, hygiene, lease,
     ledger::{Ledger, Work},
-    orders::{DeadLetterOrder, PendingAck, Redelivery, RetryWrite, SessionId},
+    orders::{DeadLetterOrder, EmitOrder, PendingAck, Redelivery, RetryWrite, SessionId},
     outlet::Outlet,
     pacing::{Pacing, Step},
     reader::{self, Reader},
-    recovery, retry, settle, GroupKeys, Shared,
+    recovery, retry, settle,
+    verdicts::Refusal,
+    GroupKeys, Shared,
 };
 use crate::{error::Error, id::StreamId, proto::Delivery, redis::RawEntry};
 
@@ -222,6 +225,7 @@ impl Worker {
                 }
             }
             Command::Fail { session, fail } => self.ledger.fail(session, fail, now),
+            Command::AckEmit { session, text, id, emits } => self.ledger.ack_emit(session, text, id, emits, now),
             Command::Extend { session, ids, by } => self.ledger.extend(session, ids, by, now),
             Command::Drain { session } => {
                 self.ledger.drain_call(session);
@@ -265,7 +269,8 @@ impl Worker {
     }
 
     /// The Redis writes the ledger queued: dead letters first (their Fails
-    /// settle nothing else), then acks and retry states as one `settle.lua` run.
+    /// settle nothing else), then acks and retry states as one `settle.lua`
+    /// run, then AckEmits.
     async fn carry_out_orders(&mut self) {
         self.act();
         if !self.ledger.has_orders() {
@@ -277,6 +282,9 @@ impl Worker {
         }
         if !orders.acks.is_empty() || !orders.retry_writes.is_empty() {
             self.settle(orders.acks, orders.retry_writes).await;
+        }
+        if !orders.emits.is_empty() {
+            self.ack_emit(orders.emits).await;
         }
         self.act();
     }
@@ -511,6 +519,46 @@ impl Worker {
                 };
                 let entries = acks.into_iter().map(|ack| (ack.stream_id, Some((ack.session, ack.text))));
                 self.ledger.not_written(entries, &message, self.pacing.paused_until());
+            }
+        }
+    }
+}
+
+// AckEmit: the rules applied to [`ack_emit`]'s outcomes.
+impl Worker {
+    /// Runs each AckEmit's script, all at once (through the durable writer
+    /// they share one `WAIT`), and feeds each outcome back. A WRONGTYPE (an
+    /// emit stream that is not a stream) wrote nothing and is the request's
+    /// fault, not Redis': answered INVALID_ARGUMENT. Any other failure
+    /// leaves the outcome unknown when the connection broke: the entry
+    /// waits, and comes back only if the step did not apply.
+    async fn ack_emit(&mut self, orders: Vec<EmitOrder>) {
+        self.act();
+        let parents: Vec<_> = orders.iter().map(|order| self.outlet.take_emit_parent(order.stream_id)).collect();
+        let (keys, durable) = (&self.keys, self.shared.durable.as_ref());
+        let steps = orders.iter().zip(parents).map(|(order, parent)| ack_emit::ack_emit(keys, durable, order, parent));
+        let outcomes = futures_util::future::join_all(steps).await;
+        for (order, outcome) in orders.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(outcome) => {
+                    self.pacing.succeeded(Step::AckEmit);
+                    self.ledger.emitted(order, outcome);
+                }
+                Err(e) if e.code() == Some("WRONGTYPE") => {
+                    let message = format!("an emit stream is not a stream ({e}); nothing was written or acknowledged, and the entry will be delivered again");
+                    self.ledger.not_written([(order.stream_id, None)], &message, Instant::now());
+                    self.ledger.answer(order.session, order.text, Refusal::Invalid(message));
+                }
+                Err(e) => {
+                    self.redis_failed(Step::AckEmit, &e);
+                    let message = if crate::error::is_transient(&e) {
+                        format!("the AckEmit's outcome is unknown ({e}): if it was applied the entry is done and its emits are written, else nothing was and the entry will be delivered again")
+                    } else {
+                        format!("the AckEmit failed ({e}); nothing was written or acknowledged, and the entry will be delivered again")
+                    };
+                    let entry = (order.stream_id, Some((order.session, order.text)));
+                    self.ledger.not_written([entry], &message, self.pacing.paused_until());
+                }
             }
         }
     }
