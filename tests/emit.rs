@@ -11,6 +11,11 @@
 
 mod support;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use echomq::proto::{GroupStart, VerdictErrorCode};
 use support::*;
 
@@ -296,4 +301,194 @@ async fn with_wait_replicas_an_unconfirmed_ack_emit_is_unavailable_naming_what_w
     assert!(error.message.contains(&branded) && error.message.contains(&sink[0].stream_id), "{}", error.message);
     assert!(error.message.contains("not confirmed") && error.message.contains("WAIT"), "{}", error.message);
     assert_eq!(pending_count(&mut con, "src", "g").await, 0, "and acknowledged with it");
+}
+
+// ---------------------------------------------------------------------------
+// The pipeline proof under faults
+// ---------------------------------------------------------------------------
+
+/// What the pipeline's handlers saw, for the report line.
+#[derive(Default)]
+struct Seen {
+    deliveries: AtomicU64,
+    ack_emits: AtomicU64,
+    emitted: AtomicU64,
+    refusals: Mutex<BTreeMap<String, u64>>,
+}
+
+/// One handler: subscribes to `src` on the sidecar at `endpoint` and, for
+/// each delivery, emits one entry to `sink` carrying the source's branded
+/// id; at random it fails the delivery, drops its call, runs twice (two
+/// AckEmits), or is slow. Reconnects on any end until `stop`.
+async fn handler(endpoint: String, seed: u64, seen: Arc<Seen>, stop: Arc<AtomicBool>) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    while !stop.load(Relaxed) {
+        let Ok(channel) = support::chaos::endpoint_to(&endpoint).connect().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let client = echomq::proto::consumer_service_client::ConsumerServiceClient::new(channel);
+        let mut sub = subscribe_msg("src", "g", GroupStart::Beginning);
+        sub.max_in_flight = 8;
+        let Ok(mut call) = Consumer::try_subscribe_on(client, None, sub).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        while !stop.load(Relaxed) {
+            let delivery = match call.next_event(Duration::from_millis(300)).await {
+                Event::Delivery(d) => d,
+                Event::Emitted(emitted) => {
+                    seen.emitted.fetch_add(emitted.entries.len() as u64, Relaxed);
+                    continue;
+                }
+                Event::VerdictError(e) => {
+                    let name = format!("{:?}", code(&e));
+                    *seen.refusals.lock().unwrap().entry(name).or_default() += 1;
+                    continue;
+                }
+                Event::Timeout | Event::Subscribed(_) | Event::Batch(_) | Event::Empty => continue,
+                Event::Ended(_) => break,
+            };
+            seen.deliveries.fetch_add(1, Relaxed);
+            let emit = [("sink", &[("source", delivery.id.as_bytes()), ("n", b"1")][..])];
+            match rng.u32(..100) {
+                // A failing handler.
+                0..=5 => call.fail(&delivery.id, Some(Duration::from_millis(50))).await,
+                // A dropped call, in the middle of the handler.
+                6..=8 => break,
+                // A duplicate run: the handler ran twice and answers twice.
+                9..=16 => {
+                    call.ack_emit(&delivery.id, &emit).await;
+                    call.ack_emit(&delivery.id, &emit).await;
+                    seen.ack_emits.fetch_add(2, Relaxed);
+                }
+                // A slow handler.
+                17..=20 => {
+                    tokio::time::sleep(Duration::from_millis(rng.u64(100..400))).await;
+                    call.ack_emit(&delivery.id, &emit).await;
+                    seen.ack_emits.fetch_add(1, Relaxed);
+                }
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(rng.u64(0..10))).await;
+                    call.ack_emit(&delivery.id, &emit).await;
+                    seen.ack_emits.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// `kill -<signal> <pid>`.
+fn signal(sidecar: &Sidecar, signal: &str) {
+    let pid = sidecar.pid().expect("the sidecar runs");
+    let status = std::process::Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+    assert!(status.expect("run kill").success(), "kill -{signal} {pid}");
+}
+
+/// The proof: source → handler that emits one entry per source
+/// entry → sink, over two sidecars, while sidecars are killed (-9) and
+/// restarted, paused past the reclaim min-idle (SIGSTOP, so the peer
+/// reclaims what they hold and their late AckEmits meet the fence),
+/// handlers fail, drop their calls, run twice and run slowly. At the end the
+/// sink holds exactly one emit per source entry (by the source's branded id
+/// each carries), none missing, none twice, and the source PEL is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
+    const ENTRIES: usize = 600;
+    let seed: u64 =
+        std::env::var("ECHOMQ_EMIT_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("emit chaos: seed {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let redis = RedisServer::start().await;
+    let options = |name: &str| SidecarOptions::named(name).reclaim(1000, 250).backoff(50);
+    let mut sidecars =
+        vec![Sidecar::start(&redis, options("emit-a")).await, Sidecar::start(&redis, options("emit-b")).await];
+    let mut con = redis.conn().await;
+    create_group(&mut con, "src", "g", "0").await;
+
+    let (seen, stop) = (Arc::new(Seen::default()), Arc::new(AtomicBool::new(false)));
+    let mut handlers = Vec::new();
+    for sidecar in &sidecars {
+        for _ in 0..2 {
+            handlers.push(tokio::spawn(handler(sidecar.endpoint(), rng.u64(..), seen.clone(), stop.clone())));
+        }
+    }
+    // The source, appended over a few seconds so the faults meet it all along.
+    let appender = {
+        let mut con = redis.conn().await;
+        tokio::spawn(async move {
+            let mut expected = BTreeSet::new();
+            for n in 0..ENTRIES {
+                let id = xadd_raw(&mut con, "src", &[(b"n", n.to_string().as_bytes())]).await;
+                let (ms, seq) = id.split_once('-').unwrap();
+                expected.insert(format!("{:012x}{:016x}", ms.parse::<u64>().unwrap(), seq.parse::<u64>().unwrap()));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            expected
+        })
+    };
+
+    let (mut kills, mut pauses) = (0, 0);
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(8) {
+        tokio::time::sleep(Duration::from_millis(rng.u64(300..800))).await;
+        let victim = rng.usize(..sidecars.len());
+        if rng.bool() {
+            sidecars[victim].kill9();
+            kills += 1;
+            // Sometimes past the peer's reclaim min-idle (1 s), sometimes not.
+            tokio::time::sleep(Duration::from_millis(rng.u64(100..1800))).await;
+            sidecars[victim].restart().await;
+        } else {
+            signal(&sidecars[victim], "STOP");
+            pauses += 1;
+            tokio::time::sleep(Duration::from_millis(rng.u64(1200..1800))).await;
+            signal(&sidecars[victim], "CONT");
+        }
+    }
+    let expected = appender.await.unwrap();
+
+    let settled = eventually(Duration::from_secs(60), || {
+        let mut con = con.clone();
+        async move {
+            let (pel, last) = pel_and_last_delivered(&mut con, "src", "g").await;
+            let newest = xrange(&mut con, "src").await.last().map(|e| e.stream_id.clone());
+            pel.is_empty() && Some(last) == newest
+        }
+    })
+    .await;
+    stop.store(true, Relaxed);
+    for handler in handlers {
+        let _ = handler.await;
+    }
+    let sink = xrange(&mut con, "sink").await;
+    let mut sources: BTreeMap<String, usize> = BTreeMap::new();
+    for entry in &sink {
+        let source = String::from_utf8(entry.field("source").expect("every emit carries its source").to_vec()).unwrap();
+        *sources.entry(source).or_default() += 1;
+    }
+    let twice: Vec<_> = sources.iter().filter(|(_, n)| **n > 1).collect();
+    let missing: Vec<_> = expected.iter().filter(|id| !sources.contains_key(*id)).collect();
+    let refusals = seen.refusals.lock().unwrap().clone();
+    eprintln!(
+        "emit chaos: {ENTRIES} source entries, {} deliveries, {} AckEmits, {} emitted, sink {}, kills {kills}, pauses {pauses}, refusals {refusals:?}, missing {}, twice {}",
+        seen.deliveries.load(Relaxed),
+        seen.ack_emits.load(Relaxed),
+        seen.emitted.load(Relaxed),
+        sink.len(),
+        missing.len(),
+        twice.len()
+    );
+    assert!(
+        settled,
+        "the source did not settle within 60 s: PEL {:?}",
+        pending_entries(&mut con, "src", "g").await.len()
+    );
+    assert!(twice.is_empty(), "source entries emitted more than once: {twice:?}");
+    assert!(missing.is_empty(), "source entries never emitted: {missing:?}");
+    assert_eq!(sink.len(), ENTRIES, "exactly one emit per source entry");
+    assert_eq!(sources.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    assert_eq!(pending_count(&mut con, "src", "g").await, 0, "the source PEL ends empty");
+    assert!(kills + pauses >= 4, "the faults ran");
+    assert!(refusals.get("UnknownId").copied().unwrap_or(0) > 0, "duplicate runs met the fence");
 }
