@@ -207,7 +207,9 @@ async fn bad_emits_are_refused_write_nothing_and_leave_the_delivery_held() {
     let delivery = call.next_delivery(EVENT_TIMEOUT).await;
     let long_name = "s".repeat(2000);
     let big = vec![b'x'; 3900];
-    let bad: Vec<(&str, Vec<(&str, &[u8])>, &str)> = vec![
+    // Each: the bad emit's stream, its fields, and what its answer must say.
+    type Bad<'a> = (&'a str, Vec<(&'a str, &'a [u8])>, &'a str);
+    let bad: Vec<Bad> = vec![
         ("sink", vec![("id", b"mine")], "reserved field"),
         ("", vec![("v", b"1")], "emits[1]: stream: required"),
         (&long_name, vec![("v", b"1")], "longer than this sidecar's limit"),
@@ -301,6 +303,40 @@ async fn with_wait_replicas_an_unconfirmed_ack_emit_is_unavailable_naming_what_w
     assert!(error.message.contains(&branded) && error.message.contains(&sink[0].stream_id), "{}", error.message);
     assert!(error.message.contains("not confirmed") && error.message.contains("WAIT"), "{}", error.message);
     assert_eq!(pending_count(&mut con, "src", "g").await, 0, "and acknowledged with it");
+}
+
+/// On a Redis Cluster one script writes the source and every emit stream,
+/// so they must share a slot: an emit elsewhere is INVALID_ARGUMENT naming
+/// the rule, nothing is written, and one on the slot (a shared hash tag) works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_emits_must_share_the_source_streams_slot() {
+    use support::cluster::{key_slot, RedisCluster};
+    let cluster = RedisCluster::start(3, 0).await;
+    let sidecar = Sidecar::start_with_url(&cluster.seed_url(), slow_leases()).await;
+    let mut con = cluster.conn().await;
+    let (source, beside, elsewhere) = ("{orders}:in", "{orders}:out", "payments");
+    assert_eq!(key_slot(source), key_slot(beside));
+    assert_ne!(key_slot(source), key_slot(elsewhere));
+    sidecar.append(source, &[("n", b"1")]).await;
+    let mut call = Consumer::start(&sidecar, source, "g", GroupStart::Beginning, 4).await;
+    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+
+    call.ack_emit(&delivery.id, &[(beside, &[("v", b"1")]), (elsewhere, &[("v", b"2")])]).await;
+
+    let error = call.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(code(&error), VerdictErrorCode::InvalidArgument, "{error:?}");
+    assert!(error.message.contains("slot") && error.message.contains("hash tag"), "{}", error.message);
+    let written: i64 = redis::cmd("EXISTS").arg(beside).query_async(&mut con).await.unwrap();
+    assert_eq!(written, 0, "nothing written, not even the emit on the slot");
+
+    call.ack_emit(&delivery.id, &[(beside, &[("v", b"1")])]).await;
+    let emitted = call.next_emitted(EVENT_TIMEOUT).await;
+    assert_eq!(emitted.entries[0].stream, beside);
+    let len: i64 = redis::cmd("XLEN").arg(beside).query_async(&mut con).await.unwrap();
+    assert_eq!(len, 1);
+    let pending: redis::Value = redis::cmd("XPENDING").arg(source).arg("g").query_async(&mut con).await.unwrap();
+    let redis::Value::Array(summary) = pending else { panic!("XPENDING: {pending:?}") };
+    assert_eq!(summary.first(), Some(&redis::Value::Int(0)), "the source entry is acknowledged");
 }
 
 // ---------------------------------------------------------------------------

@@ -112,6 +112,10 @@ impl Call {
                 self.oddities.push(format!("a second Subscribed: {s:?}"));
                 None
             }
+            Some(ResponseKind::Emitted(e)) => {
+                self.oddities.push(format!("an Emitted answer, though no AckEmit was sent: {e:?}"));
+                None
+            }
             None => {
                 self.oddities.push("a ConsumeResponse without a kind".to_owned());
                 None

@@ -29,6 +29,9 @@ pub fn req(kind: Kind) -> ConsumeRequest {
     ConsumeRequest { kind: Some(kind) }
 }
 
+/// One emit of an AckEmit: its stream and its fields (name, value).
+pub type EmitSpec<'a> = (&'a str, &'a [(&'a str, &'a [u8])]);
+
 /// What a Consume call produced next.
 #[derive(Debug)]
 pub enum Event {
@@ -142,7 +145,7 @@ impl Consumer {
     }
 
     /// AckEmit{id, emits}: each emit a stream and its fields.
-    pub async fn ack_emit(&self, id: &str, emits: &[(&str, &[(&str, &[u8])])]) {
+    pub async fn ack_emit(&self, id: &str, emits: &[EmitSpec<'_>]) {
         let emits = emits
             .iter()
             .map(|(stream, fields)| Emit {
