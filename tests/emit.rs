@@ -31,6 +31,27 @@ fn slow_leases() -> SidecarOptions {
     SidecarOptions::default().reclaim(60_000, 60_000)
 }
 
+/// One sidecar on a fresh Redis with `options`, one entry in `src` (field
+/// `n`), and a call on `src`/`g` that holds its delivery.
+struct Held {
+    // Kept for their lifetime: dropping them stops the processes.
+    _redis: RedisServer,
+    sidecar: Sidecar,
+    con: redis::aio::MultiplexedConnection,
+    call: Consumer,
+    delivery: echomq::proto::Delivery,
+}
+
+async fn held(options: SidecarOptions) -> Held {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, options).await;
+    let con = redis.conn().await;
+    sidecar.append("src", &[("n", b"1")]).await;
+    let mut call = Consumer::start(&sidecar, "src", "g", GroupStart::Beginning, 4).await;
+    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    Held { _redis: redis, sidecar, con, call, delivery }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_emit_appends_branded_entries_with_the_trace_context_and_acknowledges_the_source() {
     let redis = RedisServer::start().await;
@@ -81,12 +102,7 @@ async fn ack_emit_appends_branded_entries_with_the_trace_context_and_acknowledge
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_emit_without_emits_is_an_ack_through_the_fence() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
-    let mut con = redis.conn().await;
-    sidecar.append("src", &[("n", b"1")]).await;
-    let mut call = Consumer::start(&sidecar, "src", "g", GroupStart::Beginning, 4).await;
-    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    let Held { _redis, sidecar: _sidecar, mut con, mut call, delivery } = held(SidecarOptions::default()).await;
 
     call.ack_emit(&delivery.id, &[]).await;
 
@@ -146,16 +162,12 @@ async fn an_ack_emit_of_an_entry_acknowledged_elsewhere_is_not_pending_and_write
 }
 
 /// A handler that runs twice for one delivery sends two AckEmits: one is
-/// applied, the other writes nothing, whether the second comes on the same
-/// call or on another call after the entry came back.
+/// applied, the other writes nothing: whether both runs answer while the
+/// call holds the delivery, or the first run passed its ack deadline and the
+/// entry came back for the second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_handler_run_emits_once() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(50)).await;
-    let mut con = redis.conn().await;
-    sidecar.append("src", &[("n", b"1")]).await;
-    let mut call = Consumer::start(&sidecar, "src", "g", GroupStart::Beginning, 4).await;
-    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    let Held { _redis, sidecar, mut con, mut call, delivery } = held(SidecarOptions::default().backoff(50)).await;
 
     call.ack_emit(&delivery.id, &[("sink", &[("source", delivery.id.as_bytes())])]).await;
     call.ack_emit(&delivery.id, &[("sink", &[("source", delivery.id.as_bytes())])]).await;
@@ -198,13 +210,8 @@ async fn assert_one_emitted_one_unknown(call: &mut Consumer) {
 /// written and the delivery stays held: a good AckEmit of it then applies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_emits_are_refused_write_nothing_and_leave_the_delivery_held() {
-    let redis = RedisServer::start().await;
     let options = slow_leases().arg("--max-message-bytes").arg("4096").arg("--max-fields-per-entry").arg("3");
-    let sidecar = Sidecar::start(&redis, options).await;
-    let mut con = redis.conn().await;
-    sidecar.append("src", &[("n", b"1")]).await;
-    let mut call = Consumer::start(&sidecar, "src", "g", GroupStart::Beginning, 4).await;
-    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    let Held { _redis, sidecar: _sidecar, mut con, mut call, delivery } = held(options).await;
     let long_name = "s".repeat(2000);
     let big = vec![b'x'; 3900];
     // Each: the bad emit's stream, its fields, and what its answer must say.
@@ -261,12 +268,8 @@ async fn an_emit_to_a_key_of_another_type_writes_nothing_and_the_entry_comes_bac
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emit_outside_the_allow_list_is_permission_denied_and_writes_nothing() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, slow_leases().arg("--allow-streams").arg("src,sink:*")).await;
-    let mut con = redis.conn().await;
-    sidecar.append("src", &[("n", b"1")]).await;
-    let mut call = Consumer::start(&sidecar, "src", "g", GroupStart::Beginning, 4).await;
-    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    let allowed = slow_leases().arg("--allow-streams").arg("src,sink:*");
+    let Held { _redis, sidecar, mut con, mut call, delivery } = held(allowed).await;
 
     call.ack_emit(&delivery.id, &[("sink:a", &[("v", b"1")]), ("secret", &[("v", b"2")])]).await;
 
