@@ -116,18 +116,13 @@ async fn an_ack_emit_without_emits_is_an_ack_through_the_fence() {
 /// LEASE_LOST and writes nothing; the peer's entry stays the peer's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_emit_after_a_peers_reclaim_is_lease_lost_and_writes_nothing() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, slow_leases()).await;
-    let mut con = redis.conn().await;
-    let source = sidecar.append("src", &[("n", b"1")]).await;
-    let mut call = Consumer::start(&sidecar, "src", "g", GroupStart::Beginning, 4).await;
-    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    let Held { _redis, sidecar: _sidecar, mut con, mut call, delivery } = held(slow_leases()).await;
     let _: redis::Value = redis::cmd("XCLAIM")
         .arg("src")
         .arg("g")
         .arg("peer")
         .arg(0)
-        .arg(&source.stream_id)
+        .arg(&delivery.stream_id)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -146,13 +141,8 @@ async fn an_ack_emit_after_a_peers_reclaim_is_lease_lost_and_writes_nothing() {
 /// duplicate handler run elsewhere): NOT_PENDING, nothing written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_emit_of_an_entry_acknowledged_elsewhere_is_not_pending_and_writes_nothing() {
-    let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, slow_leases()).await;
-    let mut con = redis.conn().await;
-    let source = sidecar.append("src", &[("n", b"1")]).await;
-    let mut call = Consumer::start(&sidecar, "src", "g", GroupStart::Beginning, 4).await;
-    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
-    let _: i64 = redis::cmd("XACK").arg("src").arg("g").arg(&source.stream_id).query_async(&mut con).await.unwrap();
+    let Held { _redis, sidecar: _sidecar, mut con, mut call, delivery } = held(slow_leases()).await;
+    let _: i64 = redis::cmd("XACK").arg("src").arg("g").arg(&delivery.stream_id).query_async(&mut con).await.unwrap();
 
     call.ack_emit(&delivery.id, &[("sink", &[("v", b"x")])]).await;
 
