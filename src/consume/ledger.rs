@@ -710,9 +710,23 @@ impl<D> Ledger<D> {
             let reason = "this is an at-most-once (no_ack) subscription: the entry is not pending, so nothing fences an AckEmit; ack it and append the emits";
             return self.refuse(session, text, Refusal::Invalid(reason.to_owned()));
         }
+        let backoff = call.policy.backoff;
         let Some(held) = self.settle(session, &text, id, now) else { return };
         self.ended(held.stream_id, Some("ack_emit"));
-        self.orders.emits.push(EmitOrder { session, text, stream_id: held.stream_id, emits });
+        let (stream_id, attempts) = (held.stream_id, held.attempts);
+        self.orders.emits.push(EmitOrder { session, text, stream_id, emits, attempts, backoff });
+    }
+
+    /// Redis refused `order`'s step before writing anything (an emit stream
+    /// holds another type: `reason` says so): the AckEmit is answered
+    /// INVALID_ARGUMENT, and the entry, still pending, is retried as after a
+    /// Fail with that reason (so a stream that stays wrong ends in the
+    /// dead-letter stream after `max_deliveries`, not in a hot loop).
+    pub(crate) fn emit_refused(&mut self, order: EmitOrder, reason: String, now: Instant) {
+        let EmitOrder { session, text, stream_id, attempts, backoff, .. } = order;
+        let message = format!("{reason}; nothing was written or acknowledged, and the entry will be delivered again");
+        self.answer(session, text, Refusal::Invalid(message));
+        self.retry_later(stream_id, backoff.delay(attempts), format!("AckEmit refused: {reason}"), true, now);
     }
 
     /// What `ack_emit.lua` did with `order`: applied, the call is answered
@@ -720,7 +734,7 @@ impl<D> Ledger<D> {
     /// fell short, naming the ids written); not pending, NOT_PENDING; a
     /// peer's, LEASE_LOST. Nothing was written but on `Emitted`.
     pub(crate) fn emitted(&mut self, order: EmitOrder, outcome: Emission) {
-        let EmitOrder { session, text, stream_id, emits } = order;
+        let EmitOrder { session, text, stream_id, emits, .. } = order;
         match outcome {
             Emission::NotPending => {
                 self.tally.acks_not_pending += 1;

@@ -170,6 +170,11 @@ pub(crate) struct EmitOrder {
     pub(crate) text: String,
     pub(crate) stream_id: StreamId,
     pub(crate) emits: Vec<NewEmit>,
+    /// Its delivery count and the call's retry delays: should Redis refuse
+    /// the step (an emit stream of another type), the entry is retried as
+    /// after a Fail.
+    pub(crate) attempts: u32,
+    pub(crate) backoff: Backoff,
 }
 
 /// What [`ack_emit`](super::ack_emit::ack_emit) did with one order.

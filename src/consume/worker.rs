@@ -34,9 +34,7 @@ use super::{
     outlet::Outlet,
     pacing::{Pacing, Step},
     reader::{self, Reader},
-    recovery, retry, settle,
-    verdicts::Refusal,
-    GroupKeys, Shared,
+    recovery, retry, settle, GroupKeys, Shared,
 };
 use crate::{error::Error, id::StreamId, proto::Delivery, redis::RawEntry};
 
@@ -273,18 +271,23 @@ impl Worker {
     /// run, then AckEmits.
     async fn carry_out_orders(&mut self) {
         self.act();
-        if !self.ledger.has_orders() {
-            return;
-        }
-        let orders = self.ledger.take_orders();
-        if !orders.dead_letters.is_empty() {
-            self.dead_letter(orders.dead_letters).await;
-        }
-        if !orders.acks.is_empty() || !orders.retry_writes.is_empty() {
-            self.settle(orders.acks, orders.retry_writes).await;
-        }
-        if !orders.emits.is_empty() {
-            self.ack_emit(orders.emits).await;
+        // A second round for what the first queued: a refused AckEmit's
+        // retry state, recorded now as a Fail's is, to bind peers and
+        // outlive a restart.
+        for _ in 0..2 {
+            if !self.ledger.has_orders() {
+                break;
+            }
+            let orders = self.ledger.take_orders();
+            if !orders.dead_letters.is_empty() {
+                self.dead_letter(orders.dead_letters).await;
+            }
+            if !orders.acks.is_empty() || !orders.retry_writes.is_empty() {
+                self.settle(orders.acks, orders.retry_writes).await;
+            }
+            if !orders.emits.is_empty() {
+                self.ack_emit(orders.emits).await;
+            }
         }
         self.act();
     }
@@ -529,7 +532,7 @@ impl Worker {
     /// Runs each AckEmit's script, all at once (through the durable writer
     /// they share one `WAIT`), and feeds each outcome back. A WRONGTYPE (an
     /// emit stream that is not a stream) wrote nothing and is the request's
-    /// fault, not Redis': answered INVALID_ARGUMENT. Any other failure
+    /// fault, not Redis': see [`Ledger::emit_refused`]. Any other failure
     /// leaves the outcome unknown when the connection broke: the entry
     /// waits, and comes back only if the step did not apply.
     async fn ack_emit(&mut self, orders: Vec<EmitOrder>) {
@@ -545,9 +548,8 @@ impl Worker {
                     self.ledger.emitted(order, outcome);
                 }
                 Err(e) if e.code() == Some("WRONGTYPE") => {
-                    let message = format!("an emit stream is not a stream ({e}); nothing was written or acknowledged, and the entry will be delivered again");
-                    self.ledger.not_written([(order.stream_id, None)], &message, Instant::now());
-                    self.ledger.answer(order.session, order.text, Refusal::Invalid(message));
+                    let reason = format!("an emit stream is not a stream ({e})");
+                    self.ledger.emit_refused(order, reason, Instant::now());
                 }
                 Err(e) => {
                     self.redis_failed(Step::AckEmit, &e);

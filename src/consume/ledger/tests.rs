@@ -346,6 +346,25 @@ fn an_unconfirmed_ack_emit_is_answered_unavailable_naming_what_was_written() {
 }
 
 #[test]
+fn an_ack_emit_redis_refused_is_answered_invalid_and_retried_as_a_fail() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(1));
+    ledger.offer(entry(1, 3), now);
+    assert_eq!(ledger.deliveries(1), vec![1]);
+    ledger.ack_emit(1, branded(1).to_string(), branded(1), vec![emit("out")], now);
+    let order = ledger.take_orders().emits.pop().unwrap();
+    ledger.emit_refused(order, "an emit stream is not a stream (WRONGTYPE)".to_owned(), now);
+    assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::InvalidArgument)]);
+    let writes = ledger.take_orders().retry_writes;
+    assert_eq!(writes.len(), 1, "recorded for peers, as a Fail's retry is");
+    assert!(writes[0].counts && writes[0].reason.contains("WRONGTYPE"), "{writes:?}");
+    let due = ledger.next_due().expect("it waits to come back");
+    let backoff = Duration::from_millis(100) * 4;
+    assert!(due >= now + backoff / 2 && due <= now + backoff, "the call's backoff after its third delivery");
+    assert_eq!(ledger.tally().fails, 1);
+}
+
+#[test]
 fn an_ack_emit_on_an_at_most_once_call_is_invalid_and_keeps_the_delivery() {
     let mut at_most_once = Checked::new(Ledger::new("s", "g", true, false, false));
     let now = Instant::now();
