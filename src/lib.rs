@@ -38,6 +38,9 @@
 //!   - `consume/dead_letter.rs` + `dead_letter.lua`: **the dead-letter step**
 //!     (Fail with dead_letter, poison entries, oversized entries);
 //!   - `consume/settle.rs` + `settle.lua`: XACK batches;
+//!   - `consume/emits.rs`: an AckEmit's emits, checked at the edge;
+//!   - `consume/ack_emit.rs` + `ack_emit.lua`: **the AckEmit step** (a
+//!     delivery's XACK and its emits in one script, fenced on the owner);
 //!   - `consume/hygiene.rs` + `hygiene.lua`: heartbeats, and removing dead consumers;
 //!   - `consume/gauges.rs`: polling the group's state into metrics.
 //! - [`durable`]: writes that create entries: run as one `EVALSHA` (loading

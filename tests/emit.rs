@@ -332,6 +332,40 @@ async fn on_a_cluster_emits_must_share_the_source_streams_slot() {
     assert_eq!(summary.first(), Some(&redis::Value::Int(0)), "the source entry is acknowledged");
 }
 
+/// A call on a sharded stream AckEmits each delivery on the shard it came
+/// from; an emit names one stream key: a shard key is minted in its shard's
+/// stride, the name of a sharded stream is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_call_ack_emits_per_shard_and_emits_name_one_shard_key() {
+    let redis = RedisServer::start().await;
+    let sharded = SidecarOptions::default().arg("--sharded-streams").arg("src=2,out=2");
+    let sidecar = Sidecar::start(&redis, sharded).await;
+    let mut con = redis.conn().await;
+    for n in 0..4 {
+        sidecar.append("src", &[("n", n.to_string().as_bytes())]).await;
+    }
+    let mut call = Consumer::start(&sidecar, "src", "g", GroupStart::Beginning, 8).await;
+    let deliveries = call.deliveries(4, EVENT_TIMEOUT).await;
+    let shards: BTreeSet<&str> = deliveries.iter().map(|d| d.stream.as_str()).collect();
+    assert_eq!(shards.len(), 2, "both shards delivered: {shards:?}");
+
+    call.ack_emit(&deliveries[0].id, &[("out", &[("v", b"1")])]).await;
+    let error = call.next_verdict_error(EVENT_TIMEOUT).await;
+    assert_eq!(code(&error), VerdictErrorCode::InvalidArgument, "{error:?}");
+    assert!(error.message.contains("sharded stream") && error.message.contains("out:{out:0}"), "{}", error.message);
+
+    for delivery in &deliveries {
+        call.ack_emit(&delivery.id, &[("out:{out:1}", &[("source", delivery.id.as_bytes())])]).await;
+        let emitted = call.next_emitted(EVENT_TIMEOUT).await;
+        let seq: u64 = emitted.entries[0].stream_id.split_once('-').unwrap().1.parse().unwrap();
+        assert_eq!(seq % 2, 1, "minted in shard 1's stride: {}", emitted.entries[0].stream_id);
+    }
+    assert_eq!(xlen(&mut con, "out:{out:1}").await, 4);
+    for shard in ["src:{src:0}", "src:{src:1}"] {
+        assert_eq!(pending_count(&mut con, shard, "g").await, 0, "{shard} is acknowledged");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The pipeline proof under faults
 // ---------------------------------------------------------------------------
