@@ -247,7 +247,7 @@ async fn an_emit_to_a_key_of_another_type_writes_nothing_and_the_entry_comes_bac
 
     let error = call.next_verdict_error(EVENT_TIMEOUT).await;
     assert_eq!(code(&error), VerdictErrorCode::InvalidArgument, "{error:?}");
-    assert!(error.message.contains("WRONGTYPE"), "{}", error.message);
+    assert!(error.message.contains("WRONGTYPE") && error.message.contains("`taken`"), "{}", error.message);
     assert!(!exists(&mut con, "sink").await, "the good emit before it was not written either");
     let back = call.next_delivery(EVENT_TIMEOUT).await;
     assert_eq!(back.id, delivery.id, "still pending: delivered again");

@@ -59,8 +59,20 @@ if trace == '' then
   end
 end
 
--- Checked before anything is written, so an emit that cannot be minted
--- leaves the entry pending and nothing appended.
+-- Checked before anything is written: a script that fails half-way keeps
+-- what it wrote. A key of the wrong type is refused here (WRONGTYPE, naming
+-- it), and an emit that cannot be minted too, so a refusal leaves the entry
+-- pending and nothing appended.
+local function refuse_type(key, wanted)
+  local found = redis.call('TYPE', key).ok
+  if found ~= 'none' and found ~= wanted then
+    return redis.error_reply('WRONGTYPE `' .. key .. '` holds a ' .. found .. ', not a ' .. wanted)
+  end
+end
+local refused = refuse_type(retries, 'hash')
+if refused then
+  return refused
+end
 local emits = {}
 local arg = 8
 for e = 1, tonumber(ARGV[7]) do
@@ -74,7 +86,10 @@ for e = 1, tonumber(ARGV[7]) do
   end
   emits[e] = { KEYS[key], shard, shards, first, count, has_trace }
   arg = first + 2 * count
-  -- Raises WRONGTYPE when the key is not a stream.
+  refused = refuse_type(KEYS[key], 'stream')
+  if refused then
+    return refused
+  end
   if next_mint(KEYS[key], shard, shards) > MAX_BRANDED_MS then
     return redis.error_reply('ERR echomq: the stream id would exceed the branded id range (milliseconds past 2^48)')
   end

@@ -717,8 +717,8 @@ impl<D> Ledger<D> {
         self.orders.emits.push(EmitOrder { session, text, stream_id, emits, attempts, backoff });
     }
 
-    /// Redis refused `order`'s step before writing anything (an emit stream
-    /// holds another type: `reason` says so): the AckEmit is answered
+    /// Redis refused `order`'s step before writing anything (a key of
+    /// another type: `reason` says which): the AckEmit is answered
     /// INVALID_ARGUMENT, and the entry, still pending, is retried as after a
     /// Fail with that reason (so a stream that stays wrong ends in the
     /// dead-letter stream after `max_deliveries`, not in a hot loop).

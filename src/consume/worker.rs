@@ -531,8 +531,9 @@ impl Worker {
 impl Worker {
     /// Runs each AckEmit's script, all at once (through the durable writer
     /// they share one `WAIT`), and feeds each outcome back. A WRONGTYPE (an
-    /// emit stream that is not a stream) wrote nothing and is the request's
-    /// fault, not Redis': see [`Ledger::emit_refused`]. Any other failure
+    /// emit stream, or the retry hash, of another type: the script checks
+    /// before its first write) wrote nothing and is no fault of Redis': see
+    /// [`Ledger::emit_refused`]. Any other failure
     /// leaves the outcome unknown when the connection broke: the entry
     /// waits, and comes back only if the step did not apply.
     async fn ack_emit(&mut self, orders: Vec<EmitOrder>) {
@@ -548,7 +549,7 @@ impl Worker {
                     self.ledger.emitted(order, outcome);
                 }
                 Err(e) if e.code() == Some("WRONGTYPE") => {
-                    let reason = format!("an emit stream is not a stream ({e})");
+                    let reason = format!("Redis refused the step: {e}");
                     self.ledger.emit_refused(order, reason, Instant::now());
                 }
                 Err(e) => {
