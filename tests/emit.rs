@@ -451,7 +451,8 @@ fn signal(sidecar: &Sidecar, signal: &str) {
 /// The proof: source → handler that emits one entry per source
 /// entry → sink, over two sidecars, while sidecars are killed (-9) and
 /// restarted, paused past the reclaim min-idle (SIGSTOP, so the peer
-/// reclaims what they hold and their late AckEmits meet the fence),
+/// reclaims what they hold and their late AckEmits meet the fence), Redis
+/// restarts once (gracefully, its AOF fsynced always),
 /// handlers fail, drop their calls, run twice and run slowly. At the end the
 /// sink holds exactly one emit per source entry (by the source's branded id
 /// each carries), none missing, none twice, and the source PEL is empty.
@@ -462,7 +463,7 @@ async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
         std::env::var("ECHOMQ_EMIT_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| fastrand::u64(..));
     eprintln!("emit chaos: seed {seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
-    let redis = RedisServer::start().await;
+    let mut redis = RedisServer::start_with(RedisOptions::append_only()).await;
     let options = |name: &str| SidecarOptions::named(name).reclaim(1000, 250).backoff(50);
     let mut sidecars =
         vec![Sidecar::start(&redis, options("emit-a")).await, Sidecar::start(&redis, options("emit-b")).await];
@@ -476,12 +477,23 @@ async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
             handlers.push(tokio::spawn(handler(sidecar.endpoint(), rng.u64(..), seen.clone(), stop.clone())));
         }
     }
-    // The source, appended over a few seconds so the faults meet it all along.
+    // The source, appended over a few seconds so the faults meet it all along;
+    // paused while Redis restarts (an XADD whose reply is lost there could
+    // not be told from one never written), on a new connection after it.
+    let (redis_paused, redis_restarts) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let appender = {
-        let mut con = redis.conn().await;
+        let (url, paused, restarts) = (redis.url(), redis_paused.clone(), redis_restarts.clone());
         tokio::spawn(async move {
             let mut expected = BTreeSet::new();
+            let (mut con, mut seen_restarts) = (support::chaos::redis_conn(&url).await, 0);
             for n in 0..ENTRIES {
+                while paused.load(Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                if restarts.load(Relaxed) != seen_restarts {
+                    seen_restarts = restarts.load(Relaxed);
+                    con = support::chaos::redis_conn(&url).await;
+                }
                 let id = xadd_raw(&mut con, "src", &[(b"n", n.to_string().as_bytes())]).await;
                 let (ms, seq) = id.split_once('-').unwrap();
                 expected.insert(format!("{:012x}{:016x}", ms.parse::<u64>().unwrap(), seq.parse::<u64>().unwrap()));
@@ -493,8 +505,20 @@ async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
 
     let (mut kills, mut pauses) = (0, 0);
     let window = Instant::now();
+    let mut redis_restart_due = Some(Duration::from_millis(rng.u64(2000..6000)));
     while window.elapsed() < Duration::from_secs(8) {
         tokio::time::sleep(Duration::from_millis(rng.u64(300..800))).await;
+        if redis_restart_due.is_some_and(|due| window.elapsed() >= due) {
+            // Graceful (SHUTDOWN; the AOF, fsync always, reloads): an AckEmit
+            // cut off there is applied or not, and its answer lost either way.
+            redis_restart_due = None;
+            redis_paused.store(true, Relaxed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            redis.restart_gracefully(RedisStop::ShutdownCommand).await;
+            redis_restarts.fetch_add(1, Relaxed);
+            redis_paused.store(false, Relaxed);
+            continue;
+        }
         let victim = rng.usize(..sidecars.len());
         if rng.bool() {
             sidecars[victim].kill9();
@@ -510,6 +534,7 @@ async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
         }
     }
     let expected = appender.await.unwrap();
+    let mut con = redis.conn().await;
 
     let settled = eventually(Duration::from_secs(60), || {
         let mut con = con.clone();
@@ -534,11 +559,12 @@ async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
     let missing: Vec<_> = expected.iter().filter(|id| !sources.contains_key(*id)).collect();
     let refusals = seen.refusals.lock().unwrap().clone();
     eprintln!(
-        "emit chaos: {ENTRIES} source entries, {} deliveries, {} AckEmits, {} emitted, sink {}, kills {kills}, pauses {pauses}, refusals {refusals:?}, missing {}, twice {}",
+        "emit chaos: {ENTRIES} source entries, {} deliveries, {} AckEmits, {} emitted, sink {}, kills {kills}, pauses {pauses}, redis restarts {}, refusals {refusals:?}, missing {}, twice {}",
         seen.deliveries.load(Relaxed),
         seen.ack_emits.load(Relaxed),
         seen.emitted.load(Relaxed),
         sink.len(),
+        redis_restarts.load(Relaxed),
         missing.len(),
         twice.len()
     );
