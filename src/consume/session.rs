@@ -4,7 +4,9 @@
 //! The relay routes and parks; it decides no verdict. Whether a call holds
 //! an id, and why not, is the worker's ledger's to say: the relay answers
 //! only messages it cannot route (an id that does not parse, an Extend
-//! without a valid `by`).
+//! without a valid `by`, an AckEmit whose emits break a rule of
+//! [`EmitRules`]: those never reach the worker, so nothing is written and
+//! the delivery stays held).
 //!
 //! A call on a sharded stream is served by one worker per shard: the relay
 //! remembers which shard each delivery it holds came from and sends each

@@ -4,7 +4,7 @@
 //! The group worker's ledger is the one authority that decides them (it
 //! alone knows what a call holds); the relay builds only the answers to
 //! messages it cannot route: an id that does not parse, an Extend without a
-//! valid `by`.
+//! valid `by`, an AckEmit's bad emits.
 
 use crate::proto::{VerdictError, VerdictErrorCode};
 
