@@ -506,7 +506,7 @@ async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
     let (mut kills, mut pauses) = (0, 0);
     let window = Instant::now();
     let mut redis_restart_due = Some(Duration::from_millis(rng.u64(2000..6000)));
-    while window.elapsed() < Duration::from_secs(8) {
+    while window.elapsed() < Duration::from_secs(8) || redis_restart_due.is_some() {
         tokio::time::sleep(Duration::from_millis(rng.u64(300..800))).await;
         if redis_restart_due.is_some_and(|due| window.elapsed() >= due) {
             // Graceful (SHUTDOWN; the AOF, fsync always, reloads): an AckEmit
@@ -520,7 +520,8 @@ async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
             continue;
         }
         let victim = rng.usize(..sidecars.len());
-        if rng.bool() {
+        // The first fault a kill, the second a pause, then either.
+        if kills == 0 || (pauses > 0 && rng.bool()) {
             sidecars[victim].kill9();
             kills += 1;
             // Sometimes past the peer's reclaim min-idle (1 s), sometimes not.
@@ -578,6 +579,6 @@ async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
     assert_eq!(sink.len(), ENTRIES, "exactly one emit per source entry");
     assert_eq!(sources.keys().cloned().collect::<BTreeSet<_>>(), expected);
     assert_eq!(pending_count(&mut con, "src", "g").await, 0, "the source PEL ends empty");
-    assert!(kills + pauses >= 4, "the faults ran");
+    assert!(kills >= 1 && pauses >= 1 && redis_restarts.load(Relaxed) == 1, "every kind of fault ran");
     assert!(refusals.get("UnknownId").copied().unwrap_or(0) > 0, "duplicate runs met the fence");
 }
