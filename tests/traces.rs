@@ -118,6 +118,18 @@ async fn traced(options: SidecarOptions) -> (Receiver, RedisServer, Sidecar) {
     (receiver, redis, sidecar)
 }
 
+/// Appends one entry (`k` = `v`) to `stream` in the producer's trace (its
+/// `traceparent` header).
+async fn append_in_producer_trace(sidecar: &Sidecar, stream: &str) -> AppendResponse {
+    let mut append = tonic::Request::new(AppendRequest {
+        stream: stream.to_owned(),
+        fields: [("k".to_owned(), b"v".to_vec())].into(),
+        ..Default::default()
+    });
+    append.metadata_mut().insert("traceparent", format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01").parse().unwrap());
+    sidecar.stream_client().await.append(append).await.unwrap().into_inner()
+}
+
 /// One traced round trip: an Append (in the producer's trace), an
 /// AppendBatch of two, the three delivered and acked in one Ack; returns once
 /// the receiver has the deliveries' spans and a settle span's links to all three.
@@ -134,14 +146,8 @@ struct RoundTrip {
 async fn round_trip(options: SidecarOptions) -> RoundTrip {
     let (receiver, redis, sidecar) = traced(options).await;
     let stream = unique("traced");
-    let mut append = tonic::Request::new(AppendRequest {
-        stream: stream.clone(),
-        fields: [("k".to_owned(), b"v".to_vec())].into(),
-        ..Default::default()
-    });
-    append.metadata_mut().insert("traceparent", format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01").parse().unwrap());
+    let appended = append_in_producer_trace(&sidecar, &stream).await;
     let mut client = sidecar.stream_client().await;
-    let appended = client.append(append).await.unwrap().into_inner();
     let entry = || BatchEntry { fields: [("k".to_owned(), b"w".to_vec())].into(), ..Default::default() };
     let batch = AppendBatchRequest { stream: stream.clone(), entries: vec![entry(), entry()], ..Default::default() };
     let batch = client.append_batch(batch).await.unwrap().into_inner();
@@ -374,13 +380,7 @@ async fn without_a_collector_the_callers_trace_context_still_crosses_the_stream(
 async fn ack_emit_is_a_producer_span_under_the_delivery_and_its_emits_carry_it() {
     let (receiver, redis, sidecar) = traced(SidecarOptions::default()).await;
     let stream = unique("traced");
-    let mut append = tonic::Request::new(AppendRequest {
-        stream: stream.clone(),
-        fields: [("k".to_owned(), b"v".to_vec())].into(),
-        ..Default::default()
-    });
-    append.metadata_mut().insert("traceparent", format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01").parse().unwrap());
-    sidecar.stream_client().await.append(append).await.unwrap();
+    append_in_producer_trace(&sidecar, &stream).await;
     let mut call = Consumer::try_subscribe(&sidecar, subscribe_msg(&stream, "g", GroupStart::Beginning)).await.unwrap();
     let delivery = call.next_delivery(Duration::from_secs(5)).await;
     let sink = format!("{stream}:out");
