@@ -32,9 +32,10 @@ use crate::{
 /// parent of this step's span, whose context the emits then carry; else
 /// they carry the source entry's own `traceparent` field, if any.
 ///
-/// Errors: Redis' (WRONGTYPE when an emit stream is not a stream, NOGROUP
-/// when the group is gone, a lost connection: the outcome is then unknown),
-/// or a reply not shaped as the script's.
+/// Errors: Redis' (WRONGTYPE, naming the key, when an emit stream or the
+/// retry hash holds another type: refused before any write; NOGROUP when
+/// the group is gone; a lost connection: the outcome is then unknown), or a
+/// reply not shaped as the script's.
 pub(crate) async fn ack_emit(
     keys: &GroupKeys,
     durable: Option<&DurableWriter>,
