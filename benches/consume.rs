@@ -498,6 +498,9 @@ async fn sidecar_latency(
             Some(Event::Delivery(delivery)) => vec![delivery],
             Some(Event::Batch(batch)) => batch.deliveries,
             Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
+            Some(Event::Emitted(e)) => {
+                return Err(format!("an Emitted answer, though no AckEmit was sent: {e:?}").into())
+            }
             Some(Event::Subscribed(_)) | None => continue,
         };
         let mut ids = Vec::with_capacity(deliveries.len());

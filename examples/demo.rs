@@ -334,6 +334,9 @@ async fn run(args: &Args, started: Instant) -> Result<(), Error> {
                         }
                         tally.verdict_errors += 1;
                     }
+                    Some(Event::Emitted(e)) => {
+                        return Err(format!("an Emitted answer for {}, though the demo sends no AckEmit", e.id).into());
+                    }
                     None => return Err("a server message with no kind".into()),
                 }
             }

@@ -309,7 +309,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     ));
     let (redis_up_tx, redis_up) = watch::channel(true);
     let signals = Signals { draining, closing, redis_up };
-    let consumers = Consumers::new(redis.clone(), metrics.clone(), &config, consumer, signals, guard.clone());
+    let consumers = Consumers::new(
+        redis.clone(),
+        metrics.clone(),
+        &config,
+        consumer,
+        signals,
+        guard.clone(),
+        writes.durable.clone(),
+    );
     consumer_service.set(
         ConsumerServiceServer::new(consumers.clone()).max_decoding_message_size(max).max_encoding_message_size(max),
     );

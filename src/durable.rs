@@ -52,8 +52,8 @@ pub const QUEUE_CALLS: usize = 4_096;
 /// Most script calls in one round (calls): one pipeline, one `WAIT`.
 pub const ROUND_CALLS: usize = 512;
 
-/// How the services write entries: shared by Append, AppendBatch and
-/// ReplayDeadLetters.
+/// How the services write entries: shared by Append, AppendBatch,
+/// ReplayDeadLetters and the Consume call's AckEmit.
 #[derive(Clone)]
 pub struct Writes {
     /// The durable writer, with `--wait-replicas` above 0 or `--wait-aof`;
@@ -129,6 +129,8 @@ pub enum ScriptName {
     Append,
     /// `replay.lua` (ReplayDeadLetters).
     Replay,
+    /// `consume/ack_emit.lua` (a Consume call's AckEmit).
+    AckEmit,
 }
 
 impl ScriptName {
@@ -136,6 +138,7 @@ impl ScriptName {
         match self {
             ScriptName::Append => &redis.scripts.append,
             ScriptName::Replay => &redis.scripts.replay,
+            ScriptName::AckEmit => &redis.scripts.ack_emit,
         }
     }
 }
@@ -180,6 +183,23 @@ pub async fn eval<C: ConnectionLike>(redis: &Redis, conn: &mut C, call: &ScriptC
             call.cmd.query_async(conn).await
         }
         other => other,
+    }
+}
+
+/// Runs `call` as every script that creates entries runs: through `durable`
+/// when writes wait for replicas (the reply, and how the wait fell short if
+/// it did), else with [`eval`] on `conn`.
+///
+/// Errors: as [`eval`] and [`DurableWriter::write`].
+pub async fn run<C: ConnectionLike>(
+    redis: &Redis,
+    conn: &mut C,
+    durable: Option<&DurableWriter>,
+    call: ScriptCall,
+) -> RedisResult<(Value, Option<Shortfall>)> {
+    match durable {
+        Some(writer) => writer.write(call).await.map(|written| (written.reply, written.shortfall)),
+        None => eval(redis, conn, &call).await.map(|reply| (reply, None)),
     }
 }
 

@@ -40,6 +40,9 @@
 //!   - `consume/settle.rs` + `settle.lua`: XACK batches;
 //!   - `consume/release.rs` + `release.lua`: **Release**, unstarted
 //!     deliveries back to the group with their delivery count restored;
+//!   - `consume/emits.rs`: an AckEmit's emits, checked at the edge;
+//!   - `consume/ack_emit.rs` + `ack_emit.lua`: **the AckEmit step** (a
+//!     delivery's XACK and its emits in one script, fenced on the owner);
 //!   - `consume/hygiene.rs` + `hygiene.lua`: heartbeats, and removing dead consumers;
 //!   - `consume/gauges.rs`: polling the group's state into metrics.
 //! - [`durable`]: writes that create entries: run as one `EVALSHA` (loading

@@ -13,7 +13,10 @@
 //!   uppercase, 27 and 29 characters; 1 MB reasons; negative, zero and huge
 //!   durations, `i64::MIN` and `i64::MAX` seconds among them (a huge or
 //!   non-normalised one may be taken or refused with INVALID_ARGUMENT, never
-//!   choked on); bursts of hundreds of verdicts), then ends in one of several
+//!   choked on); AckEmits with good emits, none, or a bad one among good
+//!   ones (the reserved field, empty and 10 KB stream names, too many
+//!   fields: refused, the delivery still held); bursts of hundreds of
+//!   verdicts), then ends in one of several
 //!   ways (half-close, drop, a second subscribe, a message without a kind, an
 //!   oversized message);
 //! - a bad Append or AppendBatch (names, the reserved field, other key types,

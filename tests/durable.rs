@@ -257,6 +257,32 @@ async fn with_a_live_replica_appends_are_confirmed_and_share_their_waits() {
     assert!(waits < 200, "200 concurrent appends need fewer than 200 WAITs (group commit), got {waits}");
 }
 
+/// With `--wait-replicas 1` and a live replica, an AckEmit is confirmed as
+/// an append is: `Emitted` comes once the replica has the emits and the
+/// source's acknowledgement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_live_replica_an_ack_emit_is_answered_once_the_replica_has_it() {
+    let (primary, replica) = primary_with_replica().await;
+    let sidecar = Sidecar::start(&primary, waiting(1, 2000)).await;
+    let mut on_replica = replica.conn().await;
+    append(&sidecar, keyed("src", "", "1")).await.unwrap();
+    let mut call = Consumer::start(&sidecar, "src", "g", echomq::proto::GroupStart::Beginning, 4).await;
+    let delivery = call.next_delivery(EVENT_TIMEOUT).await;
+    let mut con = primary.conn().await;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut con).await.unwrap();
+
+    call.ack_emit(&delivery.id, &[("sink", &[("v", b"1")])]).await;
+    let emitted = call.next_emitted(EVENT_TIMEOUT).await;
+
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut con).await.unwrap();
+    assert!(stats.contains("cmdstat_wait:calls="), "the step was confirmed with WAIT: {stats}");
+
+    // No sleep: Emitted was sent only once the replica had the step.
+    let seen: Vec<String> = xrange(&mut on_replica, "sink").await.into_iter().map(|e| e.stream_id).collect();
+    assert_eq!(seen, vec![emitted.entries[0].stream_id.clone()], "the replica has the emit when Emitted comes");
+    assert_eq!(pending_count(&mut on_replica, "src", "g").await, 0, "and the source's XACK with it");
+}
+
 /// A replica that stops acknowledging: the append is answered UNAVAILABLE
 /// within about the wait timeout, naming its ids and what fell short; the
 /// shared connection is not held up meanwhile; and once the replica is back,

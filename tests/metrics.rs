@@ -260,6 +260,7 @@ async fn metric_families_have_prometheus_types_and_names() {
         "lease_refreshes",
         "leases_lost",
         "acks_not_pending",
+        "emits",
         "trimmed_while_pending",
         "group_recreations",
         "verdict_errors",

@@ -96,3 +96,33 @@ async fn lua_and_rust_agree_on_what_a_recorded_shard_count_is() {
         assert_eq!(lua_says, is_recorded_count(case), "`{case}`");
     }
 }
+
+#[tokio::test]
+async fn lua_and_rust_agree_on_the_last_millisecond_a_branded_id_holds() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let lua_max = lua(&mut conn, "string.format('%d', MAX_BRANDED_MS)", "").await;
+    assert_eq!(text(lua_max), echomq::id::MAX_BRANDED_MS.to_string());
+}
+
+/// `next_mint`, shared by Append and AckEmit: Redis time on a new stream;
+/// after a last id that is not older, the same millisecond and the next
+/// sequence number of the shard's stride (k modulo n).
+#[tokio::test]
+async fn next_mint_follows_the_last_id_in_the_shards_stride() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let mint = |stream: &str, shard: u32, shards: u32| {
+        format!("(function() local ms, seq = next_mint('{stream}', {shard}, {shards}); return ms .. '-' .. seq end)()")
+    };
+    let fresh = text(lua(&mut conn, &mint("fresh", 0, 1), "").await);
+    let (ms, seq) = fresh.split_once('-').unwrap();
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    assert!(ms.parse::<u64>().unwrap().abs_diff(now_ms) < 5_000, "Redis time: {fresh}");
+    assert_eq!(seq, "0");
+    let future = now_ms + 3_600_000;
+    xadd_raw_at(&mut conn, "ahead", &format!("{future}-5"), &[(b"k", b"v")]).await;
+    assert_eq!(text(lua(&mut conn, &mint("ahead", 0, 1), "").await), format!("{future}-6"));
+    assert_eq!(text(lua(&mut conn, &mint("ahead", 1, 4), "").await), format!("{future}-9"), "6..9: 9 is 1 mod 4");
+    assert_eq!(text(lua(&mut conn, &mint("ahead", 2, 4), "").await), format!("{future}-6"));
+}

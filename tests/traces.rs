@@ -118,6 +118,18 @@ async fn traced(options: SidecarOptions) -> (Receiver, RedisServer, Sidecar) {
     (receiver, redis, sidecar)
 }
 
+/// Appends one entry (`k` = `v`) to `stream` in the producer's trace (its
+/// `traceparent` header).
+async fn append_in_producer_trace(sidecar: &Sidecar, stream: &str) -> AppendResponse {
+    let mut append = tonic::Request::new(AppendRequest {
+        stream: stream.to_owned(),
+        fields: [("k".to_owned(), b"v".to_vec())].into(),
+        ..Default::default()
+    });
+    append.metadata_mut().insert("traceparent", format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01").parse().unwrap());
+    sidecar.stream_client().await.append(append).await.unwrap().into_inner()
+}
+
 /// One traced round trip: an Append (in the producer's trace), an
 /// AppendBatch of two, the three delivered and acked in one Ack; returns once
 /// the receiver has the deliveries' spans and a settle span's links to all three.
@@ -134,14 +146,8 @@ struct RoundTrip {
 async fn round_trip(options: SidecarOptions) -> RoundTrip {
     let (receiver, redis, sidecar) = traced(options).await;
     let stream = unique("traced");
-    let mut append = tonic::Request::new(AppendRequest {
-        stream: stream.clone(),
-        fields: [("k".to_owned(), b"v".to_vec())].into(),
-        ..Default::default()
-    });
-    append.metadata_mut().insert("traceparent", format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01").parse().unwrap());
+    let appended = append_in_producer_trace(&sidecar, &stream).await;
     let mut client = sidecar.stream_client().await;
-    let appended = client.append(append).await.unwrap().into_inner();
     let entry = || BatchEntry { fields: [("k".to_owned(), b"w".to_vec())].into(), ..Default::default() };
     let batch = AppendBatchRequest { stream: stream.clone(), entries: vec![entry(), entry()], ..Default::default() };
     let batch = client.append_batch(batch).await.unwrap().into_inner();
@@ -365,4 +371,44 @@ async fn without_a_collector_the_callers_trace_context_still_crosses_the_stream(
         Consumer::try_subscribe(&sidecar, subscribe_msg(&stream, "g", GroupStart::Beginning)).await.unwrap();
     let delivery = consumer.deliveries(1, Duration::from_secs(5)).await.remove(0);
     assert_eq!(delivery.traceparent, traceparent);
+}
+
+/// An AckEmit is a PRODUCER span, the child of the delivery's span (so in
+/// the producer's trace), its script's Redis span beneath it; the emitted
+/// entry carries its context, so the consumer downstream continues the trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_emit_is_a_producer_span_under_the_delivery_and_its_emits_carry_it() {
+    let (receiver, redis, sidecar) = traced(SidecarOptions::default()).await;
+    let stream = unique("traced");
+    append_in_producer_trace(&sidecar, &stream).await;
+    let mut call = Consumer::try_subscribe(&sidecar, subscribe_msg(&stream, "g", GroupStart::Beginning)).await.unwrap();
+    let delivery = call.next_delivery(Duration::from_secs(5)).await;
+    let sink = format!("{stream}:out");
+
+    call.ack_emit(&delivery.id, &[(&sink, &[("k", b"w")])]).await;
+    call.next_emitted(Duration::from_secs(5)).await;
+
+    let arrived = eventually(Duration::from_secs(10), || {
+        let receiver = receiver.clone();
+        async move { !receiver.named("echomq.ack_emit").is_empty() && !receiver.named("echomq.deliver").is_empty() }
+    })
+    .await;
+    assert!(arrived, "the ack_emit span reaches the receiver: {:#?}", receiver.all());
+    let deliver = receiver.named("echomq.deliver").pop().unwrap();
+    let step = receiver.named("echomq.ack_emit").pop().unwrap();
+    assert_eq!(step.kind(), SpanKind::Producer);
+    assert_eq!(attr(&step, "messaging.operation.type").as_deref(), Some("send"));
+    assert_eq!(attr(&step, "messaging.operation.name").as_deref(), Some("ack_emit"));
+    assert_eq!(attr(&step, "messaging.destination.name"), Some(stream.clone()));
+    assert_eq!(attr(&step, "messaging.message.id"), Some(delivery.id.clone()));
+    assert_eq!(hex(&step.trace_id), PRODUCER_TRACE);
+    assert_eq!(step.parent_span_id, deliver.span_id, "a child of the delivery's span");
+    assert_eq!(attr(&deliver, "echomq.verdict").as_deref(), Some("ack_emit"));
+    let script =
+        receiver.all().into_iter().find(|s| attr(s, "db.stored_procedure.name").as_deref() == Some("ack_emit"));
+    assert_eq!(script.map(|s| s.parent_span_id), Some(step.span_id.clone()), "the script's Redis span is beneath it");
+    let mut con = redis.conn().await;
+    let emitted = xrange(&mut con, &sink).await;
+    let expected = format!("00-{PRODUCER_TRACE}-{}-01", hex(&step.span_id));
+    assert_eq!(emitted[0].field("traceparent"), Some(expected.as_bytes()), "the emit carries the step's context");
 }

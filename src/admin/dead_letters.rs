@@ -5,7 +5,7 @@ use redis::Value;
 
 use super::Admin;
 use crate::{
-    durable::{eval, ScriptCall, ScriptName},
+    durable::{run, ScriptCall, ScriptName},
     entry::{self, dead_letter_fields as fields},
     error::Error,
     id::StreamId,
@@ -143,10 +143,7 @@ pub(super) async fn replay(
             script.arg(id);
         }
         progress.under_way = batch.len();
-        let ran = match &admin.writes.durable {
-            Some(writer) => writer.write(script).await.map(|written| (written.reply, written.shortfall)),
-            None => eval(&admin.redis, &mut conn, &script).await.map(|reply| (reply, None)),
-        };
+        let ran = run(&admin.redis, &mut conn, admin.writes.durable.as_ref(), script).await;
         let (reply, shortfall): (Value, _) = match ran {
             Ok(ran) => ran,
             Err(e) => {

@@ -8,12 +8,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     ledger::{FailVerdict, Policy},
-    orders::{GroupPolicy, SessionId},
+    orders::{GroupPolicy, NewEmit, SessionId},
 };
 use crate::{
     error::Error,
     id::BrandedId,
-    proto::{Delivery, VerdictError},
+    proto::{Delivery, Emitted, VerdictError},
 };
 
 /// What the worker tells a call. The channel is unbounded, but what flows on it
@@ -26,6 +26,8 @@ pub(crate) enum Event {
     Delivery { shard: usize, id: BrandedId, delivery: Delivery },
     /// The answer to a verdict that was not applied, or an unasked LEASE_LOST.
     VerdictError(VerdictError),
+    /// The answer to an AckEmit that was applied.
+    Emitted(Emitted),
     /// The call no longer holds `id` from shard `shard` (its ack deadline
     /// passed, a peer took it, it was deleted): a sharded call's relay routes
     /// its later verdict here still, and may hand over a namesake it parked.
@@ -54,6 +56,10 @@ pub(crate) enum Command {
     Fail { session: SessionId, fail: FailVerdict },
     /// Give these deliveries back to the group: the client never started them.
     Release { session: SessionId, ids: Vec<(String, BrandedId)> },
+    /// Acknowledge delivery `id` (`text` as the client sent it) and append
+    /// `emits` (validated), in one step fenced on the entry (see
+    /// [`super::ack_emit`]).
+    AckEmit { session: SessionId, text: String, id: BrandedId, emits: Vec<NewEmit> },
     /// Push the ack deadline of these deliveries to now + `by`.
     Extend { session: SessionId, ids: Vec<(String, BrandedId)>, by: Duration },
     /// The client is stopping: hand this call nothing more.

@@ -34,8 +34,8 @@ use tokio::time::Instant;
 use super::{
     delivery::Outgoing,
     orders::{
-        Backoff, DeadLetterOrder, DeadLettered, FailKind, GroupPolicy, PendingAck, Redelivery, ReleaseOrder, Released,
-        RetryWrite, SessionId, Unrefreshed, ACK_CHUNK,
+        Backoff, DeadLetterOrder, DeadLettered, Emission, EmitOrder, FailKind, GroupPolicy, NewEmit, PendingAck,
+        Redelivery, ReleaseOrder, Released, RetryWrite, SessionId, Unrefreshed, ACK_CHUNK,
     },
     verdicts::{Gone, Refusal},
     window::Window,
@@ -71,8 +71,12 @@ pub(crate) enum Effect<D> {
     /// verdict there still, and hands over a namesake it parked. `settled`:
     /// by a verdict, so no later verdict on it needs that route.
     Left { session: SessionId, shard: usize, id: BrandedId, settled: bool },
+    /// Answer call `session`'s AckEmit on `text` (the id as the client
+    /// sent it): applied, its emits appended to `emitted` (stream key,
+    /// stream id), in order.
+    Emitted { session: SessionId, text: String, emitted: Vec<(String, StreamId)> },
     /// The delivery of `stream_id` left its call, settled by `verdict`
-    /// (`ack`, `fail`, `dead_letter`) or by none: its span ends. Only on a
+    /// (`ack`, `ack_emit`, `fail`, `dead_letter`) or by none: its span ends. Only on a
     /// ledger made `traced`.
     Ended { stream_id: StreamId, verdict: Option<&'static str> },
 }
@@ -97,6 +101,8 @@ pub(crate) struct Tally {
     pub(crate) acks: u64,
     /// Acked ids Redis no longer had pending (`echomq_acks_not_pending_total`).
     pub(crate) acks_not_pending: u64,
+    /// Entries AckEmits appended (`echomq_emits_total`).
+    pub(crate) emits: u64,
     /// Entries moved to the dead-letter stream (`echomq_dead_letters_total`).
     pub(crate) dead_letters: u64,
     /// Leases refreshed (`echomq_lease_refreshes_total`).
@@ -207,6 +213,8 @@ pub(crate) struct Orders {
     pub(crate) dead_letters: Vec<DeadLetterOrder>,
     /// Deliveries to give back to the group (release.lua).
     pub(crate) releases: Vec<ReleaseOrder>,
+    /// AckEmits (ack_emit.lua), each a script run of its own.
+    pub(crate) emits: Vec<EmitOrder>,
 }
 
 /// The next Redis step of the worker's pump (see [`Ledger::next_work`]).
@@ -691,6 +699,92 @@ impl<D> Ledger<D> {
         }
     }
 
+    /// An AckEmit: queues the step that appends `emits` and acknowledges the
+    /// entry, which `ack_emit.lua` applies only while Redis still has the
+    /// entry pending for this consumer. UNKNOWN_ID or NOT_PENDING when the
+    /// call does not hold `id`, as for an Ack; INVALID_ARGUMENT on an
+    /// at-most-once subscription (nothing is pending to fence on; the
+    /// delivery stays held). The delivery leaves the call now: the answer
+    /// ([`Ledger::emitted`]) is `Emitted` or a verdict error.
+    pub(crate) fn ack_emit(
+        &mut self,
+        session: SessionId,
+        text: String,
+        id: BrandedId,
+        emits: Vec<NewEmit>,
+        now: Instant,
+    ) {
+        let Some(call) = self.calls.get(&session) else { return };
+        if self.no_ack && call.held.contains_key(&id) {
+            let reason = "this is an at-most-once (no_ack) subscription: the entry is not pending, so nothing fences an AckEmit; ack it and append the emits";
+            return self.refuse(session, text, Refusal::Invalid(reason.to_owned()));
+        }
+        let backoff = call.policy.backoff;
+        let Some(held) = self.settle(session, &text, id, now, true) else { return };
+        self.ended(held.stream_id, Some("ack_emit"));
+        let (stream_id, attempts) = (held.stream_id, held.attempts);
+        self.orders.emits.push(EmitOrder { session, text, stream_id, emits, attempts, backoff });
+    }
+
+    /// Redis refused `order`'s step before writing anything (a key of
+    /// another type: `reason` says which): the AckEmit is answered
+    /// INVALID_ARGUMENT, and the entry, still pending, is retried as after a
+    /// Fail with that reason (so a stream that stays wrong ends in the
+    /// dead-letter stream after `max_deliveries`, not in a hot loop).
+    pub(crate) fn emit_refused(&mut self, order: EmitOrder, reason: String, now: Instant) {
+        let EmitOrder { session, text, stream_id, attempts, backoff, .. } = order;
+        let message = format!("{reason}; nothing was written or acknowledged, and the entry will be delivered again");
+        self.answer(session, text, Refusal::Invalid(message));
+        self.retry_later(stream_id, backoff.delay(attempts), format!("AckEmit refused: {reason}"), true, now);
+    }
+
+    /// What `ack_emit.lua` did with `order`: applied, the call is answered
+    /// `Emitted` (and told UNAVAILABLE instead when the wait for replicas
+    /// fell short, naming the ids written); not pending, NOT_PENDING; a
+    /// peer's, LEASE_LOST. Nothing was written but on `Emitted`.
+    pub(crate) fn emitted(&mut self, order: EmitOrder, outcome: Emission) {
+        let EmitOrder { session, text, stream_id, emits, .. } = order;
+        match outcome {
+            Emission::NotPending => {
+                self.tally.acks_not_pending += 1;
+                self.answer(session, text, Refusal::NotPendingInGroup);
+            }
+            Emission::NotOurs => {
+                self.tally.leases_lost += 1;
+                tracing::warn!(stream = %self.stream, group = %self.group, %stream_id, "AckEmit not applied: a peer reclaimed the entry; nothing was written");
+                self.answer(session, text, Refusal::LeaseLost);
+            }
+            Emission::Emitted { ids, unconfirmed } => {
+                self.tally.acks += 1;
+                self.tally.emits += ids.len() as u64;
+                let emitted: Vec<(String, StreamId)> = emits.into_iter().map(|emit| emit.stream).zip(ids).collect();
+                match unconfirmed {
+                    None => {
+                        if self.calls.contains_key(&session) {
+                            self.effects.push(Effect::Emitted { session, text, emitted });
+                        }
+                    }
+                    Some(shortfall) => {
+                        let written: Vec<String> = emitted
+                            .iter()
+                            .map(|(stream, id)| {
+                                format!(
+                                    "{} (stream id {id}) in `{stream}`",
+                                    BrandedId::from_stream_id(*id).map(|b| b.to_string()).unwrap_or_default()
+                                )
+                            })
+                            .collect();
+                        let message = format!(
+                            "the entry was acknowledged and its emits written to the primary ({}), but not confirmed: {shortfall}; a failover may lose the step, and the entry is then delivered again",
+                            if written.is_empty() { "none".to_owned() } else { written.join(", ") }
+                        );
+                        self.answer(session, text, Refusal::Unavailable(message));
+                    }
+                }
+            }
+        }
+    }
+
     /// A Fail: the entry waits for its retry delay (the client's
     /// `retry_after`, else the backoff), or is queued for the dead-letter
     /// stream. Answered, in this order: NOT_PENDING for a delivery Redis took
@@ -1108,7 +1202,11 @@ impl<D> Ledger<D> {
     /// Whether Redis writes are queued.
     pub(crate) fn has_orders(&self) -> bool {
         let o = &self.orders;
-        !(o.acks.is_empty() && o.retry_writes.is_empty() && o.dead_letters.is_empty() && o.releases.is_empty())
+        !(o.acks.is_empty()
+            && o.retry_writes.is_empty()
+            && o.dead_letters.is_empty()
+            && o.emits.is_empty()
+            && o.releases.is_empty())
     }
 }
 

@@ -10,9 +10,11 @@
 //!
 #![doc = include_str!("README.md")]
 
+mod ack_emit;
 mod commands;
 mod dead_letter;
 mod delivery;
+mod emits;
 mod gauges;
 mod hygiene;
 mod lease;
@@ -52,6 +54,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
     config::Config,
+    durable::DurableWriter,
     error::Error,
     metrics::Metrics,
     proto::{consume_request::Kind, consumer_service_server::ConsumerService, ConsumeRequest, ConsumeResponse},
@@ -93,6 +96,9 @@ pub(crate) struct Shared {
     pub(crate) lease_refresh: Duration,
     /// The largest frame a client accepts (bytes): larger entries are dead-lettered.
     pub(crate) max_message_bytes: usize,
+    /// The durable writer (`--wait-replicas`, `--wait-aof`), which confirms
+    /// AckEmits as it confirms appends; `None`: they run on the shared connection.
+    pub(crate) durable: Option<DurableWriter>,
     /// Other consumers idle this long and holding nothing are removed; `None`: never.
     pub(crate) consumer_idle_limit: Option<Duration>,
     /// Becomes true on shutdown: hand out nothing new, keep taking verdicts.
@@ -174,7 +180,8 @@ struct Defaults {
 
 impl Consumers {
     /// Builds the consumer side. `draining` turns true when the sidecar stops
-    /// handing out entries; `closing` when calls must end.
+    /// handing out entries; `closing` when calls must end. `durable`: the
+    /// writer that confirms AckEmits with replicas, when writes wait.
     pub fn new(
         redis: Redis,
         metrics: Arc<Metrics>,
@@ -182,6 +189,7 @@ impl Consumers {
         consumer: String,
         signals: Signals,
         guard: Guard,
+        durable: Option<DurableWriter>,
     ) -> Consumers {
         let Signals { draining, closing, redis_up } = signals;
         let redis_timeout = config.redis.redis_timeout;
@@ -201,6 +209,7 @@ impl Consumers {
             reclaim_interval: config.consume.reclaim_interval,
             lease_refresh: config.consume.lease_refresh_interval(),
             max_message_bytes: config.server.max_message_bytes,
+            durable,
             consumer_idle_limit: config.consume.consumer_removal(),
             draining,
             redis_up,
@@ -383,11 +392,19 @@ impl ConsumerService for Consumers {
             self.shared.redis.keys.sharded_stream_of(first_shard),
             &sub.group,
         );
+        let streams: Vec<String> = sub.shards.iter().map(|(stream, _)| stream.clone()).collect();
+        let emit_rules = emits::EmitRules {
+            guard: self.guard.clone(),
+            caller,
+            keys: self.shared.redis.keys.clone(),
+            id_field: self.shared.id_field.clone(),
+            max_message_bytes: self.shared.max_message_bytes,
+        };
         tokio::spawn(async move {
             // Should the relay ever panic, its call's entries must not stay
             // held: the worker is told the call ended, as on any other end.
             let detach = workers.clone();
-            let shards = session::Shards::new(workers);
+            let shards = session::Shards::new(workers, streams);
             let relay = tokio::spawn(session::relay(
                 session,
                 inbound,
@@ -397,6 +414,7 @@ impl ConsumerService for Consumers {
                 framing,
                 closing,
                 verdict_errors,
+                emit_rules,
             ));
             if let Err(e) = relay.await {
                 tracing::error!(session, "a call's relay failed: {e}; its entries go back to the PEL");

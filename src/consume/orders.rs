@@ -164,3 +164,49 @@ pub(crate) enum Unrefreshed {
     /// read it again yet (and the verdict then applies).
     Unowned,
 }
+
+/// One entry an AckEmit appends, validated at the edge (stream allowed, on
+/// the source's slot, fields within limits, none named like the reserved
+/// field). The ledger carries it without looking inside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NewEmit {
+    /// The stream key written.
+    pub(crate) stream: String,
+    /// The shard index and shard count it mints with (0 and 1 for a plain
+    /// stream; see [`crate::keys::AppendTarget`]).
+    pub(crate) shard: u32,
+    pub(crate) shards: u32,
+    /// Its fields, sorted by name (so an entry's field order does not depend
+    /// on hashing).
+    pub(crate) fields: Vec<(String, Vec<u8>)>,
+}
+
+/// A queued AckEmit: `ack_emit.lua` appends `emits` and acknowledges the
+/// entry, only while it is pending for this consumer.
+#[derive(Debug)]
+pub(crate) struct EmitOrder {
+    /// The call whose AckEmit it is, answered either way.
+    pub(crate) session: SessionId,
+    /// The id as the client sent it.
+    pub(crate) text: String,
+    pub(crate) stream_id: StreamId,
+    pub(crate) emits: Vec<NewEmit>,
+    /// Its delivery count and the call's retry delays: should Redis refuse
+    /// the step (an emit stream of another type), the entry is retried as
+    /// after a Fail.
+    pub(crate) attempts: u32,
+    pub(crate) backoff: Backoff,
+}
+
+/// What [`ack_emit`](super::ack_emit::ack_emit) did with one order.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Emission {
+    /// Pending for no consumer (acknowledged already): nothing written.
+    NotPending,
+    /// Pending for another consumer (a peer reclaimed it): nothing written.
+    NotOurs,
+    /// The emits were appended with these stream ids, in order, and the
+    /// entry acknowledged; `unconfirmed` says how the wait for replicas fell
+    /// short (`--wait-replicas`, `--wait-aof`), if it did.
+    Emitted { ids: Vec<StreamId>, unconfirmed: Option<String> },
+}

@@ -19,7 +19,11 @@ use super::{
     orders::{PendingAck, SessionId},
     IdMap,
 };
-use crate::{id::StreamId, metrics::GroupMetrics, proto::Delivery};
+use crate::{
+    id::{BrandedId, StreamId},
+    metrics::GroupMetrics,
+    proto::{Delivery, Emitted, EmittedEntry},
+};
 
 /// One group's links to its calls, its open delivery spans and its metrics.
 pub(super) struct Outlet {
@@ -38,6 +42,9 @@ pub(super) struct Outlet {
     spans: IdMap<StreamId, tracing::Span>,
     /// The spans of acknowledged deliveries, for the settle span to link to.
     ack_links: IdMap<StreamId, SpanContext>,
+    /// The spans of deliveries answered with an AckEmit, for its step's span
+    /// to be the child of.
+    emit_parents: IdMap<StreamId, SpanContext>,
     /// Entries found deleted while pending since the last log line, so a
     /// trim of many pending entries is logged once with their count.
     trimmed_unlogged: u64,
@@ -58,6 +65,7 @@ impl Outlet {
             no_ack,
             spans: IdMap::default(),
             ack_links: IdMap::default(),
+            emit_parents: IdMap::default(),
             trimmed_unlogged: 0,
             published_held: 0,
         }
@@ -103,6 +111,7 @@ impl Outlet {
             (&mut tally.leases_lost, &metrics.leases_lost),
             (&mut tally.acks, &metrics.acks),
             (&mut tally.acks_not_pending, &metrics.acks_not_pending),
+            (&mut tally.emits, &metrics.emits),
             (&mut tally.dead_letters, &metrics.dead_letters),
             (&mut tally.lease_refreshes, &metrics.lease_refreshes),
             (&mut tally.reclaimed, &metrics.reclaimed),
@@ -149,6 +158,19 @@ impl Outlet {
                     let _ = link.send(Event::VerdictError(error));
                 }
             }
+            Effect::Emitted { session, text, emitted } => {
+                let entries = emitted
+                    .into_iter()
+                    .map(|(stream, stream_id)| EmittedEntry {
+                        id: BrandedId::from_stream_id(stream_id).map(|id| id.to_string()).unwrap_or_default(),
+                        stream_id: stream_id.to_string(),
+                        stream,
+                    })
+                    .collect();
+                if let Some(link) = self.links.get(&session) {
+                    let _ = link.send(Event::Emitted(Emitted { id: text, entries }));
+                }
+            }
             Effect::Left { session, shard, id, settled } => {
                 if let Some(link) = self.links.get(&session) {
                     let _ = link.send(Event::Left { shard, id, settled });
@@ -161,6 +183,11 @@ impl Outlet {
                     if verdict == "ack" && !self.no_ack {
                         if let Some(context) = crate::telemetry::span_context_of(&span) {
                             self.ack_links.insert(stream_id, context);
+                        }
+                    }
+                    if verdict == "ack_emit" {
+                        if let Some(context) = crate::telemetry::span_context_of(&span) {
+                            self.emit_parents.insert(stream_id, context);
                         }
                     }
                 }
@@ -176,6 +203,12 @@ impl Outlet {
         }
         let ack_links = &mut self.ack_links;
         acks.iter().filter_map(|ack| Some((ack_links.remove(&ack.stream_id)?, ack.text.clone()))).collect()
+    }
+
+    /// The span of the delivery of `stream_id`, answered by an AckEmit, for
+    /// the step's span to be its child (`None` when not traced).
+    pub(super) fn take_emit_parent(&mut self, stream_id: StreamId) -> Option<SpanContext> {
+        self.emit_parents.remove(&stream_id)
     }
 
     /// Keeps the sidecar-wide held count (what shutdown waits for) and the

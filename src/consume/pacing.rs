@@ -32,11 +32,12 @@ pub(super) enum Step {
     Release,
     RecreateGroup,
     Hygiene,
+    AckEmit,
 }
 
 impl Step {
     /// Every step, so each one's error series exists from the start.
-    pub(super) const ALL: [Step; 10] = [
+    pub(super) const ALL: [Step; 11] = [
         Step::Read,
         Step::Recover,
         Step::Redeliver,
@@ -47,6 +48,7 @@ impl Step {
         Step::Release,
         Step::RecreateGroup,
         Step::Hygiene,
+        Step::AckEmit,
     ];
 
     /// The metric label: a short snake_case word.
@@ -62,6 +64,7 @@ impl Step {
             Step::Release => "release",
             Step::RecreateGroup => "recreate_group",
             Step::Hygiene => "hygiene",
+            Step::AckEmit => "ack_emit",
         }
     }
 
@@ -78,6 +81,7 @@ impl Step {
             Step::Release => "releasing entries to the group",
             Step::RecreateGroup => "re-creating the group",
             Step::Hygiene => "recording the heartbeat and removing dead consumers",
+            Step::AckEmit => "acknowledging and emitting (AckEmit)",
         }
     }
 }

@@ -4,7 +4,9 @@
 //! The relay routes and parks; it decides no verdict. Whether a call holds
 //! an id, and why not, is the worker's ledger's to say: the relay answers
 //! only messages it cannot route (an id that does not parse, an Extend
-//! without a valid `by`).
+//! without a valid `by`, an AckEmit whose emits break a rule of
+//! [`EmitRules`]: those never reach the worker, so nothing is written and
+//! the delivery stays held).
 //!
 //! A call on a sharded stream is served by one worker per shard: the relay
 //! remembers which shard each delivery it holds came from and sends each
@@ -24,6 +26,7 @@ use tracing::debug;
 
 use super::{
     commands::{Command, Event},
+    emits::EmitRules,
     ledger::FailVerdict,
     orders::{FailKind, SessionId},
     verdicts, IdMap,
@@ -121,6 +124,7 @@ fn event_frame(
     let delivery = match event {
         Event::Delivery { shard, id, delivery } => shards.deliver(shard, id, delivery)?,
         Event::VerdictError(error) => return Some(response(consume_response::Kind::VerdictError(error))),
+        Event::Emitted(emitted) => return Some(response(consume_response::Kind::Emitted(emitted))),
         Event::Left { shard, id, settled } => shards.left(shard, &id, settled)?,
     };
     Some(delivery_frame(delivery, events, shards, framing, next))
@@ -135,6 +139,9 @@ pub(super) fn response(kind: consume_response::Kind) -> ConsumeResponse {
 /// stream), and the routes of a sharded call's verdicts.
 pub(super) struct Shards {
     workers: Vec<mpsc::Sender<Command>>,
+    /// Each worker's stream key, in shard order: an AckEmit's emits must
+    /// share the slot of the stream its delivery came from.
+    streams: Vec<String>,
     /// Branded id → the shard whose delivery the call holds (sharded calls only).
     routes: IdMap<BrandedId, usize>,
     /// Branded id → the shard a delivery left (a verdict may still come; that
@@ -147,9 +154,9 @@ pub(super) struct Shards {
 }
 
 impl Shards {
-    /// The workers, in shard order.
-    pub(super) fn new(workers: Vec<mpsc::Sender<Command>>) -> Shards {
-        Shards { workers, routes: IdMap::default(), left: IdMap::default(), parked: Vec::new() }
+    /// The workers and their stream keys, in shard order.
+    pub(super) fn new(workers: Vec<mpsc::Sender<Command>>, streams: Vec<String>) -> Shards {
+        Shards { workers, streams, routes: IdMap::default(), left: IdMap::default(), parked: Vec::new() }
     }
 
     fn sharded(&self) -> bool {
@@ -238,6 +245,7 @@ pub(super) async fn relay(
     framing: Framing,
     mut closing: watch::Receiver<bool>,
     verdict_errors: VerdictErrors,
+    emit_rules: EmitRules,
 ) {
     // Whether the client still reads: after it closes its side, the errors
     // of its last verdicts are still sent before the call ends.
@@ -261,7 +269,7 @@ pub(super) async fn relay(
         tokio::select! {
             message = inbound.message(), if events.len() < EVENT_BACKLOG => match message {
                 Ok(Some(request)) => {
-                    if let Err(status) = forward(session, request, &outbound, &mut shards, &verdict_errors).await {
+                    if let Err(status) = forward(session, request, &outbound, &mut shards, &verdict_errors, &emit_rules).await {
                         break Some(status);
                     }
                 }
@@ -314,15 +322,16 @@ pub(super) async fn relay(
     let answers = async {
         let mut queued = stashed.into_iter().chain(std::iter::from_fn(|| events.try_recv().ok()));
         while let (true, Some(event)) = (listening, queued.next()) {
-            let error = match event {
-                Event::VerdictError(error) => error,
+            let frame = match event {
+                Event::VerdictError(error) => consume_response::Kind::VerdictError(error),
+                Event::Emitted(emitted) => consume_response::Kind::Emitted(emitted),
                 Event::Left { shard, id, settled } => {
                     shards.left(shard, &id, settled);
                     continue;
                 }
                 Event::Delivery { .. } => continue,
             };
-            listening = outbound.send(Ok(response(consume_response::Kind::VerdictError(error)))).await.is_ok();
+            listening = outbound.send(Ok(response(frame))).await.is_ok();
         }
         if let Some(status) = ending {
             let _ = outbound.send(Err(status)).await;
@@ -340,6 +349,7 @@ async fn forward(
     outbound: &Outbound,
     shards: &mut Shards,
     counted: &VerdictErrors,
+    emit_rules: &EmitRules,
 ) -> Result<(), Status> {
     match request.kind {
         Some(Kind::Subscribe(_)) => Err(Error::invalid(
@@ -347,7 +357,19 @@ async fn forward(
             "this call is already subscribed; a call subscribes once (open another call for another subscription)",
         )
         .into()),
-        None => Err(Error::invalid("kind", "a message must set subscribe, ack, fail, extend, drain or release").into()),
+        None => {
+            Err(Error::invalid("kind", "a message must set subscribe, ack, fail, extend, drain, release or ack_emit")
+                .into())
+        }
+        Some(Kind::AckEmit(ack_emit)) => {
+            let Some(id) = parse_id(&ack_emit.id, outbound, counted).await else { return Ok(()) };
+            let shard = shards.route(&id);
+            match emit_rules.check(&shards.streams[shard], ack_emit.emits) {
+                Ok(emits) => shards.send(shard, Command::AckEmit { session, text: ack_emit.id, id, emits }).await?,
+                Err(refusal) => reject(outbound, counted, refusal.error(&ack_emit.id)).await,
+            }
+            Ok(())
+        }
         Some(Kind::Ack(ack)) => {
             for (shard, ids) in by_shard(ack.ids, outbound, shards, counted).await {
                 shards.send(shard, Command::Ack { session, ids }).await?;
@@ -473,7 +495,7 @@ mod tests {
     }
 
     fn shards(count: usize) -> Shards {
-        Shards::new((0..count).map(|_| mpsc::channel(1).0).collect())
+        Shards::new((0..count).map(|_| mpsc::channel(1).0).collect(), (0..count).map(|k| format!("s{k}")).collect())
     }
 
     #[test]

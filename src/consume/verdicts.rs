@@ -4,7 +4,7 @@
 //! The group worker's ledger is the one authority that decides them (it
 //! alone knows what a call holds); the relay builds only the answers to
 //! messages it cannot route: an id that does not parse, an Extend without a
-//! valid `by`.
+//! valid `by`, an AckEmit's bad emits.
 
 use crate::proto::{VerdictError, VerdictErrorCode};
 
@@ -42,6 +42,8 @@ pub(crate) enum Refusal {
     ReleaseWithoutPel,
     /// [`unavailable`], saying what happened to the entry.
     Unavailable(String),
+    /// [`permission_denied`], saying which stream.
+    PermissionDenied(String),
 }
 
 impl Refusal {
@@ -58,6 +60,7 @@ impl Refusal {
             Refusal::FailWithoutPel => fail_without_pel(id),
             Refusal::ReleaseWithoutPel => release_without_pel(id),
             Refusal::Unavailable(message) => unavailable(id, message),
+            Refusal::PermissionDenied(message) => permission_denied(id, message),
         }
     }
 }
@@ -153,6 +156,12 @@ pub(crate) fn bad_extension(id: &str) -> VerdictError {
 /// happened to the entry.
 pub(crate) fn unavailable(id: &str, message: impl Into<String>) -> VerdictError {
     error(id, VerdictErrorCode::Unavailable, message)
+}
+
+/// PERMISSION_DENIED: an AckEmit names a stream outside the allow-list;
+/// `message` says which.
+pub(crate) fn permission_denied(id: &str, message: impl Into<String>) -> VerdictError {
+    error(id, VerdictErrorCode::PermissionDenied, message)
 }
 
 /// Why a held entry cannot be settled: it was deleted from the stream.

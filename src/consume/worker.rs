@@ -27,10 +27,11 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
+    ack_emit,
     commands::Command,
     dead_letter, delivery, gauges, hygiene, lease,
     ledger::{Ledger, Work},
-    orders::{DeadLetterOrder, PendingAck, Redelivery, ReleaseOrder, RetryWrite, SessionId},
+    orders::{DeadLetterOrder, EmitOrder, PendingAck, Redelivery, ReleaseOrder, RetryWrite, SessionId},
     outlet::Outlet,
     pacing::{Pacing, Step},
     reader::{self, Reader},
@@ -224,6 +225,7 @@ impl Worker {
             }
             Command::Fail { session, fail } => self.ledger.fail(session, fail, now),
             Command::Release { session, ids } => self.ledger.release(session, ids, now),
+            Command::AckEmit { session, text, id, emits } => self.ledger.ack_emit(session, text, id, emits, now),
             Command::Extend { session, ids, by } => self.ledger.extend(session, ids, by, now),
             Command::Drain { session } => {
                 self.ledger.drain_call(session);
@@ -268,22 +270,31 @@ impl Worker {
 
     /// The Redis writes the ledger queued: dead letters first (their Fails
     /// settle nothing else), then acks and retry states as one `settle.lua`
-    /// run, then releases. All before the pump's next re-delivery, which
-    /// would otherwise claim a released entry before it was given back.
+    /// run, then AckEmits, then releases. All before the pump's next
+    /// re-delivery, which would otherwise claim a released entry before it
+    /// was given back.
     async fn carry_out_orders(&mut self) {
         self.act();
-        if !self.ledger.has_orders() {
-            return;
-        }
-        let orders = self.ledger.take_orders();
-        if !orders.dead_letters.is_empty() {
-            self.dead_letter(orders.dead_letters).await;
-        }
-        if !orders.acks.is_empty() || !orders.retry_writes.is_empty() {
-            self.settle(orders.acks, orders.retry_writes).await;
-        }
-        if !orders.releases.is_empty() {
-            self.release(orders.releases).await;
+        // A second round for what the first queued: a refused AckEmit's
+        // retry state, recorded now as a Fail's is, to bind peers and
+        // outlive a restart.
+        for _ in 0..2 {
+            if !self.ledger.has_orders() {
+                break;
+            }
+            let orders = self.ledger.take_orders();
+            if !orders.dead_letters.is_empty() {
+                self.dead_letter(orders.dead_letters).await;
+            }
+            if !orders.acks.is_empty() || !orders.retry_writes.is_empty() {
+                self.settle(orders.acks, orders.retry_writes).await;
+            }
+            if !orders.emits.is_empty() {
+                self.ack_emit(orders.emits).await;
+            }
+            if !orders.releases.is_empty() {
+                self.release(orders.releases).await;
+            }
         }
         self.act();
     }
@@ -539,6 +550,46 @@ impl Worker {
                 };
                 let entries = acks.into_iter().map(|ack| (ack.stream_id, Some((ack.session, ack.text))));
                 self.ledger.not_written(entries, &message, self.pacing.paused_until());
+            }
+        }
+    }
+}
+
+// AckEmit: the rules applied to [`ack_emit`]'s outcomes.
+impl Worker {
+    /// Runs each AckEmit's script, all at once (through the durable writer
+    /// they share one `WAIT`), and feeds each outcome back. A WRONGTYPE (an
+    /// emit stream, or the retry hash, of another type: the script checks
+    /// before its first write) wrote nothing and is no fault of Redis': see
+    /// [`Ledger::emit_refused`]. Any other failure
+    /// leaves the outcome unknown when the connection broke: the entry
+    /// waits, and comes back only if the step did not apply.
+    async fn ack_emit(&mut self, orders: Vec<EmitOrder>) {
+        self.act();
+        let parents: Vec<_> = orders.iter().map(|order| self.outlet.take_emit_parent(order.stream_id)).collect();
+        let (keys, durable) = (&self.keys, self.shared.durable.as_ref());
+        let steps = orders.iter().zip(parents).map(|(order, parent)| ack_emit::ack_emit(keys, durable, order, parent));
+        let outcomes = futures_util::future::join_all(steps).await;
+        for (order, outcome) in orders.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(outcome) => {
+                    self.pacing.succeeded(Step::AckEmit);
+                    self.ledger.emitted(order, outcome);
+                }
+                Err(e) if e.code() == Some("WRONGTYPE") => {
+                    let reason = format!("Redis refused the step: {e}");
+                    self.ledger.emit_refused(order, reason, Instant::now());
+                }
+                Err(e) => {
+                    self.redis_failed(Step::AckEmit, &e);
+                    let message = if crate::error::is_transient(&e) {
+                        format!("the AckEmit's outcome is unknown ({e}): if it was applied the entry is done and its emits are written, else nothing was and the entry will be delivered again")
+                    } else {
+                        format!("the AckEmit failed ({e}); nothing was written or acknowledged, and the entry will be delivered again")
+                    };
+                    let entry = (order.stream_id, Some((order.session, order.text)));
+                    self.ledger.not_written([entry], &message, self.pacing.paused_until());
+                }
             }
         }
     }

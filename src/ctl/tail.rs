@@ -245,7 +245,8 @@ async fn consume(args: &Args, group: &str, ctx: &Context, interrupt: &mut Interr
                     eprintln!("echomqctl: the ack of {} was not applied: {}", e.id, e.message);
                     continue;
                 }
-                None => continue,
+                // Answers an AckEmit, which tail never sends.
+                Some(consume_response::Kind::Emitted(_)) | None => continue,
             },
         };
         let mut done = false;

@@ -68,6 +68,7 @@ pub(super) struct GroupFamilies {
     lease_refreshes: GroupCounter,
     leases_lost: GroupCounter,
     acks_not_pending: GroupCounter,
+    emits: GroupCounter,
     trimmed_while_pending: GroupCounter,
     group_recreations: GroupCounter,
     verdict_errors: Family<CodeLabels, Counter>,
@@ -135,6 +136,12 @@ impl GroupFamilies {
                 r,
                 "acks_not_pending",
                 "Acks XACK found no longer pending (nothing applied)",
+                Family::default(),
+            ),
+            emits: registered(
+                r,
+                "emits",
+                "Entries appended by AckEmit verdicts, each with the XACK of its source entry",
                 Family::default(),
             ),
             trimmed_while_pending: registered(
@@ -216,6 +223,7 @@ impl GroupFamilies {
             lease_refreshes: self.lease_refreshes.get_or_create(&labels).clone(),
             leases_lost: self.leases_lost.get_or_create(&labels).clone(),
             acks_not_pending: self.acks_not_pending.get_or_create(&labels).clone(),
+            emits: self.emits.get_or_create(&labels).clone(),
             trimmed_while_pending: self.trimmed_while_pending.get_or_create(&labels).clone(),
             group_recreations: self.group_recreations.get_or_create(&labels).clone(),
             verdict_errors: self.verdict_errors(&labels),
@@ -263,6 +271,8 @@ pub struct GroupMetrics {
     pub leases_lost: Counter,
     /// `echomq_acks_not_pending_total`: acks XACK found no longer pending.
     pub acks_not_pending: Counter,
+    /// `echomq_emits_total`: entries appended by AckEmits (entries).
+    pub emits: Counter,
     /// `echomq_trimmed_while_pending_total`: pending entries found deleted.
     pub trimmed_while_pending: Counter,
     /// `echomq_group_recreations_total`: groups re-created after NOGROUP.
@@ -316,18 +326,19 @@ impl GroupMetrics {
 #[derive(Clone, Debug)]
 pub struct VerdictErrors {
     /// In the order of [`VerdictErrors::CODES`].
-    counters: [Counter; 5],
+    counters: [Counter; 6],
 }
 
 impl VerdictErrors {
     /// Every code a verdict error carries, as its `code` label: the
     /// `VerdictErrorCode` name without its prefix, in snake_case.
-    pub const CODES: [(VerdictErrorCode, &'static str); 5] = [
+    pub const CODES: [(VerdictErrorCode, &'static str); 6] = [
         (VerdictErrorCode::UnknownId, "unknown_id"),
         (VerdictErrorCode::NotPending, "not_pending"),
         (VerdictErrorCode::InvalidArgument, "invalid_argument"),
         (VerdictErrorCode::Unavailable, "unavailable"),
         (VerdictErrorCode::LeaseLost, "lease_lost"),
+        (VerdictErrorCode::PermissionDenied, "permission_denied"),
     ];
 
     fn new(family: &Family<CodeLabels, Counter>, group: &GroupLabels) -> VerdictErrors {

@@ -27,6 +27,8 @@ pub struct Scripts {
     pub hygiene: Script,
     /// `consume/settle.lua`: a batch of XACKs and retry-state writes in one command.
     pub settle: Script,
+    /// `consume/ack_emit.lua`: append a delivery's emits and XACK it, only while it is this consumer's.
+    pub ack_emit: Script,
     /// `trim.lua`: XTRIM MINID, never past what groups still need (safe mode).
     pub trim: Script,
     /// `replay.lua`: move dead letters back to their source stream.
@@ -52,6 +54,7 @@ impl Scripts {
             (&self.dead_letter, "dead_letter"),
             (&self.trim, "trim"),
             (&self.settle, "settle"),
+            (&self.ack_emit, "ack_emit"),
             (&self.hygiene, "hygiene"),
             (&self.replay, "replay"),
             (&self.group_lag, "group_lag"),
@@ -74,6 +77,7 @@ impl Scripts {
             dead_letter: script(include_str!("../consume/dead_letter.lua")),
             trim: script(include_str!("lua/trim.lua")),
             settle: script(include_str!("../consume/settle.lua")),
+            ack_emit: script(include_str!("../consume/ack_emit.lua")),
             hygiene: script(include_str!("../consume/hygiene.lua")),
             replay: script(include_str!("lua/replay.lua")),
             group_lag: script(include_str!("lua/group_lag.lua")),

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use super::Streams;
 use crate::{
-    durable::{eval, ScriptCall, ScriptName, Shortfall},
+    durable::{run, ScriptCall, ScriptName, Shortfall},
     error::Error,
     id::{BrandedId, StreamId},
     proto::{AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse},
@@ -165,15 +165,8 @@ async fn append_entries(
             script.arg(TRACE_FIELD).arg(trace);
         }
     }
-    let ran = async {
-        match durable {
-            Some(writer) => writer.write(script).await.map(|written| (written.reply, written.shortfall)),
-            None => {
-                let mut conn = streams.redis.conn.clone();
-                eval(&streams.redis, &mut conn, &script).await.map(|reply| (reply, None))
-            }
-        }
-    };
+    let mut conn = streams.redis.conn.clone();
+    let ran = run(&streams.redis, &mut conn, durable, script);
     let (reply, shortfall) = ran.instrument(span.clone()).await.map_err(|e| match e.code() {
         Some("ECHOMQ_SHARDED") => keys.unconfigured_sharded(stream, e.detail().unwrap_or("?")),
         Some("ECHOMQ_ARCHIVED") => Error::Conflict {

@@ -112,6 +112,14 @@ impl Call {
                 self.oddities.push(format!("a second Subscribed: {s:?}"));
                 None
             }
+            // An AckEmit applied: the generator counted its delivery acked,
+            // and the ledger check finds it so; it may come after the fence.
+            Some(ResponseKind::Emitted(e)) => {
+                if e.entries.len() > 2 {
+                    self.oddities.push(format!("an Emitted answer with more entries than any AckEmit sent: {e:?}"));
+                }
+                None
+            }
             None => {
                 self.oddities.push("a ConsumeResponse without a kind".to_owned());
                 None

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use echomq::proto::consume_request::Kind;
 use echomq::proto::{
-    Ack, AppendBatchRequest, AppendRequest, BatchEntry, ConsumeRequest, Drain, Extend, Fail, GroupStart, Release,
-    Subscribe, VerdictErrorCode,
+    Ack, AckEmit, AppendBatchRequest, AppendRequest, BatchEntry, ConsumeRequest, Drain, Emit, Extend, Fail, GroupStart,
+    Release, Subscribe, VerdictErrorCode,
 };
 use tonic::Code;
 
@@ -404,7 +404,7 @@ pub(crate) fn verdict(
             }
             (text, message)
         }
-        80..=96 => {
+        80..=92 => {
             let n = [0, 1, 1, 2, 4][rng.usize(..5)];
             // by_ok: Some(true) valid, Some(false) invalid, None either.
             let (by, by_ok, by_text) = match rng.u32(..8) {
@@ -442,8 +442,57 @@ pub(crate) fn verdict(
             let text = format!("Extend by {by_text} {by:?} [{shown}]");
             (text, req(Kind::Extend(Extend { ids, by })))
         }
+        93..=96 => {
+            let (id, code, held) = any_id(rng, avail, gone);
+            let (what, emits, emits_ok) = emits(rng);
+            match (emits_ok, code) {
+                // Bad emits are refused before the id is looked up: a held
+                // delivery stays held.
+                (false, _) | (_, Some(INVALID)) => {
+                    expects.push(Expect::new(&id, INVALID));
+                    if held {
+                        gone.retain(|g| *g != id);
+                        avail.push(id.clone());
+                    }
+                }
+                (true, Some(code)) => expects.push(Expect::new(&id, code)),
+                (true, None) if held => effects.push(Effect::Acked(id.clone())),
+                (true, None) => {}
+            }
+            let text = format!("AckEmit {} with {what}", short(&id));
+            (text, req(Kind::AckEmit(AckEmit { id, emits })))
+        }
         _ => ("Drain".to_owned(), req(Kind::Drain(Drain {}))),
     }
+}
+
+/// The stream good emits go to: no pool stream, so the ledger's account of
+/// the pools is not disturbed.
+pub(crate) const EMIT_TARGET: &str = "fz-emits";
+
+/// An AckEmit's emits (at most two), what they are, and whether they are
+/// valid: none, a good one, a good one and an odd valid one, or a good one
+/// and a bad one (the reserved field, an empty or 10 KB stream name, too
+/// many fields).
+fn emits(rng: &mut fastrand::Rng) -> (&'static str, Vec<Emit>, bool) {
+    let good = || Emit { stream: EMIT_TARGET.to_owned(), fields: fields(&[("k", b"v")]) };
+    let (what, bad) = match rng.u32(..10) {
+        0 => return ("no emits", Vec::new(), true),
+        1..=4 => return ("a good emit", vec![good()], true),
+        5 => ("the reserved field", Emit { stream: EMIT_TARGET.to_owned(), fields: fields(&[("id", b"mine")]) }),
+        6 => ("an empty stream", Emit { stream: String::new(), fields: fields(&[("k", b"v")]) }),
+        7 => ("a 10 KB stream name", Emit { stream: "s".repeat(10 * 1024), fields: fields(&[("k", b"v")]) }),
+        8 => {
+            let many = (0..1001).map(|i| (format!("f{i}"), Vec::new())).collect();
+            ("1001 fields", Emit { stream: EMIT_TARGET.to_owned(), fields: many })
+        }
+        _ => ("a unicode stream named like a shard key", Emit { stream: "fz:{fz:9}🚀".to_owned(), ..good() }),
+    };
+    if what.starts_with("a unicode") {
+        // Valid: not a shard of a stream this sidecar shards.
+        return (what, vec![good(), bad], true);
+    }
+    (what, vec![good(), bad], false)
 }
 
 /// A subscribe for the pool stream `stream`: the group policy is fixed per pool

@@ -406,6 +406,10 @@ pub async fn one_call(
                 Ledger::count(&ledger.verdict_errors, code);
                 continue;
             }
+            Some(ResponseKind::Emitted(_)) => {
+                ledger.anomaly("an Emitted answer, though the chaos clients send no AckEmit".to_owned());
+                continue;
+            }
             None => {
                 ledger.anomaly("a ConsumeResponse without a kind".to_owned());
                 continue;

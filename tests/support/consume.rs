@@ -8,8 +8,8 @@ use echomq::proto::consume_request::Kind;
 use echomq::proto::consume_response::Kind as ResponseKind;
 use echomq::proto::consumer_service_client::ConsumerServiceClient;
 use echomq::proto::{
-    Ack, AppendResponse, ConsumeRequest, ConsumeResponse, Delivery, Fail, GroupStart, Subscribe, Subscribed,
-    VerdictError,
+    Ack, AckEmit, AppendResponse, ConsumeRequest, ConsumeResponse, Delivery, Emit, Emitted, Fail, GroupStart,
+    Subscribe, Subscribed, VerdictError,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -29,6 +29,9 @@ pub fn req(kind: Kind) -> ConsumeRequest {
     ConsumeRequest { kind: Some(kind) }
 }
 
+/// One emit of an AckEmit: its stream and its fields (name, value).
+pub type EmitSpec<'a> = (&'a str, &'a [(&'a str, &'a [u8])]);
+
 /// What a Consume call produced next.
 #[derive(Debug)]
 pub enum Event {
@@ -37,6 +40,8 @@ pub enum Event {
     /// A DeliveryBatch frame (a subscribe with `max_batch` above 1).
     Batch(Vec<Delivery>),
     VerdictError(VerdictError),
+    /// The answer to an applied AckEmit.
+    Emitted(Emitted),
     /// A ConsumeResponse with no kind set.
     Empty,
     /// The call ended: `None` for a clean end (OK), the status otherwise.
@@ -139,6 +144,26 @@ impl Consumer {
         self.ack(&[id]).await;
     }
 
+    /// AckEmit{id, emits}: each emit a stream and its fields.
+    pub async fn ack_emit(&self, id: &str, emits: &[EmitSpec<'_>]) {
+        let emits = emits
+            .iter()
+            .map(|(stream, fields)| Emit {
+                stream: (*stream).to_owned(),
+                fields: fields.iter().map(|(name, value)| ((*name).to_owned(), value.to_vec())).collect(),
+            })
+            .collect();
+        self.send(req(Kind::AckEmit(AckEmit { id: id.to_owned(), emits }))).await;
+    }
+
+    /// The next Emitted answer; panics on anything else.
+    pub async fn next_emitted(&mut self, timeout: Duration) -> Emitted {
+        match self.next_event(timeout).await {
+            Event::Emitted(e) => e,
+            other => panic!("expected Emitted within {timeout:?}, got {other:?}"),
+        }
+    }
+
     /// Fail{id, retry_after} (no dead letter).
     pub async fn fail(&self, id: &str, retry_after: Option<Duration>) {
         self.send(req(Kind::Fail(Fail {
@@ -180,6 +205,7 @@ impl Consumer {
                 Some(ResponseKind::Delivery(d)) => Event::Delivery(d),
                 Some(ResponseKind::Batch(b)) => Event::Batch(b.deliveries),
                 Some(ResponseKind::VerdictError(e)) => Event::VerdictError(e),
+                Some(ResponseKind::Emitted(e)) => Event::Emitted(e),
                 None => Event::Empty,
             },
             Ok(Ok(None)) => {

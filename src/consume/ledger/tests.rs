@@ -72,9 +72,10 @@ impl Checked {
                     Effect::Deliver { session, out, .. } if self.hung_up.contains(&session) => {
                         self.ledger.undelivered(session, out, Instant::now())
                     }
-                    Effect::Deliver { session, .. } | Effect::Answer { session, .. } | Effect::Left { session, .. } => {
-                        self.outbox.entry(session).or_default().push(effect)
-                    }
+                    Effect::Deliver { session, .. }
+                    | Effect::Answer { session, .. }
+                    | Effect::Left { session, .. }
+                    | Effect::Emitted { session, .. } => self.outbox.entry(session).or_default().push(effect),
                     Effect::Ended { .. } => {}
                 }
             }
@@ -256,6 +257,123 @@ fn an_ack_queues_one_xack_and_a_retry_state_drop_for_a_redelivery() {
     let got: Vec<(StreamId, bool)> = acks.iter().map(|a| (a.stream_id, a.redelivered)).collect();
     assert_eq!(got, vec![(sid(1), false), (sid(2), true)]);
     assert!(!ledger.tracks(sid(1)) && !ledger.tracks(sid(2)));
+}
+
+fn emit(stream: &str) -> NewEmit {
+    NewEmit { stream: stream.to_owned(), shard: 0, shards: 1, fields: vec![("k".to_owned(), b"v".to_vec())] }
+}
+
+#[test]
+fn an_ack_emit_of_a_held_delivery_queues_its_step_and_frees_the_slot() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(1));
+    ledger.offer(entry(1, 2), now);
+    assert_eq!(ledger.deliveries(1), vec![1]);
+    ledger.ack_emit(1, branded(1).to_string(), branded(1), vec![emit("out"), emit("out2")], now);
+    let orders = ledger.take_orders();
+    assert!(orders.acks.is_empty(), "no plain XACK: the script acknowledges");
+    assert_eq!(orders.emits.len(), 1);
+    assert_eq!(orders.emits[0].stream_id, sid(1));
+    assert_eq!(orders.emits[0].emits, vec![emit("out"), emit("out2")]);
+    assert!(!ledger.tracks(sid(1)));
+    assert_eq!(ledger.free(), 1);
+    let order = orders.emits.into_iter().next().unwrap();
+    let ids = vec![StreamId { ms: 9, seq: 0 }, StreamId { ms: 9, seq: 1 }];
+    ledger.emitted(order, Emission::Emitted { ids: ids.clone(), unconfirmed: None });
+    let told = ledger.told(1);
+    let [Effect::Emitted { text, emitted, .. }] = told.as_slice() else { panic!("one Emitted, got {told:?}") };
+    assert_eq!(text, &branded(1).to_string());
+    assert_eq!(emitted, &vec![("out".to_owned(), ids[0]), ("out2".to_owned(), ids[1])]);
+    assert_eq!(ledger.tally().emits, 2);
+    assert_eq!(ledger.tally().acks, 1);
+}
+
+#[test]
+fn an_ack_emit_of_an_id_not_held_is_answered_as_an_ack_and_queues_nothing() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(2));
+    call(&mut ledger, 2, policy(0));
+    ledger.offer(entry(1, 1), now);
+    ledger.ack_emit(1, "x".to_owned(), branded(2), vec![emit("out")], now);
+    ledger.ack_emit(2, branded(1).to_string(), branded(1), vec![emit("out")], now);
+    assert_eq!(ledger.answers(1), vec![("x".to_owned(), VerdictErrorCode::UnknownId)]);
+    assert_eq!(ledger.answers(2), vec![(branded(1).to_string(), VerdictErrorCode::UnknownId)]);
+    assert!(ledger.take_orders().emits.is_empty());
+    assert_eq!(ledger.held(), 1);
+    assert!(ledger.lease_lost(sid(1)));
+    ledger.ack_emit(1, branded(1).to_string(), branded(1), vec![emit("out")], now);
+    let answers = ledger.answers(1);
+    assert_eq!(answers.last(), Some(&(branded(1).to_string(), VerdictErrorCode::NotPending)));
+    assert!(ledger.take_orders().emits.is_empty(), "a delivery lost to a peer writes nothing");
+}
+
+#[test]
+fn an_ack_emit_the_script_did_not_apply_is_answered_lease_lost_or_not_pending() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(2));
+    ledger.offer(entry(1, 1), now);
+    ledger.offer(entry(2, 1), now);
+    ledger.ack_emit(1, branded(1).to_string(), branded(1), vec![emit("out")], now);
+    ledger.ack_emit(1, branded(2).to_string(), branded(2), vec![emit("out")], now);
+    let mut orders = ledger.take_orders().emits.into_iter();
+    ledger.emitted(orders.next().unwrap(), Emission::NotOurs);
+    ledger.emitted(orders.next().unwrap(), Emission::NotPending);
+    let expected = vec![
+        (branded(1).to_string(), VerdictErrorCode::LeaseLost),
+        (branded(2).to_string(), VerdictErrorCode::NotPending),
+    ];
+    assert_eq!(ledger.answers(1), expected);
+    assert_eq!(ledger.tally().emits, 0);
+}
+
+#[test]
+fn an_unconfirmed_ack_emit_is_answered_unavailable_naming_what_was_written() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(1));
+    ledger.offer(entry(1, 1), now);
+    assert_eq!(ledger.deliveries(1), vec![1]);
+    ledger.ack_emit(1, branded(1).to_string(), branded(1), vec![emit("out")], now);
+    let order = ledger.take_orders().emits.pop().unwrap();
+    let ids = vec![StreamId { ms: 9, seq: 4 }];
+    ledger.emitted(order, Emission::Emitted { ids, unconfirmed: Some("only 0 of 1 replicas".to_owned()) });
+    let told = ledger.told(1);
+    let [Effect::Answer { refusal: Refusal::Unavailable(message), .. }] = told.as_slice() else {
+        panic!("one UNAVAILABLE, got {told:?}")
+    };
+    let written =
+        format!("{} (stream id 9-4) in `out`", BrandedId::from_stream_id(StreamId { ms: 9, seq: 4 }).unwrap());
+    assert!(message.contains(&written) && message.contains("only 0 of 1 replicas"), "{message}");
+}
+
+#[test]
+fn an_ack_emit_redis_refused_is_answered_invalid_and_retried_as_a_fail() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, policy(1));
+    ledger.offer(entry(1, 3), now);
+    assert_eq!(ledger.deliveries(1), vec![1]);
+    ledger.ack_emit(1, branded(1).to_string(), branded(1), vec![emit("out")], now);
+    let order = ledger.take_orders().emits.pop().unwrap();
+    ledger.emit_refused(order, "an emit stream is not a stream (WRONGTYPE)".to_owned(), now);
+    assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::InvalidArgument)]);
+    let writes = ledger.take_orders().retry_writes;
+    assert_eq!(writes.len(), 1, "recorded for peers, as a Fail's retry is");
+    assert!(writes[0].counts && writes[0].reason.contains("WRONGTYPE"), "{writes:?}");
+    let due = ledger.next_due().expect("it waits to come back");
+    let backoff = Duration::from_millis(100) * 4;
+    assert!(due >= now + backoff / 2 && due <= now + backoff, "the call's backoff after its third delivery");
+    assert_eq!(ledger.tally().fails, 1);
+}
+
+#[test]
+fn an_ack_emit_on_an_at_most_once_call_is_invalid_and_keeps_the_delivery() {
+    let mut at_most_once = Checked::new(Ledger::new("s", "g", true, false, false));
+    let now = Instant::now();
+    call(&mut at_most_once, 1, policy(1));
+    at_most_once.offer(entry(1, 1), now);
+    at_most_once.ack_emit(1, branded(1).to_string(), branded(1), vec![emit("out")], now);
+    assert_eq!(at_most_once.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::InvalidArgument)]);
+    assert_eq!(at_most_once.held(), 1);
+    assert!(at_most_once.take_orders().emits.is_empty());
 }
 
 #[test]

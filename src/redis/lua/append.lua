@@ -41,7 +41,6 @@
 -- two appends with one dedup key can never both write.
 
 local stream = KEYS[1]
-local max_branded_ms = 281474976710655 -- 2^48 - 1: the 6 bytes of a branded id
 
 local shard, shards = tonumber(ARGV[3]), tonumber(ARGV[4])
 if KEYS[2] ~= stream and redis.call('TYPE', KEYS[2]).ok == 'string' then
@@ -53,31 +52,7 @@ end
 if tonumber(ARGV[2]) > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('ECHOMQ_ARCHIVED ' .. stream .. ' is archived')
 end
-local now = redis.call('TIME')
-local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local seq = shard
-
-if redis.call('EXISTS', stream) == 1 then
-  -- Raises WRONGTYPE when the key is not a stream.
-  local info = redis.call('XINFO', 'STREAM', stream)
-  for i = 1, #info, 2 do
-    if info[i] == 'last-generated-id' then
-      local last_ms, last_seq = string.match(info[i + 1], '^(%d+)%-(%d+)$')
-      local last = tonumber(last_ms)
-      if last >= ms then
-        -- Sequences past 2^53 lose precision as Lua numbers: move to the next millisecond.
-        if #last_seq > 15 then
-          ms, seq = last + 1, shard
-        else
-          -- The first sequence after the last one that is this shard's.
-          local next = tonumber(last_seq) + 1
-          ms, seq = last, next + (shard - next) % shards
-        end
-      end
-      break
-    end
-  end
-end
+local ms, seq = next_mint(stream, shard, shards)
 
 local trim = tonumber(ARGV[2])
 local window, waited = ARGV[5], ARGV[6] == '1'
@@ -114,7 +89,7 @@ for entry = 1, tonumber(ARGV[7]) do
     duplicates[#duplicates + 1] = entry
     duplicates[#duplicates + 1] = seen[2]
   else
-    if ms > max_branded_ms then
+    if ms > MAX_BRANDED_MS then
       return redis.error_reply('ERR echomq: the stream id would exceed the branded id range (milliseconds past 2^48)')
     end
     local id = string.format('%d-%d', ms, seq)

@@ -39,6 +39,43 @@ local function branded_of_stream_id(id)
   return decimal_to_hex(ms, 12) .. decimal_to_hex(seq, 16)
 end
 
+-- The largest milliseconds a branded id holds: its 6 bytes (2^48 - 1).
+local MAX_BRANDED_MS = 281474976710655
+
+-- The stream id `ms`, `seq` (numbers) the next entry appended to `stream`
+-- gets when its id is minted here rather than by XADD *: Redis time, or
+-- just after the stream's last generated id when that is not older, with a
+-- sequence number congruent to `shard` modulo `shards` (0 and 1 for a plain
+-- stream), so the shards of one sharded stream never mint the same id.
+-- Raises WRONGTYPE when the key is not a stream. Append (append.lua) and
+-- AckEmit (ack_emit.lua) mint with it; the caller checks MAX_BRANDED_MS.
+local function next_mint(stream, shard, shards)
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local seq = shard
+  if redis.call('EXISTS', stream) == 1 then
+    local info = redis.call('XINFO', 'STREAM', stream)
+    for i = 1, #info, 2 do
+      if info[i] == 'last-generated-id' then
+        local last_ms, last_seq = string.match(info[i + 1], '^(%d+)%-(%d+)$')
+        local last = tonumber(last_ms)
+        if last >= ms then
+          -- Sequences past 2^53 lose precision as Lua numbers: move to the next millisecond.
+          if #last_seq > 15 then
+            ms, seq = last + 1, shard
+          else
+            -- The first sequence after the last one that is this shard's.
+            local next = tonumber(last_seq) + 1
+            ms, seq = last, next + (shard - next) % shards
+          end
+        end
+        break
+      end
+    end
+  end
+  return ms, seq
+end
+
 -- Whether `text` is a branded id's text form: 28 lowercase hex characters
 -- (id::BrandedId's FromStr).
 local function is_branded_text(text)
