@@ -28,7 +28,7 @@ fn keyed(stream: &str, dedup_key: &str, value: &str) -> AppendRequest {
 }
 
 fn entry(dedup_key: &str, value: &str) -> BatchEntry {
-    BatchEntry { fields: fields(&[("v", value.as_bytes())]), dedup_key: dedup_key.to_owned() }
+    BatchEntry { fields: fields(&[("v", value.as_bytes())]), dedup_key: dedup_key.to_owned(), ..Default::default() }
 }
 
 async fn append(sidecar: &Sidecar, request: AppendRequest) -> Result<AppendResponse, Status> {
