@@ -258,7 +258,7 @@ mod tests {
         with.archive = Some(ArchiveInfo { last_error: "archive store: disk full".into(), ..archive() });
         let text = to_text(&with);
         for line in [
-            "highest delivery count  1\narchived entries        3",
+            "earliest scheduled due  2026-12-02T08:26:40.000Z\narchived entries        3",
             "archive files           1",
             "archive bytes           2048",
             "oldest archived         1-0",
