@@ -16,6 +16,10 @@ use crate::time::{parse_instant, timestamp_of_ms};
 /// re-append ignores: the sidecar mints a new branded id and stream id.
 const READ_KEYS: [&str; 7] = ["stream", "stream_id", "id", "minted_at_ms", "group", "attempts", "archived"];
 
+/// The request fields of --at and --in, named by the flag in an INVALID_ARGUMENT.
+const SCHEDULE_FLAGS: &[(&str, &str)] =
+    &[("deliver_at", "--at"), ("delay", "--in"), ("entries.deliver_at", "--at"), ("entries.delay", "--in")];
+
 /// `append`'s flags.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "JSON input (--from-json): one or more JSON objects, one entry each (NDJSON or \
@@ -222,7 +226,12 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
             deliver_at,
             delay,
         };
-        vec![ctx.stream().append(ctx.request(request)).await.map_err(|s| Failure::status(&doing, s))?.into_inner()]
+        vec![ctx
+            .stream()
+            .append(ctx.request(request))
+            .await
+            .map_err(|s| Failure::status_of_flags(&doing, s, SCHEDULE_FLAGS))?
+            .into_inner()]
     } else {
         let request = AppendBatchRequest {
             stream: args.stream.clone(),
@@ -236,7 +245,7 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
         ctx.stream()
             .append_batch(ctx.request(request))
             .await
-            .map_err(|s| Failure::status(&doing, s))?
+            .map_err(|s| Failure::status_of_flags(&doing, s, SCHEDULE_FLAGS))?
             .into_inner()
             .entries
     };
