@@ -728,10 +728,8 @@ async fn moved_scheduled_entries_are_archived_once_and_a_late_one_follows_the_ar
     let read = read_all(&sidecar, stream, 7).await;
     let ids: Vec<&str> = read.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(ids.len(), 20, "none twice: {ids:?}");
-    assert_eq!(
-        ids.iter().collect::<BTreeSet<_>>(),
-        minted.iter().map(String::as_str).collect::<BTreeSet<_>>().iter().collect()
-    );
+    let expected: BTreeSet<&str> = minted.iter().map(String::as_str).collect();
+    assert_eq!(ids.iter().copied().collect::<BTreeSet<_>>(), expected, "each branded id once");
     assert_eq!(read.iter().filter(|e| e.archived).count(), 16);
 
     // The late one enters after the archive's end, and Read finds it in the stream.
