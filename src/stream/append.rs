@@ -315,6 +315,13 @@ fn unconfirmed(stream: &str, written: &[AppendResponse], entries: &[NewEntry<'_>
     let written_text = match written {
         [one] if one.scheduled => format!("scheduled entry {} of stream `{stream}`", one.id),
         [one] => format!("entry {} (stream id {}) of stream `{stream}`", one.id, one.stream_id),
+        [first, .., last] if written.iter().any(|w| w.scheduled) => format!(
+            "{} entries of stream `{stream}` (ids {} to {}, {} of them scheduled)",
+            written.len(),
+            first.id,
+            last.id,
+            written.iter().filter(|w| w.scheduled).count()
+        ),
         [first, .., last] => format!(
             "{} entries of stream `{stream}` (ids {} to {}, stream ids {} to {})",
             written.len(),

@@ -338,9 +338,11 @@ pub async fn run(mover: Mover, poll: Duration, mut stopping: tokio::sync::watch:
 }
 
 impl Mover {
-    /// One poll: the due streams (`due_streams.lua`), each moved in turn.
+    /// One poll: the due streams (`due_streams.lua`), each moved in turn (a
+    /// stream that fails is logged and tried again next poll). Returns the
+    /// entries moved.
     ///
-    /// Errors: the first Redis error met.
+    /// Errors: as [`Error::from_redis`] when the index cannot be read.
     pub async fn poll(&self) -> Result<usize, Error> {
         let mut conn = self.redis.conn.clone();
         let due: Vec<(String, String)> = self
@@ -354,7 +356,11 @@ impl Mover {
             .map_err(|e| Error::from_redis(e, "finding due schedules (due_streams.lua)", SCHEDULED_INDEX))?;
         let mut moved = 0;
         for (stream, _) in due {
-            moved += self.move_stream(&stream).await?;
+            // One stream's failure (a key of another type, say) holds up no other.
+            match self.move_stream(&stream).await {
+                Ok(n) => moved += n,
+                Err(error) => tracing::warn!(%stream, %error, "moving scheduled entries failed; retrying next poll"),
+            }
         }
         Ok(moved)
     }
