@@ -532,3 +532,48 @@ async fn describe_and_metrics_show_the_scheduled_count_and_the_earliest_due_time
     let described = describe(&sidecar).await;
     assert_eq!((described.scheduled, described.oldest_scheduled_due), (0, None));
 }
+
+/// A scheduled entry's fields are stored and moved byte for byte: binary
+/// values, colons and digits (the stored encoding's own characters), empty
+/// values, unicode names; the trace context Append stores comes along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_entry_keeps_its_fields_byte_for_byte() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, polling()).await;
+    let mut conn = redis.conn().await;
+    let awkward: Vec<(&str, Vec<u8>)> = vec![
+        ("bin", vec![0, 255, b':', 10, 0]),
+        ("12:", b"3:abc".to_vec()),
+        ("empty", Vec::new()),
+        ("ünï 🚀", "välue".as_bytes().to_vec()),
+        ("big", vec![b'x'; 100_000]),
+    ];
+    let pairs: Vec<(&str, &[u8])> = awkward.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    let mut request = tonic::Request::new(AppendRequest {
+        stream: "bytes".into(),
+        fields: fields(&pairs),
+        delay: after(300),
+        ..Default::default()
+    });
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    request.metadata_mut().insert("traceparent", traceparent.parse().unwrap());
+    let scheduled = sidecar.stream_client().await.append(request).await.unwrap().into_inner();
+    let listed = sidecar
+        .stream_client()
+        .await
+        .list_scheduled(ListScheduledRequest { stream: "bytes".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    for (name, value) in &awkward {
+        assert_eq!(listed.entries[0].fields.get(*name), Some(value), "listed {name:?}");
+    }
+    wait_len(&mut conn, "bytes", 1, Duration::from_secs(5)).await;
+    let entry = xrange(&mut conn, "bytes").await.pop().unwrap();
+    for (name, value) in &awkward {
+        assert_eq!(entry.field(name), Some(value.as_slice()), "moved {name:?}");
+    }
+    assert_eq!(entry.field("id"), Some(scheduled.id.as_bytes()));
+    assert_eq!(entry.field("traceparent"), Some(traceparent.as_bytes()), "the trace context comes along");
+    assert_eq!(entry.fields.len(), awkward.len() + 2, "the fields, the branded id and the trace context: {entry:?}");
+}
