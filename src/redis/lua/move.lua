@@ -29,9 +29,17 @@ if stride then
     shard, shards = tonumber(k), tonumber(n)
   end
 end
-local ms, seq, clock = next_stream_id(stream, shard, shards)
+local now = redis.call('TIME')
+local clock = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', schedule, '-inf', clock, 'LIMIT', 0, tonumber(ARGV[2]))
+-- Nothing due (an index score earlier than the schedule): the stream is not
+-- read at all, so even a key that is no stream costs nothing here.
+local ms, seq = 0, 0
+if #due > 0 then
+  ms, seq = next_stream_id(stream, shard, shards)
+end
 local moved = {}
-for _, branded in ipairs(redis.call('ZRANGEBYSCORE', schedule, '-inf', clock, 'LIMIT', 0, tonumber(ARGV[2]))) do
+for _, branded in ipairs(due) do
   local encoded = redis.call('HGET', entries, branded)
   if encoded then
     local id = string.format('%d-%d', ms, seq)
