@@ -129,6 +129,8 @@ pub enum ScriptName {
     Append,
     /// `replay.lua` (ReplayDeadLetters).
     Replay,
+    /// `move.lua` (scheduled entries entering their stream).
+    Move,
 }
 
 impl ScriptName {
@@ -136,6 +138,7 @@ impl ScriptName {
         match self {
             ScriptName::Append => &redis.scripts.append,
             ScriptName::Replay => &redis.scripts.replay,
+            ScriptName::Move => &redis.scripts.move_scheduled,
         }
     }
 }
