@@ -307,6 +307,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         config.archive.retention_interval,
         draining.clone(),
     ));
+    let mover = tokio::spawn(crate::stream::scheduled::run(
+        crate::stream::scheduled::Mover {
+            redis: redis.clone(),
+            id_field: config.appends.id_field.clone(),
+            writes: writes.clone(),
+            owner: consumer.clone(),
+            metrics: metrics.clone(),
+        },
+        config.appends.schedule_poll,
+        draining.clone(),
+    ));
     let (redis_up_tx, redis_up) = watch::channel(true);
     let signals = Signals { draining, closing, redis_up };
     let consumers = Consumers::new(
@@ -368,6 +379,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         server,
         scaler_server,
         retention,
+        mover,
         pinger,
         admin,
     };
@@ -404,6 +416,8 @@ struct Running {
     /// The KEDA scaler's own port (`--keda-scaler-listen`), stopped with the gRPC port.
     scaler_server: Option<JoinHandle<()>>,
     retention: JoinHandle<()>,
+    /// The scheduled-entry mover: stops with the retention (a move step is one script, atomic).
+    mover: JoinHandle<()>,
     pinger: JoinHandle<()>,
     admin: JoinHandle<io::Result<()>>,
 }
@@ -423,6 +437,7 @@ impl Running {
             mut server,
             scaler_server,
             retention,
+            mover,
             pinger,
             admin,
         } = self;
@@ -472,6 +487,7 @@ impl Running {
         // A fold in progress stops where it is: committed files stay, the trim
         // that would follow simply does not happen.
         retention.abort();
+        mover.abort();
         pinger.abort();
         let _ = stopped.send(true);
         let _ = admin.await;

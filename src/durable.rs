@@ -131,6 +131,8 @@ pub enum ScriptName {
     Replay,
     /// `consume/ack_emit.lua` (a Consume call's AckEmit).
     AckEmit,
+    /// `move.lua` (scheduled entries entering their stream).
+    Move,
 }
 
 impl ScriptName {
@@ -139,6 +141,7 @@ impl ScriptName {
             ScriptName::Append => &redis.scripts.append,
             ScriptName::Replay => &redis.scripts.replay,
             ScriptName::AckEmit => &redis.scripts.ack_emit,
+            ScriptName::Move => &redis.scripts.move_scheduled,
         }
     }
 }

@@ -40,6 +40,15 @@ pub struct AppendTarget {
     pub shards: u32,
 }
 
+/// The sidecars' index of stream keys with scheduled entries: a sorted set of
+/// stream key by the unix ms its earliest scheduled entry is due at (or
+/// earlier: a mover corrects it). Every sidecar's mover polls it, so an entry
+/// is moved even when no sidecar appends to or consumes its stream. One key
+/// for the whole database; on a cluster it has a slot of its own, and is
+/// written by separate commands ordered so that no schedule is left out of it
+/// (see `stream::scheduled`).
+pub const SCHEDULED_INDEX: &str = "echomq:scheduled";
+
 /// Why a name with braces but no usable `{hash tag}` (`x{}y`, `a}b`) cannot
 /// be consumed on a cluster.
 const NO_USABLE_TAG: &str = "this stream's name has braces but no usable {hash tag}, so no key derived from it \
@@ -126,6 +135,30 @@ impl Keyspace {
     /// because a hash field's own expiry (HEXPIRE) needs Redis 7.4.
     pub fn dedup(&self, stream: &str, dedup_key: &str) -> String {
         self.derived(stream, &format!(":dedup:{dedup_key}"))
+    }
+
+    /// The schedule of the stream key `stream`: a sorted set of the branded
+    /// ids of its scheduled entries (Append's `deliver_at`/`delay`) by the
+    /// unix ms each is due at: `<stream>:scheduled`, tagged like
+    /// [`Self::dead_letter_stream`] so one script moves entries from it into
+    /// the stream.
+    pub fn scheduled(&self, stream: &str) -> String {
+        self.derived(stream, ":scheduled")
+    }
+
+    /// The scheduled entries of the stream key `stream`: a hash of branded id
+    /// → the entry's fields (encoded by `prelude.lua`'s `encode_fields`), and
+    /// `shard` → `<k> <n>` (the stride its stream ids are minted with):
+    /// `<stream>:scheduled:entries`, tagged like [`Self::dead_letter_stream`].
+    pub fn scheduled_entries(&self, stream: &str) -> String {
+        self.derived(stream, ":scheduled:entries")
+    }
+
+    /// The move lease of the stream key `stream` (one sidecar at a time moves
+    /// its due scheduled entries; the value is the holder's token):
+    /// `<stream>:scheduled:lease`, tagged like [`Self::dead_letter_stream`].
+    pub fn scheduled_lease(&self, stream: &str) -> String {
+        self.derived(stream, ":scheduled:lease")
     }
 
     fn derived(&self, stream: &str, suffix: &str) -> String {
@@ -341,6 +374,9 @@ mod tests {
             }
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.fold_lease(stream)), "{stream}");
             assert_eq!(Slot::for_key(stream), Slot::for_key(cluster.archive_through(stream)), "{stream}");
+            for key in [cluster.scheduled(stream), cluster.scheduled_entries(stream), cluster.scheduled_lease(stream)] {
+                assert_eq!(Slot::for_key(stream), Slot::for_key(&key), "{stream} -> {key}");
+            }
             for dedup_key in ["k", "{other}", "}{x}"] {
                 let record = cluster.dedup(stream, dedup_key);
                 assert_eq!(Slot::for_key(stream), Slot::for_key(&record), "{stream} {dedup_key} -> {record}");

@@ -687,3 +687,65 @@ async fn a_dead_letter_stream_is_archived_like_any_other() {
         assert_eq!(letter.payload.get("echomq.reason").map(Vec::as_slice), Some(&b"poison"[..]), "{letter:?}");
     }
 }
+
+/// Scheduled entries and the archive: entries moved into the stream are
+/// folded and trimmed like any (each branded id read back exactly once, the
+/// archived ones from the archive), and one still scheduled during the fold
+/// enters after the archive's end and is read from the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moved_scheduled_entries_are_archived_once_and_a_late_one_follows_the_archive() {
+    let redis = RedisServer::start().await;
+    let dir = TempDir::new("archive");
+    let sidecar = Sidecar::start(&redis, archiving(&file_url(dir.path()), vec![], &["--schedule-poll-ms", "20"])).await;
+    let mut client = sidecar.stream_client().await;
+    let mut con = redis.conn().await;
+    let stream = "sched";
+    let append = |n: usize, delay_ms: Option<i64>| AppendRequest {
+        stream: stream.into(),
+        fields: fields(&[("n", n.to_string().as_bytes())]),
+        delay: delay_ms.map(|ms| prost_types::Duration { seconds: ms / 1000, nanos: (ms % 1000) as i32 * 1_000_000 }),
+        ..Default::default()
+    };
+    let mut minted = Vec::new();
+    for n in 0..20 {
+        // Every other entry scheduled, interleaved with plain ones.
+        let delay = (n % 2 == 1).then_some(300);
+        minted.push(client.append(append(n, delay)).await.unwrap().into_inner().id);
+    }
+    let late = client.append(append(20, Some(3_000))).await.unwrap().into_inner();
+    assert!(late.scheduled);
+    for _ in 0..50 {
+        if xlen(&mut con, stream).await == 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(xlen(&mut con, stream).await, 20, "the 10 due entries moved");
+    create_group(&mut con, stream, "g", "$").await;
+
+    let trimmed = trim(&sidecar, stream, 4).await.expect("trim");
+    assert_eq!((trimmed.trimmed, trimmed.archived), (16, 16), "{trimmed:?}");
+    let read = read_all(&sidecar, stream, 7).await;
+    let ids: Vec<&str> = read.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids.len(), 20, "none twice: {ids:?}");
+    let expected: BTreeSet<&str> = minted.iter().map(String::as_str).collect();
+    assert_eq!(ids.iter().copied().collect::<BTreeSet<_>>(), expected, "each branded id once");
+    assert_eq!(read.iter().filter(|e| e.archived).count(), 16);
+
+    // The late one enters after the archive's end, and Read finds it in the stream.
+    for _ in 0..100 {
+        if xlen(&mut con, stream).await == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let read = read_all(&sidecar, stream, 7).await;
+    assert_eq!(read.len(), 21);
+    let last = read.last().unwrap();
+    assert_eq!((last.id.as_str(), last.archived), (late.id.as_str(), false));
+    let info = archive_info(&sidecar, stream).await;
+    assert!(
+        info.archived_through.parse::<StreamId>().unwrap() < last.stream_id.parse::<StreamId>().unwrap(),
+        "{info:?} {last:?}"
+    );
+}

@@ -598,6 +598,11 @@ async fn bad_append(world: &mut World, seq: &mut Seq, rng: &mut fastrand::Rng) {
     if after != before {
         seq.problem(format!("{what}: {target} went from {before} to {after} entries; a refused append writes nothing"));
     }
+    let schedule = format!("{target}:scheduled");
+    let scheduled: u64 = redis::cmd("ZCARD").arg(&schedule).query_async(&mut world.con).await.unwrap();
+    if scheduled != 0 {
+        seq.problem(format!("{what}: {schedule} holds {scheduled} entries; a refused append schedules nothing"));
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -704,3 +704,77 @@ async fn destroy_group_removes_its_keys_on_a_cluster_and_on_every_shard() {
         assert_eq!(groups.len(), 1, "only g2 is left on {key}");
     }
 }
+
+/// The values of the reserved `id` field of a stream key, in stream order.
+async fn branded_ids(con: &mut ClusterConnection, key: &str) -> Vec<String> {
+    let entries: Vec<(String, Vec<Vec<u8>>)> =
+        redis::cmd("XRANGE").arg(key).arg("-").arg("+").query_async(con).await.unwrap();
+    entries
+        .iter()
+        .map(|(_, fields)| {
+            let id = fields.chunks(2).find(|pair| pair[0] == b"id").expect("the branded id field");
+            String::from_utf8(id[1].clone()).unwrap()
+        })
+        .collect()
+}
+
+/// Scheduled entries on a cluster: the schedule lives in the stream's slot
+/// (each shard's own, for a sharded stream), the index of due streams in a
+/// slot of its own; a second sidecar that never touches the streams moves
+/// them, each entry once, with the branded id Append answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_entries_move_once_on_a_cluster_plain_and_sharded() {
+    let cluster = RedisCluster::start(3, 0).await;
+    let plain = unique("later");
+    let sharded = unique("sharded-later");
+    let options = |poll: &str| {
+        SidecarOptions::default()
+            .arg("--sharded-streams")
+            .arg(&format!("{sharded}=3"))
+            .arg("--schedule-poll-ms")
+            .arg(poll)
+    };
+    // This sidecar appends but never moves (its poll is a minute away) …
+    let appender = Sidecar::start_with_url(&cluster.seed_url(), options("60000")).await;
+    let mut streams = appender.stream_client().await;
+    let mut minted: HashMap<String, Vec<String>> = HashMap::new();
+    for stream in [&plain, &sharded] {
+        for i in 0..30 {
+            let request = AppendRequest {
+                stream: stream.clone(),
+                fields: fields(&[("n", &i.to_string())]),
+                delay: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
+                ..Default::default()
+            };
+            let written = streams.append(request).await.unwrap().into_inner();
+            assert!(written.scheduled, "{written:?}");
+            minted.entry(written.stream).or_default().push(written.id);
+        }
+    }
+    assert_eq!(minted.len(), 4, "the plain stream and the 3 shards: {:?}", minted.keys());
+    let mut con = cluster.conn().await;
+    for key in minted.keys() {
+        let schedule = if key.contains('{') { format!("{key}:scheduled") } else { format!("{{{key}}}:scheduled") };
+        assert_eq!(key_slot(&schedule), key_slot(key), "{schedule} is in {key}'s slot");
+        let count: u64 = redis::cmd("ZCARD").arg(&schedule).query_async(&mut con).await.unwrap();
+        assert_eq!(count as usize, minted[key].len(), "{schedule}");
+        assert_eq!(xlen(&mut con, key).await, 0, "{key}: invisible before its time");
+    }
+    // … this one moves them, though nobody asks it anything about these streams.
+    let _mover = Sidecar::start_with_url(&cluster.seed_url(), options("20")).await;
+    let started = Instant::now();
+    for (key, ids) in &minted {
+        while (xlen(&mut con, key).await as usize) < ids.len() {
+            assert!(started.elapsed() < Duration::from_secs(15), "{key} was not moved");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (key, ids) in &minted {
+        let moved = branded_ids(&mut con, key).await;
+        assert_eq!(moved.len(), ids.len(), "{key}: no entry twice");
+        assert_eq!(moved.iter().collect::<HashSet<_>>(), ids.iter().collect::<HashSet<_>>(), "{key}: each once");
+    }
+    let indexed: u64 = redis::cmd("ZCARD").arg("echomq:scheduled").query_async(&mut con).await.unwrap();
+    assert_eq!(indexed, 0, "the index is empty once every schedule is");
+}

@@ -259,6 +259,58 @@ async fn append_with_a_dedup_key_writes_once() {
     assert_eq!(xlen(&mut con, "s").await, 2);
 }
 
+/// `append --in`/`--at` schedule the entries; `scheduled list` shows them
+/// until they enter the stream, `scheduled cancel` removes one (exit 4 once
+/// it is gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_at_or_in_schedules_and_scheduled_lists_and_cancels() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--schedule-poll-ms").arg("20")).await;
+    let endpoint = sidecar.endpoint();
+    let mut con = redis.conn().await;
+
+    let later = ctl(&endpoint, &["append", "s", "-f", "k=later", "--in", "2s", "--json"]).await.ok().json_lines();
+    assert_eq!(later[0]["scheduled"], true, "{later:?}");
+    assert_eq!(later[0]["stream_id"], "", "no stream id until it enters");
+    let later_id = later[0]["id"].as_str().unwrap().to_owned();
+    let too_far = ctl(&endpoint, &["append", "s", "-f", "k=cancel-me", "--at", "2099-01-01T00:00:00Z"]).await;
+    assert_eq!(too_far.code, 5, "beyond 365 days is refused (exit 5): {}", too_far.stderr);
+    assert!(too_far.stderr.contains("--at: ") && too_far.stderr.contains("365 days"), "{}", too_far.stderr);
+    let tomorrow = (std::time::SystemTime::now() + Duration::from_secs(86_400))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    let table = ctl(&endpoint, &["append", "s", "-f", "k=cancel-me", "--at", &tomorrow]).await.ok().stdout;
+    assert!(table.contains("SCHEDULED") && table.contains("yes"), "{table}");
+    assert_eq!(xlen(&mut con, "s").await, 0, "nothing in the stream yet");
+
+    let listed = ctl(&endpoint, &["scheduled", "list", "s", "--json"]).await.ok();
+    let document: Json = serde_json::from_str(&listed.stdout).unwrap();
+    assert_eq!(document["total"], 2, "{document}");
+    let entries = document["scheduled"].as_array().unwrap();
+    assert_eq!(entries[0]["id"], later_id.as_str(), "due first first: {document}");
+    assert_eq!(entries[0]["fields"]["k"], "later");
+    let cancel_id = entries[1]["id"].as_str().unwrap().to_owned();
+    assert_eq!(entries[1]["fields"]["k"], "cancel-me");
+
+    let cancelled = ctl(&endpoint, &["scheduled", "cancel", "s", &cancel_id]).await.ok().stdout;
+    assert!(cancelled.contains("cancelled") && cancelled.contains(&cancel_id), "{cancelled}");
+    let again = ctl(&endpoint, &["scheduled", "cancel", "s", &cancel_id]).await;
+    assert_eq!(again.code, 4, "not found: {}", again.stderr);
+
+    let started = Instant::now();
+    while xlen(&mut con, "s").await < 1 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the scheduled entry never entered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = ctl(&endpoint, &["scheduled", "list", "s"]).await.ok().stdout;
+    assert!(text.contains("no scheduled entries"), "{text}");
+    let read = ctl(&endpoint, &["read", "s", "--json"]).await.ok().json_lines();
+    assert_eq!(read.len(), 1, "{read:?}");
+    assert_eq!(read[0]["id"], later_id.as_str(), "it carries the branded id append printed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_takes_entries_from_json_and_read_output_round_trips() {
     let redis = RedisServer::start().await;

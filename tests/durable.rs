@@ -28,7 +28,7 @@ fn keyed(stream: &str, dedup_key: &str, value: &str) -> AppendRequest {
 }
 
 fn entry(dedup_key: &str, value: &str) -> BatchEntry {
-    BatchEntry { fields: fields(&[("v", value.as_bytes())]), dedup_key: dedup_key.to_owned() }
+    BatchEntry { fields: fields(&[("v", value.as_bytes())]), dedup_key: dedup_key.to_owned(), ..Default::default() }
 }
 
 async fn append(sidecar: &Sidecar, request: AppendRequest) -> Result<AppendResponse, Status> {
@@ -432,4 +432,53 @@ async fn wait_aof_is_refused_at_start_where_the_server_cannot_do_it() {
         assert!(reason.contains("--wait-aof needs WAITAOF"), "one line gives the reason: {stderr}");
         assert!(reason.contains(&format!("Redis {}", info.describe())), "names the version: {stderr}");
     }
+}
+
+/// Scheduled entries through the durable writer: a scheduled append is
+/// answered once the replica has its schedule, and its move into the stream
+/// is waited for the same way (a move the replica does not confirm is logged,
+/// the entry moved once); a scheduled append the replica does not confirm is
+/// UNAVAILABLE naming its branded id, and a keyed retry is safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_appends_and_their_moves_wait_for_the_replicas() {
+    let (primary, replica) = primary_with_replica().await;
+    let sidecar = Sidecar::start(&primary, waiting(1, 1000).arg("--schedule-poll-ms").arg("20")).await;
+    let mut on_replica = replica.conn().await;
+    let mut con = primary.conn().await;
+    let scheduled = |key: &str, delay_ms: i64| AppendRequest {
+        delay: Some(prost_types::Duration { seconds: delay_ms / 1000, nanos: (delay_ms % 1000) as i32 * 1_000_000 }),
+        ..keyed("s", key, "later")
+    };
+
+    let first = append(&sidecar, scheduled("", 600)).await.unwrap();
+    assert!(first.scheduled, "{first:?}");
+    let on_the_replica: u64 = redis::cmd("ZCARD").arg("s:scheduled").query_async(&mut on_replica).await.unwrap();
+    assert_eq!(on_the_replica, 1, "the replica has the schedule once the append is answered");
+    let moved = eventually(Duration::from_secs(5), || {
+        let mut on_replica = on_replica.clone();
+        async move { xlen(&mut on_replica, "s").await == 1 }
+    })
+    .await;
+    assert!(moved, "the move reached the replica");
+    assert_eq!(xrange(&mut on_replica, "s").await[0].field("id"), Some(first.id.as_bytes()));
+
+    // A move the replica does not confirm: logged, the entry in the stream once.
+    let second = append(&sidecar, scheduled("", 200)).await.unwrap();
+    replica.pause(true);
+    let logged =
+        eventually(Duration::from_secs(5), || async { sidecar.log().contains("not confirmed by replicas") }).await;
+    // An append meanwhile is not confirmed either, and says which scheduled entry it wrote.
+    let err = append(&sidecar, scheduled("order-1", 60_000)).await.expect_err("the replica is stopped");
+    replica.pause(false);
+    assert!(logged, "{}", sidecar.log());
+    assert_code(&err, Code::Unavailable);
+    let ids: Vec<Vec<u8>> = xrange(&mut con, "s").await.iter().map(|e| e.field("id").unwrap().to_vec()).collect();
+    assert_eq!(ids, [first.id.as_bytes().to_vec(), second.id.as_bytes().to_vec()], "each once");
+    let message = err.message();
+    assert!(message.contains("scheduled entry") && message.contains("same dedup_key is safe"), "{message}");
+    let retried = append(&sidecar, scheduled("order-1", 60_000)).await.unwrap();
+    assert!(retried.duplicate && retried.scheduled, "{retried:?}");
+    assert!(message.contains(&retried.id), "names the branded id {}: {message}", retried.id);
+    let left: u64 = redis::cmd("ZCARD").arg("s:scheduled").query_async(&mut con).await.unwrap();
+    assert_eq!(left, 1, "scheduled once");
 }

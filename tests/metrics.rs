@@ -278,6 +278,8 @@ async fn metric_families_have_prometheus_types_and_names() {
         "group_max_delivery_count",
         "group_consumers",
         "stream_length",
+        "scheduled",
+        "scheduled_oldest_due_timestamp_seconds",
         "reader_connections_max",
         "reader_connections",
         "reader_connections_in_use",

@@ -105,15 +105,17 @@ async fn lua_and_rust_agree_on_the_last_millisecond_a_branded_id_holds() {
     assert_eq!(text(lua_max), echomq::id::MAX_BRANDED_MS.to_string());
 }
 
-/// `next_mint`, shared by Append and AckEmit: Redis time on a new stream;
+/// `next_stream_id`, shared by Append and AckEmit: Redis time on a new stream;
 /// after a last id that is not older, the same millisecond and the next
 /// sequence number of the shard's stride (k modulo n).
 #[tokio::test]
-async fn next_mint_follows_the_last_id_in_the_shards_stride() {
+async fn next_stream_id_follows_the_last_id_in_the_shards_stride() {
     let redis = RedisServer::start().await;
     let mut conn = redis.conn().await;
     let mint = |stream: &str, shard: u32, shards: u32| {
-        format!("(function() local ms, seq = next_mint('{stream}', {shard}, {shards}); return ms .. '-' .. seq end)()")
+        format!(
+            "(function() local ms, seq = next_stream_id('{stream}', {shard}, {shards}); return ms .. '-' .. seq end)()"
+        )
     };
     let fresh = text(lua(&mut conn, &mint("fresh", 0, 1), "").await);
     let (ms, seq) = fresh.split_once('-').unwrap();

@@ -357,6 +357,35 @@ async fn every_rpc_outside_the_allow_list_is_permission_denied() {
             denied,
         )
         .leaving(Leaves::NoKey("payments:eu")),
+        Refusal::new(
+            "Append scheduled",
+            Rpc::Append(AppendRequest {
+                delay: Some(prost_types::Duration { seconds: 60, nanos: 0 }),
+                ..append_request("payments:eu")
+            }),
+            denied,
+        )
+        .naming("payments:eu")
+        .leaving(Leaves::NoKey("payments:eu"))
+        .leaving(Leaves::NoKey("payments:eu:scheduled")),
+        Refusal::new(
+            "CancelScheduled",
+            Rpc::CancelScheduled(echomq::proto::CancelScheduledRequest {
+                stream: "payments:eu".into(),
+                id: "0000000000010000000000000000".into(),
+            }),
+            denied,
+        )
+        .naming("payments:eu"),
+        Refusal::new(
+            "ListScheduled",
+            Rpc::ListScheduled(echomq::proto::ListScheduledRequest {
+                stream: "payments:eu".into(),
+                ..Default::default()
+            }),
+            denied,
+        )
+        .naming("payments:eu"),
         // No group door may be opened.
         Refusal::new("Subscribe", Rpc::Subscribe(subscribe_msg("payments:eu", "g", GroupStart::New)), denied)
             .leaving(Leaves::NoKey("payments:eu")),

@@ -171,6 +171,18 @@ pub(crate) async fn append(
     entries: usize,
     batch: usize,
 ) -> Result<Duration, Error> {
+    append_due(streams, stream, entries, batch, None).await
+}
+
+/// As [`append`], each entry scheduled for `deliver_at` when given
+/// (`BatchEntry.deliver_at`).
+pub(crate) async fn append_due(
+    streams: &mut StreamServiceClient<Channel>,
+    stream: &str,
+    entries: usize,
+    batch: usize,
+    deliver_at: Option<prost_types::Timestamp>,
+) -> Result<Duration, Error> {
     let body = vec![b'x'; BODY_BYTES];
     let started = Instant::now();
     for first in (0..entries).step_by(batch) {
@@ -180,6 +192,7 @@ pub(crate) async fn append(
                     ("n".to_owned(), n.to_string().into_bytes()),
                     ("body".to_owned(), body.clone()),
                 ]),
+                deliver_at,
                 ..Default::default()
             })
             .collect();

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	echomq "github.com/echomq/echomq-sidecar/clients/go"
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
@@ -83,6 +85,24 @@ type keyedEntrySpec struct {
 	entrySpec
 	DedupKey  string `json:"dedup_key"`
 	Duplicate bool   `json:"duplicate"`
+	// DelayMs is sent as the entry's delay, DeliverInMs as a deliver-at
+	// instant that many milliseconds from now; Scheduled is the answer's
+	// expected flag, Ref names the entry for the cancel steps.
+	DelayMs     *int64 `json:"delay_ms"`
+	DeliverInMs *int64 `json:"deliver_in_ms"`
+	Scheduled   bool   `json:"scheduled"`
+	Ref         string `json:"ref"`
+}
+
+// schedule is the entry's DeliverInMs and DelayMs as the client's types.
+func (e keyedEntrySpec) schedule() (deliverAt time.Time, delay time.Duration) {
+	if e.DeliverInMs != nil {
+		deliverAt = time.Now().Add(time.Duration(*e.DeliverInMs) * time.Millisecond)
+	}
+	if e.DelayMs != nil {
+		delay = time.Duration(*e.DelayMs) * time.Millisecond
+	}
+	return deliverAt, delay
 }
 
 type valueSpec struct {
@@ -228,6 +248,8 @@ type run struct {
 	mu            sync.Mutex
 	appended      map[string]map[string][]byte   // branded id → fields
 	firstByKey    map[string]echomq.AppendResult // dedup key → the answer that wrote it
+	byRef         map[string]echomq.AppendResult // an append_calls entry's ref → its answer
+	scheduledIDs  map[string]bool                // ids answered Scheduled
 	calls         []call
 	finished      int
 	finishedIDs   map[string]bool
@@ -392,6 +414,60 @@ func (r *run) step(step string) {
 		}
 	case "wait_verdict_error":
 		r.waitUntil(step, func() bool { return slices.Contains(r.verdictErrors, arg) })
+	case "sleep":
+		time.Sleep(time.Duration(num()) * time.Millisecond)
+	case "assert_handled":
+		r.mu.Lock()
+		got := len(r.calls)
+		r.mu.Unlock()
+		if got != num() {
+			t.Fatalf("%s: %d handler calls so far", step, got)
+		}
+	case "assert_scheduled":
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var listed []string
+		for e, err := range r.producer.Scheduled(ctx, r.stream, echomq.ListScheduledOptions{}) {
+			if err != nil {
+				t.Fatalf("%s: %v", step, err)
+			}
+			listed = append(listed, e.ID)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if len(listed) != num() {
+			t.Fatalf("%s: ListScheduled listed %v", step, listed)
+		}
+		for _, id := range listed {
+			if !r.scheduledIDs[id] {
+				t.Fatalf("%s: listed %s, which no append answered scheduled", step, id)
+			}
+		}
+	case "cancel_scheduled", "cancel_scheduled_not_found":
+		r.mu.Lock()
+		target, ok := r.byRef[arg]
+		r.mu.Unlock()
+		if !ok {
+			t.Fatalf("%s: no append_calls entry has ref %q", step, arg)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		due, err := r.producer.CancelScheduled(ctx, target.Stream, target.ID)
+		if name == "cancel_scheduled_not_found" {
+			if !errors.Is(err, echomq.ErrNotScheduled) || status.Code(err) != codes.NotFound {
+				t.Fatalf("%s: got %v, want ErrNotScheduled with NOT_FOUND", step, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if due.Before(time.Now().Add(-time.Second)) {
+			t.Fatalf("%s: the cancelled entry was due at %v", step, due)
+		}
+		r.mu.Lock()
+		delete(r.appended, target.ID) // never to be handled
+		r.mu.Unlock()
 	default:
 		t.Fatalf("unknown step %q: this runner cannot run it", step)
 	}
@@ -453,7 +529,8 @@ func (r *run) appendCall(i int, c appendCall) {
 			t.Fatalf("append_calls[%d]: %v", i, ferr)
 		}
 		var one echomq.AppendResult
-		one, err = r.producer.Append(ctx, r.stream, fields, echomq.AppendOptions{DedupKey: c.Append.DedupKey})
+		deliverAt, delay := c.Append.schedule()
+		one, err = r.producer.Append(ctx, r.stream, fields, echomq.AppendOptions{DedupKey: c.Append.DedupKey, DeliverAt: deliverAt, Delay: delay})
 		got = []echomq.AppendResult{one}
 	case c.Append == nil && c.AppendBatch != nil:
 		specs = c.AppendBatch
@@ -463,7 +540,8 @@ func (r *run) appendCall(i int, c appendCall) {
 			if ferr != nil {
 				t.Fatalf("append_calls[%d][%d]: %v", i, j, ferr)
 			}
-			entries[j] = echomq.BatchEntry{Fields: fields, DedupKey: e.DedupKey}
+			deliverAt, delay := e.schedule()
+			entries[j] = echomq.BatchEntry{Fields: fields, DedupKey: e.DedupKey, DeliverAt: deliverAt, Delay: delay}
 		}
 		got, err = r.producer.AppendBatchEntries(ctx, r.stream, entries)
 	default:
@@ -479,9 +557,23 @@ func (r *run) appendCall(i int, c appendCall) {
 	defer r.mu.Unlock()
 	if r.firstByKey == nil {
 		r.firstByKey = map[string]echomq.AppendResult{}
+		r.byRef = map[string]echomq.AppendResult{}
+		r.scheduledIDs = map[string]bool{}
 	}
 	for j, a := range got {
 		e := specs[j]
+		if a.Scheduled != e.Scheduled {
+			t.Errorf("append_calls[%d][%d]: Scheduled %v, want %v", i, j, a.Scheduled, e.Scheduled)
+		}
+		if a.Scheduled {
+			if a.StreamID != "" {
+				t.Errorf("append_calls[%d][%d]: a scheduled entry's answer has stream id %q", i, j, a.StreamID)
+			}
+			r.scheduledIDs[a.ID] = true
+		}
+		if e.Ref != "" {
+			r.byRef[e.Ref] = a
+		}
 		if a.Duplicate != e.Duplicate {
 			t.Errorf("append_calls[%d][%d] (key %q): Duplicate %v, want %v", i, j, e.DedupKey, a.Duplicate, e.Duplicate)
 			continue

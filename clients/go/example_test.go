@@ -2,6 +2,7 @@ package echomq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -168,6 +169,34 @@ func ExampleStreams_ReadAll() {
 			log.Fatal(err)
 		}
 		fmt.Println(e.StreamID, e.ID, e.Payload)
+	}
+}
+
+func ExampleStreams_CancelScheduled() {
+	conn, err := echomq.Dial("127.0.0.1:50051")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	streams := echomq.NewStreams(conn)
+	ctx := context.Background()
+	// A reminder an hour from now: not in the stream (nor delivered) until then.
+	reminder, err := streams.Append(ctx, "reminders", map[string][]byte{"order": []byte("42")}, echomq.AppendOptions{Delay: time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for e, err := range streams.Scheduled(ctx, "reminders", echomq.ListScheduledOptions{}) {
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(e.ID, e.DeliverAt)
+	}
+	// The order was paid: the reminder must never be delivered.
+	switch _, err := streams.CancelScheduled(ctx, reminder.Stream, reminder.ID); {
+	case errors.Is(err, echomq.ErrNotScheduled):
+		fmt.Println("too late: the reminder is in the stream already")
+	case err != nil:
+		log.Fatal(err)
 	}
 }
 

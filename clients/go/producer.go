@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/echomq/echomq-sidecar/clients/go/echomqv1"
 )
@@ -35,7 +38,8 @@ type Appended = AppendResult
 type AppendResult struct {
 	// ID is the branded id, 28 lowercase hex characters.
 	ID string
-	// StreamID is the entry's stream id, `<ms>-<seq>`.
+	// StreamID is the entry's stream id, `<ms>-<seq>`; "" for a scheduled
+	// entry (its stream id is only known when it enters the stream).
 	StreamID string
 	// Stream is the stream key written: the stream appended to, or for a
 	// sharded stream (the sidecar's --sharded-streams) the shard's key,
@@ -46,14 +50,37 @@ type AppendResult struct {
 	// written, and ID, StreamID and Stream are the first append's. Always
 	// false without a dedup key.
 	Duplicate bool
+	// Scheduled is true when the entry was scheduled ([AppendOptions.DeliverAt]
+	// or Delay in the future): ID is final, StreamID is "", and the entry
+	// enters the stream when due ([Streams.CancelScheduled] can still remove
+	// it). A duplicate of a scheduled append says so too.
+	Scheduled bool
 }
 
 // BatchEntry is one entry of [Streams.AppendBatchEntries]: its fields and,
-// optionally, its dedup key (as [AppendOptions.DedupKey]; "" for none). A batch may mix
-// entries with and without keys.
+// optionally, its dedup key (as [AppendOptions.DedupKey]; "" for none) and
+// its schedule (as [AppendOptions.DeliverAt] and Delay; zero for none). A
+// batch may mix entries with and without keys, appended at once and
+// scheduled.
 type BatchEntry struct {
 	Fields   map[string][]byte
 	DedupKey string
+	// DeliverAt schedules the entry for this instant; the zero Time: at once.
+	DeliverAt time.Time
+	// Delay schedules the entry this long after the append; 0: at once.
+	Delay time.Duration
+}
+
+// request is e as the proto's BatchEntry.
+func (e BatchEntry) request() *pb.BatchEntry {
+	m := &pb.BatchEntry{Fields: e.Fields, DedupKey: e.DedupKey}
+	if !e.DeliverAt.IsZero() {
+		m.DeliverAt = timestamppb.New(e.DeliverAt)
+	}
+	if e.Delay != 0 {
+		m.Delay = durationpb.New(e.Delay)
+	}
+	return m
 }
 
 // AppendOptions tunes an append, as a struct like every other setting of this
@@ -86,6 +113,22 @@ type AppendOptions struct {
 	// keys ([BatchEntry.DedupKey]), and [Streams.AppendBatch] and
 	// [Streams.AppendBatchEntries] refuse it.
 	DedupKey string
+	// DeliverAt schedules the entry: it gets its branded id now
+	// ([AppendResult.Scheduled] is set) and enters the stream at this
+	// instant (within the sidecar's --schedule-poll-ms), exactly once; until
+	// then no consumer or [Streams.Read] sees it, [Streams.ListScheduled]
+	// does and [Streams.CancelScheduled] removes it. An instant already past
+	// appends at once. The zero Time: at once. More than 365 days ahead, or
+	// with MaxLen or Delay, is the sidecar's INVALID_ARGUMENT.
+	//
+	// Delay schedules the entry this long after the append (on the Redis
+	// server's clock), as DeliverAt; 0: at once; negative: INVALID_ARGUMENT.
+	//
+	// Both apply to [Streams.Append] only: a batch's entries carry their own
+	// ([BatchEntry.DeliverAt], [BatchEntry.Delay]), and the batch appends
+	// refuse them.
+	DeliverAt time.Time
+	Delay     time.Duration
 }
 
 // AppendOption is what the appends take after the fields: an [AppendOptions]
@@ -104,6 +147,12 @@ func (o AppendOptions) applyAppend(into *AppendOptions) {
 	}
 	if o.DedupKey != "" {
 		into.DedupKey = o.DedupKey
+	}
+	if !o.DeliverAt.IsZero() {
+		into.DeliverAt = o.DeliverAt
+	}
+	if o.Delay != 0 {
+		into.Delay = o.Delay
 	}
 }
 
@@ -139,6 +188,9 @@ func WithDedupKey(key string) AppendOption {
 // errBatchDedupKey refuses a dedup key for a whole batch.
 var errBatchDedupKey = errors.New("AppendOptions.DedupKey (WithDedupKey) applies to Append; give a batch's entries their keys in BatchEntry.DedupKey (AppendBatchEntries)")
 
+// errBatchSchedule refuses a schedule for a whole batch.
+var errBatchSchedule = errors.New("AppendOptions.DeliverAt and Delay apply to Append; give a batch's entries their schedules in BatchEntry.DeliverAt and Delay (AppendBatchEntries)")
+
 func collect(opts []AppendOption) AppendOptions {
 	var o AppendOptions
 	for _, opt := range opts {
@@ -154,12 +206,22 @@ func collect(opts []AppendOption) AppendOptions {
 // refused with INVALID_ARGUMENT. Errors carry the gRPC status
 // ([status.Code] works on them): INVALID_ARGUMENT, FAILED_PRECONDITION (the key
 // holds another type), UNAVAILABLE (the entry may have been written: retry
-// with the same [AppendOptions.DedupKey] to be sure of one copy).
+// with the same [AppendOptions.DedupKey] to be sure of one copy). With
+// [AppendOptions.DeliverAt] or Delay the entry is scheduled (see there).
+//
+//	res, err := streams.Append(ctx, "reminders", fields, echomq.AppendOptions{Delay: time.Hour})
 func (s *Streams) Append(ctx context.Context, stream string, fields map[string][]byte, opts ...AppendOption) (AppendResult, error) {
 	o := collect(opts)
-	resp, err := s.client.Append(ctx, &pb.AppendRequest{
+	req := &pb.AppendRequest{
 		Stream: stream, Fields: fields, MaxLen: o.MaxLen, PartitionKey: o.PartitionKey, DedupKey: o.DedupKey,
-	})
+	}
+	if !o.DeliverAt.IsZero() {
+		req.DeliverAt = timestamppb.New(o.DeliverAt)
+	}
+	if o.Delay != 0 {
+		req.Delay = durationpb.New(o.Delay)
+	}
+	resp, err := s.client.Append(ctx, req)
 	if err != nil {
 		return AppendResult{}, fmt.Errorf("echomq: append to %q: %w", stream, err)
 	}
@@ -182,12 +244,14 @@ func (s *Streams) AppendBatch(ctx context.Context, stream string, entries []map[
 // dedup key each. An entry whose key is recorded on the stream, or was used
 // by an earlier entry of the same batch, is not written: its result is the
 // first one's, with [AppendResult.Duplicate] set (it takes no id of its own).
+// An entry with [BatchEntry.DeliverAt] or Delay is scheduled (see
+// [AppendOptions.DeliverAt]); its result has [AppendResult.Scheduled] set.
 // On a sharded stream, a batch without [AppendOptions.PartitionKey] goes to the shard
 // of its first dedup key. Errors as for [Streams.Append].
 func (s *Streams) AppendBatchEntries(ctx context.Context, stream string, entries []BatchEntry, opts ...AppendOption) ([]AppendResult, error) {
 	batch := make([]*pb.BatchEntry, len(entries))
 	for i, e := range entries {
-		batch[i] = &pb.BatchEntry{Fields: e.Fields, DedupKey: e.DedupKey}
+		batch[i] = e.request()
 	}
 	return s.appendBatch(ctx, stream, batch, opts)
 }
@@ -196,6 +260,9 @@ func (s *Streams) appendBatch(ctx context.Context, stream string, entries []*pb.
 	o := collect(opts)
 	if o.DedupKey != "" {
 		return nil, fmt.Errorf("echomq: append %d entries to %q: %w", len(entries), stream, errBatchDedupKey)
+	}
+	if !o.DeliverAt.IsZero() || o.Delay != 0 {
+		return nil, fmt.Errorf("echomq: append %d entries to %q: %w", len(entries), stream, errBatchSchedule)
 	}
 	req := &pb.AppendBatchRequest{Stream: stream, MaxLen: o.MaxLen, PartitionKey: o.PartitionKey, Entries: entries}
 	resp, err := s.client.AppendBatch(ctx, req)
@@ -210,5 +277,5 @@ func (s *Streams) appendBatch(ctx context.Context, stream string, entries []*pb.
 }
 
 func appended(resp *pb.AppendResponse) AppendResult {
-	return AppendResult{ID: resp.GetId(), StreamID: resp.GetStreamId(), Stream: resp.GetStream(), Duplicate: resp.GetDuplicate()}
+	return AppendResult{ID: resp.GetId(), StreamID: resp.GetStreamId(), Stream: resp.GetStream(), Duplicate: resp.GetDuplicate(), Scheduled: resp.GetScheduled()}
 }

@@ -1,5 +1,6 @@
 //! DescribeGroup: validate → one pipeline (XINFO GROUPS, XINFO CONSUMERS,
-//! XPENDING summary, the oldest pending entries, XLEN) → the group's state.
+//! XPENDING summary, the oldest pending entries, XLEN), the schedule's size
+//! and first due time (ZCARD, ZRANGE) → the group's state.
 
 use std::time::Duration;
 
@@ -91,6 +92,11 @@ fn sum_shards(stream: &str, group: &str, shards: Vec<DescribeGroupResponse>) -> 
         oldest_pending_age: oldest.and_then(|s| s.oldest_pending_age),
         max_delivery_count: shards.iter().map(|s| s.max_delivery_count).max().unwrap_or(0),
         stream_length: shards.iter().map(|s| s.stream_length).sum(),
+        scheduled: shards.iter().map(|s| s.scheduled).sum(),
+        oldest_scheduled_due: shards
+            .iter()
+            .filter_map(|s| s.oldest_scheduled_due)
+            .min_by_key(|due| (due.seconds, due.nanos)),
         shards,
         archive: None,
     }
@@ -99,6 +105,7 @@ fn sum_shards(stream: &str, group: &str, shards: Vec<DescribeGroupResponse>) -> 
 /// One stream key's group state, as the wire shows it.
 async fn describe(redis: &Redis, stream: &str, group: &str) -> Result<DescribeGroupResponse, Error> {
     let state = group_state(redis, stream, group, DELIVERY_COUNT_SCAN).await?;
+    let (scheduled, oldest_scheduled_due) = crate::stream::scheduled::summary(redis, stream).await?;
     let duration = |d: Duration| prost_types::Duration::try_from(d).unwrap_or_default();
     Ok(DescribeGroupResponse {
         stream: stream.to_owned(),
@@ -115,6 +122,8 @@ async fn describe(redis: &Redis, stream: &str, group: &str) -> Result<DescribeGr
         oldest_pending_age: state.oldest_pending_age.map(duration),
         max_delivery_count: state.max_delivery_count,
         stream_length: state.stream_length,
+        scheduled,
+        oldest_scheduled_due: oldest_scheduled_due.map(crate::entry::timestamp),
         shards: Vec::new(),
         archive: None,
     })

@@ -22,6 +22,10 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 /// per keyed append) stay small: 1,000 keyed appends/s hold about 12 MB.
 pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(120);
 
+/// Default period of the scheduled-entry mover's poll: a due entry enters its
+/// stream within about this long (plus the move's own few ms).
+pub const DEFAULT_SCHEDULE_POLL: Duration = Duration::from_millis(100);
+
 /// Entries and how appends are confirmed.
 #[derive(Clone, Debug, Args)]
 #[command(next_help_heading = "Entries and appends")]
@@ -58,6 +62,13 @@ pub struct AppendsConfig {
     #[arg(id = "dedup_window_ms", long = "dedup-window-ms", value_name = "DEDUP_WINDOW_MS", env = "ECHOMQ_DEDUP_WINDOW_MS",
           default_value = default_millis!(DEFAULT_DEDUP_WINDOW), value_parser = millis::within(1_000..=604_800_000))]
     pub dedup_window: Duration,
+
+    /// How often (milliseconds) this sidecar looks for scheduled entries (Append's deliver_at/delay) that
+    /// are due, on any stream, and moves them into their streams. A due entry enters its stream within
+    /// about this long after its time (see the docs' "Scheduled entries"); each poll is one command to Redis.
+    #[arg(id = "schedule_poll_ms", long = "schedule-poll-ms", value_name = "SCHEDULE_POLL_MS", env = "ECHOMQ_SCHEDULE_POLL_MS",
+          default_value = default_millis!(DEFAULT_SCHEDULE_POLL), value_parser = millis::within(10..=60_000))]
+    pub schedule_poll: Duration,
 }
 
 fn parse_id_field(text: &str) -> Result<String, String> {

@@ -90,7 +90,7 @@ for e = 1, tonumber(ARGV[7]) do
   if refused then
     return refused
   end
-  if next_mint(KEYS[key], shard, shards) > MAX_BRANDED_MS then
+  if next_stream_id(KEYS[key], shard, shards) > MAX_BRANDED_MS then
     return redis.error_reply('ERR echomq: the stream id would exceed the branded id range (milliseconds past 2^48)')
   end
 end
@@ -98,7 +98,7 @@ end
 local ids = { source_id, 'emitted' }
 for _, emit in ipairs(emits) do
   local stream, shard, shards, first, count, has_trace = unpack(emit)
-  local ms, seq = next_mint(stream, shard, shards)
+  local ms, seq = next_stream_id(stream, shard, shards)
   local id = string.format('%d-%d', ms, seq)
   local command = { 'XADD', stream, id, id_field, branded_text(ms, seq) }
   for i = first, first + 2 * count - 1 do

@@ -1,7 +1,7 @@
 //! The AckEmit step: consume → produce exactly once. `ack_emit.lua` checks
 //! that the source entry is still pending for this sidecar's consumer (the
 //! fence), appends the emits (minting branded ids as Append does, with the
-//! prelude's `next_mint`), then XACKs the entry and drops its retry state,
+//! prelude's `next_stream_id`), then XACKs the entry and drops its retry state,
 //! all in one script on the source's slot. An entry leaves the PEL once, and
 //! its emits are written by the same step or not at all: so they are written
 //! exactly once, whatever redeliveries, reclaims and duplicate handler runs

@@ -1,6 +1,7 @@
 //! Metrics polling: the group's state, read as DescribeGroup reads it, into
 //! the polled gauges (`echomq_group_pending`, lag, the oldest pending entry's
-//! age, the highest delivery count, consumers, stream length).
+//! age, the highest delivery count, consumers, stream length, scheduled
+//! entries and the earliest one's due time).
 
 use super::GroupKeys;
 use crate::metrics::GroupMetrics;
@@ -21,5 +22,12 @@ pub(crate) async fn poll(keys: &GroupKeys, metrics: &GroupMetrics) {
             metrics.stream_length.set(state.stream_length as i64);
         }
         Err(e) => tracing::debug!(stream = %keys.stream, group = %keys.group, "polling the group's state failed: {e}"),
+    }
+    match crate::stream::scheduled::summary(&keys.redis, &keys.stream).await {
+        Ok((count, due)) => {
+            metrics.scheduled.set(count as i64);
+            metrics.scheduled_oldest_due.set(due.map_or(0.0, |ms| ms as f64 / 1000.0));
+        }
+        Err(e) => tracing::debug!(stream = %keys.stream, "polling the stream's schedule failed: {e}"),
     }
 }

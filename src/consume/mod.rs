@@ -30,7 +30,7 @@ mod retry;
 mod script_replies;
 mod session;
 mod settle;
-mod subscribe;
+pub(crate) mod subscribe;
 mod verdicts;
 mod window;
 mod worker;

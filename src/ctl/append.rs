@@ -10,10 +10,15 @@ use serde_json::{json, Value};
 use crate::connect::Context;
 use crate::exit::Failure;
 use crate::render::{emit, emit_json_line, from_b64, table};
+use crate::time::{parse_instant, timestamp_of_ms};
 
 /// Keys of an entry as `read --json` prints it, besides `fields`, that a
 /// re-append ignores: the sidecar mints a new branded id and stream id.
 const READ_KEYS: [&str; 7] = ["stream", "stream_id", "id", "minted_at_ms", "group", "attempts", "archived"];
+
+/// The request fields of --at and --in, named by the flag in an INVALID_ARGUMENT.
+const SCHEDULE_FLAGS: &[(&str, &str)] =
+    &[("deliver_at", "--at"), ("delay", "--in"), ("entries.deliver_at", "--at"), ("entries.delay", "--in")];
 
 /// `append`'s flags.
 #[derive(Debug, clap::Args)]
@@ -25,9 +30,13 @@ const READ_KEYS: [&str; 7] = ["stream", "stream_id", "id", "minted_at_ms", "grou
     it (`fields`, and `fields_base64` for values that are not UTF-8; its `id`, `stream_id`, … are ignored, \
     since the sidecar mints new ones; a `traceparent` is kept; a `dedup_key` string beside `fields` is the \
     entry's dedup key). Several entries are appended in one AppendBatch call: all of them or none.\n\n\
+    With --at or --in every entry is scheduled: it gets its branded id now and enters the stream at that \
+    time (`scheduled list` shows it meanwhile, `scheduled cancel` removes it); a time in the past appends \
+    at once.\n\n\
     Prints the stream written, the stream id and the branded id of each entry (and DUPLICATE for an entry \
-    whose dedup key was already recorded: nothing written, the first append's ids); with --json one JSON \
-    object per entry (NDJSON): `stream`, `stream_id`, `id`, `duplicate`.")]
+    whose dedup key was already recorded: nothing written, the first append's ids; SCHEDULED for a \
+    scheduled entry, whose stream id is only known once it enters the stream); with --json one JSON \
+    object per entry (NDJSON): `stream`, `stream_id`, `id`, `duplicate`, `scheduled`.")]
 pub(crate) struct Args {
     /// The stream key, or a sharded stream's name (the sidecar picks the shard).
     stream: String,
@@ -54,6 +63,18 @@ pub(crate) struct Args {
     /// entry a `dedup_key` beside its `fields`.
     #[arg(long, value_name = "KEY", value_parser = parse_dedup_key)]
     dedup_key: Option<String>,
+    /// Schedule the entries: they enter the stream at this instant (RFC 3339, e.g.
+    /// `2026-12-07T09:00:00+01:00`, or unix milliseconds), at most 365 days ahead.
+    #[arg(long, value_name = "INSTANT", value_parser = parse_instant, conflicts_with = "in_")]
+    at: Option<u64>,
+    /// Schedule the entries this long from now (`90s`, `10m`, `2h`, `1d`), at most 365 days.
+    #[arg(id = "in_", long = "in", value_name = "DURATION", value_parser = parse_delay)]
+    in_: Option<std::time::Duration>,
+}
+
+fn parse_delay(text: &str) -> Result<std::time::Duration, String> {
+    echomq::config::parse_duration(text.trim())
+        .ok_or_else(|| format!("`{text}` is not a duration: expected a whole number and a unit, e.g. 90s, 10m, 2h, 1d"))
 }
 
 fn parse_dedup_key(text: &str) -> Result<String, String> {
@@ -192,6 +213,8 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
         }
     }
     let doing = format!("append to {}", args.stream);
+    let deliver_at = args.at.map(timestamp_of_ms);
+    let delay = args.in_.map(|d| prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 });
     let written: Vec<AppendResponse> = if entries.len() == 1 {
         let (fields, dedup_key) = entries.into_iter().next().unwrap_or_default();
         let request = AppendRequest {
@@ -200,38 +223,49 @@ pub(crate) async fn run(args: Args, ctx: &Context) -> Result<(), Failure> {
             max_len: args.max_len.unwrap_or(0),
             partition_key: args.partition_key.clone().unwrap_or_default(),
             dedup_key,
+            deliver_at,
+            delay,
         };
-        vec![ctx.stream().append(ctx.request(request)).await.map_err(|s| Failure::status(&doing, s))?.into_inner()]
+        vec![ctx
+            .stream()
+            .append(ctx.request(request))
+            .await
+            .map_err(|s| Failure::status_of_flags(&doing, s, SCHEDULE_FLAGS))?
+            .into_inner()]
     } else {
         let request = AppendBatchRequest {
             stream: args.stream.clone(),
-            entries: entries.into_iter().map(|(fields, dedup_key)| BatchEntry { fields, dedup_key }).collect(),
+            entries: entries
+                .into_iter()
+                .map(|(fields, dedup_key)| BatchEntry { fields, dedup_key, deliver_at, delay })
+                .collect(),
             max_len: args.max_len.unwrap_or(0),
             partition_key: args.partition_key.clone().unwrap_or_default(),
         };
         ctx.stream()
             .append_batch(ctx.request(request))
             .await
-            .map_err(|s| Failure::status(&doing, s))?
+            .map_err(|s| Failure::status_of_flags(&doing, s, SCHEDULE_FLAGS))?
             .into_inner()
             .entries
     };
     if ctx.json {
         for w in &written {
             emit_json_line(
-                &json!({"stream": w.stream, "stream_id": w.stream_id, "id": w.id, "duplicate": w.duplicate}),
+                &json!({"stream": w.stream, "stream_id": w.stream_id, "id": w.id, "duplicate": w.duplicate, "scheduled": w.scheduled}),
             )?;
         }
         Ok(())
-    } else if written.iter().any(|w| w.duplicate) {
+    } else if written.iter().any(|w| w.duplicate || w.scheduled) {
+        let yes = |flag: bool| if flag { "yes" } else { "no" }.to_owned();
         let rows: Vec<Vec<String>> = written
             .iter()
             .map(|w| {
-                let duplicate = if w.duplicate { "yes" } else { "no" };
-                vec![w.stream.clone(), w.stream_id.clone(), w.id.clone(), duplicate.to_owned()]
+                let stream_id = if w.stream_id.is_empty() { "-".to_owned() } else { w.stream_id.clone() };
+                vec![w.stream.clone(), stream_id, w.id.clone(), yes(w.duplicate), yes(w.scheduled)]
             })
             .collect();
-        emit(&table(&["STREAM", "STREAM ID", "ID", "DUPLICATE"], &rows))
+        emit(&table(&["STREAM", "STREAM ID", "ID", "DUPLICATE", "SCHEDULED"], &rows))
     } else {
         let rows: Vec<Vec<String>> =
             written.iter().map(|w| vec![w.stream.clone(), w.stream_id.clone(), w.id.clone()]).collect();

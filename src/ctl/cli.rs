@@ -119,6 +119,9 @@ pub(crate) enum Command {
     /// Consumer groups: destroy one with the keys kept for it.
     #[command(subcommand)]
     Group(Group),
+    /// Scheduled entries (append --at/--in): list those waiting, cancel one.
+    #[command(subcommand)]
+    Scheduled(Scheduled),
     /// Write a shell completion script to standard output.
     Completions(crate::completions::Args),
 }
@@ -129,6 +132,15 @@ pub(crate) enum Group {
     /// Destroy a group and the keys the sidecars keep for it alone; refused while it has
     /// pending entries, unless --force.
     Destroy(crate::group::DestroyArgs),
+}
+
+/// The scheduled-entry commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Scheduled {
+    /// List a stream's scheduled entries that have not entered it yet, due first first.
+    List(crate::scheduled::ListArgs),
+    /// Cancel a scheduled entry before it enters the stream.
+    Cancel(crate::scheduled::CancelArgs),
 }
 
 /// The dead-letter commands.

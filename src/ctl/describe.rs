@@ -6,14 +6,16 @@ use serde_json::{json, Value};
 
 use crate::connect::Context;
 use crate::exit::Failure;
+use crate::render::instant_text;
 use crate::render::{emit, emit_json_document, table};
-use crate::time::{duration_ms, format_duration};
+use crate::time::{duration_ms, format_duration, timestamp_ms};
 
 /// `describe`'s flags.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "With --json: one document with `stream`, `group`, `pending`, `lag` (null when Redis \
     cannot say), `last_delivered_id` (null for a sharded stream's sum: each shard has its own), `stream_length`, `oldest_pending_id` (null when nothing is pending), \
-    `oldest_pending_age_ms`, `max_delivery_count`, `consumers` ([{name, pending, idle_ms}]), `archive` (null \
+    `oldest_pending_age_ms`, `max_delivery_count`, `scheduled` (entries scheduled, not yet in the stream), \
+    `oldest_scheduled_due_ms` (unix ms the earliest is due; null when none), `consumers` ([{name, pending, idle_ms}]), `archive` (null \
     when the sidecar has no --archive-url; else {entries, files, bytes, oldest_id, archived_through, \
     last_error}, ids and error null when unset; for a sharded stream, per shard) and `shards` \
     (the same fields per shard; empty for a plain stream).")]
@@ -57,6 +59,8 @@ fn to_json(state: &DescribeGroupResponse) -> Value {
         "oldest_pending_id": non_empty(&state.oldest_pending_id),
         "oldest_pending_age_ms": state.oldest_pending_age.as_ref().map(duration_ms),
         "max_delivery_count": state.max_delivery_count,
+        "scheduled": state.scheduled,
+        "oldest_scheduled_due_ms": state.oldest_scheduled_due.as_ref().map(timestamp_ms),
         "consumers": consumers,
         "archive": state.archive.as_ref().map(archive_json),
         "shards": state.shards.iter().map(to_json).collect::<Vec<_>>(),
@@ -110,6 +114,8 @@ fn to_text(state: &DescribeGroupResponse) -> String {
         vec!["stream length".to_owned(), state.stream_length.to_string()],
         vec!["oldest pending".to_owned(), oldest],
         vec!["highest delivery count".to_owned(), state.max_delivery_count.to_string()],
+        vec!["scheduled".to_owned(), state.scheduled.to_string()],
+        vec!["earliest scheduled due".to_owned(), instant_text(state.oldest_scheduled_due.as_ref())],
     ];
     // A plain stream's archive; a sharded stream's is per shard, below.
     if let Some(archive) = &state.archive {
@@ -207,6 +213,8 @@ mod tests {
             stream_length: 5,
             shards: vec![],
             archive: None,
+            scheduled: 2,
+            oldest_scheduled_due: Some(prost_types::Timestamp { seconds: 1_796_200_000, nanos: 0 }),
         }
     }
 
@@ -218,6 +226,8 @@ mod tests {
             "lag                     3",
             "oldest pending          4-0 (appended 3.2s ago)",
             "highest delivery count  1",
+            "scheduled               2",
+            "earliest scheduled due  2026-12-02T08:26:40.000Z",
         ] {
             assert!(text.contains(line), "{line:?} not in\n{text}");
         }
@@ -248,7 +258,7 @@ mod tests {
         with.archive = Some(ArchiveInfo { last_error: "archive store: disk full".into(), ..archive() });
         let text = to_text(&with);
         for line in [
-            "highest delivery count  1\narchived entries        3",
+            "earliest scheduled due  2026-12-02T08:26:40.000Z\narchived entries        3",
             "archive files           1",
             "archive bytes           2048",
             "oldest archived         1-0",

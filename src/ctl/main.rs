@@ -29,6 +29,7 @@ mod group;
 mod ids;
 mod read;
 mod render;
+mod scheduled;
 mod tail;
 mod time;
 mod trim;
@@ -85,5 +86,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Read(args) => read::run(args, &connect().await?).await,
         Command::Trim(args) => trim::run(args, &connect().await?).await,
         Command::Group(cli::Group::Destroy(args)) => group::destroy(args, &connect().await?).await,
+        Command::Scheduled(cli::Scheduled::List(args)) => scheduled::list(args, &connect().await?).await,
+        Command::Scheduled(cli::Scheduled::Cancel(args)) => scheduled::cancel(args, &connect().await?).await,
     }
 }

@@ -81,6 +81,8 @@ pub(super) struct GroupFamilies {
     max_delivery_count: GroupGauge,
     consumers: GroupGauge,
     stream_length: GroupGauge,
+    scheduled: GroupGauge,
+    scheduled_oldest_due: GroupGaugeF64,
     redis_errors: Family<OperationLabels, Counter>,
 }
 
@@ -201,6 +203,18 @@ impl GroupFamilies {
             ),
             consumers: registered(r, "group_consumers", "Consumers in the group (polled)", Family::default()),
             stream_length: registered(r, "stream_length", "Entries in the stream (polled)", Family::default()),
+            scheduled: registered(
+                r,
+                "scheduled",
+                "Scheduled entries (Append's deliver_at/delay) not yet in the stream (polled)",
+                Family::default(),
+            ),
+            scheduled_oldest_due: registered(
+                r,
+                "scheduled_oldest_due_timestamp_seconds",
+                "When the earliest scheduled entry not yet in the stream is due, unix seconds; 0 when none (polled)",
+                Family::default(),
+            ),
             redis_errors: registered(
                 r,
                 "redis_errors",
@@ -235,6 +249,8 @@ impl GroupFamilies {
             max_delivery_count: self.max_delivery_count.get_or_create(&labels).clone(),
             consumers: self.consumers.get_or_create(&labels).clone(),
             stream_length: self.stream_length.get_or_create(&labels).clone(),
+            scheduled: self.scheduled.get_or_create(&labels).clone(),
+            scheduled_oldest_due: self.scheduled_oldest_due.get_or_create(&labels).clone(),
             lag_family: self.lag.clone(),
             redis_errors_family: self.redis_errors.clone(),
             labels,
@@ -295,6 +311,10 @@ pub struct GroupMetrics {
     pub consumers: Gauge,
     /// `echomq_stream_length` (polled, entries).
     pub stream_length: Gauge,
+    /// `echomq_scheduled` (polled, entries): scheduled entries not yet in the stream.
+    pub scheduled: Gauge,
+    /// `echomq_scheduled_oldest_due_timestamp_seconds` (polled, unix seconds; 0: none).
+    pub scheduled_oldest_due: Gauge<f64, std::sync::atomic::AtomicU64>,
     lag_family: GroupGauge,
     redis_errors_family: Family<OperationLabels, Counter>,
     labels: GroupLabels,

@@ -41,6 +41,14 @@ pub struct Scripts {
     pub lease_release: Script,
     /// `destroy_group.lua`: XGROUP DESTROY and the group's own keys, in one step.
     pub destroy_group: Script,
+    /// `move.lua`: move a stream's due scheduled entries into it, each in one step with its removal.
+    pub move_scheduled: Script,
+    /// `cancel.lua`: remove one scheduled entry before it is moved.
+    pub cancel_scheduled: Script,
+    /// `list_scheduled.lua`: a page of a stream's scheduled entries.
+    pub list_scheduled: Script,
+    /// `due_streams.lua`: the streams whose schedules are due, by Redis time.
+    pub due_streams: Script,
 }
 
 impl Scripts {
@@ -61,6 +69,10 @@ impl Scripts {
             (&self.lease_renew, "lease_renew"),
             (&self.lease_release, "lease_release"),
             (&self.destroy_group, "destroy_group"),
+            (&self.move_scheduled, "move"),
+            (&self.cancel_scheduled, "cancel"),
+            (&self.list_scheduled, "list_scheduled"),
+            (&self.due_streams, "due_streams"),
         ]
         .into_iter()
         .map(|(script, name)| (script.get_hash().to_owned(), name))
@@ -84,6 +96,10 @@ impl Scripts {
             lease_renew: script(include_str!("lua/lease_renew.lua")),
             lease_release: script(include_str!("lua/lease_release.lua")),
             destroy_group: script(include_str!("lua/destroy_group.lua")),
+            move_scheduled: script(include_str!("lua/move.lua")),
+            cancel_scheduled: script(include_str!("lua/cancel.lua")),
+            list_scheduled: script(include_str!("lua/list_scheduled.lua")),
+            due_streams: script(include_str!("lua/due_streams.lua")),
         }
     }
 }

@@ -5,7 +5,10 @@
 
 use std::collections::HashMap;
 
-use super::Streams;
+use super::{
+    scheduled::{self, Due},
+    Streams,
+};
 use crate::{
     durable::{run, ScriptCall, ScriptName, Shortfall},
     error::Error,
@@ -27,6 +30,8 @@ struct NewEntry<'a> {
     fields: &'a HashMap<String, Vec<u8>>,
     dedup_field: &'static str,
     dedup_key: &'a str,
+    /// When it enters the stream (`deliver_at`/`delay`).
+    due: Due,
 }
 
 /// Appends `entries` to `stream` in one script run and returns their
@@ -58,6 +63,13 @@ async fn append_entries(
     max_len: u64,
 ) -> Result<Vec<AppendResponse>, Error> {
     let logical = streams.guard.stream(caller, "stream", stream)?;
+    let scheduling = entries.iter().any(|entry| entry.due != Due::Now);
+    if max_len > 0 && scheduling {
+        return Err(Error::invalid(
+            "max_len",
+            "a scheduled entry (deliver_at or delay) enters the stream later, where no request could answer for what              the cap removes; drop max_len, and cap the stream with Trim or --retention",
+        ));
+    }
     if max_len > 0 && streams.archive.is_some() {
         return Err(Error::Conflict {
             reason: "max_len: this sidecar archives what trims remove (--archive-url), and an Append's max_len \
@@ -117,7 +129,8 @@ async fn append_entries(
     let count_key = keys.shard_count_key_to_check(stream).unwrap_or_else(|| stream.to_owned());
     let through_key = if max_len > 0 { keys.archive_through(stream) } else { stream.to_owned() };
     // KEYS[4…]: each distinct dedup record once; an entry names its record by index.
-    let mut script_keys = vec![stream.to_owned(), count_key, through_key.clone()];
+    let mut script_keys =
+        vec![stream.to_owned(), count_key, through_key.clone(), keys.scheduled(stream), keys.scheduled_entries(stream)];
     let mut records: HashMap<&str, usize> = HashMap::new();
     let record_of: Vec<usize> = entries
         .iter()
@@ -157,13 +170,21 @@ async fn append_entries(
         let mut sorted: Vec<_> = fields.iter().collect();
         sorted.sort_unstable_by_key(|(name, _)| name.as_str());
         let trace = stored.as_deref().filter(|_| !fields.contains_key(TRACE_FIELD));
-        script.arg(*record).arg(sorted.len() + usize::from(trace.is_some()));
+        let (at, after) = entry.due.args();
+        script.arg(*record).arg(at).arg(after).arg(sorted.len() + usize::from(trace.is_some()));
         for (name, value) in sorted {
             script.arg(name.as_str()).arg(value.as_slice());
         }
         if let Some(trace) = trace {
             script.arg(TRACE_FIELD).arg(trace);
         }
+    }
+    // Indexed before the script writes the schedule, so a sidecar that dies
+    // right after the script leaves the stream where movers look (see
+    // `scheduled`); again after it, with the exact time.
+    let now_ms = crate::entry::now_unix_ms();
+    if let Some(earliest) = entries.iter().filter_map(|entry| entry.due.estimate(now_ms)).min() {
+        scheduled::index(&streams.redis, stream, earliest).await?;
     }
     let mut conn = streams.redis.conn.clone();
     let ran = run(&streams.redis, &mut conn, durable, script);
@@ -182,11 +203,28 @@ async fn append_entries(
         let unexpected = redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return a list"));
         return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
     };
-    let [redis::Value::Array(ids), unread, redis::Value::Array(duplicates)] = reply.as_slice() else {
-        let unexpected =
-            redis::RedisError::from((redis::ErrorKind::Parse, "append.lua did not return ids, groups and duplicates"));
+    let [redis::Value::Array(ids), unread, redis::Value::Array(duplicates), redis::Value::Array(planned)] =
+        reply.as_slice()
+    else {
+        let unexpected = redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "append.lua did not return ids, groups, duplicates and scheduled entries",
+        ));
         return Err(Error::from_redis(unexpected, "appending (append.lua)", stream));
     };
+    // Entry number (1-based) → the branded id minted for it, for the scheduled ones.
+    let mut minted: HashMap<i64, String> = HashMap::new();
+    let mut earliest: Option<u64> = None;
+    for triple in planned.chunks(3) {
+        if let [redis::Value::Int(entry), branded, redis::Value::Int(due)] = triple {
+            let branded = bytes(branded).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
+            minted.insert(*entry, String::from_utf8_lossy(&branded).into_owned());
+            earliest = Some(earliest.map_or(*due as u64, |e| e.min(*due as u64)));
+        }
+    }
+    if let Some(earliest) = earliest {
+        reindex_after_append(streams, stream, earliest).await;
+    }
     // Entry number (1-based) → the recorded branded id, for the duplicates.
     let mut recorded: HashMap<i64, String> = HashMap::new();
     for pair in duplicates.chunks(2) {
@@ -196,7 +234,7 @@ async fn append_entries(
         }
     }
     // Written, whatever the reply's parsing says next: counted now.
-    streams.metrics.streams.appended(stream, keys.sharded_stream_of(stream), ids.len() - recorded.len());
+    streams.metrics.streams.appended(stream, keys.sharded_stream_of(stream), ids.len() - recorded.len() - minted.len());
     let unread =
         parse_unread_trimmed(unread).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
     streams.report_unread_trimmed(stream, &unread, "append_max_len");
@@ -204,17 +242,36 @@ async fn append_entries(
         .iter()
         .zip(1..)
         .map(|(id, entry)| {
-            let stream_id: StreamId =
-                parse_stream_id(id).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?;
-            let (id, duplicate) = match recorded.remove(&entry) {
-                Some(branded) => (branded, true),
-                None => {
+            // '': scheduled, by this append or by the one a duplicate repeats.
+            let stream_id: Option<StreamId> = match id {
+                redis::Value::BulkString(text) if text.is_empty() => None,
+                id => {
+                    Some(parse_stream_id(id).map_err(|e| Error::from_redis(e, "reading append.lua's reply", stream))?)
+                }
+            };
+            let (id, duplicate) = match (recorded.remove(&entry), minted.remove(&entry), stream_id) {
+                (Some(branded), _, _) => (branded, true),
+                (None, Some(branded), _) => (branded, false),
+                (None, None, Some(stream_id)) => {
                     let branded =
                         BrandedId::from_stream_id(stream_id).expect("append.lua mints ids within the branded range");
                     (branded.to_string(), false)
                 }
+                (None, None, None) => {
+                    let unexpected = redis::RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "append.lua returned neither a stream id nor a scheduled id",
+                    ));
+                    return Err(Error::from_redis(unexpected, "reading append.lua's reply", stream));
+                }
             };
-            Ok(AppendResponse { id, stream_id: stream_id.to_string(), stream: stream.to_owned(), duplicate })
+            Ok(AppendResponse {
+                id,
+                stream_id: stream_id.map(|id| id.to_string()).unwrap_or_default(),
+                stream: stream.to_owned(),
+                duplicate,
+                scheduled: stream_id.is_none(),
+            })
         })
         .collect::<Result<Vec<_>, Error>>()?;
     if let [one] = written.as_slice() {
@@ -226,12 +283,38 @@ async fn append_entries(
     Ok(written)
 }
 
+/// Indexes `stream` as due at `earliest` after its schedule was written
+/// (`ZADD LT`), retried a few times: a failure here leaves the index as the
+/// write before the script set it, which a mover may already have raised.
+async fn reindex_after_append(streams: &Streams, stream: &str, earliest: u64) {
+    for attempt in 1..=3 {
+        match scheduled::index(&streams.redis, stream, earliest).await {
+            Ok(()) => return,
+            Err(error) if attempt == 3 => tracing::error!(
+                %stream,
+                %error,
+                "a scheduled entry was written but its stream could not be indexed; it is moved once this stream is \
+                 indexed again (any later scheduled append to it, or a mover that finds it)"
+            ),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await,
+        }
+    }
+}
+
 /// UNAVAILABLE for entries the wait did not confirm: which they are, how it
 /// fell short, and whether a retry is safe (with each entry's dedup key it
 /// is: it answers the same ids and writes nothing).
 fn unconfirmed(stream: &str, written: &[AppendResponse], entries: &[NewEntry<'_>], shortfall: Shortfall) -> Error {
     let written_text = match written {
+        [one] if one.scheduled => format!("scheduled entry {} of stream `{stream}`", one.id),
         [one] => format!("entry {} (stream id {}) of stream `{stream}`", one.id, one.stream_id),
+        [first, .., last] if written.iter().any(|w| w.scheduled) => format!(
+            "{} entries of stream `{stream}` (ids {} to {}, {} of them scheduled)",
+            written.len(),
+            first.id,
+            last.id,
+            written.iter().filter(|w| w.scheduled).count()
+        ),
         [first, .., last] => format!(
             "{} entries of stream `{stream}` (ids {} to {}, stream ids {} to {})",
             written.len(),
@@ -265,6 +348,7 @@ pub(super) async fn append(
         fields: &request.fields,
         dedup_field: "dedup_key",
         dedup_key: &request.dedup_key,
+        due: scheduled::due_of("deliver_at", request.deliver_at, "delay", request.delay, crate::entry::now_unix_ms())?,
     }];
     let mut written = append_entries(
         streams,
@@ -277,7 +361,7 @@ pub(super) async fn append(
     )
     .await?;
     let written = written.pop().expect("append.lua returns one id per entry");
-    tracing::debug!(stream = %request.stream, id = %written.id, duplicate = written.duplicate, "appended");
+    tracing::debug!(stream = %request.stream, id = %written.id, duplicate = written.duplicate, scheduled = written.scheduled, "appended");
     Ok(written)
 }
 
@@ -294,16 +378,20 @@ pub(super) async fn append_batch(
             format!("1 to {MAX_BATCH_ENTRIES} entries, got {}", request.entries.len()),
         ));
     }
-    let entries: Vec<_> = request
+    let now_ms = crate::entry::now_unix_ms();
+    let entries = request
         .entries
         .iter()
-        .map(|entry| NewEntry {
-            fields_field: "entries.fields",
-            fields: &entry.fields,
-            dedup_field: "entries.dedup_key",
-            dedup_key: &entry.dedup_key,
+        .map(|entry| {
+            Ok(NewEntry {
+                fields_field: "entries.fields",
+                fields: &entry.fields,
+                dedup_field: "entries.dedup_key",
+                dedup_key: &entry.dedup_key,
+                due: scheduled::due_of("entries.deliver_at", entry.deliver_at, "entries.delay", entry.delay, now_ms)?,
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, Error>>()?;
     let (stream, key) = (&request.stream, &request.partition_key);
     let entries = append_entries(streams, caller, traceparent, stream, key, &entries, request.max_len).await?;
     Ok(AppendBatchResponse { entries })

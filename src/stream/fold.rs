@@ -307,17 +307,7 @@ impl Folding {
     async fn acquire(&self, redis: &Redis, stream: &str, lease: &str, token: &str) -> Result<(), Error> {
         let deadline = Instant::now() + LEASE_WAIT;
         loop {
-            let mut conn = redis.conn.clone();
-            let taken: Option<String> = redis::cmd("SET")
-                .arg(lease)
-                .arg(token)
-                .arg("NX")
-                .arg("PX")
-                .arg(FOLD_LEASE_MS)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| Error::from_redis(e, "taking the fold lease (SET NX)", stream))?;
-            if taken.is_some() {
+            if take_lease(redis, lease, token, FOLD_LEASE_MS, stream).await? {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -328,6 +318,31 @@ impl Folding {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Takes `lease` (of `stream`) for `token` for `ttl_ms` unless someone holds
+/// it (`SET lease token NX PX ttl_ms`): true when taken. The fold lease and
+/// the scheduled entries' move lease are taken this way.
+///
+/// Errors: as [`Error::from_redis`].
+pub(crate) async fn take_lease(
+    redis: &Redis,
+    lease: &str,
+    token: &str,
+    ttl_ms: u64,
+    stream: &str,
+) -> Result<bool, Error> {
+    let mut conn = redis.conn.clone();
+    let taken: Option<String> = redis::cmd("SET")
+        .arg(lease)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(e, format!("taking the lease `{lease}` (SET NX)"), stream))?;
+    Ok(taken.is_some())
 }
 
 /// Extends the lease while it is still `token`'s ([`Error::Aborted`] if not).
@@ -383,10 +398,15 @@ impl Drop for Held<'_> {
 
 /// Gives the lease up if it is still `token`'s (`lease_release.lua`); a
 /// failure only delays the next fold until the lease expires.
-async fn release<C: redis::aio::ConnectionLike + Send>(conn: &mut C, script: &redis::Script, lease: &str, token: &str) {
+pub(crate) async fn release<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    script: &redis::Script,
+    lease: &str,
+    token: &str,
+) {
     let released: redis::RedisResult<i64> = script.key(lease).arg(token).invoke_async(conn).await;
     if let Err(error) = released {
-        tracing::debug!(%lease, %error, "the fold lease stays until it expires");
+        tracing::debug!(%lease, %error, "the lease stays until it expires");
     }
 }
 

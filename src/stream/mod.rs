@@ -5,6 +5,7 @@ mod append;
 pub mod fold;
 mod read;
 pub mod retention;
+pub mod scheduled;
 pub(crate) mod trim;
 
 use std::sync::Arc;
@@ -21,7 +22,8 @@ use crate::{
     metrics::Metrics,
     proto::{
         stream_service_server::StreamService, AppendBatchRequest, AppendBatchResponse, AppendRequest, AppendResponse,
-        ReadRequest, ReadResponse, TrimRequest, TrimResponse,
+        CancelScheduledRequest, CancelScheduledResponse, ListScheduledRequest, ListScheduledResponse, ReadRequest,
+        ReadResponse, TrimRequest, TrimResponse,
     },
     redis::{Redis, UnreadTrimmed},
     security::Guard,
@@ -103,6 +105,20 @@ impl StreamService for Streams {
 
     async fn trim(&self, request: Request<TrimRequest>) -> Result<Response<TrimResponse>, Status> {
         Ok(Response::new(trim::trim(self, request.extensions().get(), request.get_ref()).await?))
+    }
+
+    async fn cancel_scheduled(
+        &self,
+        request: Request<CancelScheduledRequest>,
+    ) -> Result<Response<CancelScheduledResponse>, Status> {
+        Ok(Response::new(scheduled::cancel(self, request.extensions().get(), request.get_ref()).await?))
+    }
+
+    async fn list_scheduled(
+        &self,
+        request: Request<ListScheduledRequest>,
+    ) -> Result<Response<ListScheduledResponse>, Status> {
+        Ok(Response::new(scheduled::list(self, request.extensions().get(), request.get_ref()).await?))
     }
 }
 

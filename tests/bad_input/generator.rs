@@ -525,6 +525,11 @@ pub(crate) enum AppendCase {
     Accepted { stream: &'static str, fields: HashMap<String, Vec<u8>> },
 }
 
+/// A scheduled-entry Append to `stream` to refine: one field, nothing else set.
+fn scheduled(stream: &str) -> AppendRequest {
+    AppendRequest { stream: stream.to_owned(), fields: fields(&[("a", b"1")]), ..Default::default() }
+}
+
 /// An Append or an AppendBatch request.
 pub(crate) enum AppendCall {
     One(AppendRequest),
@@ -550,7 +555,11 @@ pub(crate) fn append_case(rng: &mut fastrand::Rng) -> AppendCase {
     };
     let ok_fields = fields(&[("a", b"1")]);
     let invalid = Code::InvalidArgument;
-    let (what, call, code) = match rng.u32(..13) {
+    let in_a_minute = || {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        Some(prost_types::Timestamp { seconds: now + 60, nanos: 0 })
+    };
+    let (what, call, code) = match rng.u32(..18) {
         0 => ("Append to an empty stream name", one("", ok_fields), invalid),
         1 => ("Append to a 10 KB stream name", one(&"s".repeat(10 * 1024), ok_fields), invalid),
         2 => ("Append with the reserved field", one(target, fields(&[("id", b"x"), ("a", b"1")])), invalid),
@@ -578,6 +587,55 @@ pub(crate) fn append_case(rng: &mut fastrand::Rng) -> AppendCase {
                 ..Default::default()
             };
             ("AppendBatch to a key of another type", AppendCall::Batch(request), Code::FailedPrecondition)
+        }
+        10 => {
+            let request = AppendRequest { delay: Some(negative_duration(rng)), ..scheduled(target) };
+            ("Append with a negative delay", AppendCall::One(request), invalid)
+        }
+        11 => {
+            let delay = [odd_duration(rng), huge_duration(rng)][rng.usize(..2)];
+            (
+                "Append with an absurd delay",
+                AppendCall::One(AppendRequest { delay: Some(delay), ..scheduled(target) }),
+                invalid,
+            )
+        }
+        12 => {
+            let seconds = [40_000_000_000, i64::MAX / 2, i64::MAX][rng.usize(..3)];
+            let at = Some(prost_types::Timestamp { seconds, nanos: 0 });
+            let request = AppendRequest { deliver_at: at, ..scheduled(target) };
+            ("Append with deliver_at beyond the 365-day horizon", AppendCall::One(request), invalid)
+        }
+        13 => {
+            let request =
+                AppendRequest { deliver_at: in_a_minute(), delay: Some(small_duration(rng)), ..scheduled(target) };
+            ("Append with both deliver_at and delay", AppendCall::One(request), invalid)
+        }
+        14 => {
+            let nanos = [-1, 1_000_000_000, i32::MIN, i32::MAX][rng.usize(..4)];
+            let at = in_a_minute().map(|t| prost_types::Timestamp { nanos, ..t });
+            (
+                "Append with a malformed deliver_at",
+                AppendCall::One(AppendRequest { deliver_at: at, ..scheduled(target) }),
+                invalid,
+            )
+        }
+        15 => {
+            let request = AppendRequest { delay: Some(small_duration(rng)), max_len: 5, ..scheduled(target) };
+            ("Append scheduled with max_len", AppendCall::One(request), invalid)
+        }
+        16 => {
+            let mut entries: Vec<BatchEntry> = (0..5)
+                .map(|_| BatchEntry {
+                    fields: fields(&[("a", b"1")]),
+                    delay: Some(small_duration(rng)),
+                    ..Default::default()
+                })
+                .collect();
+            let bad = rng.usize(..5);
+            entries[bad].delay = Some(negative_duration(rng));
+            let request = AppendBatchRequest { stream: target.to_owned(), entries, ..Default::default() };
+            ("AppendBatch with a negative delay in one entry", AppendCall::Batch(request), invalid)
         }
         _ => {
             let stream = ["fz-append-ünï-🚀", target, "fz-append-\u{202e}rtl"][rng.usize(..3)];

@@ -28,6 +28,8 @@ pub enum Rpc {
     Subscribe(Subscribe),
     DescribeGroup(DescribeGroupRequest),
     ListDeadLetters(ListDeadLettersRequest),
+    CancelScheduled(echomq::proto::CancelScheduledRequest),
+    ListScheduled(echomq::proto::ListScheduledRequest),
 }
 
 impl Rpc {
@@ -41,6 +43,8 @@ impl Rpc {
             Rpc::Subscribe(s) => Consumer::try_subscribe(sidecar, s).await.map(drop),
             Rpc::DescribeGroup(r) => sidecar.admin_client().await.describe_group(r).await.map(drop),
             Rpc::ListDeadLetters(r) => sidecar.admin_client().await.list_dead_letters(r).await.map(drop),
+            Rpc::CancelScheduled(r) => sidecar.stream_client().await.cancel_scheduled(r).await.map(drop),
+            Rpc::ListScheduled(r) => sidecar.stream_client().await.list_scheduled(r).await.map(drop),
         }
     }
 }

@@ -183,9 +183,17 @@ type DescribeGroupResponse struct {
 	// stream.
 	Shards []*DescribeGroupResponse `protobuf:"bytes,11,rep,name=shards,proto3" json:"shards,omitempty"`
 	// The stream's archive (`--archive-url`); unset without one.
-	Archive       *ArchiveInfo `protobuf:"bytes,12,opt,name=archive,proto3" json:"archive,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Archive *ArchiveInfo `protobuf:"bytes,12,opt,name=archive,proto3" json:"archive,omitempty"`
+	// Scheduled entries (`AppendRequest.deliver_at`/`delay`) of the stream key
+	// not yet in the stream (entries; ZCARD of `<stream>:scheduled`); for a
+	// sharded stream, the shards' sum. The group gets them once they are due.
+	Scheduled uint64 `protobuf:"varint,20,opt,name=scheduled,proto3" json:"scheduled,omitempty"`
+	// When the earliest of them is due; unset when none is scheduled. A time
+	// in the past means they are due and waiting for a mover (see
+	// `--schedule-poll-ms`).
+	OldestScheduledDue *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=oldest_scheduled_due,json=oldestScheduledDue,proto3" json:"oldest_scheduled_due,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DescribeGroupResponse) Reset() {
@@ -298,6 +306,20 @@ func (x *DescribeGroupResponse) GetShards() []*DescribeGroupResponse {
 func (x *DescribeGroupResponse) GetArchive() *ArchiveInfo {
 	if x != nil {
 		return x.Archive
+	}
+	return nil
+}
+
+func (x *DescribeGroupResponse) GetScheduled() uint64 {
+	if x != nil {
+		return x.Scheduled
+	}
+	return 0
+}
+
+func (x *DescribeGroupResponse) GetOldestScheduledDue() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OldestScheduledDue
 	}
 	return nil
 }
@@ -998,7 +1020,7 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\fConsumerInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\apending\x18\x02 \x01(\x04R\apending\x12-\n" +
-	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idle\"\x95\x04\n" +
+	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idle\"\x81\x05\n" +
 	"\x15DescribeGroupResponse\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x18\n" +
@@ -1012,7 +1034,9 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\rstream_length\x18\n" +
 	" \x01(\x04R\fstreamLength\x128\n" +
 	"\x06shards\x18\v \x03(\v2 .echomq.v1.DescribeGroupResponseR\x06shards\x120\n" +
-	"\aarchive\x18\f \x01(\v2\x16.echomq.v1.ArchiveInfoR\aarchiveB\x06\n" +
+	"\aarchive\x18\f \x01(\v2\x16.echomq.v1.ArchiveInfoR\aarchive\x12\x1c\n" +
+	"\tscheduled\x18\x14 \x01(\x04R\tscheduled\x12L\n" +
+	"\x14oldest_scheduled_due\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\x12oldestScheduledDueB\x06\n" +
 	"\x04_lag\"\xba\x01\n" +
 	"\vArchiveInfo\x12\x1b\n" +
 	"\toldest_id\x18\x01 \x01(\tR\boldestId\x12)\n" +
@@ -1097,8 +1121,8 @@ var file_echomq_v1_admin_service_proto_goTypes = []any{
 	(*DestroyGroupRequest)(nil),       // 10: echomq.v1.DestroyGroupRequest
 	(*DestroyGroupResponse)(nil),      // 11: echomq.v1.DestroyGroupResponse
 	(*durationpb.Duration)(nil),       // 12: google.protobuf.Duration
-	(*Entry)(nil),                     // 13: echomq.v1.Entry
-	(*timestamppb.Timestamp)(nil),     // 14: google.protobuf.Timestamp
+	(*timestamppb.Timestamp)(nil),     // 13: google.protobuf.Timestamp
+	(*Entry)(nil),                     // 14: echomq.v1.Entry
 }
 var file_echomq_v1_admin_service_proto_depIdxs = []int32{
 	12, // 0: echomq.v1.ConsumerInfo.idle:type_name -> google.protobuf.Duration
@@ -1106,23 +1130,24 @@ var file_echomq_v1_admin_service_proto_depIdxs = []int32{
 	12, // 2: echomq.v1.DescribeGroupResponse.oldest_pending_age:type_name -> google.protobuf.Duration
 	2,  // 3: echomq.v1.DescribeGroupResponse.shards:type_name -> echomq.v1.DescribeGroupResponse
 	3,  // 4: echomq.v1.DescribeGroupResponse.archive:type_name -> echomq.v1.ArchiveInfo
-	13, // 5: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
-	14, // 6: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
-	5,  // 7: echomq.v1.ListDeadLettersResponse.dead_letters:type_name -> echomq.v1.DeadLetter
-	8,  // 8: echomq.v1.ReplayDeadLettersResponse.replayed:type_name -> echomq.v1.Replayed
-	0,  // 9: echomq.v1.AdminService.DescribeGroup:input_type -> echomq.v1.DescribeGroupRequest
-	4,  // 10: echomq.v1.AdminService.ListDeadLetters:input_type -> echomq.v1.ListDeadLettersRequest
-	7,  // 11: echomq.v1.AdminService.ReplayDeadLetters:input_type -> echomq.v1.ReplayDeadLettersRequest
-	10, // 12: echomq.v1.AdminService.DestroyGroup:input_type -> echomq.v1.DestroyGroupRequest
-	2,  // 13: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
-	6,  // 14: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
-	9,  // 15: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
-	11, // 16: echomq.v1.AdminService.DestroyGroup:output_type -> echomq.v1.DestroyGroupResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	13, // 5: echomq.v1.DescribeGroupResponse.oldest_scheduled_due:type_name -> google.protobuf.Timestamp
+	14, // 6: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
+	13, // 7: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	5,  // 8: echomq.v1.ListDeadLettersResponse.dead_letters:type_name -> echomq.v1.DeadLetter
+	8,  // 9: echomq.v1.ReplayDeadLettersResponse.replayed:type_name -> echomq.v1.Replayed
+	0,  // 10: echomq.v1.AdminService.DescribeGroup:input_type -> echomq.v1.DescribeGroupRequest
+	4,  // 11: echomq.v1.AdminService.ListDeadLetters:input_type -> echomq.v1.ListDeadLettersRequest
+	7,  // 12: echomq.v1.AdminService.ReplayDeadLetters:input_type -> echomq.v1.ReplayDeadLettersRequest
+	10, // 13: echomq.v1.AdminService.DestroyGroup:input_type -> echomq.v1.DestroyGroupRequest
+	2,  // 14: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
+	6,  // 15: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
+	9,  // 16: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
+	11, // 17: echomq.v1.AdminService.DestroyGroup:output_type -> echomq.v1.DestroyGroupResponse
+	14, // [14:18] is the sub-list for method output_type
+	10, // [10:14] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_echomq_v1_admin_service_proto_init() }

@@ -9,6 +9,7 @@ package echomqv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -406,7 +407,23 @@ type AppendRequest struct {
 	// a Redis string `<stream>:dedup:<dedup_key>` in the stream's slot (`GET`,
 	// then `SET … PX` in the append script), expiring after the window. On a
 	// sharded stream, give the retry the same `partition_key` (or none).
-	DedupKey      string `protobuf:"bytes,5,opt,name=dedup_key,json=dedupKey,proto3" json:"dedup_key,omitempty"`
+	DedupKey string `protobuf:"bytes,5,opt,name=dedup_key,json=dedupKey,proto3" json:"dedup_key,omitempty"`
+	// Schedule the entry: it gets its branded id now and enters the stream at
+	// this instant (within `--schedule-poll-ms` plus a move's time, see the
+	// docs' "Scheduled entries"), exactly once, carrying that id in the reserved
+	// field, whether or not any sidecar appends to or consumes the stream in
+	// between. Until then it is not in the stream: neither consumers nor Read
+	// see it; ListScheduled does, and CancelScheduled removes it. An instant at
+	// or before the Redis server's clock appends the entry at once, as if
+	// unset. Unset: appended at once. At most 365 days ahead of the sidecar's
+	// clock; further is INVALID_ARGUMENT. Setting both this and `delay` is
+	// INVALID_ARGUMENT, as is either together with `max_len`. Nothing is written
+	// when the request is refused.
+	DeliverAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
+	// Schedule the entry this long after the append (measured on the Redis
+	// server's clock): as `deliver_at`. Zero: appended at once. Negative, or
+	// over 365 days: INVALID_ARGUMENT.
+	Delay         *durationpb.Duration `protobuf:"bytes,7,opt,name=delay,proto3" json:"delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -476,6 +493,20 @@ func (x *AppendRequest) GetDedupKey() string {
 	return ""
 }
 
+func (x *AppendRequest) GetDeliverAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeliverAt
+	}
+	return nil
+}
+
+func (x *AppendRequest) GetDelay() *durationpb.Duration {
+	if x != nil {
+		return x.Delay
+	}
+	return nil
+}
+
 // What Append wrote.
 type AppendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -489,7 +520,12 @@ type AppendResponse struct {
 	// True when the request's `dedup_key` was already recorded: nothing was
 	// written, and `id`, `stream_id` and `stream` are the first append's. False
 	// for an append without a dedup key.
-	Duplicate     bool `protobuf:"varint,4,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	Duplicate bool `protobuf:"varint,4,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	// True when the entry was scheduled (`deliver_at` or `delay` in the
+	// future): `id` is its branded id, already final, and `stream_id` is empty
+	// (the stream id is only known when the entry enters the stream). A
+	// duplicate of a scheduled append says so too.
+	Scheduled     bool `protobuf:"varint,5,opt,name=scheduled,proto3" json:"scheduled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -548,6 +584,13 @@ func (x *AppendResponse) GetStream() string {
 func (x *AppendResponse) GetDuplicate() bool {
 	if x != nil {
 		return x.Duplicate
+	}
+	return false
+}
+
+func (x *AppendResponse) GetScheduled() bool {
+	if x != nil {
+		return x.Scheduled
 	}
 	return false
 }
@@ -637,7 +680,12 @@ type BatchEntry struct {
 	// entry of the same batch, is not written and answers the first one's ids
 	// (`AppendResponse.duplicate`). On a sharded stream, a batch without
 	// `partition_key` goes to the shard its first dedup key picks.
-	DedupKey      string `protobuf:"bytes,2,opt,name=dedup_key,json=dedupKey,proto3" json:"dedup_key,omitempty"`
+	DedupKey string `protobuf:"bytes,2,opt,name=dedup_key,json=dedupKey,proto3" json:"dedup_key,omitempty"`
+	// As `AppendRequest.deliver_at`, per entry: a batch may mix entries appended
+	// at once and scheduled ones. Ids stay consecutive in request order.
+	DeliverAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
+	// As `AppendRequest.delay`, per entry.
+	Delay         *durationpb.Duration `protobuf:"bytes,4,opt,name=delay,proto3" json:"delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -684,6 +732,20 @@ func (x *BatchEntry) GetDedupKey() string {
 		return x.DedupKey
 	}
 	return ""
+}
+
+func (x *BatchEntry) GetDeliverAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeliverAt
+	}
+	return nil
+}
+
+func (x *BatchEntry) GetDelay() *durationpb.Duration {
+	if x != nil {
+		return x.Delay
+	}
+	return nil
 }
 
 // What AppendBatch wrote, in request order.
@@ -733,11 +795,306 @@ func (x *AppendBatchResponse) GetEntries() []*AppendResponse {
 	return nil
 }
 
+// Which scheduled entry to cancel.
+type CancelScheduledRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stream key the entry was scheduled on: `AppendResponse.stream` (for a
+	// sharded stream, the shard's key). Required.
+	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// The entry's branded id (`AppendResponse.id`), 28 lowercase hex characters.
+	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelScheduledRequest) Reset() {
+	*x = CancelScheduledRequest{}
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelScheduledRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelScheduledRequest) ProtoMessage() {}
+
+func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelScheduledRequest.ProtoReflect.Descriptor instead.
+func (*CancelScheduledRequest) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_stream_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CancelScheduledRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *CancelScheduledRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// What CancelScheduled removed.
+type CancelScheduledResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the cancelled entry was due.
+	DeliverAt     *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelScheduledResponse) Reset() {
+	*x = CancelScheduledResponse{}
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelScheduledResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelScheduledResponse) ProtoMessage() {}
+
+func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelScheduledResponse.ProtoReflect.Descriptor instead.
+func (*CancelScheduledResponse) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_stream_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CancelScheduledResponse) GetDeliverAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeliverAt
+	}
+	return nil
+}
+
+// A page of a stream key's scheduled entries.
+type ListScheduledRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stream key (for a sharded stream, one shard's key). Required.
+	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// Where to continue: the previous page's `next_page_token`. Empty: from the
+	// entry due first.
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// The most entries to return (entries). 0: 100. At most 10,000.
+	Count         uint32 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListScheduledRequest) Reset() {
+	*x = ListScheduledRequest{}
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListScheduledRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListScheduledRequest) ProtoMessage() {}
+
+func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListScheduledRequest.ProtoReflect.Descriptor instead.
+func (*ListScheduledRequest) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_stream_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListScheduledRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ListScheduledRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListScheduledRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// One entry waiting for its time.
+type ScheduledEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its branded id, as Append answered it.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// When it is due to enter the stream.
+	DeliverAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
+	// Its fields, as appended (with the stored `traceparent`, if any).
+	Fields        map[string][]byte `protobuf:"bytes,3,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScheduledEntry) Reset() {
+	*x = ScheduledEntry{}
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScheduledEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScheduledEntry) ProtoMessage() {}
+
+func (x *ScheduledEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScheduledEntry.ProtoReflect.Descriptor instead.
+func (*ScheduledEntry) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_stream_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ScheduledEntry) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ScheduledEntry) GetDeliverAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeliverAt
+	}
+	return nil
+}
+
+func (x *ScheduledEntry) GetFields() map[string][]byte {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+// Scheduled entries, due first first.
+type ListScheduledResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The entries, by due time then branded id.
+	Entries []*ScheduledEntry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// Pass as `page_token` for the next page; empty when this page is the last.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// How many entries this stream key has scheduled in all (ZCARD).
+	Total         uint64 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListScheduledResponse) Reset() {
+	*x = ListScheduledResponse{}
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListScheduledResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListScheduledResponse) ProtoMessage() {}
+
+func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_stream_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListScheduledResponse.ProtoReflect.Descriptor instead.
+func (*ListScheduledResponse) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_stream_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListScheduledResponse) GetEntries() []*ScheduledEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ListScheduledResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListScheduledResponse) GetTotal() uint64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
 var File_echomq_v1_stream_service_proto protoreflect.FileDescriptor
 
 const file_echomq_v1_stream_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1eechomq/v1/stream_service.proto\x12\techomq.v1\x1a\x15echomq/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdf\x01\n" +
+	"\x1eechomq/v1/stream_service.proto\x12\techomq.v1\x1a\x15echomq/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdf\x01\n" +
 	"\vReadRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x19\n" +
 	"\bstart_id\x18\x02 \x01(\tR\astartId\x129\n" +
@@ -761,40 +1118,72 @@ const file_echomq_v1_stream_service_proto_rawDesc = "" +
 	"\atrimmed\x18\x01 \x01(\x04R\atrimmed\x12$\n" +
 	"\x0eapplied_min_id\x18\x02 \x01(\tR\fappliedMinId\x12-\n" +
 	"\x13held_back_by_groups\x18\x03 \x01(\bR\x10heldBackByGroups\x12\x1a\n" +
-	"\barchived\x18\x04 \x01(\x04R\barchived\"\xfb\x01\n" +
+	"\barchived\x18\x04 \x01(\x04R\barchived\"\xe7\x02\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12<\n" +
 	"\x06fields\x18\x02 \x03(\v2$.echomq.v1.AppendRequest.FieldsEntryR\x06fields\x12\x17\n" +
 	"\amax_len\x18\x03 \x01(\x04R\x06maxLen\x12#\n" +
 	"\rpartition_key\x18\x04 \x01(\tR\fpartitionKey\x12\x1b\n" +
-	"\tdedup_key\x18\x05 \x01(\tR\bdedupKey\x1a9\n" +
+	"\tdedup_key\x18\x05 \x01(\tR\bdedupKey\x129\n" +
+	"\n" +
+	"deliver_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\x12/\n" +
+	"\x05delay\x18\a \x01(\v2\x19.google.protobuf.DurationR\x05delay\x1a9\n" +
 	"\vFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"s\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\x91\x01\n" +
 	"\x0eAppendResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tstream_id\x18\x02 \x01(\tR\bstreamId\x12\x16\n" +
 	"\x06stream\x18\x03 \x01(\tR\x06stream\x12\x1c\n" +
-	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\x9b\x01\n" +
+	"\tduplicate\x18\x04 \x01(\bR\tduplicate\x12\x1c\n" +
+	"\tscheduled\x18\x05 \x01(\bR\tscheduled\"\x9b\x01\n" +
 	"\x12AppendBatchRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12/\n" +
 	"\aentries\x18\x02 \x03(\v2\x15.echomq.v1.BatchEntryR\aentries\x12\x17\n" +
 	"\amax_len\x18\x03 \x01(\x04R\x06maxLen\x12#\n" +
-	"\rpartition_key\x18\x04 \x01(\tR\fpartitionKey\"\x9f\x01\n" +
+	"\rpartition_key\x18\x04 \x01(\tR\fpartitionKey\"\x8b\x02\n" +
 	"\n" +
 	"BatchEntry\x129\n" +
 	"\x06fields\x18\x01 \x03(\v2!.echomq.v1.BatchEntry.FieldsEntryR\x06fields\x12\x1b\n" +
-	"\tdedup_key\x18\x02 \x01(\tR\bdedupKey\x1a9\n" +
+	"\tdedup_key\x18\x02 \x01(\tR\bdedupKey\x129\n" +
+	"\n" +
+	"deliver_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\x12/\n" +
+	"\x05delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x1a9\n" +
 	"\vFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"J\n" +
 	"\x13AppendBatchResponse\x123\n" +
-	"\aentries\x18\x01 \x03(\v2\x19.echomq.v1.AppendResponseR\aentries2\x8e\x02\n" +
+	"\aentries\x18\x01 \x03(\v2\x19.echomq.v1.AppendResponseR\aentries\"@\n" +
+	"\x16CancelScheduledRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"T\n" +
+	"\x17CancelScheduledResponse\x129\n" +
+	"\n" +
+	"deliver_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\"c\n" +
+	"\x14ListScheduledRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\rR\x05count\"\xd5\x01\n" +
+	"\x0eScheduledEntry\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
+	"\n" +
+	"deliver_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\x12=\n" +
+	"\x06fields\x18\x03 \x03(\v2%.echomq.v1.ScheduledEntry.FieldsEntryR\x06fields\x1a9\n" +
+	"\vFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\x8a\x01\n" +
+	"\x15ListScheduledResponse\x123\n" +
+	"\aentries\x18\x01 \x03(\v2\x19.echomq.v1.ScheduledEntryR\aentries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x14\n" +
+	"\x05total\x18\x03 \x01(\x04R\x05total2\xbc\x03\n" +
 	"\rStreamService\x12=\n" +
 	"\x06Append\x12\x18.echomq.v1.AppendRequest\x1a\x19.echomq.v1.AppendResponse\x12L\n" +
 	"\vAppendBatch\x12\x1d.echomq.v1.AppendBatchRequest\x1a\x1e.echomq.v1.AppendBatchResponse\x127\n" +
 	"\x04Read\x12\x16.echomq.v1.ReadRequest\x1a\x17.echomq.v1.ReadResponse\x127\n" +
-	"\x04Trim\x12\x16.echomq.v1.TrimRequest\x1a\x17.echomq.v1.TrimResponseB\x9e\x01\n" +
+	"\x04Trim\x12\x16.echomq.v1.TrimRequest\x1a\x17.echomq.v1.TrimResponse\x12X\n" +
+	"\x0fCancelScheduled\x12!.echomq.v1.CancelScheduledRequest\x1a\".echomq.v1.CancelScheduledResponse\x12R\n" +
+	"\rListScheduled\x12\x1f.echomq.v1.ListScheduledRequest\x1a .echomq.v1.ListScheduledResponseB\x9e\x01\n" +
 	"\rcom.echomq.v1B\x12StreamServiceProtoP\x01Z4github.com/echomq/echomq-sidecar/clients/go/echomqv1\xa2\x02\x03EXX\xaa\x02\tEchomq.V1\xca\x02\tEchomq\\V1\xe2\x02\x15Echomq\\V1\\GPBMetadata\xea\x02\n" +
 	"Echomq::V1b\x06proto3"
 
@@ -810,44 +1199,63 @@ func file_echomq_v1_stream_service_proto_rawDescGZIP() []byte {
 	return file_echomq_v1_stream_service_proto_rawDescData
 }
 
-var file_echomq_v1_stream_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_echomq_v1_stream_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_echomq_v1_stream_service_proto_goTypes = []any{
-	(*ReadRequest)(nil),           // 0: echomq.v1.ReadRequest
-	(*ReadResponse)(nil),          // 1: echomq.v1.ReadResponse
-	(*TrimRequest)(nil),           // 2: echomq.v1.TrimRequest
-	(*TrimResponse)(nil),          // 3: echomq.v1.TrimResponse
-	(*AppendRequest)(nil),         // 4: echomq.v1.AppendRequest
-	(*AppendResponse)(nil),        // 5: echomq.v1.AppendResponse
-	(*AppendBatchRequest)(nil),    // 6: echomq.v1.AppendBatchRequest
-	(*BatchEntry)(nil),            // 7: echomq.v1.BatchEntry
-	(*AppendBatchResponse)(nil),   // 8: echomq.v1.AppendBatchResponse
-	nil,                           // 9: echomq.v1.AppendRequest.FieldsEntry
-	nil,                           // 10: echomq.v1.BatchEntry.FieldsEntry
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*Entry)(nil),                 // 12: echomq.v1.Entry
+	(*ReadRequest)(nil),             // 0: echomq.v1.ReadRequest
+	(*ReadResponse)(nil),            // 1: echomq.v1.ReadResponse
+	(*TrimRequest)(nil),             // 2: echomq.v1.TrimRequest
+	(*TrimResponse)(nil),            // 3: echomq.v1.TrimResponse
+	(*AppendRequest)(nil),           // 4: echomq.v1.AppendRequest
+	(*AppendResponse)(nil),          // 5: echomq.v1.AppendResponse
+	(*AppendBatchRequest)(nil),      // 6: echomq.v1.AppendBatchRequest
+	(*BatchEntry)(nil),              // 7: echomq.v1.BatchEntry
+	(*AppendBatchResponse)(nil),     // 8: echomq.v1.AppendBatchResponse
+	(*CancelScheduledRequest)(nil),  // 9: echomq.v1.CancelScheduledRequest
+	(*CancelScheduledResponse)(nil), // 10: echomq.v1.CancelScheduledResponse
+	(*ListScheduledRequest)(nil),    // 11: echomq.v1.ListScheduledRequest
+	(*ScheduledEntry)(nil),          // 12: echomq.v1.ScheduledEntry
+	(*ListScheduledResponse)(nil),   // 13: echomq.v1.ListScheduledResponse
+	nil,                             // 14: echomq.v1.AppendRequest.FieldsEntry
+	nil,                             // 15: echomq.v1.BatchEntry.FieldsEntry
+	nil,                             // 16: echomq.v1.ScheduledEntry.FieldsEntry
+	(*timestamppb.Timestamp)(nil),   // 17: google.protobuf.Timestamp
+	(*Entry)(nil),                   // 18: echomq.v1.Entry
+	(*durationpb.Duration)(nil),     // 19: google.protobuf.Duration
 }
 var file_echomq_v1_stream_service_proto_depIdxs = []int32{
-	11, // 0: echomq.v1.ReadRequest.start_time:type_name -> google.protobuf.Timestamp
-	11, // 1: echomq.v1.ReadRequest.end_time:type_name -> google.protobuf.Timestamp
-	12, // 2: echomq.v1.ReadResponse.entries:type_name -> echomq.v1.Entry
-	11, // 3: echomq.v1.TrimRequest.before:type_name -> google.protobuf.Timestamp
-	9,  // 4: echomq.v1.AppendRequest.fields:type_name -> echomq.v1.AppendRequest.FieldsEntry
-	7,  // 5: echomq.v1.AppendBatchRequest.entries:type_name -> echomq.v1.BatchEntry
-	10, // 6: echomq.v1.BatchEntry.fields:type_name -> echomq.v1.BatchEntry.FieldsEntry
-	5,  // 7: echomq.v1.AppendBatchResponse.entries:type_name -> echomq.v1.AppendResponse
-	4,  // 8: echomq.v1.StreamService.Append:input_type -> echomq.v1.AppendRequest
-	6,  // 9: echomq.v1.StreamService.AppendBatch:input_type -> echomq.v1.AppendBatchRequest
-	0,  // 10: echomq.v1.StreamService.Read:input_type -> echomq.v1.ReadRequest
-	2,  // 11: echomq.v1.StreamService.Trim:input_type -> echomq.v1.TrimRequest
-	5,  // 12: echomq.v1.StreamService.Append:output_type -> echomq.v1.AppendResponse
-	8,  // 13: echomq.v1.StreamService.AppendBatch:output_type -> echomq.v1.AppendBatchResponse
-	1,  // 14: echomq.v1.StreamService.Read:output_type -> echomq.v1.ReadResponse
-	3,  // 15: echomq.v1.StreamService.Trim:output_type -> echomq.v1.TrimResponse
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	17, // 0: echomq.v1.ReadRequest.start_time:type_name -> google.protobuf.Timestamp
+	17, // 1: echomq.v1.ReadRequest.end_time:type_name -> google.protobuf.Timestamp
+	18, // 2: echomq.v1.ReadResponse.entries:type_name -> echomq.v1.Entry
+	17, // 3: echomq.v1.TrimRequest.before:type_name -> google.protobuf.Timestamp
+	14, // 4: echomq.v1.AppendRequest.fields:type_name -> echomq.v1.AppendRequest.FieldsEntry
+	17, // 5: echomq.v1.AppendRequest.deliver_at:type_name -> google.protobuf.Timestamp
+	19, // 6: echomq.v1.AppendRequest.delay:type_name -> google.protobuf.Duration
+	7,  // 7: echomq.v1.AppendBatchRequest.entries:type_name -> echomq.v1.BatchEntry
+	15, // 8: echomq.v1.BatchEntry.fields:type_name -> echomq.v1.BatchEntry.FieldsEntry
+	17, // 9: echomq.v1.BatchEntry.deliver_at:type_name -> google.protobuf.Timestamp
+	19, // 10: echomq.v1.BatchEntry.delay:type_name -> google.protobuf.Duration
+	5,  // 11: echomq.v1.AppendBatchResponse.entries:type_name -> echomq.v1.AppendResponse
+	17, // 12: echomq.v1.CancelScheduledResponse.deliver_at:type_name -> google.protobuf.Timestamp
+	17, // 13: echomq.v1.ScheduledEntry.deliver_at:type_name -> google.protobuf.Timestamp
+	16, // 14: echomq.v1.ScheduledEntry.fields:type_name -> echomq.v1.ScheduledEntry.FieldsEntry
+	12, // 15: echomq.v1.ListScheduledResponse.entries:type_name -> echomq.v1.ScheduledEntry
+	4,  // 16: echomq.v1.StreamService.Append:input_type -> echomq.v1.AppendRequest
+	6,  // 17: echomq.v1.StreamService.AppendBatch:input_type -> echomq.v1.AppendBatchRequest
+	0,  // 18: echomq.v1.StreamService.Read:input_type -> echomq.v1.ReadRequest
+	2,  // 19: echomq.v1.StreamService.Trim:input_type -> echomq.v1.TrimRequest
+	9,  // 20: echomq.v1.StreamService.CancelScheduled:input_type -> echomq.v1.CancelScheduledRequest
+	11, // 21: echomq.v1.StreamService.ListScheduled:input_type -> echomq.v1.ListScheduledRequest
+	5,  // 22: echomq.v1.StreamService.Append:output_type -> echomq.v1.AppendResponse
+	8,  // 23: echomq.v1.StreamService.AppendBatch:output_type -> echomq.v1.AppendBatchResponse
+	1,  // 24: echomq.v1.StreamService.Read:output_type -> echomq.v1.ReadResponse
+	3,  // 25: echomq.v1.StreamService.Trim:output_type -> echomq.v1.TrimResponse
+	10, // 26: echomq.v1.StreamService.CancelScheduled:output_type -> echomq.v1.CancelScheduledResponse
+	13, // 27: echomq.v1.StreamService.ListScheduled:output_type -> echomq.v1.ListScheduledResponse
+	22, // [22:28] is the sub-list for method output_type
+	16, // [16:22] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_echomq_v1_stream_service_proto_init() }
@@ -862,7 +1270,7 @@ func file_echomq_v1_stream_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_echomq_v1_stream_service_proto_rawDesc), len(file_echomq_v1_stream_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

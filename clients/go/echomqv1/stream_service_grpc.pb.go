@@ -19,10 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	StreamService_Append_FullMethodName      = "/echomq.v1.StreamService/Append"
-	StreamService_AppendBatch_FullMethodName = "/echomq.v1.StreamService/AppendBatch"
-	StreamService_Read_FullMethodName        = "/echomq.v1.StreamService/Read"
-	StreamService_Trim_FullMethodName        = "/echomq.v1.StreamService/Trim"
+	StreamService_Append_FullMethodName          = "/echomq.v1.StreamService/Append"
+	StreamService_AppendBatch_FullMethodName     = "/echomq.v1.StreamService/AppendBatch"
+	StreamService_Read_FullMethodName            = "/echomq.v1.StreamService/Read"
+	StreamService_Trim_FullMethodName            = "/echomq.v1.StreamService/Trim"
+	StreamService_CancelScheduled_FullMethodName = "/echomq.v1.StreamService/CancelScheduled"
+	StreamService_ListScheduled_FullMethodName   = "/echomq.v1.StreamService/ListScheduled"
 )
 
 // StreamServiceClient is the client API for StreamService service.
@@ -50,8 +52,19 @@ type StreamServiceClient interface {
 	// not confirmed (how many replicas confirmed, how many are connected), and
 	// whether a retry is safe (it is with the same `dedup_key`).
 	//
+	// With `deliver_at` or `delay` the entry is scheduled: it gets its branded id
+	// now (`AppendResponse.scheduled`, no stream id yet), reserved in the stream
+	// with XSETID so no later entry takes it, waits in `<stream>:scheduled` (a
+	// sorted set by due time, in the stream's slot), and enters the stream at
+	// its time, once, carrying that id; any sidecar moves it (see
+	// `--schedule-poll-ms`), in one script step per batch that adds it and
+	// removes it from the schedule. For scheduled entries branded-id order is
+	// not stream order.
+	//
 	// Errors: INVALID_ARGUMENT for an empty or too long stream name, a field
-	// named like the reserved field, a `dedup_key` over `--max-name-bytes`, a
+	// named like the reserved field, both `deliver_at` and `delay`, a negative
+	// `delay`, either more than 365 days ahead or with `max_len`, a `dedup_key`
+	// over `--max-name-bytes`, a
 	// shard key of a sharded stream this sidecar was not started with, or (on a
 	// Redis Cluster) a name with braces but no usable hash tag;
 	// FAILED_PRECONDITION when the key holds another Redis type (WRONGTYPE), or
@@ -88,6 +101,23 @@ type StreamServiceClient interface {
 	// Errors: INVALID_ARGUMENT without exactly one bound; FAILED_PRECONDITION
 	// when the key is not a stream; UNAVAILABLE when Redis cannot be reached.
 	Trim(ctx context.Context, in *TrimRequest, opts ...grpc.CallOption) (*TrimResponse, error)
+	// CancelScheduled removes a scheduled entry (`AppendRequest.deliver_at` or
+	// `delay`) before it enters the stream: it is then never delivered. Removing
+	// it and moving it are each one step in Redis, so exactly one of them wins.
+	//
+	// Errors: INVALID_ARGUMENT for a bad stream name (a sharded stream's name:
+	// name the shard key that Append answered in `AppendResponse.stream`) or an
+	// `id` that is not a branded id; NOT_FOUND when no such entry is scheduled
+	// on that stream key (it was moved into the stream already, cancelled, or
+	// never scheduled there); UNAVAILABLE when Redis cannot be reached.
+	CancelScheduled(ctx context.Context, in *CancelScheduledRequest, opts ...grpc.CallOption) (*CancelScheduledResponse, error)
+	// ListScheduled pages through a stream key's scheduled entries that have
+	// not entered the stream yet, by due time then branded id.
+	//
+	// Errors: INVALID_ARGUMENT for a bad stream name (a sharded stream's name:
+	// list each shard key), a malformed `page_token`, or `count` over 10,000;
+	// UNAVAILABLE when Redis cannot be reached.
+	ListScheduled(ctx context.Context, in *ListScheduledRequest, opts ...grpc.CallOption) (*ListScheduledResponse, error)
 }
 
 type streamServiceClient struct {
@@ -138,6 +168,26 @@ func (c *streamServiceClient) Trim(ctx context.Context, in *TrimRequest, opts ..
 	return out, nil
 }
 
+func (c *streamServiceClient) CancelScheduled(ctx context.Context, in *CancelScheduledRequest, opts ...grpc.CallOption) (*CancelScheduledResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelScheduledResponse)
+	err := c.cc.Invoke(ctx, StreamService_CancelScheduled_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *streamServiceClient) ListScheduled(ctx context.Context, in *ListScheduledRequest, opts ...grpc.CallOption) (*ListScheduledResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListScheduledResponse)
+	err := c.cc.Invoke(ctx, StreamService_ListScheduled_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // StreamServiceServer is the server API for StreamService service.
 // All implementations must embed UnimplementedStreamServiceServer
 // for forward compatibility.
@@ -163,8 +213,19 @@ type StreamServiceServer interface {
 	// not confirmed (how many replicas confirmed, how many are connected), and
 	// whether a retry is safe (it is with the same `dedup_key`).
 	//
+	// With `deliver_at` or `delay` the entry is scheduled: it gets its branded id
+	// now (`AppendResponse.scheduled`, no stream id yet), reserved in the stream
+	// with XSETID so no later entry takes it, waits in `<stream>:scheduled` (a
+	// sorted set by due time, in the stream's slot), and enters the stream at
+	// its time, once, carrying that id; any sidecar moves it (see
+	// `--schedule-poll-ms`), in one script step per batch that adds it and
+	// removes it from the schedule. For scheduled entries branded-id order is
+	// not stream order.
+	//
 	// Errors: INVALID_ARGUMENT for an empty or too long stream name, a field
-	// named like the reserved field, a `dedup_key` over `--max-name-bytes`, a
+	// named like the reserved field, both `deliver_at` and `delay`, a negative
+	// `delay`, either more than 365 days ahead or with `max_len`, a `dedup_key`
+	// over `--max-name-bytes`, a
 	// shard key of a sharded stream this sidecar was not started with, or (on a
 	// Redis Cluster) a name with braces but no usable hash tag;
 	// FAILED_PRECONDITION when the key holds another Redis type (WRONGTYPE), or
@@ -201,6 +262,23 @@ type StreamServiceServer interface {
 	// Errors: INVALID_ARGUMENT without exactly one bound; FAILED_PRECONDITION
 	// when the key is not a stream; UNAVAILABLE when Redis cannot be reached.
 	Trim(context.Context, *TrimRequest) (*TrimResponse, error)
+	// CancelScheduled removes a scheduled entry (`AppendRequest.deliver_at` or
+	// `delay`) before it enters the stream: it is then never delivered. Removing
+	// it and moving it are each one step in Redis, so exactly one of them wins.
+	//
+	// Errors: INVALID_ARGUMENT for a bad stream name (a sharded stream's name:
+	// name the shard key that Append answered in `AppendResponse.stream`) or an
+	// `id` that is not a branded id; NOT_FOUND when no such entry is scheduled
+	// on that stream key (it was moved into the stream already, cancelled, or
+	// never scheduled there); UNAVAILABLE when Redis cannot be reached.
+	CancelScheduled(context.Context, *CancelScheduledRequest) (*CancelScheduledResponse, error)
+	// ListScheduled pages through a stream key's scheduled entries that have
+	// not entered the stream yet, by due time then branded id.
+	//
+	// Errors: INVALID_ARGUMENT for a bad stream name (a sharded stream's name:
+	// list each shard key), a malformed `page_token`, or `count` over 10,000;
+	// UNAVAILABLE when Redis cannot be reached.
+	ListScheduled(context.Context, *ListScheduledRequest) (*ListScheduledResponse, error)
 	mustEmbedUnimplementedStreamServiceServer()
 }
 
@@ -222,6 +300,12 @@ func (UnimplementedStreamServiceServer) Read(context.Context, *ReadRequest) (*Re
 }
 func (UnimplementedStreamServiceServer) Trim(context.Context, *TrimRequest) (*TrimResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Trim not implemented")
+}
+func (UnimplementedStreamServiceServer) CancelScheduled(context.Context, *CancelScheduledRequest) (*CancelScheduledResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelScheduled not implemented")
+}
+func (UnimplementedStreamServiceServer) ListScheduled(context.Context, *ListScheduledRequest) (*ListScheduledResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListScheduled not implemented")
 }
 func (UnimplementedStreamServiceServer) mustEmbedUnimplementedStreamServiceServer() {}
 func (UnimplementedStreamServiceServer) testEmbeddedByValue()                       {}
@@ -316,6 +400,42 @@ func _StreamService_Trim_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _StreamService_CancelScheduled_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelScheduledRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).CancelScheduled(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: StreamService_CancelScheduled_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).CancelScheduled(ctx, req.(*CancelScheduledRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StreamService_ListScheduled_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListScheduledRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StreamServiceServer).ListScheduled(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: StreamService_ListScheduled_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StreamServiceServer).ListScheduled(ctx, req.(*ListScheduledRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // StreamService_ServiceDesc is the grpc.ServiceDesc for StreamService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -338,6 +458,14 @@ var StreamService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Trim",
 			Handler:    _StreamService_Trim_Handler,
+		},
+		{
+			MethodName: "CancelScheduled",
+			Handler:    _StreamService_CancelScheduled_Handler,
+		},
+		{
+			MethodName: "ListScheduled",
+			Handler:    _StreamService_ListScheduled_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

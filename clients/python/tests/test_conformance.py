@@ -12,6 +12,7 @@ import base64
 import random
 import time
 from collections import Counter
+from datetime import datetime, timedelta, timezone
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from echomq import (
     Delivery,
     FailKind,
     FlowControl,
+    NotScheduledError,
     PoisonError,
     RpcError,
     Start,
@@ -67,6 +69,18 @@ def decode_fields(entry: dict[str, Any]) -> dict[str, bytes]:
     return {name: decode_value(value) for name, value in entry["fields"].items()}
 
 
+def deliver_at(entry: dict[str, Any]) -> datetime | None:
+    """An append_calls entry's `deliver_in_ms` as the instant it names."""
+    if "deliver_in_ms" not in entry:
+        return None
+    return datetime.now(timezone.utc) + timedelta(milliseconds=entry["deliver_in_ms"])
+
+
+def delay(entry: dict[str, Any]) -> timedelta | None:
+    """An append_calls entry's `delay_ms`."""
+    return timedelta(milliseconds=entry["delay_ms"]) if "delay_ms" in entry else None
+
+
 def decode_entries(entries: list[dict[str, Any]]) -> list[dict[str, bytes]]:
     return [decode_fields(e) for e in entries]
 
@@ -94,6 +108,8 @@ class Run:
     appended: dict[str, dict[str, bytes]] = field(default_factory=dict)  # stream id → fields
     appended_ids: set[str] = field(default_factory=set)  # branded ids the producer's answers carried
     first_by_dedup_key: dict[str, AppendResult] = field(default_factory=dict)
+    by_ref: dict[str, AppendResult] = field(default_factory=dict)  # `ref` of an append_calls entry → its answer
+    scheduled_ids: set[str] = field(default_factory=set)  # branded ids answered `scheduled`
 
     def handled(self) -> int:
         return sum(1 for c in self.calls if c.finished is not None)
@@ -226,14 +242,32 @@ class ScenarioRunner:
         [(kind, spec)] = call.items()
         if kind == "append":
             specs = [spec]
-            results = [await self.producer.append(self.stream, decode_fields(spec), dedup_key=spec.get("dedup_key"))]
+            results = [
+                await self.producer.append(
+                    self.stream,
+                    decode_fields(spec),
+                    dedup_key=spec.get("dedup_key"),
+                    deliver_at=deliver_at(spec),
+                    delay=delay(spec),
+                )
+            ]
         elif kind == "append_batch":
             specs = spec
-            entries = [BatchEntry(decode_fields(e), dedup_key=e.get("dedup_key")) for e in specs]
+            entries = [
+                BatchEntry(decode_fields(e), dedup_key=e.get("dedup_key"), deliver_at=deliver_at(e), delay=delay(e))
+                for e in specs
+            ]
             results = await self.producer.append_batch(self.stream, entries)
         else:
             raise AssertionError(f"unknown append call {kind!r}")
         for result, entry in zip(results, specs, strict=True):
+            want_scheduled = entry.get("scheduled", False)
+            assert result.scheduled == want_scheduled, f"{kind} of {entry}: scheduled {result.scheduled}, want {want_scheduled}"
+            if result.scheduled:
+                assert result.stream_id == "", f"a scheduled entry's answer has stream id {result.stream_id!r}"
+                self.run.scheduled_ids.add(result.id)
+            if "ref" in entry:
+                self.run.by_ref[entry["ref"]] = result
             want = entry.get("duplicate", False)
             assert result.duplicate == want, f"{kind} of {entry}: duplicate {result.duplicate}, want {want}"
             key = entry.get("dedup_key")
@@ -303,6 +337,27 @@ class ScenarioRunner:
             stolen = self.run.calls[-1].stream_id
             claimed = self.redis.xclaim(self.stream, GROUP, "thief", 0, [stolen])
             assert claimed, f"XCLAIM of {stolen} claimed nothing"
+        elif name == "sleep":
+            await asyncio.sleep(int(arg) / 1000)
+        elif name == "assert_handled":
+            assert len(self.run.calls) == int(arg), f"{len(self.run.calls)} handler calls so far, want {arg}"
+        elif name == "assert_scheduled":
+            assert self.producer is not None
+            listed = [e.id async for e in self.producer.scheduled(self.stream)]
+            assert len(listed) == int(arg), f"ListScheduled listed {listed}, want {arg} entries"
+            assert set(listed) <= self.run.scheduled_ids, f"listed {listed}, scheduled {self.run.scheduled_ids}"
+        elif name == "cancel_scheduled":
+            assert self.producer is not None
+            target = self.run.by_ref[arg]
+            due = await self.producer.cancel_scheduled(target.stream, target.id)
+            assert due > datetime.now(timezone.utc) - timedelta(seconds=1), f"cancelled {arg} was due at {due}"
+            self.run.appended_ids.discard(target.id)  # never to be handled
+        elif name == "cancel_scheduled_not_found":
+            assert self.producer is not None
+            target = self.run.by_ref[arg]
+            with pytest.raises(NotScheduledError) as raised:
+                await self.producer.cancel_scheduled(target.stream, target.id)
+            assert raised.value.code == grpc.StatusCode.NOT_FOUND
         elif name == "wait_verdict_error":
             await until(f"verdict error {arg}", lambda: arg in self.run.verdict_errors)
         else:

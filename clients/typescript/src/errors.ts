@@ -25,7 +25,7 @@ export const PERMANENT_CODES: ReadonlySet<Status> = new Set([
 
 /** An error the sidecar answered (or the gRPC channel raised), with what was being done. */
 export class EchoMQError extends Error {
-  override readonly name = 'EchoMQError';
+  override readonly name: string = 'EchoMQError';
   /** The gRPC status code (`@grpc/grpc-js`'s `status` enum). */
   readonly code: Status;
   /** The status code's name, for example `INVALID_ARGUMENT`. */
@@ -54,6 +54,20 @@ export class EchoMQError extends Error {
     return new EchoMQError(what, Status.UNKNOWN, error instanceof Error ? error.message : String(error), {
       cause: error,
     });
+  }
+}
+
+/**
+ * {@link Streams.cancelScheduled}'s answer when no such entry is scheduled on
+ * that stream key (NOT_FOUND): it entered the stream already (a cancel and a
+ * move race, and exactly one wins), was cancelled, or was never scheduled
+ * there. An {@link EchoMQError} with `code` NOT_FOUND, permanent.
+ */
+export class NotScheduledError extends EchoMQError {
+  override readonly name: string = 'NotScheduledError';
+
+  constructor(what: string, details: string, options?: { cause?: unknown }) {
+    super(what, Status.NOT_FOUND, details, options);
   }
 }
 

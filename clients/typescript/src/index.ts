@@ -55,10 +55,14 @@ export {
   type BatchEntry,
   type FieldValue,
   type Fields,
+  type ListScheduledOptions,
   type ReadAllOptions,
   type ReadBound,
   type ReadPage,
   type ReadRange,
+  type Schedule,
+  type ScheduledEntry,
+  type ScheduledPage,
   type TrimBound,
   type TrimOptions,
   type TrimResult,
@@ -95,5 +99,5 @@ export {
   /** @deprecated Use `VersionStore`. */
   type NewerWinsStore,
 } from './idempotency.js';
-export { CallEndedError, EchoMQError, LeaseLostError, PERMANENT_CODES, PoisonError, TransientError } from './errors.js';
+export { CallEndedError, EchoMQError, LeaseLostError, NotScheduledError, PERMANENT_CODES, PoisonError, TransientError } from './errors.js';
 export { DEFAULT_TARGET, type CallOptions, type ConnectionOptions } from './grpc.js';

@@ -1,6 +1,10 @@
 import { parseBrandedId, type BrandedId } from './branded-id.js';
 import { entryOf, type Entry } from './entry.js';
-import { countOf, streamClient, timestampOf, unary, type CallOptions, type ConnectionOptions } from './grpc.js';
+import { status as Status } from '@grpc/grpc-js';
+import { EchoMQError, NotScheduledError } from './errors.js';
+import { countOf, dateOf, streamClient, timestampOf, unary, type CallOptions, type ConnectionOptions } from './grpc.js';
+import type { CancelScheduledResponse__Output } from './gen/echomq/v1/CancelScheduledResponse.js';
+import type { ListScheduledResponse__Output } from './gen/echomq/v1/ListScheduledResponse.js';
 import type { AppendBatchResponse__Output } from './gen/echomq/v1/AppendBatchResponse.js';
 import type { AppendResponse__Output } from './gen/echomq/v1/AppendResponse.js';
 import type { ReadResponse__Output } from './gen/echomq/v1/ReadResponse.js';
@@ -18,7 +22,7 @@ export type Fields = Readonly<Record<string, FieldValue>> | ReadonlyMap<string, 
 export interface AppendResult {
   /** The entry's branded id: its idempotency key, kept by every copy. */
   readonly id: BrandedId;
-  /** The stream id the entry got, `<ms>-<seq>`. */
+  /** The stream id the entry got, `<ms>-<seq>`; `''` for a scheduled entry (known only when it enters the stream). */
   readonly streamId: string;
   /**
    * The stream key written: the stream appended to, or for a sharded stream
@@ -32,22 +36,55 @@ export interface AppendResult {
    * dedup key.
    */
   readonly duplicate: boolean;
+  /**
+   * True when the entry was scheduled (`deliverAt` or `delayMs` in the
+   * future): `id` is final, `streamId` is `''`, and the entry enters the
+   * stream when due ({@link Streams.cancelScheduled} can still remove it). A
+   * duplicate of a scheduled append says so too.
+   */
+  readonly scheduled: boolean;
+}
+
+/**
+ * When an entry enters its stream: at an instant, or after a delay. Unset:
+ * at once. See {@link AppendOptions.deliverAt}.
+ */
+export interface Schedule {
+  /**
+   * Schedule the entry for this instant: it gets its branded id now
+   * ({@link AppendResult.scheduled}) and enters the stream when due (within the
+   * sidecar's `--schedule-poll-ms`), exactly once; until then no consumer or
+   * {@link Streams.read} sees it, {@link Streams.listScheduled} does and
+   * {@link Streams.cancelScheduled} removes it. An instant already past
+   * appends at once. More than 365 days ahead, with `delayMs`, or with
+   * `maxLen`: the sidecar's INVALID_ARGUMENT.
+   */
+  deliverAt?: Date;
+  /**
+   * Schedule the entry this many milliseconds after the append (on the Redis
+   * server's clock), as `deliverAt`. 0: at once; negative: INVALID_ARGUMENT.
+   */
+  delayMs?: number;
 }
 
 /**
  * An entry of {@link Streams.appendBatch} with a dedup key (as
- * {@link AppendOptions.dedupKey}); a plain {@link Fields} is an entry without
- * one, and a batch may mix both:
+ * {@link AppendOptions.dedupKey}) or a schedule ({@link Schedule}); a plain
+ * {@link Fields} is an entry with neither, and a batch may mix both:
  *
  * ```ts
- * await streams.appendBatch('orders', [{ fields: { order: '42' }, dedupKey: 'order-42' }, { note: 'no key' }]);
+ * await streams.appendBatch('orders', [
+ *   { fields: { order: '42' }, dedupKey: 'order-42' },
+ *   { fields: { remind: '42' }, delayMs: 3_600_000 },
+ *   { note: 'no key' },
+ * ]);
  * ```
  *
  * An entry whose key is recorded on the stream, or was used by an earlier
  * entry of the same batch, is not written: its result is the first one's, with
  * `duplicate` set.
  */
-export interface BatchEntry {
+export interface BatchEntry extends Schedule {
   /** The entry's fields. */
   readonly fields: Fields;
   /** The entry's dedup key. Default (or `''`): none, never deduplicated. */
@@ -73,7 +110,7 @@ export interface AppendBatchOptions extends CallOptions {
 }
 
 /** Options of one append. */
-export interface AppendOptions extends AppendBatchOptions {
+export interface AppendOptions extends AppendBatchOptions, Schedule {
   /**
    * Makes the append idempotent: if an append to the same stream with the same
    * key was recorded within the sidecar's `--dedup-window-ms` (2 minutes by
@@ -144,6 +181,33 @@ export type TrimBound =
   /** Remove entries appended before this instant. */
   | { readonly before: Date };
 
+/** Which page {@link Streams.listScheduled} returns. */
+export interface ListScheduledOptions extends CallOptions {
+  /** The previous page's `nextPageToken`. Default (or `''`): from the entry due first. */
+  pageToken?: string;
+  /** The most entries (entries). Default (or 0): 100. At most 10,000. */
+  count?: number;
+}
+
+/** An entry waiting for its time. */
+export interface ScheduledEntry {
+  /** Its branded id, as the append answered it. */
+  readonly id: string;
+  /** When it is due to enter the stream. */
+  readonly deliverAt: Date;
+  /** Its fields as appended (with the stored `traceparent`, if any). */
+  readonly fields: Readonly<Record<string, Uint8Array>>;
+}
+
+/** A page of {@link Streams.listScheduled}, due first first. */
+export interface ScheduledPage {
+  readonly entries: readonly ScheduledEntry[];
+  /** Pass as `pageToken` for the next page; empty after the last. */
+  readonly nextPageToken: string;
+  /** How many entries the stream key has scheduled in all. */
+  readonly total: number;
+}
+
 /** Options of {@link Streams.trim}. */
 export interface TrimOptions extends CallOptions {
   /**
@@ -206,7 +270,16 @@ export class Streams {
     this.#client = streamClient(options);
   }
 
-  /** Appends one entry to `stream` (created if absent); `options.dedupKey` makes it idempotent. */
+  /**
+   * Appends one entry to `stream` (created if absent); `options.dedupKey`
+   * makes it idempotent; `options.deliverAt` or `options.delayMs` schedules it
+   * ({@link Schedule}):
+   *
+   * ```ts
+   * const reminder = await streams.append('reminders', { order: '42' }, { delayMs: 60 * 60_000 });
+   * // reminder.scheduled === true; streams.cancelScheduled('reminders', reminder.id) until it is due
+   * ```
+   */
   append(stream: string, fields: Fields, options: AppendOptions = {}): Promise<AppendResult> {
     const request = {
       stream,
@@ -214,6 +287,7 @@ export class Streams {
       maxLen: maxLenOf(options.maxLen),
       partitionKey: options.partitionKey ?? '',
       dedupKey: options.dedupKey ?? '',
+      ...scheduleOf(options),
     };
     return unary(
       `append to stream ${JSON.stringify(stream)}`,
@@ -231,11 +305,16 @@ export class Streams {
    * written and its result is the first one's, with `duplicate` set. On a
    * sharded stream, a batch without `partitionKey` goes to the shard of its
    * first dedup key. A `dedupKey` in `options` is refused (TypeError): the
-   * keys are per entry.
+   * keys are per entry. So are `deliverAt` and `delayMs`: a
+   * {@link BatchEntry} carries its own schedule, and a batch may mix entries
+   * appended at once and scheduled ones.
    */
   appendBatch(stream: string, entries: readonly (Fields | BatchEntry)[], options: AppendBatchOptions = {}): Promise<AppendResult[]> {
     if ((options as AppendOptions).dedupKey) {
       throw new TypeError('appendBatch takes dedup keys per entry ({ fields, dedupKey }), not in its options');
+    }
+    if ((options as AppendOptions).deliverAt !== undefined || (options as AppendOptions).delayMs !== undefined) {
+      throw new TypeError('appendBatch takes schedules per entry ({ fields, deliverAt } or { fields, delayMs }), not in its options');
     }
     const request = {
       stream,
@@ -324,6 +403,73 @@ export class Streams {
     );
   }
 
+  /**
+   * Cancels the scheduled entry `id` (its branded id) on `stream` before it
+   * enters the stream: it is then never delivered. `stream` is the key the
+   * append answered ({@link AppendResult.stream}: a sharded stream's shard
+   * key). Resolves to when the entry was due.
+   *
+   * Rejects with a {@link NotScheduledError} (NOT_FOUND) when no such entry
+   * is scheduled there: it entered the stream already, was cancelled, or was
+   * never scheduled there; otherwise with an {@link EchoMQError}:
+   * INVALID_ARGUMENT for a bad stream name or an id that is not a branded id,
+   * UNAVAILABLE.
+   */
+  async cancelScheduled(stream: string, id: string, options: CallOptions = {}): Promise<Date> {
+    const what = `cancel scheduled entry ${id} of stream ${JSON.stringify(stream)}`;
+    try {
+      return await unary(
+        what,
+        options,
+        (metadata, callOptions, callback) => this.#client.cancelScheduled({ stream, id }, metadata, callOptions, callback),
+        (response: CancelScheduledResponse__Output) => dateOf(response.deliverAt),
+      );
+    } catch (error) {
+      if (error instanceof EchoMQError && error.code === Status.NOT_FOUND) {
+        throw new NotScheduledError(what, error.details, { cause: error.cause });
+      }
+      throw error;
+    }
+  }
+
+  /**
+   * One page of the entries scheduled on `stream` (a stream key: list each
+   * shard key of a sharded stream) that have not entered it yet, due first
+   * first. For the next page pass `nextPageToken` as `pageToken`; or let
+   * {@link scheduled} page for you.
+   *
+   * Errors: INVALID_ARGUMENT for a bad stream name, a malformed `pageToken`
+   * or `count` over 10,000; UNAVAILABLE.
+   */
+  listScheduled(stream: string, options: ListScheduledOptions = {}): Promise<ScheduledPage> {
+    const request = { stream, pageToken: options.pageToken ?? '', count: options.count ?? 0 };
+    return unary(
+      `list the scheduled entries of stream ${JSON.stringify(stream)}`,
+      options,
+      (metadata, callOptions, callback) => this.#client.listScheduled(request, metadata, callOptions, callback),
+      (response: ListScheduledResponse__Output) => ({
+        entries: response.entries.map((e) => ({ id: e.id, deliverAt: dateOf(e.deliverAt), fields: e.fields })),
+        nextPageToken: response.nextPageToken,
+        total: countOf(response.total),
+      }),
+    );
+  }
+
+  /**
+   * Every entry scheduled on `stream`, due first first, one page (`count`,
+   * default 100) at a time by `nextPageToken`: `for await (const entry of
+   * streams.scheduled('reminders')) …`. Rejects (throws in the loop) as
+   * {@link listScheduled}.
+   */
+  async *scheduled(stream: string, options: Omit<ListScheduledOptions, 'pageToken'> = {}): AsyncGenerator<ScheduledEntry, void, undefined> {
+    let page = await this.listScheduled(stream, options);
+    for (;;) {
+      yield* page.entries;
+      if (page.nextPageToken === '') return;
+      page = await this.listScheduled(stream, { ...options, pageToken: page.nextPageToken });
+    }
+  }
+
   /** Closes the channel. Calls under way fail with CANCELLED or UNAVAILABLE. */
   close(): void {
     this.#client.close();
@@ -359,8 +505,32 @@ function isBatchEntry(entry: Fields | BatchEntry): entry is BatchEntry {
 
 function batchEntryOf(entry: Fields | BatchEntry): { fields: Record<string, Uint8Array>; dedupKey: string } {
   return isBatchEntry(entry)
-    ? { fields: encodeFields(entry.fields), dedupKey: entry.dedupKey ?? '' }
+    ? { fields: encodeFields(entry.fields), dedupKey: entry.dedupKey ?? '', ...scheduleOf(entry) }
     : { fields: encodeFields(entry), dedupKey: '' };
+}
+
+type Stamp = { seconds: string; nanos: number };
+
+/**
+ * A {@link Schedule} as the request's `deliverAt` and `delay`, each only when
+ * given. Sent as given (both, a negative delay): the sidecar refuses those
+ * with INVALID_ARGUMENT and says why.
+ */
+function scheduleOf(schedule: Schedule): { deliverAt?: Stamp; delay?: Stamp } {
+  const out: { deliverAt?: Stamp; delay?: Stamp } = {};
+  if (schedule.deliverAt !== undefined) out.deliverAt = timestampOf(schedule.deliverAt);
+  if (schedule.delayMs !== undefined) out.delay = signedDurationOf(schedule.delayMs);
+  return out;
+}
+
+/** Milliseconds, of either sign, as a `google.protobuf.Duration` (seconds and nanos share the sign). */
+function signedDurationOf(ms: number): Stamp {
+  if (!Number.isFinite(ms)) throw new RangeError(`delayMs must be a finite number, got ${ms}`);
+  const sign = ms < 0 ? -1 : 1;
+  const abs = Math.abs(ms);
+  const seconds = Math.floor(abs / 1000);
+  const nanos = Math.round((abs - seconds * 1000) * 1e6);
+  return { seconds: String(sign * seconds), nanos: sign * nanos };
 }
 
 function encodeFields(fields: Fields): Record<string, Uint8Array> {
@@ -386,5 +556,6 @@ function resultOf(response: AppendResponse__Output): AppendResult {
     streamId: response.streamId,
     stream: response.stream,
     duplicate: response.duplicate,
+    scheduled: response.scheduled,
   };
 }

@@ -7,8 +7,8 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { InterceptingCall, type Interceptor } from '@grpc/grpc-js';
-import { Consumer, LeaseLostError, PoisonError, Streams, TransientError, type AppendResult, type Delivery, type FailKind, type VerdictError } from '@echomq/client';
+import { InterceptingCall, status, type Interceptor } from '@grpc/grpc-js';
+import { Consumer, LeaseLostError, NotScheduledError, PoisonError, Streams, TransientError, type AppendResult, type Delivery, type FailKind, type VerdictError } from '@echomq/client';
 import { eventually, Fixture, REPO_ROOT } from './support/fixture.js';
 
 const LANGUAGE = 'typescript';
@@ -44,11 +44,27 @@ interface Scenario {
   expect: Record<string, unknown>;
 }
 
-/** An entry of `append_calls`: maybe a dedup key, and whether its answer must be a duplicate. */
+/**
+ * An entry of `append_calls`: maybe a dedup key, whether its answer must be a
+ * duplicate, a schedule (`delay_ms`, or `deliver_in_ms` from now), whether its
+ * answer must say scheduled, and a `ref` the cancel steps name it by.
+ */
 interface KeyedEntrySpec {
   fields: Record<string, FieldSpec>;
   dedup_key?: string;
   duplicate?: boolean;
+  delay_ms?: number;
+  deliver_in_ms?: number;
+  scheduled?: boolean;
+  ref?: string;
+}
+
+/** A spec's schedule as the client's options. */
+function scheduleOf(spec: KeyedEntrySpec): { deliverAt?: Date; delayMs?: number } {
+  return {
+    ...(spec.deliver_in_ms === undefined ? {} : { deliverAt: new Date(Date.now() + spec.deliver_in_ms) }),
+    ...(spec.delay_ms === undefined ? {} : { delayMs: spec.delay_ms }),
+  };
 }
 
 type AppendCall = { append: KeyedEntrySpec } | { append_batch: KeyedEntrySpec[] };
@@ -120,6 +136,10 @@ class Run {
   readonly appended = new Map<string, Map<string, Buffer>>();
   /** The answer that wrote each dedup key of `append_calls`. */
   readonly firstByDedupKey = new Map<string, AppendResult>();
+  /** The answer to each `ref` of `append_calls`. */
+  readonly byRef = new Map<string, AppendResult>();
+  /** Branded ids answered `scheduled`. */
+  readonly scheduledIds = new Set<string>();
   /** Ends hanging handlers when the scenario is over. */
   readonly over = new AbortController();
 
@@ -302,13 +322,17 @@ async function appendCall(producer: Streams, stream: string, call: AppendCall, r
   let results: AppendResult[];
   if ('append' in call && !('append_batch' in call)) {
     specs = [call.append];
-    const options = call.append.dedup_key === undefined ? {} : { dedupKey: call.append.dedup_key };
+    const options = { ...(call.append.dedup_key === undefined ? {} : { dedupKey: call.append.dedup_key }), ...scheduleOf(call.append) };
     results = [await producer.append(stream, fieldsOf(call.append), options)];
   } else if ('append_batch' in call && !('append' in call)) {
     specs = call.append_batch;
     results = await producer.appendBatch(
       stream,
-      specs.map((spec) => (spec.dedup_key === undefined ? { fields: fieldsOf(spec) } : { fields: fieldsOf(spec), dedupKey: spec.dedup_key })),
+      specs.map((spec) => ({
+        fields: fieldsOf(spec),
+        ...(spec.dedup_key === undefined ? {} : { dedupKey: spec.dedup_key }),
+        ...scheduleOf(spec),
+      })),
     );
   } else {
     assert.fail(`append_calls: ${JSON.stringify(call)} needs exactly one of append and append_batch`);
@@ -316,6 +340,12 @@ async function appendCall(producer: Streams, stream: string, call: AppendCall, r
   assert.equal(results.length, specs.length, 'one answer per entry');
   results.forEach((result, i) => {
     const spec = specs[i]!;
+    assert.equal(result.scheduled, spec.scheduled ?? false, `scheduled of the answer to ${JSON.stringify(spec)}`);
+    if (result.scheduled) {
+      assert.equal(result.streamId, '', 'a scheduled entry has no stream id yet');
+      run.scheduledIds.add(result.id);
+    }
+    if (spec.ref !== undefined) run.byRef.set(spec.ref, result);
     const want = spec.duplicate ?? false;
     assert.equal(result.duplicate, want, `duplicate of the answer to ${JSON.stringify(spec)}`);
     if (want) {
@@ -437,6 +467,37 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
         case 'wait_verdict_error':
           await waitFor(`a verdict error ${arg}`, () => run.verdictErrors.some((e) => e.code === arg));
           break;
+        case 'sleep':
+          await sleep(Number(arg));
+          break;
+        case 'assert_handled':
+          assert.equal(run.calls.length, Number(arg), `${step}: handler calls so far`);
+          break;
+        case 'assert_scheduled': {
+          const listed: string[] = [];
+          for await (const entry of producer.scheduled(stream)) listed.push(entry.id);
+          assert.equal(listed.length, Number(arg), `${step}: listed ${listed}`);
+          for (const id of listed) assert.ok(run.scheduledIds.has(id), `${step}: listed ${id}, which no append answered scheduled`);
+          break;
+        }
+        case 'cancel_scheduled': {
+          const target = run.byRef.get(arg);
+          assert.ok(target, `${step}: no append_calls entry has ref ${arg}`);
+          const due = await producer.cancelScheduled(target.stream, target.id);
+          assert.ok(due.getTime() > Date.now() - 1_000, `${step}: the cancelled entry was due at ${due.toISOString()}`);
+          run.appended.delete(target.id); // never to be handled
+          break;
+        }
+        case 'cancel_scheduled_not_found': {
+          const target = run.byRef.get(arg);
+          assert.ok(target, `${step}: no append_calls entry has ref ${arg}`);
+          await assert.rejects(producer.cancelScheduled(target.stream, target.id), (error: unknown) => {
+            assert.ok(error instanceof NotScheduledError, `${step}: rejected with ${String(error)}`);
+            assert.equal(error.code, status.NOT_FOUND);
+            return true;
+          });
+          break;
+        }
         default:
           assert.fail(`unknown step ${JSON.stringify(step)}`);
       }

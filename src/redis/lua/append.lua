@@ -17,7 +17,11 @@
 -- ARGV[3]  the shard's index k and ARGV[4] the shard count n (0 and 1 for a
 --          plain stream): every sequence number minted is k modulo n, so the
 --          shards of one sharded stream never mint the same id
--- KEYS[4…] the dedup records of the entries that have a dedup key
+-- KEYS[4]  the stream's schedule (`<stream>:scheduled`, a sorted set: branded
+--          id by due unix ms) and KEYS[5] its entries (`<stream>:scheduled:entries`,
+--          a hash: branded id → encode_fields of its fields; and `shard` →
+--          `<k> <n>`, the stride move.lua mints with)
+-- KEYS[6…] the dedup records of the entries that have a dedup key
 --          (`<stream>:dedup:<key>`, keys::Keyspace::dedup), each once
 -- ARGV[5]  the dedup window (ms): how long a record set here lives (PX)
 -- ARGV[6]  1 when the caller will WAIT for replicas after this script, else 0:
@@ -25,13 +29,25 @@
 --          connection's replication offset covers the first append too, and
 --          the WAIT confirms it even on a connection that did not write it
 -- ARGV[7]  the number of entries; then, per entry, the index in KEYS of its
---          dedup record (0: none), its field count m, and m name/value pairs
--- Returns { the stream ids in order, lost, duplicates }: lost as
+--          dedup record (0: none), when it is due (unix ms; 0: now), how long
+--          after the Redis time now it is due (ms; 0: now), its field count m,
+--          and m name/value pairs
+-- Returns { the stream ids in order, lost, duplicates, scheduled }: lost as
 -- trim_counting_unread gives it (the groups whose unread entries the cap
 -- removed); duplicates a flat list { entry number (1-based), branded id, … }
 -- of the entries not written because their dedup record exists (or an
 -- earlier entry of this batch has the same record): their stream id in the
--- list is the recorded one.
+-- list is the recorded one, or '' when the recorded append was scheduled;
+-- scheduled a flat list { entry number, branded id, due unix ms, … } of the
+-- entries scheduled (their stream id in the list is '').
+--
+-- A scheduled entry (due after the Redis time now) is minted its branded id
+-- here as if it were appended, and the stream's last generated id is set to
+-- it (XSETID), so no later XADD can take it: the id stays unique in the
+-- stream for good, and move.lua writes the entry, with that id in the field,
+-- when it is due. An absent stream is created empty first (a group created
+-- with MKSTREAM and destroyed: no entry added and deleted, so no tombstone
+-- that Redis 7 would count against group lag).
 --
 -- Why a script: the branded id is the stream id the entry gets, and it must be
 -- written inside the entry. The script picks the id itself (Redis time, after
@@ -52,20 +68,30 @@ end
 if tonumber(ARGV[2]) > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('ECHOMQ_ARCHIVED ' .. stream .. ' is archived')
 end
-local ms, seq = next_mint(stream, shard, shards)
+local ms, seq, clock = next_stream_id(stream, shard, shards)
 
 local trim = tonumber(ARGV[2])
 local window, waited = ARGV[5], ARGV[6] == '1'
 local ids, duplicates = {}, {}
 -- Dedup record index → { stream id, branded id } of this batch's first entry with it.
 local recorded = {}
+local scheduled = {}
 local written = 0
+-- The last id minted for a scheduled entry, while no XADD came after it.
+local reserved = nil
 local arg = 8
 for entry = 1, tonumber(ARGV[7]) do
   local record = tonumber(ARGV[arg])
-  local fields = tonumber(ARGV[arg + 1])
-  local first = arg + 2
+  local at, after = tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
+  local fields = tonumber(ARGV[arg + 3])
+  local first = arg + 4
   arg = first + 2 * fields
+  local due = 0
+  if at > 0 then
+    due = at
+  elseif after > 0 then
+    due = clock + after
+  end
   local seen = nil
   if record > 0 then
     seen = recorded[record]
@@ -74,6 +100,9 @@ for entry = 1, tonumber(ARGV[7]) do
       local value = redis.call('GET', KEYS[record])
       if value then
         local sid, branded = string.match(value, '^(%S+) (%S+)$')
+        if sid == 'scheduled' then
+          sid = ''
+        end
         if sid then
           seen = { sid, branded }
           recorded[record] = seen
@@ -94,19 +123,41 @@ for entry = 1, tonumber(ARGV[7]) do
     end
     local id = string.format('%d-%d', ms, seq)
     local branded = branded_text(ms, seq)
-    local command = { 'XADD', stream, id, ARGV[1], branded }
-    for i = first, first + 2 * fields - 1 do
-      command[#command + 1] = ARGV[i]
+    if due > clock then
+      redis.call('ZADD', KEYS[4], due, branded)
+      redis.call('HSET', KEYS[5], branded, encode_fields(first, fields), 'shard', shard .. ' ' .. shards)
+      id = ''
+      scheduled[#scheduled + 1] = entry
+      scheduled[#scheduled + 1] = branded
+      scheduled[#scheduled + 1] = due
+      reserved = string.format('%d-%d', ms, seq)
+    else
+      local command = { 'XADD', stream, id, ARGV[1], branded }
+      for i = first, first + 2 * fields - 1 do
+        command[#command + 1] = ARGV[i]
+      end
+      redis.call(unpack(command))
+      written = written + 1
+      reserved = nil
     end
-    redis.call(unpack(command))
     if record > 0 then
-      redis.call('SET', KEYS[record], id .. ' ' .. branded, 'PX', window)
+      local recorded_id = id
+      if id == '' then
+        recorded_id = 'scheduled'
+      end
+      redis.call('SET', KEYS[record], recorded_id .. ' ' .. branded, 'PX', window)
       recorded[record] = { id, branded }
     end
     ids[entry] = id
-    written = written + 1
     seq = seq + shards
   end
+end
+if reserved ~= nil then
+  if redis.call('EXISTS', stream) == 0 then
+    redis.call('XGROUP', 'CREATE', stream, 'echomq:reserving', '$', 'MKSTREAM')
+    redis.call('XGROUP', 'DESTROY', stream, 'echomq:reserving')
+  end
+  redis.call('XSETID', stream, reserved)
 end
 -- The cap once, after the batch, as XADD's MAXLEN ~ would leave it, counting
 -- what it removed before a group read it. A batch of duplicates only wrote
@@ -119,4 +170,4 @@ if trim > 0 and written > 0 then
     _, lost = trim_counting_unread(stream, { 'MAXLEN', '~', ARGV[2] }, excess)
   end
 end
-return { ids, lost, duplicates }
+return { ids, lost, duplicates, scheduled }

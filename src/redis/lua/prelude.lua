@@ -39,43 +39,6 @@ local function branded_of_stream_id(id)
   return decimal_to_hex(ms, 12) .. decimal_to_hex(seq, 16)
 end
 
--- The largest milliseconds a branded id holds: its 6 bytes (2^48 - 1).
-local MAX_BRANDED_MS = 281474976710655
-
--- The stream id `ms`, `seq` (numbers) the next entry appended to `stream`
--- gets when its id is minted here rather than by XADD *: Redis time, or
--- just after the stream's last generated id when that is not older, with a
--- sequence number congruent to `shard` modulo `shards` (0 and 1 for a plain
--- stream), so the shards of one sharded stream never mint the same id.
--- Raises WRONGTYPE when the key is not a stream. Append (append.lua) and
--- AckEmit (ack_emit.lua) mint with it; the caller checks MAX_BRANDED_MS.
-local function next_mint(stream, shard, shards)
-  local now = redis.call('TIME')
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local seq = shard
-  if redis.call('EXISTS', stream) == 1 then
-    local info = redis.call('XINFO', 'STREAM', stream)
-    for i = 1, #info, 2 do
-      if info[i] == 'last-generated-id' then
-        local last_ms, last_seq = string.match(info[i + 1], '^(%d+)%-(%d+)$')
-        local last = tonumber(last_ms)
-        if last >= ms then
-          -- Sequences past 2^53 lose precision as Lua numbers: move to the next millisecond.
-          if #last_seq > 15 then
-            ms, seq = last + 1, shard
-          else
-            -- The first sequence after the last one that is this shard's.
-            local next = tonumber(last_seq) + 1
-            ms, seq = last, next + (shard - next) % shards
-          end
-        end
-        break
-      end
-    end
-  end
-  return ms, seq
-end
-
 -- Whether `text` is a branded id's text form: 28 lowercase hex characters
 -- (id::BrandedId's FromStr).
 local function is_branded_text(text)
@@ -176,4 +139,66 @@ local function trim_counting_unread(stream, xtrim, most_removed)
     end
   end
   return removed, lost
+end
+
+-- The largest millisecond a branded id can carry: 2^48 - 1 (its 6 bytes).
+local MAX_BRANDED_MS = 281474976710655
+
+-- The next stream id to mint on `stream`, as XADD * would pick it but with a
+-- sequence congruent to `shard` modulo `shards` (0 and 1 for a plain stream),
+-- so the shards of one sharded stream never mint the same id: Redis time, or
+-- just after the stream's last generated id when that is not behind it.
+-- Returns ms, seq (numbers) and the Redis time now (unix ms). Raises
+-- WRONGTYPE when the key is not a stream. append.lua and ack_emit.lua mint
+-- branded ids with it, move.lua the stream ids of scheduled entries entering
+-- the stream; the caller checks MAX_BRANDED_MS.
+local function next_stream_id(stream, shard, shards)
+  local now = redis.call('TIME')
+  local clock = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local ms, seq = clock, shard
+  if redis.call('EXISTS', stream) == 1 then
+    -- Raises WRONGTYPE when the key is not a stream.
+    local info = redis.call('XINFO', 'STREAM', stream)
+    for i = 1, #info, 2 do
+      if info[i] == 'last-generated-id' then
+        local last_ms, last_seq = string.match(info[i + 1], '^(%d+)%-(%d+)$')
+        local last = tonumber(last_ms)
+        if last >= ms then
+          -- Sequences past 2^53 lose precision as Lua numbers: move to the next millisecond.
+          if #last_seq > 15 then
+            ms, seq = last + 1, shard
+          else
+            -- The first sequence after the last one that is this shard's.
+            local next = tonumber(last_seq) + 1
+            ms, seq = last, next + (shard - next) % shards
+          end
+        end
+        break
+      end
+    end
+  end
+  return ms, seq, clock
+end
+
+-- A scheduled entry's fields as stored until it is due (the hash
+-- `<stream>:scheduled:entries`): `ARGV[first…first + 2 * count - 1]`, name
+-- and value pairs, each as `<byte length>:<bytes>`, concatenated.
+local function encode_fields(first, count)
+  local parts = {}
+  for i = first, first + 2 * count - 1 do
+    parts[#parts + 1] = #ARGV[i] .. ':' .. ARGV[i]
+  end
+  return table.concat(parts)
+end
+
+-- The flat list { name, value, … } `encode_fields` encoded in `text`.
+local function decode_fields(text)
+  local out, pos = {}, 1
+  while pos <= #text do
+    local colon = string.find(text, ':', pos, true)
+    local length = tonumber(string.sub(text, pos, colon - 1))
+    out[#out + 1] = string.sub(text, colon + 1, colon + length)
+    pos = colon + length + 1
+  end
+  return out
 end

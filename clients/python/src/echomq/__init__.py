@@ -34,7 +34,15 @@ from ._deprecation import renamed_attributes
 from .admin import Admin
 from .consumer import BatchHandler, Consumer, Handler, Subscription
 from .delivery import Ack, DeadLetter, Delivery, Fail, FailKind, RawField, Verdict, VerdictError, VerdictErrorCode
-from .errors import PERMANENT_CODES, EchoMQError, PermanentError, PoisonError, RpcError, TransientError
+from .errors import (
+    PERMANENT_CODES,
+    EchoMQError,
+    NotScheduledError,
+    PermanentError,
+    PoisonError,
+    RpcError,
+    TransientError,
+)
 from .idempotency import MemorySeenStore, MemoryVersionStore, NewerWins, SeenSet, SeenStore, VersionStore, is_branded_id
 from .options import Backoff, FlowControl, Start, StartKind
 from ._appends import AppendResult, BatchEntry
@@ -47,6 +55,8 @@ from .records import (
     ReadPage,
     Replayed,
     ReplayResult,
+    ScheduledEntry,
+    ScheduledPage,
     TrimResult,
 )
 from .streams import Producer, Streams
@@ -75,6 +85,7 @@ __all__ = [
     "MemorySeenStore",
     "MemoryVersionStore",
     "NewerWins",
+    "NotScheduledError",
     "PermanentError",
     "PoisonError",
     "RawField",
@@ -82,6 +93,8 @@ __all__ = [
     "Replayed",
     "ReplayResult",
     "RpcError",
+    "ScheduledEntry",
+    "ScheduledPage",
     "SeenSet",
     "SeenStore",
     "Start",

@@ -5,8 +5,12 @@ builders); the appends themselves are `echomq.Streams.append` and
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
+from google.protobuf.duration_pb2 import Duration
+
+from ._convert import to_timestamp
 from .v1 import stream_service_pb2 as pb
 
 #: Field values: bytes, or text (sent as UTF-8).
@@ -18,7 +22,8 @@ class AppendResult(NamedTuple):
 
     #: The branded id, 28 lowercase hex characters: the entry's idempotency key.
     id: str
-    #: The stream id the entry got, `<ms>-<seq>`.
+    #: The stream id the entry got, `<ms>-<seq>`; "" for a scheduled entry
+    #: (its stream id is only known when it enters the stream).
     stream_id: str
     #: The stream key written: the one appended to, or for a sharded stream
     #: (`--sharded-streams`) the shard's key, `<stream>:{<stream>:<k>}`.
@@ -28,25 +33,37 @@ class AppendResult(NamedTuple):
     #: `id`, `stream_id` and `stream` are the first append's. Always False
     #: without a dedup key.
     duplicate: bool = False
+    #: True when the entry was scheduled (`deliver_at` or `delay` in the
+    #: future): `id` is final, `stream_id` is "", and the entry enters the
+    #: stream when due (`Streams.cancel_scheduled` can still remove it). A
+    #: duplicate of a scheduled append says so too.
+    scheduled: bool = False
 
 
 class BatchEntry(NamedTuple):
-    """An entry of `append_batch` with a dedup key; a plain mapping of fields
-    is an entry without one, and a batch may mix both::
+    """An entry of `append_batch` with a dedup key or a schedule; a plain
+    mapping of fields is an entry with neither, and a batch may mix both::
 
         await streams.append_batch("orders", [
             BatchEntry({"order": "42"}, dedup_key="order-42"),
+            BatchEntry({"remind": "42"}, delay=timedelta(hours=1)),
             {"note": "no key: never deduplicated"},
         ])
 
     An entry whose key is recorded on the stream, or was used by an earlier
     entry of the same batch, is not written: its result has `duplicate` set
-    and the first one's ids."""
+    and the first one's ids. A scheduled entry's result has `scheduled` set."""
 
     #: The entry's fields, as for `Streams.append`.
     fields: Fields
     #: As `Streams.append`'s `dedup_key`; None (or empty): no deduplication.
     dedup_key: str | None = None
+    #: As `Streams.append`'s `deliver_at`: the instant the entry enters the
+    #: stream (naive means UTC). None: at once.
+    deliver_at: datetime | None = None
+    #: As `Streams.append`'s `delay`: enter the stream this long after the
+    #: append. None: at once.
+    delay: timedelta | None = None
 
 
 def encode_fields(fields: Fields) -> dict[str, bytes]:
@@ -59,21 +76,45 @@ def encode_fields(fields: Fields) -> dict[str, bytes]:
     return encoded
 
 
+def to_duration(span: timedelta) -> Duration:
+    duration = Duration()
+    duration.FromTimedelta(span)
+    return duration
+
+
 def append_request(
-    stream: str, fields: Fields, max_len: int, partition_key: str | None = None, dedup_key: str | None = None
+    stream: str,
+    fields: Fields,
+    max_len: int,
+    partition_key: str | None = None,
+    dedup_key: str | None = None,
+    deliver_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> pb.AppendRequest:
-    return pb.AppendRequest(
+    request = pb.AppendRequest(
         stream=stream,
         fields=encode_fields(fields),
         max_len=max_len,
         partition_key=partition_key or "",
         dedup_key=dedup_key or "",
     )
+    # Sent as given, both or a negative delay too: the sidecar refuses those
+    # with INVALID_ARGUMENT, and says why.
+    if deliver_at is not None:
+        request.deliver_at.CopyFrom(to_timestamp(deliver_at))
+    if delay is not None:
+        request.delay.CopyFrom(to_duration(delay))
+    return request
 
 
 def batch_entry(entry: Fields | BatchEntry) -> pb.BatchEntry:
     if isinstance(entry, BatchEntry):
-        return pb.BatchEntry(fields=encode_fields(entry.fields), dedup_key=entry.dedup_key or "")
+        message = pb.BatchEntry(fields=encode_fields(entry.fields), dedup_key=entry.dedup_key or "")
+        if entry.deliver_at is not None:
+            message.deliver_at.CopyFrom(to_timestamp(entry.deliver_at))
+        if entry.delay is not None:
+            message.delay.CopyFrom(to_duration(entry.delay))
+        return message
     return pb.BatchEntry(fields=encode_fields(entry))
 
 
@@ -89,4 +130,4 @@ def append_batch_request(
 
 
 def appended(response: pb.AppendResponse) -> AppendResult:
-    return AppendResult(response.id, response.stream_id, response.stream, response.duplicate)
+    return AppendResult(response.id, response.stream_id, response.stream, response.duplicate, response.scheduled)

@@ -19,6 +19,8 @@ from .records import (
     ReadPage,
     Replayed,
     ReplayResult,
+    ScheduledEntry,
+    ScheduledPage,
     TrimResult,
 )
 from .delivery import RawField, payload_dict
@@ -202,4 +204,15 @@ def replay_result(response: admin_pb.ReplayDeadLettersResponse) -> ReplayResult:
         replayed=[Replayed(r.id, r.dead_letter_id, r.stream_id) for r in response.replayed],
         not_found_ids=list(response.not_found_ids),
         other_source_ids=list(response.other_source_ids),
+    )
+
+
+def scheduled_page(response: stream_pb.ListScheduledResponse) -> ScheduledPage:
+    return ScheduledPage(
+        entries=[
+            ScheduledEntry(id=e.id, deliver_at=from_timestamp(e.deliver_at), fields=dict(e.fields))
+            for e in response.entries
+        ],
+        next_page_token=response.next_page_token or None,
+        total=response.total,
     )

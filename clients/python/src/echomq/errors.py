@@ -51,6 +51,12 @@ class PermanentError(RpcError):
     """An `RpcError` with a code in `PERMANENT_CODES`: fix the request or the setup."""
 
 
+class NotScheduledError(PermanentError):
+    """`Streams.cancel_scheduled` found no such entry scheduled on that stream
+    key (code NOT_FOUND): it entered the stream already (and is delivered
+    there), was cancelled, or was never scheduled there."""
+
+
 class TransientError(EchoMQError):
     """Raised by a handler that could not try the delivery (its database is
     down, a rate limit): the consumer fails it with kind TRANSIENT and the

@@ -163,3 +163,28 @@ class ReplayResult:
 
 #: Old names: `Trimmed` (now `TrimResult`).
 __getattr__ = renamed_attributes("echomq.records", {"Trimmed": ("echomq.TrimResult", lambda: TrimResult)})
+
+
+@dataclass(frozen=True)
+class ScheduledEntry:
+    """An entry scheduled with `deliver_at` or `delay` that has not entered
+    its stream yet (`Streams.list_scheduled`)."""
+
+    #: Its branded id, as the append answered it.
+    id: str
+    #: When it is due to enter the stream (UTC).
+    deliver_at: datetime
+    #: Its fields, as appended (with the stored `traceparent`, if any).
+    fields: dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class ScheduledPage:
+    """One page of `Streams.list_scheduled`."""
+
+    #: Due first first (then by branded id).
+    entries: list[ScheduledEntry]
+    #: Pass as `page_token` for the next page; None after the last.
+    next_page_token: str | None
+    #: How many entries the stream key has scheduled in all.
+    total: int

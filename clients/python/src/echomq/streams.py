@@ -1,12 +1,13 @@
 """The whole StreamService for asyncio: `Streams` appends (Append,
-AppendBatch), reads (Read, by stream id or instant, page by page or as one
-async iterator) and trims (Trim, safe by default). `Producer` is its
-deprecated name."""
+AppendBatch, at once or scheduled), reads (Read, by stream id or instant,
+page by page or as one async iterator), trims (Trim, safe by default) and
+lists and cancels scheduled entries (ListScheduled, CancelScheduled).
+`Producer` is its deprecated name."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import grpc
@@ -15,9 +16,10 @@ from . import _convert
 from ._deprecation import renamed_class
 from ._channel import AioClient
 from ._convert import Bound
-from .errors import from_rpc_error
+from .errors import NotScheduledError, from_rpc_error
 from ._appends import AppendResult, BatchEntry, Fields, append_batch_request, append_request, appended
-from .records import Entry, ReadPage, TrimResult
+from .records import Entry, ReadPage, ScheduledEntry, ScheduledPage, TrimResult
+from .v1 import stream_service_pb2 as stream_pb
 from .v1 import stream_service_pb2_grpc as pb_grpc
 
 
@@ -70,6 +72,8 @@ class Streams(AioClient):
         max_len: int = 0,
         partition_key: str | None = None,
         dedup_key: str | None = None,
+        deliver_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> AppendResult:
         """Appends one entry; with `max_len` > 0 the stream is trimmed to about
         that many entries (`MAXLEN ~`). A field named like the reserved
@@ -87,8 +91,18 @@ class Streams(AioClient):
         append's, with `duplicate` set. None (or empty): no deduplication. A
         key over the sidecar's `--max-name-bytes` (1024) is refused
         (`PermanentError`). On a sharded stream, retry with the same
-        `partition_key` (or none)."""
-        request = append_request(stream, fields, max_len, partition_key, dedup_key)
+        `partition_key` (or none).
+
+        `deliver_at` (an instant; naive means UTC) or `delay` (after the
+        append, on the Redis server's clock) schedules the entry: it gets its
+        branded id now (`AppendResult.scheduled` is set, `stream_id` is "")
+        and enters the stream when due (within the sidecar's
+        `--schedule-poll-ms`), exactly once; until then no consumer or `read`
+        sees it, `list_scheduled` does and `cancel_scheduled` removes it. An
+        instant already past appends at once. Both, a negative delay, more
+        than 365 days ahead, or either with `max_len` is refused by the
+        sidecar (`PermanentError`, INVALID_ARGUMENT), nothing written."""
+        request = append_request(stream, fields, max_len, partition_key, dedup_key, deliver_at, delay)
         try:
             response = await self._stub.Append(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as error:
@@ -111,7 +125,9 @@ class Streams(AioClient):
         An entry is its fields, or a `BatchEntry` carrying a `dedup_key` too:
         an entry whose key is recorded, or was used by an earlier entry of the
         batch, is not written, and its result is the first one's with
-        `duplicate` set (see `append`)."""
+        `duplicate` set (see `append`); one with `deliver_at` or `delay` is
+        scheduled (see `append`), and its result has `scheduled` set. A batch
+        may mix entries appended at once and scheduled ones."""
         request = append_batch_request(stream, entries, max_len, partition_key)
         try:
             response = await self._stub.AppendBatch(request, timeout=self._timeout)
@@ -186,6 +202,58 @@ class Streams(AioClient):
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(f"Trim(stream={stream!r})", error) from None
         return _convert.trimmed(response)
+
+    async def cancel_scheduled(self, stream: str, id: str) -> datetime:
+        """Cancels the scheduled entry `id` (its branded id) on `stream`
+        before it enters the stream: it is never delivered. Returns when it
+        was due (UTC). `stream` is the key the append answered
+        (`AppendResult.stream`: a sharded stream's shard key).
+
+        Raises `NotScheduledError` (a `PermanentError`, code NOT_FOUND) when
+        no such entry is scheduled there: it entered the stream already (a
+        cancel and a move race, and exactly one wins), was cancelled, or was
+        never scheduled there. `PermanentError` (INVALID_ARGUMENT) for a bad
+        stream name or an id that is not a branded id."""
+        request = stream_pb.CancelScheduledRequest(stream=stream, id=id)
+        try:
+            response = await self._stub.CancelScheduled(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as error:
+            operation = f"CancelScheduled(stream={stream!r}, id={id!r})"
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                raise NotScheduledError(operation, grpc.StatusCode.NOT_FOUND, error.details() or "") from None
+            raise from_rpc_error(operation, error) from None
+        return _convert.from_timestamp(response.deliver_at)
+
+    async def list_scheduled(self, stream: str, *, page_token: str | None = None, count: int = 0) -> ScheduledPage:
+        """One page of the entries scheduled on `stream` (a stream key: list
+        each shard's of a sharded stream) that have not entered it yet, due
+        first first. `page_token`: the previous page's `next_page_token`
+        (None: from the start). `count`: the most entries (0: the sidecar's
+        100; over 10,000 is its INVALID_ARGUMENT). `ScheduledPage.total` is
+        how many the key has scheduled in all."""
+        request = stream_pb.ListScheduledRequest(stream=stream, page_token=page_token or "", count=count)
+        try:
+            response = await self._stub.ListScheduled(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(f"ListScheduled(stream={stream!r})", error) from None
+        return _convert.scheduled_page(response)
+
+    async def scheduled(self, stream: str, *, page_size: int = 0) -> AsyncIterator[ScheduledEntry]:
+        """Every entry scheduled on `stream` that has not entered it yet, due
+        first first, page by page (one ListScheduled per page; `page_size` as
+        `list_scheduled`'s `count`)::
+
+            async for entry in streams.scheduled("orders"):
+                print(entry.id, entry.deliver_at)
+        """
+        token: str | None = None
+        while True:
+            page = await self.list_scheduled(stream, page_token=token, count=page_size)
+            for entry in page.entries:
+                yield entry
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
 
 
 if TYPE_CHECKING:

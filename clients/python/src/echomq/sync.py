@@ -185,7 +185,8 @@ class _Client(_OnLoop[C]):
 
 
 class Streams(_Client[aio_streams.Streams]):
-    """The blocking twin of `echomq.Streams`: append, read and trim (same
+    """The blocking twin of `echomq.Streams`: append, read, trim and the
+    scheduled entries' calls (same
     arguments, same errors, iterators instead of async iterators)."""
 
     _aio_class = aio_streams.Streams
@@ -196,6 +197,9 @@ class Streams(_Client[aio_streams.Streams]):
     read_pages = _blocking_iter(aio_streams.Streams.read_pages)
     read_all = _blocking_iter(aio_streams.Streams.read_all)
     trim = _blocking(aio_streams.Streams.trim)
+    cancel_scheduled = _blocking(aio_streams.Streams.cancel_scheduled)
+    list_scheduled = _blocking(aio_streams.Streams.list_scheduled)
+    scheduled = _blocking_iter(aio_streams.Streams.scheduled)
 
 
 if TYPE_CHECKING:

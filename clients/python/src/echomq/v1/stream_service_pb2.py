@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from echomq.v1 import types_pb2 as echomq_dot_v1_dot_types__pb2
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65\x63homq/v1/stream_service.proto\x12\techomq.v1\x1a\x15\x65\x63homq/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n\x0bReadRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08start_id\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x65nd_id\x18\x04 \x01(\t\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x06 \x01(\r\"_\n\x0cReadResponse\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.echomq.v1.Entry\x12\x15\n\rnext_start_id\x18\x02 \x01(\t\x12\x15\n\roversized_ids\x18\x03 \x03(\t\"\x96\x01\n\x0bTrimRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0f\n\x07max_len\x18\x02 \x01(\x04\x12\x0e\n\x06min_id\x18\x03 \x01(\t\x12*\n\x06\x62\x65\x66ore\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61pproximate\x18\x05 \x01(\x08\x12\x15\n\rignore_groups\x18\x06 \x01(\x08\"f\n\x0cTrimResponse\x12\x0f\n\x07trimmed\x18\x01 \x01(\x04\x12\x16\n\x0e\x61pplied_min_id\x18\x02 \x01(\t\x12\x1b\n\x13held_back_by_groups\x18\x03 \x01(\x08\x12\x10\n\x08\x61rchived\x18\x04 \x01(\x04\"\xbf\x01\n\rAppendRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x34\n\x06\x66ields\x18\x02 \x03(\x0b\x32$.echomq.v1.AppendRequest.FieldsEntry\x12\x0f\n\x07max_len\x18\x03 \x01(\x04\x12\x15\n\rpartition_key\x18\x04 \x01(\t\x12\x11\n\tdedup_key\x18\x05 \x01(\t\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"R\n\x0e\x41ppendResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"t\n\x12\x41ppendBatchRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12&\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x15.echomq.v1.BatchEntry\x12\x0f\n\x07max_len\x18\x03 \x01(\x04\x12\x15\n\rpartition_key\x18\x04 \x01(\t\"\x81\x01\n\nBatchEntry\x12\x31\n\x06\x66ields\x18\x01 \x03(\x0b\x32!.echomq.v1.BatchEntry.FieldsEntry\x12\x11\n\tdedup_key\x18\x02 \x01(\t\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"A\n\x13\x41ppendBatchResponse\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.echomq.v1.AppendResponse2\x8e\x02\n\rStreamService\x12=\n\x06\x41ppend\x12\x18.echomq.v1.AppendRequest\x1a\x19.echomq.v1.AppendResponse\x12L\n\x0b\x41ppendBatch\x12\x1d.echomq.v1.AppendBatchRequest\x1a\x1e.echomq.v1.AppendBatchResponse\x12\x37\n\x04Read\x12\x16.echomq.v1.ReadRequest\x1a\x17.echomq.v1.ReadResponse\x12\x37\n\x04Trim\x12\x16.echomq.v1.TrimRequest\x1a\x17.echomq.v1.TrimResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65\x63homq/v1/stream_service.proto\x12\techomq.v1\x1a\x15\x65\x63homq/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n\x0bReadRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08start_id\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x65nd_id\x18\x04 \x01(\t\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x06 \x01(\r\"_\n\x0cReadResponse\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.echomq.v1.Entry\x12\x15\n\rnext_start_id\x18\x02 \x01(\t\x12\x15\n\roversized_ids\x18\x03 \x03(\t\"\x96\x01\n\x0bTrimRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0f\n\x07max_len\x18\x02 \x01(\x04\x12\x0e\n\x06min_id\x18\x03 \x01(\t\x12*\n\x06\x62\x65\x66ore\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61pproximate\x18\x05 \x01(\x08\x12\x15\n\rignore_groups\x18\x06 \x01(\x08\"f\n\x0cTrimResponse\x12\x0f\n\x07trimmed\x18\x01 \x01(\x04\x12\x16\n\x0e\x61pplied_min_id\x18\x02 \x01(\t\x12\x1b\n\x13held_back_by_groups\x18\x03 \x01(\x08\x12\x10\n\x08\x61rchived\x18\x04 \x01(\x04\"\x99\x02\n\rAppendRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x34\n\x06\x66ields\x18\x02 \x03(\x0b\x32$.echomq.v1.AppendRequest.FieldsEntry\x12\x0f\n\x07max_len\x18\x03 \x01(\x04\x12\x15\n\rpartition_key\x18\x04 \x01(\t\x12\x11\n\tdedup_key\x18\x05 \x01(\t\x12.\n\ndeliver_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x05\x64\x65lay\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"e\n\x0e\x41ppendResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\x12\x11\n\tscheduled\x18\x05 \x01(\x08\"t\n\x12\x41ppendBatchRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12&\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x15.echomq.v1.BatchEntry\x12\x0f\n\x07max_len\x18\x03 \x01(\x04\x12\x15\n\rpartition_key\x18\x04 \x01(\t\"\xdb\x01\n\nBatchEntry\x12\x31\n\x06\x66ields\x18\x01 \x03(\x0b\x32!.echomq.v1.BatchEntry.FieldsEntry\x12\x11\n\tdedup_key\x18\x02 \x01(\t\x12.\n\ndeliver_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x05\x64\x65lay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"A\n\x13\x41ppendBatchResponse\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.echomq.v1.AppendResponse\"4\n\x16\x43\x61ncelScheduledRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"I\n\x17\x43\x61ncelScheduledResponse\x12.\n\ndeliver_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\x14ListScheduledRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\xb2\x01\n\x0eScheduledEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\ndeliver_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x06\x66ields\x18\x03 \x03(\x0b\x32%.echomq.v1.ScheduledEntry.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"k\n\x15ListScheduledResponse\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.echomq.v1.ScheduledEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\r\n\x05total\x18\x03 \x01(\x04\x32\xbc\x03\n\rStreamService\x12=\n\x06\x41ppend\x12\x18.echomq.v1.AppendRequest\x1a\x19.echomq.v1.AppendResponse\x12L\n\x0b\x41ppendBatch\x12\x1d.echomq.v1.AppendBatchRequest\x1a\x1e.echomq.v1.AppendBatchResponse\x12\x37\n\x04Read\x12\x16.echomq.v1.ReadRequest\x1a\x17.echomq.v1.ReadResponse\x12\x37\n\x04Trim\x12\x16.echomq.v1.TrimRequest\x1a\x17.echomq.v1.TrimResponse\x12X\n\x0f\x43\x61ncelScheduled\x12!.echomq.v1.CancelScheduledRequest\x1a\".echomq.v1.CancelScheduledResponse\x12R\n\rListScheduled\x12\x1f.echomq.v1.ListScheduledRequest\x1a .echomq.v1.ListScheduledResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,28 +38,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_APPENDREQUEST_FIELDSENTRY']._serialized_options = b'8\001'
   _globals['_BATCHENTRY_FIELDSENTRY']._loaded_options = None
   _globals['_BATCHENTRY_FIELDSENTRY']._serialized_options = b'8\001'
-  _globals['_READREQUEST']._serialized_start=102
-  _globals['_READREQUEST']._serialized_end=274
-  _globals['_READRESPONSE']._serialized_start=276
-  _globals['_READRESPONSE']._serialized_end=371
-  _globals['_TRIMREQUEST']._serialized_start=374
-  _globals['_TRIMREQUEST']._serialized_end=524
-  _globals['_TRIMRESPONSE']._serialized_start=526
-  _globals['_TRIMRESPONSE']._serialized_end=628
-  _globals['_APPENDREQUEST']._serialized_start=631
-  _globals['_APPENDREQUEST']._serialized_end=822
-  _globals['_APPENDREQUEST_FIELDSENTRY']._serialized_start=777
-  _globals['_APPENDREQUEST_FIELDSENTRY']._serialized_end=822
-  _globals['_APPENDRESPONSE']._serialized_start=824
-  _globals['_APPENDRESPONSE']._serialized_end=906
-  _globals['_APPENDBATCHREQUEST']._serialized_start=908
-  _globals['_APPENDBATCHREQUEST']._serialized_end=1024
-  _globals['_BATCHENTRY']._serialized_start=1027
-  _globals['_BATCHENTRY']._serialized_end=1156
-  _globals['_BATCHENTRY_FIELDSENTRY']._serialized_start=777
-  _globals['_BATCHENTRY_FIELDSENTRY']._serialized_end=822
-  _globals['_APPENDBATCHRESPONSE']._serialized_start=1158
-  _globals['_APPENDBATCHRESPONSE']._serialized_end=1223
-  _globals['_STREAMSERVICE']._serialized_start=1226
-  _globals['_STREAMSERVICE']._serialized_end=1496
+  _globals['_SCHEDULEDENTRY_FIELDSENTRY']._loaded_options = None
+  _globals['_SCHEDULEDENTRY_FIELDSENTRY']._serialized_options = b'8\001'
+  _globals['_READREQUEST']._serialized_start=134
+  _globals['_READREQUEST']._serialized_end=306
+  _globals['_READRESPONSE']._serialized_start=308
+  _globals['_READRESPONSE']._serialized_end=403
+  _globals['_TRIMREQUEST']._serialized_start=406
+  _globals['_TRIMREQUEST']._serialized_end=556
+  _globals['_TRIMRESPONSE']._serialized_start=558
+  _globals['_TRIMRESPONSE']._serialized_end=660
+  _globals['_APPENDREQUEST']._serialized_start=663
+  _globals['_APPENDREQUEST']._serialized_end=944
+  _globals['_APPENDREQUEST_FIELDSENTRY']._serialized_start=899
+  _globals['_APPENDREQUEST_FIELDSENTRY']._serialized_end=944
+  _globals['_APPENDRESPONSE']._serialized_start=946
+  _globals['_APPENDRESPONSE']._serialized_end=1047
+  _globals['_APPENDBATCHREQUEST']._serialized_start=1049
+  _globals['_APPENDBATCHREQUEST']._serialized_end=1165
+  _globals['_BATCHENTRY']._serialized_start=1168
+  _globals['_BATCHENTRY']._serialized_end=1387
+  _globals['_BATCHENTRY_FIELDSENTRY']._serialized_start=899
+  _globals['_BATCHENTRY_FIELDSENTRY']._serialized_end=944
+  _globals['_APPENDBATCHRESPONSE']._serialized_start=1389
+  _globals['_APPENDBATCHRESPONSE']._serialized_end=1454
+  _globals['_CANCELSCHEDULEDREQUEST']._serialized_start=1456
+  _globals['_CANCELSCHEDULEDREQUEST']._serialized_end=1508
+  _globals['_CANCELSCHEDULEDRESPONSE']._serialized_start=1510
+  _globals['_CANCELSCHEDULEDRESPONSE']._serialized_end=1583
+  _globals['_LISTSCHEDULEDREQUEST']._serialized_start=1585
+  _globals['_LISTSCHEDULEDREQUEST']._serialized_end=1658
+  _globals['_SCHEDULEDENTRY']._serialized_start=1661
+  _globals['_SCHEDULEDENTRY']._serialized_end=1839
+  _globals['_SCHEDULEDENTRY_FIELDSENTRY']._serialized_start=899
+  _globals['_SCHEDULEDENTRY_FIELDSENTRY']._serialized_end=944
+  _globals['_LISTSCHEDULEDRESPONSE']._serialized_start=1841
+  _globals['_LISTSCHEDULEDRESPONSE']._serialized_end=1948
+  _globals['_STREAMSERVICE']._serialized_start=1951
+  _globals['_STREAMSERVICE']._serialized_end=2395
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from echomq.v1 import types_pb2 as _types_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -62,7 +63,7 @@ class TrimResponse(_message.Message):
     def __init__(self, trimmed: _Optional[int] = ..., applied_min_id: _Optional[str] = ..., held_back_by_groups: bool = ..., archived: _Optional[int] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("stream", "fields", "max_len", "partition_key", "dedup_key")
+    __slots__ = ("stream", "fields", "max_len", "partition_key", "dedup_key", "deliver_at", "delay")
     class FieldsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,24 +76,30 @@ class AppendRequest(_message.Message):
     MAX_LEN_FIELD_NUMBER: _ClassVar[int]
     PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
     DEDUP_KEY_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
     stream: str
     fields: _containers.ScalarMap[str, bytes]
     max_len: int
     partition_key: str
     dedup_key: str
-    def __init__(self, stream: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ..., max_len: _Optional[int] = ..., partition_key: _Optional[str] = ..., dedup_key: _Optional[str] = ...) -> None: ...
+    deliver_at: _timestamp_pb2.Timestamp
+    delay: _duration_pb2.Duration
+    def __init__(self, stream: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ..., max_len: _Optional[int] = ..., partition_key: _Optional[str] = ..., dedup_key: _Optional[str] = ..., deliver_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("id", "stream_id", "stream", "duplicate")
+    __slots__ = ("id", "stream_id", "stream", "duplicate", "scheduled")
     ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FIELD_NUMBER: _ClassVar[int]
     id: str
     stream_id: str
     stream: str
     duplicate: bool
-    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., stream: _Optional[str] = ..., duplicate: bool = ...) -> None: ...
+    scheduled: bool
+    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., stream: _Optional[str] = ..., duplicate: bool = ..., scheduled: bool = ...) -> None: ...
 
 class AppendBatchRequest(_message.Message):
     __slots__ = ("stream", "entries", "max_len", "partition_key")
@@ -107,7 +114,7 @@ class AppendBatchRequest(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[BatchEntry, _Mapping]]] = ..., max_len: _Optional[int] = ..., partition_key: _Optional[str] = ...) -> None: ...
 
 class BatchEntry(_message.Message):
-    __slots__ = ("fields", "dedup_key")
+    __slots__ = ("fields", "dedup_key", "deliver_at", "delay")
     class FieldsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -117,12 +124,67 @@ class BatchEntry(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     DEDUP_KEY_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
     fields: _containers.ScalarMap[str, bytes]
     dedup_key: str
-    def __init__(self, fields: _Optional[_Mapping[str, bytes]] = ..., dedup_key: _Optional[str] = ...) -> None: ...
+    deliver_at: _timestamp_pb2.Timestamp
+    delay: _duration_pb2.Duration
+    def __init__(self, fields: _Optional[_Mapping[str, bytes]] = ..., dedup_key: _Optional[str] = ..., deliver_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class AppendBatchResponse(_message.Message):
     __slots__ = ("entries",)
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AppendResponse]
     def __init__(self, entries: _Optional[_Iterable[_Union[AppendResponse, _Mapping]]] = ...) -> None: ...
+
+class CancelScheduledRequest(_message.Message):
+    __slots__ = ("stream", "id")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    id: str
+    def __init__(self, stream: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
+
+class CancelScheduledResponse(_message.Message):
+    __slots__ = ("deliver_at",)
+    DELIVER_AT_FIELD_NUMBER: _ClassVar[int]
+    deliver_at: _timestamp_pb2.Timestamp
+    def __init__(self, deliver_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListScheduledRequest(_message.Message):
+    __slots__ = ("stream", "page_token", "count")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    page_token: str
+    count: int
+    def __init__(self, stream: _Optional[str] = ..., page_token: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ScheduledEntry(_message.Message):
+    __slots__ = ("id", "deliver_at", "fields")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    deliver_at: _timestamp_pb2.Timestamp
+    fields: _containers.ScalarMap[str, bytes]
+    def __init__(self, id: _Optional[str] = ..., deliver_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., fields: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class ListScheduledResponse(_message.Message):
+    __slots__ = ("entries", "next_page_token", "total")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[ScheduledEntry]
+    next_page_token: str
+    total: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[ScheduledEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...

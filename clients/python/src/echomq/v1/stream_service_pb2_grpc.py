@@ -55,6 +55,16 @@ class StreamServiceStub(object):
                 request_serializer=echomq_dot_v1_dot_stream__service__pb2.TrimRequest.SerializeToString,
                 response_deserializer=echomq_dot_v1_dot_stream__service__pb2.TrimResponse.FromString,
                 _registered_method=True)
+        self.CancelScheduled = channel.unary_unary(
+                '/echomq.v1.StreamService/CancelScheduled',
+                request_serializer=echomq_dot_v1_dot_stream__service__pb2.CancelScheduledRequest.SerializeToString,
+                response_deserializer=echomq_dot_v1_dot_stream__service__pb2.CancelScheduledResponse.FromString,
+                _registered_method=True)
+        self.ListScheduled = channel.unary_unary(
+                '/echomq.v1.StreamService/ListScheduled',
+                request_serializer=echomq_dot_v1_dot_stream__service__pb2.ListScheduledRequest.SerializeToString,
+                response_deserializer=echomq_dot_v1_dot_stream__service__pb2.ListScheduledResponse.FromString,
+                _registered_method=True)
 
 
 class StreamServiceServicer(object):
@@ -81,8 +91,19 @@ class StreamServiceServicer(object):
         not confirmed (how many replicas confirmed, how many are connected), and
         whether a retry is safe (it is with the same `dedup_key`).
 
+        With `deliver_at` or `delay` the entry is scheduled: it gets its branded id
+        now (`AppendResponse.scheduled`, no stream id yet), reserved in the stream
+        with XSETID so no later entry takes it, waits in `<stream>:scheduled` (a
+        sorted set by due time, in the stream's slot), and enters the stream at
+        its time, once, carrying that id; any sidecar moves it (see
+        `--schedule-poll-ms`), in one script step per batch that adds it and
+        removes it from the schedule. For scheduled entries branded-id order is
+        not stream order.
+
         Errors: INVALID_ARGUMENT for an empty or too long stream name, a field
-        named like the reserved field, a `dedup_key` over `--max-name-bytes`, a
+        named like the reserved field, both `deliver_at` and `delay`, a negative
+        `delay`, either more than 365 days ahead or with `max_len`, a `dedup_key`
+        over `--max-name-bytes`, a
         shard key of a sharded stream this sidecar was not started with, or (on a
         Redis Cluster) a name with braces but no usable hash tag;
         FAILED_PRECONDITION when the key holds another Redis type (WRONGTYPE), or
@@ -138,6 +159,33 @@ class StreamServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelScheduled(self, request, context):
+        """CancelScheduled removes a scheduled entry (`AppendRequest.deliver_at` or
+        `delay`) before it enters the stream: it is then never delivered. Removing
+        it and moving it are each one step in Redis, so exactly one of them wins.
+
+        Errors: INVALID_ARGUMENT for a bad stream name (a sharded stream's name:
+        name the shard key that Append answered in `AppendResponse.stream`) or an
+        `id` that is not a branded id; NOT_FOUND when no such entry is scheduled
+        on that stream key (it was moved into the stream already, cancelled, or
+        never scheduled there); UNAVAILABLE when Redis cannot be reached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListScheduled(self, request, context):
+        """ListScheduled pages through a stream key's scheduled entries that have
+        not entered the stream yet, by due time then branded id.
+
+        Errors: INVALID_ARGUMENT for a bad stream name (a sharded stream's name:
+        list each shard key), a malformed `page_token`, or `count` over 10,000;
+        UNAVAILABLE when Redis cannot be reached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +208,16 @@ def add_StreamServiceServicer_to_server(servicer, server):
                     servicer.Trim,
                     request_deserializer=echomq_dot_v1_dot_stream__service__pb2.TrimRequest.FromString,
                     response_serializer=echomq_dot_v1_dot_stream__service__pb2.TrimResponse.SerializeToString,
+            ),
+            'CancelScheduled': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelScheduled,
+                    request_deserializer=echomq_dot_v1_dot_stream__service__pb2.CancelScheduledRequest.FromString,
+                    response_serializer=echomq_dot_v1_dot_stream__service__pb2.CancelScheduledResponse.SerializeToString,
+            ),
+            'ListScheduled': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListScheduled,
+                    request_deserializer=echomq_dot_v1_dot_stream__service__pb2.ListScheduledRequest.FromString,
+                    response_serializer=echomq_dot_v1_dot_stream__service__pb2.ListScheduledResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -271,6 +329,60 @@ class StreamService(object):
             '/echomq.v1.StreamService/Trim',
             echomq_dot_v1_dot_stream__service__pb2.TrimRequest.SerializeToString,
             echomq_dot_v1_dot_stream__service__pb2.TrimResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelScheduled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/echomq.v1.StreamService/CancelScheduled',
+            echomq_dot_v1_dot_stream__service__pb2.CancelScheduledRequest.SerializeToString,
+            echomq_dot_v1_dot_stream__service__pb2.CancelScheduledResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListScheduled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/echomq.v1.StreamService/ListScheduled',
+            echomq_dot_v1_dot_stream__service__pb2.ListScheduledRequest.SerializeToString,
+            echomq_dot_v1_dot_stream__service__pb2.ListScheduledResponse.FromString,
             options,
             channel_credentials,
             insecure,

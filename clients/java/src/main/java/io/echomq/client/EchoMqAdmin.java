@@ -13,17 +13,12 @@ import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Collections;
-import java.util.Iterator;
 import java.util.List;
-import java.util.NoSuchElementException;
 import java.util.Objects;
 import java.util.Optional;
 import java.util.OptionalLong;
-import java.util.Spliterator;
-import java.util.Spliterators;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Stream;
-import java.util.stream.StreamSupport;
 
 /**
  * The sidecar's AdminService: what a group is doing, and the dead letters it gave up on, listed
@@ -131,29 +126,12 @@ public final class EchoMqAdmin implements AutoCloseable {
    * @param deadLetterStream null or empty: the stream's default
    */
   public Stream<DeadLetter> deadLetters(String stream, String deadLetterStream) {
-    Iterator<DeadLetter> all = new Iterator<>() {
-      private String next = "";
-      private Iterator<DeadLetter> page = Collections.emptyIterator();
-
-      @Override
-      public boolean hasNext() {
-        while (!page.hasNext() && next != null) {
-          DeadLetterPage read = listDeadLetters(stream, deadLetterStream, next, 1000);
-          page = read.deadLetters().iterator();
-          next = read.hasMore() ? read.nextStartId() : null;
-        }
-        return page.hasNext();
-      }
-
-      @Override
-      public DeadLetter next() {
-        if (!hasNext()) {
-          throw new NoSuchElementException();
-        }
-        return page.next();
-      }
-    };
-    return StreamSupport.stream(Spliterators.spliteratorUnknownSize(all, Spliterator.ORDERED | Spliterator.NONNULL), false);
+    return Rpc.paged(
+        "",
+        from -> {
+          DeadLetterPage read = listDeadLetters(stream, deadLetterStream, from, 1000);
+          return new Rpc.Page<>(read.deadLetters(), read.hasMore() ? read.nextStartId() : null);
+        });
   }
 
   /**

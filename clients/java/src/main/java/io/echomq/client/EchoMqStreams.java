@@ -6,6 +6,10 @@ import io.echomq.v1.AppendBatchRequest;
 import io.echomq.v1.AppendBatchResponse;
 import io.echomq.v1.AppendRequest;
 import io.echomq.v1.AppendResponse;
+import io.echomq.v1.CancelScheduledRequest;
+import io.echomq.v1.CancelScheduledResponse;
+import io.echomq.v1.ListScheduledRequest;
+import io.echomq.v1.ListScheduledResponse;
 import io.echomq.v1.ReadRequest;
 import io.echomq.v1.ReadResponse;
 import io.echomq.v1.StreamServiceGrpc;
@@ -13,21 +17,18 @@ import io.echomq.v1.TrimRequest;
 import io.echomq.v1.TrimResponse;
 import io.grpc.Channel;
 import io.grpc.ManagedChannel;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
 import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Collections;
-import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
-import java.util.NoSuchElementException;
 import java.util.Objects;
-import java.util.Spliterator;
-import java.util.Spliterators;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Stream;
-import java.util.stream.StreamSupport;
 
 /**
  * The sidecar's StreamService: appends entries (each entry's branded id minted atomically with the
@@ -71,6 +72,10 @@ import java.util.stream.StreamSupport;
  *   }
  * }
  * }</pre>
+ *
+ * <p>An append with a deliver-at instant or a delay is scheduled ({@link #append(String, Map,
+ * Instant)}): listed by {@link #listScheduled} and {@link #scheduled}, cancelled by {@link
+ * #cancelScheduled} until it enters the stream.
  *
  * <p>{@link EchoMqProducer} is its deprecated old name. Groups and dead letters are {@link
  * EchoMqAdmin}'s.
@@ -193,15 +198,90 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
    */
   public CompletableFuture<AppendResult> appendAsync(
       String stream, Map<String, byte[]> fields, long maxLen, String partitionKey, String dedupKey) {
-    AppendRequest request =
+    return appendAsync(stream, fields, maxLen, partitionKey, dedupKey, null, null);
+  }
+
+  /**
+   * Schedules one entry for {@code deliverAt}: it gets its branded id now ({@link
+   * AppendResult#isScheduled()} is true, its stream id {@code ""}) and enters the stream at that
+   * instant (within the sidecar's {@code --schedule-poll-ms}), exactly once; until then no consumer
+   * or {@link #read} sees it, {@link #listScheduled} does and {@link #cancelScheduled} removes it.
+   * An instant already past appends at once.
+   *
+   * <pre>{@code
+   * AppendResult reminder = streams.append("reminders", Fields.of("order", "42"), Instant.parse("2027-01-01T09:00:00Z"));
+   * }</pre>
+   *
+   * @param deliverAt when the entry enters the stream; more than 365 days ahead: INVALID_ARGUMENT
+   * @return the branded id and the stream key written, {@link AppendResult#isScheduled()} true
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public AppendResult append(String stream, Map<String, byte[]> fields, Instant deliverAt) {
+    return join(appendAsync(stream, fields, 0, null, null, deliverAt, null));
+  }
+
+  /**
+   * Schedules one entry {@code delay} after the append (measured on the Redis server's clock), as
+   * {@link #append(String, Map, Instant)}.
+   *
+   * @param delay how long after the append the entry enters the stream; zero: at once; negative or
+   *     over 365 days: INVALID_ARGUMENT
+   * @return the branded id and the stream key written, {@link AppendResult#isScheduled()} true
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public AppendResult append(String stream, Map<String, byte[]> fields, Duration delay) {
+    return join(appendAsync(stream, fields, 0, null, null, null, delay));
+  }
+
+  /**
+   * Appends one entry with every option: see {@link #append(String, Map, long, String, String)}
+   * for {@code maxLen}, {@code partitionKey} and {@code dedupKey}, {@link #append(String, Map,
+   * Instant)} and {@link #append(String, Map, Duration)} for the schedule. Both {@code deliverAt}
+   * and {@code delay}, or either with {@code maxLen} above 0, is the sidecar's INVALID_ARGUMENT.
+   *
+   * @param deliverAt when the entry enters the stream; {@code null}: at once (or after {@code delay})
+   * @param delay how long after the append it enters the stream; {@code null} or zero: at once
+   * @return the branded id, stream id and stream key written, or the first append's for a duplicate
+   * @throws EchoMqException when the sidecar refuses or cannot be reached
+   */
+  public AppendResult append(
+      String stream,
+      Map<String, byte[]> fields,
+      long maxLen,
+      String partitionKey,
+      String dedupKey,
+      Instant deliverAt,
+      Duration delay) {
+    return join(appendAsync(stream, fields, maxLen, partitionKey, dedupKey, deliverAt, delay));
+  }
+
+  /**
+   * Appends one entry with every option without blocking (see {@link #append(String, Map, long,
+   * String, String, Instant, Duration)}); the future fails with {@link EchoMqException}.
+   */
+  public CompletableFuture<AppendResult> appendAsync(
+      String stream,
+      Map<String, byte[]> fields,
+      long maxLen,
+      String partitionKey,
+      String dedupKey,
+      Instant deliverAt,
+      Duration delay) {
+    AppendRequest.Builder request =
         AppendRequest.newBuilder()
             .setStream(stream)
             .putAllFields(toProto(fields))
             .setMaxLen(maxLen)
             .setPartitionKey(partitionKey == null ? "" : partitionKey)
-            .setDedupKey(dedupKey == null ? "" : dedupKey)
-            .build();
-    return toCompletable(appending().append(request), "appending to stream \"" + stream + "\"")
+            .setDedupKey(dedupKey == null ? "" : dedupKey);
+    // Sent as given (both, a negative delay): the sidecar refuses those and says why.
+    if (deliverAt != null) {
+      request.setDeliverAt(Rpc.toProto(deliverAt));
+    }
+    if (delay != null && !delay.isZero()) {
+      request.setDelay(signed(delay));
+    }
+    return toCompletable(appending().append(request.build()), "appending to stream \"" + stream + "\"")
         .thenApply(EchoMqStreams::result);
   }
 
@@ -267,7 +347,9 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
    * the sidecar's {@code --dedup-window-ms}), or was used by an earlier entry of the same batch, is
    * not written: its result is the first one's, with {@link AppendResult#isDuplicate()} true (it
    * takes no id of its own). On a sharded stream, a batch without {@code partitionKey} goes to the
-   * shard of its first dedup key.
+   * shard of its first dedup key. An entry with {@link BatchEntry#deliverAt()} or {@link
+   * BatchEntry#delay()} is scheduled (see {@link #append(String, Map, Instant)}): its result has
+   * {@link AppendResult#isScheduled()} true.
    *
    * @param maxLen when above 0, trims the stream to about this many entries
    * @param partitionKey the shard of a sharded stream; {@code null} or empty: none
@@ -291,10 +373,17 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
             .setMaxLen(maxLen)
             .setPartitionKey(partitionKey == null ? "" : partitionKey);
     for (BatchEntry entry : entries) {
-      request.addEntries(
+      io.echomq.v1.BatchEntry.Builder message =
           io.echomq.v1.BatchEntry.newBuilder()
               .putAllFields(toProto(entry.fields()))
-              .setDedupKey(entry.dedupKey() == null ? "" : entry.dedupKey()));
+              .setDedupKey(entry.dedupKey() == null ? "" : entry.dedupKey());
+      if (entry.deliverAt() != null) {
+        message.setDeliverAt(Rpc.toProto(entry.deliverAt()));
+      }
+      if (entry.delay() != null && !entry.delay().isZero()) {
+        message.setDelay(signed(entry.delay()));
+      }
+      request.addEntries(message);
     }
     return toCompletable(appending().appendBatch(request.build()), "appending a batch to stream \"" + stream + "\"")
         .thenApply(EchoMqStreams::results);
@@ -345,30 +434,12 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
     if (pageSize < 1 || pageSize > MAX_PAGE_SIZE) {
       throw new IllegalArgumentException("pageSize must be 1 to " + MAX_PAGE_SIZE + ", got " + pageSize);
     }
-    Iterator<Entry> entries = new Iterator<>() {
-      private Range next = range;
-      private Iterator<Entry> page = Collections.emptyIterator();
-
-      @Override
-      public boolean hasNext() {
-        while (!page.hasNext() && next != null) {
-          ReadPage read = read(stream, next, pageSize);
-          page = read.entries().iterator();
-          next = read.hasMore() ? next.fromId(read.nextStartId()) : null;
-        }
-        return page.hasNext();
-      }
-
-      @Override
-      public Entry next() {
-        if (!hasNext()) {
-          throw new NoSuchElementException();
-        }
-        return page.next();
-      }
-    };
-    return StreamSupport.stream(
-        Spliterators.spliteratorUnknownSize(entries, Spliterator.ORDERED | Spliterator.NONNULL), false);
+    return Rpc.paged(
+        range,
+        from -> {
+          ReadPage read = read(stream, from, pageSize);
+          return new Rpc.Page<>(read.entries(), read.hasMore() ? from.fromId(read.nextStartId()) : null);
+        });
   }
 
   /**
@@ -387,6 +458,99 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
     how.applyTo(request);
     TrimResponse response = Rpc.call(() -> deadlined().trim(request.build()), "trimming stream \"" + stream + "\"");
     return new TrimResult(response.getTrimmed(), response.getAppliedMinId(), response.getHeldBackByGroups());
+  }
+
+  /**
+   * Cancels a scheduled entry before it enters the stream: it is then never delivered.
+   *
+   * <pre>{@code
+   * try {
+   *   Instant wasDue = streams.cancelScheduled(reminder.stream(), reminder.id());
+   * } catch (NotScheduledException tooLate) {
+   *   // it is in the stream already (or was cancelled)
+   * }
+   * }</pre>
+   *
+   * @param stream the stream key the append answered ({@link AppendResult#stream()}: a sharded
+   *     stream's shard key)
+   * @param id the entry's branded id ({@link AppendResult#id()})
+   * @return when the entry was due
+   * @throws NotScheduledException (NOT_FOUND) when no such entry is scheduled there: it entered the
+   *     stream already, was cancelled, or was never scheduled there
+   * @throws EchoMqException INVALID_ARGUMENT for a bad stream name or an id that is not a branded
+   *     id; UNAVAILABLE when the sidecar or Redis cannot be reached
+   */
+  public Instant cancelScheduled(String stream, String id) {
+    CancelScheduledRequest request = CancelScheduledRequest.newBuilder().setStream(stream).setId(id).build();
+    String doing = "cancelling scheduled entry " + id + " of stream \"" + stream + "\"";
+    CancelScheduledResponse response;
+    try {
+      response = deadlined().cancelScheduled(request);
+    } catch (StatusRuntimeException e) {
+      if (e.getStatus().getCode() == Status.Code.NOT_FOUND) {
+        String description = e.getStatus().getDescription();
+        throw new NotScheduledException(doing + (description == null ? "" : ": " + description), e);
+      }
+      throw EchoMqException.from(e, doing);
+    }
+    return Rpc.toJava(response.getDeliverAt());
+  }
+
+  /**
+   * One page of the entries scheduled on a stream key that have not entered it yet, due first
+   * first.
+   *
+   * @param stream the stream key (for a sharded stream, one shard's key)
+   * @param pageToken the previous page's {@link ScheduledPage#nextPageToken()}; {@code null} or
+   *     empty: from the entry due first
+   * @param count the most entries (entries); 0 for the sidecar's default, 100; over 10,000:
+   *     INVALID_ARGUMENT
+   * @return the entries, the token of the next page ({@code ""} after the last) and how many the key
+   *     has scheduled in all
+   * @throws EchoMqException INVALID_ARGUMENT for a bad stream name or a malformed page token;
+   *     UNAVAILABLE when the sidecar or Redis cannot be reached
+   */
+  public ScheduledPage listScheduled(String stream, String pageToken, int count) {
+    ListScheduledRequest request =
+        ListScheduledRequest.newBuilder()
+            .setStream(stream)
+            .setPageToken(pageToken == null ? "" : pageToken)
+            .setCount(count)
+            .build();
+    ListScheduledResponse response =
+        Rpc.call(() -> deadlined().listScheduled(request), "listing the scheduled entries of stream \"" + stream + "\"");
+    List<ScheduledEntry> entries = new ArrayList<>(response.getEntriesCount());
+    response
+        .getEntriesList()
+        .forEach(
+            e -> {
+              Map<String, byte[]> fields = new java.util.LinkedHashMap<>();
+              e.getFieldsMap().forEach((name, value) -> fields.put(name, value.toByteArray()));
+              entries.add(new ScheduledEntry(e.getId(), Rpc.toJava(e.getDeliverAt()), Collections.unmodifiableMap(fields)));
+            });
+    return new ScheduledPage(Collections.unmodifiableList(entries), response.getNextPageToken(), response.getTotal());
+  }
+
+  /** Every entry scheduled on a stream key, the sidecar's page size at a time; see {@link #scheduled(String, int)}. */
+  public Stream<ScheduledEntry> scheduled(String stream) {
+    return scheduled(stream, 0);
+  }
+
+  /**
+   * Every entry scheduled on a stream key that has not entered it yet, due first first, listed
+   * lazily a page at a time (each page one call, following {@link ScheduledPage#nextPageToken()}).
+   *
+   * @param pageSize entries per call; 0 for the sidecar's default, 100
+   * @return a sequential, ordered stream; a failed page throws {@link EchoMqException} from the
+   *     stream's terminal operation
+   */
+  public Stream<ScheduledEntry> scheduled(String stream, int pageSize) {
+    return Rpc.paged(
+        "",
+        token -> {
+          ScheduledPage listed = listScheduled(stream, token, pageSize);
+          return new Rpc.Page<>(listed.entries(), listed.hasMore() ? listed.nextPageToken() : null);
+        });
   }
 
   /** Closes the channel if this client opened it. */
@@ -410,7 +574,18 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
   }
 
   private static AppendResult result(AppendResponse response) {
-    return new AppendResult(response.getId(), response.getStreamId(), response.getStream(), response.getDuplicate());
+    return new AppendResult(
+        response.getId(), response.getStreamId(), response.getStream(), response.getDuplicate(), response.getScheduled());
+  }
+
+  /** A delay of either sign as the proto's Duration, whose seconds and nanos share the sign. */
+  private static com.google.protobuf.Duration signed(Duration delay) {
+    Duration abs = delay.abs();
+    int sign = delay.isNegative() ? -1 : 1;
+    return com.google.protobuf.Duration.newBuilder()
+        .setSeconds(sign * abs.getSeconds())
+        .setNanos(sign * abs.getNano())
+        .build();
   }
 
   private static List<AppendResult> results(AppendBatchResponse response) {
@@ -586,4 +761,18 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
    *     has pending or not yet delivered
    */
   public record TrimResult(long trimmed, String appliedMinId, boolean heldBackByGroups) {}
+
+  /**
+   * One page of {@link #listScheduled}.
+   *
+   * @param entries due first first (then by branded id); unmodifiable
+   * @param nextPageToken pass as {@code pageToken} for the next page; {@code ""} after the last
+   * @param total how many entries the stream key has scheduled in all
+   */
+  public record ScheduledPage(List<ScheduledEntry> entries, String nextPageToken, long total) {
+    /** Whether another page follows. */
+    public boolean hasMore() {
+      return !nextPageToken.isEmpty();
+    }
+  }
 }

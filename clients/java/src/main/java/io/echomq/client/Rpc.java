@@ -9,10 +9,19 @@ import io.grpc.ManagedChannel;
 import io.grpc.StatusRuntimeException;
 import java.time.Duration;
 import java.time.Instant;
+import java.util.Collections;
+import java.util.Iterator;
+import java.util.List;
+import java.util.NoSuchElementException;
+import java.util.Spliterator;
+import java.util.Spliterators;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Function;
 import java.util.function.Supplier;
+import java.util.stream.Stream;
+import java.util.stream.StreamSupport;
 
 /**
  * What the unary wrappers ({@link EchoMqStreams}, {@link EchoMqAdmin})
@@ -97,6 +106,41 @@ final class Rpc {
 
   static Instant toJava(Timestamp timestamp) {
     return Instant.ofEpochSecond(timestamp.getSeconds(), timestamp.getNanos());
+  }
+
+  /** One page for {@link #paged}: its items, and the cursor of the next page (null after the last). */
+  record Page<C, T>(List<T> items, C next) {}
+
+  /**
+   * The items of consecutive pages as a lazy, sequential, ordered stream: {@code fetch} reads the
+   * page at a cursor, starting at {@code first}, when the items before it have been taken. A failed
+   * page throws from the stream's terminal operation.
+   */
+  static <C, T> Stream<T> paged(C first, Function<C, Page<C, T>> fetch) {
+    Iterator<T> items =
+        new Iterator<>() {
+          private C next = first;
+          private Iterator<T> page = Collections.emptyIterator();
+
+          @Override
+          public boolean hasNext() {
+            while (!page.hasNext() && next != null) {
+              Page<C, T> read = fetch.apply(next);
+              page = read.items().iterator();
+              next = read.next();
+            }
+            return page.hasNext();
+          }
+
+          @Override
+          public T next() {
+            if (!hasNext()) {
+              throw new NoSuchElementException();
+            }
+            return page.next();
+          }
+        };
+    return StreamSupport.stream(Spliterators.spliteratorUnknownSize(items, Spliterator.ORDERED | Spliterator.NONNULL), false);
   }
 
   static String orEmpty(String s) {

@@ -10,6 +10,7 @@ import io.echomq.client.EchoMqException;
 import io.echomq.client.EchoMqStreams;
 import io.echomq.client.FailKind;
 import io.echomq.client.FlowControl;
+import io.echomq.client.NotScheduledException;
 import io.echomq.client.PoisonException;
 import io.echomq.client.StartPosition;
 import io.echomq.client.TransientException;
@@ -27,6 +28,7 @@ import io.grpc.Metadata;
 import io.grpc.MethodDescriptor;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Base64;
@@ -97,6 +99,10 @@ final class ScenarioRun {
   private final Set<String> appendedIds = ConcurrentHashMap.newKeySet();
   /** The answer that wrote each dedup key of append_calls. */
   private final Map<String, AppendResult> firstByDedupKey = new HashMap<>();
+  /** The answer to each `ref` of append_calls. */
+  private final Map<String, AppendResult> byRef = new HashMap<>();
+  /** Branded ids answered `scheduled`. */
+  private final Set<String> scheduledIds = ConcurrentHashMap.newKeySet();
   private final List<EchoMqConsumer> consumers = new ArrayList<>();
   private final List<String> problems = Collections.synchronizedList(new ArrayList<>());
   private Long stopMillis;
@@ -171,13 +177,13 @@ final class ScenarioRun {
     if (call.size() == 1 && call.has("append")) {
       JsonObject spec = call.getAsJsonObject("append");
       specs.add(spec);
-      results = List.of(producer.append(stream, keyedFields(spec), 0, null, dedupKey(spec)));
+      results = List.of(producer.append(stream, keyedFields(spec), 0, null, dedupKey(spec), deliverAt(spec), delay(spec)));
     } else if (call.size() == 1 && call.has("append_batch")) {
       List<BatchEntry> entries = new ArrayList<>();
       for (JsonElement e : call.getAsJsonArray("append_batch")) {
         JsonObject spec = e.getAsJsonObject();
         specs.add(spec);
-        entries.add(BatchEntry.of(keyedFields(spec), dedupKey(spec)));
+        entries.add(BatchEntry.of(keyedFields(spec), dedupKey(spec)).withDeliverAt(deliverAt(spec)).withDelay(delay(spec)));
       }
       results = producer.appendBatchEntries(stream, entries);
     } else {
@@ -194,6 +200,19 @@ final class ScenarioRun {
       String key = dedupKey(spec);
       boolean want = spec.has("duplicate") && spec.get("duplicate").getAsBoolean();
       String where = "append_calls[" + i + "][" + j + "] (dedup key " + key + ")";
+      boolean wantScheduled = spec.has("scheduled") && spec.get("scheduled").getAsBoolean();
+      if (result.isScheduled() != wantScheduled) {
+        problems.add(where + ": scheduled " + result.isScheduled() + ", want " + wantScheduled);
+      }
+      if (result.isScheduled()) {
+        if (!result.streamId().isEmpty()) {
+          problems.add(where + ": a scheduled entry's answer has stream id " + result.streamId());
+        }
+        scheduledIds.add(result.id());
+      }
+      if (spec.has("ref")) {
+        byRef.put(spec.get("ref").getAsString(), result);
+      }
       if (result.isDuplicate() != want) {
         problems.add(where + ": duplicate " + result.isDuplicate() + ", want " + want);
         continue;
@@ -215,16 +234,35 @@ final class ScenarioRun {
     }
   }
 
-  /** The fields of an append_calls entry; its keys must be fields, dedup_key and duplicate. */
+  /** The fields of an append_calls entry, whose keys must all be known. */
   private Map<String, byte[]> keyedFields(JsonObject entry) {
     for (String key : entry.keySet()) {
-      if (!Set.of("fields", "dedup_key", "duplicate").contains(key)) {
+      if (!Set.of("fields", "dedup_key", "duplicate", "delay_ms", "deliver_in_ms", "scheduled", "ref").contains(key)) {
         problems.add("unknown append_calls entry key `" + key + "`");
       }
     }
     Map<String, byte[]> fields = new LinkedHashMap<>();
     entry.getAsJsonObject("fields").entrySet().forEach(f -> fields.put(f.getKey(), value(f.getValue().getAsJsonObject())));
     return fields;
+  }
+
+  /** An append_calls entry's `deliver_in_ms` as the instant it names; null without. */
+  private static Instant deliverAt(JsonObject entry) {
+    return entry.has("deliver_in_ms") ? Instant.now().plusMillis(entry.get("deliver_in_ms").getAsLong()) : null;
+  }
+
+  /** An append_calls entry's `delay_ms`; null without. */
+  private static Duration delay(JsonObject entry) {
+    return entry.has("delay_ms") ? Duration.ofMillis(entry.get("delay_ms").getAsLong()) : null;
+  }
+
+  /** The answer to the append_calls entry with this `ref`. */
+  private AppendResult byRef(String step, String ref) {
+    AppendResult target = byRef.get(ref);
+    if (target == null) {
+      fail("scenario " + name + ": " + step + ": no append_calls entry has ref " + ref);
+    }
+    return target;
   }
 
   private static String dedupKey(JsonObject entry) {
@@ -544,6 +582,41 @@ final class ScenarioRun {
         }
       }
       case "wait_verdict_error" -> waitFor(step, () -> verdictErrors.contains(arg) ? 1 : 0, 1);
+      case "sleep" -> Thread.sleep(Long.parseLong(arg));
+      case "assert_handled" -> {
+        int got = calls.size();
+        if (got != Integer.parseInt(arg)) {
+          fail("scenario " + name + ": " + step + ": " + got + " handler calls so far");
+        }
+      }
+      case "assert_scheduled" -> {
+        List<String> listed;
+        try (var entries = producer.scheduled(stream)) {
+          listed = entries.map(e -> e.id()).toList();
+        }
+        if (listed.size() != Integer.parseInt(arg) || !scheduledIds.containsAll(listed)) {
+          fail("scenario " + name + ": " + step + ": listed " + listed + ", scheduled " + scheduledIds);
+        }
+      }
+      case "cancel_scheduled" -> {
+        AppendResult target = byRef(step, arg);
+        Instant due = producer.cancelScheduled(target.stream(), target.id());
+        if (due.isBefore(Instant.now().minusSeconds(1))) {
+          fail("scenario " + name + ": " + step + ": the cancelled entry was due at " + due);
+        }
+        appendedIds.remove(target.id()); // never to be handled
+      }
+      case "cancel_scheduled_not_found" -> {
+        AppendResult target = byRef(step, arg);
+        try {
+          Instant due = producer.cancelScheduled(target.stream(), target.id());
+          fail("scenario " + name + ": " + step + ": cancelled an entry due at " + due + ", want NotScheduledException");
+        } catch (NotScheduledException expected) {
+          if (expected.code() != io.grpc.Status.Code.NOT_FOUND) {
+            fail("scenario " + name + ": " + step + ": code " + expected.code());
+          }
+        }
+      }
       default -> fail("scenario " + name + ": unknown step `" + step + "` (this runner must be taught it)");
     }
   }
