@@ -47,8 +47,9 @@ pub struct AppendTarget {
 /// for the whole database; on a cluster it has a slot of its own, and is
 /// written by separate commands ordered so that no schedule is left out of it
 /// (see `stream::scheduled`). No key derived from a stream's name takes this
-/// name (no derived suffix is `:index:scheduled`); a stream named so would.
-pub const SCHEDULED_INDEX: &str = "echomq:index:scheduled";
+/// name: no derived suffix (`:dlq`, `:scheduled`, `:dedup:<key>`, …) is `:scheduled-index`;
+/// only a stream named exactly so would clash.
+pub const SCHEDULED_INDEX: &str = "echomq:scheduled-index";
 
 /// Why a name with braces but no usable `{hash tag}` (`x{}y`, `a}b`) cannot
 /// be consumed on a cluster.
@@ -384,7 +385,7 @@ mod tests {
             }
             assert!(cluster.same_slot("f", stream, &dlq).is_ok());
         }
-        for stream in ["echomq", "echomq:index", "echomq:index:scheduled"] {
+        for stream in ["echomq", "echomq:index", "echomq:scheduled-index"] {
             let single = sharded("", false);
             let derived = [single.scheduled(stream), single.scheduled_entries(stream), single.scheduled_lease(stream)];
             assert!(!derived.contains(&SCHEDULED_INDEX.to_owned()), "{stream}: {derived:?}");

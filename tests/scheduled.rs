@@ -140,7 +140,7 @@ async fn a_scheduled_entry_is_invisible_before_its_time_and_consumed_once_after(
     consumer.assert_quiet(Duration::from_millis(500), "moved once").await;
     assert_eq!(branded_ids(&mut conn, "orders").await, [plain.id.clone(), scheduled.id.clone()]);
     assert_eq!(zcard(&mut conn, "orders:scheduled").await, 0, "the schedule is empty");
-    assert_eq!(zcard(&mut conn, "echomq:index:scheduled").await, 0, "the index is empty");
+    assert_eq!(zcard(&mut conn, "echomq:scheduled-index").await, 0, "the index is empty");
     let exists: u64 = redis::cmd("EXISTS").arg("orders:scheduled:entries").query_async(&mut conn).await.unwrap();
     assert_eq!(exists, 0, "no key is left behind");
 }
@@ -232,7 +232,7 @@ async fn a_kill_9_during_the_move_leaves_each_entry_moved_exactly_once() {
     assert_eq!(ids.len(), 20_000, "no entry twice");
     assert_eq!(ids.iter().collect::<HashSet<_>>(), minted.iter().collect::<HashSet<_>>(), "each exactly once");
     assert_eq!(zcard(&mut conn, "many:scheduled").await, 0);
-    assert_eq!(zcard(&mut conn, "echomq:index:scheduled").await, 0);
+    assert_eq!(zcard(&mut conn, "echomq:scheduled-index").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,7 +268,7 @@ async fn two_sidecars_racing_move_each_entry_once() {
         assert_eq!(ids.len(), 1_000, "{stream}: no entry twice");
         assert_eq!(ids.iter().collect::<HashSet<_>>(), expected, "{stream}: each exactly once");
     }
-    assert_eq!(zcard(&mut conn, "echomq:index:scheduled").await, 0);
+    assert_eq!(zcard(&mut conn, "echomq:scheduled-index").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
