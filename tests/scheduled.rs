@@ -577,3 +577,53 @@ async fn a_scheduled_entry_keeps_its_fields_byte_for_byte() {
     assert_eq!(entry.field("traceparent"), Some(traceparent.as_bytes()), "the trace context comes along");
     assert_eq!(entry.fields.len(), awkward.len() + 2, "the fields, the branded id and the trace context: {entry:?}");
 }
+
+/// A sharded stream: each scheduled entry waits in its shard's schedule and
+/// enters that shard with a stream id of the shard's stride (sequence ≡ k
+/// modulo the shard count), as a plain append's; the sharded stream's name is
+/// refused by ListScheduled and CancelScheduled, which take a shard's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_streams_entries_wait_and_enter_in_their_shard_with_its_stride() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, polling().arg("--sharded-streams").arg("sh=2")).await;
+    let mut conn = redis.conn().await;
+    let mut client = sidecar.stream_client().await;
+    let mut written = Vec::new();
+    for n in 0..10 {
+        let request = AppendRequest {
+            stream: "sh".into(),
+            fields: fields(&[("n", n.to_string().as_bytes())]),
+            delay: after(400),
+            ..Default::default()
+        };
+        written.push(client.append(request).await.unwrap().into_inner());
+    }
+    for call in ["list", "cancel"] {
+        let status = match call {
+            "list" => client
+                .list_scheduled(ListScheduledRequest { stream: "sh".into(), ..Default::default() })
+                .await
+                .map(drop),
+            _ => client
+                .cancel_scheduled(CancelScheduledRequest { stream: "sh".into(), id: written[0].id.clone() })
+                .await
+                .map(drop),
+        }
+        .expect_err("the sharded stream's name");
+        assert_eq!(status.code(), Code::InvalidArgument, "{call}: {status:?}");
+        assert!(status.message().contains("sh:{sh:0}"), "{call} names a shard key: {status:?}");
+    }
+    for k in 0..2u64 {
+        let shard = format!("sh:{{sh:{k}}}");
+        let mine: Vec<&AppendResponse> = written.iter().filter(|w| w.stream == shard).collect();
+        assert_eq!(mine.len(), 5, "{shard}: taken in turn");
+        wait_len(&mut conn, &shard, 5, Duration::from_secs(5)).await;
+        let entries = xrange(&mut conn, &shard).await;
+        for entry in &entries {
+            let seq: u64 = entry.stream_id.split('-').nth(1).unwrap().parse().unwrap();
+            assert_eq!(seq % 2, k, "{shard}: stream id {} keeps the shard's stride", entry.stream_id);
+        }
+        let ids: HashSet<&[u8]> = entries.iter().map(|e| e.field("id").unwrap()).collect();
+        assert_eq!(ids, mine.iter().map(|w| w.id.as_bytes()).collect::<HashSet<_>>(), "{shard}");
+    }
+}
