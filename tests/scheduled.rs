@@ -52,18 +52,6 @@ async fn schedule(sidecar: &Sidecar, stream: &str, value: &str, delay_ms: u64) -
         .into_inner()
 }
 
-/// AppendBatch of `entries` to `stream`: what it wrote.
-async fn batch(sidecar: &Sidecar, stream: &str, entries: Vec<BatchEntry>) -> Vec<AppendResponse> {
-    sidecar
-        .stream_client()
-        .await
-        .append_batch(AppendBatchRequest { stream: stream.into(), entries, ..Default::default() })
-        .await
-        .expect("append batch")
-        .into_inner()
-        .entries
-}
-
 /// The values of the reserved `id` field in the stream, in stream order (XRANGE, paged).
 async fn branded_ids(conn: &mut MultiplexedConnection, stream: &str) -> Vec<String> {
     let mut ids = Vec::new();
@@ -208,7 +196,7 @@ async fn a_kill_9_during_the_move_leaves_each_entry_moved_exactly_once() {
                 ..Default::default()
             })
             .collect();
-        let written = batch(&first, "many", entries).await;
+        let written = first.append_batch("many", entries).await;
         assert!(written.iter().all(|e| e.scheduled));
         minted.extend(written.into_iter().map(|e| e.id));
     }
@@ -254,7 +242,7 @@ async fn two_sidecars_racing_move_each_entry_once() {
                     ..Default::default()
                 })
                 .collect();
-            let written = batch(sidecar, stream, entries).await;
+            let written = sidecar.append_batch(stream, entries).await;
             minted.extend(written.into_iter().map(|e| (stream.to_string(), e.id)));
         }
     }
@@ -322,7 +310,7 @@ async fn list_pages_by_due_time_then_id() {
             ..Default::default()
         })
         .collect();
-    let minted = batch(&sidecar, "l", entries).await;
+    let minted = sidecar.append_batch("l", entries).await;
     let mut expected: Vec<(u64, String)> =
         minted.iter().enumerate().map(|(n, e)| (base + (24 - n as u64) / 3 * 1_000, e.id.clone())).collect();
     expected.sort();
@@ -366,7 +354,7 @@ async fn a_batch_mixes_plain_and_scheduled_entries_with_consecutive_ids() {
             ..Default::default()
         })
         .collect();
-    let written = batch(&sidecar, "mixed", entries).await;
+    let written = sidecar.append_batch("mixed", entries).await;
     for (n, entry) in written.iter().enumerate() {
         assert_eq!(entry.scheduled, n % 2 == 1, "{entry:?}");
         assert_eq!(entry.stream_id.is_empty(), entry.scheduled, "{entry:?}");
