@@ -41,7 +41,7 @@ use std::{
 };
 
 use common::redis_server::{RedisOptions, RedisServer};
-use common::{connection, phase, rate, thousands, Error, Sidecar, BODY_BYTES};
+use common::{connection, median_f64, phase, rate, thousands, Error, Sidecar, BODY_BYTES};
 use echomq::proto::{stream_service_client::StreamServiceClient, AppendRequest};
 use redis::aio::MultiplexedConnection;
 use tonic::transport::Channel;
@@ -259,12 +259,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     }
     let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
-}
-
-fn median_f64(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn median_duration(values: &[Duration]) -> Duration {

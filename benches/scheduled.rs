@@ -36,7 +36,9 @@ use std::{
 };
 
 use common::redis_server::{RedisOptions, RedisServer};
-use common::{append, connection, phase, rate, thousands, Error, Sidecar, APPEND_BATCH, BODY_BYTES};
+use common::{
+    append, connection, median_f64 as median, phase, rate, thousands, Error, Sidecar, APPEND_BATCH, BODY_BYTES,
+};
 use echomq::proto::{stream_service_client::StreamServiceClient, AppendRequest};
 use redis::aio::MultiplexedConnection;
 use tonic::transport::Channel;
@@ -236,10 +238,4 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
 }

@@ -46,8 +46,10 @@ pub struct AppendTarget {
 /// is moved even when no sidecar appends to or consumes its stream. One key
 /// for the whole database; on a cluster it has a slot of its own, and is
 /// written by separate commands ordered so that no schedule is left out of it
-/// (see `stream::scheduled`).
-pub const SCHEDULED_INDEX: &str = "echomq:scheduled";
+/// (see `stream::scheduled`). No key derived from a stream's name takes this
+/// name: no derived suffix (`:dlq`, `:scheduled`, `:dedup:<key>`, …) is `:scheduled-index`;
+/// only a stream named exactly so would clash.
+pub const SCHEDULED_INDEX: &str = "echomq:scheduled-index";
 
 /// Why a name with braces but no usable `{hash tag}` (`x{}y`, `a}b`) cannot
 /// be consumed on a cluster.
@@ -382,6 +384,11 @@ mod tests {
                 assert_eq!(Slot::for_key(stream), Slot::for_key(&record), "{stream} {dedup_key} -> {record}");
             }
             assert!(cluster.same_slot("f", stream, &dlq).is_ok());
+        }
+        for stream in ["echomq", "echomq:index", "echomq:scheduled-index"] {
+            let single = sharded("", false);
+            let derived = [single.scheduled(stream), single.scheduled_entries(stream), single.scheduled_lease(stream)];
+            assert!(!derived.contains(&SCHEDULED_INDEX.to_owned()), "{stream}: {derived:?}");
         }
         assert_eq!(cluster.dead_letter_stream("orders"), "{orders}:dlq");
         assert_eq!(cluster.dedup("orders", "k"), "{orders}:dedup:k");

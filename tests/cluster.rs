@@ -775,6 +775,6 @@ async fn scheduled_entries_move_once_on_a_cluster_plain_and_sharded() {
         assert_eq!(moved.len(), ids.len(), "{key}: no entry twice");
         assert_eq!(moved.iter().collect::<HashSet<_>>(), ids.iter().collect::<HashSet<_>>(), "{key}: each once");
     }
-    let indexed: u64 = redis::cmd("ZCARD").arg("echomq:scheduled").query_async(&mut con).await.unwrap();
+    let indexed: u64 = redis::cmd("ZCARD").arg("echomq:scheduled-index").query_async(&mut con).await.unwrap();
     assert_eq!(indexed, 0, "the index is empty once every schedule is");
 }

@@ -35,11 +35,6 @@ async fn append(sidecar: &Sidecar, request: AppendRequest) -> Result<AppendRespo
     sidecar.stream_client().await.append(request).await.map(tonic::Response::into_inner)
 }
 
-async fn batch(sidecar: &Sidecar, stream: &str, entries: Vec<BatchEntry>) -> Vec<AppendResponse> {
-    let request = AppendBatchRequest { stream: stream.to_owned(), entries, ..Default::default() };
-    sidecar.stream_client().await.append_batch(request).await.expect("append batch").into_inner().entries
-}
-
 async fn pttl(con: &mut MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(con).await.expect("PTTL")
 }
@@ -137,14 +132,15 @@ async fn a_batch_writes_each_dedup_key_once() {
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
     let mut con = redis.conn().await;
 
-    let first = batch(&sidecar, "b", vec![entry("a", "1"), entry("", "2"), entry("a", "3"), entry("b", "4")]).await;
+    let first =
+        sidecar.append_batch("b", vec![entry("a", "1"), entry("", "2"), entry("a", "3"), entry("b", "4")]).await;
     let duplicate: Vec<bool> = first.iter().map(|w| w.duplicate).collect();
     assert_eq!(duplicate, [false, false, true, false]);
     assert_eq!(first[2].id, first[0].id, "the repeat answers the first entry's id");
     assert_eq!(first[2].stream_id, first[0].stream_id);
     assert_eq!(xlen(&mut con, "b").await, 3);
 
-    let second = batch(&sidecar, "b", vec![entry("b", "5"), entry("c", "6")]).await;
+    let second = sidecar.append_batch("b", vec![entry("b", "5"), entry("c", "6")]).await;
     assert!(second[0].duplicate && second[0].id == first[3].id, "{second:?}");
     assert!(!second[1].duplicate);
     assert_eq!(xlen(&mut con, "b").await, 4);
@@ -152,7 +148,7 @@ async fn a_batch_writes_each_dedup_key_once() {
         xrange(&mut con, "b").await.iter().map(|e| e.field("v").unwrap_or_default().to_vec()).collect();
     assert_eq!(values, [b"1", b"2", b"4", b"6"]);
 
-    let all_duplicates = batch(&sidecar, "b", vec![entry("a", "7"), entry("c", "8")]).await;
+    let all_duplicates = sidecar.append_batch("b", vec![entry("a", "7"), entry("c", "8")]).await;
     assert!(all_duplicates.iter().all(|w| w.duplicate));
     assert_eq!(xlen(&mut con, "b").await, 4, "a batch of duplicates writes nothing");
 }

@@ -52,18 +52,6 @@ async fn schedule(sidecar: &Sidecar, stream: &str, value: &str, delay_ms: u64) -
         .into_inner()
 }
 
-/// AppendBatch of `entries` to `stream`: what it wrote.
-async fn batch(sidecar: &Sidecar, stream: &str, entries: Vec<BatchEntry>) -> Vec<AppendResponse> {
-    sidecar
-        .stream_client()
-        .await
-        .append_batch(AppendBatchRequest { stream: stream.into(), entries, ..Default::default() })
-        .await
-        .expect("append batch")
-        .into_inner()
-        .entries
-}
-
 /// The values of the reserved `id` field in the stream, in stream order (XRANGE, paged).
 async fn branded_ids(conn: &mut MultiplexedConnection, stream: &str) -> Vec<String> {
     let mut ids = Vec::new();
@@ -140,7 +128,7 @@ async fn a_scheduled_entry_is_invisible_before_its_time_and_consumed_once_after(
     consumer.assert_quiet(Duration::from_millis(500), "moved once").await;
     assert_eq!(branded_ids(&mut conn, "orders").await, [plain.id.clone(), scheduled.id.clone()]);
     assert_eq!(zcard(&mut conn, "orders:scheduled").await, 0, "the schedule is empty");
-    assert_eq!(zcard(&mut conn, "echomq:scheduled").await, 0, "the index is empty");
+    assert_eq!(zcard(&mut conn, "echomq:scheduled-index").await, 0, "the index is empty");
     let exists: u64 = redis::cmd("EXISTS").arg("orders:scheduled:entries").query_async(&mut conn).await.unwrap();
     assert_eq!(exists, 0, "no key is left behind");
 }
@@ -208,7 +196,7 @@ async fn a_kill_9_during_the_move_leaves_each_entry_moved_exactly_once() {
                 ..Default::default()
             })
             .collect();
-        let written = batch(&first, "many", entries).await;
+        let written = first.append_batch("many", entries).await;
         assert!(written.iter().all(|e| e.scheduled));
         minted.extend(written.into_iter().map(|e| e.id));
     }
@@ -232,7 +220,7 @@ async fn a_kill_9_during_the_move_leaves_each_entry_moved_exactly_once() {
     assert_eq!(ids.len(), 20_000, "no entry twice");
     assert_eq!(ids.iter().collect::<HashSet<_>>(), minted.iter().collect::<HashSet<_>>(), "each exactly once");
     assert_eq!(zcard(&mut conn, "many:scheduled").await, 0);
-    assert_eq!(zcard(&mut conn, "echomq:scheduled").await, 0);
+    assert_eq!(zcard(&mut conn, "echomq:scheduled-index").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,7 +242,7 @@ async fn two_sidecars_racing_move_each_entry_once() {
                     ..Default::default()
                 })
                 .collect();
-            let written = batch(sidecar, stream, entries).await;
+            let written = sidecar.append_batch(stream, entries).await;
             minted.extend(written.into_iter().map(|e| (stream.to_string(), e.id)));
         }
     }
@@ -268,7 +256,7 @@ async fn two_sidecars_racing_move_each_entry_once() {
         assert_eq!(ids.len(), 1_000, "{stream}: no entry twice");
         assert_eq!(ids.iter().collect::<HashSet<_>>(), expected, "{stream}: each exactly once");
     }
-    assert_eq!(zcard(&mut conn, "echomq:scheduled").await, 0);
+    assert_eq!(zcard(&mut conn, "echomq:scheduled-index").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,7 +310,7 @@ async fn list_pages_by_due_time_then_id() {
             ..Default::default()
         })
         .collect();
-    let minted = batch(&sidecar, "l", entries).await;
+    let minted = sidecar.append_batch("l", entries).await;
     let mut expected: Vec<(u64, String)> =
         minted.iter().enumerate().map(|(n, e)| (base + (24 - n as u64) / 3 * 1_000, e.id.clone())).collect();
     expected.sort();
@@ -366,7 +354,7 @@ async fn a_batch_mixes_plain_and_scheduled_entries_with_consecutive_ids() {
             ..Default::default()
         })
         .collect();
-    let written = batch(&sidecar, "mixed", entries).await;
+    let written = sidecar.append_batch("mixed", entries).await;
     for (n, entry) in written.iter().enumerate() {
         assert_eq!(entry.scheduled, n % 2 == 1, "{entry:?}");
         assert_eq!(entry.stream_id.is_empty(), entry.scheduled, "{entry:?}");
@@ -576,4 +564,54 @@ async fn a_scheduled_entry_keeps_its_fields_byte_for_byte() {
     assert_eq!(entry.field("id"), Some(scheduled.id.as_bytes()));
     assert_eq!(entry.field("traceparent"), Some(traceparent.as_bytes()), "the trace context comes along");
     assert_eq!(entry.fields.len(), awkward.len() + 2, "the fields, the branded id and the trace context: {entry:?}");
+}
+
+/// A sharded stream: each scheduled entry waits in its shard's schedule and
+/// enters that shard with a stream id of the shard's stride (sequence ≡ k
+/// modulo the shard count), as a plain append's; the sharded stream's name is
+/// refused by ListScheduled and CancelScheduled, which take a shard's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_streams_entries_wait_and_enter_in_their_shard_with_its_stride() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, polling().arg("--sharded-streams").arg("sh=2")).await;
+    let mut conn = redis.conn().await;
+    let mut client = sidecar.stream_client().await;
+    let mut written = Vec::new();
+    for n in 0..10 {
+        let request = AppendRequest {
+            stream: "sh".into(),
+            fields: fields(&[("n", n.to_string().as_bytes())]),
+            delay: after(400),
+            ..Default::default()
+        };
+        written.push(client.append(request).await.unwrap().into_inner());
+    }
+    for call in ["list", "cancel"] {
+        let status = match call {
+            "list" => client
+                .list_scheduled(ListScheduledRequest { stream: "sh".into(), ..Default::default() })
+                .await
+                .map(drop),
+            _ => client
+                .cancel_scheduled(CancelScheduledRequest { stream: "sh".into(), id: written[0].id.clone() })
+                .await
+                .map(drop),
+        }
+        .expect_err("the sharded stream's name");
+        assert_eq!(status.code(), Code::InvalidArgument, "{call}: {status:?}");
+        assert!(status.message().contains("sh:{sh:0}"), "{call} names a shard key: {status:?}");
+    }
+    for k in 0..2u64 {
+        let shard = format!("sh:{{sh:{k}}}");
+        let mine: Vec<&AppendResponse> = written.iter().filter(|w| w.stream == shard).collect();
+        assert_eq!(mine.len(), 5, "{shard}: taken in turn");
+        wait_len(&mut conn, &shard, 5, Duration::from_secs(5)).await;
+        let entries = xrange(&mut conn, &shard).await;
+        for entry in &entries {
+            let seq: u64 = entry.stream_id.split('-').nth(1).unwrap().parse().unwrap();
+            assert_eq!(seq % 2, k, "{shard}: stream id {} keeps the shard's stride", entry.stream_id);
+        }
+        let ids: HashSet<&[u8]> = entries.iter().map(|e| e.field("id").unwrap()).collect();
+        assert_eq!(ids, mine.iter().map(|w| w.id.as_bytes()).collect::<HashSet<_>>(), "{shard}");
+    }
 }

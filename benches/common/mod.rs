@@ -145,6 +145,14 @@ pub(crate) fn rate(entries: usize, took: Duration) -> f64 {
     entries as f64 / took.as_secs_f64()
 }
 
+/// The median of `values` (the upper one of an even count; 0 when empty).
+#[allow(dead_code)] // the append and scheduled benches'
+pub(crate) fn median_f64(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// `12345.6` as `12,346`.
 pub(crate) fn thousands(value: f64) -> String {
     let digits = format!("{:.0}", value);

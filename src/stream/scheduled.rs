@@ -120,7 +120,7 @@ pub(super) fn due_of(
 }
 
 /// Indexes the stream key `stream` as due at `due_ms` at the latest
-/// (`ZADD echomq:scheduled LT`: an earlier score stays).
+/// (`ZADD echomq:scheduled-index LT`: an earlier score stays).
 ///
 /// Errors: as [`Error::from_redis`].
 pub(super) async fn index(redis: &Redis, stream: &str, due_ms: u64) -> Result<(), Error> {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use echomq::proto::consumer_service_client::ConsumerServiceClient;
 use echomq::proto::stream_service_client::StreamServiceClient;
-use echomq::proto::{AppendRequest, AppendResponse};
+use echomq::proto::{AppendBatchRequest, AppendRequest, AppendResponse, BatchEntry};
 use tonic::transport::Channel;
 
 use super::http::{http_get, http_status};
@@ -489,6 +489,13 @@ impl Sidecar {
             appended.push(self.append(stream, &[("n", i.to_string().as_bytes())]).await);
         }
         appended
+    }
+
+    /// Appends `entries` to `stream` in one AppendBatch call (all or none)
+    /// and returns what it wrote, in order.
+    pub async fn append_batch(&self, stream: &str, entries: Vec<BatchEntry>) -> Vec<AppendResponse> {
+        let request = AppendBatchRequest { stream: stream.to_owned(), entries, ..Default::default() };
+        self.stream_client().await.append_batch(request).await.expect("append batch").into_inner().entries
     }
 
     /// Appends one entry through the sidecar's Append call.

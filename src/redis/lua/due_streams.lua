@@ -2,7 +2,7 @@
 -- with scheduled entries, by Redis time (so a sidecar's own clock does not
 -- matter).
 --
--- KEYS[1]  the index (`echomq:scheduled`: stream key by the unix ms its
+-- KEYS[1]  the index (`echomq:scheduled-index`: stream key by the unix ms its
 --          earliest scheduled entry is due at, or earlier)
 -- ARGV[1]  the most streams to return
 -- Returns a flat list { stream key, due unix ms (text), … }, earliest first.
