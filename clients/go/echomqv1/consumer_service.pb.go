@@ -179,6 +179,10 @@ const (
 	// a later verdict for it is answered NOT_PENDING and not applied, and if the
 	// entry comes back to this sidecar it is delivered again.
 	VerdictErrorCode_VERDICT_ERROR_CODE_LEASE_LOST VerdictErrorCode = 5
+	// An AckEmit names a stream outside the sidecar's allow-list
+	// (`--allow-streams`, `--allow-streams-for`). Nothing was written or
+	// acknowledged; the call still holds the delivery.
+	VerdictErrorCode_VERDICT_ERROR_CODE_PERMISSION_DENIED VerdictErrorCode = 6
 )
 
 // Enum value maps for VerdictErrorCode.
@@ -190,14 +194,16 @@ var (
 		3: "VERDICT_ERROR_CODE_INVALID_ARGUMENT",
 		4: "VERDICT_ERROR_CODE_UNAVAILABLE",
 		5: "VERDICT_ERROR_CODE_LEASE_LOST",
+		6: "VERDICT_ERROR_CODE_PERMISSION_DENIED",
 	}
 	VerdictErrorCode_value = map[string]int32{
-		"VERDICT_ERROR_CODE_UNSPECIFIED":      0,
-		"VERDICT_ERROR_CODE_UNKNOWN_ID":       1,
-		"VERDICT_ERROR_CODE_NOT_PENDING":      2,
-		"VERDICT_ERROR_CODE_INVALID_ARGUMENT": 3,
-		"VERDICT_ERROR_CODE_UNAVAILABLE":      4,
-		"VERDICT_ERROR_CODE_LEASE_LOST":       5,
+		"VERDICT_ERROR_CODE_UNSPECIFIED":       0,
+		"VERDICT_ERROR_CODE_UNKNOWN_ID":        1,
+		"VERDICT_ERROR_CODE_NOT_PENDING":       2,
+		"VERDICT_ERROR_CODE_INVALID_ARGUMENT":  3,
+		"VERDICT_ERROR_CODE_UNAVAILABLE":       4,
+		"VERDICT_ERROR_CODE_LEASE_LOST":        5,
+		"VERDICT_ERROR_CODE_PERMISSION_DENIED": 6,
 	}
 )
 
@@ -242,6 +248,7 @@ type ConsumeRequest struct {
 	//	*ConsumeRequest_Extend
 	//	*ConsumeRequest_Drain
 	//	*ConsumeRequest_Release
+	//	*ConsumeRequest_AckEmit
 	Kind          isConsumeRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -338,6 +345,15 @@ func (x *ConsumeRequest) GetRelease() *Release {
 	return nil
 }
 
+func (x *ConsumeRequest) GetAckEmit() *AckEmit {
+	if x != nil {
+		if x, ok := x.Kind.(*ConsumeRequest_AckEmit); ok {
+			return x.AckEmit
+		}
+	}
+	return nil
+}
+
 type isConsumeRequest_Kind interface {
 	isConsumeRequest_Kind()
 }
@@ -373,6 +389,13 @@ type ConsumeRequest_Release struct {
 	Release *Release `protobuf:"bytes,6,opt,name=release,proto3,oneof"`
 }
 
+type ConsumeRequest_AckEmit struct {
+	// Acknowledges one delivery and appends what its handler produced, in
+	// one step that happens exactly once (consume → produce without
+	// duplicates downstream). Answered with `Emitted`, or a VerdictError.
+	AckEmit *AckEmit `protobuf:"bytes,7,opt,name=ack_emit,json=ackEmit,proto3,oneof"`
+}
+
 func (*ConsumeRequest_Subscribe) isConsumeRequest_Kind() {}
 
 func (*ConsumeRequest_Ack) isConsumeRequest_Kind() {}
@@ -384,6 +407,8 @@ func (*ConsumeRequest_Extend) isConsumeRequest_Kind() {}
 func (*ConsumeRequest_Drain) isConsumeRequest_Kind() {}
 
 func (*ConsumeRequest_Release) isConsumeRequest_Kind() {}
+
+func (*ConsumeRequest_AckEmit) isConsumeRequest_Kind() {}
 
 // Opens a subscription of this call to a stream through a consumer group.
 //
@@ -756,6 +781,157 @@ func (x *Fail) GetKind() FailKind {
 	return FailKind_FAIL_KIND_UNSPECIFIED
 }
 
+// Acknowledges one delivery and appends entries to other streams (or the
+// same one), atomically: one server-side script checks that the entry is
+// still pending for this sidecar's consumer (`XPENDING`), appends each emit
+// (`XADD`, minting its branded id as Append does), then runs `XACK` and drops
+// the entry's retry state. So an entry's emits are written exactly once,
+// together with the acknowledgement that takes it out of the PEL, whatever
+// redeliveries, reclaims by peers and duplicate handler runs happened: a
+// second AckEmit of the same entry finds it acknowledged and writes nothing.
+//
+// Answered with `Emitted` (the emits' ids, in order) when applied. Otherwise
+// with a VerdictError, nothing written and nothing acknowledged:
+//   - UNKNOWN_ID / NOT_PENDING: as for an Ack (the call does not hold `id`,
+//     or Redis no longer has it pending: acknowledged already, say by an
+//     earlier AckEmit of a duplicate handler run);
+//   - LEASE_LOST: a peer reclaimed the entry (it is pending for another
+//     consumer); the call no longer holds it;
+//   - INVALID_ARGUMENT / PERMISSION_DENIED: a bad emit (see `Emit`); the call
+//     still holds the entry and may answer it again;
+//   - UNAVAILABLE: Redis failed (the entry stays pending and comes back unless
+//     the step was applied, in which case it is done), or with
+//     `--wait-replicas`/`--wait-aof` the step was applied on the primary but
+//     not confirmed in time: the message names the emitted ids.
+//
+// The answer may be lost (the call breaks, the sidecar dies) after the step
+// was applied: the entry is then acknowledged and not delivered again, and
+// the AckEmit sent again writes nothing (UNKNOWN_ID or NOT_PENDING). The
+// emits are exactly once either way; only what the handler did outside Redis
+// may have run twice. On an at-most-once (`no_ack`) subscription an AckEmit
+// gets INVALID_ARGUMENT: nothing is pending to fence on.
+type AckEmit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The branded id (28 lowercase hex characters) of a delivery this call
+	// holds. Required.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The entries to append, in order: 0 to 1,000 (none: an Ack that applies
+	// only while the call still holds the entry). Each gets a new branded id
+	// and carries the delivery's trace context in its `traceparent` field
+	// (unless it sets that field itself).
+	Emits         []*Emit `protobuf:"bytes,2,rep,name=emits,proto3" json:"emits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AckEmit) Reset() {
+	*x = AckEmit{}
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AckEmit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AckEmit) ProtoMessage() {}
+
+func (x *AckEmit) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AckEmit.ProtoReflect.Descriptor instead.
+func (*AckEmit) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *AckEmit) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AckEmit) GetEmits() []*Emit {
+	if x != nil {
+		return x.Emits
+	}
+	return nil
+}
+
+// One entry an AckEmit appends.
+type Emit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stream key to append to. Required, 1 to `--max-name-bytes` bytes:
+	// INVALID_ARGUMENT when empty or longer, PERMISSION_DENIED outside the
+	// sidecar's allow-list. On a Redis Cluster it must hash to the slot of the
+	// delivery's stream (give both one `{hash tag}`): INVALID_ARGUMENT
+	// otherwise, as one script writes both. The name of a sharded stream
+	// (`--sharded-streams`) is INVALID_ARGUMENT (name one of its shard keys,
+	// `<stream>:{<stream>:<k>}`, instead).
+	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// The entry's fields, at most `--max-fields-per-entry`. A field named like
+	// the reserved branded-id field (`--id-field`, `id`) is INVALID_ARGUMENT.
+	// INVALID_ARGUMENT too when the entry could not be delivered in one frame
+	// of `--max-message-bytes`.
+	Fields        map[string][]byte `protobuf:"bytes,2,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Emit) Reset() {
+	*x = Emit{}
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Emit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Emit) ProtoMessage() {}
+
+func (x *Emit) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Emit.ProtoReflect.Descriptor instead.
+func (*Emit) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Emit) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *Emit) GetFields() map[string][]byte {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
 // Extends the ack deadline of deliveries this call holds. Without an
 // `ack_deadline` on the subscription there is no deadline to extend, and the
 // message only checks that the ids are held. While a call holds a delivery the
@@ -775,7 +951,7 @@ type Extend struct {
 
 func (x *Extend) Reset() {
 	*x = Extend{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[4]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +963,7 @@ func (x *Extend) String() string {
 func (*Extend) ProtoMessage() {}
 
 func (x *Extend) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[4]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +976,7 @@ func (x *Extend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Extend.ProtoReflect.Descriptor instead.
 func (*Extend) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{4}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Extend) GetIds() []string {
@@ -833,7 +1009,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[5]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +1021,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[5]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +1034,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{5}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{7}
 }
 
 // "I have not started these": gives held deliveries back to the group at once,
@@ -898,7 +1074,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[6]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1086,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[6]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1099,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{6}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Release) GetIds() []string {
@@ -944,6 +1120,7 @@ type ConsumeResponse struct {
 	//	*ConsumeResponse_Delivery
 	//	*ConsumeResponse_VerdictError
 	//	*ConsumeResponse_Batch
+	//	*ConsumeResponse_Emitted
 	Kind          isConsumeResponse_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -951,7 +1128,7 @@ type ConsumeResponse struct {
 
 func (x *ConsumeResponse) Reset() {
 	*x = ConsumeResponse{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1140,7 @@ func (x *ConsumeResponse) String() string {
 func (*ConsumeResponse) ProtoMessage() {}
 
 func (x *ConsumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1153,7 @@ func (x *ConsumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeResponse) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{7}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConsumeResponse) GetKind() isConsumeResponse_Kind {
@@ -1022,6 +1199,15 @@ func (x *ConsumeResponse) GetBatch() *DeliveryBatch {
 	return nil
 }
 
+func (x *ConsumeResponse) GetEmitted() *Emitted {
+	if x != nil {
+		if x, ok := x.Kind.(*ConsumeResponse_Emitted); ok {
+			return x.Emitted
+		}
+	}
+	return nil
+}
+
 type isConsumeResponse_Kind interface {
 	isConsumeResponse_Kind()
 }
@@ -1047,6 +1233,12 @@ type ConsumeResponse_Batch struct {
 	Batch *DeliveryBatch `protobuf:"bytes,4,opt,name=batch,proto3,oneof"`
 }
 
+type ConsumeResponse_Emitted struct {
+	// The answer to an AckEmit that was applied: the entry is acknowledged
+	// and its emits are written.
+	Emitted *Emitted `protobuf:"bytes,5,opt,name=emitted,proto3,oneof"`
+}
+
 func (*ConsumeResponse_Subscribed) isConsumeResponse_Kind() {}
 
 func (*ConsumeResponse_Delivery) isConsumeResponse_Kind() {}
@@ -1054,6 +1246,127 @@ func (*ConsumeResponse_Delivery) isConsumeResponse_Kind() {}
 func (*ConsumeResponse_VerdictError) isConsumeResponse_Kind() {}
 
 func (*ConsumeResponse_Batch) isConsumeResponse_Kind() {}
+
+func (*ConsumeResponse_Emitted) isConsumeResponse_Kind() {}
+
+// An AckEmit applied: its delivery acknowledged, its emits appended.
+type Emitted struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The AckEmit's `id`, as the client sent it.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// One per emit, in the AckEmit's order.
+	Entries       []*EmittedEntry `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Emitted) Reset() {
+	*x = Emitted{}
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Emitted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Emitted) ProtoMessage() {}
+
+func (x *Emitted) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Emitted.ProtoReflect.Descriptor instead.
+func (*Emitted) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Emitted) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Emitted) GetEntries() []*EmittedEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+// One entry an AckEmit appended.
+type EmittedEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its new branded id (28 lowercase hex characters).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Its id in `stream`, `<ms>-<seq>`.
+	StreamId string `protobuf:"bytes,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	// The stream key it was appended to.
+	Stream        string `protobuf:"bytes,3,opt,name=stream,proto3" json:"stream,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmittedEntry) Reset() {
+	*x = EmittedEntry{}
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmittedEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmittedEntry) ProtoMessage() {}
+
+func (x *EmittedEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmittedEntry.ProtoReflect.Descriptor instead.
+func (*EmittedEntry) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *EmittedEntry) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *EmittedEntry) GetStreamId() string {
+	if x != nil {
+		return x.StreamId
+	}
+	return ""
+}
+
+func (x *EmittedEntry) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
 
 // Deliveries sent in one frame: each is settled on its own, exactly as if it
 // had come alone.
@@ -1067,7 +1380,7 @@ type DeliveryBatch struct {
 
 func (x *DeliveryBatch) Reset() {
 	*x = DeliveryBatch{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1392,7 @@ func (x *DeliveryBatch) String() string {
 func (*DeliveryBatch) ProtoMessage() {}
 
 func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1405,7 @@ func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryBatch.ProtoReflect.Descriptor instead.
 func (*DeliveryBatch) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{8}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeliveryBatch) GetDeliveries() []*Delivery {
@@ -1122,7 +1435,7 @@ type Subscribed struct {
 
 func (x *Subscribed) Reset() {
 	*x = Subscribed{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1447,7 @@ func (x *Subscribed) String() string {
 func (*Subscribed) ProtoMessage() {}
 
 func (x *Subscribed) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[9]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1460,7 @@ func (x *Subscribed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subscribed.ProtoReflect.Descriptor instead.
 func (*Subscribed) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{9}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Subscribed) GetStream() string {
@@ -1218,7 +1531,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1543,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[10]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1556,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{10}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Delivery) GetId() string {
@@ -1324,7 +1637,7 @@ type VerdictError struct {
 
 func (x *VerdictError) Reset() {
 	*x = VerdictError{}
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[11]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1649,7 @@ func (x *VerdictError) String() string {
 func (*VerdictError) ProtoMessage() {}
 
 func (x *VerdictError) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_consumer_service_proto_msgTypes[11]
+	mi := &file_echomq_v1_consumer_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1662,7 @@ func (x *VerdictError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerdictError.ProtoReflect.Descriptor instead.
 func (*VerdictError) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{11}
+	return file_echomq_v1_consumer_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *VerdictError) GetId() string {
@@ -1377,14 +1690,15 @@ var File_echomq_v1_consumer_service_proto protoreflect.FileDescriptor
 
 const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\n" +
-	" echomq/v1/consumer_service.proto\x12\techomq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15echomq/v1/types.proto\"\xa0\x02\n" +
+	" echomq/v1/consumer_service.proto\x12\techomq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15echomq/v1/types.proto\"\xd1\x02\n" +
 	"\x0eConsumeRequest\x124\n" +
 	"\tsubscribe\x18\x01 \x01(\v2\x14.echomq.v1.SubscribeH\x00R\tsubscribe\x12\"\n" +
 	"\x03ack\x18\x02 \x01(\v2\x0e.echomq.v1.AckH\x00R\x03ack\x12%\n" +
 	"\x04fail\x18\x03 \x01(\v2\x0f.echomq.v1.FailH\x00R\x04fail\x12+\n" +
 	"\x06extend\x18\x04 \x01(\v2\x11.echomq.v1.ExtendH\x00R\x06extend\x12(\n" +
 	"\x05drain\x18\x05 \x01(\v2\x10.echomq.v1.DrainH\x00R\x05drain\x12.\n" +
-	"\arelease\x18\x06 \x01(\v2\x12.echomq.v1.ReleaseH\x00R\areleaseB\x06\n" +
+	"\arelease\x18\x06 \x01(\v2\x12.echomq.v1.ReleaseH\x00R\arelease\x12/\n" +
+	"\back_emit\x18\a \x01(\v2\x12.echomq.v1.AckEmitH\x00R\aackEmitB\x06\n" +
 	"\x04kind\"\xc8\x04\n" +
 	"\tSubscribe\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
@@ -1412,21 +1726,38 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"retryAfter\x12\x1f\n" +
 	"\vdead_letter\x18\x04 \x01(\bR\n" +
 	"deadLetter\x12'\n" +
-	"\x04kind\x18\x05 \x01(\x0e2\x13.echomq.v1.FailKindR\x04kind\"E\n" +
+	"\x04kind\x18\x05 \x01(\x0e2\x13.echomq.v1.FailKindR\x04kind\"@\n" +
+	"\aAckEmit\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
+	"\x05emits\x18\x02 \x03(\v2\x0f.echomq.v1.EmitR\x05emits\"\x8e\x01\n" +
+	"\x04Emit\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x123\n" +
+	"\x06fields\x18\x02 \x03(\v2\x1b.echomq.v1.Emit.FieldsEntryR\x06fields\x1a9\n" +
+	"\vFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"E\n" +
 	"\x06Extend\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\x12)\n" +
 	"\x02by\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02by\"\a\n" +
 	"\x05Drain\"\x1b\n" +
 	"\aRelease\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids\"\xf7\x01\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"\xa7\x02\n" +
 	"\x0fConsumeResponse\x127\n" +
 	"\n" +
 	"subscribed\x18\x01 \x01(\v2\x15.echomq.v1.SubscribedH\x00R\n" +
 	"subscribed\x121\n" +
 	"\bdelivery\x18\x02 \x01(\v2\x13.echomq.v1.DeliveryH\x00R\bdelivery\x12>\n" +
 	"\rverdict_error\x18\x03 \x01(\v2\x17.echomq.v1.VerdictErrorH\x00R\fverdictError\x120\n" +
-	"\x05batch\x18\x04 \x01(\v2\x18.echomq.v1.DeliveryBatchH\x00R\x05batchB\x06\n" +
-	"\x04kind\"D\n" +
+	"\x05batch\x18\x04 \x01(\v2\x18.echomq.v1.DeliveryBatchH\x00R\x05batch\x12.\n" +
+	"\aemitted\x18\x05 \x01(\v2\x12.echomq.v1.EmittedH\x00R\aemittedB\x06\n" +
+	"\x04kind\"L\n" +
+	"\aEmitted\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x121\n" +
+	"\aentries\x18\x02 \x03(\v2\x17.echomq.v1.EmittedEntryR\aentries\"S\n" +
+	"\fEmittedEntry\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tstream_id\x18\x02 \x01(\tR\bstreamId\x12\x16\n" +
+	"\x06stream\x18\x03 \x01(\tR\x06stream\"D\n" +
 	"\rDeliveryBatch\x123\n" +
 	"\n" +
 	"deliveries\x18\x01 \x03(\v2\x13.echomq.v1.DeliveryR\n" +
@@ -1466,14 +1797,15 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\x15FAIL_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11FAIL_KIND_MESSAGE\x10\x01\x12\x17\n" +
 	"\x13FAIL_KIND_TRANSIENT\x10\x02\x12\x14\n" +
-	"\x10FAIL_KIND_POISON\x10\x03*\xed\x01\n" +
+	"\x10FAIL_KIND_POISON\x10\x03*\x97\x02\n" +
 	"\x10VerdictErrorCode\x12\"\n" +
 	"\x1eVERDICT_ERROR_CODE_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dVERDICT_ERROR_CODE_UNKNOWN_ID\x10\x01\x12\"\n" +
 	"\x1eVERDICT_ERROR_CODE_NOT_PENDING\x10\x02\x12'\n" +
 	"#VERDICT_ERROR_CODE_INVALID_ARGUMENT\x10\x03\x12\"\n" +
 	"\x1eVERDICT_ERROR_CODE_UNAVAILABLE\x10\x04\x12!\n" +
-	"\x1dVERDICT_ERROR_CODE_LEASE_LOST\x10\x052W\n" +
+	"\x1dVERDICT_ERROR_CODE_LEASE_LOST\x10\x05\x12(\n" +
+	"$VERDICT_ERROR_CODE_PERMISSION_DENIED\x10\x062W\n" +
 	"\x0fConsumerService\x12D\n" +
 	"\aConsume\x12\x19.echomq.v1.ConsumeRequest\x1a\x1a.echomq.v1.ConsumeResponse(\x010\x01B\xa0\x01\n" +
 	"\rcom.echomq.v1B\x14ConsumerServiceProtoP\x01Z4github.com/echomq/echomq-sidecar/clients/go/echomqv1\xa2\x02\x03EXX\xaa\x02\tEchomq.V1\xca\x02\tEchomq\\V1\xe2\x02\x15Echomq\\V1\\GPBMetadata\xea\x02\n" +
@@ -1492,7 +1824,7 @@ func file_echomq_v1_consumer_service_proto_rawDescGZIP() []byte {
 }
 
 var file_echomq_v1_consumer_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_echomq_v1_consumer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_echomq_v1_consumer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_echomq_v1_consumer_service_proto_goTypes = []any{
 	(GroupStart)(0),               // 0: echomq.v1.GroupStart
 	(FailKind)(0),                 // 1: echomq.v1.FailKind
@@ -1501,50 +1833,60 @@ var file_echomq_v1_consumer_service_proto_goTypes = []any{
 	(*Subscribe)(nil),             // 4: echomq.v1.Subscribe
 	(*Ack)(nil),                   // 5: echomq.v1.Ack
 	(*Fail)(nil),                  // 6: echomq.v1.Fail
-	(*Extend)(nil),                // 7: echomq.v1.Extend
-	(*Drain)(nil),                 // 8: echomq.v1.Drain
-	(*Release)(nil),               // 9: echomq.v1.Release
-	(*ConsumeResponse)(nil),       // 10: echomq.v1.ConsumeResponse
-	(*DeliveryBatch)(nil),         // 11: echomq.v1.DeliveryBatch
-	(*Subscribed)(nil),            // 12: echomq.v1.Subscribed
-	(*Delivery)(nil),              // 13: echomq.v1.Delivery
-	(*VerdictError)(nil),          // 14: echomq.v1.VerdictError
-	nil,                           // 15: echomq.v1.Delivery.PayloadEntry
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
-	(*RawField)(nil),              // 18: echomq.v1.RawField
+	(*AckEmit)(nil),               // 7: echomq.v1.AckEmit
+	(*Emit)(nil),                  // 8: echomq.v1.Emit
+	(*Extend)(nil),                // 9: echomq.v1.Extend
+	(*Drain)(nil),                 // 10: echomq.v1.Drain
+	(*Release)(nil),               // 11: echomq.v1.Release
+	(*ConsumeResponse)(nil),       // 12: echomq.v1.ConsumeResponse
+	(*Emitted)(nil),               // 13: echomq.v1.Emitted
+	(*EmittedEntry)(nil),          // 14: echomq.v1.EmittedEntry
+	(*DeliveryBatch)(nil),         // 15: echomq.v1.DeliveryBatch
+	(*Subscribed)(nil),            // 16: echomq.v1.Subscribed
+	(*Delivery)(nil),              // 17: echomq.v1.Delivery
+	(*VerdictError)(nil),          // 18: echomq.v1.VerdictError
+	nil,                           // 19: echomq.v1.Emit.FieldsEntry
+	nil,                           // 20: echomq.v1.Delivery.PayloadEntry
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*RawField)(nil),              // 23: echomq.v1.RawField
 }
 var file_echomq_v1_consumer_service_proto_depIdxs = []int32{
 	4,  // 0: echomq.v1.ConsumeRequest.subscribe:type_name -> echomq.v1.Subscribe
 	5,  // 1: echomq.v1.ConsumeRequest.ack:type_name -> echomq.v1.Ack
 	6,  // 2: echomq.v1.ConsumeRequest.fail:type_name -> echomq.v1.Fail
-	7,  // 3: echomq.v1.ConsumeRequest.extend:type_name -> echomq.v1.Extend
-	8,  // 4: echomq.v1.ConsumeRequest.drain:type_name -> echomq.v1.Drain
-	9,  // 5: echomq.v1.ConsumeRequest.release:type_name -> echomq.v1.Release
-	0,  // 6: echomq.v1.Subscribe.group_start:type_name -> echomq.v1.GroupStart
-	16, // 7: echomq.v1.Subscribe.start_time:type_name -> google.protobuf.Timestamp
-	17, // 8: echomq.v1.Subscribe.ack_deadline:type_name -> google.protobuf.Duration
-	17, // 9: echomq.v1.Subscribe.retry_backoff_initial:type_name -> google.protobuf.Duration
-	17, // 10: echomq.v1.Subscribe.retry_backoff_max:type_name -> google.protobuf.Duration
-	17, // 11: echomq.v1.Fail.retry_after:type_name -> google.protobuf.Duration
-	1,  // 12: echomq.v1.Fail.kind:type_name -> echomq.v1.FailKind
-	17, // 13: echomq.v1.Extend.by:type_name -> google.protobuf.Duration
-	12, // 14: echomq.v1.ConsumeResponse.subscribed:type_name -> echomq.v1.Subscribed
-	13, // 15: echomq.v1.ConsumeResponse.delivery:type_name -> echomq.v1.Delivery
-	14, // 16: echomq.v1.ConsumeResponse.verdict_error:type_name -> echomq.v1.VerdictError
-	11, // 17: echomq.v1.ConsumeResponse.batch:type_name -> echomq.v1.DeliveryBatch
-	13, // 18: echomq.v1.DeliveryBatch.deliveries:type_name -> echomq.v1.Delivery
-	15, // 19: echomq.v1.Delivery.payload:type_name -> echomq.v1.Delivery.PayloadEntry
-	16, // 20: echomq.v1.Delivery.minted_at:type_name -> google.protobuf.Timestamp
-	18, // 21: echomq.v1.Delivery.raw_fields:type_name -> echomq.v1.RawField
-	2,  // 22: echomq.v1.VerdictError.code:type_name -> echomq.v1.VerdictErrorCode
-	3,  // 23: echomq.v1.ConsumerService.Consume:input_type -> echomq.v1.ConsumeRequest
-	10, // 24: echomq.v1.ConsumerService.Consume:output_type -> echomq.v1.ConsumeResponse
-	24, // [24:25] is the sub-list for method output_type
-	23, // [23:24] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	9,  // 3: echomq.v1.ConsumeRequest.extend:type_name -> echomq.v1.Extend
+	10, // 4: echomq.v1.ConsumeRequest.drain:type_name -> echomq.v1.Drain
+	11, // 5: echomq.v1.ConsumeRequest.release:type_name -> echomq.v1.Release
+	7,  // 6: echomq.v1.ConsumeRequest.ack_emit:type_name -> echomq.v1.AckEmit
+	0,  // 7: echomq.v1.Subscribe.group_start:type_name -> echomq.v1.GroupStart
+	21, // 8: echomq.v1.Subscribe.start_time:type_name -> google.protobuf.Timestamp
+	22, // 9: echomq.v1.Subscribe.ack_deadline:type_name -> google.protobuf.Duration
+	22, // 10: echomq.v1.Subscribe.retry_backoff_initial:type_name -> google.protobuf.Duration
+	22, // 11: echomq.v1.Subscribe.retry_backoff_max:type_name -> google.protobuf.Duration
+	22, // 12: echomq.v1.Fail.retry_after:type_name -> google.protobuf.Duration
+	1,  // 13: echomq.v1.Fail.kind:type_name -> echomq.v1.FailKind
+	8,  // 14: echomq.v1.AckEmit.emits:type_name -> echomq.v1.Emit
+	19, // 15: echomq.v1.Emit.fields:type_name -> echomq.v1.Emit.FieldsEntry
+	22, // 16: echomq.v1.Extend.by:type_name -> google.protobuf.Duration
+	16, // 17: echomq.v1.ConsumeResponse.subscribed:type_name -> echomq.v1.Subscribed
+	17, // 18: echomq.v1.ConsumeResponse.delivery:type_name -> echomq.v1.Delivery
+	18, // 19: echomq.v1.ConsumeResponse.verdict_error:type_name -> echomq.v1.VerdictError
+	15, // 20: echomq.v1.ConsumeResponse.batch:type_name -> echomq.v1.DeliveryBatch
+	13, // 21: echomq.v1.ConsumeResponse.emitted:type_name -> echomq.v1.Emitted
+	14, // 22: echomq.v1.Emitted.entries:type_name -> echomq.v1.EmittedEntry
+	17, // 23: echomq.v1.DeliveryBatch.deliveries:type_name -> echomq.v1.Delivery
+	20, // 24: echomq.v1.Delivery.payload:type_name -> echomq.v1.Delivery.PayloadEntry
+	21, // 25: echomq.v1.Delivery.minted_at:type_name -> google.protobuf.Timestamp
+	23, // 26: echomq.v1.Delivery.raw_fields:type_name -> echomq.v1.RawField
+	2,  // 27: echomq.v1.VerdictError.code:type_name -> echomq.v1.VerdictErrorCode
+	3,  // 28: echomq.v1.ConsumerService.Consume:input_type -> echomq.v1.ConsumeRequest
+	12, // 29: echomq.v1.ConsumerService.Consume:output_type -> echomq.v1.ConsumeResponse
+	29, // [29:30] is the sub-list for method output_type
+	28, // [28:29] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_echomq_v1_consumer_service_proto_init() }
@@ -1560,12 +1902,14 @@ func file_echomq_v1_consumer_service_proto_init() {
 		(*ConsumeRequest_Extend)(nil),
 		(*ConsumeRequest_Drain)(nil),
 		(*ConsumeRequest_Release)(nil),
+		(*ConsumeRequest_AckEmit)(nil),
 	}
-	file_echomq_v1_consumer_service_proto_msgTypes[7].OneofWrappers = []any{
+	file_echomq_v1_consumer_service_proto_msgTypes[9].OneofWrappers = []any{
 		(*ConsumeResponse_Subscribed)(nil),
 		(*ConsumeResponse_Delivery)(nil),
 		(*ConsumeResponse_VerdictError)(nil),
 		(*ConsumeResponse_Batch)(nil),
+		(*ConsumeResponse_Emitted)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1573,7 +1917,7 @@ func file_echomq_v1_consumer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_echomq_v1_consumer_service_proto_rawDesc), len(file_echomq_v1_consumer_service_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   13,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,11 +36,12 @@ type ConsumerServiceClient interface {
 	// Consume is the consumer call: one bidirectional stream per subscription.
 	//
 	// The first client message must be a `Subscribe`; every later one is a
-	// verdict (`Ack`, `Fail`, `Release`), a lease extension (`Extend`) or a
-	// `Drain`. The server answers
-	// the subscribe with one `Subscribed`, then sends deliveries (one per frame,
-	// or in `DeliveryBatch` frames when the subscribe asks with `max_batch`) and
-	// per-verdict errors.
+	// verdict (`Ack`, `Fail`, `AckEmit`, `Release`), a lease extension
+	// (`Extend`) or a `Drain`. The server answers the subscribe with one
+	// `Subscribed`, then sends deliveries (one per frame, or in `DeliveryBatch`
+	// frames when the subscribe asks with `max_batch`), per-verdict errors, and
+	// an `Emitted` per applied AckEmit. Answers do not keep the order of the
+	// verdicts.
 	//
 	// The call ends with:
 	//   - INVALID_ARGUMENT: the first message is not a valid `Subscribe`, a
@@ -91,11 +92,12 @@ type ConsumerServiceServer interface {
 	// Consume is the consumer call: one bidirectional stream per subscription.
 	//
 	// The first client message must be a `Subscribe`; every later one is a
-	// verdict (`Ack`, `Fail`, `Release`), a lease extension (`Extend`) or a
-	// `Drain`. The server answers
-	// the subscribe with one `Subscribed`, then sends deliveries (one per frame,
-	// or in `DeliveryBatch` frames when the subscribe asks with `max_batch`) and
-	// per-verdict errors.
+	// verdict (`Ack`, `Fail`, `AckEmit`, `Release`), a lease extension
+	// (`Extend`) or a `Drain`. The server answers the subscribe with one
+	// `Subscribed`, then sends deliveries (one per frame, or in `DeliveryBatch`
+	// frames when the subscribe asks with `max_batch`), per-verdict errors, and
+	// an `Emitted` per applied AckEmit. Answers do not keep the order of the
+	// verdicts.
 	//
 	// The call ends with:
 	//   - INVALID_ARGUMENT: the first message is not a valid `Subscribe`, a

@@ -32,6 +32,7 @@ class VerdictErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERDICT_ERROR_CODE_INVALID_ARGUMENT: _ClassVar[VerdictErrorCode]
     VERDICT_ERROR_CODE_UNAVAILABLE: _ClassVar[VerdictErrorCode]
     VERDICT_ERROR_CODE_LEASE_LOST: _ClassVar[VerdictErrorCode]
+    VERDICT_ERROR_CODE_PERMISSION_DENIED: _ClassVar[VerdictErrorCode]
 GROUP_START_UNSPECIFIED: GroupStart
 GROUP_START_NEW: GroupStart
 GROUP_START_BEGINNING: GroupStart
@@ -47,22 +48,25 @@ VERDICT_ERROR_CODE_NOT_PENDING: VerdictErrorCode
 VERDICT_ERROR_CODE_INVALID_ARGUMENT: VerdictErrorCode
 VERDICT_ERROR_CODE_UNAVAILABLE: VerdictErrorCode
 VERDICT_ERROR_CODE_LEASE_LOST: VerdictErrorCode
+VERDICT_ERROR_CODE_PERMISSION_DENIED: VerdictErrorCode
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("subscribe", "ack", "fail", "extend", "drain", "release")
+    __slots__ = ("subscribe", "ack", "fail", "extend", "drain", "release", "ack_emit")
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     FAIL_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    ACK_EMIT_FIELD_NUMBER: _ClassVar[int]
     subscribe: Subscribe
     ack: Ack
     fail: Fail
     extend: Extend
     drain: Drain
     release: Release
-    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+    ack_emit: AckEmit
+    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., ack_emit: _Optional[_Union[AckEmit, _Mapping]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
     __slots__ = ("stream", "group", "group_start", "start_id", "start_time", "max_in_flight", "ack_deadline", "retry_backoff_initial", "retry_backoff_max", "dead_letter_stream", "max_deliveries", "no_ack", "max_batch")
@@ -114,6 +118,29 @@ class Fail(_message.Message):
     kind: FailKind
     def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dead_letter: bool = ..., kind: _Optional[_Union[FailKind, str]] = ...) -> None: ...
 
+class AckEmit(_message.Message):
+    __slots__ = ("id", "emits")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EMITS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    emits: _containers.RepeatedCompositeFieldContainer[Emit]
+    def __init__(self, id: _Optional[str] = ..., emits: _Optional[_Iterable[_Union[Emit, _Mapping]]] = ...) -> None: ...
+
+class Emit(_message.Message):
+    __slots__ = ("stream", "fields")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    fields: _containers.ScalarMap[str, bytes]
+    def __init__(self, stream: _Optional[str] = ..., fields: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
 class Extend(_message.Message):
     __slots__ = ("ids", "by")
     IDS_FIELD_NUMBER: _ClassVar[int]
@@ -133,16 +160,36 @@ class Release(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ("subscribed", "delivery", "verdict_error", "batch")
+    __slots__ = ("subscribed", "delivery", "verdict_error", "batch", "emitted")
     SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     VERDICT_ERROR_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    EMITTED_FIELD_NUMBER: _ClassVar[int]
     subscribed: Subscribed
     delivery: Delivery
     verdict_error: VerdictError
     batch: DeliveryBatch
-    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., verdict_error: _Optional[_Union[VerdictError, _Mapping]] = ..., batch: _Optional[_Union[DeliveryBatch, _Mapping]] = ...) -> None: ...
+    emitted: Emitted
+    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., verdict_error: _Optional[_Union[VerdictError, _Mapping]] = ..., batch: _Optional[_Union[DeliveryBatch, _Mapping]] = ..., emitted: _Optional[_Union[Emitted, _Mapping]] = ...) -> None: ...
+
+class Emitted(_message.Message):
+    __slots__ = ("id", "entries")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    entries: _containers.RepeatedCompositeFieldContainer[EmittedEntry]
+    def __init__(self, id: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[EmittedEntry, _Mapping]]] = ...) -> None: ...
+
+class EmittedEntry(_message.Message):
+    __slots__ = ("id", "stream_id", "stream")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    stream_id: str
+    stream: str
+    def __init__(self, id: _Optional[str] = ..., stream_id: _Optional[str] = ..., stream: _Optional[str] = ...) -> None: ...
 
 class DeliveryBatch(_message.Message):
     __slots__ = ("deliveries",)
