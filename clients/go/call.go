@@ -78,6 +78,10 @@ type call struct {
 	lost   map[string]struct{}
 	lostN  atomic.Int32
 
+	// emits holds the AckEmits sent and not yet answered, by id.
+	emitMu sync.Mutex
+	emits  map[string]chan emitAnswer
+
 	recvDone chan struct{}
 	recvErr  error // set before recvDone is closed
 
@@ -304,10 +308,15 @@ func (k *call) receive() {
 			}
 		case *pb.ConsumeResponse_VerdictError:
 			v := kind.VerdictError
+			e := VerdictError{ID: v.GetId(), Code: v.GetCode(), Message: v.GetMessage()}
+			// An AckEmit's refusal goes to its caller and to the hook.
+			k.answerEmit(e.ID, emitAnswer{refused: &e})
 			if v.GetCode() == CodeLeaseLost {
 				k.leaseLost(v.GetId())
 			}
-			k.c.verdictError(VerdictError{ID: v.GetId(), Code: v.GetCode(), Message: v.GetMessage()})
+			k.c.verdictError(e)
+		case *pb.ConsumeResponse_Emitted:
+			k.answerEmit(kind.Emitted.GetId(), emitAnswer{emitted: kind.Emitted})
 		default:
 			// A repeated Subscribed or a kind newer than this client: nothing to do.
 		}
@@ -544,7 +553,7 @@ func (k *call) sendLoop() {
 				_ = k.stream.CloseSend()
 				return
 			}
-			if o.req.GetFail() != nil {
+			if o.req.GetFail() != nil || o.req.GetAckEmit() != nil {
 				k.held.Add(-1)
 			}
 			if r := o.req.GetRelease(); r != nil {

@@ -17,8 +17,10 @@ import (
 // error is (or wraps) [Transient] (no attempt spent) or [Poison]
 // (dead-lettered now). A handler that settles the
 // delivery itself ([Delivery.Ack], [Delivery.Fail], [Delivery.DeadLetter]) is
-// not settled again, whatever it returns. A panic is recovered and fails the
-// entry like an error.
+// not settled again, whatever it returns; nor is one it answered with
+// [Delivery.AckEmit] (consume → produce, exactly once), unless the sidecar
+// refused that for a bad emit. A panic is recovered and fails the entry like
+// an error.
 //
 // ctx is cancelled when the delivery can no longer be settled: its call ended
 // (the entry will come back; [context.Cause] of ctx is [ErrCallEnded]), the
@@ -69,6 +71,9 @@ const (
 	// lost: the sidecar reported the lease lost (LEASE_LOST); no verdict may
 	// follow.
 	lost
+	// ackEmitted: an AckEmit was sent; it is unsettled again if the sidecar
+	// refuses it for a bad emit.
+	ackEmitted
 	// released: never handed to a handler, given back to the group by the
 	// consumer's graceful stop (a Release); no verdict may follow.
 	released
@@ -81,6 +86,10 @@ type verdictSender interface {
 	// ack queues the acknowledgement of id, to be coalesced with others into
 	// one Ack message.
 	ack(id string) error
+	// ackEmit sends an AckEmit (never coalesced) and waits for its answer.
+	ackEmit(req *pb.ConsumeRequest) (emitAnswer, error)
+	// reheld counts a delivery held again after a refused AckEmit.
+	reheld()
 }
 
 // Delivery is one hand-over of a stream entry to this consumer. Settle it at

@@ -98,6 +98,10 @@ const (
 	// [ErrLeaseLost] and sends no verdict for it; if the entry comes back, it
 	// is a new delivery (Attempts higher), settled as usual.
 	CodeLeaseLost = pb.VerdictErrorCode_VERDICT_ERROR_CODE_LEASE_LOST
+	// CodePermissionDenied: an AckEmit names a stream outside the sidecar's
+	// allow-list. Nothing was written or acknowledged; the call still holds
+	// the delivery ([AckEmitError.Held]).
+	CodePermissionDenied = pb.VerdictErrorCode_VERDICT_ERROR_CODE_PERMISSION_DENIED
 )
 
 // VerdictError is a verdict (or extension) the sidecar did not apply. The call
@@ -116,7 +120,7 @@ func (e VerdictError) Error() string {
 }
 
 // CodeName is the short name of a verdict error code: UNKNOWN_ID, NOT_PENDING,
-// INVALID_ARGUMENT, UNAVAILABLE, LEASE_LOST (or the wire name of a newer code).
+// INVALID_ARGUMENT, UNAVAILABLE, LEASE_LOST, PERMISSION_DENIED (or the wire name of a newer code).
 func CodeName(code VerdictErrorCode) string {
 	return strings.TrimPrefix(code.String(), "VERDICT_ERROR_CODE_")
 }

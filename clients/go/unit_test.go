@@ -40,6 +40,16 @@ func (r *recordingSender) ack(id string) error {
 	return r.send(&pb.ConsumeRequest{Kind: &pb.ConsumeRequest_Ack{Ack: &pb.Ack{Ids: []string{id}}}})
 }
 
+// ackEmit records the AckEmit and answers it as applied, with no entries.
+func (r *recordingSender) ackEmit(req *pb.ConsumeRequest) (emitAnswer, error) {
+	if err := r.send(req); err != nil {
+		return emitAnswer{}, err
+	}
+	return emitAnswer{emitted: &pb.Emitted{Id: req.GetAckEmit().GetId()}}, nil
+}
+
+func (r *recordingSender) reheld() {}
+
 func delivery(s verdictSender, id string) *Delivery {
 	return newDelivery(s, &pb.Delivery{Id: id, StreamId: "1-0", Stream: "s", Group: "g", Attempts: 1})
 }

@@ -6,7 +6,9 @@ Layout:
   frames, coalesced acks, a bounded pool of handler workers, an opt-in batch
   handler or `async for` iteration, LEASE_LOST signalled to the delivery,
   graceful stop, reconnect with jittered backoff);
-- `delivery`: `Delivery` (what a handler gets, with ack/fail/dead_letter),
+- `delivery`: `Delivery` (what a handler gets, with ack/fail/dead_letter and
+  ack_emit: consume → produce exactly once, `Emit`, `EmittedEntry`,
+  `AckEmitError`),
   `Ack`/`Fail`/`DeadLetter` (a batch handler's verdicts), `FailKind` (whose
   fault a failure was) and `VerdictError` (a verdict the sidecar did not apply);
 - `streams`: `Streams`, the StreamService: append and append a batch, read (by
@@ -33,7 +35,20 @@ Layout:
 from ._deprecation import renamed_attributes
 from .admin import Admin
 from .consumer import BatchHandler, Consumer, Handler, Subscription
-from .delivery import Ack, DeadLetter, Delivery, Fail, FailKind, RawField, Verdict, VerdictError, VerdictErrorCode
+from .delivery import (
+    Ack,
+    AckEmitError,
+    DeadLetter,
+    Delivery,
+    Emit,
+    EmittedEntry,
+    Fail,
+    FailKind,
+    RawField,
+    Verdict,
+    VerdictError,
+    VerdictErrorCode,
+)
 from .errors import (
     PERMANENT_CODES,
     EchoMQError,
@@ -64,6 +79,7 @@ from .streams import Producer, Streams
 __all__ = [
     "PERMANENT_CODES",
     "Ack",
+    "AckEmitError",
     "Admin",
     "AppendResult",
     "Backoff",
@@ -76,6 +92,8 @@ __all__ = [
     "DeadLetterPage",
     "Delivery",
     "EchoMQError",
+    "Emit",
+    "EmittedEntry",
     "Entry",
     "Fail",
     "FailKind",

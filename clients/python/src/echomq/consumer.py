@@ -215,6 +215,9 @@ class _Call:
         #: Deliveries of this call not yet settled, by branded id: where a
         #: LEASE_LOST finds the delivery to signal.
         self.held: dict[str, Delivery] = {}
+        #: AckEmits sent and not answered yet, by branded id: where an
+        #: `Emitted` or a verdict error finds its waiting `ack_emit`.
+        self.emits: dict[str, asyncio.Future[pb.Emitted | VerdictError | None]] = {}
         self.open = True
         self.subscribed = False
         self.drained = False
@@ -234,6 +237,27 @@ class _Call:
         """Forgets a settled (or lost) delivery."""
         if self.held.get(delivery.id) is delivery:
             del self.held[delivery.id]
+
+    def ack_emit(self, request: pb.ConsumeRequest) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
+        """Queues an AckEmit (after the coalesced acks, never among them) and
+        returns the future its answer resolves: the `Emitted`, the
+        `VerdictError`, or None when the call ends first. None when closed."""
+        id = request.ack_emit.id
+        if not self.open or id in self.emits:
+            return None
+        answer: asyncio.Future[pb.Emitted | VerdictError | None] = asyncio.get_running_loop().create_future()
+        self.emits[id] = answer
+        self.send(request)
+        return answer
+
+    def answer_emit(self, id: str, answer: pb.Emitted | VerdictError) -> bool:
+        """Resolves the waiting AckEmit of `id`; False when none waits."""
+        waiting = self.emits.pop(id, None)
+        if waiting is None:
+            return False
+        if not waiting.done():
+            waiting.set_result(answer)
+        return True
 
     def flush_acks(self) -> None:
         """Queues the coalesced acks as one Ack message now."""
@@ -289,6 +313,10 @@ class _Call:
             self._flush_timer = None
         self._acks = []
         self.held = {}
+        emits, self.emits = self.emits, {}
+        for waiting in emits.values():
+            if not waiting.done():
+                waiting.set_result(None)  # the answer is lost with the call
         if self.open:
             self.open = False
             self._outbox.put_nowait(_FINISH)
@@ -830,8 +858,13 @@ class Consumer:
                     self._dispatch(call, response.batch.deliveries)
                 elif kind == "delivery":
                     self._dispatch(call, (response.delivery,))
+                elif kind == "emitted":
+                    if not call.answer_emit(response.emitted.id, response.emitted):
+                        log.debug("an Emitted for %s that no ack_emit waits for", response.emitted.id)
                 elif kind == "verdict_error":
                     error = VerdictError.from_proto(response.verdict_error)
+                    # An AckEmit's refusal goes to its caller and to the hook.
+                    call.answer_emit(error.id, error)
                     if error.code is VerdictErrorCode.LEASE_LOST:
                         lost = call.held.pop(error.id, None)
                         if lost is not None:

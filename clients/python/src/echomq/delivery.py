@@ -1,21 +1,25 @@
 """What a handler receives (`Delivery`), what a batch handler answers per
 delivery (`Ack`, `Fail`, `DeadLetter`), whose fault a failure was
-(`FailKind`), and what the sidecar reports about a verdict it did not apply
-(`VerdictError`)."""
+(`FailKind`), what the sidecar reports about a verdict it did not apply
+(`VerdictError`), and what consume → produce sends and answers (`Emit`,
+`EmittedEntry`, `AckEmitError`)."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import NamedTuple, Protocol, Union
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Union
 
-from .errors import PoisonError, TransientError
+from .errors import EchoMQError, PoisonError, TransientError
 from .options import Seconds, to_duration
 from .v1 import consumer_service_pb2 as pb
+
+if TYPE_CHECKING:  # `_appends` imports `records`, which imports this module
+    from ._appends import Fields
 
 log = logging.getLogger("echomq")
 
@@ -46,6 +50,9 @@ class VerdictErrorCode(enum.Enum):
     #: The consumer sets the delivery's `lease_lost` event and sends no
     #: verdict for it afterwards.
     LEASE_LOST = pb.VERDICT_ERROR_CODE_LEASE_LOST
+    #: An `ack_emit` names a stream outside the sidecar's allow-list. Nothing
+    #: was written or acknowledged; the call still holds the delivery.
+    PERMISSION_DENIED = pb.VERDICT_ERROR_CODE_PERMISSION_DENIED
 
     @classmethod
     def of(cls, value: int) -> VerdictErrorCode:
@@ -105,6 +112,71 @@ class VerdictError:
         return cls(id=message.id, code=VerdictErrorCode.of(message.code), message=message.message)
 
 
+class Emit(NamedTuple):
+    """One entry `Delivery.ack_emit` appends: its stream key and fields
+    (bytes, or text sent as UTF-8; not the reserved branded-id field `id`)."""
+
+    stream: str
+    fields: Fields
+
+
+class EmittedEntry(NamedTuple):
+    """One entry an `ack_emit` appended: its new branded id, its id in
+    `stream` (`<ms>-<seq>`) and the stream key."""
+
+    id: str
+    stream_id: str
+    stream: str
+
+
+#: The codes after which the call still holds the delivery: a bad emit, refused
+#: before anything reached Redis. It may be answered again.
+_STILL_HELD = frozenset({VerdictErrorCode.INVALID_ARGUMENT, VerdictErrorCode.PERMISSION_DENIED})
+
+
+class AckEmitError(EchoMQError):
+    """`Delivery.ack_emit` was not applied: nothing was written and nothing
+    acknowledged by it.
+
+    `code` is the sidecar's `VerdictErrorCode`, or None when the call ended
+    before the answer came (the outcome is then unknown: the step may have
+    run, in which case the entry is acknowledged and its emits written, or
+    not, in which case the entry comes back; either way the emits are
+    written once). `held` is True when the delivery is still this
+    consumer's (a bad emit: `INVALID_ARGUMENT`, `PERMISSION_DENIED`): it may
+    be answered again, and a handler that lets this error propagate fails it
+    with the message, as any exception does. Otherwise (`NOT_PENDING`,
+    `UNKNOWN_ID`, `LEASE_LOST`: acknowledged already or a peer's now;
+    `UNAVAILABLE`; the call ended) the delivery is settled here and no
+    verdict follows it.
+    """
+
+    def __init__(self, id: str, code: VerdictErrorCode | None, message: str) -> None:
+        self.id = id
+        self.code = code
+        self.message = message
+        name = code.name if code is not None else "CALL_ENDED"
+        super().__init__(f"ack_emit of {id}: {name}: {message}")
+
+    @property
+    def held(self) -> bool:
+        """True when the delivery is still held and may be answered again."""
+        return self.code in _STILL_HELD
+
+
+def ack_emit_request(id: str, emits: Iterable[Emit | tuple[str, Fields]]) -> pb.ConsumeRequest:
+    """The AckEmit of `id` with `emits` (each an `Emit` or a (stream, fields) pair)."""
+    from ._appends import encode_fields  # not at the top: a cycle through `records`
+
+    wire = []
+    for emit in emits:
+        stream, fields = emit
+        if not isinstance(stream, str):
+            raise TypeError(f"an emit's stream is text, got {type(stream).__name__}")
+        wire.append(pb.Emit(stream=stream, fields=encode_fields(fields)))
+    return pb.ConsumeRequest(ack_emit=pb.AckEmit(id=id, emits=wire))
+
+
 @dataclass(frozen=True)
 class Ack:
     """A batch handler's verdict: acknowledge the delivery (as `None` does)."""
@@ -155,6 +227,11 @@ class Outbox(Protocol):
         """The delivery is settled (or lost): the call stops tracking it."""
         ...
 
+    def ack_emit(self, request: pb.ConsumeRequest) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
+        """Sends an AckEmit (never coalesced) and returns the future of its
+        answer (None: the call ended first); None when the call has ended."""
+        ...
+
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -183,7 +260,8 @@ class Delivery:
 
     Returning from the handler acks the delivery; raising fails it with the
     exception's message. A handler may instead settle it explicitly with
-    `ack()`, `fail()` or `dead_letter()`; the first settlement wins and the
+    `ack()`, `fail()`, `dead_letter()` or `ack_emit()` (acknowledge and
+    append what it produced, exactly once); the first settlement wins and the
     consumer does not settle it again.
 
     A delivery belongs to the call it arrived on. If that call broke (the
@@ -382,6 +460,60 @@ class Delivery:
             self._dropped("ack")
             return False
         return True
+
+    async def ack_emit(self, emits: Iterable[Emit | tuple[str, Fields]]) -> list[EmittedEntry]:
+        """Acknowledges the delivery and appends `emits` (each an `Emit`, or a
+        `(stream, fields)` pair), in one step the sidecar applies only while
+        this consumer still holds the entry: the emits of an entry are
+        written exactly once, together with its acknowledgement, whatever
+        redeliveries, reclaims and duplicate handler runs happened. No emits:
+        an ack that applies only while the entry is held.
+
+        Sent at once as its own message (never coalesced with acks), then
+        waits for the sidecar's answer. Returns the emitted entries, in the
+        order of `emits`.
+
+        Raises `AckEmitError` when it was not applied (nothing written): see
+        its `code` and `held`. With `held` (a bad emit) the delivery is still
+        unsettled: let the error propagate and the consumer fails it with the
+        error's message (it comes back, counting an attempt), or answer it
+        again. Otherwise it is settled. Raises `AckEmitError` (code None,
+        nothing sent) when the delivery is already settled, its lease was
+        lost, or its call has ended. Raises `TypeError` for an emit that is
+        not a stream name and fields.
+        """
+        request = ack_emit_request(self.id, emits)
+        if self._closed("ack_emit"):
+            why = "the lease was lost" if self._lost else "the delivery is already settled"
+            raise AckEmitError(self.id, None, f"not sent: {why}")
+        self._settled = True
+        answer = self._call.ack_emit(request)
+        if answer is None:
+            self._call.release(self)
+            self._dropped("ack_emit")
+            raise AckEmitError(self.id, None, "not sent: the call it arrived on has ended")
+        try:
+            result = await answer
+        except BaseException:
+            self._call.release(self)
+            raise
+        if isinstance(result, pb.Emitted):
+            self._call.release(self)
+            return [EmittedEntry(e.id, e.stream_id, e.stream) for e in result.entries]
+        if result is None:
+            self._call.release(self)
+            raise AckEmitError(
+                self.id,
+                None,
+                "the call ended before the answer: the step may have been applied "
+                "(the entry acknowledged, its emits written once) or not (the entry comes back)",
+            )
+        error = AckEmitError(self.id, result.code, result.message)
+        if error.held and not self._lost:
+            self._settled = False  # still held: it may be answered again
+        else:
+            self._call.release(self)
+        raise error
 
     async def fail(
         self, reason: str = "", *, retry_after: Seconds | None = None, kind: FailKind = FailKind.MESSAGE

@@ -223,8 +223,8 @@ class Admin(_Client[aio_admin.Admin]):
 
 class SyncDelivery(_OnLoop[Delivery]):
     """A `Delivery` for a blocking handler: the same attributes, blocking
-    `ack()`, `fail()`, `dead_letter()` and `extend()` (safe from the handler's
-    worker thread).
+    `ack()`, `fail()`, `dead_letter()`, `extend()` and `ack_emit()` (safe from
+    the handler's worker thread).
 
     `lease_lost` is a `threading.Event`, set when the sidecar reports
     LEASE_LOST for this delivery (a peer reclaimed the entry): a long handler
@@ -257,6 +257,7 @@ class SyncDelivery(_OnLoop[Delivery]):
     fail = _blocking(Delivery.fail)
     dead_letter = _blocking(Delivery.dead_letter)
     extend = _blocking(Delivery.extend)
+    ack_emit = _blocking(Delivery.ack_emit)
 
     def __repr__(self) -> str:
         return f"Sync{self._aio!r}"
