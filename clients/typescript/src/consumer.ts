@@ -1,8 +1,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { status as Status, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import type { BrandedId } from './branded-id.js';
-import type { Delivery, FailKind, FailOptions, RawField } from './delivery.js';
-import { CallEndedError, EchoMQError, LeaseLostError, PoisonError, TransientError } from './errors.js';
+import type { Delivery, Emit, EmittedEntry, FailKind, FailOptions, RawField } from './delivery.js';
+import { AckEmitError, CallEndedError, EchoMQError, LeaseLostError, PoisonError, TransientError } from './errors.js';
+import { encodeFields } from './producer.js';
 import { consumerClient, dateOf, durationOf, timestampOf, type ConnectionOptions } from './grpc.js';
 import type { ConsumeRequest } from './gen/echomq/v1/ConsumeRequest.js';
 import type { ConsumeResponse__Output } from './gen/echomq/v1/ConsumeResponse.js';
@@ -30,7 +31,14 @@ export type Start = 'new' | 'beginning' | { readonly afterId: string } | { reado
 export type GroupStart = Start;
 
 /** Codes of a {@link VerdictError}. */
-export type VerdictErrorCode = 'UNKNOWN_ID' | 'NOT_PENDING' | 'INVALID_ARGUMENT' | 'UNAVAILABLE' | 'LEASE_LOST' | 'UNSPECIFIED';
+export type VerdictErrorCode =
+  | 'UNKNOWN_ID'
+  | 'NOT_PENDING'
+  | 'INVALID_ARGUMENT'
+  | 'UNAVAILABLE'
+  | 'LEASE_LOST'
+  | 'PERMISSION_DENIED'
+  | 'UNSPECIFIED';
 
 /** A verdict or extension the sidecar did not apply. The call goes on. */
 export interface VerdictError {
@@ -45,6 +53,8 @@ export interface VerdictError {
    * - `INVALID_ARGUMENT`: a malformed id or a negative duration;
    * - `UNAVAILABLE`: Redis failed; the entry stays pending and comes back;
    * - `LEASE_LOST`: sent unasked: a peer reclaimed an entry this call held.
+   * - `PERMISSION_DENIED`: an `ackEmit` named a stream outside the sidecar's
+   *   allow-list; nothing was written, the delivery is still held.
    *   The delivery's `signal` aborts with a {@link LeaseLostError} and the
    *   client sends no verdict for it; if the entry comes back it is a new
    *   delivery (higher `attempts`).
@@ -947,6 +957,8 @@ class Call {
    * finds its delivery, and whose signals abort when the call ends.
    */
   readonly #held = new Map<string, DeliveryImpl>();
+  /** AckEmits sent and not answered yet, by branded id: the answer's resolver. */
+  readonly #emits = new Map<string, (answer: EmitAnswer | undefined) => void>();
   readonly noAck: boolean;
   /** What the call reports to its consumer (its deliveries report their settlement here too). */
   readonly events: CallEvents;
@@ -995,6 +1007,29 @@ class Call {
     if (!this.send(request)) return false;
     this.#held.delete(id);
     return true;
+  }
+
+  /**
+   * Sends the AckEmit of a held delivery (after the acks waiting, never among
+   * them); resolves with its answer, or `undefined` when the call ends first.
+   * `undefined` at once when the call can no longer take a frame.
+   */
+  ackEmit(id: string, request: ConsumeRequest): Promise<EmitAnswer | undefined> | undefined {
+    if (this.#emits.has(id) || !this.send(request)) return undefined;
+    this.#held.delete(id);
+    return new Promise((resolve) => this.#emits.set(id, resolve));
+  }
+
+  /** A refused AckEmit left the delivery held (a bad emit): the call holds it again. */
+  rehold(delivery: DeliveryImpl): void {
+    if (!this.#closed) this.#held.set(delivery.id, delivery);
+  }
+
+  #answerEmit(id: string, answer: EmitAnswer): void {
+    const resolve = this.#emits.get(id);
+    if (resolve === undefined) return;
+    this.#emits.delete(id);
+    resolve(answer);
   }
 
   /** Whether this call holds (has not settled on the wire) a delivery of `id`. */
@@ -1110,6 +1145,8 @@ class Call {
     this.#closed = true;
     this.#writable = false;
     this.#dropAcks();
+    for (const resolve of this.#emits.values()) resolve(undefined); // the answers are lost with the call
+    this.#emits.clear();
     if (this.#held.size > 0) {
       const reason = new CallEndedError();
       for (const delivery of this.#held.values()) delivery.abortWith(reason);
@@ -1164,7 +1201,16 @@ class Call {
         // The signal first, so a handler woken by it finds its delivery
         // already settled; then the hook.
         if (code === 'LEASE_LOST') this.#loseLease(e.id, e.message);
+        // An AckEmit's refusal goes to its caller and to the hook.
+        this.#answerEmit(e.id, { code, message: e.message });
         this.events.verdictError({ id: e.id, code, message: e.message });
+        break;
+      }
+      case 'emitted': {
+        const emitted = response.emitted!;
+        this.#answerEmit(emitted.id, {
+          entries: emitted.entries.map((e) => ({ id: e.id as BrandedId, streamId: e.streamId, stream: e.stream })),
+        });
         break;
       }
       default:
@@ -1172,6 +1218,9 @@ class Call {
     }
   }
 }
+
+/** The sidecar's answer to one AckEmit: the entries it appended, or its refusal. */
+type EmitAnswer = { entries: EmittedEntry[] } | { code: VerdictErrorCode; message: string };
 
 const NO_RAW_FIELDS: readonly RawField[] = Object.freeze([]);
 
@@ -1279,6 +1328,32 @@ class DeliveryImpl implements Delivery {
     if (!this.#settle()) return false;
     if (this.call.noAck) return this.call.ack(this.id);
     return this.call.settle(this.id, { fail: failOf(this.id, reason, undefined, 'poison', true) });
+  }
+
+  async ackEmit(emits: readonly Emit[]): Promise<EmittedEntry[]> {
+    const request: ConsumeRequest = {
+      ackEmit: { id: this.id, emits: emits.map((e) => ({ stream: e.stream, fields: encodeFields(e.fields) })) },
+    };
+    if (this.#settled) {
+      throw new AckEmitError(this.id, undefined, `not sent: ${this.#leaseLost ? 'the lease was lost' : 'the delivery is already settled'}`);
+    }
+    const answer = this.#settle() ? this.call.ackEmit(this.id, request) : undefined;
+    if (answer === undefined) throw new AckEmitError(this.id, undefined, 'not sent: the call it arrived on has ended');
+    const got = await answer;
+    if (got === undefined) {
+      throw new AckEmitError(
+        this.id,
+        undefined,
+        'the call ended before the answer: the step may have been applied (the entry acknowledged, its emits written once) or not (the entry comes back)',
+      );
+    }
+    if ('entries' in got) return got.entries;
+    const refused = new AckEmitError(this.id, got.code, got.message);
+    if (refused.held && !this.#leaseLost && !this.call.closed) {
+      this.#settled = false; // still held: it may be answered again
+      this.call.rehold(this);
+    }
+    throw refused;
   }
 
   extend(byMs: number): boolean {

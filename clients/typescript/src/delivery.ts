@@ -1,5 +1,6 @@
 import type { BrandedId } from './branded-id.js';
-import type { CallEndedError, LeaseLostError } from './errors.js';
+import type { AckEmitError, CallEndedError, LeaseLostError } from './errors.js';
+import type { Fields } from './producer.js';
 
 /** A field whose name is not valid UTF-8 (a proto map key must be), byte for byte. */
 export interface RawField {
@@ -31,11 +32,29 @@ export interface FailOptions {
   kind?: FailKind;
 }
 
+/** One entry {@link Delivery.ackEmit} appends: its stream key and fields (not the reserved field `id`). */
+export interface Emit {
+  readonly stream: string;
+  /** Values are bytes, or text sent as UTF-8. */
+  readonly fields: Fields;
+}
+
+/** One entry an {@link Delivery.ackEmit} appended. */
+export interface EmittedEntry {
+  /** Its new branded id (28 lowercase hex characters). */
+  readonly id: BrandedId;
+  /** Its id in `stream`, `<ms>-<seq>`. */
+  readonly streamId: string;
+  /** The stream key it was appended to. */
+  readonly stream: string;
+}
+
 /**
  * One hand-over of an entry to this consumer.
  *
  * Settle it once: return from the handler (ack), throw (fail with the error's
- * message; a `TransientError` fails transient, a `PoisonError` poison), or call {@link ack}, {@link fail} or {@link deadLetter} yourself.
+ * message; a `TransientError` fails transient, a `PoisonError` poison), or call {@link ack}, {@link fail}, {@link deadLetter} or
+ * {@link ackEmit} (acknowledge and append what it produced, exactly once) yourself.
  * The first settlement wins; later ones, and the automatic one after the handler
  * returns, do nothing.
  */
@@ -102,6 +121,20 @@ export interface Delivery {
    * the kinds does the same. Returns false when already settled or the call is gone.
    */
   deadLetter(reason: string): boolean;
+  /**
+   * Acknowledges the entry and appends `emits`, in one step the sidecar
+   * applies only while this consumer still holds the entry: the emits of an
+   * entry are written exactly once, together with its acknowledgement,
+   * whatever redeliveries, reclaims and duplicate handler runs happened. No
+   * emits: an ack that applies only while the entry is held.
+   *
+   * Sent at once as its own frame (never coalesced with acks); resolves with
+   * the emitted entries, in the order of `emits`, once the sidecar answered.
+   * Rejects with an {@link AckEmitError} when it was not applied (see its
+   * `code` and `held`: after a bad emit the delivery is unsettled again, and
+   * a handler that lets the error propagate fails it).
+   */
+  ackEmit(emits: readonly Emit[]): Promise<EmittedEntry[]>;
   /**
    * Pushes this delivery's ack deadline to `byMs` from now (only meaningful
    * with `ackDeadlineMs`). Returns false when settled or the call is gone.

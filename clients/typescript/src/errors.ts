@@ -89,6 +89,45 @@ export class LeaseLostError extends Error {
   }
 }
 
+/**
+ * Why {@link Delivery.ackEmit} was not applied: nothing was written and
+ * nothing acknowledged by it.
+ *
+ * `code` is the sidecar's verdict error code, or `undefined` when nothing was
+ * sent (the delivery was already settled, its lease lost, its call gone) or
+ * the call ended before the answer (then the outcome is unknown: the step may
+ * have run, the entry acknowledged and its emits written, or not, and the
+ * entry comes back; the emits are written once either way).
+ *
+ * `held` is true for a bad emit (`INVALID_ARGUMENT`, `PERMISSION_DENIED`): the
+ * delivery is still this consumer's and unsettled, so a handler that lets
+ * this error propagate fails it with the message, as any error does, or it
+ * may answer it again. Otherwise (`NOT_PENDING`, `UNKNOWN_ID`: acknowledged
+ * already; `LEASE_LOST`: a peer has it; `UNAVAILABLE`; no answer) the
+ * delivery is settled and no verdict follows it.
+ */
+export class AckEmitError extends Error {
+  override readonly name = 'AckEmitError';
+  /** The branded id of the delivery. */
+  readonly id: string;
+  /** The verdict error code (`INVALID_ARGUMENT`, `NOT_PENDING`, …), or `undefined` (see the class). */
+  readonly code: string | undefined;
+  /** The sidecar's message, or why nothing was sent. */
+  readonly details: string;
+
+  constructor(id: string, code: string | undefined, details: string) {
+    super(`ackEmit of ${id}: ${code ?? 'NOT_APPLIED'}: ${details}`);
+    this.id = id;
+    this.code = code;
+    this.details = details;
+  }
+
+  /** True when the delivery is still held (a bad emit) and may be answered again. */
+  get held(): boolean {
+    return this.code === 'INVALID_ARGUMENT' || this.code === 'PERMISSION_DENIED';
+  }
+}
+
 /** The reason a delivery's `signal` aborts with when its Consume call ended before it was settled. */
 export class CallEndedError extends Error {
   override readonly name = 'CallEndedError';

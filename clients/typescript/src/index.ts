@@ -45,7 +45,7 @@ export {
   type VerdictError,
   type VerdictErrorCode,
 } from './consumer.js';
-export type { Delivery, FailKind, FailOptions, RawField } from './delivery.js';
+export type { Delivery, Emit, EmittedEntry, FailKind, FailOptions, RawField } from './delivery.js';
 export {
   Producer,
   Streams,
@@ -99,5 +99,5 @@ export {
   /** @deprecated Use `VersionStore`. */
   type NewerWinsStore,
 } from './idempotency.js';
-export { CallEndedError, EchoMQError, LeaseLostError, NotScheduledError, PERMANENT_CODES, PoisonError, TransientError } from './errors.js';
+export { AckEmitError, CallEndedError, EchoMQError, LeaseLostError, NotScheduledError, PERMANENT_CODES, PoisonError, TransientError } from './errors.js';
 export { DEFAULT_TARGET, type CallOptions, type ConnectionOptions } from './grpc.js';

@@ -533,7 +533,8 @@ function signedDurationOf(ms: number): Stamp {
   return { seconds: String(sign * seconds), nanos: sign * nanos };
 }
 
-function encodeFields(fields: Fields): Record<string, Uint8Array> {
+/** Field values as bytes; text is encoded as UTF-8. */
+export function encodeFields(fields: Fields): Record<string, Uint8Array> {
   const entries = fields instanceof Map ? [...fields] : Object.entries(fields);
   const out: Record<string, Uint8Array> = Object.create(null) as Record<string, Uint8Array>;
   for (const [name, value] of entries) {
