@@ -31,6 +31,8 @@ type wire struct {
 	// Fail sent.
 	ackMsgs [][]string
 	failIDs []string
+	// ackEmitIDs holds the id of each AckEmit sent.
+	ackEmitIDs []string
 	// releasedIDs holds the ids of every Release sent, in order.
 	releasedIDs []string
 	// sentMax holds the max_in_flight of each Subscribe sent, subscribedMax
@@ -63,7 +65,7 @@ func (s *wireStream) SendMsg(m any) error {
 	if req, ok := m.(*pb.ConsumeRequest); ok {
 		s.w.mu.Lock()
 		s.unsettled -= len(req.GetAck().GetIds()) + len(req.GetRelease().GetIds())
-		if req.GetFail() != nil {
+		if req.GetFail() != nil || req.GetAckEmit() != nil {
 			s.unsettled--
 		}
 		s.w.mu.Unlock()
@@ -80,6 +82,9 @@ func (s *wireStream) SendMsg(m any) error {
 		}
 		if req.GetFail() != nil {
 			s.w.failIDs = append(s.w.failIDs, req.GetFail().GetId())
+		}
+		if req.GetAckEmit() != nil {
+			s.w.ackEmitIDs = append(s.w.ackEmitIDs, req.GetAckEmit().GetId())
 		}
 		s.w.releasedIDs = append(s.w.releasedIDs, req.GetRelease().GetIds()...)
 		s.w.mu.Unlock()
@@ -150,6 +155,13 @@ func (w *wire) acked() map[string]int {
 		}
 	}
 	return out
+}
+
+// ackEmits counts the AckEmit messages sent.
+func (w *wire) ackEmits() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.ackEmitIDs)
 }
 
 // verdicts counts the Ack and Fail messages sent naming each id.

@@ -123,6 +123,9 @@ type action struct {
 	Reason       string `json:"reason"`
 	Ms           int    `json:"ms"`
 	MsRandomMax  *int   `json:"ms_random_max"`
+	// Fields are the ack_emit action's emit's fields (the runner adds
+	// `source`, the delivery's branded id).
+	Fields map[string]valueSpec `json:"fields"`
 }
 
 func (v valueSpec) bytes() ([]byte, error) {
@@ -257,6 +260,10 @@ type run struct {
 	running       int
 	maxRunning    int
 	verdictErrors []string
+	// emitted holds every entry AckEmit returned; ackEmitRefusals the codes
+	// of the AckEmitErrors the handler saw.
+	emitted         []echomq.EmittedEntry
+	ackEmitRefusals []string
 	// leaseLost counts, per branded id, the handler calls that saw their
 	// delivery's lease-lost signal (ctx cancelled with cause ErrLeaseLost).
 	leaseLost map[string]int
@@ -769,6 +776,25 @@ func (r *run) handle(ctx context.Context, d *echomq.Delivery) error {
 		}
 	case "dead_letter":
 		return d.DeadLetter(a.Reason)
+	case "ack_emit":
+		fields, err := entrySpec{Fields: a.Fields}.fields()
+		if err != nil {
+			r.unknownAction("ack_emit: " + err.Error())
+			return err
+		}
+		fields["source"] = []byte(d.ID)
+		emitted, err := d.AckEmit(echomq.Emit{Stream: r.sink(), Fields: fields})
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		var refused *echomq.AckEmitError
+		switch {
+		case errors.As(err, &refused):
+			r.ackEmitRefusals = append(r.ackEmitRefusals, echomq.CodeName(refused.Code))
+		case err != nil:
+			r.ackEmitRefusals = append(r.ackEmitRefusals, "CALL_ENDED")
+		}
+		r.emitted = append(r.emitted, emitted...)
+		return err // a held refusal fails the delivery with its message
 	case "sleep":
 		ms := a.Ms
 		if a.MsRandomMax != nil {
@@ -1040,6 +1066,63 @@ func (r *run) check() {
 			} else if r.stopTook > time.Duration(ms)*time.Millisecond {
 				t.Errorf("stop_returned_within_ms: stop took %v, want at most %d ms", r.stopTook, ms)
 			}
+		case "sink_length":
+			var n int64
+			decode(&n)
+			r.eventually(key, n, "XLEN", r.sink())
+		case "sink_sources_equal_appended":
+			var want bool
+			decode(&want)
+			sources := map[string]int{}
+			for _, e := range r.sinkEntries() {
+				sources[e.fields["source"]]++
+			}
+			same := len(sources) == len(r.appended)
+			for id, n := range sources {
+				if _, ok := r.appended[id]; !ok || n != 1 {
+					same = false
+				}
+			}
+			if same != want {
+				t.Errorf("sink_sources_equal_appended: sink sources %v, %d appended; want equal: %v", sources, len(r.appended), want)
+			}
+		case "emitted_equal_sink":
+			var want bool
+			decode(&want)
+			var sink, emitted []string
+			for _, e := range r.sinkEntries() {
+				sink = append(sink, e.fields["id"]+" "+e.id+" "+r.sink())
+			}
+			for _, e := range r.emitted {
+				emitted = append(emitted, e.ID+" "+e.StreamID+" "+e.Stream)
+			}
+			slices.Sort(sink)
+			slices.Sort(emitted)
+			if slices.Equal(sink, emitted) != want {
+				t.Errorf("emitted_equal_sink: emitted %v, sink %v; want equal: %v", emitted, sink, want)
+			}
+		case "ack_emit_refusals":
+			var want []string
+			decode(&want)
+			if !slices.Equal(r.ackEmitRefusals, want) {
+				t.Errorf("ack_emit_refusals: %v, want %v", r.ackEmitRefusals, want)
+			}
+		case "ack_emits_sent":
+			var n int
+			decode(&n)
+			if got := r.wire.ackEmits(); got != n {
+				t.Errorf("ack_emits_sent: %d AckEmit messages, want %d", got, n)
+			}
+		case "acks_sent":
+			var n int
+			decode(&n)
+			got := 0
+			for _, k := range r.wire.acked() {
+				got += k
+			}
+			if got != n {
+				t.Errorf("acks_sent: %d ids in Ack messages, want %d", got, n)
+			}
 		default:
 			t.Errorf("unknown expect key %q: this runner cannot check it", key)
 		}
@@ -1066,28 +1149,50 @@ func (r *run) eventually(key string, want int64, args ...string) {
 	}
 }
 
-// deadLetterFields reads the first entry of the dead-letter stream.
-func (r *run) deadLetterFields() map[string]string {
-	reply, err := redisDo(r.cl.redisAddr, "XRANGE", r.stream+":dlq", "-", "+", "COUNT", "1")
+// sink is the stream the ack_emit action emits to.
+func (r *run) sink() string { return r.stream + ":sink" }
+
+type sinkEntry struct {
+	id     string
+	fields map[string]string
+}
+
+// sinkEntries reads every entry of the sink stream.
+func (r *run) sinkEntries() []sinkEntry { return r.entries(r.sink()) }
+
+// entries reads every entry of stream.
+func (r *run) entries(stream string) []sinkEntry {
+	reply, err := redisDo(r.cl.redisAddr, "XRANGE", stream, "-", "+")
 	if err != nil {
 		r.t.Fatalf("XRANGE: %v", err)
 	}
-	fields := map[string]string{}
+	var out []sinkEntry
 	entries, _ := reply.([]any)
+	for _, raw := range entries {
+		entry, _ := raw.([]any)
+		if len(entry) < 2 {
+			continue
+		}
+		e := sinkEntry{fields: map[string]string{}}
+		e.id, _ = entry[0].(string)
+		flat, _ := entry[1].([]any)
+		for i := 0; i+1 < len(flat); i += 2 {
+			k, _ := flat[i].(string)
+			v, _ := flat[i+1].(string)
+			e.fields[k] = v
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// deadLetterFields reads the first entry of the dead-letter stream.
+func (r *run) deadLetterFields() map[string]string {
+	entries := r.entries(r.stream + ":dlq")
 	if len(entries) == 0 {
-		return fields
+		return map[string]string{}
 	}
-	entry, _ := entries[0].([]any)
-	if len(entry) < 2 {
-		return fields
-	}
-	flat, _ := entry[1].([]any)
-	for i := 0; i+1 < len(flat); i += 2 {
-		k, _ := flat[i].(string)
-		v, _ := flat[i+1].(string)
-		fields[k] = v
-	}
-	return fields
+	return entries[0].fields
 }
 
 func describeDiff(got, want map[string][]byte) string {

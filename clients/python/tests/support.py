@@ -193,6 +193,8 @@ class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self.acks: Counter[str] = Counter()
+        #: AckEmit messages sent, by delivery id (never coalesced: one each).
+        self.ack_emits: Counter[str] = Counter()
         self.released: Counter[str] = Counter()
         self.sent_max_in_flight: list[int] = []
         self.subscribed_max_in_flight: list[int] = []
@@ -213,6 +215,9 @@ class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
                     self.acks.update(request.ack.ids)
                     unsettled -= len(request.ack.ids)
                 elif kind == "fail":
+                    unsettled -= 1
+                elif kind == "ack_emit":
+                    self.ack_emits[request.ack_emit.id] += 1
                     unsettled -= 1
                 elif kind == "release":
                     self.released.update(request.release.ids)

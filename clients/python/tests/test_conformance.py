@@ -23,11 +23,14 @@ import redis
 
 from conftest import load_scenarios
 from echomq import (
+    AckEmitError,
     AppendResult,
     Backoff,
     BatchEntry,
     Consumer,
     Delivery,
+    Emit,
+    EmittedEntry,
     FailKind,
     FlowControl,
     NotScheduledError,
@@ -110,6 +113,8 @@ class Run:
     first_by_dedup_key: dict[str, AppendResult] = field(default_factory=dict)
     by_ref: dict[str, AppendResult] = field(default_factory=dict)  # `ref` of an append_calls entry → its answer
     scheduled_ids: set[str] = field(default_factory=set)  # branded ids answered `scheduled`
+    emitted: list[EmittedEntry] = field(default_factory=list)  # what ack_emit answered, every call
+    ack_emit_refusals: list[str] = field(default_factory=list)  # AckEmitError codes the handler saw
 
     def handled(self) -> int:
         return sum(1 for c in self.calls if c.finished is not None)
@@ -133,6 +138,7 @@ class ScenarioRunner:
         self.redis = redis_client
         self.stream = f"conf:{LANGUAGE}:{scenario['name']}"
         self.dlq = f"{self.stream}:dlq"
+        self.sink = f"{self.stream}:sink"
         self.expect: dict[str, Any] = scenario.get("expect", {})
         self.run = Run()
         self.calls_by_id: Counter[str] = Counter()
@@ -173,6 +179,14 @@ class ScenarioRunner:
                 )
             elif kind == "dead_letter":
                 await delivery.dead_letter(action.get("reason", ""))
+            elif kind == "ack_emit":
+                fields = {name: decode_value(value) for name, value in action["fields"].items()}
+                fields["source"] = delivery.id.encode()
+                try:
+                    self.run.emitted.extend(await delivery.ack_emit([Emit(self.sink, fields)]))
+                except AckEmitError as refused:
+                    self.run.ack_emit_refusals.append(refused.code.name if refused.code else "CALL_ENDED")
+                    raise  # held: the consumer fails the delivery with the refusal
             elif kind == "sleep":
                 ms = action["ms"] if "ms" in action else random.randint(0, action["ms_random_max"])
                 await asyncio.sleep(ms / 1000)
@@ -373,7 +387,7 @@ class ScenarioRunner:
     # -- the run -----------------------------------------------------------------
 
     async def execute(self) -> None:
-        self.redis.delete(self.stream, self.dlq)
+        self.redis.delete(self.stream, self.dlq, self.sink)
         self.producer = Streams(self.sidecar.target)
         try:
             if "append" in self.scenario:
@@ -467,6 +481,25 @@ class ScenarioRunner:
             elif key == "stop_returned_within_ms":
                 assert run.stop_ms is not None, "the scenario has no stop step"
                 assert run.stop_ms <= want, f"stop took {run.stop_ms:.0f} ms, limit {want}"
+            elif key == "sink_length":
+                got = self.redis.xlen(self.sink)
+                assert got == want, f"XLEN {self.sink} = {got}, want {want}"
+            elif key == "sink_sources_equal_appended":
+                sources = [f[b"source"].decode() for _, f in self.redis.xrange(self.sink)]
+                got = len(sources) == len(set(sources)) and set(sources) == run.appended_ids
+                assert got == want, f"sink sources {sources}, appended {run.appended_ids}"
+            elif key == "emitted_equal_sink":
+                sink = sorted((f[b"id"].decode(), i.decode(), self.sink) for i, f in self.redis.xrange(self.sink))
+                emitted = sorted((e.id, e.stream_id, e.stream) for e in run.emitted)
+                assert (emitted == sink) == want, f"emitted {emitted}, sink {sink}"
+            elif key == "ack_emit_refusals":
+                assert run.ack_emit_refusals == want, f"ack_emit refusals {run.ack_emit_refusals}, want {want}"
+            elif key == "ack_emits_sent":
+                got = sum(self.acks.ack_emits.values())
+                assert got == want, f"{got} AckEmit messages sent, want {want}"
+            elif key == "acks_sent":
+                got = sum(self.acks.acks.values())
+                assert got == want, f"{got} ids sent in Ack messages, want {want}"
             else:
                 raise AssertionError(f"unknown expectation {key!r}")
 

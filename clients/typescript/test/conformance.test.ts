@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { InterceptingCall, status, type Interceptor } from '@grpc/grpc-js';
-import { Consumer, LeaseLostError, NotScheduledError, PoisonError, Streams, TransientError, type AppendResult, type Delivery, type FailKind, type VerdictError } from '@echomq/client';
+import { AckEmitError, Consumer, LeaseLostError, NotScheduledError, PoisonError, Streams, TransientError, type AppendResult, type Delivery, type EmittedEntry, type FailKind, type VerdictError } from '@echomq/client';
 import { eventually, Fixture, REPO_ROOT } from './support/fixture.js';
 
 const LANGUAGE = 'typescript';
@@ -22,7 +22,9 @@ type FieldSpec =
   | { all_bytes: true };
 
 interface Action {
-  action: 'return' | 'raise' | 'fail' | 'dead_letter' | 'sleep' | 'hang' | 'wait_lease_lost';
+  action: 'return' | 'raise' | 'fail' | 'dead_letter' | 'sleep' | 'hang' | 'wait_lease_lost' | 'ack_emit';
+  /** The ack_emit action's emit's fields (the runner adds `source`, the delivery's branded id). */
+  fields?: Record<string, FieldSpec>;
   kind?: FailKind;
   message?: string;
   reason?: string;
@@ -84,6 +86,7 @@ const KNOWN_EXPECT_KEYS = new Set([
   'dead_letter_fields', 'dead_letter_keeps_branded_id', 'each_acked_once', 'payload_equals_appended',
   'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms', 'lease_lost_signalled', 'stream_length',
   'handled_ids_equal_appended', 'sent_max_in_flight', 'subscribed_max_in_flight', 'peak_unsettled_at_least', 'released',
+  'sink_length', 'sink_sources_equal_appended', 'emitted_equal_sink', 'ack_emit_refusals', 'ack_emits_sent', 'acks_sent',
 ]);
 
 /** The parts of a ConsumeResponse the interceptor reads. */
@@ -126,6 +129,12 @@ class Run {
   readonly verdictErrors: VerdictError[] = [];
   /** Ack ids the client sent, counted in an interceptor on the wire side. */
   readonly acksSent = new Map<string, number>();
+  /** AckEmit messages the client sent, counted likewise. */
+  ackEmitsSent = 0;
+  /** Every entry `ackEmit` resolved with. */
+  readonly emitted: EmittedEntry[] = [];
+  /** The codes of the AckEmitErrors the handler saw. */
+  readonly ackEmitRefusals: string[] = [];
   /** Release ids the client sent, counted likewise. */
   readonly releasedSent = new Map<string, number>();
   subscribedCalls = 0;
@@ -173,6 +182,7 @@ class Run {
           ack?: { ids: string[] } | null;
           fail?: object | null;
           release?: { ids: string[] } | null;
+          ackEmit?: object | null;
           subscribe?: { maxInFlight?: number } | null;
         },
         next,
@@ -180,7 +190,8 @@ class Run {
         if (message.subscribe) this.sentMaxInFlight.push(Number(message.subscribe.maxInFlight ?? 0));
         for (const id of message.ack?.ids ?? []) this.acksSent.set(id, (this.acksSent.get(id) ?? 0) + 1);
         for (const id of message.release?.ids ?? []) this.releasedSent.set(id, (this.releasedSent.get(id) ?? 0) + 1);
-        unsettled -= (message.ack?.ids.length ?? 0) + (message.release?.ids.length ?? 0) + (message.fail ? 1 : 0);
+        if (message.ackEmit) this.ackEmitsSent += 1;
+        unsettled -= (message.ack?.ids.length ?? 0) + (message.release?.ids.length ?? 0) + (message.fail ? 1 : 0) + (message.ackEmit ? 1 : 0);
         next(message);
       },
     });
@@ -235,6 +246,17 @@ class Run {
         case 'dead_letter':
           delivery.deadLetter(action.reason ?? '');
           return;
+        case 'ack_emit': {
+          const fields = fieldsOf({ fields: action.fields ?? {} });
+          fields.set('source', Buffer.from(delivery.id, 'utf8'));
+          try {
+            this.emitted.push(...(await delivery.ackEmit([{ stream: `${delivery.stream}:sink`, fields }])));
+          } catch (error) {
+            if (error instanceof AckEmitError) this.ackEmitRefusals.push(error.code ?? 'CALL_ENDED');
+            throw error; // held: the consumer fails the delivery with the refusal
+          }
+          return;
+        }
         case 'sleep': {
           const ms = action.ms ?? Math.floor(Math.random() * ((action.ms_random_max ?? 0) + 1));
           await sleep(ms);
@@ -584,6 +606,30 @@ async function check(fixture: Fixture, scenario: Scenario, stream: string, run: 
         assert.ok(Buffer.compare(call.payload[name]!, value) === 0, `payload field ${name} differs (${call.payload[name]!.length} vs ${value.length} bytes)`);
       }
     }
+  }
+  const sink = `${stream}:sink`;
+  if (expect.sink_length !== undefined) {
+    assert.equal(await fixture.xlen(sink), expect.sink_length, 'sink_length (XLEN of the sink)');
+  }
+  if (expect.sink_sources_equal_appended !== undefined) {
+    const sources = (await fixture.entries(sink)).map((e) => e.fields.get('source')?.toString('utf8') ?? '');
+    const same = sources.length === new Set(sources).size && sources.length === run.appended.size && sources.every((id) => run.appended.has(id));
+    assert.equal(same, expect.sink_sources_equal_appended, `sink sources ${sources}, appended ${[...run.appended.keys()]}`);
+  }
+  if (expect.emitted_equal_sink !== undefined) {
+    const inSink = (await fixture.entries(sink)).map((e) => `${e.fields.get('id')?.toString('utf8')} ${e.streamId} ${sink}`).sort();
+    const emitted = run.emitted.map((e) => `${e.id} ${e.streamId} ${e.stream}`).sort();
+    assert.equal(JSON.stringify(emitted) === JSON.stringify(inSink), expect.emitted_equal_sink, `emitted ${emitted}, sink ${inSink}`);
+  }
+  if (expect.ack_emit_refusals !== undefined) {
+    assert.deepEqual(run.ackEmitRefusals, expect.ack_emit_refusals, 'ackEmit refusals the handler saw');
+  }
+  if (expect.ack_emits_sent !== undefined) {
+    assert.equal(run.ackEmitsSent, expect.ack_emits_sent, 'AckEmit messages sent');
+  }
+  if (expect.acks_sent !== undefined) {
+    const sent = [...run.acksSent.values()].reduce((a, b) => a + b, 0);
+    assert.equal(sent, expect.acks_sent, 'ids sent in Ack messages');
   }
   if (expect.verdict_errors !== undefined) {
     assert.deepEqual(run.verdictErrors.map((e) => e.code), expect.verdict_errors, 'verdict errors surfaced');
