@@ -88,6 +88,8 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
    * nor lost to a peer, by branded id.
    */
   private final Map<String, Delivery> holding = new HashMap<>();
+  /** AckEmits sent and not answered yet, by branded id. */
+  private final Map<String, CompletableFuture<Object>> emits = new HashMap<>();
   /** The Drain went out (see {@link #release}). */
   private boolean drained;
   /** Deliveries given back before the Drain went out, released right after it. */
@@ -163,6 +165,40 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
           delivery.id(), request.getFail().getReason());
     }
     return acked;
+  }
+
+  @Override
+  public CompletableFuture<Object> ackEmit(Delivery delivery, ConsumeRequest request) {
+    synchronized (this) {
+      if (emits.containsKey(delivery.id()) || !release(delivery) || !flushAcksLocked()) {
+        return null;
+      }
+      CompletableFuture<Object> answer = new CompletableFuture<>();
+      emits.put(delivery.id(), answer);
+      if (!writeLocked(request)) {
+        emits.remove(delivery.id());
+        return null;
+      }
+      return answer;
+    }
+  }
+
+  @Override
+  public synchronized void rehold(Delivery delivery) {
+    if (open) {
+      holding.put(delivery.id(), delivery);
+    }
+  }
+
+  /** Completes the waiting AckEmit of {@code id} with {@code answer} (outside the lock). */
+  private void answerEmit(String id, Object answer) {
+    CompletableFuture<Object> waiting;
+    synchronized (this) {
+      waiting = emits.remove(id);
+    }
+    if (waiting != null) {
+      waiting.complete(answer);
+    }
   }
 
   @Override
@@ -362,8 +398,12 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
         if (error.getCode() == VerdictErrorCode.VERDICT_ERROR_CODE_LEASE_LOST) {
           leaseLost(error.getId());
         }
-        listener.onVerdictError(this, VerdictError.of(error));
+        VerdictError verdictError = VerdictError.of(error);
+        // An AckEmit's refusal goes to its caller and to the hook.
+        answerEmit(error.getId(), verdictError);
+        listener.onVerdictError(this, verdictError);
       }
+      case EMITTED -> answerEmit(response.getEmitted().getId(), response.getEmitted());
       default -> {
         // A message kind newer than this client: nothing to do with it.
       }
@@ -405,9 +445,15 @@ final class ConsumerCall implements ClientResponseObserver<ConsumeRequest, Consu
   }
 
   private void end(Status status) {
+    List<CompletableFuture<Object>> unanswered;
     synchronized (this) {
       open = false;
       dropAcksLocked();
+      unanswered = new ArrayList<>(emits.values());
+      emits.clear();
+    }
+    for (CompletableFuture<Object> waiting : unanswered) {
+      waiting.complete(null); // the answer is lost with the call
     }
     listener.onEnded(this, status);
     ended.complete(status);

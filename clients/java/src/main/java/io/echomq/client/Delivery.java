@@ -1,5 +1,6 @@
 package io.echomq.client;
 
+import io.echomq.v1.AckEmit;
 import io.echomq.v1.ConsumeRequest;
 import io.echomq.v1.Extend;
 import io.echomq.v1.Fail;
@@ -13,12 +14,13 @@ import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * One hand-over of a stream entry to this consumer. Settle it once: return from the handler (ack),
- * throw (fail), or call {@link #ack()}, {@link #fail(String, Duration)} or {@link #deadLetter(String)}
- * yourself. Only the first settlement counts; later ones return false and send nothing.
+ * throw (fail), or call {@link #ack()}, {@link #fail(String, Duration)}, {@link #deadLetter(String)} or
+ * {@link #ackEmit(List)} (acknowledge and append what it produced, exactly once) yourself. Only the first settlement counts; later ones return false and send nothing.
  *
  * <p>A verdict travels on the call that delivered the entry. If that call has broken in the
  * meantime (the consumer reconnected), the verdict is dropped: the new call does not hold the id,
@@ -267,6 +269,82 @@ public final class Delivery {
    */
   public boolean deadLetter(String reason) {
     return settle(failRequest(id(), reason, null, FailKind.POISON, true));
+  }
+
+  /**
+   * Acknowledges the entry and appends {@code emits}, in one step the sidecar applies only while
+   * this consumer still holds the entry: the emits of an entry are written exactly once, together
+   * with its acknowledgement, whatever redeliveries, reclaims and duplicate handler runs happened.
+   * No emits: an ack that applies only while the entry is held.
+   *
+   * <p>Sent at once as its own message (never coalesced with acks); blocks until the sidecar
+   * answers (at most until the call ends).
+   *
+   * @param emits the entries to append, in order
+   * @return the emitted entries, in the order of {@code emits}
+   * @throws AckEmitException when it was not applied (nothing written); after a bad emit ({@link
+   *     AckEmitException#isHeld()}) the delivery is unsettled again, and a handler that lets the
+   *     exception propagate fails it
+   */
+  public List<EmittedEntry> ackEmit(List<Emit> emits) {
+    try {
+      return ackEmitAsync(emits).join();
+    } catch (CompletionException e) {
+      if (e.getCause() instanceof AckEmitException refused) {
+        throw refused;
+      }
+      throw e;
+    }
+  }
+
+  /**
+   * {@link #ackEmit(List)} without blocking: the future completes with the emitted entries, or
+   * exceptionally with an {@link AckEmitException}. It completes on a gRPC thread: keep what runs
+   * on it short.
+   *
+   * @param emits the entries to append, in order
+   * @return the future of the emitted entries
+   */
+  public CompletableFuture<List<EmittedEntry>> ackEmitAsync(List<Emit> emits) {
+    AckEmit.Builder wire = AckEmit.newBuilder().setId(id());
+    for (Emit emit : emits) {
+      io.echomq.v1.Emit.Builder one = io.echomq.v1.Emit.newBuilder().setStream(emit.stream());
+      emit.fields().forEach((name, value) -> one.putFields(name, com.google.protobuf.ByteString.copyFrom(value)));
+      wire.addEmits(one);
+    }
+    ConsumeRequest request = ConsumeRequest.newBuilder().setAckEmit(wire).build();
+    if (!settled.compareAndSet(false, true)) {
+      String why = leaseLost ? "the lease was lost" : "the delivery is already settled";
+      return CompletableFuture.failedFuture(new AckEmitException(id(), null, "not sent: " + why));
+    }
+    CompletableFuture<Object> answer = sink.ackEmit(this, request);
+    if (answer == null) {
+      return CompletableFuture.failedFuture(
+          new AckEmitException(id(), null, "not sent: the call it arrived on has ended"));
+    }
+    return answer.thenApply(this::emitted);
+  }
+
+  /** The answer to this delivery's AckEmit as its result, or its refusal thrown. */
+  private List<EmittedEntry> emitted(Object answer) {
+    if (answer instanceof io.echomq.v1.Emitted emitted) {
+      List<EmittedEntry> entries = new ArrayList<>(emitted.getEntriesCount());
+      emitted.getEntriesList().forEach(e -> entries.add(new EmittedEntry(e.getId(), e.getStreamId(), e.getStream())));
+      return Collections.unmodifiableList(entries);
+    }
+    if (answer instanceof VerdictError error) {
+      AckEmitException refused = new AckEmitException(id(), error.code(), error.message());
+      if (refused.isHeld() && !leaseLost) {
+        settled.set(false); // still held: it may be answered again
+        sink.rehold(this);
+      }
+      throw refused;
+    }
+    throw new AckEmitException(
+        id(),
+        null,
+        "the call ended before the answer: the step may have been applied (the entry acknowledged, its emits"
+            + " written once) or not (the entry comes back)");
   }
 
   /**

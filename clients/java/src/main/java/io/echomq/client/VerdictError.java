@@ -29,7 +29,12 @@ public record VerdictError(String id, Code code, String message) {
      * {@link Delivery#isLeaseLost()}) and sends no verdict for it, whatever its handler returns;
      * if the entry comes back to this consumer, it is a new delivery.
      */
-    LEASE_LOST;
+    LEASE_LOST,
+    /**
+     * An AckEmit named a stream outside the sidecar's allow-list. Nothing was written or
+     * acknowledged; the call still holds the delivery ({@link AckEmitException#isHeld()}).
+     */
+    PERMISSION_DENIED;
 
     static Code of(io.echomq.v1.VerdictErrorCode code) {
       return switch (code) {
@@ -38,6 +43,7 @@ public record VerdictError(String id, Code code, String message) {
         case VERDICT_ERROR_CODE_INVALID_ARGUMENT -> INVALID_ARGUMENT;
         case VERDICT_ERROR_CODE_UNAVAILABLE -> UNAVAILABLE;
         case VERDICT_ERROR_CODE_LEASE_LOST -> LEASE_LOST;
+        case VERDICT_ERROR_CODE_PERMISSION_DENIED -> PERMISSION_DENIED;
         default -> UNSPECIFIED;
       };
     }

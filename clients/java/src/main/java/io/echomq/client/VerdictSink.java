@@ -3,6 +3,7 @@ package io.echomq.client;
 import io.echomq.v1.Ack;
 import io.echomq.v1.ConsumeRequest;
 import java.util.List;
+import java.util.concurrent.CompletableFuture;
 
 /**
  * Where a delivery's verdict goes: the one call that delivered it. A sink whose call has ended
@@ -31,6 +32,19 @@ interface VerdictSink {
   default boolean fail(Delivery delivery, ConsumeRequest request) {
     return send(request);
   }
+
+  /**
+   * Sends the AckEmit {@code request} of {@code delivery} (never coalesced with acks) and returns
+   * the future of its answer: an {@link io.echomq.v1.Emitted}, a {@link VerdictError}, or null when
+   * the call ended first. Null (nothing sent) when the call has ended or refuses verdicts. The
+   * default sends it and answers nothing (null).
+   */
+  default CompletableFuture<Object> ackEmit(Delivery delivery, ConsumeRequest request) {
+    return send(request) ? CompletableFuture.completedFuture(null) : null;
+  }
+
+  /** A refused AckEmit left {@code delivery} held (a bad emit): the call holds it again. */
+  default void rehold(Delivery delivery) {}
 
   /**
    * Gives {@code deliveries} (of this call, never handed to a handler) back to the group: the
