@@ -215,7 +215,9 @@ func TestCodecValuesAreOwnedByTheirDelivery(t *testing.T) {
 // decodeDelivery the field, then add it here.
 func TestCodecKnowsEveryField(t *testing.T) {
 	known := map[protoreflect.FullName][]protoreflect.FieldNumber{
-		"echomq.v1.ConsumeResponse":       {1, fieldResponseDelivery, 3, fieldResponseBatch},
+		// Subscribed (1), VerdictError (3) and Emitted (5) are rare and go
+		// to proto.Unmarshal on purpose; only deliveries take the fast path.
+		"echomq.v1.ConsumeResponse":       {1, fieldResponseDelivery, 3, fieldResponseBatch, 5},
 		"echomq.v1.DeliveryBatch":         {fieldBatchDeliveries},
 		"echomq.v1.Delivery":              {fieldDeliveryID, fieldDeliveryStreamID, fieldDeliveryStream, fieldDeliveryGroup, fieldDeliveryPayload, fieldDeliveryAttempts, fieldDeliveryMintedAt, fieldDeliveryTraceparent, fieldDeliveryRawFields},
 		"echomq.v1.RawField":              {fieldRawName, fieldRawValue},
