@@ -2,12 +2,15 @@ package io.echomq.client.conformance;
 
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
+import io.echomq.client.AckEmitException;
 import io.echomq.client.AppendResult;
 import io.echomq.client.BatchEntry;
 import io.echomq.client.DeliveryHandler;
 import io.echomq.client.EchoMqConsumer;
 import io.echomq.client.EchoMqException;
 import io.echomq.client.EchoMqStreams;
+import io.echomq.client.Emit;
+import io.echomq.client.EmittedEntry;
 import io.echomq.client.FailKind;
 import io.echomq.client.FlowControl;
 import io.echomq.client.NotScheduledException;
@@ -90,6 +93,12 @@ final class ScenarioRun {
   private final CountDownLatch scenarioOver = new CountDownLatch(1);
   /** Acks the client sent, per id, counted on the wire by an interceptor. */
   private final Map<String, Integer> acksSent = new ConcurrentHashMap<>();
+  /** AckEmit messages the client sent, counted likewise. */
+  private final AtomicInteger ackEmitsSent = new AtomicInteger();
+  /** Every entry ackEmit returned. */
+  private final List<EmittedEntry> emitted = Collections.synchronizedList(new ArrayList<>());
+  /** The codes of the AckEmitExceptions the handler saw. */
+  private final List<String> ackEmitRefusals = Collections.synchronizedList(new ArrayList<>());
   /** Release ids the client sent, per id, counted likewise. */
   private final Map<String, Integer> releasedSent = new ConcurrentHashMap<>();
   private final List<String> verdictErrors = Collections.synchronizedList(new ArrayList<>());
@@ -123,7 +132,7 @@ final class ScenarioRun {
       }
     }
     try (Resp redis = fixture.redis()) {
-      redis.call("DEL", stream, deadLetters);
+      redis.call("DEL", stream, deadLetters, sink());
       appendInitial();
       for (String step : steps()) {
         runStep(step);
@@ -402,6 +411,17 @@ final class ScenarioRun {
             }
           }
           case "dead_letter" -> delivery.deadLetter(action.get("reason").getAsString());
+          case "ack_emit" -> {
+            Map<String, byte[]> fields = new LinkedHashMap<>();
+            action.getAsJsonObject("fields").entrySet().forEach(f -> fields.put(f.getKey(), value(f.getValue().getAsJsonObject())));
+            fields.put("source", delivery.id().getBytes(StandardCharsets.UTF_8));
+            try {
+              emitted.addAll(delivery.ackEmit(List.of(Emit.of(sink(), fields))));
+            } catch (AckEmitException refused) {
+              ackEmitRefusals.add(refused.code() == null ? "CALL_ENDED" : refused.code().name());
+              throw refused; // held: the consumer fails the delivery with the refusal
+            }
+          }
           case "sleep" -> Thread.sleep(
               action.has("ms")
                   ? action.get("ms").getAsLong()
@@ -499,6 +519,10 @@ final class ScenarioRun {
             unsettled.addAndGet(-request.getAck().getIdsCount());
           }
           if (message instanceof ConsumeRequest request && request.hasFail()) {
+            unsettled.decrementAndGet();
+          }
+          if (message instanceof ConsumeRequest request && request.hasAckEmit()) {
+            ackEmitsSent.incrementAndGet();
             unsettled.decrementAndGet();
           }
           if (message instanceof ConsumeRequest request && request.hasRelease()) {
@@ -741,6 +765,26 @@ final class ScenarioRun {
             }
           }
         }
+        case "sink_length" -> same("sink_length (XLEN " + sink() + ")", want.getAsLong(), redis.callLong("XLEN", sink()));
+        case "sink_sources_equal_appended" -> {
+          List<String> sources = entries(redis, sink()).stream().map(entry -> entry.get("source")).toList();
+          boolean equal = sources.size() == Set.copyOf(sources).size() && Set.copyOf(sources).equals(appendedIds);
+          same("sink_sources_equal_appended (sources " + sources + ", appended " + appendedIds + ")", want.getAsBoolean(), equal);
+        }
+        case "emitted_equal_sink" -> {
+          List<String> inSink = new ArrayList<>(entries(redis, sink()).stream().map(entry -> entry.get("id") + " " + entry.get("") + " " + sink()).toList());
+          List<String> got = new ArrayList<>(List.copyOf(emitted).stream().map(entry -> entry.id() + " " + entry.streamId() + " " + entry.stream()).toList());
+          Collections.sort(inSink);
+          Collections.sort(got);
+          same("emitted_equal_sink (emitted " + got + ", sink " + inSink + ")", want.getAsBoolean(), inSink.equals(got));
+        }
+        case "ack_emit_refusals" -> {
+          List<String> wanted = new ArrayList<>();
+          want.getAsJsonArray().forEach(v -> wanted.add(v.getAsString()));
+          same("ack_emit_refusals", wanted, List.copyOf(ackEmitRefusals));
+        }
+        case "ack_emits_sent" -> same("ack_emits_sent", want.getAsInt(), ackEmitsSent.get());
+        case "acks_sent" -> same("acks_sent (ids in Ack messages)", want.getAsInt(), acksSent.values().stream().mapToInt(Integer::intValue).sum());
         case "verdict_errors" -> {
           List<String> wanted = new ArrayList<>();
           want.getAsJsonArray().forEach(v -> wanted.add(v.getAsString()));
@@ -793,17 +837,33 @@ final class ScenarioRun {
   }
 
   private Map<String, String> firstDeadLetter(Resp redis) throws Exception {
-    List<?> entries = (List<?>) redis.call("XRANGE", deadLetters, "-", "+");
-    Map<String, String> fields = new HashMap<>();
+    List<Map<String, String>> entries = entries(redis, deadLetters);
     if (entries.isEmpty()) {
       problems.add("no entry in " + deadLetters);
-      return fields;
+      return new HashMap<>();
     }
-    List<?> kv = (List<?>) ((List<?>) entries.get(0)).get(1);
-    for (int i = 0; i + 1 < kv.size(); i += 2) {
-      fields.put(new String((byte[]) kv.get(i), StandardCharsets.UTF_8), new String((byte[]) kv.get(i + 1), StandardCharsets.UTF_8));
+    return entries.get(0);
+  }
+
+  /** The stream the ack_emit action emits to. */
+  private String sink() {
+    return stream + ":sink";
+  }
+
+  /** Every entry of {@code key} as its fields (UTF-8), with its stream id under the key "". */
+  private static List<Map<String, String>> entries(Resp redis, String key) throws Exception {
+    List<Map<String, String>> out = new ArrayList<>();
+    for (Object raw : (List<?>) redis.call("XRANGE", key, "-", "+")) {
+      List<?> entry = (List<?>) raw;
+      Map<String, String> fields = new HashMap<>();
+      fields.put("", new String((byte[]) entry.get(0), StandardCharsets.UTF_8));
+      List<?> kv = (List<?>) entry.get(1);
+      for (int i = 0; i + 1 < kv.size(); i += 2) {
+        fields.put(new String((byte[]) kv.get(i), StandardCharsets.UTF_8), new String((byte[]) kv.get(i + 1), StandardCharsets.UTF_8));
+      }
+      out.add(fields);
     }
-    return fields;
+    return out;
   }
 
   private void same(String what, Object want, Object got) {
