@@ -193,6 +193,8 @@ class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self.acks: Counter[str] = Counter()
+        #: Fail messages sent.
+        self.fails = 0
         #: AckEmit messages sent, by delivery id (never coalesced: one each).
         self.ack_emits: Counter[str] = Counter()
         self.released: Counter[str] = Counter()
@@ -215,6 +217,7 @@ class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
                     self.acks.update(request.ack.ids)
                     unsettled -= len(request.ack.ids)
                 elif kind == "fail":
+                    self.fails += 1
                     unsettled -= 1
                 elif kind == "ack_emit":
                     self.ack_emits[request.ack_emit.id] += 1

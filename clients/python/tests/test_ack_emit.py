@@ -1,0 +1,113 @@
+"""AckEmit (consume → produce, exactly once) beyond the shared scenarios,
+against the real sidecar: the refusals a handler can meet."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from echomq import AckEmitError, Consumer, Delivery, Emit, EmittedEntry, Start, Streams, VerdictError, VerdictErrorCode
+from support import AckCounter, RedisServer, Sidecar
+
+
+@pytest.fixture
+def allow_listed_sidecar(redis_server: RedisServer) -> Iterator[Sidecar]:
+    """A sidecar of its own that allows only `pyemit:*` streams, with the
+    default lease timings (a lease refresh every 10 s: slower than a test)."""
+    car = Sidecar(redis_server.url, "py-emit", ["--allow-streams", "pyemit:*"])
+    try:
+        car.start()
+        yield car
+    finally:
+        car.close()
+
+
+async def until(what: str, predicate: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def test_an_emit_outside_the_allow_list_is_refused_and_the_delivery_can_be_answered_again(
+    allow_listed_sidecar: Sidecar, redis_client: redis.Redis
+) -> None:
+    source, sink, group = "pyemit:denied:src", "pyemit:denied:sink", "g"
+    redis_client.delete(source, sink, "other:sink")
+    async with Streams(allow_listed_sidecar.target) as streams:
+        appended = await streams.append(source, {"n": "1"})
+    refusals: list[AckEmitError] = []
+    emitted: list[EmittedEntry] = []
+    hooked: list[VerdictError] = []
+
+    async def handle(delivery: Delivery) -> None:
+        try:
+            await delivery.ack_emit([Emit("other:sink", {"source": delivery.id})])
+        except AckEmitError as refused:
+            refusals.append(refused)
+            assert not delivery.settled, "a bad emit leaves the delivery unsettled"
+        # Answered again, on the same delivery: still held.
+        emitted.extend(await delivery.ack_emit([(sink, {"source": delivery.id})]))
+
+    async with Consumer(
+        allow_listed_sidecar.target, source, group, handle, start=Start.BEGINNING, on_verdict_error=hooked.append
+    ):
+        await until("the second ack_emit", lambda: len(emitted) == 1)
+
+    [refused] = refusals
+    assert refused.code is VerdictErrorCode.PERMISSION_DENIED and refused.held
+    assert [e.code for e in hooked] == [VerdictErrorCode.PERMISSION_DENIED]
+    assert redis_client.xlen("other:sink") == 0, "nothing written by the refused AckEmit"
+    [(stream_id, fields)] = redis_client.xrange(sink)
+    assert emitted == [EmittedEntry(fields[b"id"].decode(), stream_id.decode(), sink)]
+    assert fields[b"source"] == appended.id.encode()
+    assert int(redis_client.xpending(source, group)["pending"]) == 0
+
+
+async def test_an_entry_a_peer_took_gets_no_emits_and_no_verdict(
+    allow_listed_sidecar: Sidecar, redis_client: redis.Redis
+) -> None:
+    source, sink, group = "pyemit:stolen:src", "pyemit:stolen:sink", "g"
+    redis_client.delete(source, sink)
+    async with Streams(allow_listed_sidecar.target) as streams:
+        await streams.append(source, {"n": "1"})
+    started, stolen = asyncio.Event(), asyncio.Event()
+    outcome: list[AckEmitError] = []
+    wire = AckCounter()
+    handled: list[Delivery] = []
+
+    async def handle(delivery: Delivery) -> None:
+        handled.append(delivery)
+        started.set()
+        await stolen.wait()
+        try:
+            await delivery.ack_emit([Emit(sink, {"source": delivery.id})])
+        except AckEmitError as refused:
+            outcome.append(refused)
+            raise
+
+    consumer = Consumer(
+        allow_listed_sidecar.target, source, group, handle, start=Start.BEGINNING, interceptors=[wire]
+    )
+    async with consumer:
+        await asyncio.wait_for(started.wait(), 20)
+        [delivery] = handled
+        redis_client.xclaim(source, group, "thief", 0, [delivery.stream_id])  # a peer takes it
+        stolen.set()
+        await until("the refusal", lambda: len(outcome) == 1)
+
+    [refused] = outcome
+    assert refused.code is VerdictErrorCode.LEASE_LOST and not refused.held
+    assert delivery.settled, "a refusal other than a bad emit settles the delivery"
+    assert redis_client.xlen(sink) == 0, "a call that lost its entry never writes its emits"
+    assert sum(wire.ack_emits.values()) == 1 and not wire.acks, "one AckEmit, and no Ack"
+    assert wire.fails == 0, "no Fail follows the refusal: the entry is the peer's"
+    [(_, owner, _, _)] = [
+        (e["message_id"], e["consumer"], e["time_since_delivered"], e["times_delivered"])
+        for e in redis_client.xpending_range(source, group, "-", "+", 10)
+    ]
+    assert owner == b"thief"
