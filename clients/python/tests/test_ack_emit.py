@@ -4,6 +4,7 @@ against the real sidecar: the refusals a handler can meet."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 
@@ -111,3 +112,24 @@ async def test_an_entry_a_peer_took_gets_no_emits_and_no_verdict(
         for e in redis_client.xpending_range(source, group, "-", "+", 10)
     ]
     assert owner == b"thief"
+
+
+async def test_the_docs_pipeline_prices_each_order_once(live_sidecar: Sidecar, redis_client: redis.Redis) -> None:
+    """docs/src/pipelines.md's Python pipeline (tests/docs_pipeline.py), run as the page shows it."""
+    from docs_pipeline import pricing
+
+    redis_client.delete("{orders}:placed", "{orders}:priced")
+    orders = [
+        {"id": "A-1", "lines": [{"qty": 2, "cents": 150}]},
+        {"id": "A-2", "lines": [{"qty": 1, "cents": 999}, {"qty": 3, "cents": 1}]},
+        {"id": "A-3", "lines": []},
+    ]
+    async with Streams(live_sidecar.target) as streams:
+        placed = [(await streams.append("{orders}:placed", {"order": json.dumps(o)})).id for o in orders]
+    async with pricing(live_sidecar.target):
+        await until("the priced orders", lambda: redis_client.xlen("{orders}:priced") == len(orders))
+
+    priced = {f[b"source"].decode(): (f[b"order"].decode(), int(f[b"total_cents"])) for _, f in redis_client.xrange("{orders}:priced")}
+    assert priced == {placed[0]: ("A-1", 300), placed[1]: ("A-2", 1002), placed[2]: ("A-3", 0)}
+    assert redis_client.xlen("{orders}:priced") == len(orders), "each order priced once"
+    assert int(redis_client.xpending("{orders}:placed", "pricing")["pending"]) == 0
