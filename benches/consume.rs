@@ -10,7 +10,7 @@
 //! sidecar binary cargo built for it (`cargo bench` builds it with the release
 //! profile), then:
 //!
-//! 1. appends N entries (default 50,000; `ECHOMQ_BENCH_ENTRIES`) to each of three
+//! 1. appends N entries (default 50,000; `ECHOMQ_BENCH_ENTRIES`) to each of four
 //!    streams with `AppendBatch` (1,000 per call);
 //! 2. throughput, over 3 rounds (`ECHOMQ_BENCH_ROUNDS`) in which the contenders
 //!    take turns in a rotating order, each round with groups of its own on the
@@ -21,7 +21,11 @@
 //!    id per delivery as it arrives; (a2) consumes stream C the same way with
 //!    batched frames (`max_batch` 64, a quarter of the window, so that a frame
 //!    is acked while the next is read), one `Ack` message with every id of a
-//!    frame; (b) consumes stream B with the redis crate
+//!    frame; (a3) consumes stream D as (a2) does, but fails one entry in ten
+//!    once with `Fail.kind` TRANSIENT (`retry_after` 0) and acks it when it
+//!    comes back, and fails the run if any delivery says `attempts` other
+//!    than 1 (the ratio (a3)/(a2) is what transient failures cost);
+//!    (b) consumes stream B with the redis crate
 //!    directly: `XREADGROUP … COUNT 256 BLOCK 2000` then one `XACK` with all the
 //!    ids of the read. Each time runs from the group's creation until Redis has
 //!    every entry acknowledged (for the sidecar, until `XPENDING` says 0);
@@ -48,6 +52,7 @@
 mod common;
 
 use std::{
+    collections::HashSet,
     process::ExitCode,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -57,7 +62,10 @@ use common::{
     ack_all, ack_ids, append, connection, create_group, pending, phase, rate, read_group, redis_cpu, thousands,
     ConsumeCall, Error, Sidecar, APPEND_BATCH, BODY_BYTES, WINDOW,
 };
-use echomq::proto::{consume_response::Kind as Event, stream_service_client::StreamServiceClient, GroupStart};
+use echomq::proto::{
+    consume_request::Kind, consume_response::Kind as Event, stream_service_client::StreamServiceClient, ConsumeRequest,
+    Fail, FailKind, GroupStart,
+};
 use redis::aio::MultiplexedConnection;
 use tokio::time::MissedTickBehavior;
 
@@ -115,19 +123,19 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut redis).await?;
     let (sidecar_before, redis_before) = (sidecar.cpu_time(), redis_cpu(&mut redis).await?);
     let started = Instant::now();
-    for stream in ["bench-a", "bench-b", "bench-c"] {
+    for stream in ["bench-a", "bench-b", "bench-c", "bench-d"] {
         append(&mut streams, stream, entries, APPEND_BATCH).await?;
     }
     let took = started.elapsed();
-    let per_appended = |d: Duration| d.as_secs_f64() * 1e6 / (3 * entries) as f64;
+    let per_appended = |d: Duration| d.as_secs_f64() * 1e6 / (4 * entries) as f64;
     println!(
         "setup       AppendBatch ({APPEND_BATCH} per call) through the sidecar: {} entries in {:.3} s = {} entries/s; sidecar CPU {:.2} µs/entry, Redis CPU {:.2} µs/entry, Redis wire {:.0} B/entry",
-        3 * entries,
+        4 * entries,
         took.as_secs_f64(),
-        thousands(rate(3 * entries, took)),
+        thousands(rate(4 * entries, took)),
         per_appended(sidecar.cpu_time() - sidecar_before),
         per_appended(redis_cpu(&mut redis).await? - redis_before),
-        redis_wire_bytes(&mut redis).await? as f64 / (3 * entries) as f64
+        redis_wire_bytes(&mut redis).await? as f64 / (4 * entries) as f64
     );
     println!();
 
@@ -149,6 +157,9 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
             let (took, message_bytes) = phase(contender.label, async {
                 match contender.max_batch {
                     None => Ok((direct_throughput(&redis_server, contender.stream, &group, entries).await?, None)),
+                    Some(max_batch) if contender.transient => {
+                        transient_throughput(endpoint, &mut redis, contender.stream, &group, entries, max_batch).await
+                    }
                     Some(max_batch) => {
                         sidecar_throughput(endpoint, &mut redis, contender.stream, &group, entries, WINDOW, max_batch)
                             .await
@@ -186,10 +197,14 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
         let cpu = if sidecar_us.is_empty() {
             format!("Redis CPU {redis_us:.2} µs/entry; Redis wire {redis_bytes:.0} B/entry")
         } else {
+            let grpc = if message_bytes.is_empty() {
+                String::new()
+            } else {
+                format!(", gRPC messages {:.0} B/entry", median(message_bytes))
+            };
             format!(
-                "sidecar CPU {:.2} µs/entry, Redis CPU {redis_us:.2} µs/entry; Redis wire {redis_bytes:.0} B/entry, gRPC messages {:.0} B/entry",
-                median(sidecar_us),
-                median(message_bytes)
+                "sidecar CPU {:.2} µs/entry, Redis CPU {redis_us:.2} µs/entry; Redis wire {redis_bytes:.0} B/entry{grpc}",
+                median(sidecar_us)
             )
         };
         let each = samples.iter().map(|s| thousands(common::rate(entries, s.took))).collect::<Vec<_>>().join(" / ");
@@ -199,6 +214,10 @@ async fn run(full: bool, entries: usize, latency_time: Duration) -> Result<(), E
     let direct = rates[contenders.len() - 1];
     println!("  ratio sidecar/direct: {:.2}", rates[0] / direct);
     println!("  ratio batched/direct: {:.2}", rates[1] / direct);
+    println!(
+        "  ratio transient/batched: {:.2} (one entry in {TRANSIENT_EVERY} failed once as TRANSIENT, every delivery with attempts 1)",
+        rates[contenders.len() - 2] / rates[1]
+    );
     if baseline.is_some() {
         println!("  ratio baseline sidecar/direct: {:.2}", rates[2] / direct);
         println!("  ratio baseline batched/direct: {:.2}", rates[3] / direct);
@@ -296,10 +315,15 @@ struct Contender {
     max_batch: Option<u32>,
     /// Through the baseline sidecar (`ECHOMQ_BENCH_BASELINE_BIN`).
     baseline: bool,
+    /// Fails every [`TRANSIENT_EVERY`]th entry once as TRANSIENT.
+    transient: bool,
 }
 
-/// This build's (a) and (a2), the baseline's when there is one, and the
-/// direct consumer last: the ratios divide by it.
+/// The (a3) contender fails one entry in this many once, as TRANSIENT.
+const TRANSIENT_EVERY: usize = 10;
+
+/// This build's (a) and (a2), the baseline's when there is one, (a3), and
+/// the direct consumer last: the ratios divide by it.
 fn contenders(with_baseline: bool) -> Vec<Contender> {
     let single = Contender {
         label: "(a) sidecar ",
@@ -307,6 +331,7 @@ fn contenders(with_baseline: bool) -> Vec<Contender> {
         stream: "bench-a",
         max_batch: Some(0),
         baseline: false,
+        transient: false,
     };
     let batched = Contender {
         label: "(a2) batched",
@@ -314,6 +339,7 @@ fn contenders(with_baseline: bool) -> Vec<Contender> {
         stream: "bench-c",
         max_batch: Some((WINDOW / 4) as u32),
         baseline: false,
+        transient: false,
     };
     let direct = Contender {
         label: "(b) direct  ",
@@ -321,6 +347,15 @@ fn contenders(with_baseline: bool) -> Vec<Contender> {
         stream: "bench-b",
         max_batch: None,
         baseline: false,
+        transient: false,
+    };
+    let transient = Contender {
+        label: "(a3) transient",
+        about:
+            "(a2) failing one entry in ten once as FAIL_KIND_TRANSIENT (retry_after 0), acking it when it comes back",
+        stream: "bench-d",
+        transient: true,
+        ..batched
     };
     let mut all = vec![single, batched];
     if with_baseline {
@@ -337,6 +372,7 @@ fn contenders(with_baseline: bool) -> Vec<Contender> {
             ..batched
         });
     }
+    all.push(transient);
     all.push(direct);
     all
 }
@@ -416,6 +452,67 @@ async fn sidecar_throughput(
     drop(call.verdicts);
     while call.inbound.message().await?.is_some() {}
     Ok((took, Some(message_bytes)))
+}
+
+/// (a3) throughput: as (a2), but the first delivery of every
+/// [`TRANSIENT_EVERY`]th entry (by its field `n`) is answered with a Fail of
+/// kind TRANSIENT and `retry_after` 0, and acked when it comes back. Fails
+/// on a delivery with `attempts` other than 1 (a transient failure must not
+/// count), a verdict error, or an entry delivered after its ack.
+async fn transient_throughput(
+    endpoint: &str,
+    redis: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    entries: usize,
+    max_batch: u32,
+) -> Result<(Duration, Option<u64>), Error> {
+    let mut call = ConsumeCall::open_window(endpoint, stream, group, GroupStart::Beginning, WINDOW, max_batch).await?;
+    let (mut acked, mut failed) = (HashSet::with_capacity(entries), HashSet::new());
+    while acked.len() < entries {
+        let message = call.inbound.message().await?.ok_or("the sidecar ended the call early")?;
+        let deliveries = match message.kind {
+            Some(Event::Delivery(delivery)) => vec![delivery],
+            Some(Event::Batch(batch)) => batch.deliveries,
+            Some(Event::VerdictError(e)) => return Err(format!("verdict error: {e:?}").into()),
+            _ => continue,
+        };
+        let mut ids = Vec::with_capacity(deliveries.len());
+        for delivery in deliveries {
+            if delivery.attempts != 1 {
+                return Err(format!("entry {} came with attempts {}", delivery.id, delivery.attempts).into());
+            }
+            let n: usize = delivery
+                .payload
+                .get("n")
+                .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
+                .ok_or_else(|| format!("delivery {} has no numeric field `n`", delivery.id))?;
+            if n.is_multiple_of(TRANSIENT_EVERY) && failed.insert(delivery.id.clone()) {
+                let fail = Fail {
+                    id: delivery.id,
+                    kind: FailKind::Transient as i32,
+                    retry_after: Some(prost_types::Duration::default()),
+                    reason: "transient".to_owned(),
+                    ..Fail::default()
+                };
+                call.verdicts.send(ConsumeRequest { kind: Some(Kind::Fail(fail)) }).await?;
+            } else if acked.insert(delivery.id.clone()) {
+                ids.push(delivery.id);
+            } else {
+                return Err(format!("entry {} was delivered after its ack", delivery.id).into());
+            }
+        }
+        if !ids.is_empty() {
+            call.verdicts.send(ack_ids(ids)).await?;
+        }
+    }
+    while pending(redis, stream, group).await? > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = call.started.elapsed();
+    drop(call.verdicts);
+    while call.inbound.message().await?.is_some() {}
+    Ok((took, None))
 }
 
 /// (b) throughput: XREADGROUP COUNT 256 BLOCK, then one XACK per read.

@@ -1,7 +1,8 @@
 //! KEDA's external scaler (`--keda-scaler`): a client speaking KEDA's own
 //! protocol (`externalscaler.ExternalScaler`) against a real sidecar and
 //! Redis. The metric is the group's backlog: its lag (right after trims, on
-//! every server) plus the pending entries no live call holds.
+//! every server) plus the pending entries no live call holds, plus the
+//! scheduled entries that are due.
 
 // Tests fail loudly by design; `..Default::default()` on proto messages keeps them
 // compiling when the contract gains fields.
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use echomq::{
     keda::proto::{external_scaler_client::ExternalScalerClient, GetMetricsRequest, IsActiveResponse, ScaledObjectRef},
-    proto::{DescribeGroupRequest, GroupStart},
+    proto::{AppendRequest, DescribeGroupRequest, GroupStart},
 };
 use redis::aio::MultiplexedConnection;
 use support::*;
@@ -224,6 +225,27 @@ async fn a_group_that_does_not_exist_has_the_whole_stream_as_its_backlog() {
 
     create_group(&mut con, "s", "not-yet", "$").await;
     assert_eq!(metric(&sidecar, not_yet).await.unwrap(), 0, "created from the end: nothing to do");
+}
+
+/// Scheduled entries that are due are work: they enter the stream within a
+/// mover's poll. Here no mover runs for a minute, so they stay due in the
+/// schedule; entries not due yet are not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_scheduled_entries_count_and_later_ones_do_not() {
+    let redis = RedisServer::start().await;
+    let options = SidecarOptions::default().arg("--keda-scaler").arg("--schedule-poll-ms").arg("60000");
+    let sidecar = Sidecar::start(&redis, options).await;
+    let mut con = redis.conn().await;
+    create_group(&mut con, "s", "g", "$").await;
+    let mut streams = sidecar.stream_client().await;
+    for delay_ms in [50, 50, 3_600_000] {
+        let delay = prost_types::Duration::try_from(Duration::from_millis(delay_ms)).ok();
+        let request = AppendRequest { stream: "s".into(), delay, ..Default::default() };
+        assert!(streams.append(request).await.unwrap().into_inner().scheduled);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(metric(&sidecar, s_g()).await.unwrap(), 2, "the two due, not the one due in an hour");
+    assert!(is_active(&sidecar, s_g()).await.unwrap());
 }
 
 /// Open StreamIsActive calls are capped, so no client (the scaler's own

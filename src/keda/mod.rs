@@ -124,25 +124,36 @@ impl Scaler {
         Ok(sum)
     }
 
-    /// The backlog of `group` on the stream key `key`. A group that does not
-    /// exist (no consumer has subscribed yet, or Redis lost its data, or it
-    /// was destroyed) has every entry of the stream as its backlog: scaled to
-    /// zero, no consumer would ever create it otherwise, and a consumer woken
-    /// creates it from its own start. A stream that does not exist has none.
+    /// The backlog of `group` on the stream key `key`: the group's lag and
+    /// unheld pending entries, plus the key's scheduled entries that are due
+    /// (`ZCOUNT <key>:scheduled -inf <now ms>`: in the stream within a mover's
+    /// poll, so work already). A group that does not exist (no consumer has
+    /// subscribed yet, or Redis lost its data, or it was destroyed) has every
+    /// entry of the stream as its backlog: scaled to zero, no consumer would
+    /// ever create it otherwise, and a consumer woken creates it from its own
+    /// start. A stream that does not exist has none.
     async fn key_backlog(&self, key: &str, group: &str, limit: usize) -> Result<Backlog, Error> {
-        match backlog(&self.redis, key, group, self.unheld_after, limit).await {
+        let mut conn = self.redis.conn.clone();
+        let group_backlog = match backlog(&self.redis, key, group, self.unheld_after, limit).await {
             Err(Error::NotFound { .. }) => {
-                let mut conn = self.redis.conn.clone();
                 let entries: u64 = redis::cmd("XLEN")
                     .arg(key)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| Error::from_redis(e, "counting a stream without the group", key))?;
                 debug!(stream = %key, %group, entries, "the group does not exist: its backlog is the whole stream");
-                Ok(Backlog { entries, at_least: false })
+                Backlog { entries, at_least: false }
             }
-            counted => counted,
-        }
+            counted => counted?,
+        };
+        let due: u64 = redis::cmd("ZCOUNT")
+            .arg(self.redis.keys.scheduled(key))
+            .arg("-inf")
+            .arg(crate::entry::now_unix_ms())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| Error::from_redis(e, "counting the due scheduled entries", key))?;
+        Ok(group_backlog + Backlog { entries: due, at_least: false })
     }
 
     async fn is_active(&self, trigger: &Trigger) -> Result<bool, Error> {
