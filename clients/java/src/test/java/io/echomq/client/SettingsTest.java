@@ -5,14 +5,9 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.echomq.client.testing.LiveSidecar;
 import io.echomq.client.testing.Resp;
-import io.echomq.v1.ConsumeRequest;
+import io.echomq.client.testing.SentRequests;
 import io.echomq.v1.Subscribe;
-import io.grpc.CallOptions;
-import io.grpc.Channel;
-import io.grpc.ClientCall;
 import io.grpc.ClientInterceptor;
-import io.grpc.ForwardingClientCall;
-import io.grpc.MethodDescriptor;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -52,20 +47,11 @@ class SettingsTest extends LiveSidecar {
 
   /** Keeps the Subscribe messages the consumer sends. */
   private static ClientInterceptor subscribes(List<Subscribe> into) {
-    return new ClientInterceptor() {
-      @Override
-      public <Q, R> ClientCall<Q, R> interceptCall(MethodDescriptor<Q, R> method, CallOptions options, Channel next) {
-        return new ForwardingClientCall.SimpleForwardingClientCall<>(next.newCall(method, options)) {
-          @Override
-          public void sendMessage(Q message) {
-            if (message instanceof ConsumeRequest r && r.hasSubscribe()) {
-              into.add(r.getSubscribe());
-            }
-            super.sendMessage(message);
-          }
-        };
+    return SentRequests.to(r -> {
+      if (r.hasSubscribe()) {
+        into.add(r.getSubscribe());
       }
-    };
+    });
   }
 
   @Test
