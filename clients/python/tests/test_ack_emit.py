@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
+from echomq import sync as echomq_sync
 from echomq import AckEmitError, Consumer, Delivery, Emit, EmittedEntry, Start, Streams, VerdictError, VerdictErrorCode
 from support import AckCounter, RedisServer, Sidecar
 
@@ -133,3 +135,30 @@ async def test_the_docs_pipeline_prices_each_order_once(live_sidecar: Sidecar, r
     assert priced == {placed[0]: ("A-1", 300), placed[1]: ("A-2", 1002), placed[2]: ("A-3", 0)}
     assert redis_client.xlen("{orders}:priced") == len(orders), "each order priced once"
     assert int(redis_client.xpending("{orders}:placed", "pricing")["pending"]) == 0
+
+
+def test_the_blocking_consumer_acks_with_emits(live_sidecar: Sidecar, redis_client: redis.Redis) -> None:
+    """`echomq.sync`: a blocking handler's `ack_emit` waits for the answer and returns the entries."""
+    source, sink = "py:emit:sync", "py:emit:sync:sink"
+    redis_client.delete(source, sink)
+    with echomq_sync.Streams(live_sidecar.target) as streams:
+        appended = [streams.append(source, {"n": str(i)}) for i in range(3)]
+    emitted: list[EmittedEntry] = []
+
+    def handle(delivery: echomq_sync.SyncDelivery) -> None:
+        emitted.extend(delivery.ack_emit([Emit(sink, {"source": delivery.id})]))
+
+    consumer = echomq_sync.Consumer(live_sidecar.target, source, "g", handle, start=Start.BEGINNING)
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(emitted) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        consumer.stop(5)
+        runner.join(10)
+    sink_entries = {(f[b"id"].decode(), i.decode(), f[b"source"].decode()) for i, f in redis_client.xrange(sink)}
+    assert {(e.id, e.stream_id, e.stream) for e in emitted} == {(i, s, sink) for i, s, _ in sink_entries}
+    assert {src for _, _, src in sink_entries} == {a.id for a in appended} and len(sink_entries) == 3
+    assert int(redis_client.xpending(source, "g")["pending"]) == 0
