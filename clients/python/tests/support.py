@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -243,3 +244,18 @@ class AckCounter(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
                 yield response
 
         return received()
+
+
+def run_sync_consumer(consumer: Any, done: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Runs a blocking `echomq.sync.Consumer` on a thread until `done()` (or
+    `timeout` seconds), then stops it (5 s) and joins the thread."""
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        consumer.stop(5)
+        runner.join(10)
+    assert not runner.is_alive(), "the consumer's thread did not end"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Iterator
 
@@ -14,7 +13,7 @@ import redis
 
 from echomq import sync as echomq_sync
 from echomq import AckEmitError, Consumer, Delivery, Emit, EmittedEntry, Start, Streams, VerdictError, VerdictErrorCode
-from support import AckCounter, RedisServer, Sidecar
+from support import AckCounter, RedisServer, Sidecar, run_sync_consumer
 
 
 @pytest.fixture
@@ -149,15 +148,7 @@ def test_the_blocking_consumer_acks_with_emits(live_sidecar: Sidecar, redis_clie
         emitted.extend(delivery.ack_emit([Emit(sink, {"source": delivery.id})]))
 
     consumer = echomq_sync.Consumer(live_sidecar.target, source, "g", handle, start=Start.BEGINNING)
-    runner = threading.Thread(target=consumer.run)
-    runner.start()
-    try:
-        deadline = time.monotonic() + 20
-        while len(emitted) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        consumer.stop(5)
-        runner.join(10)
+    run_sync_consumer(consumer, lambda: len(emitted) >= 3)
     sink_entries = {(f[b"id"].decode(), i.decode(), f[b"source"].decode()) for i, f in redis_client.xrange(sink)}
     assert {(e.id, e.stream_id, e.stream) for e in emitted} == {(i, s, sink) for i, s, _ in sink_entries}
     assert {src for _, _, src in sink_entries} == {a.id for a in appended} and len(sink_entries) == 3

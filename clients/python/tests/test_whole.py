@@ -35,7 +35,7 @@ from echomq import (
 )
 from echomq import sync as echomq_sync
 from echomq.consumer import DEFAULT_CONCURRENCY, DEFAULT_MAX_IN_FLIGHT
-from support import RedisServer, Sidecar
+from support import RedisServer, Sidecar, run_sync_consumer
 
 
 async def until(what: str, predicate: object, timeout: float = 20.0) -> None:
@@ -547,15 +547,7 @@ def test_the_sync_consumer_fails_transient_and_poison_by_exception_type(
 
     consumer = echomq_sync.Consumer(live_sidecar.target, fresh, "g", handle, start=Start.BEGINNING,
                                     max_deliveries=2, retry_backoff_initial=0.05)
-    runner = threading.Thread(target=consumer.run)
-    runner.start()
-    try:
-        deadline = time.monotonic() + 20
-        while len(calls) < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        consumer.stop(5)
-        runner.join(10)
+    run_sync_consumer(consumer, lambda: len(calls) >= 5)
     assert calls.count((flaky, 1)) == 4, f"transient fails cost no attempt: {calls}"
     assert calls.count((poison, 1)) == 1 and redis_client.xlen(f"{fresh}:dlq") == 1
     assert pending(redis_client, fresh, "g") == 0
