@@ -575,6 +575,12 @@ fn print_model_check(all: &[Costs]) {
         fleet.idle_commands,
         off(fleet.idle_commands, idle)
     );
+    let redis_idle = one.idle_cpu.redis * k;
+    println!(
+        "  Redis idle CPU     predicted {redis_idle:.1} ms/s, measured {:.1} ms/s ({}; Redis' own timers are in the one-sidecar figure once, not per sidecar)",
+        fleet.idle_cpu.redis,
+        off(fleet.idle_cpu.redis, redis_idle)
+    );
     println!(
         "  RSS per sidecar    predicted {:.1} MB, measured {:.1} MB ({})",
         one.rss as f64 / 1e6,

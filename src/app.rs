@@ -307,6 +307,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         config.archive.retention_interval,
         draining.clone(),
     ));
+    let mover_wake = crate::stream::scheduled::MoverWake::default();
     let mover = tokio::spawn(crate::stream::scheduled::run(
         crate::stream::scheduled::Mover {
             redis: redis.clone(),
@@ -316,6 +317,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             metrics: metrics.clone(),
         },
         config.appends.schedule_poll,
+        config.appends.schedule_idle_poll,
+        mover_wake.clone(),
         draining.clone(),
     ));
     let (redis_up_tx, redis_up) = watch::channel(true);
@@ -340,6 +343,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             metrics.clone(),
             folding.clone(),
             writes.clone(),
+            mover_wake,
         ))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max),

@@ -228,22 +228,29 @@ async fn a_group_that_does_not_exist_has_the_whole_stream_as_its_backlog() {
 }
 
 /// Scheduled entries that are due are work: they enter the stream within a
-/// mover's poll. Here no mover runs for a minute, so they stay due in the
-/// schedule; entries not due yet are not counted.
+/// mover's poll. Here they stay due in the schedule: the sidecar that
+/// scheduled them is gone, and the scaler's mover, idle since before they
+/// were scheduled, sleeps for a minute. Entries not due yet are not counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn due_scheduled_entries_count_and_later_ones_do_not() {
     let redis = RedisServer::start().await;
-    let options = SidecarOptions::default().arg("--keda-scaler").arg("--schedule-poll-ms").arg("60000");
-    let sidecar = Sidecar::start(&redis, options).await;
+    let idle = |options: SidecarOptions| {
+        options.arg("--schedule-poll-ms").arg("60000").arg("--schedule-idle-poll-ms").arg("60000")
+    };
+    let sidecar = Sidecar::start(&redis, idle(SidecarOptions::default().arg("--keda-scaler"))).await;
     let mut con = redis.conn().await;
     create_group(&mut con, "s", "g", "$").await;
-    let mut streams = sidecar.stream_client().await;
-    for delay_ms in [50, 50, 3_600_000] {
+    let mut producer = Sidecar::start(&redis, idle(SidecarOptions::default())).await;
+    let mut streams = producer.stream_client().await;
+    for delay_ms in [1_000, 1_000, 3_600_000] {
         let delay = prost_types::Duration::try_from(Duration::from_millis(delay_ms)).ok();
         let request = AppendRequest { stream: "s".into(), delay, ..Default::default() };
         assert!(streams.append(request).await.unwrap().into_inner().scheduled);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    producer.kill9();
+    assert_eq!(metric(&sidecar, s_g()).await.unwrap(), 0, "nothing is due yet");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    assert_eq!(redis::cmd("XLEN").arg("s").query_async::<u64>(&mut con).await.unwrap(), 0, "not moved");
     assert_eq!(metric(&sidecar, s_g()).await.unwrap(), 2, "the two due, not the one due in an hour");
     assert!(is_active(&sidecar, s_g()).await.unwrap());
 }

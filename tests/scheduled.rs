@@ -178,6 +178,22 @@ async fn a_sidecar_that_never_touches_the_stream_moves_it() {
     assert_eq!(branded_ids(&mut conn, "quiet").await, [scheduled.id]);
 }
 
+/// An idle mover sleeps up to `--schedule-idle-poll-ms`, a minute here, but
+/// an entry its own sidecar schedules wakes it at the due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_mover_wakes_for_an_entry_its_sidecar_scheduled() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, polling().arg("--schedule-idle-poll-ms").arg("60000")).await;
+    let mut conn = redis.conn().await;
+    // Let the mover's first poll find the index empty and go to sleep for its minute.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let scheduled = schedule(&sidecar, "woken", "x", 300).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(xlen(&mut conn, "woken").await, 0, "not before its time");
+    wait_len(&mut conn, "woken", 1, Duration::from_secs(5)).await;
+    assert_eq!(branded_ids(&mut conn, "woken").await, [scheduled.id]);
+}
+
 /// 20,000 entries due at once; the mover is killed -9 part-way through; another
 /// sidecar finishes: each branded id is in the stream exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,9 +22,15 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 /// per keyed append) stay small: 1,000 keyed appends/s hold about 12 MB.
 pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(120);
 
-/// Default period of the scheduled-entry mover's poll: a due entry enters its
-/// stream within about this long (plus the move's own few ms).
+/// Default period of the scheduled-entry mover's poll while entries are due
+/// or about to be: a due entry enters its stream within about this long
+/// (plus the move's own few ms).
 pub const DEFAULT_SCHEDULE_POLL: Duration = Duration::from_millis(100);
+
+/// Default longest sleep of an idle mover: it bounds how late an entry is
+/// when the sidecar that scheduled it is gone and no mover knew of it, and it
+/// is the idle cost of scheduling, one round trip per sidecar this often.
+pub const DEFAULT_SCHEDULE_IDLE_POLL: Duration = Duration::from_secs(1);
 
 /// Entries and how appends are confirmed.
 #[derive(Clone, Debug, Args)]
@@ -69,6 +75,14 @@ pub struct AppendsConfig {
     #[arg(id = "schedule_poll_ms", long = "schedule-poll-ms", value_name = "SCHEDULE_POLL_MS", env = "ECHOMQ_SCHEDULE_POLL_MS",
           default_value = default_millis!(DEFAULT_SCHEDULE_POLL), value_parser = millis::within(10..=60_000))]
     pub schedule_poll: Duration,
+
+    /// The longest (milliseconds) an idle mover sleeps when it knows no entry due sooner: it wakes at the
+    /// earliest due time it saw in the index, or when this sidecar schedules an entry, else after this
+    /// long. An entry scheduled through a sidecar that is gone by its time enters within about this long
+    /// after it; each idle wake is one command to Redis. Never below --schedule-poll-ms.
+    #[arg(id = "schedule_idle_poll_ms", long = "schedule-idle-poll-ms", value_name = "SCHEDULE_IDLE_POLL_MS", env = "ECHOMQ_SCHEDULE_IDLE_POLL_MS",
+          default_value = default_millis!(DEFAULT_SCHEDULE_IDLE_POLL), value_parser = millis::within(10..=600_000))]
+    pub schedule_idle_poll: Duration,
 }
 
 fn parse_id_field(text: &str) -> Result<String, String> {

@@ -224,6 +224,7 @@ async fn append_entries(
     }
     if let Some(earliest) = earliest {
         reindex_after_append(streams, stream, earliest).await;
+        streams.mover_wake.at(earliest);
     }
     // Entry number (1-based) → the recorded branded id, for the duplicates.
     let mut recorded: HashMap<i64, String> = HashMap::new();

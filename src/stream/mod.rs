@@ -41,13 +41,16 @@ pub struct Streams {
     archive: Option<Arc<Folding>>,
     /// How appends are written: waiting for replicas or not, the dedup window.
     writes: Writes,
+    /// Wakes this sidecar's mover at the due time of an entry it scheduled.
+    mover_wake: scheduled::MoverWake,
 }
 
 impl Streams {
     /// Serves streams with `redis`; branded ids live in the field `id_field`;
     /// names are checked by `guard`; appends are counted in `metrics`; trims
     /// fold into `archive` first, and Read reads it, when there is one;
-    /// appends are written as `writes` says (durable or not, dedup window).
+    /// appends are written as `writes` says (durable or not, dedup window);
+    /// a scheduled append wakes the mover through `mover_wake` at its due time.
     pub fn new(
         redis: Redis,
         id_field: String,
@@ -55,8 +58,9 @@ impl Streams {
         metrics: Arc<Metrics>,
         archive: Option<Arc<Folding>>,
         writes: Writes,
+        mover_wake: scheduled::MoverWake,
     ) -> Streams {
-        Streams { redis, id_field, guard, metrics, archive, writes }
+        Streams { redis, id_field, guard, metrics, archive, writes, mover_wake }
     }
 }
 

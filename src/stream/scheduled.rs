@@ -11,7 +11,10 @@
 //!
 //! Finding due streams without anyone appending to or consuming them: every
 //! sidecar polls the index [`SCHEDULED_INDEX`] (stream key by the unix ms its
-//! earliest entry is due, or earlier) every `--schedule-poll-ms`. On a cluster
+//! earliest entry is due, or earlier): every `--schedule-poll-ms` while
+//! streams are due; idle, at the earliest due time it holds, at a due time
+//! this sidecar scheduled ([`MoverWake`]), or after
+//! `--schedule-idle-poll-ms`, whichever is first. On a cluster
 //! the index has a slot of its own, so it is written by separate commands,
 //! ordered so that no schedule is left out of it:
 //! - an append indexes the stream (`ZADD … LT`, never later than it was)
@@ -27,9 +30,13 @@
 //! An index score earlier than the schedule's first entry only costs a move
 //! that moves nothing and corrects it.
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
 
 use prost_types::Timestamp;
+use tokio::sync::Notify;
 
 use super::Streams;
 use crate::{
@@ -321,31 +328,100 @@ pub struct Mover {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
-/// Polls the index every `poll` and moves every due stream's due entries,
-/// until `stopping` turns true. Errors are logged and retried next poll.
-pub async fn run(mover: Mover, poll: Duration, mut stopping: tokio::sync::watch::Receiver<bool>) {
-    let mut ticks = tokio::time::interval(poll);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Wakes this sidecar's mover for an entry it scheduled: at the entry's due
+/// time, instead of at its next idle poll. Cloned into the append path
+/// ([`Streams`]) and the mover ([`run`]).
+#[derive(Clone, Debug, Default)]
+pub struct MoverWake(std::sync::Arc<WakeState>);
+
+#[derive(Debug)]
+struct WakeState {
+    /// The earliest due time (unix ms) asked for since the mover last looked;
+    /// `u64::MAX` for none.
+    earliest: AtomicU64,
+    notify: Notify,
+}
+
+impl Default for WakeState {
+    fn default() -> WakeState {
+        WakeState { earliest: AtomicU64::new(u64::MAX), notify: Notify::new() }
+    }
+}
+
+impl MoverWake {
+    /// Asks the mover to poll at `due_ms` (unix ms) at the latest.
+    pub(super) fn at(&self, due_ms: u64) {
+        self.0.earliest.fetch_min(due_ms, Ordering::Relaxed);
+        self.0.notify.notify_one();
+    }
+
+    /// The earliest due time asked for since the last call, if any.
+    fn take(&self) -> Option<u64> {
+        Some(self.0.earliest.swap(u64::MAX, Ordering::Relaxed)).filter(|&due| due != u64::MAX)
+    }
+}
+
+/// Moves due entries until `stopping` turns true. While streams are due it
+/// polls the index every `poll`; idle, it sleeps until the earliest due time
+/// the index holds, or until `wake` says this sidecar scheduled an entry due
+/// sooner, but at most `idle_poll` (another sidecar may schedule one due
+/// sooner and be gone by then) and at least `poll`. Errors are logged and
+/// retried after `poll`.
+pub async fn run(
+    mover: Mover,
+    poll: Duration,
+    idle_poll: Duration,
+    wake: MoverWake,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    let idle_poll = idle_poll.max(poll);
+    let mut next = tokio::time::Instant::now();
     loop {
         tokio::select! {
-            _ = ticks.tick() => {}
+            _ = tokio::time::sleep_until(next) => {}
+            _ = wake.0.notify.notified() => {
+                if let Some(due_ms) = wake.take() {
+                    let until = Duration::from_millis(due_ms.saturating_sub(now_unix_ms()));
+                    next = next.min(tokio::time::Instant::now() + until.max(poll));
+                }
+                continue;
+            }
             _ = stopping.wait_for(|stop| *stop) => return,
         }
-        if let Err(error) = mover.poll().await {
-            tracing::debug!(%error, "moving scheduled entries failed; retrying next poll");
-        }
+        let sleep = match mover.poll().await {
+            Ok(Polled { due: true, .. }) => poll,
+            Ok(Polled { next_due_in: Some(wait), .. }) => wait.clamp(poll, idle_poll),
+            Ok(Polled { next_due_in: None, .. }) => idle_poll,
+            Err(error) => {
+                tracing::debug!(%error, "moving scheduled entries failed; retrying next poll");
+                poll
+            }
+        };
+        next = tokio::time::Instant::now() + sleep;
     }
+}
+
+/// What one poll found.
+#[derive(Debug)]
+pub struct Polled {
+    /// Entries moved.
+    pub moved: usize,
+    /// Whether any stream was due (more may be: poll again soon).
+    pub due: bool,
+    /// How long until the index's earliest due time, on the Redis clock;
+    /// `None` when the index is empty.
+    pub next_due_in: Option<Duration>,
 }
 
 impl Mover {
     /// One poll: the due streams (`due_streams.lua`), each moved in turn (a
-    /// stream that fails is logged and tried again next poll). Returns the
-    /// entries moved.
+    /// stream that fails is logged and tried again next poll), and how long
+    /// until the next is due.
     ///
     /// Errors: as [`Error::from_redis`] when the index cannot be read.
-    pub async fn poll(&self) -> Result<usize, Error> {
+    pub async fn poll(&self) -> Result<Polled, Error> {
         let mut conn = self.redis.conn.clone();
-        let due: Vec<(String, String)> = self
+        let (due, wait_ms): (Vec<(String, String)>, i64) = self
             .redis
             .scripts
             .due_streams
@@ -355,14 +431,15 @@ impl Mover {
             .await
             .map_err(|e| Error::from_redis(e, "finding due schedules (due_streams.lua)", SCHEDULED_INDEX))?;
         let mut moved = 0;
-        for (stream, _) in due {
+        for (stream, _) in &due {
             // One stream's failure (a key of another type, say) holds up no other.
-            match self.move_stream(&stream).await {
+            match self.move_stream(stream).await {
                 Ok(n) => moved += n,
                 Err(error) => tracing::warn!(%stream, %error, "moving scheduled entries failed; retrying next poll"),
             }
         }
-        Ok(moved)
+        let next_due_in = u64::try_from(wait_ms).ok().map(Duration::from_millis);
+        Ok(Polled { moved, due: !due.is_empty(), next_due_in })
     }
 
     /// Moves `stream`'s due entries under its move lease (skipped when another

@@ -1049,7 +1049,9 @@ func (*Drain) Descriptor() ([]byte, []int) {
 // <group> <consumer> 0 <id> IDLE <ms> RETRYCOUNT <count - 1> JUSTID`. The
 // entry stays in this consumer's PEL but looks idle since long ago, so any
 // sidecar's next reclaim beat (XAUTOCLAIM with its min-idle) takes it at once;
-// this sidecar's other calls of the group get it first if they have room. The
+// this sidecar's calls of the group get it first if they have room, the
+// releasing call included unless it sent a `Drain` first (send the Drain, then
+// the Release, as the clients do when they stop). The
 // claim that delivers it raises the count back to what it was. `XNACK`
 // (Redis 8.8) is not used: it cannot be tested on the servers supported.
 //
