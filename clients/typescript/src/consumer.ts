@@ -53,11 +53,11 @@ export interface VerdictError {
    * - `INVALID_ARGUMENT`: a malformed id or a negative duration;
    * - `UNAVAILABLE`: Redis failed; the entry stays pending and comes back;
    * - `LEASE_LOST`: sent unasked: a peer reclaimed an entry this call held.
-   * - `PERMISSION_DENIED`: an `ackEmit` named a stream outside the sidecar's
-   *   allow-list; nothing was written, the delivery is still held.
    *   The delivery's `signal` aborts with a {@link LeaseLostError} and the
    *   client sends no verdict for it; if the entry comes back it is a new
    *   delivery (higher `attempts`).
+   * - `PERMISSION_DENIED`: an `ackEmit` named a stream outside the sidecar's
+   *   allow-list; nothing was written, the delivery is still held.
    */
   readonly code: VerdictErrorCode;
   /** The sidecar's explanation. */
@@ -344,6 +344,8 @@ export class Consumer {
   #iterating = false;
   /** {@link deliveries}: deliveries handed to the loop body and not settled yet. */
   readonly #inHand = new Set<DeliveryImpl>();
+  /** {@link deliveries} runs this consumer: what it handed out is in {@link #inHand}. */
+  #iterated = false;
   #state: 'new' | 'running' | 'stopping' | 'stopped' = 'new';
   /** The current call; replaced on reconnect. Deliveries remember theirs. */
   #call: Call | undefined;
@@ -425,6 +427,7 @@ export class Consumer {
    */
   async *deliveries(options: RunOptions = {}): AsyncGenerator<Delivery, void, undefined> {
     if (this.#state !== 'new') throw new Error('a Consumer runs once; create a new one');
+    this.#iterated = true;
     let ended = false;
     let failure: unknown;
     const loop = this.#run(undefined, undefined, options).then(
@@ -590,6 +593,7 @@ export class Consumer {
         subscribed: (subscribed) => this.#onSubscribed(call, subscribed),
         deliveries: (deliveries) => this.#onDeliveries(call, deliveries),
         settled: (delivery) => this.#onSettled(delivery),
+        reheld: (delivery) => this.#onReheld(delivery),
         verdictError: (error) => this.#onVerdictError(error),
         ended: () => this.#onCallEnded(call),
       });
@@ -702,6 +706,11 @@ export class Consumer {
   /** {@link deliveries}: a delivery the loop took is settled; a graceful stop may be waiting for that. */
   #onSettled(delivery: DeliveryImpl): void {
     if (this.#inHand.size !== 0 && this.#inHand.delete(delivery)) this.#changed();
+  }
+
+  /** A refused AckEmit left a delivery the loop took unsettled: it is in hand again. */
+  #onReheld(delivery: DeliveryImpl): void {
+    if (this.#iterated) this.#inHand.add(delivery);
   }
 
   #onVerdictError(error: VerdictError): void {
@@ -904,6 +913,8 @@ interface CallEvents {
   deliveries(deliveries: readonly DeliveryImpl[]): void;
   /** A delivery of this call was settled: by a verdict, or by losing its lease. */
   settled(delivery: DeliveryImpl): void;
+  /** A refused AckEmit (a bad emit) left a delivery held and unsettled again. */
+  reheld(delivery: DeliveryImpl): void;
   verdictError(error: VerdictError): void;
   /** The call ended (any status); called once, before `ended` resolves. */
   ended(): void;
@@ -1022,7 +1033,9 @@ class Call {
 
   /** A refused AckEmit left the delivery held (a bad emit): the call holds it again. */
   rehold(delivery: DeliveryImpl): void {
-    if (!this.#closed) this.#held.set(delivery.id, delivery);
+    if (this.#closed) return;
+    this.#held.set(delivery.id, delivery);
+    this.events.reheld(delivery);
   }
 
   #answerEmit(id: string, answer: EmitAnswer): void {

@@ -1,4 +1,5 @@
 import { status as Status, type ServiceError } from '@grpc/grpc-js';
+import type { VerdictErrorCode } from './consumer.js';
 
 /**
  * gRPC status codes that retrying cannot fix, the same in every EchoMQ client
@@ -111,11 +112,11 @@ export class AckEmitError extends Error {
   /** The branded id of the delivery. */
   readonly id: string;
   /** The verdict error code (`INVALID_ARGUMENT`, `NOT_PENDING`, …), or `undefined` (see the class). */
-  readonly code: string | undefined;
+  readonly code: VerdictErrorCode | undefined;
   /** The sidecar's message, or why nothing was sent. */
   readonly details: string;
 
-  constructor(id: string, code: string | undefined, details: string) {
+  constructor(id: string, code: VerdictErrorCode | undefined, details: string) {
     super(`ackEmit of ${id}: ${code ?? 'NOT_APPLIED'}: ${details}`);
     this.id = id;
     this.code = code;

@@ -112,4 +112,24 @@ describe('ackEmit against a real sidecar', () => {
     const pending = (await fixture.redis.command('XPENDING', source, GROUP, '-', '+', '10')) as [Buffer, Buffer][];
     assert.deepEqual(pending.map((row) => row[1]!.toString('utf8')), ['thief']);
   });
+
+  test('iterated: a delivery whose AckEmit was refused for a bad emit is in hand again, failed when the loop ends', async () => {
+    const source = streamName('iterated');
+    await streams.append(source, { n: '1' });
+    const recorder = wire();
+    const consumer = new Consumer({ target: fixture.target, stream: source, group: GROUP, start: 'beginning', interceptors: [recorder.interceptor] });
+    consumers.push(consumer);
+    let refused: unknown;
+    for await (const d of consumer.deliveries()) {
+      try {
+        await d.ackEmit([{ stream: `${source}:sink`, fields: { id: 'the reserved field' } }]);
+      } catch (error) {
+        refused = error;
+      }
+      break; // without settling it: the loop's end must fail it
+    }
+    assert.ok(refused instanceof AckEmitError && refused.code === 'INVALID_ARGUMENT' && refused.held, `rejected with ${String(refused)}`);
+    assert.deepEqual(recorder.sent, { acks: 0, fails: 1, ackEmits: 1 });
+    assert.equal(await fixture.xlen(`${source}:sink`), 0);
+  });
 });
