@@ -42,8 +42,8 @@ type Handler func(ctx context.Context, d *Delivery) error
 // acknowledges batch[i] and an error fails it with err.Error() as the reason
 // (delivered again after the retry backoff), of the kind its type says, as
 // for [Handler]. Deliveries the handler settled
-// itself ([Delivery.Ack], [Delivery.Fail], [Delivery.DeadLetter]) keep that
-// verdict. A slice of the wrong length or a panic fails every delivery not
+// itself ([Delivery.Ack], [Delivery.Fail], [Delivery.DeadLetter],
+// [Delivery.AckEmit]) keep that verdict. A slice of the wrong length or a panic fails every delivery not
 // settled yet.
 //
 // ctx is cancelled when the batch's call ended, Run's context was cancelled,

@@ -394,7 +394,8 @@ class Delivery:
 
     @property
     def settled(self) -> bool:
-        """True once an ack, fail or dead-letter has been issued for this delivery."""
+        """True once an ack, fail, dead-letter or ack_emit has been issued for
+        this delivery (an ack_emit refused for a bad emit unsettles it again)."""
         return self._settled
 
     @property
