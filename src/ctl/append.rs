@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::connect::Context;
 use crate::exit::Failure;
 use crate::render::{emit, emit_json_line, from_b64, table};
-use crate::time::{parse_instant, timestamp_of_ms};
+use crate::time::{parse_schedule_instant, timestamp_of_ms};
 
 /// Keys of an entry as `read --json` prints it, besides `fields`, that a
 /// re-append ignores: the sidecar mints a new branded id and stream id.
@@ -64,8 +64,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "KEY", value_parser = parse_dedup_key)]
     dedup_key: Option<String>,
     /// Schedule the entries: they enter the stream at this instant (RFC 3339, e.g.
-    /// `2026-12-07T09:00:00+01:00`, or unix milliseconds), at most 365 days ahead.
-    #[arg(long, value_name = "INSTANT", value_parser = parse_instant, conflicts_with = "in_")]
+    /// `2026-12-07T09:00:00+01:00`, or unix milliseconds), at most 365 days ahead; a duration is
+    /// refused (use --in).
+    #[arg(long, value_name = "INSTANT", value_parser = parse_schedule_instant, conflicts_with = "in_")]
     at: Option<u64>,
     /// Schedule the entries this long from now (`90s`, `10m`, `2h`, `1d`), at most 365 days.
     #[arg(id = "in_", long = "in", value_name = "DURATION", value_parser = parse_delay)]

@@ -19,6 +19,20 @@ pub(crate) fn parse_instant(text: &str) -> Result<u64, String> {
     parse_instant_at(text, now_ms())
 }
 
+/// Parses a future instant for a schedule (`append --at`): RFC 3339 or unix
+/// milliseconds, not a duration, which [`parse_instant`] reads as "that long
+/// ago" and would append at once: `--in` takes a duration.
+pub(crate) fn parse_schedule_instant(text: &str) -> Result<u64, String> {
+    if parse_duration(text.trim()).is_some() {
+        return Err(format!(
+            "`{text}` is a duration: --at takes an instant (RFC 3339, e.g. `2026-12-07T09:00:00+01:00`, or unix \
+             milliseconds); to schedule this long from now, use --in {}",
+            text.trim()
+        ));
+    }
+    parse_instant(text)
+}
+
 fn parse_instant_at(text: &str, now: u64) -> Result<u64, String> {
     let text = text.trim();
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
@@ -157,6 +171,14 @@ mod tests {
         for bad in ["", "yesterday", "2026-13-01T00:00:00Z", "2026-12-02T08:30:00", "5x", "2026-12-02T08:30:00.Z"] {
             assert!(parse_instant_at(bad, 0).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_schedule_instant_is_no_duration() {
+        let refused = parse_schedule_instant("10m").unwrap_err();
+        assert!(refused.contains("--in 10m"), "{refused}");
+        assert_eq!(parse_schedule_instant("1796200200250").unwrap(), 1_796_200_200_250);
+        assert_eq!(parse_schedule_instant("2026-12-02T08:30:00.250Z").unwrap(), 1_796_200_200_250);
     }
 
     #[test]
