@@ -1050,6 +1050,8 @@ async fn a_poison_fail_dead_letters_now_and_a_contradictory_or_unknown_kind_is_r
     fail_of_kind(&consumer, &d.id, FailKind::Poison, false).await;
     assert!(one_dead_letter(&con).await, "POISON dead-letters at once, the refused verdicts having left it held");
     assert_eq!(xrange(&mut con, "s:dlq").await[0].field("id"), Some(e.id.as_bytes()));
+    assert_eq!(sidecar.counter("echomq_poison_fails_total").await, 1.0, "the kind shows in the metrics");
+    assert_eq!(sidecar.counter("echomq_fails_total").await, 1.0, "a poison fail is a fail");
 }
 
 /// An entry acked after a transient failure (its attempts still 1) leaves no

@@ -92,6 +92,8 @@ pub(crate) struct Tally {
     pub(crate) fails: u64,
     /// Of those, transient Fails, which cost no attempt (`echomq_transient_fails_total`).
     pub(crate) transient_fails: u64,
+    /// Of those, poison Fails, dead-lettered at once (`echomq_poison_fails_total`).
+    pub(crate) poison_fails: u64,
     /// Deliveries given back to the group by a Release, as Redis confirmed
     /// (`echomq_releases_total`).
     pub(crate) releases: u64,
@@ -816,6 +818,8 @@ impl<D> Ledger<D> {
         };
         self.ended(held.stream_id, Some(verdict));
         if kind == FailKind::Poison {
+            self.tally.fails += 1;
+            self.tally.poison_fails += 1;
             let reason =
                 if reason.is_empty() { "dead-lettered by the client (no reason given)".to_owned() } else { reason };
             let order = DeadLetterOrder { stream_id: held.stream_id, reason, verdict: Some((session, text)) };

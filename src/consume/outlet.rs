@@ -107,6 +107,7 @@ impl Outlet {
             (&mut tally.deliveries, &metrics.deliveries),
             (&mut tally.fails, &metrics.fails),
             (&mut tally.transient_fails, &metrics.transient_fails),
+            (&mut tally.poison_fails, &metrics.poison_fails),
             (&mut tally.releases, &metrics.releases),
             (&mut tally.leases_lost, &metrics.leases_lost),
             (&mut tally.acks, &metrics.acks),

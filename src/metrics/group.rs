@@ -62,6 +62,7 @@ pub(super) struct GroupFamilies {
     acks: GroupCounter,
     fails: GroupCounter,
     transient_fails: GroupCounter,
+    poison_fails: GroupCounter,
     releases: GroupCounter,
     dead_letters: GroupCounter,
     reclaimed: GroupCounter,
@@ -107,6 +108,12 @@ impl GroupFamilies {
                 r,
                 "transient_fails",
                 "Fail verdicts of kind TRANSIENT, re-delivered without counting an attempt (also in fails)",
+                Family::default(),
+            ),
+            poison_fails: registered(
+                r,
+                "poison_fails",
+                "Fail verdicts of kind POISON, dead-lettered at once (also in fails and dead_letters)",
                 Family::default(),
             ),
             releases: registered(
@@ -231,6 +238,7 @@ impl GroupFamilies {
             acks: self.acks.get_or_create(&labels).clone(),
             fails: self.fails.get_or_create(&labels).clone(),
             transient_fails: self.transient_fails.get_or_create(&labels).clone(),
+            poison_fails: self.poison_fails.get_or_create(&labels).clone(),
             releases: self.releases.get_or_create(&labels).clone(),
             dead_letters: self.dead_letters.get_or_create(&labels).clone(),
             reclaimed: self.reclaimed.get_or_create(&labels).clone(),
@@ -275,6 +283,8 @@ pub struct GroupMetrics {
     pub fails: Counter,
     /// `echomq_transient_fails_total`: the Fails of kind TRANSIENT among those.
     pub transient_fails: Counter,
+    /// `echomq_poison_fails_total`: the Fails of kind POISON among those.
+    pub poison_fails: Counter,
     /// `echomq_releases_total`: deliveries released unstarted, as Redis confirmed (entries).
     pub releases: Counter,
     /// `echomq_dead_letters_total`: entries moved to the dead-letter stream.
