@@ -315,6 +315,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
             writes: writes.clone(),
             owner: consumer.clone(),
             metrics: metrics.clone(),
+            warned: Default::default(),
         },
         config.appends.schedule_poll,
         config.appends.schedule_idle_poll,

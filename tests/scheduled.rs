@@ -194,6 +194,28 @@ async fn an_idle_mover_wakes_for_an_entry_its_sidecar_scheduled() {
     assert_eq!(branded_ids(&mut conn, "woken").await, [scheduled.id]);
 }
 
+/// A schedule key of another type is named in the error, not only the
+/// stream (which may not even exist), for a scheduled append and a listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_key_of_another_type_is_named() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, polling()).await;
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("SET").arg("x2:scheduled").arg("oops").query_async(&mut conn).await.unwrap();
+    let request = AppendRequest {
+        stream: "x2".into(),
+        fields: fields(&[("a", b"1")]),
+        delay: after(2_000),
+        ..Default::default()
+    };
+    let status = sidecar.stream_client().await.append(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("`x2:scheduled` (a sorted set)"), "{}", status.message());
+    let listing = ListScheduledRequest { stream: "x2".into(), ..Default::default() };
+    let status = sidecar.stream_client().await.list_scheduled(listing).await.unwrap_err();
+    assert!(status.message().contains("`x2:scheduled`"), "{}", status.message());
+}
+
 /// 20,000 entries due at once; the mover is killed -9 part-way through; another
 /// sidecar finishes: each branded id is in the stream exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,7 +67,7 @@ async fn append_entries(
     if max_len > 0 && scheduling {
         return Err(Error::invalid(
             "max_len",
-            "a scheduled entry (deliver_at or delay) enters the stream later, where no request could answer for what              the cap removes; drop max_len, and cap the stream with Trim or --retention",
+            "a scheduled entry (deliver_at or delay) enters the stream later, where no request could answer for what the cap removes; drop max_len, and cap the stream with Trim or --retention",
         ));
     }
     if max_len > 0 && streams.archive.is_some() {
@@ -197,6 +197,7 @@ async fn append_entries(
                  --retention NAME=maxlen:N on the sidecars that archive it"
             ),
         },
+        _ if scheduling => scheduled::from_redis_scheduled(e, "appending (append.lua)", &streams.redis, stream),
         _ => Error::from_redis(e, "appending (append.lua)", stream),
     })?;
     let redis::Value::Array(reply) = reply else {

@@ -52,6 +52,23 @@ use crate::{
     security::Caller,
 };
 
+/// As [`Error::from_redis`], but a WRONGTYPE names the stream's schedule
+/// keys too: a step on scheduled entries touches the stream, its schedule
+/// (a sorted set) and its entries (a hash), and any may be the wrong one.
+pub(crate) fn from_redis_scheduled(error: redis::RedisError, doing: &str, redis: &Redis, stream: &str) -> Error {
+    match Error::from_redis(error, doing, stream) {
+        Error::WrongType { .. } => Error::Conflict {
+            reason: format!(
+                "key `{stream}` (a stream), `{}` (a sorted set) or `{}` (a hash) holds another Redis type; \
+                 pick another stream, or delete the key of the wrong type",
+                redis.keys.scheduled(stream),
+                redis.keys.scheduled_entries(stream)
+            ),
+        },
+        other => other,
+    }
+}
+
 /// When an entry to append is due.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Due {
@@ -196,8 +213,7 @@ pub(super) async fn cancel(
     request: &CancelScheduledRequest,
 ) -> Result<CancelScheduledResponse, Error> {
     let stream = stream_key(streams, caller, &request.stream).await?;
-    let id: BrandedId =
-        request.id.parse().map_err(|e| Error::invalid("id", format!("`{}` is not a branded id: {e}", request.id)))?;
+    let id: BrandedId = request.id.parse().map_err(|e: crate::id::IdParseError| Error::invalid("id", e.to_string()))?;
     let keys = &streams.redis.keys;
     let mut conn = streams.redis.conn.clone();
     let due: Option<String> = streams
@@ -209,7 +225,7 @@ pub(super) async fn cancel(
         .arg(id.to_string())
         .invoke_async(&mut conn)
         .await
-        .map_err(|e| Error::from_redis(e, "cancelling a scheduled entry (cancel.lua)", stream))?;
+        .map_err(|e| from_redis_scheduled(e, "cancelling a scheduled entry (cancel.lua)", &streams.redis, stream))?;
     let Some(due) = due else {
         return Err(Error::NotFound {
             what: format!(
@@ -250,7 +266,9 @@ pub(super) async fn list(
         .arg(count)
         .invoke_async(&mut conn)
         .await
-        .map_err(|e| Error::from_redis(e, "listing scheduled entries (list_scheduled.lua)", stream))?;
+        .map_err(|e| {
+            from_redis_scheduled(e, "listing scheduled entries (list_scheduled.lua)", &streams.redis, stream)
+        })?;
     let parsed = || -> redis::RedisResult<(u64, Vec<ScheduledEntry>)> {
         let [total, items] = array(&reply) else {
             return Err((redis::ErrorKind::Parse, "list_scheduled.lua did not return a total and entries").into());
@@ -326,7 +344,14 @@ pub struct Mover {
     pub owner: String,
     /// Where moved entries are counted (`echomq_appends_total`).
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// When each failing stream was last warned about: a stream whose move
+    /// keeps failing (its key turned into another type) is retried every
+    /// poll, and warned about once a minute.
+    pub warned: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
+
+/// How often a stream whose move keeps failing is warned about.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Wakes this sidecar's mover for an entry it scheduled: at the entry's due
 /// time, instead of at its next idle poll. Cloned into the append path
@@ -435,11 +460,25 @@ impl Mover {
             // One stream's failure (a key of another type, say) holds up no other.
             match self.move_stream(stream).await {
                 Ok(n) => moved += n,
-                Err(error) => tracing::warn!(%stream, %error, "moving scheduled entries failed; retrying next poll"),
+                Err(error) => self.warn(stream, &error),
             }
         }
         let next_due_in = u64::try_from(wait_ms).ok().map(Duration::from_millis);
         Ok(Polled { moved, due: !due.is_empty(), next_due_in })
+    }
+
+    /// Warns that `stream`'s move failed, once per [`WARN_EVERY`] per stream
+    /// (debug in between).
+    fn warn(&self, stream: &str, error: &Error) {
+        let now = std::time::Instant::now();
+        let mut warned = self.warned.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        warned.retain(|_, at| now.duration_since(*at) < WARN_EVERY);
+        if warned.contains_key(stream) {
+            tracing::debug!(%stream, %error, "moving scheduled entries failed again; retrying next poll");
+        } else {
+            warned.insert(stream.to_owned(), now);
+            tracing::warn!(%stream, %error, "moving scheduled entries failed; retrying every poll, warning again in a minute if it still fails");
+        }
     }
 
     /// Moves `stream`'s due entries under its move lease (skipped when another
@@ -474,7 +513,7 @@ impl Mover {
             let mut conn = self.redis.conn.clone();
             let (reply, shortfall) = crate::durable::run(&self.redis, &mut conn, self.writes.durable.as_ref(), call)
                 .await
-                .map_err(|e| Error::from_redis(e, "moving scheduled entries (move.lua)", stream))?;
+                .map_err(|e| from_redis_scheduled(e, "moving scheduled entries (move.lua)", &self.redis, stream))?;
             if let Some(shortfall) = shortfall {
                 tracing::warn!(%stream, ?shortfall, "scheduled entries moved into the stream on the primary, not confirmed by replicas in time");
             }
