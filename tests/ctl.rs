@@ -289,7 +289,7 @@ async fn append_at_or_in_schedules_and_scheduled_lists_and_cancels() {
     let document: Json = serde_json::from_str(&listed.stdout).unwrap();
     assert_eq!(document["total"], 2, "{document}");
     let entries = document["scheduled"].as_array().unwrap();
-    assert_eq!(entries[0]["id"], later_id.as_str(), "due first first: {document}");
+    assert_eq!(entries[0]["id"], later_id.as_str(), "the first due first: {document}");
     assert_eq!(entries[0]["fields"]["k"], "later");
     let cancel_id = entries[1]["id"].as_str().unwrap().to_owned();
     assert_eq!(entries[1]["fields"]["k"], "cancel-me");

@@ -66,7 +66,7 @@ type ScheduledEntry struct {
 
 // ScheduledPage is one page of [Streams.ListScheduled].
 type ScheduledPage struct {
-	// Entries, due first first (then by branded id).
+	// Entries, the first due first (then by branded id).
 	Entries []ScheduledEntry
 	// NextPageToken continues the listing ([ListScheduledOptions.PageToken]);
 	// "" when this page is the last.
@@ -77,7 +77,7 @@ type ScheduledPage struct {
 
 // ListScheduled returns one page of the entries scheduled on stream (a
 // stream key: list each shard key of a sharded stream) that have not entered
-// it yet, due first first.
+// it yet, the first due first.
 //
 // Errors carry the gRPC status: INVALID_ARGUMENT for a bad stream name, a
 // malformed page token or Count over 10,000; UNAVAILABLE when Redis cannot be
@@ -102,7 +102,7 @@ func (s *Streams) ListScheduled(ctx context.Context, stream string, o ListSchedu
 	return page, nil
 }
 
-// Scheduled iterates over every entry scheduled on stream, due first first,
+// Scheduled iterates over every entry scheduled on stream, the first due first,
 // a page of o.Count entries at a time (following NextPageToken, from
 // o.PageToken). An error ends the iteration: it is yielded once, with a zero
 // ScheduledEntry.

@@ -143,7 +143,7 @@ pub(crate) fn fail_without_pel(id: &str) -> VerdictError {
 pub(crate) fn release_without_pel(id: &str) -> VerdictError {
     invalid(
         id,
-        "this is an at-most-once (no_ack) subscription: the entry is not pending, so it cannot go back to the group; ack it",
+        "this is an at-most-once (no_ack) subscription: the entry is not pending, so there is nothing to give back to the group; ack it",
     )
 }
 

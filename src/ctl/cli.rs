@@ -137,7 +137,7 @@ pub(crate) enum Group {
 /// The scheduled-entry commands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum Scheduled {
-    /// List a stream's scheduled entries that have not entered it yet, due first first.
+    /// List a stream's scheduled entries that have not entered it yet, the first due first.
     List(crate::scheduled::ListArgs),
     /// Cancel a scheduled entry before it enters the stream.
     Cancel(crate::scheduled::CancelArgs),

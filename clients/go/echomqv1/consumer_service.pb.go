@@ -700,7 +700,8 @@ type Fail struct {
 	// How long to wait before the entry is delivered again. Unset: the
 	// subscription's backoff by attempts. A negative value, or one above 365
 	// days, gets a VerdictError (INVALID_ARGUMENT) and nothing is applied (a
-	// held delivery stays held).
+	// held delivery stays held). Ignored with `dead_letter` or
+	// FAIL_KIND_POISON: a dead-lettered entry is not retried.
 	RetryAfter *durationpb.Duration `protobuf:"bytes,3,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// Moves the entry to the dead-letter stream now instead of retrying it: the
 	// sidecar appends it there (with its branded id, source stream, group,

@@ -1026,7 +1026,7 @@ func (x *ScheduledEntry) GetFields() map[string][]byte {
 	return nil
 }
 
-// Scheduled entries, due first first.
+// Scheduled entries, the first due first.
 type ListScheduledResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The entries, by due time then branded id.

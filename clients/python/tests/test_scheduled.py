@@ -101,6 +101,19 @@ async def test_the_sidecars_refusals_are_permanent_errors(live_sidecar: Sidecar,
         assert (await streams.list_scheduled(fresh)).total == 0
 
 
+async def test_a_schedule_of_the_wrong_type_is_a_type_error_that_says_what_to_pass(
+    live_sidecar: Sidecar, fresh: str
+) -> None:
+    async with Streams(live_sidecar.target) as streams:
+        with pytest.raises(TypeError, match=r"timedelta\(minutes=10\)"):
+            await streams.append(fresh, {"n": "1"}, delay=5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="deliver_at must be a datetime"):
+            await streams.append(fresh, {"n": "1"}, deliver_at="2027-01-01")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="delay must be"):
+            await streams.append_batch(fresh, [BatchEntry({"n": "1"}, delay=1.5)])  # type: ignore[arg-type]
+        assert (await streams.list_scheduled(fresh)).total == 0, "nothing was sent"
+
+
 def test_the_sync_streams_schedule_list_and_cancel(live_sidecar: Sidecar, fresh: str) -> None:
     with echomq_sync.Streams(live_sidecar.target) as streams:
         result = streams.append(fresh, {"n": "1"}, delay=timedelta(minutes=5))

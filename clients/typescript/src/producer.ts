@@ -199,7 +199,7 @@ export interface ScheduledEntry {
   readonly fields: Readonly<Record<string, Uint8Array>>;
 }
 
-/** A page of {@link Streams.listScheduled}, due first first. */
+/** A page of {@link Streams.listScheduled}, the first due first. */
 export interface ScheduledPage {
   readonly entries: readonly ScheduledEntry[];
   /** Pass as `pageToken` for the next page; empty after the last. */
@@ -456,7 +456,7 @@ export class Streams {
   }
 
   /**
-   * Every entry scheduled on `stream`, due first first, one page (`count`,
+   * Every entry scheduled on `stream`, the first due first, one page (`count`,
    * default 100) at a time by `nextPageToken`: `for await (const entry of
    * streams.scheduled('reminders')) …`. Rejects (throws in the loop) as
    * {@link listScheduled}.

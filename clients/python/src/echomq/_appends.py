@@ -82,6 +82,30 @@ def to_duration(span: timedelta) -> Duration:
     return duration
 
 
+def schedule(
+    message: pb.AppendRequest | pb.BatchEntry, deliver_at: datetime | None, delay: timedelta | None
+) -> None:
+    """Sets a request's or batch entry's schedule, as given: both, a negative
+    delay or one past the horizon too (the sidecar refuses those with
+    INVALID_ARGUMENT, and says why).
+
+    Raises TypeError when `deliver_at` is not a `datetime` or `delay` not a
+    `timedelta` (a number of seconds or a date string would be ambiguous)."""
+    if deliver_at is not None:
+        if not isinstance(deliver_at, datetime):
+            raise TypeError(
+                f"deliver_at must be a datetime.datetime (naive means UTC), got {type(deliver_at).__name__} "
+                f"{deliver_at!r}; for a delay, pass delay=timedelta(...)"
+            )
+        message.deliver_at.CopyFrom(to_timestamp(deliver_at))
+    if delay is not None:
+        if not isinstance(delay, timedelta):
+            raise TypeError(
+                f"delay must be a datetime.timedelta, e.g. timedelta(minutes=10), got {type(delay).__name__} {delay!r}"
+            )
+        message.delay.CopyFrom(to_duration(delay))
+
+
 def append_request(
     stream: str,
     fields: Fields,
@@ -98,22 +122,14 @@ def append_request(
         partition_key=partition_key or "",
         dedup_key=dedup_key or "",
     )
-    # Sent as given, both or a negative delay too: the sidecar refuses those
-    # with INVALID_ARGUMENT, and says why.
-    if deliver_at is not None:
-        request.deliver_at.CopyFrom(to_timestamp(deliver_at))
-    if delay is not None:
-        request.delay.CopyFrom(to_duration(delay))
+    schedule(request, deliver_at, delay)
     return request
 
 
 def batch_entry(entry: Fields | BatchEntry) -> pb.BatchEntry:
     if isinstance(entry, BatchEntry):
         message = pb.BatchEntry(fields=encode_fields(entry.fields), dedup_key=entry.dedup_key or "")
-        if entry.deliver_at is not None:
-            message.deliver_at.CopyFrom(to_timestamp(entry.deliver_at))
-        if entry.delay is not None:
-            message.delay.CopyFrom(to_duration(entry.delay))
+        schedule(message, entry.deliver_at, entry.delay)
         return message
     return pb.BatchEntry(fields=encode_fields(entry))
 

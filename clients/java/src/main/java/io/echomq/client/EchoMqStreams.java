@@ -465,7 +465,7 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
    *
    * <pre>{@code
    * try {
-   *   Instant wasDue = streams.cancelScheduled(reminder.stream(), reminder.id());
+   *   Instant due = streams.cancelScheduled(reminder.stream(), reminder.id());
    * } catch (NotScheduledException tooLate) {
    *   // it is in the stream already (or was cancelled)
    * }
@@ -537,7 +537,7 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
   }
 
   /**
-   * Every entry scheduled on a stream key that has not entered it yet, due first first, listed
+   * Every entry scheduled on a stream key that has not entered it yet, the first due first, listed
    * lazily a page at a time (each page one call, following {@link ScheduledPage#nextPageToken()}).
    *
    * @param pageSize entries per call; 0 for the sidecar's default, 100
@@ -765,7 +765,7 @@ public sealed class EchoMqStreams implements AutoCloseable permits EchoMqProduce
   /**
    * One page of {@link #listScheduled}.
    *
-   * @param entries due first first (then by branded id); unmodifiable
+   * @param entries the first due first (then by branded id); unmodifiable
    * @param nextPageToken pass as {@code pageToken} for the next page; {@code ""} after the last
    * @param total how many entries the stream key has scheduled in all
    */
