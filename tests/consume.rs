@@ -1009,24 +1009,24 @@ async fn a_transient_fail_costs_no_attempt_so_it_never_dead_letters_and_a_messag
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
     let con = redis.conn().await;
     let mut sub = subscribe_msg("s", "g", GroupStart::New);
-    sub.max_deliveries = 2;
+    sub.max_deliveries = 3;
     let mut consumer = Consumer::subscribe(&sidecar, sub).await;
     let e = sidecar.append("s", &[("k", b"v")]).await;
 
+    // Five transient fails with max_deliveries 3: never dead-lettered, attempts stay 1.
     let mut attempts = Vec::new();
-    for kind in
-        [FailKind::Transient, FailKind::Transient, FailKind::Transient, FailKind::Message, FailKind::Unspecified]
-    {
+    let counted = [FailKind::Message, FailKind::Unspecified, FailKind::Message];
+    for kind in [FailKind::Transient; 5].into_iter().chain(counted) {
         let d = consumer.next_delivery(EVENT_TIMEOUT).await;
         assert_eq!(d.id, e.id);
         attempts.push(d.attempts);
         fail_of_kind(&consumer, &d.id, kind, false).await;
     }
-    assert_eq!(attempts, [1, 1, 1, 1, 2], "transient fails keep the count; a message fail adds one");
-    consumer.assert_quiet(Duration::from_millis(500), "the second counted failure reached max_deliveries 2").await;
-    assert_eq!(sidecar.counter("echomq_transient_fails_total").await, 3.0);
-    assert_eq!(sidecar.counter("echomq_fails_total").await, 5.0);
-    assert!(one_dead_letter(&con).await, "dead-lettered after two counted attempts");
+    assert_eq!(attempts, [1, 1, 1, 1, 1, 1, 2, 3], "transient fails keep the count; message fails add one");
+    consumer.assert_quiet(Duration::from_millis(500), "the third counted failure reached max_deliveries 3").await;
+    assert_eq!(sidecar.counter("echomq_transient_fails_total").await, 5.0);
+    assert_eq!(sidecar.counter("echomq_fails_total").await, 8.0);
+    assert!(one_dead_letter(&con).await, "dead-lettered after three counted attempts");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
