@@ -4,17 +4,16 @@ builders); the appends themselves are `echomq.Streams.append` and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from google.protobuf.duration_pb2 import Duration
 
 from ._convert import to_timestamp
+from ._fields import Fields as Fields  # re-exported: its home is `_fields`
+from ._fields import encode_fields as encode_fields
 from .v1 import stream_service_pb2 as pb
-
-#: Field values: bytes, or text (sent as UTF-8).
-Fields = Mapping[str, bytes | bytearray | memoryview | str]
 
 
 class AppendResult(NamedTuple):
@@ -64,16 +63,6 @@ class BatchEntry(NamedTuple):
     #: As `Streams.append`'s `delay`: enter the stream this long after the
     #: append. None: at once.
     delay: timedelta | None = None
-
-
-def encode_fields(fields: Fields) -> dict[str, bytes]:
-    """Field values as bytes; text is encoded as UTF-8."""
-    encoded: dict[str, bytes] = {}
-    for name, value in fields.items():
-        if not isinstance(name, str):
-            raise TypeError(f"field names are text, got {type(name).__name__}")
-        encoded[name] = value.encode() if isinstance(value, str) else bytes(value)
-    return encoded
 
 
 def to_duration(span: timedelta) -> Duration:

@@ -12,14 +12,13 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, NamedTuple, Protocol, Union
+from typing import NamedTuple, Protocol, Union
 
 from .errors import EchoMQError, PoisonError, TransientError
+from ._fields import Fields, encode_fields
 from .options import Seconds, to_duration
 from .v1 import consumer_service_pb2 as pb
 
-if TYPE_CHECKING:  # `_appends` imports `records`, which imports this module
-    from ._appends import Fields
 
 log = logging.getLogger("echomq")
 
@@ -166,8 +165,6 @@ class AckEmitError(EchoMQError):
 
 def ack_emit_request(id: str, emits: Iterable[Emit | tuple[str, Fields]]) -> pb.ConsumeRequest:
     """The AckEmit of `id` with `emits` (each an `Emit` or a (stream, fields) pair)."""
-    from ._appends import encode_fields  # not at the top: a cycle through `records`
-
     wire = []
     for emit in emits:
         stream, fields = emit
