@@ -120,6 +120,18 @@ impl Error {
         Error::InvalidArgument { field, reason: reason.into() }
     }
 
+    /// Names the entry of a batch an INVALID_ARGUMENT is about (`index`, from
+    /// 0, as in the request's `entries`), so a caller of a 1,000-entry batch
+    /// can find it; other errors, and `None` (a single Append), pass as they are.
+    pub fn in_batch_entry(self, index: Option<usize>) -> Error {
+        match (self, index) {
+            (Error::InvalidArgument { field, reason }, Some(index)) => {
+                Error::InvalidArgument { field, reason: format!("entry {index} of the batch: {reason}") }
+            }
+            (error, _) => error,
+        }
+    }
+
     /// Classifies a Redis error met while doing `context` on `key`:
     /// WRONGTYPE → [`Error::WrongType`], connection and timeout errors →
     /// [`Error::Unavailable`], anything else → [`Error::Redis`].

@@ -210,6 +210,7 @@ async fn a_dedup_key_over_the_name_limit_is_refused_and_writes_nothing() {
             Code::InvalidArgument,
         )
         .naming("entries.dedup_key")
+        .naming("entry 1 of the batch")
         .leaving(Leaves::NoKeys),
     ];
     assert_refusals(&redis, &sidecar, cases).await;

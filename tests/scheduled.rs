@@ -500,6 +500,7 @@ async fn bad_schedules_are_refused_and_the_past_is_appended_at_once() {
         .expect_err("one bad entry");
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("entries.deliver_at"), "{status:?}");
+    assert!(status.message().contains("entry 1 of the batch"), "names the bad entry: {status:?}");
     assert_eq!(zcard(&mut conn, "b:scheduled").await, 0, "nothing scheduled");
     assert_eq!(branded_ids(&mut conn, "b").await, [past.id], "nothing appended");
     let status = client

@@ -26,6 +26,8 @@ pub const MAX_BATCH_ENTRIES: usize = 10_000;
 /// One entry to append: its fields, its dedup key ("": none), and the
 /// request fields they came from (for INVALID_ARGUMENT).
 struct NewEntry<'a> {
+    /// Its index in an AppendBatch (None for an Append), named in errors.
+    batch_index: Option<usize>,
     fields_field: &'static str,
     fields: &'a HashMap<String, Vec<u8>>,
     dedup_field: &'static str,
@@ -88,7 +90,8 @@ async fn append_entries(
                     entry.dedup_key.len(),
                     streams.guard.max_name_bytes
                 ),
-            ));
+            )
+            .in_batch_entry(entry.batch_index));
         }
     }
     let keys = &streams.redis.keys;
@@ -158,13 +161,15 @@ async fn append_entries(
             return Err(Error::invalid(
                 field,
                 format!("`{id_field}` is the reserved field that carries the branded id; rename the field"),
-            ));
+            )
+            .in_batch_entry(entry.batch_index));
         }
         if fields.len() > max_fields {
             return Err(Error::invalid(
                 field,
                 format!("{} fields is more than this sidecar's limit of {max_fields}", fields.len()),
-            ));
+            )
+            .in_batch_entry(entry.batch_index));
         }
         // Sorted, so an entry's field order does not depend on hashing.
         let mut sorted: Vec<_> = fields.iter().collect();
@@ -346,6 +351,7 @@ pub(super) async fn append(
     request: &AppendRequest,
 ) -> Result<AppendResponse, Error> {
     let entries = [NewEntry {
+        batch_index: None,
         fields_field: "fields",
         fields: &request.fields,
         dedup_field: "dedup_key",
@@ -384,13 +390,16 @@ pub(super) async fn append_batch(
     let entries = request
         .entries
         .iter()
-        .map(|entry| {
+        .enumerate()
+        .map(|(index, entry)| {
+            let due = scheduled::due_of("entries.deliver_at", entry.deliver_at, "entries.delay", entry.delay, now_ms);
             Ok(NewEntry {
+                batch_index: Some(index),
                 fields_field: "entries.fields",
                 fields: &entry.fields,
                 dedup_field: "entries.dedup_key",
                 dedup_key: &entry.dedup_key,
-                due: scheduled::due_of("entries.deliver_at", entry.deliver_at, "entries.delay", entry.delay, now_ms)?,
+                due: due.map_err(|e| e.in_batch_entry(Some(index)))?,
             })
         })
         .collect::<Result<Vec<_>, Error>>()?;
