@@ -476,6 +476,19 @@ async fn bad_schedules_are_refused_and_the_past_is_appended_at_once() {
             AppendRequest { delay: Some(prost_types::Duration { seconds: -1, nanos: 0 }), ..Default::default() },
             "negative",
         ),
+        (
+            "a delay of mixed signs",
+            AppendRequest { delay: Some(prost_types::Duration { seconds: 5, nanos: -1 }), ..Default::default() },
+            "different signs",
+        ),
+        (
+            "the last instant a Timestamp holds",
+            AppendRequest {
+                deliver_at: Some(prost_types::Timestamp { seconds: i64::MAX, nanos: 0 }),
+                ..Default::default()
+            },
+            "9223372036854775807 s after the unix epoch",
+        ),
         ("with max_len", AppendRequest { delay: after(1_000), max_len: 10, ..Default::default() }, "max_len"),
     ];
     for (what, request, says) in refused {

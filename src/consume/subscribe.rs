@@ -231,6 +231,15 @@ pub(crate) const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// by hand: prost's conversion negates, which overflows on `i64::MIN`.
 pub(crate) fn duration(field: &'static str, value: Option<prost_types::Duration>) -> Result<Option<Duration>, Error> {
     let Some(value) = value else { return Ok(None) };
+    if (value.seconds > 0 && value.nanos < 0) || (value.seconds < 0 && value.nanos > 0) {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "seconds ({}) and nanos ({}) have different signs; a Duration's two parts share one sign",
+                value.seconds, value.nanos
+            ),
+        ));
+    }
     if value.seconds < 0 || value.nanos < 0 {
         return Err(Error::invalid(field, "must not be negative"));
     }
@@ -262,6 +271,10 @@ mod tests {
         assert!(d(0, i32::MIN).is_err());
         assert!(d(i64::MAX, 999_999_999).is_err());
         assert!(d(0, 1_000_000_000).is_err());
+        let mixed = d(1, -5).unwrap_err().to_string();
+        assert!(mixed.contains("different signs"), "{mixed}");
+        assert!(d(-1, 5).unwrap_err().to_string().contains("different signs"));
+        assert!(d(-1, 0).unwrap_err().to_string().contains("must not be negative"));
         assert_eq!(d(1, 5).unwrap(), Some(Duration::new(1, 5)));
         assert_eq!(duration("f", None).unwrap(), None);
     }

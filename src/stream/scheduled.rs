@@ -128,8 +128,10 @@ pub(super) fn due_of(
                 return Err(Error::invalid(
                     at_field,
                     format!(
-                        "{ms} (unix ms) is more than 365 days after this sidecar's clock ({now_ms}), the horizon of \
-                         scheduled entries; schedule it nearer, and again from there"
+                        "{} s after the unix epoch is more than 365 days after this sidecar's clock ({} s), the \
+                         horizon of scheduled entries; schedule it nearer, and again from there",
+                        at.seconds,
+                        now_ms / 1000
                     ),
                 ));
             }
