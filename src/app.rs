@@ -287,7 +287,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         Ok(None) => Ok(None),
         Err(e) => Err(e),
     };
-    let (redis, writes) = match started {
+    let (redis, writes, wake) = match started {
         Ok(Some(started)) => started,
         stopped_or_failed => {
             let _ = closing_tx.send(true);
@@ -332,6 +332,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
         signals,
         guard.clone(),
         writes.durable.clone(),
+        wake,
     );
     consumer_service.set(
         ConsumerServiceServer::new(consumers.clone()).max_decoding_message_size(max).max_encoding_message_size(max),
@@ -541,7 +542,7 @@ async fn prepare_redis(
     mut redis: Redis,
     config: &Config,
     redis_timeout: Duration,
-) -> Result<(Redis, crate::durable::Writes), AppError> {
+) -> Result<(Redis, crate::durable::Writes, Option<Arc<crate::redis::wake::WakeHub>>), AppError> {
     match redis.check_server_version().await {
         Ok(server) => info!(%server, "the Redis server is new enough"),
         Err(e @ VersionError::TooOld { .. }) => return Err(AppError::Config(e.to_string())),
@@ -559,7 +560,8 @@ async fn prepare_redis(
         .await
         .map_err(AppError::Config)?;
     redis.warn_of_plain_namesakes().await;
-    Ok((redis, writes))
+    let wake = crate::consume::wake_hub(&redis, config).await.map_err(AppError::Config)?;
+    Ok((redis, writes, wake))
 }
 
 /// How long the archive may take to answer the start's probe write.

@@ -4,7 +4,9 @@
 //! groups than connections is a RESOURCE_EXHAUSTED refusal, never a hang; a
 //! dead connection is replaced; a reader cut off mid-read never hands its
 //! connection on; the pool shows on `/metrics`. Against a real redis-server
-//! and the real sidecar binary.
+//! and the real sidecar binary. These are the blocking readers'
+//! (`--shared-readers off`, and what a cluster gets); shared readers, the
+//! default on a single server, are `tests/shared_readers.rs`'.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,8 +22,13 @@ use tonic::Code;
 /// The name the sidecar gives its reader connections (`CLIENT SETNAME`).
 const READER_NAME: &str = "echomq-reader";
 
+/// Blocking readers with a pool of `connections`.
 fn pool_of(connections: u32) -> SidecarOptions {
-    SidecarOptions::default().arg("--reader-connections").arg(&connections.to_string())
+    SidecarOptions::default()
+        .arg("--shared-readers")
+        .arg("off")
+        .arg("--reader-connections")
+        .arg(&connections.to_string())
 }
 
 /// The sidecar's reader connections in `CLIENT LIST`: (id, flags) of each.

@@ -604,6 +604,9 @@ async fn a_stream_deleted_while_no_call_consumes_it_is_logged_once_in_words() {
         }
     };
     assert!(eventually(EVENT_TIMEOUT, beating).await, "the heartbeat is recorded again:\n{}", sidecar.log());
+    // The line follows the beat's reply: give a loaded machine a moment.
+    let said = || async { sidecar.log().contains("stream `s` exists again") };
+    assert!(eventually(EVENT_TIMEOUT, said).await, "{}", sidecar.log());
     let log = sidecar.log();
     assert_eq!(log.lines().filter(|l| l.contains("stream `s` exists again")).count(), 1, "{log}");
     assert_eq!(log.lines().filter(|l| l.contains("stream `s` no longer exists")).count(), 1, "{log}");
@@ -625,14 +628,18 @@ const HOLD_REPLIES_MS: u64 = 3_000;
 
 /// A sidecar that reaches Redis through `proxy`, whose beats (reclaim, lease
 /// refresh, gauges) stay out of the few seconds a test takes, and whose
-/// reader blocks for longer than that, so its one read is the one that is lost.
-async fn sidecar_through(redis: &RedisServer, proxy: &Proxy, name: &str) -> Sidecar {
+/// reader blocks for longer than that (`shared` false: a blocking reader,
+/// `--shared-readers off`; true: a shared reader, waiting for a wake-up), so
+/// its one read is the one that is lost.
+async fn sidecar_through(redis: &RedisServer, proxy: &Proxy, name: &str, shared: bool) -> Sidecar {
     let mut options = SidecarOptions::named(name)
         .reclaim(LOST_READ_MIN_IDLE_MS, LOST_READ_MIN_IDLE_MS)
         .arg("--read-block-ms")
         .arg("30000")
         .arg("--metrics-poll-interval-ms")
-        .arg("0");
+        .arg("0")
+        .arg("--shared-readers")
+        .arg(if shared { "on" } else { "off" });
     options.redis_url = Some(proxy.redis_url());
     Sidecar::start(redis, options).await
 }
@@ -709,18 +716,31 @@ enum Leave {
 /// The worker stops its reader and the reply is lost. The next call on the
 /// same sidecar must get that entry at once (attempts 2: the lost read counted
 /// as a delivery), not after `--reclaim-min-idle-ms` or a restart.
-async fn entry_of_a_cut_off_read_goes_to_the_next_call(how: Leave) {
+///
+/// `shared`: with a shared reader (see [`wait_read_took`]), whose read is
+/// under way once Redis ran it, not blocked.
+async fn entry_of_a_cut_off_read_goes_to_the_next_call(how: Leave, shared: bool) {
     let redis = RedisServer::start().await;
     let toxiproxy = Toxiproxy::start().await;
     let proxy = toxiproxy.proxy("redis", redis.port()).await;
-    let sidecar = sidecar_through(&redis, &proxy, "pod-a").await;
+    let sidecar = sidecar_through(&redis, &proxy, "pod-a", shared).await;
     let mut con = redis.conn().await;
     let mut first = Some(Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await);
-    wait_worker_idle(&mut con).await;
+    if shared {
+        wait_shared_worker_idle(&mut con).await;
+    } else {
+        wait_worker_idle(&mut con).await;
+    }
 
     proxy.add("hold-replies", Direction::Downstream, Toxic::Latency { ms: HOLD_REPLIES_MS, jitter_ms: 0 }).await;
-    let held_back_at = Instant::now();
-    let id = append_into_the_blocked_read(&mut con, "s", "pod-a").await;
+    let (id, held_back_at) = if shared {
+        let id = xadd_raw(&mut con, "s", &[(b"k", b"v")]).await;
+        wait_read_took(&mut con, &id, "pod-a").await;
+        (id, Instant::now())
+    } else {
+        let held_back_at = Instant::now();
+        (append_into_the_blocked_read(&mut con, "s", "pod-a").await, held_back_at)
+    };
     match how {
         Leave::Drop => drop(first.take()),
         Leave::Drain => first.as_ref().unwrap().send(req(Kind::Drain(Drain {}))).await,
@@ -754,12 +774,12 @@ async fn entry_of_a_cut_off_read_goes_to_the_next_call(how: Leave) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entry_of_a_read_cut_off_by_the_last_call_leaving_goes_to_the_next_call() {
-    entry_of_a_cut_off_read_goes_to_the_next_call(Leave::Drop).await;
+    entry_of_a_cut_off_read_goes_to_the_next_call(Leave::Drop, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entry_of_a_read_cut_off_by_a_drain_goes_to_the_next_call() {
-    entry_of_a_cut_off_read_goes_to_the_next_call(Leave::Drain).await;
+    entry_of_a_cut_off_read_goes_to_the_next_call(Leave::Drain, false).await;
 }
 
 /// The reader's connection is reset after Redis ran its read and before the
@@ -770,7 +790,7 @@ async fn entry_of_a_read_whose_connection_broke_is_delivered_at_once() {
     let redis = RedisServer::start().await;
     let toxiproxy = Toxiproxy::start().await;
     let proxy = toxiproxy.proxy("redis", redis.port()).await;
-    let sidecar = sidecar_through(&redis, &proxy, "pod-a").await;
+    let sidecar = sidecar_through(&redis, &proxy, "pod-a", false).await;
     let mut con = redis.conn().await;
     let mut call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
     wait_worker_idle(&mut con).await;
@@ -793,4 +813,48 @@ async fn entry_of_a_read_whose_connection_broke_is_delivered_at_once() {
     assert_eq!(got.attempts, 2, "the broken read was the first delivery");
     call.ack_one(&got.id).await;
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
+}
+
+// Shared readers: a read is short, on a pooled connection, after a wake-up.
+// With every reply held back by the proxy, the wake-up (the invalidate push),
+// the XLEN that arms the next one and the read's reply each arrive late, so
+// the read is under way, run by Redis, for long enough to lose its reply.
+// (A shared read whose connection breaks takes the blocking reader's path,
+// `ReaderConnection::read`, tested above with `--shared-readers off`: toxiproxy
+// cannot drop a reply it holds back without delivering it first.)
+
+/// Waits until the shared reader's read took `id` into `consumer`'s PEL
+/// (Redis ran it; its reply is held back).
+async fn wait_read_took(con: &mut redis::aio::MultiplexedConnection, id: &str, consumer: &str) {
+    let took =
+        eventually(Duration::from_secs(15), || {
+            let mut con = con.clone();
+            async move {
+                pending_entries(&mut con, "s", "g").await.iter().any(|p| p.stream_id == id && p.consumer == consumer)
+            }
+        })
+        .await;
+    assert!(took, "the shared reader's read never took {id} (the test's premise)");
+}
+
+/// Waits until the shared group's worker ran its start beats (the heartbeat
+/// is the last) and their replies are on their way.
+async fn wait_shared_worker_idle(con: &mut redis::aio::MultiplexedConnection) {
+    let beat = eventually(EVENT_TIMEOUT, || {
+        let mut con = con.clone();
+        async move { exists(&mut con, "s:heartbeats:g").await }
+    })
+    .await;
+    assert!(beat, "the group's worker never beat");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_reader_entry_of_a_read_cut_off_by_the_last_call_leaving_goes_to_the_next_call() {
+    entry_of_a_cut_off_read_goes_to_the_next_call(Leave::Drop, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_reader_entry_of_a_read_cut_off_by_a_drain_goes_to_the_next_call() {
+    entry_of_a_cut_off_read_goes_to_the_next_call(Leave::Drain, true).await;
 }

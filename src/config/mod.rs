@@ -50,7 +50,10 @@ pub use self::{
         DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT_LIMIT, DEFAULT_READ_BLOCK, DEFAULT_RECLAIM_INTERVAL,
         DEFAULT_RECLAIM_MIN_IDLE, DEFAULT_RETRY_BACKOFF_INITIAL, DEFAULT_RETRY_BACKOFF_MAX,
     },
-    redis::{RedisConfig, DEFAULT_READER_CONNECTIONS, DEFAULT_REDIS_TIMEOUT, DEFAULT_REDIS_URL},
+    redis::{
+        RedisConfig, SharedReaders, DEFAULT_READER_CONNECTIONS, DEFAULT_REDIS_TIMEOUT, DEFAULT_REDIS_URL,
+        DEFAULT_SHARED_READER_CONNECTIONS,
+    },
     security::SecurityConfig,
     server::{
         Listen, ServerConfig, DEFAULT_LISTEN, DEFAULT_MAX_FIELDS_PER_ENTRY, DEFAULT_MAX_MESSAGE_BYTES,
@@ -328,8 +331,16 @@ mod tests {
 
     #[test]
     fn reader_connections_default_and_bounds() {
-        assert_eq!(parse(&[]).unwrap().redis.reader_connections, DEFAULT_READER_CONNECTIONS);
-        assert_eq!(parse(&["--reader-connections", "2"]).unwrap().redis.reader_connections, 2);
+        let redis = parse(&[]).unwrap().redis;
+        assert_eq!(redis.reader_connections(false), DEFAULT_READER_CONNECTIONS);
+        assert_eq!(redis.reader_connections(true), DEFAULT_SHARED_READER_CONNECTIONS);
+        assert_eq!(redis.shared_readers, SharedReaders::Auto);
+        let redis = parse(&["--reader-connections", "5"]).unwrap().redis;
+        assert_eq!((redis.reader_connections(false), redis.reader_connections(true)), (5, 5));
+        for (flag, mode) in [("on", SharedReaders::On), ("off", SharedReaders::Off), ("auto", SharedReaders::Auto)] {
+            assert_eq!(parse(&["--shared-readers", flag]).unwrap().redis.shared_readers, mode);
+        }
+        assert!(parse(&["--shared-readers", "maybe"]).is_err());
         assert!(parse(&["--reader-connections", "0"]).is_err(), "no reader could ever read");
     }
 

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use super::millis;
 
@@ -11,9 +11,26 @@ use super::millis;
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// Default response timeout of a non-blocking Redis command.
 pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default most dedicated reader connections (one per (stream, group) with calls; a sharded stream's
-/// shards one each).
+/// Default most dedicated reader connections with blocking readers (`--shared-readers off`, or a
+/// cluster): one per (stream, group) with calls; a sharded stream's shards one each.
 pub const DEFAULT_READER_CONNECTIONS: usize = 64;
+/// Default most reader connections with shared readers: each read takes one for one non-blocking
+/// `XREADGROUP` and gives it back, so two serve any number of groups, and the sidecar holds at most
+/// four connections to Redis (the shared one, the wake connection and these two).
+pub const DEFAULT_SHARED_READER_CONNECTIONS: usize = 2;
+
+/// How the groups' readers wait for new entries (`--shared-readers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SharedReaders {
+    /// Shared on a single server, when it accepts RESP3 and `CLIENT TRACKING`; blocking readers on a
+    /// cluster, or when the server refuses either (logged once, as a warning).
+    Auto,
+    /// Shared; the sidecar refuses to start where it cannot be (a cluster, a server or ACL that
+    /// refuses RESP3 or `CLIENT TRACKING`).
+    On,
+    /// Blocking readers: one connection per (stream, group) with calls, blocked in `XREADGROUP`.
+    Off,
+}
 
 /// Where Redis is, and how the sidecar talks to it.
 #[derive(Clone, Debug, Args)]
@@ -70,11 +87,37 @@ pub struct RedisConfig {
           default_value = default_millis!(DEFAULT_REDIS_TIMEOUT), value_parser = millis::within(1..))]
     pub redis_timeout: Duration,
 
-    /// Most dedicated Redis connections for the groups' blocking reads (XREADGROUP BLOCK), each
-    /// held by one (stream, group) while it has calls (a sharded stream: one per shard). A subscribe
-    /// that finds none free within a second is refused RESOURCE_EXHAUSTED.
-    #[arg(long, env = "ECHOMQ_READER_CONNECTIONS", default_value_t = DEFAULT_READER_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub reader_connections: usize,
+    /// Most Redis connections for the groups' reads of new entries. With shared readers, a pool that
+    /// every group's reads take turns on, one non-blocking XREADGROUP at a time: no subscribe is
+    /// refused for want of one (unset: 2). With blocking readers (--shared-readers off, or a
+    /// cluster), each is held by one (stream, group) while it has calls (a sharded stream: one per
+    /// shard), blocked in XREADGROUP BLOCK, and a subscribe that finds none free within a second is
+    /// refused RESOURCE_EXHAUSTED (unset: 64).
+    #[arg(id = "reader_connections", long = "reader-connections", value_name = "READER_CONNECTIONS", env = "ECHOMQ_READER_CONNECTIONS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub reader_connections_set: Option<usize>,
+
+    /// How the groups' readers wait for new entries. `auto`: shared on a single server (one
+    /// connection, `echomq-wake`, tracks the streams read with CLIENT TRACKING, and each group reads
+    /// with a short non-blocking XREADGROUP when Redis says its stream changed, on a small pool of
+    /// --reader-connections), blocking readers on a cluster or where the server refuses RESP3 (HELLO 3)
+    /// or CLIENT TRACKING (logged as a warning). `on`: shared, or refuse to start. `off`: blocking
+    /// readers, one connection per (stream, group) with calls, each blocked in XREADGROUP BLOCK.
+    #[arg(long, env = "ECHOMQ_SHARED_READERS", value_enum, default_value_t = SharedReaders::Auto)]
+    pub shared_readers: SharedReaders,
+}
+
+impl RedisConfig {
+    /// The reader pool's bound: `--reader-connections`, else
+    /// [`DEFAULT_SHARED_READER_CONNECTIONS`] with shared readers (`shared`)
+    /// and [`DEFAULT_READER_CONNECTIONS`] with blocking ones.
+    pub fn reader_connections(&self, shared: bool) -> usize {
+        self.reader_connections_set.unwrap_or(if shared {
+            DEFAULT_SHARED_READER_CONNECTIONS
+        } else {
+            DEFAULT_READER_CONNECTIONS
+        })
+    }
 }
 
 impl RedisConfig {

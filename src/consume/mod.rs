@@ -53,12 +53,12 @@ use tokio_stream::{wrappers::ReceiverStream, Stream};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    config::Config,
+    config::{Config, SharedReaders},
     durable::DurableWriter,
     error::Error,
     metrics::Metrics,
     proto::{consume_request::Kind, consumer_service_server::ConsumerService, ConsumeRequest, ConsumeResponse},
-    redis::{readers::ReaderPool, Redis},
+    redis::{readers::ReaderPool, wake::WakeHub, Redis},
     security::{Caller, Guard},
 };
 use commands::{Command, Event};
@@ -88,9 +88,12 @@ pub(crate) struct Shared {
     pub(crate) consumer: String,
     pub(crate) id_field: String,
     pub(crate) read_block: Duration,
-    /// The group readers' connections (`--reader-connections`): a worker
-    /// takes one for its first call and gives it back when its last leaves.
+    /// The group readers' connections (`--reader-connections`): with
+    /// blocking readers a worker takes one for its first call and gives it
+    /// back when its last leaves; with shared readers each read takes one.
     pub(crate) readers: ReaderPool,
+    /// The wake hub of shared readers; `None`: blocking readers.
+    pub(crate) wake: Option<Arc<WakeHub>>,
     pub(crate) reclaim_min_idle: Duration,
     pub(crate) reclaim_interval: Duration,
     pub(crate) lease_refresh: Duration,
@@ -162,6 +165,51 @@ pub struct Consumers {
     max_calls: usize,
 }
 
+/// The wake hub for shared readers, as `--shared-readers` asks
+/// ([`SharedReaders`]): `off`, or `auto` on a cluster, `None` (blocking
+/// readers); on a single server, a [`WakeHub`] connected now. `auto` falls
+/// back to blocking readers, with one warning naming the reason and the
+/// flag, when the server refuses RESP3 or `CLIENT TRACKING`; a hub that
+/// cannot connect for another reason (Redis unreachable a moment) is kept,
+/// and connects on the first read.
+///
+/// Errors (`on` only): the reason shared readers cannot be had here, for a
+/// refusal to start.
+pub async fn wake_hub(redis: &Redis, config: &Config) -> Result<Option<Arc<WakeHub>>, String> {
+    let mode = config.redis.shared_readers;
+    if mode == SharedReaders::Off {
+        return Ok(None);
+    }
+    let Some(primary) = redis.primary() else {
+        if mode == SharedReaders::On {
+            return Err(
+                "--shared-readers on (ECHOMQ_SHARED_READERS): shared readers need a single Redis server \
+                        (or Sentinel); on a Redis Cluster the readers block, one connection per group: use auto or off"
+                    .to_owned(),
+            );
+        }
+        tracing::info!("readers block on XREADGROUP, one connection per group: shared readers are for a single server, not a cluster (--shared-readers)");
+        return Ok(None);
+    };
+    match WakeHub::start(primary.clone(), config.redis.redis_timeout).await {
+        Ok(hub) => {
+            tracing::info!("readers are shared: a wake connection tracks the streams read (CLIENT TRACKING), and reads take turns on at most {} connections (--reader-connections)", config.redis.reader_connections(true));
+            Ok(Some(hub))
+        }
+        Err(e) if mode == SharedReaders::On => Err(format!(
+            "--shared-readers on (ECHOMQ_SHARED_READERS): the wake connection (RESP3, CLIENT TRACKING ON) could not be made: {e}"
+        )),
+        Err(e) if crate::redis::wake::refuses_tracking(&e) => {
+            tracing::warn!("readers block on XREADGROUP, one connection per group, instead of sharing: the server refused what shared readers need (HELLO 3 for RESP3, or CLIENT TRACKING ON; an old server, a proxy, or an ACL without +client|tracking): {e}; set --shared-readers off (ECHOMQ_SHARED_READERS) to say so and silence this");
+            Ok(None)
+        }
+        Err(e) => {
+            tracing::warn!("the wake connection of shared readers could not be made now ({e}); readers poll every --read-block-ms until it is");
+            Ok(Some(WakeHub::unconnected(primary.clone(), config.redis.redis_timeout)))
+        }
+    }
+}
+
 /// The worker of each (stream, group) this sidecar serves.
 type WorkerMap = HashMap<(String, String, bool), mpsc::Sender<Command>>;
 
@@ -182,6 +230,9 @@ impl Consumers {
     /// Builds the consumer side. `draining` turns true when the sidecar stops
     /// handing out entries; `closing` when calls must end. `durable`: the
     /// writer that confirms AckEmits with replicas, when writes wait.
+    /// `wake`: the wake hub of shared readers ([`wake_hub`]); `None`:
+    /// blocking readers.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         redis: Redis,
         metrics: Arc<Metrics>,
@@ -190,17 +241,20 @@ impl Consumers {
         signals: Signals,
         guard: Guard,
         durable: Option<DurableWriter>,
+        wake: Option<Arc<WakeHub>>,
     ) -> Consumers {
         let Signals { draining, closing, redis_up } = signals;
         let redis_timeout = config.redis.redis_timeout;
         let shared = Shared {
             readers: ReaderPool::new(
                 redis.clone(),
-                config.redis.reader_connections,
+                config.redis.reader_connections(wake.is_some()),
                 redis_timeout,
                 config.consume.read_block,
+                wake.is_some(),
                 &metrics,
             ),
+            wake,
             redis,
             consumer,
             id_field: config.appends.id_field.clone(),
@@ -347,10 +401,11 @@ impl ConsumerService for Consumers {
             None => return Err(Error::invalid("subscribe", "the call closed before its subscribe").into()),
         };
         let (sub, policy) = self.validate(caller.as_ref(), subscribe)?;
-        // One reader per shard: a subscription that needs more than the pool
-        // holds can never be served, so it is refused at once, not after a wait.
+        // One blocking reader per shard: a subscription that needs more than
+        // the pool holds can never be served, so it is refused at once, not
+        // after a wait. Shared readers take turns: any count will do.
         let max_readers = self.shared.readers.max();
-        if sub.shards.len() > max_readers {
+        if self.shared.wake.is_none() && sub.shards.len() > max_readers {
             return Err(Error::ResourceExhausted {
                 reason: format!(
                     "subscribing to `{}` needs {} reader connections (one per shard), more than this sidecar's \

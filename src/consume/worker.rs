@@ -317,20 +317,30 @@ impl Worker {
         self.ledger.read_done();
     }
 
-    /// Starts the reader on a connection from the pool, for the group's first
-    /// call: taken at subscribe, so a group that cannot have one is refused
-    /// there (RESOURCE_EXHAUSTED, naming `--reader-connections`) instead of
-    /// leaving its call waiting. While draining nothing is read: no reader.
+    /// Starts the reader, for the group's first call. A blocking reader takes
+    /// its connection from the pool here, at subscribe, so a group that
+    /// cannot have one is refused there (RESOURCE_EXHAUSTED, naming
+    /// `--reader-connections`) instead of leaving its call waiting; a shared
+    /// reader takes one per read, and is never refused. While draining
+    /// nothing is read: no reader.
     ///
     /// Errors: as [`ReaderPool::acquire`](crate::redis::readers::ReaderPool::acquire).
     async fn start_reader(&mut self) -> Result<(), Error> {
         if self.reader.is_some() || self.ledger.draining() {
             return Ok(());
         }
-        self.act();
-        let conn = self.shared.readers.acquire(&self.keys.stream, &self.keys.group).await?;
+        let mode = match &self.shared.wake {
+            // Shared readers take a connection per read: nothing to refuse.
+            Some(hub) => reader::Mode::Shared(hub.clone()),
+            None => {
+                self.act();
+                reader::Mode::Blocking(Box::new(
+                    self.shared.readers.acquire(&self.keys.stream, &self.keys.group).await?,
+                ))
+            }
+        };
         let (stream, group) = (self.keys.stream.clone(), self.keys.group.clone());
-        self.reader = Some(Reader::spawn(self.shared.clone(), conn, stream, group, self.no_ack));
+        self.reader = Some(Reader::spawn(self.shared.clone(), mode, stream, group, self.no_ack));
         Ok(())
     }
 
@@ -664,6 +674,11 @@ impl Worker {
         self.outlet.metrics.group_recreations.inc();
         self.group_lost = false;
         self.reclaim_cursor = StreamId::ZERO;
+        // A shared reader waits for the stream to change; re-created from 0,
+        // the group has entries to read that no change announces.
+        if let Some(reader) = &self.reader {
+            reader.kick();
+        }
         true
     }
 

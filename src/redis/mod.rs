@@ -45,6 +45,7 @@ pub mod shared;
 pub mod timed;
 pub mod trim;
 pub mod version;
+pub mod wake;
 
 use connect::tcp_keepalive;
 pub use connect::{

@@ -174,6 +174,16 @@ impl Primary {
         }
     }
 
+    /// As [`Primary::connectable`], with a client that speaks `protocol`
+    /// (`HELLO 3` for RESP3, as the wake connection needs for its
+    /// invalidation pushes), TLS as the primary's own.
+    pub fn connectable_as(&self, protocol: redis::ProtocolVersion) -> RedisResult<(u64, Client)> {
+        let (generation, client) = self.connectable()?;
+        let info = client.get_connection_info().clone();
+        let settings = info.redis_settings().clone().set_protocol(protocol);
+        Ok((generation, client_for(info.set_redis_settings(settings), self.locator.ca_pem())?))
+    }
+
     /// Redis refused the credentials of a connection (see
     /// [`super::credentials`]): reads `--redis-password-file` again and,
     /// when it holds a new password, makes every connection from now on with
@@ -519,11 +529,15 @@ impl Locator {
 
     /// A client for `info` with `password`, TLS as this locator's.
     fn client_with(&self, info: ConnectionInfo, password: &str) -> RedisResult<Client> {
-        let ca_pem = match self {
+        client_for(super::credentials::with_password(info, Some(password)), self.ca_pem())
+    }
+
+    /// The only trusted root for `rediss://` (`--redis-ca-file`); `None`: the system's.
+    fn ca_pem(&self) -> Option<&[u8]> {
+        match self {
             Locator::Address { ca_pem, .. } => ca_pem.as_deref(),
             Locator::Sentinel(sentinels) => sentinels.ca_pem.as_deref(),
-        };
-        client_for(super::credentials::with_password(info, Some(password)), ca_pem)
+        }
     }
 
     /// `host:port` of the node `state` reaches, for logs.

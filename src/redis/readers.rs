@@ -13,18 +13,30 @@
 //! tells readers apart) and health-checked with `PING` before an idle one is
 //! handed out again.
 //!
-//! One connection per (stream, group) that has calls on this sidecar (a
-//! sharded stream: one per shard), taken when its first call subscribes and
-//! given back when its last call leaves, at most `--reader-connections` of
-//! them. A subscribe that finds none free within [`READER_WAIT`] is refused
-//! RESOURCE_EXHAUSTED, naming the setting: more groups than connections is a
-//! refusal the client sees at once, never a call that waits for ever.
+//! It serves the readers in one of two ways, fixed at start
+//! (`--shared-readers`, see [`super::wake`]):
+//!
+//! - **Blocking readers** (`off`, and on a cluster): one connection per
+//!   (stream, group) that has calls on this sidecar (a sharded stream: one
+//!   per shard), taken when its first call subscribes ([`ReaderPool::acquire`])
+//!   and given back when its last call leaves, at most `--reader-connections`
+//!   of them (64 unless set). A subscribe that finds none free within
+//!   [`READER_WAIT`] is refused RESOURCE_EXHAUSTED, naming the setting: more
+//!   groups than connections is a refusal the client sees at once, never a
+//!   call that waits for ever.
+//! - **Shared readers**: a connection is taken for one non-blocking
+//!   `XREADGROUP` and given back at once ([`ReaderPool::acquire_for_read`]),
+//!   so a few (`--reader-connections`, 2 unless set) serve any number of
+//!   groups: a read waits for a free one, nothing is refused. Each reply is
+//!   awaited for at most `--redis-timeout-ms` (nothing blocks), and an idle
+//!   connection is checked with `PING` only when it was idle longer than
+//!   [`SHARED_PING_IDLE`] (a `PING` per read would double the commands).
 //!
 //! A connection is handed back to the pool only between reads. A reader cut
-//! off during a blocked read (its last call left) has a reply still in
-//! flight: that connection is closed instead, so Redis drops the read rather
-//! than hand entries to a group nobody reads for, and the next group's read
-//! never queues behind it.
+//! off during a read (its last call left) has a reply still in flight: that
+//! connection is closed instead, so Redis drops the read rather than hand
+//! entries to a group nobody reads for, and the next read never queues
+//! behind it.
 
 use std::{
     sync::{Arc, Mutex},
@@ -55,6 +67,12 @@ use crate::error::Error;
 /// How long a group's first call waits for a reader connection to come free
 /// before its subscribe is refused.
 pub const READER_WAIT: Duration = Duration::from_secs(1);
+
+/// With shared readers, an idle connection is checked with `PING` before
+/// reuse only when it was idle at least this long: one reused sooner was
+/// answering a moment ago, and a dead one fails its read, which is then
+/// treated as any lost read (recovered, retried on a new connection).
+pub const SHARED_PING_IDLE: Duration = Duration::from_secs(1);
 
 /// The name every reader connection gives itself (`CLIENT SETNAME`).
 pub const READER_CLIENT_NAME: &str = "echomq-reader";
@@ -201,23 +219,27 @@ pub struct ReaderPool {
 
 impl ReaderPool {
     /// A pool of at most `max` connections to `redis` (`--reader-connections`),
-    /// each connected within `timeout` (and health-checked within it), each
-    /// read given up after `read_block` (`--read-block-ms`) plus `timeout`
-    /// without a reply. Its gauges are read into `metrics` at each scrape.
-    /// Connects nothing yet.
+    /// each connected within `timeout` (and health-checked within it). For
+    /// blocking readers (`shared` false) each read is given up after
+    /// `read_block` (`--read-block-ms`) plus `timeout` without a reply; for
+    /// shared readers (non-blocking reads) after `timeout`. Its gauges are
+    /// read into `metrics` at each scrape. Connects nothing yet.
     pub fn new(
         redis: Redis,
         max: usize,
         timeout: Duration,
         read_block: Duration,
+        shared: bool,
         metrics: &impl AsRef<ReaderPoolMetrics>,
     ) -> ReaderPool {
         let metrics = metrics.as_ref();
-        let manager = Manager { redis, timeout, read_timeout: read_block + timeout, metrics: metrics.clone() };
+        let read_timeout = if shared { timeout } else { read_block + timeout };
+        let manager = Manager { redis, timeout, read_timeout, shared, metrics: metrics.clone() };
         let pool = Pool::builder(manager)
             .max_size(max)
             .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(READER_WAIT))
+            // Shared: a read waits its turn, however long the queue.
+            .wait_timeout((!shared).then_some(READER_WAIT))
             .build()
             .expect("a pool with a runtime for its wait timeout builds");
         let weak = pool.weak();
@@ -238,6 +260,25 @@ impl ReaderPool {
     /// The most connections the pool holds (`--reader-connections`).
     pub fn max(&self) -> usize {
         self.max
+    }
+
+    /// A connection for one non-blocking read of a shared reader: an idle
+    /// one (after a `PING` if idle longer than [`SHARED_PING_IDLE`]), or a
+    /// new one, waiting as long as it takes for one to come free. Drop it
+    /// right after the read: it goes back to the pool (or is closed, if the
+    /// read broke or was cut off).
+    ///
+    /// Errors: a new connection cannot be made (the cause, as from
+    /// [`Redis::dedicated`]); the pool was closed.
+    pub async fn acquire_for_read(&self) -> RedisResult<ReaderConnection> {
+        let started = Instant::now();
+        let got = self.pool.get().await;
+        self.metrics.wait_seconds.observe(started.elapsed().as_secs_f64());
+        match got {
+            Ok(object) => Ok(ReaderConnection { object: Some(object), state: State::Ready, pool: self.clone() }),
+            Err(PoolError::Backend(source)) => Err(source),
+            Err(other) => Err(RedisError::from((redis::ErrorKind::Io, "the reader pool failed", other.to_string()))),
+        }
     }
 
     /// A connection for the reader of `group` on `stream`: an idle one,
@@ -290,8 +331,11 @@ struct Manager {
     redis: Redis,
     /// Bounds connecting and the health check's PING.
     timeout: Duration,
-    /// Bounds each reply on the connection: the BLOCK time plus `timeout`.
+    /// Bounds each reply on the connection: the BLOCK time plus `timeout`
+    /// (blocking readers), or `timeout` (shared readers).
     read_timeout: Duration,
+    /// Shared readers: skip the `PING` of a connection used within [`SHARED_PING_IDLE`].
+    shared: bool,
     metrics: ReaderPoolMetrics,
 }
 
@@ -386,13 +430,17 @@ impl managed::Manager for Manager {
     }
 
     /// The health check before an idle connection is reused: `PING` (on a
-    /// cluster, every primary), within the timeout. On failure deadpool
-    /// closes it and makes a new one.
-    async fn recycle(&self, conn: &mut ReaderLink, _: &managed::Metrics) -> managed::RecycleResult<RedisError> {
+    /// cluster, every primary), within the timeout; for shared readers only
+    /// after [`SHARED_PING_IDLE`] idle. On failure deadpool closes it and
+    /// makes a new one.
+    async fn recycle(&self, conn: &mut ReaderLink, used: &managed::Metrics) -> managed::RecycleResult<RedisError> {
         if conn.generation() != self.generation() {
             self.metrics.closed("primary_switch");
             debug!("an idle reader connection reaches the old primary; replacing it");
             return Err(RecycleError::message("made before the primary switched"));
+        }
+        if self.shared && used.last_used() < SHARED_PING_IDLE {
+            return Ok(());
         }
         let Err(failure) = conn.ping(self.timeout).await else { return Ok(()) };
         self.metrics.closed("health_check");

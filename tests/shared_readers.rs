@@ -1,0 +1,332 @@
+//! Shared readers (`--shared-readers`, auto by default on a single server):
+//! many groups on one sidecar cost a few Redis connections (the shared one,
+//! the `echomq-wake` connection that tracks the streams read, two reader
+//! connections), none is refused, an idle group sends no reads, and entries
+//! are delivered through the wake connection's loss, group and stream
+//! deletions and reclaims. Against a real redis-server and the real sidecar
+//! binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use echomq::proto::GroupStart;
+use redis::aio::MultiplexedConnection;
+use support::*;
+
+const WAKE_NAME: &str = "echomq-wake";
+const READER_NAME: &str = "echomq-reader";
+/// The name of the test's own connections, so they are not counted.
+const TEST_NAME: &str = "echomq-test";
+
+/// A connection of the test's own, named [`TEST_NAME`].
+async fn test_conn(redis: &RedisServer) -> MultiplexedConnection {
+    let mut con = redis.conn().await;
+    let _: () = redis::cmd("CLIENT").arg("SETNAME").arg(TEST_NAME).query_async(&mut con).await.unwrap();
+    con
+}
+
+/// Every client in `CLIENT LIST` but the test's own: (id, name) of each.
+async fn sidecar_clients(con: &mut MultiplexedConnection) -> Vec<(String, String)> {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query_async(con).await.expect("CLIENT LIST");
+    list.lines()
+        .filter_map(|line| {
+            let field =
+                |key: &str| line.split(' ').find_map(|kv| kv.strip_prefix(key).and_then(|rest| rest.strip_prefix('=')));
+            let name = field("name").unwrap_or_default();
+            (name != TEST_NAME).then(|| (field("id").unwrap().to_owned(), name.to_owned()))
+        })
+        .collect()
+}
+
+/// The calls of one command so far (`INFO commandstats`), 0 before its first.
+async fn calls(con: &mut MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(con).await.unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines().find_map(|line| line.strip_prefix(&prefix)?.split(',').next()?.parse().ok()).unwrap_or(0)
+}
+
+/// The wake connection's client id, waiting for it to be there.
+async fn wake_client(con: &mut MultiplexedConnection) -> String {
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        let clients = sidecar_clients(con).await;
+        if let Some((id, _)) = clients.iter().find(|(_, name)| name == WAKE_NAME) {
+            return id.clone();
+        }
+        assert!(Instant::now() < deadline, "no {WAKE_NAME} connection: {clients:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Opens one call per stream, group `g`, new entries only.
+async fn subscribe_all(sidecar: &Sidecar, streams: &[String]) -> Vec<Consumer> {
+    let mut consumers = Vec::with_capacity(streams.len());
+    for stream in streams {
+        consumers.push(Consumer::start(sidecar, stream, "g", GroupStart::New, 0).await);
+    }
+    consumers
+}
+
+/// Appends one entry (`k` = `value`) to each of `which` with a plain XADD.
+async fn xadd_each(con: &mut MultiplexedConnection, streams: &[String], which: &[usize], value: &str) {
+    for &i in which {
+        xadd_raw(con, &streams[i], &[(b"k", value.as_bytes())]).await;
+    }
+}
+
+/// Waits until each of `which` got a delivery whose `k` is `value`, all
+/// within `within`; returns the slowest wait.
+async fn expect_each(consumers: &mut [Consumer], which: &[usize], value: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    for &i in which {
+        let deadline = started + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "call {i} got no `{value}` within {within:?}");
+            let delivery = consumers[i].next_delivery(left).await;
+            consumers[i].ack_one(&delivery.id).await;
+            if delivery.payload.get("k").map(Vec::as_slice) == Some(value.as_bytes()) {
+                break;
+            }
+        }
+    }
+    started.elapsed()
+}
+
+fn streams(prefix: &str, n: usize) -> Vec<String> {
+    let prefix = unique(prefix);
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// 200 groups on one sidecar at its defaults: all subscribe, the sidecar
+/// holds at most 4 Redis connections, entries on any stream arrive at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_groups_subscribe_on_four_connections_and_get_their_entries() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("many", 200);
+
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+
+    assert_eq!(sidecar.counter("echomq_reader_connection_refusals_total").await, 0.0);
+    let which: Vec<usize> = (0..200).step_by(7).chain([199]).collect();
+    xadd_each(&mut con, &streams, &which, "one").await;
+    let took = expect_each(&mut consumers, &which, "one", EVENT_TIMEOUT).await;
+    assert!(took < Duration::from_secs(3), "{} entries on as many streams took {took:?}", which.len());
+    let clients = sidecar_clients(&mut con).await;
+    assert!(clients.len() <= 4, "the sidecar holds {} Redis connections: {clients:?}", clients.len());
+    assert_eq!(clients.iter().filter(|(_, name)| name == WAKE_NAME).count(), 1, "{clients:?}");
+    assert!(clients.iter().filter(|(_, name)| name == READER_NAME).count() <= 2, "{clients:?}");
+    drop(consumers);
+}
+
+/// Idle groups send no reads: no XREADGROUP and no XLEN over three
+/// `--read-block-ms` periods (blocking readers would time out and read again
+/// three times each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_groups_send_no_reads() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--read-block-ms").arg("500")).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("idle", 50);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    // Each reader read once and waits.
+    xadd_each(&mut con, &streams, &[0], "warm").await;
+    expect_each(&mut consumers, &[0], "warm", EVENT_TIMEOUT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let (reads, xlens) = (calls(&mut con, "xreadgroup").await, calls(&mut con, "xlen").await);
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let (read_after, xlen_after) = (calls(&mut con, "xreadgroup").await, calls(&mut con, "xlen").await);
+
+    assert_eq!(read_after - reads, 0, "XREADGROUPs while 50 groups were idle");
+    assert_eq!(xlen_after - xlens, 0, "XLENs while 50 groups were idle");
+    // And they still wake.
+    xadd_each(&mut con, &streams, &[7, 49], "later").await;
+    expect_each(&mut consumers, &[7, 49], "later", Duration::from_secs(2)).await;
+}
+
+/// The wake connection killed: every reader reads again, a new one is made,
+/// and entries appended after the kill are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_wake_connection_loses_no_entry() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("wake", 20);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    let all: Vec<usize> = (0..streams.len()).collect();
+    xadd_each(&mut con, &streams, &all, "before").await;
+    expect_each(&mut consumers, &all, "before", EVENT_TIMEOUT).await;
+
+    for round in 0..3 {
+        let killed = wake_client(&mut con).await;
+        let n: i64 = redis::cmd("CLIENT").arg("KILL").arg("ID").arg(&killed).query_async(&mut con).await.unwrap();
+        assert_eq!(n, 1);
+        let value = format!("after-{round}");
+        xadd_each(&mut con, &streams, &all, &value).await;
+        expect_each(&mut consumers, &all, &value, Duration::from_secs(5)).await;
+        assert_ne!(wake_client(&mut con).await, killed, "a new wake connection tracks the streams");
+    }
+    // Appended right after a kill, with no read under way: still delivered.
+    let killed = wake_client(&mut con).await;
+    let _: i64 = redis::cmd("CLIENT").arg("KILL").arg("ID").arg(&killed).query_async(&mut con).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    xadd_each(&mut con, &streams, &[3, 11], "settled").await;
+    expect_each(&mut consumers, &[3, 11], "settled", Duration::from_secs(5)).await;
+    assert!(sidecar.log().contains("the wake connection is gone"), "the loss is logged");
+}
+
+/// Groups destroyed and streams deleted among many: NOGROUP, the group
+/// re-created from 0, what the stream holds delivered again; the others
+/// read on. A destroyed group with no new entry is re-created by the next
+/// reclaim beat (tracking does not see XGROUP DESTROY) and read from 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroyed_groups_and_deleted_streams_among_many_recover() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(30_000, 500)).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("gone", 40);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    let all: Vec<usize> = (0..streams.len()).collect();
+    xadd_each(&mut con, &streams, &all, "first").await;
+    expect_each(&mut consumers, &all, "first", EVENT_TIMEOUT).await;
+
+    let destroyed: Vec<usize> = (0..10).collect();
+    let deleted: Vec<usize> = (10..20).collect();
+    let quiet_destroyed: Vec<usize> = (20..25).collect();
+    for &i in destroyed.iter().chain(&quiet_destroyed) {
+        let _: i64 = redis::cmd("XGROUP").arg("DESTROY").arg(&streams[i]).arg("g").query_async(&mut con).await.unwrap();
+    }
+    for &i in &deleted {
+        let _: i64 = redis::cmd("DEL").arg(&streams[i]).query_async(&mut con).await.unwrap();
+    }
+    let touched: Vec<usize> = (0..20).chain(25..40).collect();
+    xadd_each(&mut con, &streams, &touched, "second").await;
+
+    // Every touched stream delivers "second" (a destroyed group's stream
+    // delivers "first" again before it: re-created from 0).
+    expect_each(&mut consumers, &touched, "second", EVENT_TIMEOUT).await;
+    // The quiet ones: "first" again, from 0, with no new entry to wake them.
+    expect_each(&mut consumers, &quiet_destroyed, "first", Duration::from_secs(5)).await;
+    assert!(sidecar.counter("echomq_group_recreations_total").await >= 25.0);
+}
+
+/// A dead peer's entries are reclaimed by the reclaim beat among many idle
+/// groups, and delivered as second attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_peers_entries_are_reclaimed_among_many_groups() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(500, 200)).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("reclaim", 30);
+    for stream in &streams {
+        create_group(&mut con, stream, "g", "$").await;
+    }
+    // A peer read three entries of stream 5 and died holding them.
+    for n in 0..3 {
+        xadd_raw(&mut con, &streams[5], &[(b"k", format!("dead-{n}").as_bytes())]).await;
+    }
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg(&["GROUP", "g", "dead-peer", "COUNT", "10", "STREAMS", &streams[5], ">"])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(pending_count(&mut con, &streams[5], "g").await, 3);
+
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+
+    let mut got = HashMap::new();
+    while got.len() < 3 {
+        let delivery = consumers[5].next_delivery(EVENT_TIMEOUT).await;
+        consumers[5].ack_one(&delivery.id).await;
+        got.insert(delivery.payload["k"].clone(), delivery.attempts);
+    }
+    assert!(got.values().all(|&attempts| attempts == 2), "reclaimed entries count the peer's delivery: {got:?}");
+    assert!(
+        eventually(EVENT_TIMEOUT, || {
+            let mut con = con.clone();
+            let stream = streams[5].clone();
+            async move { pending_count(&mut con, &stream, "g").await == 0 }
+        })
+        .await
+    );
+    // The other groups read on.
+    xadd_each(&mut con, &streams, &[0, 29], "new").await;
+    expect_each(&mut consumers, &[0, 29], "new", Duration::from_secs(3)).await;
+}
+
+/// More groups than `--reader-connections`: none is refused (reads take
+/// turns), and each gets its entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_groups_than_reader_connections_are_all_served() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--reader-connections").arg("1")).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("turns", 30);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    let all: Vec<usize> = (0..streams.len()).collect();
+    for round in 0..3 {
+        let value = format!("r{round}");
+        xadd_each(&mut con, &streams, &all, &value).await;
+        expect_each(&mut consumers, &all, &value, EVENT_TIMEOUT).await;
+    }
+    let clients = sidecar_clients(&mut con).await;
+    assert_eq!(clients.iter().filter(|(_, name)| name == READER_NAME).count(), 1, "{clients:?}");
+    assert_eq!(sidecar.counter("echomq_reader_connections_max").await, 1.0);
+    assert_eq!(sidecar.counter("echomq_reader_connection_refusals_total").await, 0.0);
+}
+
+/// A server whose ACL refuses CLIENT TRACKING: `auto` warns once, naming the
+/// flag, and reads with blocking readers; `on` refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_client_tracking_auto_falls_back_to_blocking_readers_and_on_refuses_to_start() {
+    let redis = RedisServer::start().await;
+    let mut con = test_conn(&redis).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "notrack", "on", ">pw", "~*", "&*", "+@all", "-client|tracking"])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let url = redis.url_with_auth(Some("notrack"), "pw");
+
+    let sidecar = Sidecar::start_with_url(&url, SidecarOptions::default()).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    xadd_raw(&mut con, "s", &[(b"k", b"v")]).await;
+    assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.payload["k"], b"v");
+    let log = sidecar.log();
+    let warning = log.lines().find(|line| line.contains("instead of sharing")).expect("a warning says why");
+    assert!(warning.contains("--shared-readers") && warning.contains("client|tracking"), "{warning}");
+    let clients = sidecar_clients(&mut con).await;
+    assert!(!clients.iter().any(|(_, name)| name == WAKE_NAME), "{clients:?}");
+    assert_eq!(clients.iter().filter(|(_, name)| name == READER_NAME).count(), 1, "one blocking reader: {clients:?}");
+
+    let mut args = local_args(&url);
+    args.extend(["--shared-readers".to_owned(), "on".to_owned()]);
+    let out = run_to_exit(&args, Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--shared-readers on"), "{stderr}");
+}
+
+/// `--shared-readers off` keeps one blocking reader per group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_readers_off_keeps_a_blocking_reader_per_group() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--shared-readers").arg("off")).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("off", 3);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    xadd_each(&mut con, &streams, &[0, 1, 2], "v").await;
+    expect_each(&mut consumers, &[0, 1, 2], "v", EVENT_TIMEOUT).await;
+    let clients = sidecar_clients(&mut con).await;
+    assert_eq!(clients.iter().filter(|(_, name)| name == READER_NAME).count(), 3, "{clients:?}");
+    assert!(!clients.iter().any(|(_, name)| name == WAKE_NAME), "{clients:?}");
+}
