@@ -248,6 +248,7 @@ fn help_names_an_env_var_for_every_flag() {
         "id-field",
         "redis-timeout-ms",
         "reader-connections",
+        "shared-readers",
         "worker-threads",
         "wait-replicas",
         "wait-timeout-ms",

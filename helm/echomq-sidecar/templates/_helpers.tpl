@@ -438,8 +438,12 @@ another pod, so the scaler's own port listens where the admin port does
       value: {{ $c.maxNameBytes | int64 | quote }}
     - name: ECHOMQ_MAX_CONSUME_CALLS
       value: {{ $c.maxConsumeCalls | int64 | quote }}
+    {{- with $c.readerConnections }}
     - name: ECHOMQ_READER_CONNECTIONS
-      value: {{ $c.readerConnections | int64 | quote }}
+      value: {{ . | int64 | quote }}
+    {{- end }}
+    - name: ECHOMQ_SHARED_READERS
+      value: {{ $c.sharedReaders | quote }}
     - name: ECHOMQ_WAIT_REPLICAS
       value: {{ $c.waitReplicas | int64 | quote }}
     - name: ECHOMQ_WAIT_TIMEOUT_MS
