@@ -97,6 +97,8 @@ fn sum_shards(stream: &str, group: &str, shards: Vec<DescribeGroupResponse>) -> 
             .iter()
             .filter_map(|s| s.oldest_scheduled_due)
             .min_by_key(|due| (due.seconds, due.nanos)),
+        keyed_entries: 0,
+        busy_keys: Vec::new(),
         shards,
         archive: None,
     }
@@ -126,5 +128,7 @@ async fn describe(redis: &Redis, stream: &str, group: &str) -> Result<DescribeGr
         oldest_scheduled_due: oldest_scheduled_due.map(crate::entry::timestamp),
         shards: Vec::new(),
         archive: None,
+        keyed_entries: 0,
+        busy_keys: Vec::new(),
     })
 }
