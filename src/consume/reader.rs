@@ -18,20 +18,36 @@
 //!   end: its ticket is kept, and the next request waits on it before
 //!   reading. While the wake connection is down, the reader polls every
 //!   `--read-block-ms` instead.
+//!
+//! A group with per-key limits reads otherwise (see [`super::keyed`]): with
+//! `keyed_read.lua` on the shared connection, which takes new entries
+//! (`XREADGROUP` without `BLOCK`: a script cannot block) and registers and
+//! gates each keyed one in the same step, so two sidecars reading at once
+//! register in stream order. When it reads nothing it answers the stream's
+//! last entry id. A blocking reader then waits on its own connection with
+//! `XREAD BLOCK … COUNT 1 STREAMS <stream> <that id>`, which returns as soon
+//! as anything newer exists (an entry a peer took meanwhile makes a spurious
+//! wake: the script then reads nothing), and runs the script once more. A
+//! shared reader arms its ticket before the script and waits on it as after
+//! an empty `XREADGROUP`.
 
 use std::{sync::Arc, time::Duration};
 
-use redis::{Cmd, RedisError, RedisResult};
+use redis::{Cmd, RedisError, RedisResult, Value};
 use tokio::{
     sync::{mpsc, Notify},
     task::JoinHandle,
 };
 
-use super::Shared;
-use crate::redis::{
-    readers::ReaderConnection,
-    wake::{Ticket, WakeHub},
-    RawEntry,
+use super::{keyed::Gate, orders::KeyLimit, Shared};
+use crate::{
+    id::StreamId,
+    redis::{
+        array, bytes, int, parse_entries, parse_stream_id,
+        readers::ReaderConnection,
+        wake::{Ticket, WakeHub},
+        RawEntry,
+    },
 };
 
 /// How long a shared reader waits for a wake-up before reading anyway. It
@@ -49,12 +65,29 @@ pub(crate) enum Mode {
     Shared(Arc<WakeHub>),
 }
 
+/// What one read returned: the entries, and for a group with per-key
+/// limits what the gate said of each (empty otherwise: none is limited).
+#[derive(Debug, Default)]
+pub(crate) struct Read {
+    pub(crate) entries: Vec<RawEntry>,
+    /// One per entry, in order, or none.
+    pub(crate) gates: Vec<Gate>,
+}
+
+/// How a reader of a group with per-key limits reads.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyedRead {
+    /// `<stream>:keys:<group>`.
+    pub(crate) zset: String,
+    pub(crate) limit: KeyLimit,
+}
+
 /// The reader task and its channels. Dropping it (or [`Reader::stop`]) cuts
 /// off a blocked read; a connection cut off mid-read is closed, one between
 /// reads goes back to the pool.
 pub(crate) struct Reader {
     requests: mpsc::Sender<usize>,
-    results: mpsc::Receiver<RedisResult<Vec<RawEntry>>>,
+    results: mpsc::Receiver<RedisResult<Read>>,
     /// Ends a shared reader's wait: read now.
     kick: Arc<Notify>,
     task: JoinHandle<()>,
@@ -62,19 +95,23 @@ pub(crate) struct Reader {
 
 impl Reader {
     /// Starts the reader of `group` on `stream`, waiting as `mode` says
-    /// (`no_ack`: reads with NOACK, at-most-once).
-    pub(crate) fn spawn(shared: Arc<Shared>, mode: Mode, stream: String, group: String, no_ack: bool) -> Reader {
+    /// (`no_ack`: reads with NOACK, at-most-once; `keyed`: the group has
+    /// per-key limits, and reads with `keyed_read.lua`).
+    pub(crate) fn spawn(
+        shared: Arc<Shared>,
+        mode: Mode,
+        stream: String,
+        group: String,
+        no_ack: bool,
+        keyed: Option<KeyedRead>,
+    ) -> Reader {
         let (requests, requests_rx) = mpsc::channel(1);
         let (results_tx, results) = mpsc::channel(1);
         let kick = Arc::new(Notify::new());
+        let target = Target { stream, group, no_ack, keyed };
         let task = match mode {
-            Mode::Blocking(conn) => {
-                tokio::spawn(read_loop(shared, *conn, stream, group, no_ack, requests_rx, results_tx))
-            }
-            Mode::Shared(hub) => {
-                let target = Target { stream, group, no_ack };
-                tokio::spawn(shared_loop(shared, hub, target, requests_rx, results_tx, kick.clone()))
-            }
+            Mode::Blocking(conn) => tokio::spawn(read_loop(shared, *conn, target, requests_rx, results_tx)),
+            Mode::Shared(hub) => tokio::spawn(shared_loop(shared, hub, target, requests_rx, results_tx, kick.clone())),
         };
         Reader { requests, results, kick, task }
     }
@@ -108,7 +145,7 @@ impl Drop for Reader {
 
 /// The next entries of the reader (or its error); never resolves while there
 /// is no reader or no reply.
-pub(crate) async fn next_read(reader: &mut Option<Reader>) -> RedisResult<Vec<RawEntry>> {
+pub(crate) async fn next_read(reader: &mut Option<Reader>) -> RedisResult<Read> {
     if let Some(reader) = reader {
         if let Some(result) = reader.results.recv().await {
             return result;
@@ -120,57 +157,57 @@ pub(crate) async fn next_read(reader: &mut Option<Reader>) -> RedisResult<Vec<Ra
 async fn read_loop(
     shared: Arc<Shared>,
     mut conn: ReaderConnection,
-    stream: String,
-    group: String,
-    no_ack: bool,
+    target: Target,
     mut requests: mpsc::Receiver<usize>,
-    results: mpsc::Sender<RedisResult<Vec<RawEntry>>>,
+    results: mpsc::Sender<RedisResult<Read>>,
 ) {
     while let Some(count) = requests.recv().await {
-        let result = async {
-            let mut read = redis::cmd("XREADGROUP");
-            read.arg("GROUP")
-                .arg(&group)
-                .arg(&shared.consumer)
-                .arg("COUNT")
-                .arg(count)
-                .arg("BLOCK")
-                .arg(shared.read_block.as_millis() as u64)
-                .arg(no_ack.then_some("NOACK"))
-                .arg("STREAMS")
-                .arg(&stream)
-                .arg(">");
-            // A connection error leaves `conn` to reconnect before the next read.
-            conn.read(&read).await
-        }
-        .await;
+        let result = match &target.keyed {
+            Some(keyed) => keyed_read(&shared, &mut conn, &target.stream, &target.group, keyed, count).await,
+            None => {
+                let read = target.read(&shared.consumer, count, Some(shared.read_block));
+                // A connection error leaves `conn` to reconnect before the next read.
+                conn.read(&read).await.map(|entries| Read { entries, gates: Vec::new() })
+            }
+        };
         if results.send(result).await.is_err() {
             return;
         }
     }
 }
 
-/// What a shared reader reads.
+/// What a reader reads.
 struct Target {
     stream: String,
     group: String,
     no_ack: bool,
+    keyed: Option<KeyedRead>,
 }
 
 impl Target {
-    /// `XREADGROUP GROUP <group> <consumer> COUNT <count> [NOACK] STREAMS <stream> >`, no BLOCK.
-    fn read(&self, consumer: &str, count: usize) -> Cmd {
+    /// `XREADGROUP GROUP <group> <consumer> COUNT <count> [BLOCK <ms>] [NOACK] STREAMS <stream> >`.
+    fn read(&self, consumer: &str, count: usize, block: Option<Duration>) -> Cmd {
         let mut read = redis::cmd("XREADGROUP");
-        read.arg("GROUP")
-            .arg(&self.group)
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(count)
-            .arg(self.no_ack.then_some("NOACK"))
-            .arg("STREAMS")
-            .arg(&self.stream)
-            .arg(">");
+        read.arg("GROUP").arg(&self.group).arg(consumer).arg("COUNT").arg(count);
+        if let Some(block) = block {
+            read.arg("BLOCK").arg(block.as_millis() as u64);
+        }
+        read.arg(self.no_ack.then_some("NOACK")).arg("STREAMS").arg(&self.stream).arg(">");
         read
+    }
+
+    /// One non-blocking read of a shared reader: `XREADGROUP` on a pooled
+    /// connection taken for it, or `keyed_read.lua` on the shared one.
+    async fn read_once(&self, shared: &Shared, count: usize) -> RedisResult<Read> {
+        if let Some(keyed) = &self.keyed {
+            return match run_keyed_read(shared, &self.stream, &self.group, keyed, count).await? {
+                KeyedReply::Entries(read) => Ok(read),
+                KeyedReply::None { .. } => Ok(Read::default()),
+            };
+        }
+        let mut conn = shared.readers.acquire_for_read().await?;
+        let entries = conn.read(&self.read(&shared.consumer, count, None)).await?;
+        Ok(Read { entries, gates: Vec::new() })
     }
 }
 
@@ -181,34 +218,29 @@ async fn shared_loop(
     hub: Arc<WakeHub>,
     target: Target,
     mut requests: mpsc::Receiver<usize>,
-    results: mpsc::Sender<RedisResult<Vec<RawEntry>>>,
+    results: mpsc::Sender<RedisResult<Read>>,
     kick: Arc<Notify>,
 ) {
     // Taken before a read that left the group at the stream's end.
     let mut at_end: Option<Ticket> = None;
     while let Some(count) = requests.recv().await {
-        let read = target.read(&shared.consumer, count);
         if let Some(ticket) = at_end.take() {
             wait(&ticket, &kick, SAFETY_REREAD).await;
         }
         let result = loop {
             // Armed before the read: an XADD after it is sure to wake us.
             let ticket = hub.arm(&target.stream).await;
-            let result = match shared.readers.acquire_for_read().await {
-                Ok(mut conn) => conn.read(&read).await,
-                Err(e) => Err(e),
-            };
-            match (result, ticket) {
-                (Ok(entries), Ok(ticket)) if entries.is_empty() => wait(&ticket, &kick, SAFETY_REREAD).await,
+            match (target.read_once(&shared, count).await, ticket) {
+                (Ok(read), Ok(ticket)) if read.entries.is_empty() => wait(&ticket, &kick, SAFETY_REREAD).await,
                 // No wake connection: poll.
-                (Ok(entries), Err(_)) if entries.is_empty() => {
+                (Ok(read), Err(_)) if read.entries.is_empty() => {
                     let _ = tokio::time::timeout(shared.read_block, kick.notified()).await;
                 }
-                (Ok(entries), ticket) => {
-                    if entries.len() < count {
+                (Ok(read), ticket) => {
+                    if read.entries.len() < count {
                         at_end = ticket.ok();
                     }
-                    break Ok(entries);
+                    break Ok(read);
                 }
                 (Err(e), _) => break Err(e),
             }
@@ -231,4 +263,131 @@ async fn wait(ticket: &Ticket, kick: &Notify, longest: Duration) {
 /// The group is gone (see [`crate::redis::Fault::NoGroup`]): re-create it.
 pub(crate) fn is_group_lost(error: &RedisError) -> bool {
     crate::redis::fault(error) == crate::redis::Fault::NoGroup
+}
+
+/// One read of a group with per-key limits: `keyed_read.lua`; when it read
+/// nothing, `XREAD BLOCK` on the reader's connection until an entry newer
+/// than the stream's last one exists (or the BLOCK time passed), then the
+/// script once more. A spurious wake (a peer took the new entry) returns
+/// nothing, as a BLOCK that timed out does.
+///
+/// Errors: Redis' (NOGROUP from the script's XREADGROUP when the group is
+/// gone), or a reply not shaped as the script's.
+async fn keyed_read(
+    shared: &Shared,
+    conn: &mut ReaderConnection,
+    stream: &str,
+    group: &str,
+    keyed: &KeyedRead,
+    count: usize,
+) -> RedisResult<Read> {
+    let last = match run_keyed_read(shared, stream, group, keyed, count).await? {
+        KeyedReply::Entries(read) => return Ok(read),
+        KeyedReply::None { last } => last,
+    };
+    let mut wait = redis::cmd("XREAD");
+    wait.arg("COUNT")
+        .arg(1)
+        .arg("BLOCK")
+        .arg(shared.read_block.as_millis() as u64)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(last.to_string());
+    if conn.read(&wait).await?.is_empty() {
+        return Ok(Read::default());
+    }
+    match run_keyed_read(shared, stream, group, keyed, count).await? {
+        KeyedReply::Entries(read) => Ok(read),
+        KeyedReply::None { .. } => Ok(Read::default()),
+    }
+}
+
+/// What `keyed_read.lua` answered.
+#[derive(Debug)]
+enum KeyedReply {
+    Entries(Read),
+    /// Nothing new; the stream's last entry id (`0-0`: empty).
+    None {
+        last: StreamId,
+    },
+}
+
+async fn run_keyed_read(
+    shared: &Shared,
+    stream: &str,
+    group: &str,
+    keyed: &KeyedRead,
+    count: usize,
+) -> RedisResult<KeyedReply> {
+    let mut script = shared.redis.scripts.keyed_read.prepare_invoke();
+    script
+        .key(stream)
+        .key(&keyed.zset)
+        .arg(group)
+        .arg(&shared.consumer)
+        .arg(count)
+        .arg(&keyed.limit.field)
+        .arg(keyed.limit.per_key);
+    let mut conn = shared.redis.conn.clone();
+    let reply: Value = script.invoke_async(&mut conn).await?;
+    parse_keyed_reply(reply)
+}
+
+fn parse_keyed_reply(reply: Value) -> RedisResult<KeyedReply> {
+    let malformed =
+        |what: String| redis::RedisError::from((redis::ErrorKind::Parse, "unexpected reply from Redis", what));
+    let Value::Array(parts) = reply else { return Err(malformed("keyed_read.lua: not an array".into())) };
+    let tag = parts.first().map(bytes).transpose()?.unwrap_or_default();
+    match tag.as_slice() {
+        b"none" => Ok(KeyedReply::None { last: parse_stream_id(parts.get(1).unwrap_or(&Value::Nil))? }),
+        b"entries" => {
+            let gates = array(parts.get(2).unwrap_or(&Value::Nil))
+                .iter()
+                .map(|flag| {
+                    Gate::from_flag(int(flag)?).ok_or_else(|| malformed(format!("keyed_read.lua: flag {flag:?}")))
+                })
+                .collect::<RedisResult<Vec<Gate>>>()?;
+            let mut parts = parts.into_iter();
+            let entries = parse_entries(parts.nth(1).unwrap_or(Value::Nil))?;
+            if gates.len() != entries.len() {
+                return Err(malformed(format!("keyed_read.lua: {} flags for {} entries", gates.len(), entries.len())));
+            }
+            Ok(KeyedReply::Entries(Read { entries, gates }))
+        }
+        other => Err(malformed(format!("keyed_read.lua replied `{}`", String::from_utf8_lossy(other)))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn every_reply_of_the_keyed_read_parses() {
+        let none = Value::Array(vec![bulk("none"), bulk("5-1")]);
+        assert!(matches!(parse_keyed_reply(none).unwrap(), KeyedReply::None { last: StreamId { ms: 5, seq: 1 } }));
+        let entry = |id: &str| Value::Array(vec![bulk(id), Value::Array(vec![bulk("k"), bulk("a")])]);
+        let read = Value::Array(vec![
+            bulk("entries"),
+            Value::Array(vec![entry("1-0"), entry("2-0"), entry("3-0")]),
+            Value::Array(vec![Value::Int(0), Value::Int(1), Value::Int(2)]),
+        ]);
+        match parse_keyed_reply(read).unwrap() {
+            KeyedReply::Entries(read) => {
+                assert_eq!(read.entries.len(), 3);
+                assert_eq!(read.gates, [Gate::Unkeyed, Gate::Admitted, Gate::Waits]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let short = Value::Array(vec![bulk("entries"), Value::Array(vec![entry("1-0")]), Value::Array(vec![])]);
+        assert!(parse_keyed_reply(short).is_err(), "a flag per entry");
+        let bad_flag =
+            Value::Array(vec![bulk("entries"), Value::Array(vec![entry("1-0")]), Value::Array(vec![Value::Int(7)])]);
+        assert!(parse_keyed_reply(bad_flag).is_err());
+        assert!(parse_keyed_reply(Value::Array(vec![bulk("what")])).is_err());
+    }
 }

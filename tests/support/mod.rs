@@ -6,7 +6,9 @@
 //! `Drop` (SIGKILL + wait, then remove the directory), so a failing test never
 //! leaves a process behind. When a test panics, the sidecar's log (and the
 //! tail of Redis' log) is printed, so the failure comes with the server's side
-//! of the story. Set `ECHOMQ_TEST_LOGS=1` to print the logs of passing tests too.
+//! of the story. Set `ECHOMQ_TEST_LOGS=1` to print the logs of passing tests too,
+//! and `ECHOMQ_TEST_SHARED_READERS=off` (or `on`) to run a suite's sidecars
+//! with blocking (or shared) readers.
 //!
 //! One file per job; everything is re-exported here, so a test says
 //! `use support::*;` and need not know which file holds what:

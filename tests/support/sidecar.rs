@@ -315,6 +315,11 @@ impl Sidecar {
         // and a test's own ECHOMQ_LOG (set next) overrides both.
         let filter = std::env::var("ECHOMQ_TEST_LOG").unwrap_or_else(|_| "info,echomq=debug".to_owned());
         cmd.env("ECHOMQ_LOG", filter);
+        // ECHOMQ_TEST_SHARED_READERS (auto, on, off) runs a suite's sidecars with those readers;
+        // a test's own --shared-readers flag wins.
+        if let Ok(mode) = std::env::var("ECHOMQ_TEST_SHARED_READERS") {
+            cmd.env("ECHOMQ_SHARED_READERS", mode);
+        }
         cmd.envs(self.options.env.iter().map(|(k, v)| (k, v)));
         self.child = Some(cmd.spawn().map_err(|e| format!("spawn {}: {e}", sidecar_bin()))?);
         Ok(())
