@@ -5,12 +5,17 @@
 //!   it follows MOVED/ASK and topology changes) for every non-blocking command,
 //!   with a response timeout (`--redis-timeout-ms`); on a single server, a
 //!   command that gets no reply in time retires the connection ([`shared`]);
-//! - one dedicated connection per group reader for `XREADGROUP … BLOCK`, whose
-//!   response timeout is the BLOCK time plus `--redis-timeout-ms`, so a blocking
-//!   read never holds up other commands, is never cut short while Redis is
-//!   handing entries to it, and still ends when Redis has gone silent. On a
-//!   cluster it is a cluster connection of its own, routed to the node that
-//!   owns the stream's slot. They come from a bounded pool, [`readers`].
+//! - the readers' connections, from a bounded pool, [`readers`]. With shared
+//!   readers (a single server, `--shared-readers auto|on`), a few that each
+//!   read takes for one `XREADGROUP` without `BLOCK`, plus one wake connection
+//!   per sidecar ([`wake`]) that Redis tells when a stream read changed
+//!   (`CLIENT TRACKING`). With blocking readers (`off`, a cluster), one
+//!   dedicated connection per group reader for `XREADGROUP … BLOCK`, whose
+//!   response timeout is the BLOCK time plus `--redis-timeout-ms`, so a
+//!   blocking read never holds up other commands, is never cut short while
+//!   Redis is handing entries to it, and still ends when Redis has gone
+//!   silent; on a cluster it is a cluster connection of its own, routed to
+//!   the node that owns the stream's slot.
 //!
 //! Every socket to Redis has TCP keepalive on ([`TCP_KEEPALIVE_IDLE`]), so an
 //! idle connection to a peer that vanished (a host gone, a partition that
@@ -25,7 +30,7 @@
 //! (every command's latency, and its series), [`scripts`] (the Lua scripts), [`reply`] (parsing replies), [`shards`] (sharded
 //! streams' shard counts), [`trim`] (`trim.lua`'s wrapper); the connections'
 //! own: [`primary`], [`credentials`] (the password file, read again), [`shared`],
-//! [`readers`], [`resp`]; and what the services
+//! [`readers`], [`resp`], [`wake`]; and what the services
 //! share, below them: [`fault`](mod@fault) (a Redis error's kind, decided
 //! once), [`group`] (a group's state), [`range`] (range paging), [`version`]
 //! (the server's).
