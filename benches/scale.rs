@@ -4,6 +4,7 @@
 //! ```text
 //! cargo bench --bench scale
 //! ECHOMQ_SCALE_STAGES=1,10,100 ECHOMQ_SCALE_FLEET=20 cargo bench --bench scale
+//! ECHOMQ_SCALE_SIDECAR_ARGS="--shared-readers off" ECHOMQ_SCALE_FLEET=0 cargo bench --bench scale
 //! ```
 //!
 //! It starts its own `redis-server` (free loopback port, no persistence) and,
@@ -183,7 +184,9 @@ async fn stage(
     let streams: Vec<String> = (0..n).map(|i| format!("scale-{n}-{i}")).collect();
     let stage_dir = dir.join(format!("stage-{n}"));
     std::fs::create_dir_all(&stage_dir)?;
-    let sidecar = Sidecar::start(bin, &redis_server.url(), &[], &stage_dir).await?;
+    let extra = extra_args();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let sidecar = Sidecar::start(bin, &redis_server.url(), &extra, &stage_dir).await?;
     let (calls, refused) = open_calls(sidecar.grpc_port, &streams, "scale").await?;
     let (sidecar, calls) = if refused == 0 {
         (sidecar, calls)
@@ -191,7 +194,8 @@ async fn stage(
         drop(calls);
         drop(sidecar);
         let raised = (n + 16).to_string();
-        let sidecar = Sidecar::start(bin, &redis_server.url(), &["--reader-connections", &raised], &stage_dir).await?;
+        let raised_args: Vec<&str> = extra.iter().copied().chain(["--reader-connections", &raised]).collect();
+        let sidecar = Sidecar::start(bin, &redis_server.url(), &raised_args, &stage_dir).await?;
         let (calls, still) = open_calls(sidecar.grpc_port, &streams, "scale").await?;
         if still > 0 {
             return Err(format!("{still} of {n} subscriptions refused even with --reader-connections {raised}").into());
@@ -225,6 +229,12 @@ async fn stage(
     })
 }
 
+/// `ECHOMQ_SCALE_SIDECAR_ARGS`, split on spaces: flags every sidecar of
+/// every stage gets (e.g. `--shared-readers off`, to measure blocking readers).
+fn extra_args() -> Vec<String> {
+    std::env::var("ECHOMQ_SCALE_SIDECAR_ARGS").unwrap_or_default().split_whitespace().map(str::to_owned).collect()
+}
+
 /// `fleet` sidecars, each with one call on the same stream and group.
 async fn fleet_stage(
     bin: &Path,
@@ -242,7 +252,10 @@ async fn fleet_stage(
         let sidecar_dir = dir.join(format!("fleet-{k}"));
         std::fs::create_dir_all(&sidecar_dir)?;
         let consumer = format!("fleet-{k}");
-        let sidecar = Sidecar::start(bin, &redis_server.url(), &["--consumer-name", &consumer], &sidecar_dir).await?;
+        let extra = extra_args();
+        let args: Vec<&str> =
+            ["--consumer-name", &consumer].into_iter().chain(extra.iter().map(String::as_str)).collect();
+        let sidecar = Sidecar::start(bin, &redis_server.url(), &args, &sidecar_dir).await?;
         let (mut opened, r) = open_calls(sidecar.grpc_port, std::slice::from_ref(&stream), "fleet").await?;
         refused += r;
         calls.append(&mut opened);

@@ -57,8 +57,9 @@
 //! itself after it re-created a lost group. Per-node wake connections for a
 //! Redis Cluster are future work: there the readers block as before.
 //!
-//! Memory: one small entry per key with a waiter or a ticket, dropped with
-//! its last ticket.
+//! Memory: one small entry (about 100 bytes) per key with a ticket out or
+//! armed; an entry without tickets goes at its key's next invalidation or
+//! the connection's loss, so there are at most as many as streams read.
 
 use std::{
     collections::HashMap,
@@ -218,11 +219,6 @@ impl WakeHub {
                 Err(super::resp::timed_out())
             }
         }
-    }
-
-    /// Keys with a ticket out now (for tests and gauges).
-    pub fn keys(&self) -> usize {
-        self.state.lock().expect("wake state lock").keys.len()
     }
 
     /// The tracking connection, made now if there is none (or it reaches a
@@ -461,4 +457,29 @@ fn is_connection_error(error: &RedisError) -> bool {
 /// not permitted. Anything else (Redis unreachable now, a timeout) may pass.
 pub fn refuses_tracking(error: &RedisError) -> bool {
     !is_connection_error(error) && !refuses_credentials(error) && error.code().is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invalidate_push_names_its_keys_or_a_flush() {
+        let keys = Value::Array(vec![Value::BulkString(b"orders".to_vec()), Value::BulkString(b"s:2".to_vec())]);
+        assert_eq!(invalidated_keys(&[keys]), Some(vec![b"orders".to_vec(), b"s:2".to_vec()]));
+        assert_eq!(invalidated_keys(&[Value::Nil]), None, "null: a flush, every key");
+        assert_eq!(invalidated_keys(&[]), None);
+    }
+
+    #[test]
+    fn only_a_refusal_by_the_server_turns_shared_readers_off() {
+        let reply = |text: &[u8]| redis::parse_redis_value(text).and_then(Value::extract_error).unwrap_err();
+        let noperm = reply(b"-NOPERM this user has no permissions to run the 'client|tracking' command\r\n");
+        assert!(refuses_tracking(&noperm), "{noperm}");
+        let unknown = reply(b"-ERR unknown command 'HELLO', with args beginning with: '3'\r\n");
+        assert!(refuses_tracking(&unknown), "{unknown}");
+        let unreachable: RedisError = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused").into();
+        assert!(!refuses_tracking(&unreachable), "Redis unreachable a moment: keep shared readers");
+        assert!(!refuses_tracking(&super::super::resp::timed_out()));
+    }
 }
