@@ -377,3 +377,35 @@ async fn keyed_groups_wait_on_the_wake_connection() {
     expect_each(&mut consumers, &[3, 19], "later", Duration::from_secs(2)).await;
     assert!(started.elapsed() < Duration::from_millis(400), "woken in {:?}", started.elapsed());
 }
+
+/// The primary fails over (Sentinel): the wake connection follows it to the
+/// promoted replica, and entries appended there wake their groups at once,
+/// not at the read-block poll the readers fall back to without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wake_connection_follows_a_failover() {
+    let mut deployment = support::sentinel::SentinelDeployment::start(1).await;
+    let sidecar = Sidecar::start_with_url(
+        &deployment.url(),
+        SidecarOptions::default().arg("--shared-readers").arg("on").arg("--read-block-ms").arg("10000"),
+    )
+    .await;
+    let streams = streams("failover", 10);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    let old = deployment.primary_port().await.expect("a primary");
+    let mut con = test_conn(deployment.node(old)).await;
+    wake_client(&mut con).await;
+
+    deployment.node_mut(old).kill9();
+    let new = deployment.until_failed_over(old, Duration::from_secs(30)).await;
+    let mut con = test_conn(deployment.node(new)).await;
+    assert!(eventually(Duration::from_secs(15), || async { sidecar.readyz().await == Some(200) }).await);
+    wake_client(&mut con).await;
+    // Each group reads once on the new primary and then waits on its wake-up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let all: Vec<usize> = (0..streams.len()).collect();
+    let started = Instant::now();
+    xadd_each(&mut con, &streams, &all, "after").await;
+    expect_each(&mut consumers, &all, "after", EVENT_TIMEOUT).await;
+    assert!(started.elapsed() < Duration::from_secs(3), "woken in {:?}, not by a poll", started.elapsed());
+}
