@@ -409,3 +409,28 @@ async fn the_wake_connection_follows_a_failover() {
     expect_each(&mut consumers, &all, "after", EVENT_TIMEOUT).await;
     assert!(started.elapsed() < Duration::from_secs(3), "woken in {:?}, not by a poll", started.elapsed());
 }
+
+/// An ACL that refuses XLEN to the sidecar: the wake connection cannot arm,
+/// so the readers poll every `--read-block-ms` instead, which is said once,
+/// and entries are still delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_xlen_readers_poll_and_say_so_once() {
+    let redis = RedisServer::start().await;
+    let mut con = test_conn(&redis).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "noxlen", "on", ">pw", "~*", "&*", "+@all", "-xlen"])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let options = SidecarOptions::default().arg("--read-block-ms").arg("300");
+    let sidecar = Sidecar::start_with_url(&redis.url_with_auth(Some("noxlen"), "pw"), options).await;
+    let streams = streams("noxlen", 3);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    for round in 0..2 {
+        let value = format!("v{round}");
+        xadd_each(&mut con, &streams, &[0, 1, 2], &value).await;
+        expect_each(&mut consumers, &[0, 1, 2], &value, Duration::from_secs(3)).await;
+    }
+    let log = sidecar.log();
+    assert_eq!(log.lines().filter(|line| line.contains("may not run XLEN")).count(), 1, "{log}");
+}

@@ -63,13 +63,16 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, Weak},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, Weak,
+    },
     time::{Duration, Instant},
 };
 
 use redis::{aio::MultiplexedConnection, AsyncConnectionConfig, PushInfo, PushKind, RedisError, RedisResult, Value};
 use tokio::sync::{mpsc, Notify};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{fault::refuses_credentials, primary::Primary};
 
@@ -92,6 +95,8 @@ pub struct WakeHub {
     state: Mutex<State>,
     /// Held while connecting, so concurrent arms make one connection.
     connecting: tokio::sync::Mutex<Backoff>,
+    /// An `XLEN` was refused NOPERM (warned once).
+    refused: AtomicBool,
 }
 
 /// What the hub knows, under one lock.
@@ -158,6 +163,7 @@ impl WakeHub {
             timeout,
             state: Mutex::default(),
             connecting: tokio::sync::Mutex::default(),
+            refused: AtomicBool::new(false),
         });
         tokio::spawn(follow_primary(Arc::downgrade(&hub), hub.primary.watch()));
         hub
@@ -209,7 +215,12 @@ impl WakeHub {
                 Ok(ticket)
             }
             // WRONGTYPE and the like: the connection is fine, the key is not armed.
-            Ok(Err(e)) if !is_connection_error(&e) => Err(e),
+            Ok(Err(e)) if !is_connection_error(&e) => {
+                if super::fault(&e) == super::Fault::NoPermission && !self.refused.swap(true, Ordering::Relaxed) {
+                    warn!(stream, "the wake connection may not run XLEN ({e}): readers of such streams poll every --read-block-ms instead of waiting for a wake-up; grant +xlen, or set --shared-readers off");
+                }
+                Err(e)
+            }
             Ok(Err(e)) => {
                 self.lost(link.id, &format!("XLEN failed: {e}"));
                 Err(e)
