@@ -100,6 +100,14 @@ async fn expect_each(consumers: &mut [Consumer], which: &[usize], value: &str, w
     started.elapsed()
 }
 
+/// An ACL user `name` (password `pw`) that may do anything but `denied`
+/// (an ACL rule: `-xlen`); the URL that logs in as it.
+async fn acl_user(redis: &RedisServer, con: &mut MultiplexedConnection, name: &str, denied: &str) -> String {
+    let rules = ["SETUSER", name, "on", ">pw", "~*", "&*", "+@all", denied];
+    let _: () = redis::cmd("ACL").arg(&rules).query_async(con).await.unwrap();
+    redis.url_with_auth(Some(name), "pw")
+}
+
 fn streams(prefix: &str, n: usize) -> Vec<String> {
     let prefix = unique(prefix);
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
@@ -291,12 +299,7 @@ async fn more_groups_than_reader_connections_are_all_served() {
 async fn without_client_tracking_auto_falls_back_to_blocking_readers_and_on_refuses_to_start() {
     let redis = RedisServer::start().await;
     let mut con = test_conn(&redis).await;
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "notrack", "on", ">pw", "~*", "&*", "+@all", "-client|tracking"])
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let url = redis.url_with_auth(Some("notrack"), "pw");
+    let url = acl_user(&redis, &mut con, "notrack", "-client|tracking").await;
 
     let sidecar = Sidecar::start_with_url(&url, SidecarOptions::default()).await;
     let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
@@ -417,13 +420,9 @@ async fn the_wake_connection_follows_a_failover() {
 async fn without_xlen_readers_poll_and_say_so_once() {
     let redis = RedisServer::start().await;
     let mut con = test_conn(&redis).await;
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "noxlen", "on", ">pw", "~*", "&*", "+@all", "-xlen"])
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let url = acl_user(&redis, &mut con, "noxlen", "-xlen").await;
     let options = SidecarOptions::default().arg("--read-block-ms").arg("300");
-    let sidecar = Sidecar::start_with_url(&redis.url_with_auth(Some("noxlen"), "pw"), options).await;
+    let sidecar = Sidecar::start_with_url(&url, options).await;
     let streams = streams("noxlen", 3);
     let mut consumers = subscribe_all(&sidecar, &streams).await;
     for round in 0..2 {
