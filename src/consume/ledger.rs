@@ -439,7 +439,8 @@ impl<D> Ledger<D> {
     /// the entries waiting for their key reach [`Ledger::key_waiting_bound`]
     /// (no new entries are read then, nor the own PEL walked on).
     pub(crate) fn free(&self) -> usize {
-        if self.key_waits.len() >= self.key_waiting_bound() {
+        // The bound is summed over the calls: only looked at while entries wait.
+        if !self.key_waits.is_empty() && self.key_waits.len() >= self.key_waiting_bound() {
             return 0;
         }
         self.free_for_due().saturating_sub(self.read_outstanding)
