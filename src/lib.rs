@@ -29,7 +29,11 @@
 //!   - `consume/verdicts.rs`: every verdict error, code and text;
 //!   - `consume/delivery.rs`: a Redis entry as a `Delivery` frame;
 //!   - `consume/reader.rs`: the blocking XREADGROUP on its own connection
-//!     (from the reader pool, `redis/readers.rs`);
+//!     (from the reader pool, `redis/readers.rs`), or for a group with
+//!     per-key limits `keyed_read.lua` and an `XREAD BLOCK`;
+//!   - `consume/keyed.rs` + `key_gate.lua`, `keys_gate.lua`: **per-key
+//!     limits** (the keyed entries' members, the gate, the entries that
+//!     wait for their key);
 //!   - `consume/recovery.rs`: the own PEL at start, a lost group;
 //!   - `consume/retry.rs` + `redeliver.lua`: **the retry policy** (backoff,
 //!     the retry hash, claiming due entries);
@@ -57,7 +61,7 @@
 //! - [`entry`]: entry fields to the wire's payload, raw fields and branded
 //!   id; the dead-letter metadata field names.
 //! - [`keys`]: derived key names (dead-letter stream, retry hash, heartbeat
-//!   hash) and shard keys.
+//!   hash, keyed entries) and shard keys.
 //! - [`metrics`]: the Prometheus registry and the `/metrics` text. Each
 //!   group of series registers itself, in the file that records it:
 //!   [`metrics::group`] (per consumer group), [`metrics::stream`] (appends,

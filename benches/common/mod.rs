@@ -173,6 +173,7 @@ pub(crate) fn thousands(value: f64) -> String {
 /// Appends `entries` entries to `stream`, `batch` per AppendBatch call: fields
 /// `n` (the entry's number) and a [`BODY_BYTES`]-byte `body`. The time from
 /// the first call until the last returns.
+#[allow(dead_code)] // all but the keys bench's, which appends keyed entries
 pub(crate) async fn append(
     streams: &mut StreamServiceClient<Channel>,
     stream: &str,
@@ -209,7 +210,13 @@ pub(crate) async fn append_due(
     Ok(started.elapsed())
 }
 
-fn subscribe(stream: &str, group: &str, start: GroupStart, max_in_flight: usize, max_batch: u32) -> ConsumeRequest {
+pub(crate) fn subscribe(
+    stream: &str,
+    group: &str,
+    start: GroupStart,
+    max_in_flight: usize,
+    max_batch: u32,
+) -> ConsumeRequest {
     ConsumeRequest {
         kind: Some(Kind::Subscribe(Subscribe {
             stream: stream.to_owned(),
@@ -276,9 +283,20 @@ impl ConsumeCall {
         max_in_flight: usize,
         max_batch: u32,
     ) -> Result<ConsumeCall, Error> {
+        ConsumeCall::open_with(endpoint, subscribe(stream, group, start, max_in_flight, max_batch)).await
+    }
+
+    /// Opens a Consume call whose first message is `subscribe` (a
+    /// `ConsumeRequest` holding a `Subscribe`), for settings the other
+    /// constructors do not take (the keys bench's `key_field`).
+    pub(crate) async fn open_with(endpoint: &str, subscribe: ConsumeRequest) -> Result<ConsumeCall, Error> {
+        let max_in_flight = match &subscribe.kind {
+            Some(Kind::Subscribe(s)) => s.max_in_flight as usize,
+            _ => WINDOW,
+        };
         let mut client = ConsumerServiceClient::connect(endpoint.to_owned()).await?;
         let (verdicts, outbound) = mpsc::channel(4 * max_in_flight.max(WINDOW));
-        verdicts.send(subscribe(stream, group, start, max_in_flight, max_batch)).await?;
+        verdicts.send(subscribe).await?;
         let started = Instant::now();
         let inbound = client.consume(ReceiverStream::new(outbound)).await?.into_inner();
         Ok(ConsumeCall { _client: client, verdicts, inbound, started, message_bytes: 0 })

@@ -192,8 +192,15 @@ type DescribeGroupResponse struct {
 	// in the past means they are due and waiting for a mover (see
 	// `--schedule-poll-ms`).
 	OldestScheduledDue *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=oldest_scheduled_due,json=oldestScheduledDue,proto3" json:"oldest_scheduled_due,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Per-key limits (`Subscribe.key_field`): entries of the group that are
+	// pending and hold or wait for their key (entries; ZCARD of
+	// `<stream>:keys:<group>`); 0 when the group has no key field.
+	KeyedEntries uint64 `protobuf:"varint,22,opt,name=keyed_entries,json=keyedEntries,proto3" json:"keyed_entries,omitempty"`
+	// Keys with entries held or waiting, the busiest first: at most 100, from
+	// the first 10,000 keyed entries.
+	BusyKeys      []*BusyKey `protobuf:"bytes,23,rep,name=busy_keys,json=busyKeys,proto3" json:"busy_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DescribeGroupResponse) Reset() {
@@ -324,6 +331,93 @@ func (x *DescribeGroupResponse) GetOldestScheduledDue() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *DescribeGroupResponse) GetKeyedEntries() uint64 {
+	if x != nil {
+		return x.KeyedEntries
+	}
+	return 0
+}
+
+func (x *DescribeGroupResponse) GetBusyKeys() []*BusyKey {
+	if x != nil {
+		return x.BusyKeys
+	}
+	return nil
+}
+
+// A key of a group with per-key limits that has entries pending.
+type BusyKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key: the value of the subscription's `key_field` (bytes, as stored).
+	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Its entries pending in the group, held or waiting (entries).
+	Entries uint64 `protobuf:"varint,2,opt,name=entries,proto3" json:"entries,omitempty"`
+	// The stream id of its oldest pending entry: the one that runs first.
+	HeadId string `protobuf:"bytes,3,opt,name=head_id,json=headId,proto3" json:"head_id,omitempty"`
+	// The consumer whose PEL holds that entry.
+	HeadConsumer  string `protobuf:"bytes,4,opt,name=head_consumer,json=headConsumer,proto3" json:"head_consumer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BusyKey) Reset() {
+	*x = BusyKey{}
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BusyKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BusyKey) ProtoMessage() {}
+
+func (x *BusyKey) ProtoReflect() protoreflect.Message {
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BusyKey.ProtoReflect.Descriptor instead.
+func (*BusyKey) Descriptor() ([]byte, []int) {
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BusyKey) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *BusyKey) GetEntries() uint64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *BusyKey) GetHeadId() string {
+	if x != nil {
+		return x.HeadId
+	}
+	return ""
+}
+
+func (x *BusyKey) GetHeadConsumer() string {
+	if x != nil {
+		return x.HeadConsumer
+	}
+	return ""
+}
+
 // What the archive holds of one stream key, and how its folding goes.
 type ArchiveInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -347,7 +441,7 @@ type ArchiveInfo struct {
 
 func (x *ArchiveInfo) Reset() {
 	*x = ArchiveInfo{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[3]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +453,7 @@ func (x *ArchiveInfo) String() string {
 func (*ArchiveInfo) ProtoMessage() {}
 
 func (x *ArchiveInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[3]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +466,7 @@ func (x *ArchiveInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchiveInfo.ProtoReflect.Descriptor instead.
 func (*ArchiveInfo) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ArchiveInfo) GetOldestId() string {
@@ -436,7 +530,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[4]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -448,7 +542,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[4]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -461,7 +555,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{4}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListDeadLettersRequest) GetStream() string {
@@ -517,7 +611,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[5]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -529,7 +623,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[5]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -542,7 +636,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{5}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeadLetter) GetEntry() *Entry {
@@ -612,7 +706,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[6]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +718,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[6]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +731,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{6}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -680,7 +774,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +786,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[7]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +799,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{7}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReplayDeadLettersRequest) GetStream() string {
@@ -752,7 +846,7 @@ type Replayed struct {
 
 func (x *Replayed) Reset() {
 	*x = Replayed{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +858,7 @@ func (x *Replayed) String() string {
 func (*Replayed) ProtoMessage() {}
 
 func (x *Replayed) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[8]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +871,7 @@ func (x *Replayed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replayed.ProtoReflect.Descriptor instead.
 func (*Replayed) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{8}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Replayed) GetId() string {
@@ -820,7 +914,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[9]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -832,7 +926,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[9]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -845,7 +939,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{9}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() []*Replayed {
@@ -886,7 +980,7 @@ type DestroyGroupRequest struct {
 
 func (x *DestroyGroupRequest) Reset() {
 	*x = DestroyGroupRequest{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[10]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +992,7 @@ func (x *DestroyGroupRequest) String() string {
 func (*DestroyGroupRequest) ProtoMessage() {}
 
 func (x *DestroyGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[10]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1005,7 @@ func (x *DestroyGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyGroupRequest.ProtoReflect.Descriptor instead.
 func (*DestroyGroupRequest) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{10}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DestroyGroupRequest) GetStream() string {
@@ -953,7 +1047,7 @@ type DestroyGroupResponse struct {
 
 func (x *DestroyGroupResponse) Reset() {
 	*x = DestroyGroupResponse{}
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[11]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1059,7 @@ func (x *DestroyGroupResponse) String() string {
 func (*DestroyGroupResponse) ProtoMessage() {}
 
 func (x *DestroyGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echomq_v1_admin_service_proto_msgTypes[11]
+	mi := &file_echomq_v1_admin_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1072,7 @@ func (x *DestroyGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyGroupResponse.ProtoReflect.Descriptor instead.
 func (*DestroyGroupResponse) Descriptor() ([]byte, []int) {
-	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{11}
+	return file_echomq_v1_admin_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DestroyGroupResponse) GetStream() string {
@@ -1020,7 +1114,7 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\fConsumerInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\apending\x18\x02 \x01(\x04R\apending\x12-\n" +
-	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idle\"\x81\x05\n" +
+	"\x04idle\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04idle\"\xd7\x05\n" +
 	"\x15DescribeGroupResponse\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x18\n" +
@@ -1036,8 +1130,15 @@ const file_echomq_v1_admin_service_proto_rawDesc = "" +
 	"\x06shards\x18\v \x03(\v2 .echomq.v1.DescribeGroupResponseR\x06shards\x120\n" +
 	"\aarchive\x18\f \x01(\v2\x16.echomq.v1.ArchiveInfoR\aarchive\x12\x1c\n" +
 	"\tscheduled\x18\x14 \x01(\x04R\tscheduled\x12L\n" +
-	"\x14oldest_scheduled_due\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\x12oldestScheduledDueB\x06\n" +
-	"\x04_lag\"\xba\x01\n" +
+	"\x14oldest_scheduled_due\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\x12oldestScheduledDue\x12#\n" +
+	"\rkeyed_entries\x18\x16 \x01(\x04R\fkeyedEntries\x12/\n" +
+	"\tbusy_keys\x18\x17 \x03(\v2\x12.echomq.v1.BusyKeyR\bbusyKeysB\x06\n" +
+	"\x04_lag\"s\n" +
+	"\aBusyKey\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x18\n" +
+	"\aentries\x18\x02 \x01(\x04R\aentries\x12\x17\n" +
+	"\ahead_id\x18\x03 \x01(\tR\x06headId\x12#\n" +
+	"\rhead_consumer\x18\x04 \x01(\tR\fheadConsumer\"\xba\x01\n" +
 	"\vArchiveInfo\x12\x1b\n" +
 	"\toldest_id\x18\x01 \x01(\tR\boldestId\x12)\n" +
 	"\x10archived_through\x18\x02 \x01(\tR\x0farchivedThrough\x12\x18\n" +
@@ -1106,48 +1207,50 @@ func file_echomq_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_echomq_v1_admin_service_proto_rawDescData
 }
 
-var file_echomq_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_echomq_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_echomq_v1_admin_service_proto_goTypes = []any{
 	(*DescribeGroupRequest)(nil),      // 0: echomq.v1.DescribeGroupRequest
 	(*ConsumerInfo)(nil),              // 1: echomq.v1.ConsumerInfo
 	(*DescribeGroupResponse)(nil),     // 2: echomq.v1.DescribeGroupResponse
-	(*ArchiveInfo)(nil),               // 3: echomq.v1.ArchiveInfo
-	(*ListDeadLettersRequest)(nil),    // 4: echomq.v1.ListDeadLettersRequest
-	(*DeadLetter)(nil),                // 5: echomq.v1.DeadLetter
-	(*ListDeadLettersResponse)(nil),   // 6: echomq.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),  // 7: echomq.v1.ReplayDeadLettersRequest
-	(*Replayed)(nil),                  // 8: echomq.v1.Replayed
-	(*ReplayDeadLettersResponse)(nil), // 9: echomq.v1.ReplayDeadLettersResponse
-	(*DestroyGroupRequest)(nil),       // 10: echomq.v1.DestroyGroupRequest
-	(*DestroyGroupResponse)(nil),      // 11: echomq.v1.DestroyGroupResponse
-	(*durationpb.Duration)(nil),       // 12: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 13: google.protobuf.Timestamp
-	(*Entry)(nil),                     // 14: echomq.v1.Entry
+	(*BusyKey)(nil),                   // 3: echomq.v1.BusyKey
+	(*ArchiveInfo)(nil),               // 4: echomq.v1.ArchiveInfo
+	(*ListDeadLettersRequest)(nil),    // 5: echomq.v1.ListDeadLettersRequest
+	(*DeadLetter)(nil),                // 6: echomq.v1.DeadLetter
+	(*ListDeadLettersResponse)(nil),   // 7: echomq.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),  // 8: echomq.v1.ReplayDeadLettersRequest
+	(*Replayed)(nil),                  // 9: echomq.v1.Replayed
+	(*ReplayDeadLettersResponse)(nil), // 10: echomq.v1.ReplayDeadLettersResponse
+	(*DestroyGroupRequest)(nil),       // 11: echomq.v1.DestroyGroupRequest
+	(*DestroyGroupResponse)(nil),      // 12: echomq.v1.DestroyGroupResponse
+	(*durationpb.Duration)(nil),       // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 14: google.protobuf.Timestamp
+	(*Entry)(nil),                     // 15: echomq.v1.Entry
 }
 var file_echomq_v1_admin_service_proto_depIdxs = []int32{
-	12, // 0: echomq.v1.ConsumerInfo.idle:type_name -> google.protobuf.Duration
+	13, // 0: echomq.v1.ConsumerInfo.idle:type_name -> google.protobuf.Duration
 	1,  // 1: echomq.v1.DescribeGroupResponse.consumers:type_name -> echomq.v1.ConsumerInfo
-	12, // 2: echomq.v1.DescribeGroupResponse.oldest_pending_age:type_name -> google.protobuf.Duration
+	13, // 2: echomq.v1.DescribeGroupResponse.oldest_pending_age:type_name -> google.protobuf.Duration
 	2,  // 3: echomq.v1.DescribeGroupResponse.shards:type_name -> echomq.v1.DescribeGroupResponse
-	3,  // 4: echomq.v1.DescribeGroupResponse.archive:type_name -> echomq.v1.ArchiveInfo
-	13, // 5: echomq.v1.DescribeGroupResponse.oldest_scheduled_due:type_name -> google.protobuf.Timestamp
-	14, // 6: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
-	13, // 7: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
-	5,  // 8: echomq.v1.ListDeadLettersResponse.dead_letters:type_name -> echomq.v1.DeadLetter
-	8,  // 9: echomq.v1.ReplayDeadLettersResponse.replayed:type_name -> echomq.v1.Replayed
-	0,  // 10: echomq.v1.AdminService.DescribeGroup:input_type -> echomq.v1.DescribeGroupRequest
-	4,  // 11: echomq.v1.AdminService.ListDeadLetters:input_type -> echomq.v1.ListDeadLettersRequest
-	7,  // 12: echomq.v1.AdminService.ReplayDeadLetters:input_type -> echomq.v1.ReplayDeadLettersRequest
-	10, // 13: echomq.v1.AdminService.DestroyGroup:input_type -> echomq.v1.DestroyGroupRequest
-	2,  // 14: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
-	6,  // 15: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
-	9,  // 16: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
-	11, // 17: echomq.v1.AdminService.DestroyGroup:output_type -> echomq.v1.DestroyGroupResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	4,  // 4: echomq.v1.DescribeGroupResponse.archive:type_name -> echomq.v1.ArchiveInfo
+	14, // 5: echomq.v1.DescribeGroupResponse.oldest_scheduled_due:type_name -> google.protobuf.Timestamp
+	3,  // 6: echomq.v1.DescribeGroupResponse.busy_keys:type_name -> echomq.v1.BusyKey
+	15, // 7: echomq.v1.DeadLetter.entry:type_name -> echomq.v1.Entry
+	14, // 8: echomq.v1.DeadLetter.dead_lettered_at:type_name -> google.protobuf.Timestamp
+	6,  // 9: echomq.v1.ListDeadLettersResponse.dead_letters:type_name -> echomq.v1.DeadLetter
+	9,  // 10: echomq.v1.ReplayDeadLettersResponse.replayed:type_name -> echomq.v1.Replayed
+	0,  // 11: echomq.v1.AdminService.DescribeGroup:input_type -> echomq.v1.DescribeGroupRequest
+	5,  // 12: echomq.v1.AdminService.ListDeadLetters:input_type -> echomq.v1.ListDeadLettersRequest
+	8,  // 13: echomq.v1.AdminService.ReplayDeadLetters:input_type -> echomq.v1.ReplayDeadLettersRequest
+	11, // 14: echomq.v1.AdminService.DestroyGroup:input_type -> echomq.v1.DestroyGroupRequest
+	2,  // 15: echomq.v1.AdminService.DescribeGroup:output_type -> echomq.v1.DescribeGroupResponse
+	7,  // 16: echomq.v1.AdminService.ListDeadLetters:output_type -> echomq.v1.ListDeadLettersResponse
+	10, // 17: echomq.v1.AdminService.ReplayDeadLetters:output_type -> echomq.v1.ReplayDeadLettersResponse
+	12, // 18: echomq.v1.AdminService.DestroyGroup:output_type -> echomq.v1.DestroyGroupResponse
+	15, // [15:19] is the sub-list for method output_type
+	11, // [11:15] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_echomq_v1_admin_service_proto_init() }
@@ -1163,7 +1266,7 @@ func file_echomq_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_echomq_v1_admin_service_proto_rawDesc), len(file_echomq_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -498,9 +498,33 @@ type Subscribe struct {
 	// batching adds no latency at low rates. Each delivery of a batch is
 	// answered on its own, by id (one Ack may name ids of several batches).
 	// INVALID_ARGUMENT above 4096.
-	MaxBatch      uint32 `protobuf:"varint,13,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MaxBatch uint32 `protobuf:"varint,13,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
+	// Per-key limits: the payload field whose value is an entry's key (an
+	// order's customer, an account). With it, at most `max_in_flight_per_key`
+	// entries of one key are held at once anywhere in the group, across every
+	// sidecar, and a key's entries start in stream order: a failed entry is
+	// retried before its key's later entries, and a dead-lettered or
+	// acknowledged one frees its key. Entries without the field are not
+	// limited; other keys never wait behind a busy key. An entry whose key is
+	// at its limit waits in this sidecar's PEL (its idle time kept fresh, so no
+	// peer reclaims it) and is delivered when the key frees. The key's state
+	// lives in Redis, in the stream's slot (`<stream>:keys:<group>`), and
+	// mirrors the group's PEL: a dead sidecar's keys free themselves when its
+	// entries are reclaimed (`--reclaim-min-idle-ms` plus one
+	// `--reclaim-interval-ms`). Optional, 1 to `--max-name-bytes` bytes; the
+	// reserved branded-id field (`--id-field`) is INVALID_ARGUMENT, as are
+	// `no_ack` and a sharded stream. A group setting, like `dead_letter_stream`:
+	// every call on this group on one sidecar must name the same field and
+	// limit (FAILED_PRECONDITION otherwise), and every sidecar of the group
+	// should.
+	KeyField string `protobuf:"bytes,14,opt,name=key_field,json=keyField,proto3" json:"key_field,omitempty"`
+	// The most entries of one key held at once in the group (entries).
+	// Required with `key_field` (INVALID_ARGUMENT when 0 then); 1 handles a
+	// key's entries one at a time, in stream order. INVALID_ARGUMENT without
+	// `key_field`, or above `--max-in-flight-limit`.
+	MaxInFlightPerKey uint32 `protobuf:"varint,15,opt,name=max_in_flight_per_key,json=maxInFlightPerKey,proto3" json:"max_in_flight_per_key,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Subscribe) Reset() {
@@ -620,6 +644,20 @@ func (x *Subscribe) GetNoAck() bool {
 func (x *Subscribe) GetMaxBatch() uint32 {
 	if x != nil {
 		return x.MaxBatch
+	}
+	return 0
+}
+
+func (x *Subscribe) GetKeyField() string {
+	if x != nil {
+		return x.KeyField
+	}
+	return ""
+}
+
+func (x *Subscribe) GetMaxInFlightPerKey() uint32 {
+	if x != nil {
+		return x.MaxInFlightPerKey
 	}
 	return 0
 }
@@ -1702,7 +1740,7 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	"\x05drain\x18\x05 \x01(\v2\x10.echomq.v1.DrainH\x00R\x05drain\x12.\n" +
 	"\arelease\x18\x06 \x01(\v2\x12.echomq.v1.ReleaseH\x00R\arelease\x12/\n" +
 	"\back_emit\x18\a \x01(\v2\x12.echomq.v1.AckEmitH\x00R\aackEmitB\x06\n" +
-	"\x04kind\"\xc8\x04\n" +
+	"\x04kind\"\x97\x05\n" +
 	"\tSubscribe\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x126\n" +
@@ -1719,7 +1757,9 @@ const file_echomq_v1_consumer_service_proto_rawDesc = "" +
 	" \x01(\tR\x10deadLetterStream\x12%\n" +
 	"\x0emax_deliveries\x18\v \x01(\rR\rmaxDeliveries\x12\x15\n" +
 	"\x06no_ack\x18\f \x01(\bR\x05noAck\x12\x1b\n" +
-	"\tmax_batch\x18\r \x01(\rR\bmaxBatch\"\x17\n" +
+	"\tmax_batch\x18\r \x01(\rR\bmaxBatch\x12\x1b\n" +
+	"\tkey_field\x18\x0e \x01(\tR\bkeyField\x120\n" +
+	"\x15max_in_flight_per_key\x18\x0f \x01(\rR\x11maxInFlightPerKey\"\x17\n" +
 	"\x03Ack\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\"\xb4\x01\n" +
 	"\x04Fail\x12\x0e\n" +

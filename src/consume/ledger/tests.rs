@@ -18,7 +18,7 @@ fn policy(max_in_flight: u32) -> Policy {
 }
 
 fn settings() -> GroupPolicy {
-    GroupPolicy { max_deliveries: 5, dead_letter_stream: "s:dlq".to_owned() }
+    GroupPolicy { max_deliveries: 5, dead_letter_stream: "s:dlq".to_owned(), keys: None }
 }
 
 /// A ledger driven as its worker drives it: the effects for each call are
@@ -138,7 +138,7 @@ fn call(ledger: &mut Checked, session: SessionId, policy: Policy) {
 
 /// Entry `n`: stream id `n-0`, its branded id derived from it.
 fn entry(n: u64, attempts: u32) -> Outgoing<()> {
-    Outgoing { stream_id: sid(n), branded: branded(n), attempts, body: () }
+    Outgoing { stream_id: sid(n), branded: branded(n), attempts, member: None, body: () }
 }
 
 fn sid(n: u64) -> StreamId {
@@ -984,4 +984,76 @@ fn a_release_that_failed_answers_unavailable_and_its_entry_waits() {
     ledger.not_written(entries, "releasing failed", now + Duration::from_secs(1));
     assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::Unavailable)]);
     assert_eq!(ledger.next_due(), Some(now + Duration::from_secs(1)));
+}
+
+/// A group with per-key limit 1 on field `acct`, and entry `n` of key `key`.
+fn keyed_settings() -> GroupPolicy {
+    GroupPolicy { keys: Some(KeyLimit { field: "acct".to_owned(), per_key: 1 }), ..settings() }
+}
+
+fn keyed_entry(n: u64, key: &[u8]) -> Outgoing<()> {
+    Outgoing { member: Some(keyed::member(key, sid(n))), ..entry(n, 1) }
+}
+
+#[test]
+fn entries_waiting_for_their_key_take_no_credit_stay_leased_and_go_out_when_the_gate_says() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    ledger.attach(1, 0, policy(2), keyed_settings()).expect("attach");
+    ledger.offer(keyed_entry(1, b"a"), now);
+    ledger.key_wait(keyed_entry(2, b"a"), now);
+    ledger.key_wait(keyed_entry(3, b"a"), now);
+    assert_eq!(ledger.deliveries(1), vec![1]);
+    assert_eq!((ledger.key_waiting(), ledger.free()), (2, 1), "waiting entries use no slot");
+    let mut leased = ledger.leased();
+    leased.sort();
+    assert_eq!(leased, [sid(1), sid(2), sid(3)], "the lease refresh keeps waiting entries too");
+    assert!(ledger.tracks(sid(2)), "a reclaim or the own-PEL walk does not take them again");
+
+    // Nothing freed yet: the first poll asks for the key's head only.
+    let poll = now + DEFAULT_KEY_WAIT_POLL;
+    assert_eq!(ledger.next_work(poll, 100), Some(Work::KeyGate(vec![(sid(2), keyed::member(b"a", sid(2)))])));
+    let next = ledger.next_work(poll, 100);
+    assert!(!matches!(next, Some(Work::KeyGate(_))), "no second gate run before the next poll: {next:?}");
+
+    // Acking entry 1 (whose XACK removes its member) frees the key at once.
+    ledger.ack(1, branded(1).to_string(), branded(1), now);
+    let orders = ledger.take_orders();
+    assert_eq!(orders.acks[0].member, Some(keyed::member(b"a", sid(1))), "the ack carries the member to remove");
+    ledger.acked(orders.acks, &[1]);
+    let Some(Work::KeyGate(candidates)) = ledger.next_work(now, 100) else {
+        panic!("the freed key is checked at once")
+    };
+    assert_eq!(candidates.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [sid(2)]);
+    ledger.key_gated(candidates, &[true], now);
+    assert_eq!(ledger.deliveries(1), vec![2]);
+    assert_eq!(ledger.key_waiting(), 1);
+}
+
+#[test]
+fn waiting_entries_stop_the_reads_at_their_bound_and_wait_in_the_pel_when_the_last_call_leaves() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    ledger.attach(1, 0, policy(1), keyed_settings()).expect("attach");
+    let bound = ledger.key_waiting_bound();
+    assert_eq!(bound, 64, "four times the credit, at least 64");
+    for n in 1..=bound as u64 {
+        ledger.key_wait(keyed_entry(n, b"hot"), now);
+    }
+    assert_eq!((ledger.free(), ledger.free_for_due()), (0, 1), "no new reads; retries still come");
+    ledger.key_wait(keyed_entry(1000, b"other"), now);
+    assert_eq!(ledger.key_waiting(), bound + 1, "a claimed entry past the bound still waits (it may be a head)");
+
+    ledger.detach(1, now);
+    assert_eq!(ledger.key_waiting(), 0);
+    assert!(ledger.leased().is_empty(), "no call: they wait in the PEL, for a peer's reclaim");
+    assert!(ledger.tracks(sid(1)));
+}
+
+#[test]
+fn a_second_call_with_another_key_limit_is_refused() {
+    let mut ledger = ledger();
+    ledger.attach(1, 0, policy(2), keyed_settings()).expect("attach");
+    let other = GroupPolicy { keys: Some(KeyLimit { field: "acct".to_owned(), per_key: 2 }), ..settings() };
+    let refused = ledger.attach(2, 0, policy(2), other).expect_err("another limit");
+    assert!(refused.to_string().contains("key_field `acct` and max_in_flight_per_key 1"), "{refused}");
+    assert!(ledger.attach(3, 0, policy(2), settings()).is_err(), "nor without a key field");
 }

@@ -27,7 +27,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65\x63homq/v1/admin_service.proto\x12\techomq.v1\x1a\x15\x65\x63homq/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"5\n\x14\x44\x65scribeGroupRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"V\n\x0c\x43onsumerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07pending\x18\x02 \x01(\x04\x12\'\n\x04idle\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd5\x03\n\x15\x44\x65scribeGroupResponse\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0f\n\x07pending\x18\x03 \x01(\x04\x12\x10\n\x03lag\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x19\n\x11last_delivered_id\x18\x05 \x01(\t\x12*\n\tconsumers\x18\x06 \x03(\x0b\x32\x17.echomq.v1.ConsumerInfo\x12\x19\n\x11oldest_pending_id\x18\x07 \x01(\t\x12\x35\n\x12oldest_pending_age\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12max_delivery_count\x18\t \x01(\x04\x12\x15\n\rstream_length\x18\n \x01(\x04\x12\x30\n\x06shards\x18\x0b \x03(\x0b\x32 .echomq.v1.DescribeGroupResponse\x12\'\n\x07\x61rchive\x18\x0c \x01(\x0b\x32\x16.echomq.v1.ArchiveInfo\x12\x11\n\tscheduled\x18\x14 \x01(\x04\x12\x38\n\x14oldest_scheduled_due\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x06\n\x04_lag\"}\n\x0b\x41rchiveInfo\x12\x11\n\toldest_id\x18\x01 \x01(\t\x12\x18\n\x10\x61rchived_through\x18\x02 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x04\x12\r\n\x05\x66iles\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x12\n\nlast_error\x18\x06 \x01(\t\"e\n\x16ListDeadLettersRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x1a\n\x12\x64\x65\x61\x64_letter_stream\x18\x02 \x01(\t\x12\x10\n\x08start_id\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"\xbe\x01\n\nDeadLetter\x12\x1f\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x10.echomq.v1.Entry\x12\x15\n\rsource_stream\x18\x02 \x01(\t\x12\x11\n\tsource_id\x18\x03 \x01(\t\x12\r\n\x05group\x18\x04 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x05 \x01(\r\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x34\n\x10\x64\x65\x61\x64_lettered_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"t\n\x17ListDeadLettersResponse\x12+\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32\x15.echomq.v1.DeadLetter\x12\x15\n\rnext_start_id\x18\x02 \x01(\t\x12\x15\n\roversized_ids\x18\x03 \x03(\t\"b\n\x18ReplayDeadLettersRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x1a\n\x12\x64\x65\x61\x64_letter_stream\x18\x02 \x01(\t\x12\x0b\n\x03ids\x18\x03 \x03(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"A\n\x08Replayed\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x61\x64_letter_id\x18\x02 \x01(\t\x12\x11\n\tstream_id\x18\x03 \x01(\t\"s\n\x19ReplayDeadLettersResponse\x12%\n\x08replayed\x18\x01 \x03(\x0b\x32\x13.echomq.v1.Replayed\x12\x15\n\rnot_found_ids\x18\x02 \x03(\t\x12\x18\n\x10other_source_ids\x18\x03 \x03(\t\"C\n\x13\x44\x65stroyGroupRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"d\n\x14\x44\x65stroyGroupResponse\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x17\n\x0fpending_dropped\x18\x03 \x01(\x04\x12\x14\n\x0ckeys_removed\x18\x04 \x01(\x04\x32\xed\x02\n\x0c\x41\x64minService\x12R\n\rDescribeGroup\x12\x1f.echomq.v1.DescribeGroupRequest\x1a .echomq.v1.DescribeGroupResponse\x12X\n\x0fListDeadLetters\x12!.echomq.v1.ListDeadLettersRequest\x1a\".echomq.v1.ListDeadLettersResponse\x12^\n\x11ReplayDeadLetters\x12#.echomq.v1.ReplayDeadLettersRequest\x1a$.echomq.v1.ReplayDeadLettersResponse\x12O\n\x0c\x44\x65stroyGroup\x12\x1e.echomq.v1.DestroyGroupRequest\x1a\x1f.echomq.v1.DestroyGroupResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65\x63homq/v1/admin_service.proto\x12\techomq.v1\x1a\x15\x65\x63homq/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"5\n\x14\x44\x65scribeGroupRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"V\n\x0c\x43onsumerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07pending\x18\x02 \x01(\x04\x12\'\n\x04idle\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x93\x04\n\x15\x44\x65scribeGroupResponse\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0f\n\x07pending\x18\x03 \x01(\x04\x12\x10\n\x03lag\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x19\n\x11last_delivered_id\x18\x05 \x01(\t\x12*\n\tconsumers\x18\x06 \x03(\x0b\x32\x17.echomq.v1.ConsumerInfo\x12\x19\n\x11oldest_pending_id\x18\x07 \x01(\t\x12\x35\n\x12oldest_pending_age\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12max_delivery_count\x18\t \x01(\x04\x12\x15\n\rstream_length\x18\n \x01(\x04\x12\x30\n\x06shards\x18\x0b \x03(\x0b\x32 .echomq.v1.DescribeGroupResponse\x12\'\n\x07\x61rchive\x18\x0c \x01(\x0b\x32\x16.echomq.v1.ArchiveInfo\x12\x11\n\tscheduled\x18\x14 \x01(\x04\x12\x38\n\x14oldest_scheduled_due\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rkeyed_entries\x18\x16 \x01(\x04\x12%\n\tbusy_keys\x18\x17 \x03(\x0b\x32\x12.echomq.v1.BusyKeyB\x06\n\x04_lag\"O\n\x07\x42usyKey\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x04\x12\x0f\n\x07head_id\x18\x03 \x01(\t\x12\x15\n\rhead_consumer\x18\x04 \x01(\t\"}\n\x0b\x41rchiveInfo\x12\x11\n\toldest_id\x18\x01 \x01(\t\x12\x18\n\x10\x61rchived_through\x18\x02 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x04\x12\r\n\x05\x66iles\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x12\n\nlast_error\x18\x06 \x01(\t\"e\n\x16ListDeadLettersRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x1a\n\x12\x64\x65\x61\x64_letter_stream\x18\x02 \x01(\t\x12\x10\n\x08start_id\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"\xbe\x01\n\nDeadLetter\x12\x1f\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x10.echomq.v1.Entry\x12\x15\n\rsource_stream\x18\x02 \x01(\t\x12\x11\n\tsource_id\x18\x03 \x01(\t\x12\r\n\x05group\x18\x04 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x05 \x01(\r\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x34\n\x10\x64\x65\x61\x64_lettered_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"t\n\x17ListDeadLettersResponse\x12+\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32\x15.echomq.v1.DeadLetter\x12\x15\n\rnext_start_id\x18\x02 \x01(\t\x12\x15\n\roversized_ids\x18\x03 \x03(\t\"b\n\x18ReplayDeadLettersRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x1a\n\x12\x64\x65\x61\x64_letter_stream\x18\x02 \x01(\t\x12\x0b\n\x03ids\x18\x03 \x03(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"A\n\x08Replayed\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x61\x64_letter_id\x18\x02 \x01(\t\x12\x11\n\tstream_id\x18\x03 \x01(\t\"s\n\x19ReplayDeadLettersResponse\x12%\n\x08replayed\x18\x01 \x03(\x0b\x32\x13.echomq.v1.Replayed\x12\x15\n\rnot_found_ids\x18\x02 \x03(\t\x12\x18\n\x10other_source_ids\x18\x03 \x03(\t\"C\n\x13\x44\x65stroyGroupRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"d\n\x14\x44\x65stroyGroupResponse\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x17\n\x0fpending_dropped\x18\x03 \x01(\x04\x12\x14\n\x0ckeys_removed\x18\x04 \x01(\x04\x32\xed\x02\n\x0c\x41\x64minService\x12R\n\rDescribeGroup\x12\x1f.echomq.v1.DescribeGroupRequest\x1a .echomq.v1.DescribeGroupResponse\x12X\n\x0fListDeadLetters\x12!.echomq.v1.ListDeadLettersRequest\x1a\".echomq.v1.ListDeadLettersResponse\x12^\n\x11ReplayDeadLetters\x12#.echomq.v1.ReplayDeadLettersRequest\x1a$.echomq.v1.ReplayDeadLettersResponse\x12O\n\x0c\x44\x65stroyGroup\x12\x1e.echomq.v1.DestroyGroupRequest\x1a\x1f.echomq.v1.DestroyGroupResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,25 +39,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONSUMERINFO']._serialized_start=187
   _globals['_CONSUMERINFO']._serialized_end=273
   _globals['_DESCRIBEGROUPRESPONSE']._serialized_start=276
-  _globals['_DESCRIBEGROUPRESPONSE']._serialized_end=745
-  _globals['_ARCHIVEINFO']._serialized_start=747
-  _globals['_ARCHIVEINFO']._serialized_end=872
-  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=874
-  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=975
-  _globals['_DEADLETTER']._serialized_start=978
-  _globals['_DEADLETTER']._serialized_end=1168
-  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=1170
-  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=1286
-  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_start=1288
-  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_end=1386
-  _globals['_REPLAYED']._serialized_start=1388
-  _globals['_REPLAYED']._serialized_end=1453
-  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_start=1455
-  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_end=1570
-  _globals['_DESTROYGROUPREQUEST']._serialized_start=1572
-  _globals['_DESTROYGROUPREQUEST']._serialized_end=1639
-  _globals['_DESTROYGROUPRESPONSE']._serialized_start=1641
-  _globals['_DESTROYGROUPRESPONSE']._serialized_end=1741
-  _globals['_ADMINSERVICE']._serialized_start=1744
-  _globals['_ADMINSERVICE']._serialized_end=2109
+  _globals['_DESCRIBEGROUPRESPONSE']._serialized_end=807
+  _globals['_BUSYKEY']._serialized_start=809
+  _globals['_BUSYKEY']._serialized_end=888
+  _globals['_ARCHIVEINFO']._serialized_start=890
+  _globals['_ARCHIVEINFO']._serialized_end=1015
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=1017
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=1118
+  _globals['_DEADLETTER']._serialized_start=1121
+  _globals['_DEADLETTER']._serialized_end=1311
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=1313
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=1429
+  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_start=1431
+  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_end=1529
+  _globals['_REPLAYED']._serialized_start=1531
+  _globals['_REPLAYED']._serialized_end=1596
+  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_start=1598
+  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_end=1713
+  _globals['_DESTROYGROUPREQUEST']._serialized_start=1715
+  _globals['_DESTROYGROUPREQUEST']._serialized_end=1782
+  _globals['_DESTROYGROUPRESPONSE']._serialized_start=1784
+  _globals['_DESTROYGROUPRESPONSE']._serialized_end=1884
+  _globals['_ADMINSERVICE']._serialized_start=1887
+  _globals['_ADMINSERVICE']._serialized_end=2252
 # @@protoc_insertion_point(module_scope)

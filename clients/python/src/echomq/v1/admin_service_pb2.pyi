@@ -27,7 +27,7 @@ class ConsumerInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., idle: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class DescribeGroupResponse(_message.Message):
-    __slots__ = ("stream", "group", "pending", "lag", "last_delivered_id", "consumers", "oldest_pending_id", "oldest_pending_age", "max_delivery_count", "stream_length", "shards", "archive", "scheduled", "oldest_scheduled_due")
+    __slots__ = ("stream", "group", "pending", "lag", "last_delivered_id", "consumers", "oldest_pending_id", "oldest_pending_age", "max_delivery_count", "stream_length", "shards", "archive", "scheduled", "oldest_scheduled_due", "keyed_entries", "busy_keys")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,8 @@ class DescribeGroupResponse(_message.Message):
     ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_SCHEDULED_DUE_FIELD_NUMBER: _ClassVar[int]
+    KEYED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_KEYS_FIELD_NUMBER: _ClassVar[int]
     stream: str
     group: str
     pending: int
@@ -56,7 +58,21 @@ class DescribeGroupResponse(_message.Message):
     archive: ArchiveInfo
     scheduled: int
     oldest_scheduled_due: _timestamp_pb2.Timestamp
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ..., last_delivered_id: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ..., oldest_pending_id: _Optional[str] = ..., oldest_pending_age: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_delivery_count: _Optional[int] = ..., stream_length: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[DescribeGroupResponse, _Mapping]]] = ..., archive: _Optional[_Union[ArchiveInfo, _Mapping]] = ..., scheduled: _Optional[int] = ..., oldest_scheduled_due: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    keyed_entries: int
+    busy_keys: _containers.RepeatedCompositeFieldContainer[BusyKey]
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., pending: _Optional[int] = ..., lag: _Optional[int] = ..., last_delivered_id: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ..., oldest_pending_id: _Optional[str] = ..., oldest_pending_age: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_delivery_count: _Optional[int] = ..., stream_length: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[DescribeGroupResponse, _Mapping]]] = ..., archive: _Optional[_Union[ArchiveInfo, _Mapping]] = ..., scheduled: _Optional[int] = ..., oldest_scheduled_due: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., keyed_entries: _Optional[int] = ..., busy_keys: _Optional[_Iterable[_Union[BusyKey, _Mapping]]] = ...) -> None: ...
+
+class BusyKey(_message.Message):
+    __slots__ = ("key", "entries", "head_id", "head_consumer")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    HEAD_ID_FIELD_NUMBER: _ClassVar[int]
+    HEAD_CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    entries: int
+    head_id: str
+    head_consumer: str
+    def __init__(self, key: _Optional[bytes] = ..., entries: _Optional[int] = ..., head_id: _Optional[str] = ..., head_consumer: _Optional[str] = ...) -> None: ...
 
 class ArchiveInfo(_message.Message):
     __slots__ = ("oldest_id", "archived_through", "entries", "files", "bytes", "last_error")

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from echomq.v1 import types_pb2 as echomq_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n echomq/v1/consumer_service.proto\x12\techomq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15\x65\x63homq/v1/types.proto\"\x9a\x02\n\x0e\x43onsumeRequest\x12)\n\tsubscribe\x18\x01 \x01(\x0b\x32\x14.echomq.v1.SubscribeH\x00\x12\x1d\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0e.echomq.v1.AckH\x00\x12\x1f\n\x04\x66\x61il\x18\x03 \x01(\x0b\x32\x0f.echomq.v1.FailH\x00\x12#\n\x06\x65xtend\x18\x04 \x01(\x0b\x32\x11.echomq.v1.ExtendH\x00\x12!\n\x05\x64rain\x18\x05 \x01(\x0b\x32\x10.echomq.v1.DrainH\x00\x12%\n\x07release\x18\x06 \x01(\x0b\x32\x12.echomq.v1.ReleaseH\x00\x12&\n\x08\x61\x63k_emit\x18\x07 \x01(\x0b\x32\x12.echomq.v1.AckEmitH\x00\x42\x06\n\x04kind\"\xa7\x03\n\tSubscribe\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12*\n\x0bgroup_start\x18\x03 \x01(\x0e\x32\x15.echomq.v1.GroupStart\x12\x10\n\x08start_id\x18\x04 \x01(\t\x12.\n\nstart_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rmax_in_flight\x18\x06 \x01(\r\x12/\n\x0c\x61\x63k_deadline\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x38\n\x15retry_backoff_initial\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11retry_backoff_max\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12\x64\x65\x61\x64_letter_stream\x18\n \x01(\t\x12\x16\n\x0emax_deliveries\x18\x0b \x01(\r\x12\x0e\n\x06no_ack\x18\x0c \x01(\x08\x12\x11\n\tmax_batch\x18\r \x01(\r\"\x12\n\x03\x41\x63k\x12\x0b\n\x03ids\x18\x01 \x03(\t\"\x8a\x01\n\x04\x46\x61il\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12.\n\x0bretry_after\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64\x65\x61\x64_letter\x18\x04 \x01(\x08\x12!\n\x04kind\x18\x05 \x01(\x0e\x32\x13.echomq.v1.FailKind\"5\n\x07\x41\x63kEmit\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65mits\x18\x02 \x03(\x0b\x32\x0f.echomq.v1.Emit\"r\n\x04\x45mit\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12+\n\x06\x66ields\x18\x02 \x03(\x0b\x32\x1b.echomq.v1.Emit.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"<\n\x06\x45xtend\x12\x0b\n\x03ids\x18\x01 \x03(\t\x12%\n\x02\x62y\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x07\n\x05\x44rain\"\x16\n\x07Release\x12\x0b\n\x03ids\x18\x01 \x03(\t\"\xf3\x01\n\x0f\x43onsumeResponse\x12+\n\nsubscribed\x18\x01 \x01(\x0b\x32\x15.echomq.v1.SubscribedH\x00\x12\'\n\x08\x64\x65livery\x18\x02 \x01(\x0b\x32\x13.echomq.v1.DeliveryH\x00\x12\x30\n\rverdict_error\x18\x03 \x01(\x0b\x32\x17.echomq.v1.VerdictErrorH\x00\x12)\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x18.echomq.v1.DeliveryBatchH\x00\x12%\n\x07\x65mitted\x18\x05 \x01(\x0b\x32\x12.echomq.v1.EmittedH\x00\x42\x06\n\x04kind\"?\n\x07\x45mitted\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x17.echomq.v1.EmittedEntry\"=\n\x0c\x45mittedEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\"8\n\rDeliveryBatch\x12\'\n\ndeliveries\x18\x01 \x03(\x0b\x32\x13.echomq.v1.Delivery\"T\n\nSubscribed\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\x12\x15\n\rmax_in_flight\x18\x04 \x01(\r\"\xaa\x02\n\x08\x44\x65livery\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\r\n\x05group\x18\x04 \x01(\t\x12\x31\n\x07payload\x18\x05 \x03(\x0b\x32 .echomq.v1.Delivery.PayloadEntry\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12-\n\tminted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\'\n\nraw_fields\x18\t \x03(\x0b\x32\x13.echomq.v1.RawField\x1a.\n\x0cPayloadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"V\n\x0cVerdictError\x12\n\n\x02id\x18\x01 \x01(\t\x12)\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1b.echomq.v1.VerdictErrorCode\x12\x0f\n\x07message\x18\x03 \x01(\t*\x86\x01\n\nGroupStart\x12\x1b\n\x17GROUP_START_UNSPECIFIED\x10\x00\x12\x13\n\x0fGROUP_START_NEW\x10\x01\x12\x19\n\x15GROUP_START_BEGINNING\x10\x02\x12\x12\n\x0eGROUP_START_ID\x10\x03\x12\x17\n\x13GROUP_START_INSTANT\x10\x04*k\n\x08\x46\x61ilKind\x12\x19\n\x15\x46\x41IL_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46\x41IL_KIND_MESSAGE\x10\x01\x12\x17\n\x13\x46\x41IL_KIND_TRANSIENT\x10\x02\x12\x14\n\x10\x46\x41IL_KIND_POISON\x10\x03*\x97\x02\n\x10VerdictErrorCode\x12\"\n\x1eVERDICT_ERROR_CODE_UNSPECIFIED\x10\x00\x12!\n\x1dVERDICT_ERROR_CODE_UNKNOWN_ID\x10\x01\x12\"\n\x1eVERDICT_ERROR_CODE_NOT_PENDING\x10\x02\x12\'\n#VERDICT_ERROR_CODE_INVALID_ARGUMENT\x10\x03\x12\"\n\x1eVERDICT_ERROR_CODE_UNAVAILABLE\x10\x04\x12!\n\x1dVERDICT_ERROR_CODE_LEASE_LOST\x10\x05\x12(\n$VERDICT_ERROR_CODE_PERMISSION_DENIED\x10\x06\x32W\n\x0f\x43onsumerService\x12\x44\n\x07\x43onsume\x12\x19.echomq.v1.ConsumeRequest\x1a\x1a.echomq.v1.ConsumeResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n echomq/v1/consumer_service.proto\x12\techomq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15\x65\x63homq/v1/types.proto\"\x9a\x02\n\x0e\x43onsumeRequest\x12)\n\tsubscribe\x18\x01 \x01(\x0b\x32\x14.echomq.v1.SubscribeH\x00\x12\x1d\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0e.echomq.v1.AckH\x00\x12\x1f\n\x04\x66\x61il\x18\x03 \x01(\x0b\x32\x0f.echomq.v1.FailH\x00\x12#\n\x06\x65xtend\x18\x04 \x01(\x0b\x32\x11.echomq.v1.ExtendH\x00\x12!\n\x05\x64rain\x18\x05 \x01(\x0b\x32\x10.echomq.v1.DrainH\x00\x12%\n\x07release\x18\x06 \x01(\x0b\x32\x12.echomq.v1.ReleaseH\x00\x12&\n\x08\x61\x63k_emit\x18\x07 \x01(\x0b\x32\x12.echomq.v1.AckEmitH\x00\x42\x06\n\x04kind\"\xd9\x03\n\tSubscribe\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12*\n\x0bgroup_start\x18\x03 \x01(\x0e\x32\x15.echomq.v1.GroupStart\x12\x10\n\x08start_id\x18\x04 \x01(\t\x12.\n\nstart_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rmax_in_flight\x18\x06 \x01(\r\x12/\n\x0c\x61\x63k_deadline\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x38\n\x15retry_backoff_initial\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11retry_backoff_max\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12\x64\x65\x61\x64_letter_stream\x18\n \x01(\t\x12\x16\n\x0emax_deliveries\x18\x0b \x01(\r\x12\x0e\n\x06no_ack\x18\x0c \x01(\x08\x12\x11\n\tmax_batch\x18\r \x01(\r\x12\x11\n\tkey_field\x18\x0e \x01(\t\x12\x1d\n\x15max_in_flight_per_key\x18\x0f \x01(\r\"\x12\n\x03\x41\x63k\x12\x0b\n\x03ids\x18\x01 \x03(\t\"\x8a\x01\n\x04\x46\x61il\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12.\n\x0bretry_after\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64\x65\x61\x64_letter\x18\x04 \x01(\x08\x12!\n\x04kind\x18\x05 \x01(\x0e\x32\x13.echomq.v1.FailKind\"5\n\x07\x41\x63kEmit\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1e\n\x05\x65mits\x18\x02 \x03(\x0b\x32\x0f.echomq.v1.Emit\"r\n\x04\x45mit\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12+\n\x06\x66ields\x18\x02 \x03(\x0b\x32\x1b.echomq.v1.Emit.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"<\n\x06\x45xtend\x12\x0b\n\x03ids\x18\x01 \x03(\t\x12%\n\x02\x62y\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x07\n\x05\x44rain\"\x16\n\x07Release\x12\x0b\n\x03ids\x18\x01 \x03(\t\"\xf3\x01\n\x0f\x43onsumeResponse\x12+\n\nsubscribed\x18\x01 \x01(\x0b\x32\x15.echomq.v1.SubscribedH\x00\x12\'\n\x08\x64\x65livery\x18\x02 \x01(\x0b\x32\x13.echomq.v1.DeliveryH\x00\x12\x30\n\rverdict_error\x18\x03 \x01(\x0b\x32\x17.echomq.v1.VerdictErrorH\x00\x12)\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x18.echomq.v1.DeliveryBatchH\x00\x12%\n\x07\x65mitted\x18\x05 \x01(\x0b\x32\x12.echomq.v1.EmittedH\x00\x42\x06\n\x04kind\"?\n\x07\x45mitted\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x17.echomq.v1.EmittedEntry\"=\n\x0c\x45mittedEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\"8\n\rDeliveryBatch\x12\'\n\ndeliveries\x18\x01 \x03(\x0b\x32\x13.echomq.v1.Delivery\"T\n\nSubscribed\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x03 \x01(\t\x12\x15\n\rmax_in_flight\x18\x04 \x01(\r\"\xaa\x02\n\x08\x44\x65livery\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tstream_id\x18\x02 \x01(\t\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\r\n\x05group\x18\x04 \x01(\t\x12\x31\n\x07payload\x18\x05 \x03(\x0b\x32 .echomq.v1.Delivery.PayloadEntry\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12-\n\tminted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\'\n\nraw_fields\x18\t \x03(\x0b\x32\x13.echomq.v1.RawField\x1a.\n\x0cPayloadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"V\n\x0cVerdictError\x12\n\n\x02id\x18\x01 \x01(\t\x12)\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1b.echomq.v1.VerdictErrorCode\x12\x0f\n\x07message\x18\x03 \x01(\t*\x86\x01\n\nGroupStart\x12\x1b\n\x17GROUP_START_UNSPECIFIED\x10\x00\x12\x13\n\x0fGROUP_START_NEW\x10\x01\x12\x19\n\x15GROUP_START_BEGINNING\x10\x02\x12\x12\n\x0eGROUP_START_ID\x10\x03\x12\x17\n\x13GROUP_START_INSTANT\x10\x04*k\n\x08\x46\x61ilKind\x12\x19\n\x15\x46\x41IL_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46\x41IL_KIND_MESSAGE\x10\x01\x12\x17\n\x13\x46\x41IL_KIND_TRANSIENT\x10\x02\x12\x14\n\x10\x46\x41IL_KIND_POISON\x10\x03*\x97\x02\n\x10VerdictErrorCode\x12\"\n\x1eVERDICT_ERROR_CODE_UNSPECIFIED\x10\x00\x12!\n\x1dVERDICT_ERROR_CODE_UNKNOWN_ID\x10\x01\x12\"\n\x1eVERDICT_ERROR_CODE_NOT_PENDING\x10\x02\x12\'\n#VERDICT_ERROR_CODE_INVALID_ARGUMENT\x10\x03\x12\"\n\x1eVERDICT_ERROR_CODE_UNAVAILABLE\x10\x04\x12!\n\x1dVERDICT_ERROR_CODE_LEASE_LOST\x10\x05\x12(\n$VERDICT_ERROR_CODE_PERMISSION_DENIED\x10\x06\x32W\n\x0f\x43onsumerService\x12\x44\n\x07\x43onsume\x12\x19.echomq.v1.ConsumeRequest\x1a\x1a.echomq.v1.ConsumeResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,48 +38,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMIT_FIELDSENTRY']._serialized_options = b'8\001'
   _globals['_DELIVERY_PAYLOADENTRY']._loaded_options = None
   _globals['_DELIVERY_PAYLOADENTRY']._serialized_options = b'8\001'
-  _globals['_GROUPSTART']._serialized_start=2181
-  _globals['_GROUPSTART']._serialized_end=2315
-  _globals['_FAILKIND']._serialized_start=2317
-  _globals['_FAILKIND']._serialized_end=2424
-  _globals['_VERDICTERRORCODE']._serialized_start=2427
-  _globals['_VERDICTERRORCODE']._serialized_end=2706
+  _globals['_GROUPSTART']._serialized_start=2231
+  _globals['_GROUPSTART']._serialized_end=2365
+  _globals['_FAILKIND']._serialized_start=2367
+  _globals['_FAILKIND']._serialized_end=2474
+  _globals['_VERDICTERRORCODE']._serialized_start=2477
+  _globals['_VERDICTERRORCODE']._serialized_end=2756
   _globals['_CONSUMEREQUEST']._serialized_start=136
   _globals['_CONSUMEREQUEST']._serialized_end=418
   _globals['_SUBSCRIBE']._serialized_start=421
-  _globals['_SUBSCRIBE']._serialized_end=844
-  _globals['_ACK']._serialized_start=846
-  _globals['_ACK']._serialized_end=864
-  _globals['_FAIL']._serialized_start=867
-  _globals['_FAIL']._serialized_end=1005
-  _globals['_ACKEMIT']._serialized_start=1007
-  _globals['_ACKEMIT']._serialized_end=1060
-  _globals['_EMIT']._serialized_start=1062
-  _globals['_EMIT']._serialized_end=1176
-  _globals['_EMIT_FIELDSENTRY']._serialized_start=1131
-  _globals['_EMIT_FIELDSENTRY']._serialized_end=1176
-  _globals['_EXTEND']._serialized_start=1178
-  _globals['_EXTEND']._serialized_end=1238
-  _globals['_DRAIN']._serialized_start=1240
-  _globals['_DRAIN']._serialized_end=1247
-  _globals['_RELEASE']._serialized_start=1249
-  _globals['_RELEASE']._serialized_end=1271
-  _globals['_CONSUMERESPONSE']._serialized_start=1274
-  _globals['_CONSUMERESPONSE']._serialized_end=1517
-  _globals['_EMITTED']._serialized_start=1519
-  _globals['_EMITTED']._serialized_end=1582
-  _globals['_EMITTEDENTRY']._serialized_start=1584
-  _globals['_EMITTEDENTRY']._serialized_end=1645
-  _globals['_DELIVERYBATCH']._serialized_start=1647
-  _globals['_DELIVERYBATCH']._serialized_end=1703
-  _globals['_SUBSCRIBED']._serialized_start=1705
-  _globals['_SUBSCRIBED']._serialized_end=1789
-  _globals['_DELIVERY']._serialized_start=1792
-  _globals['_DELIVERY']._serialized_end=2090
-  _globals['_DELIVERY_PAYLOADENTRY']._serialized_start=2044
-  _globals['_DELIVERY_PAYLOADENTRY']._serialized_end=2090
-  _globals['_VERDICTERROR']._serialized_start=2092
-  _globals['_VERDICTERROR']._serialized_end=2178
-  _globals['_CONSUMERSERVICE']._serialized_start=2708
-  _globals['_CONSUMERSERVICE']._serialized_end=2795
+  _globals['_SUBSCRIBE']._serialized_end=894
+  _globals['_ACK']._serialized_start=896
+  _globals['_ACK']._serialized_end=914
+  _globals['_FAIL']._serialized_start=917
+  _globals['_FAIL']._serialized_end=1055
+  _globals['_ACKEMIT']._serialized_start=1057
+  _globals['_ACKEMIT']._serialized_end=1110
+  _globals['_EMIT']._serialized_start=1112
+  _globals['_EMIT']._serialized_end=1226
+  _globals['_EMIT_FIELDSENTRY']._serialized_start=1181
+  _globals['_EMIT_FIELDSENTRY']._serialized_end=1226
+  _globals['_EXTEND']._serialized_start=1228
+  _globals['_EXTEND']._serialized_end=1288
+  _globals['_DRAIN']._serialized_start=1290
+  _globals['_DRAIN']._serialized_end=1297
+  _globals['_RELEASE']._serialized_start=1299
+  _globals['_RELEASE']._serialized_end=1321
+  _globals['_CONSUMERESPONSE']._serialized_start=1324
+  _globals['_CONSUMERESPONSE']._serialized_end=1567
+  _globals['_EMITTED']._serialized_start=1569
+  _globals['_EMITTED']._serialized_end=1632
+  _globals['_EMITTEDENTRY']._serialized_start=1634
+  _globals['_EMITTEDENTRY']._serialized_end=1695
+  _globals['_DELIVERYBATCH']._serialized_start=1697
+  _globals['_DELIVERYBATCH']._serialized_end=1753
+  _globals['_SUBSCRIBED']._serialized_start=1755
+  _globals['_SUBSCRIBED']._serialized_end=1839
+  _globals['_DELIVERY']._serialized_start=1842
+  _globals['_DELIVERY']._serialized_end=2140
+  _globals['_DELIVERY_PAYLOADENTRY']._serialized_start=2094
+  _globals['_DELIVERY_PAYLOADENTRY']._serialized_end=2140
+  _globals['_VERDICTERROR']._serialized_start=2142
+  _globals['_VERDICTERROR']._serialized_end=2228
+  _globals['_CONSUMERSERVICE']._serialized_start=2758
+  _globals['_CONSUMERSERVICE']._serialized_end=2845
 # @@protoc_insertion_point(module_scope)

@@ -69,7 +69,7 @@ class ConsumeRequest(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., ack_emit: _Optional[_Union[AckEmit, _Mapping]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
-    __slots__ = ("stream", "group", "group_start", "start_id", "start_time", "max_in_flight", "ack_deadline", "retry_backoff_initial", "retry_backoff_max", "dead_letter_stream", "max_deliveries", "no_ack", "max_batch")
+    __slots__ = ("stream", "group", "group_start", "start_id", "start_time", "max_in_flight", "ack_deadline", "retry_backoff_initial", "retry_backoff_max", "dead_letter_stream", "max_deliveries", "no_ack", "max_batch", "key_field", "max_in_flight_per_key")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     GROUP_START_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,8 @@ class Subscribe(_message.Message):
     MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     NO_ACK_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_PER_KEY_FIELD_NUMBER: _ClassVar[int]
     stream: str
     group: str
     group_start: GroupStart
@@ -96,7 +98,9 @@ class Subscribe(_message.Message):
     max_deliveries: int
     no_ack: bool
     max_batch: int
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., group_start: _Optional[_Union[GroupStart, str]] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., max_in_flight: _Optional[int] = ..., ack_deadline: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., retry_backoff_initial: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., retry_backoff_max: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dead_letter_stream: _Optional[str] = ..., max_deliveries: _Optional[int] = ..., no_ack: bool = ..., max_batch: _Optional[int] = ...) -> None: ...
+    key_field: str
+    max_in_flight_per_key: int
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., group_start: _Optional[_Union[GroupStart, str]] = ..., start_id: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., max_in_flight: _Optional[int] = ..., ack_deadline: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., retry_backoff_initial: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., retry_backoff_max: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dead_letter_stream: _Optional[str] = ..., max_deliveries: _Optional[int] = ..., no_ack: bool = ..., max_batch: _Optional[int] = ..., key_field: _Optional[str] = ..., max_in_flight_per_key: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ids",)
