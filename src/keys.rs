@@ -118,13 +118,25 @@ impl Keyspace {
         self.derived(stream, &format!(":heartbeats:{group}"))
     }
 
+    /// The keyed entries of `group` on `stream` (per-key limits,
+    /// `Subscribe.key_field`): a sorted set, every score 0, whose members
+    /// are `<key length>:<key bytes>:<ms>-<seq>` with the stream id's two
+    /// parts zero-padded to 20 digits, so `ZRANGEBYLEX` over one key's
+    /// prefix lists its pending entries in stream order (see
+    /// `crate::consume` and its `keyed` module): `<stream>:keys:<group>`,
+    /// tagged like [`Self::dead_letter_stream`] so the read and gate scripts
+    /// touch it with the stream.
+    pub fn keys(&self, stream: &str, group: &str) -> String {
+        self.derived(stream, &format!(":keys:{group}"))
+    }
+
     /// Every key the sidecars keep for `group` on `stream` alone, heartbeat
     /// hash first: what DestroyGroup removes with the group, and what the
     /// hygiene beat removes when it finds the group gone. A new per-group key
     /// belongs here, or it outlives its group. The dead-letter stream is not
     /// one: it is the stream's (shared by its groups) and holds user data.
-    pub fn group_keys(&self, stream: &str, group: &str) -> [String; 2] {
-        [self.heartbeats(stream, group), self.retries(stream, group)]
+    pub fn group_keys(&self, stream: &str, group: &str) -> [String; 3] {
+        [self.heartbeats(stream, group), self.retries(stream, group), self.keys(stream, group)]
     }
 
     /// The dedup record of `dedup_key` on the stream key `stream` (an
@@ -367,6 +379,8 @@ mod tests {
         let single = sharded("", false);
         assert_eq!(single.dead_letter_stream("orders"), "orders:dlq");
         assert_eq!(single.retries("orders", "g"), "orders:retries:g");
+        assert_eq!(single.keys("orders", "g"), "orders:keys:g");
+        assert!(single.group_keys("orders", "g").contains(&"orders:keys:g".to_owned()), "DestroyGroup removes it");
         let cluster = sharded("", true);
         for stream in ["orders", "{orders}", "a{b}c", "orders:{orders:3}", "a{b"] {
             let dlq = cluster.dead_letter_stream(stream);
@@ -391,6 +405,15 @@ mod tests {
             assert!(!derived.contains(&SCHEDULED_INDEX.to_owned()), "{stream}: {derived:?}");
         }
         assert_eq!(cluster.dead_letter_stream("orders"), "{orders}:dlq");
+        assert_eq!(cluster.keys("orders", "g"), "{orders}:keys:g");
+        for stream in ["orders", "{orders}", "a{b}c"] {
+            let keyed = cluster.keys(stream, "g{x}");
+            assert_eq!(
+                Slot::for_key(stream),
+                Slot::for_key(&keyed),
+                "{stream} -> {keyed}: the gate's keys share a slot"
+            );
+        }
         assert_eq!(cluster.dedup("orders", "k"), "{orders}:dedup:k");
         assert_eq!(single.dedup("orders", "k"), "orders:dedup:k");
         assert_eq!(cluster.dead_letter_stream("{orders}"), "{orders}:dlq");

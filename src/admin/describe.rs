@@ -1,20 +1,27 @@
 //! DescribeGroup: validate → one pipeline (XINFO GROUPS, XINFO CONSUMERS,
 //! XPENDING summary, the oldest pending entries, XLEN), the schedule's size
-//! and first due time (ZCARD, ZRANGE) → the group's state.
+//! and first due time (ZCARD, ZRANGE), the keyed entries of per-key limits
+//! (ZCARD, ZRANGEBYLEX, an XPENDING per busy key's head) → the group's
+//! state.
 
 use std::time::Duration;
 
 use super::Admin;
 use crate::{
+    consume::keyed,
     error::Error,
     id::StreamId,
-    proto::{ArchiveInfo, ConsumerInfo, DescribeGroupRequest, DescribeGroupResponse},
+    proto::{ArchiveInfo, BusyKey, ConsumerInfo, DescribeGroupRequest, DescribeGroupResponse},
     redis::{group::group_state, Redis},
     security::Caller,
 };
 
 /// How many of the oldest pending entries are scanned for the highest delivery count.
 const DELIVERY_COUNT_SCAN: usize = 10_000;
+/// How many keyed entries (members of `<stream>:keys:<group>`) are scanned for busy keys.
+const KEYED_SCAN: usize = 10_000;
+/// The most busy keys shown.
+const BUSY_KEYS_SHOWN: usize = 100;
 
 /// DescribeGroup.
 pub(super) async fn describe_group(
@@ -108,6 +115,7 @@ fn sum_shards(stream: &str, group: &str, shards: Vec<DescribeGroupResponse>) -> 
 async fn describe(redis: &Redis, stream: &str, group: &str) -> Result<DescribeGroupResponse, Error> {
     let state = group_state(redis, stream, group, DELIVERY_COUNT_SCAN).await?;
     let (scheduled, oldest_scheduled_due) = crate::stream::scheduled::summary(redis, stream).await?;
+    let (keyed_entries, busy_keys) = busy_keys(redis, stream, group).await?;
     let duration = |d: Duration| prost_types::Duration::try_from(d).unwrap_or_default();
     Ok(DescribeGroupResponse {
         stream: stream.to_owned(),
@@ -128,7 +136,98 @@ async fn describe(redis: &Redis, stream: &str, group: &str) -> Result<DescribeGr
         oldest_scheduled_due: oldest_scheduled_due.map(crate::entry::timestamp),
         shards: Vec::new(),
         archive: None,
-        keyed_entries: 0,
-        busy_keys: Vec::new(),
+        keyed_entries,
+        busy_keys,
     })
+}
+
+/// The group's keyed entries (per-key limits: `ZCARD` of
+/// `<stream>:keys:<group>`) and its busiest keys: the first [`KEYED_SCAN`]
+/// members (`ZRANGEBYLEX - + LIMIT`), grouped by key, the [`BUSY_KEYS_SHOWN`]
+/// with most entries first, each with its head (its first member's stream
+/// id) and the consumer whose PEL holds that (`XPENDING <stream> <group>
+/// <head> <head> 1`; empty when no consumer has it pending: the next gate
+/// run removes it). Both zero and empty for a group without a key field.
+///
+/// Errors: Redis' (WRONGTYPE when the key holds another type).
+async fn busy_keys(redis: &Redis, stream: &str, group: &str) -> Result<(u64, Vec<BusyKey>), Error> {
+    let zset = redis.keys.keys(stream, group);
+    let mut conn = redis.conn.clone();
+    let doing = "reading the group's keyed entries (ZCARD, ZRANGEBYLEX)";
+    let (count, members): (u64, Vec<Vec<u8>>) = redis::pipe()
+        .cmd("ZCARD")
+        .arg(&zset)
+        .cmd("ZRANGEBYLEX")
+        .arg(&zset)
+        .arg("-")
+        .arg("+")
+        .arg("LIMIT")
+        .arg(0)
+        .arg(KEYED_SCAN)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(e, doing, stream))?;
+    let mut busy = group_by_key(&members);
+    busy.truncate(BUSY_KEYS_SHOWN);
+    if busy.is_empty() {
+        return Ok((count, busy));
+    }
+    let mut pipe = redis::pipe();
+    for key in &busy {
+        pipe.cmd("XPENDING").arg(stream).arg(group).arg(&key.head_id).arg(&key.head_id).arg(1);
+    }
+    let heads: Vec<redis::Value> = pipe
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(e, "reading the busy keys' heads (XPENDING)", stream))?;
+    for (key, head) in busy.iter_mut().zip(heads) {
+        let owner = crate::redis::array(&head).first().map(crate::redis::array).and_then(|entry| entry.get(1).cloned());
+        key.head_consumer = owner
+            .and_then(|name| crate::redis::bytes(&name).ok())
+            .map_or_else(String::new, |name| String::from_utf8_lossy(&name).into_owned());
+    }
+    Ok((count, busy))
+}
+
+/// Keyed members (in set order: by key, each key's in stream order) grouped
+/// by key, most entries first (ties in key order); the head of each is its
+/// first member. Members not shaped as the sidecar writes them are skipped.
+fn group_by_key(members: &[Vec<u8>]) -> Vec<BusyKey> {
+    let mut keys: Vec<BusyKey> = Vec::new();
+    for (key, id) in members.iter().filter_map(|member| keyed::parse_member(member)) {
+        match keys.last_mut() {
+            Some(last) if last.key == key => last.entries += 1,
+            _ => keys.push(BusyKey {
+                key: key.to_vec(),
+                entries: 1,
+                head_id: id.to_string(),
+                head_consumer: String::new(),
+            }),
+        }
+    }
+    keys.sort_by_key(|key| std::cmp::Reverse(key.entries));
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_keys_are_grouped_by_key_busiest_first_with_their_heads() {
+        let id = |ms| StreamId { ms, seq: 0 };
+        let members = [
+            keyed::member(b"a", id(5)),
+            keyed::member(b"b", id(1)),
+            keyed::member(b"b", id(2)),
+            keyed::member(b"b:x", id(3)),
+            b"hand-written".to_vec(),
+        ];
+        let mut sorted = members.to_vec();
+        sorted.sort();
+        let busy = group_by_key(&sorted);
+        let seen: Vec<(&[u8], u64, &str)> =
+            busy.iter().map(|k| (k.key.as_slice(), k.entries, k.head_id.as_str())).collect();
+        assert_eq!(seen, [(&b"b"[..], 2, "1-0"), (&b"a"[..], 1, "5-0"), (&b"b:x"[..], 1, "3-0")]);
+    }
 }

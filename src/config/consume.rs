@@ -26,6 +26,9 @@ pub const DEFAULT_RETRY_BACKOFF_INITIAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// Default XREADGROUP BLOCK timeout of a group's reader.
 pub const DEFAULT_READ_BLOCK: Duration = Duration::from_secs(2);
+/// Default period of the per-key gate's re-check of entries waiting for
+/// their key, when nothing this sidecar settled freed it.
+pub const DEFAULT_KEY_WAIT_POLL: Duration = Duration::from_millis(20);
 /// Default most Consume calls open at once.
 pub const DEFAULT_MAX_CONSUME_CALLS: usize = 1_024;
 
@@ -100,6 +103,16 @@ pub struct ConsumeConfig {
     #[arg(id = "read_block_ms", long = "read-block-ms", value_name = "READ_BLOCK_MS", env = "ECHOMQ_READ_BLOCK_MS",
           default_value = default_millis!(DEFAULT_READ_BLOCK), value_parser = millis::within(1..))]
     pub read_block: Duration,
+
+    /// Per-key limits (`Subscribe.key_field`): how often (milliseconds) the
+    /// entries that wait for their key are checked again while any waits
+    /// (one `keys_gate.lua` run per group, for each key's first waiting
+    /// entries). An entry this sidecar settles frees its key's waiting
+    /// entries at once; the poll is for keys freed elsewhere (a peer, an
+    /// operator, a reclaim). Never runs while none waits.
+    #[arg(id = "key_wait_poll_ms", long = "key-wait-poll-ms", value_name = "KEY_WAIT_POLL_MS", env = "ECHOMQ_KEY_WAIT_POLL_MS",
+          default_value = default_millis!(DEFAULT_KEY_WAIT_POLL), value_parser = millis::within(1..))]
+    pub key_wait_poll: Duration,
 
     /// Most Consume calls open at once (RESOURCE_EXHAUSTED above).
     #[arg(long, env = "ECHOMQ_MAX_CONSUME_CALLS", default_value_t = DEFAULT_MAX_CONSUME_CALLS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]

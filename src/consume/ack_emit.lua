@@ -11,7 +11,8 @@
 --
 -- KEYS[1]  the source stream
 -- KEYS[2]  the group's retry hash
--- KEYS[3…] the emit streams, each once
+-- KEYS[3]  the group's keyed entries (`<stream>:keys:<group>`, per-key limits)
+-- KEYS[4…] the emit streams, each once
 -- ARGV[1]  the group
 -- ARGV[2]  this sidecar's consumer
 -- ARGV[3]  the reserved branded-id field name
@@ -19,7 +20,9 @@
 -- ARGV[5]  the trace context field name (`traceparent`)
 -- ARGV[6]  the trace context to store in emits that set none; empty: the
 --          source entry's own `traceparent` field, if it has one
--- ARGV[7]  the number of emits; then, per emit: the index in KEYS of its
+-- ARGV[7]  the source entry's keyed member, removed with its XACK (its key
+--          frees); empty: it has no key
+-- ARGV[8]  the number of emits; then, per emit: the index in KEYS of its
 --          stream, its shard index k and the shard count n (0 and 1 for a
 --          plain stream: sequence numbers are minted congruent to k modulo
 --          n, as append.lua does), its field count m, and m name/value
@@ -33,7 +36,7 @@
 --   { id, 'emitted', emit id, … }  the emits' stream ids in order; the entry
 --                                  is acknowledged, its retry state dropped
 
-local source, retries = KEYS[1], KEYS[2]
+local source, retries, keyed = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer, id_field = ARGV[1], ARGV[2], ARGV[3]
 local source_id, trace_field = ARGV[4], ARGV[5]
 
@@ -74,8 +77,8 @@ if refused then
   return refused
 end
 local emits = {}
-local arg = 8
-for e = 1, tonumber(ARGV[7]) do
+local arg = 9
+for e = 1, tonumber(ARGV[8]) do
   local key, shard, shards, count = tonumber(ARGV[arg]), tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2]), tonumber(ARGV[arg + 3])
   local first = arg + 4
   local has_trace = false
@@ -113,4 +116,7 @@ for _, emit in ipairs(emits) do
 end
 redis.call('XACK', source, group, source_id)
 redis.call('HDEL', retries, source_id)
+if ARGV[7] ~= '' then
+  redis.call('ZREM', keyed, ARGV[7])
+end
 return ids

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// Runs `order` (`ack_emit.lua`: XPENDING, XRANGE for the trace context,
-/// XADD per emit, XACK, HDEL), through `durable` when writes wait for
+/// XADD per emit, XACK, HDEL, and the ZREM of its keyed member), through `durable` when writes wait for
 /// replicas. `delivery`: the delivery's span context (traces exported), the
 /// parent of this step's span, whose context the emits then carry; else
 /// they carry the source entry's own `traceparent` field, if any.
@@ -44,11 +44,11 @@ pub(crate) async fn ack_emit(
 ) -> RedisResult<Emission> {
     let span = step_span(keys, order, delivery);
     let traceparent = telemetry::traceparent_of(&span).unwrap_or_default();
-    let mut script_keys = vec![keys.stream.clone(), keys.retries.clone()];
+    let mut script_keys = vec![keys.stream.clone(), keys.retries.clone(), keys.keyed.clone()];
     let mut key_of = Vec::with_capacity(order.emits.len());
     for emit in &order.emits {
-        let at = match script_keys[2..].iter().position(|key| *key == emit.stream) {
-            Some(at) => at + 3,
+        let at = match script_keys[3..].iter().position(|key| *key == emit.stream) {
+            Some(at) => at + 4,
             None => {
                 script_keys.push(emit.stream.clone());
                 script_keys.len()
@@ -63,6 +63,7 @@ pub(crate) async fn ack_emit(
         .arg(order.stream_id.to_string())
         .arg(TRACE_FIELD)
         .arg(&traceparent)
+        .arg(order.member.as_deref().unwrap_or_default())
         .arg(order.emits.len());
     for (emit, key) in order.emits.iter().zip(key_of) {
         call.arg(key).arg(emit.shard).arg(emit.shards).arg(emit.fields.len());

@@ -10,10 +10,16 @@
 -- KEYS[1]  the stream
 -- KEYS[2]  the dead-letter stream
 -- KEYS[3]  the group's retry hash
+-- KEYS[4]  the group's keyed entries (`<stream>:keys:<group>`, per-key limits)
 -- ARGV[1]  the group
 -- ARGV[2]  this sidecar's consumer
 -- ARGV[3]  the reserved branded-id field name
--- ARGV[4…] pairs: stream id, the reason it is dead-lettered
+-- ARGV[4]  the group's key field; empty: it has none
+-- ARGV[5…] pairs: stream id, the reason it is dead-lettered
+--
+-- A dead-lettered entry with a key leaves the keyed entries with its XACK,
+-- so its key frees (its member is rebuilt from its fields, as
+-- keyed_read.lua built it).
 --
 -- Replies, per id, in order:
 --   { id, 'not_ours' }                 no longer pending for this consumer: nothing done
@@ -21,8 +27,8 @@
 --                                      acknowledged, so it leaves the PEL
 --   { id, 'dead_lettered', dead_id, n } appended as dead_id after n deliveries
 
-local stream, dead_letters, retries = KEYS[1], KEYS[2], KEYS[3]
-local group, consumer, id_field = ARGV[1], ARGV[2], ARGV[3]
+local stream, dead_letters, retries, keyed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, consumer, id_field, key_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -38,7 +44,7 @@ local function branded_id(id, fields)
 end
 
 local out = {}
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local id, reason = ARGV[i], ARGV[i + 1]
   local pending = redis.call('XPENDING', stream, group, id, id, 1, consumer)
   local found = #pending == 1 and redis.call('XRANGE', stream, id, id) or {}
@@ -69,6 +75,10 @@ for i = 4, #ARGV, 2 do
     local dead_id = redis.call(unpack(command))
     redis.call('XACK', stream, group, id)
     redis.call('HDEL', retries, id)
+    local key = key_field ~= '' and key_in(fields, key_field)
+    if key then
+      redis.call('ZREM', keyed, member_of(key, id))
+    end
     out[#out + 1] = { id, 'dead_lettered', dead_id, deliveries }
   end
 end

@@ -27,13 +27,15 @@ use crate::{
 };
 
 /// Dead-letters `orders` into `dead_letter_stream` (`dead_letter.lua`:
-/// XPENDING … consumer, XRANGE, XADD, XACK, HDEL), one reply per order.
+/// XPENDING … consumer, XRANGE, XADD, XACK, HDEL, and with the group's
+/// `key_field` the ZREM of a keyed entry's member), one reply per order.
 ///
 /// Errors: Redis' (WRONGTYPE when the dead-letter stream is not a stream,
 /// NOGROUP when the group is gone), or a reply not shaped as the script's.
 pub(crate) async fn dead_letter(
     keys: &GroupKeys,
     dead_letter_stream: &str,
+    key_field: Option<&str>,
     orders: &[DeadLetterOrder],
 ) -> RedisResult<Vec<(StreamId, DeadLettered)>> {
     let mut script = keys.redis.scripts.dead_letter.prepare_invoke();
@@ -41,9 +43,11 @@ pub(crate) async fn dead_letter(
         .key(&keys.stream)
         .key(dead_letter_stream)
         .key(&keys.retries)
+        .key(&keys.keyed)
         .arg(&keys.group)
         .arg(&keys.consumer)
-        .arg(&keys.id_field);
+        .arg(&keys.id_field)
+        .arg(key_field.unwrap_or_default());
     for order in orders {
         script.arg(order.stream_id.to_string()).arg(&order.reason);
     }

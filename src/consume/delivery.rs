@@ -1,6 +1,7 @@
 //! Turning a Redis entry into a `Delivery` frame, and the span of a
 //! delivery handed over.
 
+use super::keyed;
 use crate::{
     entry,
     id::{BrandedId, StreamId},
@@ -18,21 +19,27 @@ pub(crate) struct Outgoing<D = Delivery> {
     pub(crate) branded: BrandedId,
     /// Its PEL delivery count, this delivery included.
     pub(crate) attempts: u32,
+    /// Its member in the group's keyed entries (see [`super::keyed`]):
+    /// `None` unless the group has a key field and the entry holds it.
+    pub(crate) member: Option<Vec<u8>>,
     /// The frame, `attempts` filled in.
     pub(crate) body: D,
 }
 
-/// Builds the delivery of `fields` (see [`entry::split`]). `None` when the
+/// Builds the delivery of `fields` (see [`entry::split`]), with its member
+/// when the group has a `key_field` and the entry holds it. `None` when the
 /// entry has no branded id: no valid reserved field and a stream id whose
 /// milliseconds do not fit 6 bytes.
 pub(crate) fn build(
     stream: &str,
     group: &str,
     id_field: &str,
+    key_field: Option<&str>,
     stream_id: StreamId,
     fields: Vec<(Vec<u8>, Vec<u8>)>,
     attempts: u32,
 ) -> Option<Outgoing> {
+    let member = key_field.and_then(|field| keyed::key_of(&fields, field)).map(|key| keyed::member(key, stream_id));
     let fields = entry::split(fields, id_field, |_| false);
     let branded = fields.branded.or_else(|| BrandedId::from_stream_id(stream_id))?;
     let delivery = Delivery {
@@ -46,7 +53,7 @@ pub(crate) fn build(
         traceparent: fields.traceparent.unwrap_or_default(),
         raw_fields: fields.raw_fields,
     };
-    Some(Outgoing { stream_id, branded, attempts, body: delivery })
+    Some(Outgoing { stream_id, branded, attempts, member, body: delivery })
 }
 
 /// The span of one delivery, from hand-over to verdict, child of the trace
@@ -86,18 +93,29 @@ mod tests {
     fn reserved_field_gives_the_branded_id_and_leaves_the_payload() {
         let copy_of = BrandedId::from_stream_id(sid(1_000, 7)).unwrap();
         let fields = vec![(b"id".to_vec(), copy_of.to_string().into_bytes()), (b"k".to_vec(), b"v".to_vec())];
-        let out = build("s", "g", "id", sid(2_000, 0), fields, 3).unwrap();
+        let out = build("s", "g", "id", None, sid(2_000, 0), fields, 3).unwrap();
         assert_eq!(out.branded, copy_of);
         assert_eq!(out.body.stream_id, "2000-0");
         assert_eq!(out.body.payload.len(), 1);
         assert_eq!(out.body.attempts, 3);
         assert_eq!(out.body.minted_at.unwrap().seconds, 1);
+        assert_eq!(out.member, None, "no key field: no member");
+    }
+
+    #[test]
+    fn an_entry_with_the_key_field_gets_its_member() {
+        let fields = vec![(b"acct".to_vec(), b"a:1".to_vec()), (b"v".to_vec(), b"x".to_vec())];
+        let out = build("s", "g", "id", Some("acct"), sid(5, 1), fields.clone(), 1).unwrap();
+        assert_eq!(out.member, Some(keyed::member(b"a:1", sid(5, 1))));
+        assert_eq!(out.body.payload["acct"], b"a:1", "the key stays in the payload");
+        let out = build("s", "g", "id", Some("other"), sid(5, 1), fields, 1).unwrap();
+        assert_eq!(out.member, None, "an entry without the field is not limited");
     }
 
     #[test]
     fn foreign_entries_derive_their_id_and_keep_a_bogus_id_field_as_payload() {
         let fields = vec![(b"id".to_vec(), b"order-42".to_vec())];
-        let out = build("s", "g", "id", sid(5, 1), fields, 1).unwrap();
+        let out = build("s", "g", "id", None, sid(5, 1), fields, 1).unwrap();
         assert_eq!(out.body.id, "0000000000050000000000000001");
         assert_eq!(out.body.payload["id"], b"order-42");
     }
@@ -109,7 +127,7 @@ mod tests {
             (b"k".to_vec(), b"1".to_vec()),
             (b"k".to_vec(), b"2".to_vec()),
         ];
-        let out = build("s", "g", "id", sid(5, 1), fields, 1).unwrap();
+        let out = build("s", "g", "id", None, sid(5, 1), fields, 1).unwrap();
         assert_eq!(out.body.payload["k"], b"1");
         let raw: Vec<_> = out.body.raw_fields.iter().map(|f| (f.name.clone(), f.value.clone())).collect();
         assert_eq!(raw, vec![(b"\xffname".to_vec(), b"\x00\x01".to_vec()), (b"k".to_vec(), b"2".to_vec())]);

@@ -20,7 +20,7 @@
 --
 -- KEYS[1]  the stream
 -- KEYS[2]  the group's heartbeat hash: consumer → Redis time (unix ms) of its last beat
--- KEYS[3…] the group's other own keys (its retry hash), removed with KEYS[2]
+-- KEYS[3…] the group's other own keys (its retry hash, its keyed entries), removed with KEYS[2]
 --          when the group is gone (`Keyspace::group_keys`)
 -- ARGV[1]  the group
 -- ARGV[2]  this sidecar's consumer (never removed)

@@ -13,7 +13,11 @@
 //! - ready: read from Redis (its delivery counted) but not handed over yet,
 //!   because no call had a free slot when it arrived;
 //! - waiting: pending in this consumer's PEL, due for (re-)delivery at an
-//!   instant (after a Fail, a disconnect, or found by recovery or reclaim).
+//!   instant (after a Fail, a disconnect, or found by recovery or reclaim);
+//! - key-waiting: read or claimed (its delivery counted, its contents here)
+//!   but held back by the per-key gate, because its key is at its limit in
+//!   the group (see [`super::keyed`]); leased like a held one, and not
+//!   counted against any call's credit.
 //!
 //! Credit: the worker never has more entries read, ready or being claimed
 //! than its calls have free `max_in_flight` slots, so its memory is bounded by
@@ -33,9 +37,10 @@ use tokio::time::Instant;
 
 use super::{
     delivery::Outgoing,
+    keyed::{self, KeyWaits},
     orders::{
-        Backoff, DeadLetterOrder, DeadLettered, Emission, EmitOrder, FailKind, GroupPolicy, NewEmit, PendingAck,
-        Redelivery, ReleaseOrder, Released, RetryWrite, SessionId, Unrefreshed, ACK_CHUNK,
+        Backoff, DeadLetterOrder, DeadLettered, Emission, EmitOrder, FailKind, GroupPolicy, KeyLimit, NewEmit,
+        PendingAck, Redelivery, ReleaseOrder, Released, RetryWrite, SessionId, Unrefreshed, ACK_CHUNK,
     },
     verdicts::{Gone, Refusal},
     window::Window,
@@ -54,6 +59,17 @@ const GONE_REMEMBERED: usize = 4096;
 /// (see [`Ledger::read_now`]): a call with a free slot gets a new entry
 /// within this, even from a client that holds the rest for good.
 pub(crate) const READ_LINGER: Duration = Duration::from_millis(2);
+/// Entries a group may hold waiting for their key, per entry of its calls'
+/// credit: past it no new entries are read, the one case where other keys
+/// wait (behind the waiting ones).
+const KEY_WAITING_PER_CREDIT: usize = 4;
+/// The fewest and the most entries a group holds waiting for their key
+/// before it stops reading new ones (see [`Ledger::key_waiting_bound`]).
+const KEY_WAITING_MIN: usize = 64;
+pub(crate) const KEY_WAITING_MAX: usize = 10_000;
+/// How often entries waiting for their key are put through the gate again
+/// when nothing this sidecar settled freed their key (`--key-wait-poll-ms`).
+pub(crate) const DEFAULT_KEY_WAIT_POLL: Duration = Duration::from_millis(20);
 
 /// What the ledger asks the worker to do outside it, in order.
 #[derive(Debug)]
@@ -115,6 +131,8 @@ pub(crate) struct Tally {
     pub(crate) trimmed: u64,
     /// Seconds from hand-over to verdict, one per settled delivery.
     pub(crate) handler_seconds: Vec<f64>,
+    /// Entries put through the per-key gate (`echomq_key_gate_checks_total`).
+    pub(crate) key_gate_checks: u64,
 }
 
 /// A call's subscription settings, validated.
@@ -161,6 +179,8 @@ struct Held {
     deadline: Option<Instant>,
     /// When it was handed over, for the handler-time histogram.
     delivered_at: Instant,
+    /// Its member in the group's keyed entries, removed with its XACK.
+    member: Option<Vec<u8>>,
 }
 
 /// One call attached to this worker.
@@ -201,6 +221,7 @@ enum Track {
     Held(SessionId, BrandedId),
     Ready,
     Waiting(Instant),
+    KeyWaiting,
 }
 
 /// The Redis writes the ledger's transitions call for, carried out by the
@@ -226,6 +247,9 @@ pub(crate) enum Work {
     Redeliver(Vec<StreamId>),
     /// Read `count` ids of the own PEL after `after` (`None`: from the start).
     RecoverPage { after: Option<StreamId>, count: usize },
+    /// Put these entries that wait for their key (stream id, member) through
+    /// the gate (`keys_gate.lua`) and hand on those it lets through.
+    KeyGate(Vec<(StreamId, Vec<u8>)>),
     /// Ask the reader for `count` new entries.
     Read(usize),
 }
@@ -253,6 +277,16 @@ pub(crate) struct Ledger<D> {
     entries: IdMap<StreamId, Track>,
     waiting: BTreeSet<(Instant, StreamId)>,
     ready: VecDeque<Outgoing<D>>,
+    /// Entries held back by the per-key gate, by key.
+    key_waits: KeyWaits<D>,
+    /// Keys (member prefixes) with waiting entries that this sidecar's
+    /// settling freed: put through the gate at once.
+    keys_freed: Vec<Vec<u8>>,
+    /// When the waiting entries are next put through the gate anyway (an
+    /// entry of their key settled elsewhere, by a peer or an operator).
+    next_key_poll: Option<Instant>,
+    /// `--key-wait-poll-ms`.
+    key_wait_poll: Duration,
     /// Entries asked of the reader and not yet returned (credit spoken for).
     read_outstanding: usize,
     /// Since when free credit has been too little to be worth a read.
@@ -288,6 +322,10 @@ impl<D> Ledger<D> {
             entries: IdMap::default(),
             waiting: BTreeSet::new(),
             ready: VecDeque::new(),
+            key_waits: KeyWaits::default(),
+            keys_freed: Vec::new(),
+            next_key_poll: None,
+            key_wait_poll: DEFAULT_KEY_WAIT_POLL,
             read_outstanding: 0,
             short_of_credit: None,
             // Nothing of an at-most-once reader is ever pending: nothing to recover.
@@ -313,12 +351,16 @@ impl<D> Ledger<D> {
     ) -> Result<(), Error> {
         match &self.settings {
             Some(current) if *current != settings && !self.calls.is_empty() => {
+                let keys = match &current.keys {
+                    Some(limit) => format!("key_field `{}` and max_in_flight_per_key {}", limit.field, limit.per_key),
+                    None => "no key_field".to_owned(),
+                };
                 return Err(Error::Conflict {
                     reason: format!(
-                        "group `{}` on stream `{}` already runs on this sidecar with max_deliveries {} and dead-letter stream `{}`; subscribe with the same settings",
+                        "group `{}` on stream `{}` already runs on this sidecar with max_deliveries {}, dead-letter stream `{}` and {keys}; subscribe with the same settings",
                         self.group, self.stream, current.max_deliveries, current.dead_letter_stream
                     ),
-                })
+                });
             }
             _ => self.settings = Some(settings),
         }
@@ -393,9 +435,133 @@ impl<D> Ledger<D> {
         self.slots().saturating_sub(self.ready.len())
     }
 
-    /// Free credit: slots minus entries already on their way.
+    /// Free credit: slots minus entries already on their way; none while
+    /// the entries waiting for their key reach [`Ledger::key_waiting_bound`]
+    /// (no new entries are read then, nor the own PEL walked on).
     pub(crate) fn free(&self) -> usize {
+        if self.key_waits.len() >= self.key_waiting_bound() {
+            return 0;
+        }
         self.free_for_due().saturating_sub(self.read_outstanding)
+    }
+
+    /// The group's per-key limit, when it has one.
+    pub(crate) fn key_limit(&self) -> Option<&KeyLimit> {
+        self.settings.as_ref().and_then(|settings| settings.keys.as_ref())
+    }
+
+    /// How many entries may wait for their key before no new entries are
+    /// read: [`KEY_WAITING_PER_CREDIT`] times the calls' `max_in_flight`,
+    /// within [`KEY_WAITING_MIN`] and [`KEY_WAITING_MAX`]. A bound on
+    /// what reads add: reclaims and retries still come in past it (one of
+    /// them may be the entry a key waits for).
+    pub(crate) fn key_waiting_bound(&self) -> usize {
+        let credit: usize = self.calls.values().map(|call| call.policy.max_in_flight as usize).sum();
+        (credit * KEY_WAITING_PER_CREDIT).clamp(KEY_WAITING_MIN, KEY_WAITING_MAX)
+    }
+
+    /// Entries waiting for their key now (`echomq_key_waiting_entries`).
+    pub(crate) fn key_waiting(&self) -> usize {
+        self.key_waits.len()
+    }
+
+    /// Sets `--key-wait-poll-ms`.
+    pub(crate) fn set_key_wait_poll(&mut self, every: Duration) {
+        self.key_wait_poll = every;
+    }
+
+    /// When waiting entries are next put through the gate, if any wait.
+    pub(crate) fn key_poll_due(&self) -> Option<Instant> {
+        if self.key_waits.is_empty() || self.free_for_due() == 0 {
+            return None;
+        }
+        if !self.keys_freed.is_empty() {
+            // Past: the pump takes them on its next turn.
+            return Some(self.wall_clock.0);
+        }
+        self.next_key_poll
+    }
+
+    /// The entries to put through the gate now, at most `max`: each freed
+    /// key's first waiting ones at once; every key's when the poll is due.
+    /// None while no call has a free slot: what the gate lets through would
+    /// only wait as ready.
+    fn key_candidates(&mut self, now: Instant, max: usize) -> Option<Vec<(StreamId, Vec<u8>)>> {
+        let per_key = self.key_limit()?.per_key;
+        if self.key_waits.is_empty() {
+            self.keys_freed.clear();
+            self.next_key_poll = None;
+            return None;
+        }
+        if self.free_for_due() == 0 {
+            return None;
+        }
+        let candidates = if self.next_key_poll.is_none_or(|at| at <= now) {
+            self.keys_freed.clear();
+            self.next_key_poll = Some(now + self.key_wait_poll);
+            self.key_waits.candidates(per_key, None, max)
+        } else if !self.keys_freed.is_empty() {
+            let freed = std::mem::take(&mut self.keys_freed);
+            self.key_waits.candidates(per_key, Some(&freed), max)
+        } else {
+            return None;
+        };
+        (!candidates.is_empty()).then_some(candidates)
+    }
+
+    /// An entry the gate held back (its key is at its limit): it waits
+    /// here, leased, until a later gate run lets it through. A re-created
+    /// group may read again what a call holds: that call's verdict settles
+    /// it. With no call at all, it waits in the PEL (for the next call, or
+    /// a peer's reclaim), as a ready entry would.
+    pub(crate) fn key_wait(&mut self, out: Outgoing<D>, now: Instant) {
+        match self.entries.get(&out.stream_id) {
+            Some(Track::Held(..)) => return,
+            Some(Track::Ready) => self.ready.retain(|ready| ready.stream_id != out.stream_id),
+            Some(Track::Waiting(at)) => {
+                let at = *at;
+                self.waiting.remove(&(at, out.stream_id));
+            }
+            Some(Track::KeyWaiting) | None => {}
+        }
+        if self.calls.is_empty() || out.member.is_none() {
+            return self.wait(out.stream_id, now);
+        }
+        let stream_id = out.stream_id;
+        if self.key_waits.insert(out).is_ok() {
+            self.entries.insert(stream_id, Track::KeyWaiting);
+            self.next_key_poll.get_or_insert(now + self.key_wait_poll);
+        }
+    }
+
+    /// What the gate said of `candidates` (in order): the entries it let
+    /// through are offered to the calls; the others go on waiting. Those
+    /// that left meanwhile (a peer took one, it was deleted) are skipped.
+    pub(crate) fn key_gated(&mut self, candidates: Vec<(StreamId, Vec<u8>)>, admitted: &[bool], now: Instant) {
+        self.tally.key_gate_checks += candidates.len() as u64;
+        for ((stream_id, _), &admitted) in candidates.into_iter().zip(admitted) {
+            if !admitted || self.entries.get(&stream_id) != Some(&Track::KeyWaiting) {
+                continue;
+            }
+            if let Some(out) = self.key_waits.remove(stream_id) {
+                self.entries.remove(&stream_id);
+                self.offer(out, now);
+            }
+        }
+    }
+
+    /// Counts entries the read script put through the gate.
+    pub(crate) fn key_gate_checked(&mut self, entries: usize) {
+        self.tally.key_gate_checks += entries as u64;
+    }
+
+    /// An entry of the key with member `member` left the PEL (acknowledged,
+    /// emitted) or may have: its waiting entries go through the gate at once.
+    fn key_freed(&mut self, member: &[u8]) {
+        let key = keyed::prefix(member);
+        if self.key_waits.has_key(key) && !self.keys_freed.iter().any(|freed| freed == key) {
+            self.keys_freed.push(key.to_vec());
+        }
     }
 
     /// How many entries the reclaim beat may take: slots not yet spoken for
@@ -454,6 +620,9 @@ impl<D> Ledger<D> {
         let due = self.take_due(now, max);
         if !due.is_empty() {
             return Some(Work::Redeliver(due));
+        }
+        if let Some(candidates) = self.key_candidates(now, max) {
+            return Some(Work::KeyGate(candidates));
         }
         if let Some(after) = self.recovering {
             let count = self.free().min(max);
@@ -559,8 +728,13 @@ impl<D> Ledger<D> {
     /// handed out twice. While draining nothing is handed out: a read that
     /// was under way leaves its entries ready, pending for the next run or a peer.
     pub(crate) fn offer(&mut self, out: Outgoing<D>, now: Instant) {
-        if matches!(self.entries.get(&out.stream_id), Some(Track::Held(..))) {
-            return;
+        match self.entries.get(&out.stream_id) {
+            Some(Track::Held(..)) => return,
+            Some(Track::KeyWaiting) => {
+                self.key_waits.remove(out.stream_id);
+                self.entries.remove(&out.stream_id);
+            }
+            _ => {}
         }
         let out = if self.draining { Some(out) } else { self.hand_out(out, now) };
         if let Some(out) = out {
@@ -587,6 +761,12 @@ impl<D> Ledger<D> {
         while let Some(out) = self.ready.pop_front() {
             self.wait(out.stream_id, now);
         }
+        let key_waiting: Vec<StreamId> = self.key_waits.drain().map(|out| out.stream_id).collect();
+        for stream_id in key_waiting {
+            self.wait(stream_id, now);
+        }
+        self.keys_freed.clear();
+        self.next_key_poll = None;
     }
 
     fn keep_ready(&mut self, out: Outgoing<D>, now: Instant) {
@@ -612,7 +792,8 @@ impl<D> Ledger<D> {
         let (stream_id, branded, attempts) = (out.stream_id, out.branded, out.attempts);
         call.gone.remove(&branded);
         let deadline = call.policy.ack_deadline.map(|d| now + d);
-        call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now });
+        let member = out.member.clone();
+        call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now, member });
         if call.free() == 0 {
             call.window.ran_out();
         }
@@ -697,7 +878,8 @@ impl<D> Ledger<D> {
         self.ended(held.stream_id, Some("ack"));
         if !self.no_ack {
             let redelivered = held.attempts > 1;
-            self.orders.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered });
+            let member = held.member;
+            self.orders.acks.push(PendingAck { session, text, stream_id: held.stream_id, redelivered, member });
         }
     }
 
@@ -724,8 +906,8 @@ impl<D> Ledger<D> {
         let backoff = call.policy.backoff;
         let Some(held) = self.settle(session, &text, id, now, true) else { return };
         self.ended(held.stream_id, Some("ack_emit"));
-        let (stream_id, attempts) = (held.stream_id, held.attempts);
-        self.orders.emits.push(EmitOrder { session, text, stream_id, emits, attempts, backoff });
+        let (stream_id, attempts, member) = (held.stream_id, held.attempts, held.member);
+        self.orders.emits.push(EmitOrder { session, text, stream_id, emits, attempts, backoff, member });
     }
 
     /// Redis refused `order`'s step before writing anything (a key of
@@ -745,7 +927,10 @@ impl<D> Ledger<D> {
     /// fell short, naming the ids written); not pending, NOT_PENDING; a
     /// peer's, LEASE_LOST. Nothing was written but on `Emitted`.
     pub(crate) fn emitted(&mut self, order: EmitOrder, outcome: Emission) {
-        let EmitOrder { session, text, stream_id, emits, .. } = order;
+        let EmitOrder { session, text, stream_id, emits, member, .. } = order;
+        if let Some(member) = &member {
+            self.key_freed(member);
+        }
         match outcome {
             Emission::NotPending => {
                 self.tally.acks_not_pending += 1;
@@ -949,6 +1134,10 @@ impl<D> Ledger<D> {
                 self.waiting.remove(&(at, stream_id));
                 None
             }
+            Track::KeyWaiting => {
+                self.key_waits.remove(stream_id);
+                None
+            }
         }
     }
 
@@ -962,11 +1151,13 @@ impl<D> Ledger<D> {
         true
     }
 
-    /// The entries whose lease the worker keeps fresh: held and ready ones.
+    /// The entries whose lease the worker keeps fresh: held, ready and
+    /// key-waiting ones (so no peer's reclaim takes an entry that waits here
+    /// for its key: it keeps its place in the key's order).
     pub(crate) fn leased(&self) -> Vec<StreamId> {
         self.entries
             .iter()
-            .filter(|(_, track)| matches!(track, Track::Held(..) | Track::Ready))
+            .filter(|(_, track)| matches!(track, Track::Held(..) | Track::Ready | Track::KeyWaiting))
             .map(|(id, _)| *id)
             .collect()
     }
@@ -1065,6 +1256,9 @@ impl<D> Ledger<D> {
     /// the shortfall is counted and logged. Every id of the chunk is settled
     /// for the group either way.
     pub(crate) fn acked(&mut self, acks: Vec<PendingAck>, pending: &[usize]) {
+        for member in acks.iter().filter_map(|ack| ack.member.as_deref()) {
+            self.key_freed(member);
+        }
         let mut acks = acks.into_iter();
         for &pending in pending {
             let chunk: Vec<PendingAck> = acks.by_ref().take(ACK_CHUNK).collect();
@@ -1121,6 +1315,11 @@ impl<D> Ledger<D> {
             let refusal = match outcome {
                 DeadLettered::Moved { dead_id, deliveries } => {
                     self.entries.remove(&stream_id);
+                    // `dead_letter.lua` freed the entry's key, if it had one:
+                    // the waiting entries are put through the gate now.
+                    if !self.key_waits.is_empty() {
+                        self.next_key_poll = Some(self.wall_clock.0);
+                    }
                     self.tally.dead_letters += 1;
                     tracing::warn!(stream = %self.stream, group = %self.group, %stream_id, deliveries, %dead_letter_stream, %dead_id, "entry dead-lettered: {}", order.reason);
                     continue;
@@ -1181,6 +1380,9 @@ impl<D> Ledger<D> {
                 Track::Waiting(at) => {
                     assert!(self.waiting.contains(&(at, *stream_id)), "{stream_id} is not waiting as recorded")
                 }
+                Track::KeyWaiting => {
+                    assert!(self.key_waits.contains(*stream_id), "{stream_id} is not waiting for its key as recorded")
+                }
             }
         }
         for (session, call) in &self.calls {
@@ -1198,7 +1400,10 @@ impl<D> Ledger<D> {
         for (at, stream_id) in &self.waiting {
             assert_eq!(self.entries.get(stream_id), Some(&Track::Waiting(*at)), "waiting {stream_id} unrecorded");
         }
-        let states = self.held() + self.ready.len() + self.waiting.len();
+        for stream_id in self.key_waits.ids() {
+            assert_eq!(self.entries.get(&stream_id), Some(&Track::KeyWaiting), "key-waiting {stream_id} unrecorded");
+        }
+        let states = self.held() + self.ready.len() + self.waiting.len() + self.key_waits.len();
         assert_eq!(self.entries.len(), states, "the index and the states disagree");
         assert!(self.free() <= self.free_for_due() && self.free_for_due() <= self.slots());
     }

@@ -17,6 +17,7 @@ mod delivery;
 mod emits;
 mod gauges;
 mod hygiene;
+pub(crate) mod keyed;
 mod lease;
 mod ledger;
 mod orders;
@@ -94,6 +95,9 @@ pub(crate) struct Shared {
     pub(crate) reclaim_min_idle: Duration,
     pub(crate) reclaim_interval: Duration,
     pub(crate) lease_refresh: Duration,
+    /// `--key-wait-poll-ms`: how often entries waiting for their key are
+    /// put through the gate again.
+    pub(crate) key_wait_poll: Duration,
     /// The largest frame a client accepts (bytes): larger entries are dead-lettered.
     pub(crate) max_message_bytes: usize,
     /// The durable writer (`--wait-replicas`, `--wait-aof`), which confirms
@@ -124,9 +128,12 @@ pub(crate) struct GroupKeys {
     pub(crate) consumer: String,
     /// `<stream>:retries:<group>`, the group's retry hash (see [`retry`]).
     pub(crate) retries: String,
+    /// `<stream>:keys:<group>`, the group's keyed entries (see [`keyed`]).
+    pub(crate) keyed: String,
     /// Every key of this group alone ([`crate::keys::Keyspace::group_keys`]):
-    /// its heartbeat hash (see [`hygiene`]) first, then its retry hash.
-    pub(crate) own_keys: [String; 2],
+    /// its heartbeat hash (see [`hygiene`]) first, then its retry hash and
+    /// its keyed entries.
+    pub(crate) own_keys: [String; 3],
     /// The reserved branded-id field.
     pub(crate) id_field: String,
 }
@@ -136,6 +143,7 @@ impl GroupKeys {
         GroupKeys {
             redis: shared.redis.clone(),
             retries: shared.redis.keys.retries(&stream, &group),
+            keyed: shared.redis.keys.keys(&stream, &group),
             own_keys: shared.redis.keys.group_keys(&stream, &group),
             consumer: shared.consumer.clone(),
             id_field: shared.id_field.clone(),
@@ -208,6 +216,7 @@ impl Consumers {
             reclaim_min_idle: config.consume.reclaim_min_idle,
             reclaim_interval: config.consume.reclaim_interval,
             lease_refresh: config.consume.lease_refresh_interval(),
+            key_wait_poll: config.consume.key_wait_poll,
             max_message_bytes: config.server.max_message_bytes,
             durable,
             consumer_idle_limit: config.consume.consumer_removal(),

@@ -24,6 +24,18 @@ pub(crate) struct GroupPolicy {
     pub(crate) max_deliveries: u32,
     /// Where poison entries and Fails with `dead_letter` go.
     pub(crate) dead_letter_stream: String,
+    /// Per-key limits (`Subscribe.key_field`), when set.
+    pub(crate) keys: Option<KeyLimit>,
+}
+
+/// A group's per-key limit: at most `per_key` entries whose `field` holds
+/// the same value are held at once in the whole group (see [`super::keyed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KeyLimit {
+    /// The payload field whose value is an entry's key.
+    pub(crate) field: String,
+    /// The most entries of one key held at once (entries, at least 1).
+    pub(crate) per_key: u32,
 }
 
 /// The retry delays of a subscription.
@@ -57,6 +69,9 @@ pub(crate) struct PendingAck {
     pub(crate) stream_id: StreamId,
     /// The entry was delivered before, so the group's retry hash may hold it.
     pub(crate) redelivered: bool,
+    /// Its member in the group's keyed entries (see [`super::keyed`]),
+    /// removed with the XACK; `None` for an entry without a key.
+    pub(crate) member: Option<Vec<u8>>,
 }
 
 /// Why a delivery failed (`Fail.kind`), which decides whether it counts.
@@ -196,6 +211,9 @@ pub(crate) struct EmitOrder {
     /// after a Fail.
     pub(crate) attempts: u32,
     pub(crate) backoff: Backoff,
+    /// Its member in the group's keyed entries, removed with the XACK;
+    /// `None` for an entry without a key.
+    pub(crate) member: Option<Vec<u8>>,
 }
 
 /// What [`ack_emit`](super::ack_emit::ack_emit) did with one order.

@@ -116,6 +116,7 @@ impl Outlet {
             (&mut tally.dead_letters, &metrics.dead_letters),
             (&mut tally.lease_refreshes, &metrics.lease_refreshes),
             (&mut tally.reclaimed, &metrics.reclaimed),
+            (&mut tally.key_gate_checks, &metrics.key_gate_checks),
         ] {
             if *count > 0 {
                 counter.inc_by(std::mem::take(count));
@@ -133,7 +134,7 @@ impl Outlet {
     fn carry_out(&mut self, effect: Effect<Delivery>, ledger: &mut Ledger<Delivery>) {
         match effect {
             Effect::Deliver { session, shard, out } => {
-                let Outgoing { stream_id, branded, attempts, mut body } = out;
+                let Outgoing { stream_id, branded, attempts, member, mut body } = out;
                 let span = self.traced.then(|| delivery::span(&self.stream, &self.group, stream_id, &mut body));
                 let event = Event::Delivery { shard, id: branded, delivery: body };
                 let unsent = match self.links.get(&session) {
@@ -146,9 +147,11 @@ impl Outlet {
                             self.spans.insert(stream_id, span);
                         }
                     }
-                    Some(Event::Delivery { delivery: body, .. }) => {
-                        ledger.undelivered(session, Outgoing { stream_id, branded, attempts, body }, Instant::now())
-                    }
+                    Some(Event::Delivery { delivery: body, .. }) => ledger.undelivered(
+                        session,
+                        Outgoing { stream_id, branded, attempts, member, body },
+                        Instant::now(),
+                    ),
                     Some(_) => {}
                 }
             }

@@ -33,11 +33,12 @@ pub(super) enum Step {
     RecreateGroup,
     Hygiene,
     AckEmit,
+    KeyGate,
 }
 
 impl Step {
     /// Every step, so each one's error series exists from the start.
-    pub(super) const ALL: [Step; 11] = [
+    pub(super) const ALL: [Step; 12] = [
         Step::Read,
         Step::Recover,
         Step::Redeliver,
@@ -49,6 +50,7 @@ impl Step {
         Step::RecreateGroup,
         Step::Hygiene,
         Step::AckEmit,
+        Step::KeyGate,
     ];
 
     /// The metric label: a short snake_case word.
@@ -65,6 +67,7 @@ impl Step {
             Step::RecreateGroup => "recreate_group",
             Step::Hygiene => "hygiene",
             Step::AckEmit => "ack_emit",
+            Step::KeyGate => "key_gate",
         }
     }
 
@@ -82,6 +85,7 @@ impl Step {
             Step::RecreateGroup => "re-creating the group",
             Step::Hygiene => "recording the heartbeat and removing dead consumers",
             Step::AckEmit => "acknowledging and emitting (AckEmit)",
+            Step::KeyGate => "checking waiting entries' keys (the per-key gate)",
         }
     }
 }

@@ -22,14 +22,18 @@
 --
 -- KEYS[1]  the stream
 -- KEYS[2]  the group's retry hash: stream id → "<due unix ms> <reason>"
+-- KEYS[3]  the group's keyed entries (`<stream>:keys:<group>`, per-key limits)
 -- ARGV[1]  the group
 -- ARGV[2]  chunk, the most ids (or pairs) per command (unpack's stack bounds it)
 -- ARGV[3]  a, the number of entries to acknowledge; then a stream ids
 -- then     c, the number of retry states to drop; then c stream ids
 -- then     w, the number of retry states to write; then w (stream id, state) pairs
+-- then     k, the number of keyed members to remove (the acknowledged entries
+--          that have a key: they leave the PEL here, so their key frees);
+--          then k members
 -- Returns, per chunk of acknowledged ids in order, how many were pending.
 
-local stream, retries, group = KEYS[1], KEYS[2], ARGV[1]
+local stream, retries, keyed, group = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local chunk = tonumber(ARGV[2])
 local acks_at = 3
 local acks = tonumber(ARGV[acks_at])
@@ -37,6 +41,8 @@ local clears_at = acks_at + acks + 1
 local clears = tonumber(ARGV[clears_at])
 local writes_at = clears_at + clears + 1
 local writes = tonumber(ARGV[writes_at])
+local members_at = writes_at + 2 * writes + 1
+local members = tonumber(ARGV[members_at] or '0')
 
 -- Runs `command key extra… ARGV[first .. first + count * width - 1]` in
 -- commands of at most `chunk` items of `width` arguments; returns the replies.
@@ -62,4 +68,5 @@ end
 chunked('HSET', retries, nil, writes_at + 1, writes, 2)
 local pending = chunked('XACK', stream, group, acks_at + 1, acks, 1)
 chunked('HDEL', retries, nil, clears_at + 1, clears, 1)
+chunked('ZREM', keyed, nil, members_at + 1, members, 1)
 return pending

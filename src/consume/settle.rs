@@ -15,8 +15,9 @@ use super::{
 use crate::telemetry;
 
 /// Records `writes` in the retry hash, then XACKs `acks` (`XACK <stream>
-/// <group> <id> …`, [`ACK_CHUNK`] ids per command) and drops the retry state
-/// of the re-delivered ones, all in one `settle.lua` run. Returns, per chunk
+/// <group> <id> …`, [`ACK_CHUNK`] ids per command), drops the retry state
+/// of the re-delivered ones and the keyed members of those with a key
+/// (`ZREM`, per-key limits), all in one `settle.lua` run. Returns, per chunk
 /// of `acks` in order (`acks.chunks(ACK_CHUNK)`), how many of its ids Redis
 /// still had pending: XACK counts, it does not say which.
 ///
@@ -31,7 +32,7 @@ pub(crate) async fn settle(
     links: Vec<(SpanContext, String)>,
 ) -> RedisResult<Vec<usize>> {
     let mut script = keys.redis.scripts.settle.prepare_invoke();
-    script.key(&keys.stream).key(&keys.retries).arg(&keys.group).arg(ACK_CHUNK).arg(acks.len());
+    script.key(&keys.stream).key(&keys.retries).key(&keys.keyed).arg(&keys.group).arg(ACK_CHUNK).arg(acks.len());
     for ack in acks {
         script.arg(ack.stream_id.to_string());
     }
@@ -42,6 +43,10 @@ pub(crate) async fn settle(
     script.arg(writes.len());
     for write in writes {
         script.arg(write.stream_id.to_string()).arg(write.state());
+    }
+    script.arg(acks.iter().filter(|a| a.member.is_some()).count());
+    for member in acks.iter().filter_map(|a| a.member.as_deref()) {
+        script.arg(member);
     }
     let mut conn = keys.redis.conn.clone();
     script.invoke_async(&mut conn).instrument(settle_span(keys, acks, writes, links)).await

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{
     ledger::Policy,
-    orders::{Backoff, GroupPolicy},
+    orders::{Backoff, GroupPolicy, KeyLimit},
     Consumers,
 };
 use crate::{
@@ -72,6 +72,7 @@ impl Consumers {
         }
         // Each shard gets a share of the credit, at least one entry.
         .max(shards.len() as u32);
+        let key_limit = self.key_limit(&subscribe, shards.len() > 1)?;
         let ack_deadline = duration("subscribe.ack_deadline", subscribe.ack_deadline)?.filter(|d| !d.is_zero());
         let backoff_initial = duration("subscribe.retry_backoff_initial", subscribe.retry_backoff_initial)?
             .unwrap_or(self.defaults.backoff.initial);
@@ -105,13 +106,20 @@ impl Consumers {
             0 => self.defaults.max_deliveries,
             n => n,
         };
+        if key_limit.is_some() {
+            for shard in &shards {
+                keys.same_slot("subscribe.stream", shard, &keys.keys(shard, &group))?;
+            }
+        }
         let backoff = Backoff { initial: backoff_initial, max: backoff_max };
         let adaptive = subscribe.max_in_flight == 0;
         let policy = Policy { max_in_flight, adaptive, ack_deadline, backoff, sharded: shards.len() > 1 };
         let shards = shards
             .into_iter()
             .zip(dead_letter_streams)
-            .map(|(key, dead_letter_stream)| (key, GroupPolicy { max_deliveries, dead_letter_stream }))
+            .map(|(key, dead_letter_stream)| {
+                (key, GroupPolicy { max_deliveries, dead_letter_stream, keys: key_limit.clone() })
+            })
             .collect();
         let max_batch = match subscribe.max_batch {
             n if n > MAX_BATCH => {
@@ -121,6 +129,65 @@ impl Consumers {
         };
         let sub = Subscription { stream, shards, group, start, no_ack: subscribe.no_ack, max_batch };
         Ok((sub, policy))
+    }
+
+    /// The per-key limit of `subscribe` (`key_field`, `max_in_flight_per_key`),
+    /// `None` when it asks for none. INVALID_ARGUMENT, naming the field and
+    /// what to do: one of the two without the other, a key field over
+    /// `--max-name-bytes` or named like the reserved branded-id field, a
+    /// limit over `--max-in-flight-limit`, with `no_ack` (no PEL to keep a
+    /// key's entries in order), on a sharded stream (the limit is kept per
+    /// stream key).
+    fn key_limit(&self, subscribe: &Subscribe, sharded: bool) -> Result<Option<KeyLimit>, Error> {
+        let (field, per_key) = (subscribe.key_field.as_str(), subscribe.max_in_flight_per_key);
+        if field.is_empty() {
+            if per_key > 0 {
+                return Err(Error::invalid(
+                    "subscribe.key_field",
+                    "required with max_in_flight_per_key: name the payload field whose value is an entry's key \
+                     (or send max_in_flight_per_key 0 for no per-key limit)",
+                ));
+            }
+            return Ok(None);
+        }
+        self.guard.name("subscribe.key_field", field)?;
+        if per_key == 0 {
+            return Err(Error::invalid(
+                "subscribe.max_in_flight_per_key",
+                "required with key_field: the most entries of one key held at once in the group \
+                 (1 handles a key's entries one at a time, in stream order)",
+            ));
+        }
+        if per_key > self.defaults.max_in_flight_limit {
+            return Err(Error::invalid(
+                "subscribe.max_in_flight_per_key",
+                format!("{per_key} is above this sidecar's limit of {}", self.defaults.max_in_flight_limit),
+            ));
+        }
+        if field == self.shared.id_field {
+            return Err(Error::invalid(
+                "subscribe.key_field",
+                format!("`{field}` is the reserved branded-id field (--id-field), unique per entry: name the field that holds the key"),
+            ));
+        }
+        if subscribe.no_ack {
+            return Err(Error::invalid(
+                "subscribe.key_field",
+                "per-key limits keep a key's entries in the PEL until each is settled, and an at-most-once (no_ack) \
+                 subscription has no PEL: drop no_ack or key_field",
+            ));
+        }
+        if sharded {
+            return Err(Error::invalid(
+                "subscribe.key_field",
+                format!(
+                    "`{}` is a sharded stream, and per-key limits are kept per stream key: use one plain stream \
+                     (on a Redis Cluster, with a hash tag, e.g. `{{orders}}`), or a partition key per shard",
+                    subscribe.stream
+                ),
+            ));
+        }
+        Ok(Some(KeyLimit { field: field.to_owned(), per_key }))
     }
 
     /// The group door, on each shard: `XGROUP CREATE <stream> <group> <start>
@@ -136,8 +203,8 @@ impl Consumers {
         Ok(())
     }
 
-    /// The dead-letter stream and the retry hash, when they exist, must be a
-    /// stream and a hash: another type would fail every dead-lettering or
+    /// The dead-letter stream, the retry hash and the keyed entries, when
+    /// they exist, must be a stream, a hash and a sorted set: another type would fail every dead-lettering or
     /// retry write of the group later (WRONGTYPE), so it is refused now with
     /// FAILED_PRECONDITION. So is a plain stream another sidecar recorded as
     /// sharded (this one was not started with it: it would wait on a key no
@@ -146,7 +213,8 @@ impl Consumers {
         self.shared.redis.refuse_foreign_shard_key("subscribe.stream", stream).await?;
         let keys = &self.shared.redis.keys;
         let retries = keys.retries(stream, group);
-        let wanted = [(dead_letters, "stream"), (retries.as_str(), "hash")];
+        let keyed = keys.keys(stream, group);
+        let wanted = [(dead_letters, "stream"), (retries.as_str(), "hash"), (keyed.as_str(), "zset")];
         if let Some(count) = self.shared.redis.recorded_shard_count(stream).await? {
             return Err(keys.unconfigured_sharded(stream, &count.to_string()));
         }

@@ -29,15 +29,32 @@ use tracing::{debug, info, warn};
 use super::{
     ack_emit,
     commands::Command,
-    dead_letter, delivery, gauges, hygiene, lease,
+    dead_letter,
+    delivery::{self, Outgoing},
+    gauges, hygiene,
+    keyed::{self, Gate},
+    lease,
     ledger::{Ledger, Work},
     orders::{DeadLetterOrder, EmitOrder, PendingAck, Redelivery, ReleaseOrder, RetryWrite, SessionId},
     outlet::Outlet,
     pacing::{Pacing, Step},
-    reader::{self, Reader},
+    reader::{self, KeyedRead, Read, Reader},
     recovery, release, retry, settle, GroupKeys, Shared,
 };
 use crate::{error::Error, id::StreamId, proto::Delivery, redis::RawEntry};
+
+/// What became of an entry read or claimed (see [`Worker::build`]).
+// A return value, moved at once and never stored: boxing the delivery would
+// cost an allocation per entry on the hot path for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Built {
+    /// A delivery to offer (or, with a key, to put through the gate).
+    Out(Outgoing),
+    /// Too large for a frame: for the dead-letter step.
+    DeadLetter(DeadLetterOrder),
+    /// Deleted, or without a branded id: nothing to hand out.
+    Nothing,
+}
 
 /// The most entries one XREADGROUP or claim asks for.
 const BATCH_MAX: usize = 512;
@@ -91,6 +108,7 @@ impl Worker {
         let traced = crate::telemetry::exporting();
         let mut ledger = Ledger::new(&stream, &group, no_ack, *shared.draining.borrow(), traced);
         ledger.set_wall_clock(Instant::now(), crate::entry::now_unix_ms());
+        ledger.set_key_wait_poll(shared.key_wait_poll);
         let worker = Worker {
             outlet: Outlet::new(&stream, &group, metrics, traced, no_ack),
             keys: GroupKeys::new(&shared, stream, group),
@@ -195,6 +213,7 @@ impl Worker {
 
     fn publish_held(&mut self) {
         self.outlet.publish_held(self.ledger.held(), &self.shared.held);
+        self.outlet.metrics.key_waiting_entries.set(self.ledger.key_waiting() as i64);
     }
 
     async fn handle(&mut self, command: Command) {
@@ -330,7 +349,11 @@ impl Worker {
         self.act();
         let conn = self.shared.readers.acquire(&self.keys.stream, &self.keys.group).await?;
         let (stream, group) = (self.keys.stream.clone(), self.keys.group.clone());
-        self.reader = Some(Reader::spawn(self.shared.clone(), conn, stream, group, self.no_ack));
+        // The group's settings are the first call's: a group with per-key
+        // limits registers and gates what it reads in one script.
+        let keyed =
+            self.ledger.key_limit().map(|limit| KeyedRead { zset: self.keys.keyed.clone(), limit: limit.clone() });
+        self.reader = Some(Reader::spawn(self.shared.clone(), conn, stream, group, self.no_ack, keyed));
         Ok(())
     }
 
@@ -355,7 +378,8 @@ impl Worker {
         if self.ledger.free_for_due() == 0 {
             return read_due.min(far);
         }
-        self.ledger.next_due().map_or(far, |at| at.min(far)).min(read_due)
+        let key_poll = self.ledger.key_poll_due().unwrap_or(far);
+        self.ledger.next_due().map_or(far, |at| at.min(far)).min(read_due).min(key_poll)
     }
 
     fn paused(&self) -> bool {
@@ -400,26 +424,31 @@ impl Worker {
             match self.ledger.next_work(Instant::now(), BATCH_MAX) {
                 Some(Work::Redeliver(due)) => self.redeliver(due).await,
                 Some(Work::RecoverPage { after, count }) => self.recover_page(after, count).await,
+                Some(Work::KeyGate(candidates)) => self.key_gate(candidates).await,
                 Some(Work::Read(count)) => return self.read(count),
                 None => return,
             }
         }
     }
 
-    /// Offers an entry read or claimed (its delivery counted: `attempts`) to
-    /// the ledger; an entry too large for a frame is returned for the
+    /// Builds the delivery of an entry read or claimed (its delivery
+    /// counted: `attempts`), with its keyed member when the group has a key
+    /// field; an entry too large for a frame is returned for the
     /// dead-letter step instead: a frame the client could not receive would
     /// end its call (and the next, and the next).
-    fn offer(&mut self, entry: RawEntry, attempts: u32) -> Option<DeadLetterOrder> {
+    fn build(&mut self, entry: RawEntry, attempts: u32) -> Built {
         let stream_id = entry.id;
         let Some(fields) = entry.fields else {
             self.ledger.trimmed(stream_id);
-            return None;
+            return Built::Nothing;
         };
         let keys = &self.keys;
-        let Some(out) = delivery::build(&keys.stream, &keys.group, &keys.id_field, stream_id, fields, attempts) else {
+        let key_field = self.ledger.key_limit().map(|limit| limit.field.as_str());
+        let Some(out) =
+            delivery::build(&keys.stream, &keys.group, &keys.id_field, key_field, stream_id, fields, attempts)
+        else {
             warn!(stream = %keys.stream, %stream_id, "entry has no branded id (its milliseconds exceed 6 bytes); it stays pending");
-            return None;
+            return Built::Nothing;
         };
         let size = out.body.encoded_len() + FRAME_OVERHEAD;
         if size > self.shared.max_message_bytes {
@@ -427,16 +456,70 @@ impl Worker {
                 "the entry's delivery frame is {size} bytes, over the sidecar's --max-message-bytes ({})",
                 self.shared.max_message_bytes
             );
-            return Some(DeadLetterOrder { stream_id, reason, verdict: None });
+            return Built::DeadLetter(DeadLetterOrder { stream_id, reason, verdict: None });
         }
-        self.ledger.offer(out, Instant::now());
-        None
+        Built::Out(out)
     }
 
-    async fn on_read(&mut self, result: RedisResult<Vec<RawEntry>>) {
+    /// Puts entries this sidecar holds pending but has not handed out
+    /// (claimed again, or waiting for their key) through the per-key gate:
+    /// those it lets through are offered to the calls, the others wait for
+    /// their key. When the gate cannot be asked, they all wait (the next
+    /// poll asks again).
+    async fn gate_and_offer(&mut self, outs: Vec<Outgoing>) {
+        let Some(per_key) = self.ledger.key_limit().map(|limit| limit.per_key) else {
+            for out in outs {
+                self.ledger.offer(out, Instant::now());
+            }
+            return;
+        };
+        let candidates: Vec<(StreamId, Vec<u8>)> =
+            outs.iter().filter_map(|out| Some((out.stream_id, out.member.clone()?))).collect();
+        let admitted = if candidates.is_empty() {
+            Vec::new()
+        } else {
+            self.act();
+            match keyed::gate(&self.keys, per_key, &candidates).await {
+                Ok(admitted) => {
+                    self.pacing.succeeded(Step::KeyGate);
+                    self.ledger.key_gate_checked(candidates.len());
+                    admitted
+                }
+                Err(e) => {
+                    self.redis_failed(Step::KeyGate, &e);
+                    vec![false; candidates.len()]
+                }
+            }
+        };
+        let mut verdicts = admitted.into_iter();
+        let now = Instant::now();
+        for out in outs {
+            if out.member.is_none() || verdicts.next() == Some(true) {
+                self.ledger.offer(out, now);
+            } else {
+                self.ledger.key_wait(out, now);
+            }
+        }
+    }
+
+    /// Entries waiting for their key, put through the gate again (see
+    /// [`Ledger::key_gated`]).
+    async fn key_gate(&mut self, candidates: Vec<(StreamId, Vec<u8>)>) {
+        let Some(per_key) = self.ledger.key_limit().map(|limit| limit.per_key) else { return };
+        self.act();
+        match keyed::gate(&self.keys, per_key, &candidates).await {
+            Ok(admitted) => {
+                self.pacing.succeeded(Step::KeyGate);
+                self.ledger.key_gated(candidates, &admitted, Instant::now());
+            }
+            Err(e) => self.redis_failed(Step::KeyGate, &e),
+        }
+    }
+
+    async fn on_read(&mut self, result: RedisResult<Read>) {
         self.ledger.read_done();
-        let entries = match result {
-            Ok(entries) => entries,
+        let Read { entries, gates } = match result {
+            Ok(read) => read,
             Err(e) => {
                 // A reply lost to a broken or silent connection: Redis may
                 // have run the read. An error reply (NOGROUP, …) took nothing.
@@ -447,8 +530,19 @@ impl Worker {
             }
         };
         self.pacing.succeeded(Step::Read);
+        self.ledger.key_gate_checked(gates.iter().filter(|gate| **gate != Gate::Unkeyed).count());
+        let now = Instant::now();
+        let mut oversized = Vec::new();
         // A `>` read hands each entry over for the first time: attempts 1.
-        let oversized: Vec<DeadLetterOrder> = entries.into_iter().filter_map(|entry| self.offer(entry, 1)).collect();
+        // With per-key limits, `keyed_read.lua` gated each keyed entry as it read it.
+        for (n, entry) in entries.into_iter().enumerate() {
+            match self.build(entry, 1) {
+                Built::Out(out) if gates.get(n) == Some(&Gate::Waits) => self.ledger.key_wait(out, now),
+                Built::Out(out) => self.ledger.offer(out, now),
+                Built::DeadLetter(order) => oversized.push(order),
+                Built::Nothing => {}
+            }
+        }
         if !oversized.is_empty() {
             self.dead_letter(oversized).await;
         }
@@ -465,7 +559,8 @@ impl Worker {
             || self.shared.redis.keys.dead_letter_stream(&self.keys.stream),
             |p| p.dead_letter_stream.clone(),
         );
-        match dead_letter::dead_letter(&self.keys, &dead_letter_stream, &orders).await {
+        let key_field = self.ledger.key_limit().map(|limit| limit.field.clone());
+        match dead_letter::dead_letter(&self.keys, &dead_letter_stream, key_field.as_deref(), &orders).await {
             Ok(outcomes) => {
                 self.pacing.succeeded(Step::DeadLetter);
                 self.ledger.dead_lettered(orders, outcomes, &dead_letter_stream);
@@ -498,13 +593,20 @@ impl Worker {
         self.pacing.succeeded(Step::Redeliver);
         let (now, now_unix_ms) = (Instant::now(), crate::entry::now_unix_ms());
         let mut to_dead_letter = Vec::new();
+        let mut claimed = Vec::new();
         for (stream_id, outcome) in outcomes {
-            let order = match outcome {
-                Redelivery::Claimed { deliveries, entry } => self.offer(entry, deliveries),
-                outcome => self.ledger.redelivered(stream_id, outcome, now, now_unix_ms),
-            };
-            to_dead_letter.extend(order);
+            match outcome {
+                Redelivery::Claimed { deliveries, entry } => match self.build(entry, deliveries) {
+                    Built::Out(out) => claimed.push(out),
+                    Built::DeadLetter(order) => to_dead_letter.push(order),
+                    Built::Nothing => {}
+                },
+                outcome => to_dead_letter.extend(self.ledger.redelivered(stream_id, outcome, now, now_unix_ms)),
+            }
         }
+        // Claimed again (reclaimed, recovered, retried): a keyed entry
+        // passes the gate before any call gets it.
+        self.gate_and_offer(claimed).await;
         if !to_dead_letter.is_empty() {
             self.dead_letter(to_dead_letter).await;
         }

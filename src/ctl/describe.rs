@@ -1,7 +1,7 @@
 //! `describe STREAM GROUP`: a group's state (AdminService.DescribeGroup), and
 //! each shard's for a sharded stream.
 
-use echomq::proto::{ArchiveInfo, DescribeGroupRequest, DescribeGroupResponse};
+use echomq::proto::{ArchiveInfo, BusyKey, DescribeGroupRequest, DescribeGroupResponse};
 use serde_json::{json, Value};
 
 use crate::connect::Context;
@@ -17,7 +17,9 @@ use crate::time::{duration_ms, format_duration, timestamp_ms};
     `oldest_pending_age_ms`, `max_delivery_count`, `scheduled` (entries scheduled, not yet in the stream), \
     `oldest_scheduled_due_ms` (unix ms the earliest is due; null when none), `consumers` ([{name, pending, idle_ms}]), `archive` (null \
     when the sidecar has no --archive-url; else {entries, files, bytes, oldest_id, archived_through, \
-    last_error}, ids and error null when unset; for a sharded stream, per shard) and `shards` \
+    last_error}, ids and error null when unset; for a sharded stream, per shard), `keyed_entries` (entries held or \
+    waiting under per-key limits; 0 without a key field), `busy_keys` ([{key, entries, head_id, head_consumer}], the key \
+    as text when it is UTF-8, else `key_hex`) and `shards` \
     (the same fields per shard; empty for a plain stream).")]
 pub(crate) struct Args {
     /// The stream key, or the name of a sharded stream (the sidecar's --sharded-streams).
@@ -63,8 +65,32 @@ fn to_json(state: &DescribeGroupResponse) -> Value {
         "oldest_scheduled_due_ms": state.oldest_scheduled_due.as_ref().map(timestamp_ms),
         "consumers": consumers,
         "archive": state.archive.as_ref().map(archive_json),
+        "keyed_entries": state.keyed_entries,
+        "busy_keys": state.busy_keys.iter().map(busy_key_json).collect::<Vec<_>>(),
         "shards": state.shards.iter().map(to_json).collect::<Vec<_>>(),
     })
+}
+
+/// A busy key as JSON: its key as text, or as hex (`key_hex`) when it is not UTF-8.
+fn busy_key_json(key: &BusyKey) -> Value {
+    let mut doc = json!({
+        "entries": key.entries,
+        "head_id": key.head_id,
+        "head_consumer": non_empty(&key.head_consumer),
+    });
+    match std::str::from_utf8(&key.key) {
+        Ok(text) => doc["key"] = json!(text),
+        Err(_) => doc["key_hex"] = json!(key.key.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+    }
+    doc
+}
+
+/// A key for people: its text, or `0x…` when it is not UTF-8.
+fn key_text(key: &[u8]) -> String {
+    match std::str::from_utf8(key) {
+        Ok(text) => text.to_owned(),
+        Err(_) => format!("0x{}", key.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+    }
 }
 
 /// What the archive holds of the stream key, as JSON (ids and the error null when unset).
@@ -117,6 +143,9 @@ fn to_text(state: &DescribeGroupResponse) -> String {
         vec!["scheduled".to_owned(), state.scheduled.to_string()],
         vec!["earliest scheduled due".to_owned(), instant_text(state.oldest_scheduled_due.as_ref())],
     ];
+    if state.keyed_entries > 0 {
+        summary.push(vec!["keyed entries".to_owned(), state.keyed_entries.to_string()]);
+    }
     // A plain stream's archive; a sharded stream's is per shard, below.
     if let Some(archive) = &state.archive {
         summary.extend(archive_rows(archive));
@@ -136,6 +165,15 @@ fn to_text(state: &DescribeGroupResponse) -> String {
             })
             .collect();
         text.push_str(&table(&["CONSUMER", "PENDING", "IDLE"], &rows));
+    }
+    if !state.busy_keys.is_empty() {
+        let rows: Vec<Vec<String>> = state
+            .busy_keys
+            .iter()
+            .map(|k| vec![key_text(&k.key), k.entries.to_string(), k.head_id.clone(), dash(&k.head_consumer)])
+            .collect();
+        text.push_str("\n\n");
+        text.push_str(&table(&["BUSY KEY", "ENTRIES", "HEAD", "HEAD CONSUMER"], &rows));
     }
     if !state.shards.is_empty() {
         let rows: Vec<Vec<String>> = state
@@ -215,7 +253,35 @@ mod tests {
             archive: None,
             scheduled: 2,
             oldest_scheduled_due: Some(prost_types::Timestamp { seconds: 1_796_200_000, nanos: 0 }),
+            keyed_entries: 0,
+            busy_keys: vec![],
         }
+    }
+
+    #[test]
+    fn busy_keys_show_in_the_text_and_the_json() {
+        let busy = DescribeGroupResponse {
+            keyed_entries: 3,
+            busy_keys: vec![
+                BusyKey { key: b"acct-1".to_vec(), entries: 2, head_id: "4-0".into(), head_consumer: "pod-a".into() },
+                BusyKey { key: vec![0xff], entries: 1, head_id: "5-0".into(), head_consumer: String::new() },
+            ],
+            ..state()
+        };
+        let text = to_text(&busy);
+        assert!(text.contains("keyed entries           3"), "{text}");
+        assert!(
+            text.contains(
+                "BUSY KEY  ENTRIES  HEAD  HEAD CONSUMER\nacct-1    2        4-0   pod-a\n0xff      1        5-0   -"
+            ),
+            "{text}"
+        );
+        let json = to_json(&busy);
+        assert_eq!(json["keyed_entries"], 3);
+        assert_eq!(json["busy_keys"][0]["key"], "acct-1");
+        assert_eq!(json["busy_keys"][1]["key_hex"], "ff");
+        assert!(json["busy_keys"][1]["head_consumer"].is_null());
+        assert!(!to_text(&state()).contains("BUSY KEY"), "nothing without per-key limits");
     }
 
     #[test]

@@ -72,9 +72,11 @@ pub(super) struct GroupFamilies {
     emits: GroupCounter,
     trimmed_while_pending: GroupCounter,
     group_recreations: GroupCounter,
+    key_gate_checks: GroupCounter,
     verdict_errors: Family<CodeLabels, Counter>,
     consume_calls: GroupGauge,
     in_flight: GroupGauge,
+    key_waiting_entries: GroupGauge,
     handler_seconds: Family<GroupLabels, Histogram>,
     pending: GroupGauge,
     lag: GroupGauge,
@@ -165,6 +167,12 @@ impl GroupFamilies {
                 "Groups re-created after NOGROUP (an expected recovery, not counted as a Redis error)",
                 Family::default(),
             ),
+            key_gate_checks: registered(
+                r,
+                "key_gate_checks",
+                "Entries put through the per-key gate (Subscribe.key_field): on read, on re-delivery and while waiting for their key",
+                Family::default(),
+            ),
             verdict_errors: registered(
                 r,
                 "verdict_errors",
@@ -181,6 +189,12 @@ impl GroupFamilies {
                 r,
                 "in_flight",
                 "Deliveries held by clients, waiting for a verdict",
+                Family::default(),
+            ),
+            key_waiting_entries: registered(
+                r,
+                "key_waiting_entries",
+                "Entries this sidecar holds pending for the group that wait for their key (per-key limits), handed to no call",
                 Family::default(),
             ),
             handler_seconds: registered(
@@ -248,9 +262,11 @@ impl GroupFamilies {
             emits: self.emits.get_or_create(&labels).clone(),
             trimmed_while_pending: self.trimmed_while_pending.get_or_create(&labels).clone(),
             group_recreations: self.group_recreations.get_or_create(&labels).clone(),
+            key_gate_checks: self.key_gate_checks.get_or_create(&labels).clone(),
             verdict_errors: self.verdict_errors(&labels),
             consume_calls: self.consume_calls.get_or_create(&labels).clone(),
             in_flight: self.in_flight.get_or_create(&labels).clone(),
+            key_waiting_entries: self.key_waiting_entries.get_or_create(&labels).clone(),
             handler_seconds: self.handler_seconds.get_or_create(&labels).clone(),
             pending: self.pending.get_or_create(&labels).clone(),
             oldest_pending_age_seconds: self.oldest_pending_age_seconds.get_or_create(&labels).clone(),
@@ -303,12 +319,17 @@ pub struct GroupMetrics {
     pub trimmed_while_pending: Counter,
     /// `echomq_group_recreations_total`: groups re-created after NOGROUP.
     pub group_recreations: Counter,
+    /// `echomq_key_gate_checks_total`: entries put through the per-key gate.
+    pub key_gate_checks: Counter,
     /// `echomq_verdict_errors_total{code}`: verdicts answered with a VerdictError.
     pub verdict_errors: VerdictErrors,
     /// `echomq_consume_calls`: Consume calls attached to this group's worker now.
     pub consume_calls: Gauge,
     /// `echomq_in_flight`: deliveries held by calls now (entries).
     pub in_flight: Gauge,
+    /// `echomq_key_waiting_entries`: entries this sidecar holds waiting for
+    /// their key (per-key limits), handed to no call (entries).
+    pub key_waiting_entries: Gauge,
     /// `echomq_handler_duration_seconds`: hand-over to verdict (seconds).
     pub handler_seconds: Histogram,
     /// `echomq_group_pending` (polled): the PEL's size (entries).

@@ -23,6 +23,12 @@ pub struct Scripts {
     pub release: Script,
     /// `consume/dead_letter.lua`: move entries to the dead-letter stream.
     pub dead_letter: Script,
+    /// `consume/keyed_read.lua`: read new entries of a group with per-key
+    /// limits, registering and gating each keyed one in the same step.
+    pub keyed_read: Script,
+    /// `consume/keys_gate.lua`: which entries waiting for their key (or
+    /// reclaimed, or retried) may run now.
+    pub keys_gate: Script,
     /// `consume/hygiene.lua`: record this sidecar's heartbeat, remove dead consumers that hold nothing.
     pub hygiene: Script,
     /// `consume/settle.lua`: a batch of XACKs and retry-state writes in one command.
@@ -60,6 +66,8 @@ impl Scripts {
             (&self.refresh, "refresh"),
             (&self.release, "release"),
             (&self.dead_letter, "dead_letter"),
+            (&self.keyed_read, "keyed_read"),
+            (&self.keys_gate, "keys_gate"),
             (&self.trim, "trim"),
             (&self.settle, "settle"),
             (&self.ack_emit, "ack_emit"),
@@ -81,12 +89,16 @@ impl Scripts {
 
     pub(super) fn new() -> Scripts {
         let script = |body: &str| Script::new(&format!("{LUA_PRELUDE}\n{body}"));
+        // The per-key gate's functions, for the scripts that build or check keyed members.
+        let keyed = |body: &str| script(&format!("{}\n{body}", include_str!("../consume/key_gate.lua")));
         Scripts {
             append: script(include_str!("lua/append.lua")),
             redeliver: script(include_str!("../consume/redeliver.lua")),
             refresh: script(include_str!("../consume/refresh.lua")),
             release: script(include_str!("../consume/release.lua")),
-            dead_letter: script(include_str!("../consume/dead_letter.lua")),
+            dead_letter: keyed(include_str!("../consume/dead_letter.lua")),
+            keyed_read: keyed(include_str!("../consume/keyed_read.lua")),
+            keys_gate: keyed(include_str!("../consume/keys_gate.lua")),
             trim: script(include_str!("lua/trim.lua")),
             settle: script(include_str!("../consume/settle.lua")),
             ack_emit: script(include_str!("../consume/ack_emit.lua")),

@@ -129,6 +129,12 @@ impl Consumer {
         Consumer::subscribe(sidecar, sub).await
     }
 
+    /// A clone of the call's request side, for handlers that answer from
+    /// tasks of their own while this reads the deliveries.
+    pub fn sender(&self) -> mpsc::Sender<ConsumeRequest> {
+        self.tx.clone().expect("the request side is closed")
+    }
+
     /// Queues one client message.
     pub async fn send(&self, request: ConsumeRequest) {
         let tx = self.tx.as_ref().expect("the request side is closed");

@@ -18,7 +18,7 @@ fn policy(max_in_flight: u32) -> Policy {
 }
 
 fn settings() -> GroupPolicy {
-    GroupPolicy { max_deliveries: 5, dead_letter_stream: "s:dlq".to_owned() }
+    GroupPolicy { max_deliveries: 5, dead_letter_stream: "s:dlq".to_owned(), keys: None }
 }
 
 /// A ledger driven as its worker drives it: the effects for each call are
@@ -138,7 +138,7 @@ fn call(ledger: &mut Checked, session: SessionId, policy: Policy) {
 
 /// Entry `n`: stream id `n-0`, its branded id derived from it.
 fn entry(n: u64, attempts: u32) -> Outgoing<()> {
-    Outgoing { stream_id: sid(n), branded: branded(n), attempts, body: () }
+    Outgoing { stream_id: sid(n), branded: branded(n), attempts, member: None, body: () }
 }
 
 fn sid(n: u64) -> StreamId {

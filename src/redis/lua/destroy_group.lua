@@ -3,7 +3,7 @@
 -- DESTROY and the DEL (all are in the stream's slot: `Keyspace::group_keys`).
 --
 -- KEYS[1]   the stream
--- KEYS[2…]  the group's own keys (its heartbeat hash, its retry hash)
+-- KEYS[2…]  the group's own keys (its heartbeat hash, its retry hash, its keyed entries)
 -- ARGV[1]   the group
 -- ARGV[2]   '1': destroy even with pending entries; '0': refuse then
 -- ARGV[3]   '1': only check (nothing is changed); '0': destroy
