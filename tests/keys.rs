@@ -518,6 +518,36 @@ async fn entries_that_only_waited_for_their_key_cost_no_attempt_when_calls_recon
     handler.abort();
 }
 
+/// Entries acknowledged behind the sidecars' back (another client's XACK)
+/// leave members no sidecar script removed; with no later entry of their
+/// key, only the hygiene beat's sample finds them. The trial saw such keys
+/// listed as busy by Describe for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_acknowledged_behind_the_sidecars_back_are_swept_by_the_hygiene_beat() {
+    let redis = RedisServer::start().await;
+    let options = SidecarOptions::default().arg("--consumer-idle-limit-ms").arg("1000");
+    let sidecar = Sidecar::start(&redis, options).await;
+    let mut con = redis.conn().await;
+    let all: Vec<BatchEntry> = (0..3).flat_map(|seq| [entry("x", seq), entry("y", seq)]).collect();
+    let appended = sidecar.append_batch("s", all).await;
+    let mut call = Consumer::subscribe(&sidecar, keyed("s", "g", 1, 8)).await;
+    call.deliveries(2, Duration::from_secs(5)).await;
+    assert_eq!(zcard(&mut con, "s:keys:g").await, 6);
+    let mut xack = redis::cmd("XACK");
+    xack.arg("s").arg("g");
+    for response in &appended {
+        xack.arg(&response.stream_id);
+    }
+    let _: i64 = xack.query_async(&mut con).await.unwrap();
+    let swept = eventually(Duration::from_secs(10), || {
+        let mut con = con.clone();
+        async move { zcard(&mut con, "s:keys:g").await == 0 }
+    })
+    .await;
+    assert!(swept, "stale members left: {}", zcard(&mut con, "s:keys:g").await);
+    assert!(describe(&sidecar).await.busy_keys.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sidecars_keep_each_keys_order_through_a_kill_and_reclaims() {
     fault_proof(2).await;
