@@ -203,6 +203,55 @@ async fn a_plain_stream_works_unchanged_on_a_cluster() {
     assert_eq!(exists, 0, "a refused append writes nothing");
 }
 
+/// Per-key limits on a cluster: the keyed entries live in
+/// `{<stream>}:keys:<group>`, the stream's slot, so the read and gate
+/// scripts run; a key's entries come one at a time, in order, and the set
+/// ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_limits_keep_their_state_in_the_streams_slot_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0).await;
+    let sidecar = Sidecar::start_with_url(&cluster.seed_url(), SidecarOptions::default()).await;
+    let stream = unique("orders");
+    let entries: Vec<BatchEntry> = (0..3)
+        .flat_map(|n| {
+            ["a", "b"]
+                .map(|key| BatchEntry { fields: fields(&[("acct", key), ("n", &n.to_string())]), ..Default::default() })
+        })
+        .collect();
+    let request = AppendBatchRequest { stream: stream.clone(), entries, ..Default::default() };
+    sidecar.stream_client().await.append_batch(request).await.unwrap();
+    let sub = echomq::proto::Subscribe {
+        key_field: "acct".into(),
+        max_in_flight_per_key: 1,
+        max_in_flight: 16,
+        ..subscribe_msg(&stream, "g", GroupStart::Beginning)
+    };
+    let mut consumer = Consumer::subscribe(&sidecar, sub).await;
+
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for _ in 0..3 {
+        // Both keys' next entry, and no more: each key is at its limit.
+        let pair = consumer.deliveries(2, Duration::from_secs(10)).await;
+        consumer.assert_quiet(Duration::from_millis(300), "each key holds one entry").await;
+        for d in &pair {
+            let key = String::from_utf8(d.payload["acct"].clone()).unwrap();
+            seen.entry(key).or_default().push(String::from_utf8(d.payload["n"].clone()).unwrap());
+            consumer.ack_one(&d.id).await;
+        }
+    }
+    assert_eq!(seen["a"], ["0", "1", "2"]);
+    assert_eq!(seen["b"], ["0", "1", "2"]);
+    let zset = format!("{{{stream}}}:keys:g");
+    assert_eq!(key_slot(&zset), key_slot(&stream));
+    let con = cluster.conn().await;
+    let emptied = support::eventually(Duration::from_secs(10), || {
+        let (mut con, zset) = (con.clone(), zset.clone());
+        async move { redis::cmd("ZCARD").arg(&zset).query_async::<i64>(&mut con).await.unwrap() == 0 }
+    })
+    .await;
+    assert!(emptied, "the acks removed every keyed entry from {zset}");
+}
+
 /// A sharded stream: one partition key always lands on one shard, shards are
 /// spread over the cluster, branded ids stay unique across shards, and one call
 /// on the logical name consumes every shard, each key's entries in order.

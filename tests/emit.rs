@@ -441,13 +441,6 @@ async fn handler(endpoint: String, seed: u64, seen: Arc<Seen>, stop: Arc<AtomicB
     }
 }
 
-/// `kill -<signal> <pid>`.
-fn signal(sidecar: &Sidecar, signal: &str) {
-    let pid = sidecar.pid().expect("the sidecar runs");
-    let status = std::process::Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
-    assert!(status.expect("run kill").success(), "kill -{signal} {pid}");
-}
-
 /// The proof: source → handler that emits one entry per source
 /// entry → sink, over two sidecars, while sidecars are killed (-9) and
 /// restarted, paused past the reclaim min-idle (SIGSTOP, so the peer
@@ -528,10 +521,10 @@ async fn a_pipeline_under_faults_emits_exactly_once_per_source_entry() {
             tokio::time::sleep(Duration::from_millis(rng.u64(100..1800))).await;
             sidecars[victim].restart().await;
         } else {
-            signal(&sidecars[victim], "STOP");
+            sidecars[victim].signal("STOP");
             pauses += 1;
             tokio::time::sleep(Duration::from_millis(rng.u64(1200..1800))).await;
-            signal(&sidecars[victim], "CONT");
+            sidecars[victim].signal("CONT");
         }
     }
     let expected = appender.await.unwrap();

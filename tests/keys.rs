@@ -444,6 +444,110 @@ async fn fault_proof(sidecar_count: usize) {
     }
 }
 
+/// A sidecar paused (SIGSTOP) past the reclaim idle time while it holds a
+/// key's head and the key's later entries wait there: a peer reclaims all
+/// of them and runs them in order. Resumed, the paused sidecar must hand
+/// none of them out (its gate run is fenced to its own PEL), nor mark the
+/// key busy again for entries nobody holds. The user trial saw it deliver
+/// all four acknowledged entries at once to its call, and the key stay busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sidecar_never_runs_what_a_peer_ran_meanwhile() {
+    let redis = RedisServer::start().await;
+    let paused = Sidecar::start(&redis, SidecarOptions::named("keys-paused").reclaim(1_000, 200)).await;
+    let peer = Sidecar::start(&redis, SidecarOptions::named("keys-peer").reclaim(1_000, 200)).await;
+    let mut con = redis.conn().await;
+    let all: Vec<BatchEntry> = (0..5).map(|seq| entry("x", seq)).collect();
+    paused.append_batch("s", all).await;
+    let mut held = Consumer::subscribe(&paused, keyed("s", "g", 1, 8)).await;
+    let head = held.next_delivery(Duration::from_secs(5)).await;
+    assert_eq!(text_field(&head, "seq").as_deref(), Some("0"));
+    held.assert_quiet(Duration::from_millis(300), "the key's later entries wait for its head").await;
+
+    paused.signal("STOP");
+    let runs: Runs = Arc::default();
+    let handler = handle(Consumer::subscribe(&peer, keyed("s", "g", 1, 8)).await, runs.clone(), quick(5));
+    let wanted: BTreeSet<(String, u64)> = (0..5).map(|seq| ("x".to_owned(), seq)).collect();
+    wait_all_acked(&mut con, &runs, &wanted, Duration::from_secs(30), &[&peer]).await;
+    assert_one_at_a_time_in_order(&snapshot(&runs));
+    paused.signal("CONT");
+
+    let resumed = Instant::now();
+    while resumed.elapsed() < Duration::from_secs(2) {
+        match held.next_event(Duration::from_millis(200)).await {
+            Event::Delivery(d) => {
+                panic!("the resumed sidecar handed out seq {:?}, which its peer ran", text_field(&d, "seq"))
+            }
+            Event::Batch(batch) => panic!("the resumed sidecar handed out {} entries its peer ran", batch.len()),
+            _ => {}
+        }
+    }
+    assert_eq!(pending_count(&mut con, "s", "g").await, 0);
+    assert_eq!(zcard(&mut con, "s:keys:g").await, 0, "no key is left busy for an entry nobody holds");
+    handler.abort();
+}
+
+/// Entries that only waited for their key were never handed to a handler:
+/// a call that leaves and a new one (a client's reconnect, a rolling
+/// restart) must cost them no attempt. The trial saw them gain one per
+/// reconnect and be dead-lettered by `max_deliveries` unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_that_only_waited_for_their_key_cost_no_attempt_when_calls_reconnect() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().backoff(50)).await;
+    let mut con = redis.conn().await;
+    let all: Vec<BatchEntry> = (0..5).map(|seq| entry("x", seq)).collect();
+    sidecar.append_batch("s", all).await;
+    let subscribe = Subscribe { max_deliveries: 4, ..keyed("s", "g", 1, 8) };
+    for round in 1..=3u32 {
+        let mut call = Consumer::subscribe(&sidecar, subscribe.clone()).await;
+        let head = call.next_delivery(Duration::from_secs(10)).await;
+        assert_eq!((text_field(&head, "seq").as_deref(), head.attempts), (Some("0"), round), "round {round}");
+        call.assert_quiet(Duration::from_millis(200), "the key's later entries wait").await;
+        drop(call); // leaves holding the head: that one counts, as a Fail
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let runs: Runs = Arc::default();
+    let handler = handle(Consumer::subscribe(&sidecar, subscribe).await, runs.clone(), quick(2));
+    let wanted: BTreeSet<(String, u64)> = (0..5).map(|seq| ("x".to_owned(), seq)).collect();
+    wait_all_acked(&mut con, &runs, &wanted, Duration::from_secs(30), &[&sidecar]).await;
+    let runs = snapshot(&runs);
+    assert_one_at_a_time_in_order(&runs);
+    let later: Vec<(u64, u32)> = runs.iter().filter(|r| r.seq > 0).map(|r| (r.seq, r.attempts)).collect();
+    assert_eq!(later, [(1, 1), (2, 1), (3, 1), (4, 1)], "waiting cost no attempt");
+    assert_eq!(xlen(&mut con, "s:dlq").await, 0, "nothing was dead-lettered unseen");
+    handler.abort();
+}
+
+/// Entries acknowledged behind the sidecars' back (another client's XACK)
+/// leave members no sidecar script removed; with no later entry of their
+/// key, only the hygiene beat's sample finds them. The trial saw such keys
+/// listed as busy by Describe for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_acknowledged_behind_the_sidecars_back_are_swept_by_the_hygiene_beat() {
+    let redis = RedisServer::start().await;
+    let options = SidecarOptions::default().arg("--consumer-idle-limit-ms").arg("1000");
+    let sidecar = Sidecar::start(&redis, options).await;
+    let mut con = redis.conn().await;
+    let all: Vec<BatchEntry> = (0..3).flat_map(|seq| [entry("x", seq), entry("y", seq)]).collect();
+    let appended = sidecar.append_batch("s", all).await;
+    let mut call = Consumer::subscribe(&sidecar, keyed("s", "g", 1, 8)).await;
+    call.deliveries(2, Duration::from_secs(5)).await;
+    assert_eq!(zcard(&mut con, "s:keys:g").await, 6);
+    let mut xack = redis::cmd("XACK");
+    xack.arg("s").arg("g");
+    for response in &appended {
+        xack.arg(&response.stream_id);
+    }
+    let _: i64 = xack.query_async(&mut con).await.unwrap();
+    let swept = eventually(Duration::from_secs(10), || {
+        let mut con = con.clone();
+        async move { zcard(&mut con, "s:keys:g").await == 0 }
+    })
+    .await;
+    assert!(swept, "stale members left: {}", zcard(&mut con, "s:keys:g").await);
+    assert!(describe(&sidecar).await.busy_keys.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sidecars_keep_each_keys_order_through_a_kill_and_reclaims() {
     fault_proof(2).await;

@@ -55,6 +55,28 @@ type GroupInfo struct {
 	// (Stream is the shard's key); the fields above then add up the shards
 	// (LastDeliveredID is ""). Empty for a plain stream.
 	Shards []GroupInfo
+	// KeyedEntries, for a group with per-key limits
+	// ([ConsumerConfig].KeyField), is the number of its pending entries that
+	// hold or wait for their key; 0 when the group has no key field.
+	KeyedEntries uint64
+	// BusyKeys are the keys with entries held or waiting, the busiest first:
+	// at most 100, from the first 10,000 keyed entries.
+	BusyKeys []BusyKey
+}
+
+// BusyKey is a key of a group with per-key limits that has entries pending
+// ([GroupInfo].BusyKeys).
+type BusyKey struct {
+	// Key is the value of the group's key field, as stored.
+	Key []byte
+	// Entries is the number of its entries pending in the group, held or
+	// waiting for the key.
+	Entries uint64
+	// HeadID is the stream id of its oldest pending entry: the one that runs
+	// first.
+	HeadID string
+	// HeadConsumer is the consumer whose PEL holds that entry.
+	HeadConsumer string
 }
 
 // ConsumerInfo is one consumer of a group.
@@ -78,6 +100,7 @@ func groupInfoFrom(m *pb.DescribeGroupResponse) GroupInfo {
 		OldestPendingID:  m.GetOldestPendingId(),
 		MaxDeliveryCount: m.GetMaxDeliveryCount(),
 		StreamLength:     m.GetStreamLength(),
+		KeyedEntries:     m.GetKeyedEntries(),
 	}
 	if age := m.GetOldestPendingAge(); age != nil {
 		g.OldestPendingAge = age.AsDuration()
@@ -91,6 +114,9 @@ func groupInfoFrom(m *pb.DescribeGroupResponse) GroupInfo {
 	}
 	for _, s := range m.GetShards() {
 		g.Shards = append(g.Shards, groupInfoFrom(s))
+	}
+	for _, k := range m.GetBusyKeys() {
+		g.BusyKeys = append(g.BusyKeys, BusyKey{Key: k.GetKey(), Entries: k.GetEntries(), HeadID: k.GetHeadId(), HeadConsumer: k.GetHeadConsumer()})
 	}
 	return g
 }

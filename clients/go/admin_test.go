@@ -273,6 +273,50 @@ func TestDescribeGroupReportsPendingConsumersAndLag(t *testing.T) {
 	}
 }
 
+// With per-key limits, DescribeGroup reports the keyed entries and the busy
+// keys: a key's head is held by the consumer, its later entries wait.
+func TestDescribeGroupReportsBusyKeys(t *testing.T) {
+	_, conn := dialFixture(t)
+	stream := uniqueStream("go:busy-keys")
+	var entries []map[string][]byte
+	for _, key := range []string{"c0", "c0", "c1", "c0"} {
+		entries = append(entries, map[string][]byte{"customer": []byte(key)})
+	}
+	appended, err := echomq.NewStreams(conn).AppendBatch(withTimeout(t, 10*time.Second), stream, entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
+		Conn: conn, Stream: stream, Group: "g", Start: echomq.StartBeginning(),
+		FlowControl: echomq.FlowControl{MaxInFlight: 8}, KeyField: "customer", MaxInFlightPerKey: 1,
+	})
+	release := make(chan struct{})
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		done <- consumer.Run(ctx, func(context.Context, *echomq.Delivery) error {
+			<-release
+			return nil
+		})
+	}()
+	admin := echomq.NewAdmin(conn)
+	var info echomq.GroupInfo
+	if err := waitFor(10*time.Second, func() bool {
+		info, err = admin.DescribeGroup(withTimeout(t, 5*time.Second), stream, "g")
+		return err == nil && info.KeyedEntries == 4 && len(info.BusyKeys) == 2
+	}); err != nil {
+		t.Fatalf("describe: %+v (%v), want 4 keyed entries over 2 busy keys", info, err)
+	}
+	c0, c1 := info.BusyKeys[0], info.BusyKeys[1]
+	if string(c0.Key) != "c0" || c0.Entries != 3 || c0.HeadID != appended[0].StreamID || c0.HeadConsumer == "" ||
+		string(c1.Key) != "c1" || c1.Entries != 1 || c1.HeadID != appended[2].StreamID || c1.HeadConsumer != c0.HeadConsumer {
+		t.Fatalf("busy keys: %+v, want c0 (3, head %s) then c1 (1, head %s)", info.BusyKeys, appended[0].StreamID, appended[2].StreamID)
+	}
+	close(release)
+	stopRun(t, consumer, done)
+}
+
 // deadLetterAll runs a consumer that dead-letters every entry of stream with
 // reason "bad <n>", until n dead letters are in dlq.
 func deadLetterAll(t *testing.T, cl *cluster, conn *grpc.ClientConn, stream, dlq string, n int) {

@@ -59,6 +59,9 @@ type scenario struct {
 		MaxInFlight   uint32 `json:"max_in_flight"`
 		Concurrency   int    `json:"concurrency"`
 		MaxDeliveries uint32 `json:"max_deliveries"`
+		// KeyField and MaxInFlightPerKey are the per-key limits.
+		KeyField          string `json:"key_field"`
+		MaxInFlightPerKey uint32 `json:"max_in_flight_per_key"`
 	} `json:"consumer"`
 	Handler struct {
 		Default   *action           `json:"default"`
@@ -223,7 +226,9 @@ type call struct {
 	id, streamID string
 	attempts     uint32
 	payload      map[string][]byte
-	started      time.Time
+	// started and finished bound the call (finished: when its action
+	// returned, or when a hang began).
+	started, finished time.Time
 }
 
 // leaseLostWait bounds the wait_lease_lost action.
@@ -271,6 +276,8 @@ type run struct {
 	badAction string
 	stopTook  time.Duration
 	stopped   bool
+	// consumerErr is what Run returned by itself (wait_consumer_error).
+	consumerErr error
 
 	consumers []*consumerRun
 	// release ends "hang" handlers when the scenario is over.
@@ -375,6 +382,22 @@ func (r *run) step(step string) {
 		r.mu.Unlock()
 	case "stop_first":
 		r.stop(r.consumers[0], num())
+	case "wait_consumer_error":
+		c := r.current()
+		select {
+		case err := <-c.done:
+			if err == nil {
+				t.Fatal("wait_consumer_error: Run returned nil, want an error")
+			}
+			r.mu.Lock()
+			r.consumerErr = err
+			r.mu.Unlock()
+		case <-time.After(stepLimit):
+			t.Fatalf("wait_consumer_error: Run did not return by itself within %v", stepLimit)
+		}
+		c.ended = true
+		_ = c.conn.Close()
+		c.cancel()
 	case "kill_sidecar":
 		r.cl.killSidecar()
 	case "restart_sidecar":
@@ -610,12 +633,14 @@ func (r *run) startConsumer() {
 		t.Fatalf("dial: %v", err)
 	}
 	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
-		Conn:          conn,
-		Stream:        r.stream,
-		Group:         conformanceGroup,
-		Start:         echomq.StartBeginning(),
-		FlowControl:   echomq.FlowControl{MaxInFlight: r.sc.Consumer.MaxInFlight, Concurrency: r.sc.Consumer.Concurrency},
-		MaxDeliveries: r.sc.Consumer.MaxDeliveries,
+		Conn:              conn,
+		Stream:            r.stream,
+		Group:             conformanceGroup,
+		Start:             echomq.StartBeginning(),
+		FlowControl:       echomq.FlowControl{MaxInFlight: r.sc.Consumer.MaxInFlight, Concurrency: r.sc.Consumer.Concurrency},
+		MaxDeliveries:     r.sc.Consumer.MaxDeliveries,
+		KeyField:          r.sc.Consumer.KeyField,
+		MaxInFlightPerKey: r.sc.Consumer.MaxInFlightPerKey,
 		OnVerdictError: func(e echomq.VerdictError) {
 			r.mu.Lock()
 			r.verdictErrors = append(r.verdictErrors, echomq.CodeName(e.Code))
@@ -725,6 +750,7 @@ func (r *run) waitUntil(what string, ok func() bool) {
 // scenario says for the delivery's attempts.
 func (r *run) handle(ctx context.Context, d *echomq.Delivery) error {
 	r.mu.Lock()
+	index := len(r.calls)
 	r.calls = append(r.calls, call{id: d.ID, streamID: d.StreamID, attempts: d.Attempts, payload: d.Payload, started: time.Now()})
 	r.callsByID[d.ID]++
 	n := r.callsByID[d.ID]
@@ -737,6 +763,7 @@ func (r *run) handle(ctx context.Context, d *echomq.Delivery) error {
 		defer r.mu.Unlock()
 		if !finished {
 			finished = true
+			r.calls[index].finished = time.Now()
 			r.finished++
 			r.finishedIDs[d.ID] = true
 		}
@@ -1123,10 +1150,100 @@ func (r *run) check() {
 			if got != n {
 				t.Errorf("acks_sent: %d ids in Ack messages, want %d", got, n)
 			}
+		case "per_key_serial":
+			var want struct {
+				KeyField string `json:"key_field"`
+				SeqField string `json:"seq_field"`
+			}
+			decode(&want)
+			checkPerKeySerial(t, r.calls, want.KeyField, want.SeqField)
+		case "max_concurrent_keys_at_least":
+			var n int
+			decode(&n)
+			var serial struct {
+				KeyField string `json:"key_field"`
+			}
+			if err := json.Unmarshal(r.sc.Expect["per_key_serial"], &serial); err != nil {
+				t.Fatalf("max_concurrent_keys_at_least needs expect.per_key_serial: %v", err)
+			}
+			if got := maxConcurrentKeys(r.calls, serial.KeyField); got < n {
+				t.Errorf("max_concurrent_keys_at_least: calls of at most %d keys ran at once, want at least %d", got, n)
+			}
+		case "consumer_error":
+			var want struct {
+				Code            codes.Code `json:"code"` // "INVALID_ARGUMENT" decodes
+				MessageContains string     `json:"message_contains"`
+			}
+			decode(&want)
+			var refused *echomq.SubscriptionError
+			switch {
+			case !errors.As(r.consumerErr, &refused):
+				t.Errorf("consumer_error: Run returned %v, want a *SubscriptionError", r.consumerErr)
+			case refused.Code() != want.Code:
+				t.Errorf("consumer_error: code %v, want %s: %v", refused.Code(), want.Code, refused)
+			case !strings.Contains(refused.Error(), want.MessageContains) || !strings.Contains(status.Convert(r.consumerErr).Message(), want.MessageContains):
+				t.Errorf("consumer_error: %q does not name %q", refused.Error(), want.MessageContains)
+			}
 		default:
 			t.Errorf("unknown expect key %q: this runner cannot check it", key)
 		}
 	}
+}
+
+// keyedCalls are the calls of entries with keyField, by its value, in the
+// order they started.
+func keyedCalls(calls []call, keyField string) map[string][]call {
+	sorted := slices.Clone(calls)
+	slices.SortStableFunc(sorted, func(a, b call) int { return a.started.Compare(b.started) })
+	byKey := map[string][]call{}
+	for _, c := range sorted {
+		if key, ok := c.payload[keyField]; ok {
+			byKey[string(key)] = append(byKey[string(key)], c)
+		}
+	}
+	return byKey
+}
+
+// checkPerKeySerial: within a key no two calls overlap, and their seqField
+// values never decrease in the order they started.
+func checkPerKeySerial(t *testing.T, calls []call, keyField, seqField string) {
+	t.Helper()
+	byKey := keyedCalls(calls, keyField)
+	if len(byKey) == 0 {
+		t.Errorf("per_key_serial: no handler call had the field %q", keyField)
+	}
+	for key, runs := range byKey {
+		seqs := make([]int, len(runs))
+		for i, c := range runs {
+			seqs[i], _ = strconv.Atoi(string(c.payload[seqField]))
+			if i > 0 && (runs[i-1].finished.IsZero() || c.started.Before(runs[i-1].finished)) {
+				t.Errorf("per_key_serial: key %q: %s started %v before %s finished", key, c.streamID, runs[i-1].finished.Sub(c.started), runs[i-1].streamID)
+			}
+		}
+		if !slices.IsSorted(seqs) {
+			t.Errorf("per_key_serial: key %q: seq in start order %v", key, seqs)
+		}
+	}
+}
+
+// maxConcurrentKeys is the most distinct keys with calls running at the start
+// of some call.
+func maxConcurrentKeys(calls []call, keyField string) int {
+	most := 0
+	for _, c := range calls {
+		if _, ok := c.payload[keyField]; !ok || c.finished.IsZero() {
+			continue
+		}
+		keys := map[string]bool{}
+		for _, o := range calls {
+			key, ok := o.payload[keyField]
+			if ok && !o.finished.IsZero() && !o.started.After(c.started) && c.started.Before(o.finished) {
+				keys[string(key)] = true
+			}
+		}
+		most = max(most, len(keys))
+	}
+	return most
 }
 
 // eventually reads an integer from Redis until it equals want (acks the

@@ -184,6 +184,28 @@ type ConsumerConfig struct {
 	// acceptable.
 	NoAck bool
 
+	// KeyField turns on per-key limits (ordering by key): it names the payload
+	// field whose value is an entry's key (an order's "customer", an account).
+	// At most MaxInFlightPerKey entries of one key are then held at once
+	// anywhere in the group, across every sidecar, and a key's entries start
+	// in stream order: a failed entry is retried before its key's later ones,
+	// and an ack or a dead letter frees the key. Entries without the field
+	// are not limited; other keys never wait behind a busy one. "": no
+	// per-key limit. A group setting, like DeadLetterStream: every consumer
+	// of the group should name the same field and limit. The sidecar checks
+	// both and refuses a bad combination at subscribe, and Run returns a
+	// [*SubscriptionError] carrying its status and message: INVALID_ARGUMENT
+	// for a KeyField without a MaxInFlightPerKey (or the reverse), a field
+	// over its name limit or equal to the reserved `id` field, with NoAck, or
+	// on a sharded stream; FAILED_PRECONDITION for a field or limit other
+	// than the one the group's consumers on that sidecar use.
+	KeyField string
+	// MaxInFlightPerKey is the most entries of one key held at once in the
+	// group (entries), with KeyField; 1 handles each key's entries one at a
+	// time, in order. Required with KeyField (0 is sent as 0, which the
+	// sidecar refuses then); see KeyField.
+	MaxInFlightPerKey uint32
+
 	// Reconnect paces the attempts to re-open the call after it broke.
 	// Zero: 100 ms doubling to 5 s, jittered (see [Backoff]).
 	Reconnect Backoff
@@ -233,13 +255,15 @@ func (cfg *ConsumerConfig) validate() error {
 
 func (cfg *ConsumerConfig) subscribe() *pb.ConsumeRequest {
 	sub := &pb.Subscribe{
-		Stream:           cfg.Stream,
-		Group:            cfg.Group,
-		MaxInFlight:      cfg.flow().MaxInFlight,
-		DeadLetterStream: cfg.DeadLetterStream,
-		MaxDeliveries:    cfg.MaxDeliveries,
-		NoAck:            cfg.NoAck,
-		MaxBatch:         cfg.maxBatch(),
+		Stream:            cfg.Stream,
+		Group:             cfg.Group,
+		MaxInFlight:       cfg.flow().MaxInFlight,
+		DeadLetterStream:  cfg.DeadLetterStream,
+		MaxDeliveries:     cfg.MaxDeliveries,
+		NoAck:             cfg.NoAck,
+		KeyField:          cfg.KeyField,
+		MaxInFlightPerKey: cfg.MaxInFlightPerKey,
+		MaxBatch:          cfg.maxBatch(),
 	}
 	cfg.Start.apply(sub)
 	if cfg.AckDeadline > 0 {

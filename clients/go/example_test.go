@@ -153,6 +153,32 @@ func ExampleTransient() {
 }
 
 func insertRows(context.Context, []map[string][]byte) []error { return nil }
+
+// Per-key limits: one customer's entries run one at a time, in stream order,
+// while other customers' run beside them (the README's "Per-key ordering").
+func ExampleConsumerConfig_keyField() {
+	conn, err := echomq.Dial("127.0.0.1:50051")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := context.Background()
+	consumer := echomq.NewConsumer(echomq.ConsumerConfig{
+		Conn: conn, Stream: "orders", Group: "billing", Start: echomq.StartBeginning(),
+		FlowControl:       echomq.FlowControl{MaxInFlight: 64},
+		KeyField:          "customer", // the payload field whose value is the key
+		MaxInFlightPerKey: 1,          // one customer's entries run one at a time, in order
+	})
+	err = consumer.Run(ctx, func(ctx context.Context, d *echomq.Delivery) error {
+		return apply(ctx, d.Payload["customer"], d.Payload)
+	})
+	var refused *echomq.SubscriptionError
+	if errors.As(err, &refused) {
+		log.Fatal(refused) // e.g. INVALID_ARGUMENT: the sidecar's message names the setting
+	}
+}
+
+func apply(context.Context, []byte, map[string][]byte) error  { return nil }
 func busy() bool                                              { return false }
 func saveOrderState(context.Context, map[string][]byte) error { return nil }
 

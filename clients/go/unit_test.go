@@ -113,6 +113,22 @@ func TestStartFillsTheSubscribe(t *testing.T) {
 	}
 }
 
+func TestPerKeyLimitsFillTheSubscribe(t *testing.T) {
+	cfg := ConsumerConfig{Stream: "s", Group: "g", Start: StartNew(), KeyField: "customer", MaxInFlightPerKey: 2}
+	sub := cfg.subscribe().GetSubscribe()
+	if sub.GetKeyField() != "customer" || sub.GetMaxInFlightPerKey() != 2 {
+		t.Errorf("subscribe %v", sub)
+	}
+	// Unset: nothing is sent, and the sidecar's checks are not duplicated here.
+	unset := ConsumerConfig{Target: "127.0.0.1:1", Stream: "s", Group: "g", Start: StartNew(), KeyField: "customer"}
+	if err := unset.validate(); err != nil {
+		t.Errorf("validate: %v (the sidecar checks the per-key settings)", err)
+	}
+	if sub := unset.subscribe().GetSubscribe(); sub.GetMaxInFlightPerKey() != 0 {
+		t.Errorf("subscribe %v", sub)
+	}
+}
+
 func TestPermanentCodesAreNotRetried(t *testing.T) {
 	for _, code := range []codes.Code{codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition} {
 		if !IsPermanent(code) {

@@ -21,7 +21,14 @@
 -- KEYS[1]  the stream
 -- KEYS[2]  the group's heartbeat hash: consumer → Redis time (unix ms) of its last beat
 -- KEYS[3…] the group's other own keys (its retry hash, its keyed entries), removed with KEYS[2]
---          when the group is gone (`Keyspace::group_keys`)
+--          when the group is gone (`Keyspace::group_keys`); KEYS[4] is the keyed entries
+--
+-- Each beat also samples the group's keyed entries (per-key limits) and
+-- removes members whose entry the group no longer has pending: left behind
+-- when an entry left the PEL some way no sidecar script saw (acknowledged by
+-- another client, deleted, the key field changed), they would mark a key
+-- busy until its next entry met the gate. The gate (key_gate.lua, prepended)
+-- removes them too, but only for keys that get another entry.
 -- ARGV[1]  the group
 -- ARGV[2]  this sidecar's consumer (never removed)
 -- ARGV[3]  the idle limit, milliseconds; 0: only record the heartbeat
@@ -53,6 +60,20 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('HSET', beats, me, now)
 -- The hash outlives no group for long: a day, or twice the limit if longer.
 redis.call('PEXPIRE', beats, math.max(86400000, 2 * limit))
+-- A random sample: no cursor to keep, and every stale member is met within
+-- a few beats for sets of hundreds; a member not shaped as the sidecars
+-- write them (by hand) is left alone.
+local keyed = KEYS[4]
+if keyed and redis.call('TYPE', keyed).ok == 'zset' then
+  for _, member in ipairs(redis.call('ZRANDMEMBER', keyed, 32)) do
+    if #member > 41 and string.match(string.sub(member, -41), '^%d+%-%d+$') then
+      local id = id_of_member(member)
+      if #redis.call('XPENDING', stream, group, id, id, 1) == 0 then
+        redis.call('ZREM', keyed, member)
+      end
+    end
+  end
+end
 local removed = {}
 if limit == 0 then
   return removed

@@ -75,31 +75,53 @@ pub(crate) fn key_of<'a>(fields: &'a [(Vec<u8>, Vec<u8>)], field: &str) -> Optio
     fields.iter().find(|(name, _)| name == field.as_bytes()).map(|(_, value)| value.as_slice())
 }
 
-/// Runs the gate (`keys_gate.lua`: per candidate ZSCORE, ZADD when missing,
-/// ZRANGEBYLEX over its key's first `per_key` members, XPENDING and ZREM of
-/// those no longer pending) on `candidates` (stream id, member): which may
-/// be handed to a call now, in order.
+/// What the gate (`keys_gate.lua`) said of an entry this sidecar held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Checked {
+    /// Among its key's first `per_key` entries: it may run now.
+    Admitted,
+    /// Its key is at its limit: it waits.
+    Waits,
+    /// No longer pending for this consumer: a peer took it (this sidecar was
+    /// paused past the reclaim idle time) or it left the PEL. Forget it.
+    Gone,
+}
+
+/// Runs the gate (`keys_gate.lua`: per candidate XPENDING, fenced to this
+/// sidecar's consumer; then ZSCORE, ZADD when missing, ZRANGEBYLEX over its
+/// key's first `per_key` members, XPENDING and ZREM of those no longer
+/// pending) on `candidates` (stream id, member), in order.
 ///
 /// Errors: Redis' (WRONGTYPE when the keyed-entries key holds another
 /// type; NOGROUP when the group is gone), or a reply not shaped as the
 /// script's (a Parse error).
-pub(crate) async fn gate(keys: &GroupKeys, per_key: u32, candidates: &[(StreamId, Vec<u8>)]) -> RedisResult<Vec<bool>> {
+pub(crate) async fn gate(
+    keys: &GroupKeys,
+    per_key: u32,
+    candidates: &[(StreamId, Vec<u8>)],
+) -> RedisResult<Vec<Checked>> {
     let mut script = keys.redis.scripts.keys_gate.prepare_invoke();
-    script.key(&keys.stream).key(&keys.keyed).arg(&keys.group).arg(per_key);
+    script.key(&keys.stream).key(&keys.keyed).arg(&keys.group).arg(per_key).arg(&keys.consumer);
     for (_, member) in candidates {
         script.arg(member.as_slice());
     }
     let mut conn = keys.redis.conn.clone();
     let reply: Value = script.invoke_async(&mut conn).await?;
-    let admitted: Vec<bool> = array(&reply).iter().map(|flag| int(flag).map(|n| n == 1)).collect::<RedisResult<_>>()?;
-    if admitted.len() != candidates.len() {
-        return Err(redis::RedisError::from((
-            redis::ErrorKind::Parse,
-            "unexpected reply from Redis",
-            format!("keys_gate.lua answered {} of {} candidates", admitted.len(), candidates.len()),
-        )));
+    let malformed =
+        |what: String| redis::RedisError::from((redis::ErrorKind::Parse, "unexpected reply from Redis", what));
+    let checked: Vec<Checked> = array(&reply)
+        .iter()
+        .map(|flag| match int(flag)? {
+            1 => Ok(Checked::Admitted),
+            0 => Ok(Checked::Waits),
+            -1 => Ok(Checked::Gone),
+            other => Err(malformed(format!("keys_gate.lua answered {other}"))),
+        })
+        .collect::<RedisResult<_>>()?;
+    if checked.len() != candidates.len() {
+        return Err(malformed(format!("keys_gate.lua answered {} of {} candidates", checked.len(), candidates.len())));
     }
-    Ok(admitted)
+    Ok(checked)
 }
 
 /// What the gate said of an entry read by `keyed_read.lua`.

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 
 use super::{
     delivery::Outgoing,
-    keyed::{self, KeyWaits},
+    keyed::{self, Checked, KeyWaits},
     orders::{
         Backoff, DeadLetterOrder, DeadLettered, Emission, EmitOrder, FailKind, GroupPolicy, KeyLimit, NewEmit,
         PendingAck, Redelivery, ReleaseOrder, Released, RetryWrite, SessionId, Unrefreshed, ACK_CHUNK,
@@ -439,7 +439,8 @@ impl<D> Ledger<D> {
     /// the entries waiting for their key reach [`Ledger::key_waiting_bound`]
     /// (no new entries are read then, nor the own PEL walked on).
     pub(crate) fn free(&self) -> usize {
-        if self.key_waits.len() >= self.key_waiting_bound() {
+        // The bound is summed over the calls: only looked at while entries wait.
+        if !self.key_waits.is_empty() && self.key_waits.len() >= self.key_waiting_bound() {
             return 0;
         }
         self.free_for_due().saturating_sub(self.read_outstanding)
@@ -535,12 +536,18 @@ impl<D> Ledger<D> {
     }
 
     /// What the gate said of `candidates` (in order): the entries it let
-    /// through are offered to the calls; the others go on waiting. Those
-    /// that left meanwhile (a peer took one, it was deleted) are skipped.
-    pub(crate) fn key_gated(&mut self, candidates: Vec<(StreamId, Vec<u8>)>, admitted: &[bool], now: Instant) {
+    /// through are offered to the calls; those no longer this consumer's (a
+    /// peer took them while this sidecar was paused, or they left the PEL)
+    /// are forgotten, never handed out; the others go on waiting. Those that
+    /// stopped waiting meanwhile are skipped.
+    pub(crate) fn key_gated(&mut self, candidates: Vec<(StreamId, Vec<u8>)>, checked: &[Checked], now: Instant) {
         self.tally.key_gate_checks += candidates.len() as u64;
-        for ((stream_id, _), &admitted) in candidates.into_iter().zip(admitted) {
-            if !admitted || self.entries.get(&stream_id) != Some(&Track::KeyWaiting) {
+        for ((stream_id, _), &checked) in candidates.into_iter().zip(checked) {
+            if checked == Checked::Waits || self.entries.get(&stream_id) != Some(&Track::KeyWaiting) {
+                continue;
+            }
+            if checked == Checked::Gone {
+                self.forget(stream_id, Gone::ToPeer);
                 continue;
             }
             if let Some(out) = self.key_waits.remove(stream_id) {
@@ -758,12 +765,18 @@ impl<D> Ledger<D> {
     /// sitting on them. If a call comes back first, they are claimed again
     /// (which checks they are still this consumer's).
     fn release_ready(&mut self, now: Instant) {
-        while let Some(out) = self.ready.pop_front() {
-            self.wait(out.stream_id, now);
-        }
-        let key_waiting: Vec<StreamId> = self.key_waits.drain().map(|out| out.stream_id).collect();
-        for stream_id in key_waiting {
+        let mut unstarted: Vec<StreamId> = self.ready.drain(..).map(|out| out.stream_id).collect();
+        unstarted.extend(self.key_waits.drain().map(|out| out.stream_id));
+        for stream_id in unstarted {
             self.wait(stream_id, now);
+            // No handler saw it: it goes back with the delivery count it had
+            // before this sidecar took it, as a client's Release does, so a
+            // consumer that reconnects (a rolling restart) costs it no
+            // attempt, and an entry that only waited for its key is never
+            // dead-lettered for the waiting.
+            if !self.no_ack {
+                self.orders.releases.push(ReleaseOrder { stream_id, answer: None });
+            }
         }
         self.keys_freed.clear();
         self.next_key_poll = None;
@@ -1037,7 +1050,7 @@ impl<D> Ledger<D> {
             }
             let Some(held) = self.settle(session, &text, id, now, false) else { continue };
             self.ended(held.stream_id, Some("release"));
-            self.orders.releases.push(ReleaseOrder { stream_id: held.stream_id, session, text });
+            self.orders.releases.push(ReleaseOrder { stream_id: held.stream_id, answer: Some((session, text)) });
         }
     }
 
@@ -1051,19 +1064,26 @@ impl<D> Ledger<D> {
             let refusal = match outcome {
                 Released::GivenBack { deliveries } => {
                     tracing::debug!(stream = %self.stream, group = %self.group, %stream_id, deliveries, "released to the group");
-                    self.tally.releases += 1;
+                    if order.answer.is_some() {
+                        self.tally.releases += 1;
+                    }
                     if !self.tracks(stream_id) {
                         self.wait(stream_id, now);
                     }
                     continue;
                 }
-                Released::NotOurs => Refusal::NotReleased,
+                Released::NotOurs => {
+                    self.forget(stream_id, Gone::ToPeer);
+                    Refusal::NotReleased
+                }
                 Released::Deleted => {
                     self.trimmed(stream_id);
                     Refusal::Gone(Gone::Deleted)
                 }
             };
-            self.answer(order.session, order.text, refusal);
+            if let Some((session, text)) = order.answer {
+                self.answer(session, text, refusal);
+            }
         }
     }
 

@@ -150,9 +150,11 @@ pub(crate) enum Redelivery {
 #[derive(Debug)]
 pub(crate) struct ReleaseOrder {
     pub(crate) stream_id: StreamId,
-    /// The Release that asked for it (call, id as sent), answered if it cannot be applied.
-    pub(crate) session: SessionId,
-    pub(crate) text: String,
+    /// The Release that asked for it (call, id as sent), answered if it
+    /// cannot be applied; `None` for an entry the sidecar gives back itself
+    /// (read or waiting for its key, never handed out, when the group's
+    /// last call left).
+    pub(crate) answer: Option<(SessionId, String)>,
 }
 
 /// What [`release`](super::release::release) did with one entry.

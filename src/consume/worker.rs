@@ -32,14 +32,16 @@ use super::{
     dead_letter,
     delivery::{self, Outgoing},
     gauges, hygiene,
-    keyed::{self, Gate},
+    keyed::{self, Checked, Gate},
     lease,
     ledger::{Ledger, Work},
     orders::{DeadLetterOrder, EmitOrder, PendingAck, Redelivery, ReleaseOrder, RetryWrite, SessionId},
     outlet::Outlet,
     pacing::{Pacing, Step},
     reader::{self, KeyedRead, Read, Reader},
-    recovery, release, retry, settle, GroupKeys, Shared,
+    recovery, release, retry, settle,
+    verdicts::Gone,
+    GroupKeys, Shared,
 };
 use crate::{error::Error, id::StreamId, proto::Delivery, redis::RawEntry};
 
@@ -485,29 +487,36 @@ impl Worker {
         };
         let candidates: Vec<(StreamId, Vec<u8>)> =
             outs.iter().filter_map(|out| Some((out.stream_id, out.member.clone()?))).collect();
-        let admitted = if candidates.is_empty() {
+        let checked = if candidates.is_empty() {
             Vec::new()
         } else {
             self.act();
             match keyed::gate(&self.keys, per_key, &candidates).await {
-                Ok(admitted) => {
+                Ok(checked) => {
                     self.pacing.succeeded(Step::KeyGate);
                     self.ledger.key_gate_checked(candidates.len());
-                    admitted
+                    checked
                 }
                 Err(e) => {
                     self.redis_failed(Step::KeyGate, &e);
-                    vec![false; candidates.len()]
+                    vec![Checked::Waits; candidates.len()]
                 }
             }
         };
-        let mut verdicts = admitted.into_iter();
+        let mut verdicts = checked.into_iter();
         let now = Instant::now();
         for out in outs {
-            if out.member.is_none() || verdicts.next() == Some(true) {
+            if out.member.is_none() {
                 self.ledger.offer(out, now);
-            } else {
-                self.ledger.key_wait(out, now);
+                continue;
+            }
+            match verdicts.next() {
+                Some(Checked::Admitted) => self.ledger.offer(out, now),
+                // Claimed a moment ago, so rarely; never handed out.
+                Some(Checked::Gone) => {
+                    self.ledger.forget(out.stream_id, Gone::ToPeer);
+                }
+                Some(Checked::Waits) | None => self.ledger.key_wait(out, now),
             }
         }
     }
@@ -518,9 +527,9 @@ impl Worker {
         let Some(per_key) = self.ledger.key_limit().map(|limit| limit.per_key) else { return };
         self.act();
         match keyed::gate(&self.keys, per_key, &candidates).await {
-            Ok(admitted) => {
+            Ok(checked) => {
                 self.pacing.succeeded(Step::KeyGate);
-                self.ledger.key_gated(candidates, &admitted, Instant::now());
+                self.ledger.key_gated(candidates, &checked, Instant::now());
             }
             Err(e) => self.redis_failed(Step::KeyGate, &e),
         }
@@ -637,7 +646,7 @@ impl Worker {
             Err(e) => {
                 self.redis_failed(Step::Release, &e);
                 let message = format!("releasing failed ({e}); the entry stays pending for this sidecar and will be delivered again, as another attempt");
-                let entries = orders.into_iter().map(|order| (order.stream_id, Some((order.session, order.text))));
+                let entries = orders.into_iter().map(|order| (order.stream_id, order.answer));
                 self.ledger.not_written(entries, &message, self.pacing.paused_until());
             }
         }

@@ -85,11 +85,72 @@ fn busy_key_json(key: &BusyKey) -> Value {
     doc
 }
 
-/// A key for people: its text, or `0x…` when it is not UTF-8.
-fn key_text(key: &[u8]) -> String {
-    match std::str::from_utf8(key) {
-        Ok(text) => text.to_owned(),
-        Err(_) => format!("0x{}", key.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+/// The most characters of a key the table shows; a longer key is cut there.
+const KEY_CELL_CHARS: usize = 64;
+
+/// A key for the table: one bounded line. Printable UTF-8 as it is; a control
+/// character, a character that reorders or hides text, `\\` and a byte that is
+/// not UTF-8 escaped (`\n`, `\0`, `\\`, `\u{202e}`, `\xff`); in double quotes
+/// (`\"` escaped) when it is empty, starts or ends with a space, or starts with
+/// a quote; cut after [`KEY_CELL_CHARS`] characters with `… (N bytes)`.
+/// `--json` has the exact bytes.
+fn key_cell(key: &[u8]) -> String {
+    let mut pieces: Vec<String> = Vec::new();
+    for chunk in key.utf8_chunks() {
+        pieces.extend(chunk.valid().chars().map(key_char));
+        pieces.extend(chunk.invalid().iter().map(|b| format!("\\x{b:02x}")));
+    }
+    let text = String::from_utf8_lossy(key);
+    let quoted = text.is_empty()
+        || text.starts_with(char::is_whitespace)
+        || text.ends_with(char::is_whitespace)
+        || text.starts_with('"');
+    if quoted {
+        for piece in &mut pieces {
+            if piece == "\"" {
+                *piece = "\\\"".to_owned();
+            }
+        }
+    }
+    let mut shown = String::new();
+    let mut chars = 0;
+    let mut cut = false;
+    for piece in &pieces {
+        let len = piece.chars().count();
+        if chars + len > KEY_CELL_CHARS {
+            cut = true;
+            break;
+        }
+        shown.push_str(piece);
+        chars += len;
+    }
+    if quoted {
+        shown = format!("\"{shown}\"");
+    }
+    if cut {
+        shown.push_str(&format!("… ({} bytes)", key.len()));
+    }
+    shown
+}
+
+/// One character of a key for the table: itself, or its escape.
+fn key_char(c: char) -> String {
+    match c {
+        '\0' => "\\0".to_owned(),
+        '\n' => "\\n".to_owned(),
+        '\r' => "\\r".to_owned(),
+        '\t' => "\\t".to_owned(),
+        '\\' => "\\\\".to_owned(),
+        c if c.is_ascii_control() => format!("\\x{:02x}", c as u32),
+        // C1 controls, and what reorders or hides text on a terminal: bidi
+        // controls, zero-width characters, the byte-order mark.
+        '\u{80}'..='\u{9f}'
+        | '\u{61c}'
+        | '\u{200b}'..='\u{200f}'
+        | '\u{202a}'..='\u{202e}'
+        | '\u{2060}'..='\u{2069}'
+        | '\u{feff}' => format!("\\u{{{:x}}}", c as u32),
+        c => c.to_string(),
     }
 }
 
@@ -170,7 +231,7 @@ fn to_text(state: &DescribeGroupResponse) -> String {
         let rows: Vec<Vec<String>> = state
             .busy_keys
             .iter()
-            .map(|k| vec![key_text(&k.key), k.entries.to_string(), k.head_id.clone(), dash(&k.head_consumer)])
+            .map(|k| vec![key_cell(&k.key), k.entries.to_string(), k.head_id.clone(), dash(&k.head_consumer)])
             .collect();
         text.push_str("\n\n");
         text.push_str(&table(&["BUSY KEY", "ENTRIES", "HEAD", "HEAD CONSUMER"], &rows));
@@ -272,7 +333,7 @@ mod tests {
         assert!(text.contains("keyed entries           3"), "{text}");
         assert!(
             text.contains(
-                "BUSY KEY  ENTRIES  HEAD  HEAD CONSUMER\nacct-1    2        4-0   pod-a\n0xff      1        5-0   -"
+                "BUSY KEY  ENTRIES  HEAD  HEAD CONSUMER\nacct-1    2        4-0   pod-a\n\\xff      1        5-0   -"
             ),
             "{text}"
         );
@@ -282,6 +343,64 @@ mod tests {
         assert_eq!(json["busy_keys"][1]["key_hex"], "ff");
         assert!(json["busy_keys"][1]["head_consumer"].is_null());
         assert!(!to_text(&state()).contains("BUSY KEY"), "nothing without per-key limits");
+    }
+
+    #[test]
+    fn keys_print_on_one_line_escaped_and_bounded() {
+        for (key, cell) in [
+            (&b"acct-1"[..], "acct-1"),
+            ("ключ 7 ✓".as_bytes(), "ключ 7 ✓"),
+            (b"a b", "a b"),
+            (b"", "\"\""),
+            (b" ", "\" \""),
+            (b" a", "\" a\""),
+            (b"a\t", "\"a\\t\""),
+            (b"\"a\" b", "\"\\\"a\\\" b\""),
+            (b"a\"", "a\""),
+            (b"x\ny", "x\\ny"),
+            (b"x\0y", "x\\0y"),
+            (b"x\ry\x1b[31m", "x\\ry\\x1b[31m"),
+            (b"C:\\x", "C:\\\\x"),
+            (b"\xff\xfe", "\\xff\\xfe"),
+            (b"ok\xffok", "ok\\xffok"),
+            ("a\u{202e}b\u{85}c\u{200b}".as_bytes(), "a\\u{202e}b\\u{85}c\\u{200b}"),
+            ("a\u{a0}".as_bytes(), "\"a\u{a0}\""),
+        ] {
+            assert_eq!(key_cell(key), cell, "{key:?}");
+        }
+        let long = key_cell(&[b'k'; 5_000]);
+        assert_eq!(long, format!("{}… (5000 bytes)", "k".repeat(64)));
+        assert_eq!(key_cell(&[b'k'; 64]), "k".repeat(64), "64 characters fit");
+        let quoted = key_cell(&[&b" "[..], &[b'k'; 100]].concat());
+        assert_eq!(quoted, format!("\" {}\"… (101 bytes)", "k".repeat(63)));
+        // An escape is never cut in two: 63 characters, then `\n` would make 65.
+        let escape = key_cell(&[&[b'k'; 63][..], b"\nk"].concat());
+        assert_eq!(escape, format!("{}… (65 bytes)", "k".repeat(63)));
+    }
+
+    #[test]
+    fn a_long_or_odd_key_keeps_the_table_narrow_and_the_json_exact() {
+        let keys: [&[u8]; 4] = [&[b'k'; 5_000], b"", b"x\ny", b"x\0y"];
+        let odd = DescribeGroupResponse {
+            keyed_entries: 4,
+            busy_keys: keys
+                .iter()
+                .map(|k| BusyKey { key: k.to_vec(), entries: 1, head_id: "4-0".into(), head_consumer: "pod-a".into() })
+                .collect(),
+            ..state()
+        };
+        let text = to_text(&odd);
+        let table: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("BUSY KEY")).collect();
+        assert_eq!(table.len(), 5, "one line per key:\n{text}");
+        assert!(table.iter().all(|l| l.chars().count() < 120 && !l.contains('\0')), "{text}");
+        assert!(table[1].ends_with("… (5000 bytes)  1        4-0   pod-a"), "{text}");
+        assert!(table[2].starts_with("\"\"  "), "{text}");
+        assert!(table[3].starts_with("x\\ny  ") && table[4].starts_with("x\\0y  "), "{text}");
+        let json = to_json(&odd);
+        assert_eq!(json["busy_keys"][0]["key"].as_str().map(str::len), Some(5_000));
+        assert_eq!(json["busy_keys"][1]["key"], "");
+        assert_eq!(json["busy_keys"][2]["key"], "x\ny");
+        assert_eq!(json["busy_keys"][3]["key"], "x\u{0}y");
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub struct Scripts {
     /// `consume/keys_gate.lua`: which entries waiting for their key (or
     /// reclaimed, or retried) may run now.
     pub keys_gate: Script,
-    /// `consume/hygiene.lua`: record this sidecar's heartbeat, remove dead consumers that hold nothing.
+    /// `consume/hygiene.lua`: record this sidecar's heartbeat, remove dead consumers that hold nothing,
+    /// sweep a sample of the keyed entries whose entry left the PEL unseen.
     pub hygiene: Script,
     /// `consume/settle.lua`: a batch of XACKs and retry-state writes in one command.
     pub settle: Script,
@@ -102,7 +103,7 @@ impl Scripts {
             trim: script(include_str!("lua/trim.lua")),
             settle: script(include_str!("../consume/settle.lua")),
             ack_emit: script(include_str!("../consume/ack_emit.lua")),
-            hygiene: script(include_str!("../consume/hygiene.lua")),
+            hygiene: keyed(include_str!("../consume/hygiene.lua")),
             replay: script(include_str!("lua/replay.lua")),
             group_lag: script(include_str!("lua/group_lag.lua")),
             lease_renew: script(include_str!("lua/lease_renew.lua")),

@@ -454,9 +454,15 @@ impl Sidecar {
 
     /// SIGTERM, through `kill -TERM <pid>`: starts the graceful shutdown.
     pub fn sigterm(&self) {
-        let pid = self.pid().expect("sigterm: the sidecar is not running");
-        let status = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().expect("run kill");
-        assert!(status.success(), "kill -TERM {pid} failed: {status}");
+        self.signal("TERM");
+    }
+
+    /// `kill -<signal> <pid>` (`STOP` pauses it: its sockets stay open and it
+    /// answers nothing; `CONT` resumes it).
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid().unwrap_or_else(|| panic!("kill -{signal}: the sidecar is not running"));
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed: {status}");
     }
 
     /// Waits for the process to exit; `None` if it is still running after `timeout`.

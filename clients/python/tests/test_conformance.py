@@ -34,6 +34,7 @@ from echomq import (
     FailKind,
     FlowControl,
     NotScheduledError,
+    PermanentError,
     PoisonError,
     RpcError,
     Start,
@@ -115,6 +116,7 @@ class Run:
     scheduled_ids: set[str] = field(default_factory=set)  # branded ids answered `scheduled`
     emitted: list[EmittedEntry] = field(default_factory=list)  # what ack_emit answered, every call
     ack_emit_refusals: list[str] = field(default_factory=list)  # AckEmitError codes the handler saw
+    consumer_error: BaseException | None = None  # what `wait_consumer_error` saw end the consumer
 
     def handled(self) -> int:
         return sum(1 for c in self.calls if c.finished is not None)
@@ -222,6 +224,8 @@ class ScenarioRunner:
             start=Start.BEGINNING,
             flow_control=FlowControl(max_in_flight=settings.get("max_in_flight"), concurrency=settings.get("concurrency")),
             max_deliveries=settings.get("max_deliveries"),
+            key_field=settings.get("key_field"),
+            max_in_flight_per_key=settings.get("max_in_flight_per_key"),
             reconnect=RECONNECT,
             on_verdict_error=self.on_verdict_error,
             interceptors=[self.acks],
@@ -372,6 +376,17 @@ class ScenarioRunner:
             with pytest.raises(NotScheduledError) as raised:
                 await self.producer.cancel_scheduled(target.stream, target.id)
             assert raised.value.code == grpc.StatusCode.NOT_FOUND
+        elif name == "wait_consumer_error":
+            index = len(self.consumers) - 1
+            try:
+                await asyncio.wait_for(self.consumers[index].wait(), WAIT_TIMEOUT)
+            except asyncio.TimeoutError:
+                raise AssertionError(f"the consumer did not end by itself within {WAIT_TIMEOUT} s") from None
+            except Exception as error:  # noqa: BLE001 - recorded, checked by `consumer_error`
+                self.run.consumer_error = error
+            else:
+                raise AssertionError("the consumer ended without an error")
+            self.stopped.add(index)
         elif name == "wait_verdict_error":
             await until(f"verdict error {arg}", lambda: arg in self.run.verdict_errors)
         else:
@@ -500,8 +515,51 @@ class ScenarioRunner:
             elif key == "acks_sent":
                 got = sum(self.acks.acks.values())
                 assert got == want, f"{got} ids sent in Ack messages, want {want}"
+            elif key == "per_key_serial":
+                check_per_key_serial(run.calls, want["key_field"], want["seq_field"])
+            elif key == "max_concurrent_keys_at_least":
+                got = max_concurrent_keys(run.calls, expect["per_key_serial"]["key_field"])
+                assert got >= want, f"calls of at most {got} keys ran at once, want at least {want}"
+            elif key == "consumer_error":
+                error = run.consumer_error
+                assert isinstance(error, PermanentError), f"the consumer ended with {error!r}, want a PermanentError"
+                assert error.code.name == want["code"], f"code {error.code.name}, want {want['code']}: {error}"
+                assert want["message_contains"] in str(error), f"{str(error)!r} does not name {want['message_contains']!r}"
+                assert want["message_contains"] in error.details, f"details {error.details!r}"
             else:
                 raise AssertionError(f"unknown expectation {key!r}")
+
+
+def keyed_calls(calls: list[HandlerCall], key_field: str) -> dict[bytes, list[HandlerCall]]:
+    """The handler calls of entries with `key_field`, by its value, in the order they started."""
+    by_key: dict[bytes, list[HandlerCall]] = {}
+    for c in sorted(calls, key=lambda c: c.started):
+        if key_field in c.payload:
+            by_key.setdefault(c.payload[key_field], []).append(c)
+    return by_key
+
+
+def check_per_key_serial(calls: list[HandlerCall], key_field: str, seq_field: str) -> None:
+    """Within a key no two calls overlap, and their seq values never decrease."""
+    by_key = keyed_calls(calls, key_field)
+    assert by_key, f"no handler call had the field {key_field!r}"
+    for key, runs in by_key.items():
+        for before, after in zip(runs, runs[1:]):
+            assert before.finished is not None and after.started >= before.finished, (
+                f"key {key!r}: {after.stream_id} started {(before.finished or 0) - after.started:.3f} s "
+                f"before {before.stream_id} finished"
+            )
+        seqs = [int(c.payload[seq_field]) for c in runs]
+        assert seqs == sorted(seqs), f"key {key!r}: seq in start order {seqs}"
+
+
+def max_concurrent_keys(calls: list[HandlerCall], key_field: str) -> int:
+    """The most distinct keys with calls running at the start of some call."""
+    keyed = [c for c in calls if key_field in c.payload and c.finished is not None]
+    return max(
+        (len({o.payload[key_field] for o in keyed if o.started <= c.started < (o.finished or 0)}) for c in keyed),
+        default=0,
+    )
 
 
 @pytest.mark.parametrize("scenario", SUITE["scenarios"], ids=[s["name"] for s in SUITE["scenarios"]])

@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import grpc
 import pytest
@@ -441,6 +442,19 @@ def test_max_batch_defaults_to_256_capped_by_max_in_flight() -> None:
     assert subscribe(max_in_flight=1000, max_batch=1).max_batch == 1
     with pytest.raises(ValueError):
         subscribe(max_batch=0)
+
+
+def test_per_key_limits_fill_the_subscribe_unchecked() -> None:
+    def subscribe(**kwargs: Any) -> pb.Subscribe:
+        return Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, **kwargs)._subscribe.subscribe
+
+    sub = subscribe(key_field="customer", max_in_flight_per_key=2)
+    assert (sub.key_field, sub.max_in_flight_per_key) == ("customer", 2)
+    assert (subscribe().key_field, subscribe().max_in_flight_per_key) == ("", 0)  # unset: no per-key limit
+    # The sidecar checks the combinations (INVALID_ARGUMENT, raised as PermanentError): not the client.
+    assert subscribe(key_field="customer").max_in_flight_per_key == 0
+    with pytest.raises(ValueError):
+        subscribe(max_in_flight_per_key=-1)  # a uint32, as max_deliveries
 
 
 async def _noop_batch(deliveries: list[Delivery]) -> None:

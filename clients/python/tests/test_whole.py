@@ -21,9 +21,11 @@ import redis
 
 from echomq import (
     Admin,
+    BusyKey,
     Consumer,
     Delivery,
     FailKind,
+    FlowControl,
     PermanentError,
     PoisonError,
     Start,
@@ -157,6 +159,31 @@ async def test_describe_group_reports_pending_consumers_and_length(
     assert info.last_delivered_id == appended[1].stream_id and info.lag == 0
     [me] = [c for c in info.consumers if c.name == name]
     assert me.pending == 1 and isinstance(me.idle, timedelta)
+
+
+async def test_describe_group_reports_busy_keys_with_per_key_limits(live_sidecar: Sidecar, fresh: str) -> None:
+    async with Streams(live_sidecar.target) as streams:
+        appended = await streams.append_batch(fresh, [{"customer": key} for key in ("c0", "c0", "c1", "c0")])
+    release = asyncio.Event()
+
+    async def hold(delivery: Delivery) -> None:
+        await release.wait()
+
+    async with Consumer(
+        live_sidecar.target, fresh, "g", hold, start=Start.BEGINNING,
+        flow_control=FlowControl(max_in_flight=8), key_field="customer", max_in_flight_per_key=1,
+    ) as consumer:
+        name = (await consumer.wait_subscribed(10)).consumer
+        async with Admin(live_sidecar.target) as admin:
+            deadline = time.monotonic() + 10
+            while (info := await admin.describe_group(fresh, "g")).keyed_entries != 4 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+        release.set()
+    assert info.keyed_entries == 4, info
+    assert info.busy_keys == [
+        BusyKey(b"c0", 3, appended[0].stream_id, name),
+        BusyKey(b"c1", 1, appended[2].stream_id, name),
+    ], info.busy_keys
 
 
 async def test_describe_of_a_missing_group_is_not_found_and_permanent(live_sidecar: Sidecar, fresh: str) -> None:

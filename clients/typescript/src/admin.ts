@@ -1,5 +1,6 @@
 import { entryOf, type Entry } from './entry.js';
 import { adminClient, countOf, dateOf, msOf, unary, type CallOptions, type ConnectionOptions } from './grpc.js';
+import type { ConsumerOptions } from './consumer.js';
 import type { AdminServiceClient } from './gen/echomq/v1/AdminService.js';
 import type { DescribeGroupResponse__Output } from './gen/echomq/v1/DescribeGroupResponse.js';
 import type { ListDeadLettersResponse__Output } from './gen/echomq/v1/ListDeadLettersResponse.js';
@@ -43,6 +44,26 @@ export interface GroupInfo {
    * above then add up the shards. Empty for a plain stream.
    */
   readonly shards: readonly GroupInfo[];
+  /**
+   * Per-key limits ({@link ConsumerOptions.keyField}): the group's pending
+   * entries that hold or wait for their key (entries); 0 when the group has
+   * no key field.
+   */
+  readonly keyedEntries: number;
+  /** The keys with entries held or waiting, the busiest first: at most 100, from the first 10,000 keyed entries. */
+  readonly busyKeys: readonly BusyKey[];
+}
+
+/** A key of a group with per-key limits that has entries pending ({@link GroupInfo.busyKeys}). */
+export interface BusyKey {
+  /** The key: the value of the group's key field, as stored. */
+  readonly key: Buffer;
+  /** Its entries pending in the group, held or waiting for the key (entries). */
+  readonly entries: number;
+  /** The stream id of its oldest pending entry: the one that runs first. */
+  readonly headId: string;
+  /** The consumer whose pending list holds that entry. */
+  readonly headConsumer: string;
 }
 
 /** One dead letter. */
@@ -227,5 +248,12 @@ function groupInfoOf(response: DescribeGroupResponse__Output): GroupInfo {
     maxDeliveryCount: countOf(response.maxDeliveryCount),
     streamLength: countOf(response.streamLength),
     shards: response.shards.map(groupInfoOf),
+    keyedEntries: countOf(response.keyedEntries),
+    busyKeys: response.busyKeys.map((k) => ({
+      key: k.key,
+      entries: countOf(k.entries),
+      headId: k.headId,
+      headConsumer: k.headConsumer,
+    })),
   };
 }

@@ -245,6 +245,30 @@ export interface ConsumerOptions extends ConnectionOptions {
    */
   noAck?: boolean;
   /**
+   * Per-key limits (ordering by key, `Subscribe.key_field`): the payload
+   * field whose value is an entry's key (an order's `customer`, an account).
+   * At most `maxInFlightPerKey` entries of one key are then held at once
+   * anywhere in the group, across every sidecar, and a key's entries start in
+   * stream order: a failed entry is retried before its key's later ones, and
+   * an ack or a dead letter frees the key. Entries without the field are not
+   * limited; other keys never wait behind a busy one. A group setting, like
+   * `deadLetterStream`: every consumer of the group should name the same
+   * field and limit. The sidecar checks both at subscribe and `run()` rejects
+   * with its permanent {@link EchoMQError} and message: INVALID_ARGUMENT for a
+   * key field without `maxInFlightPerKey` (or the reverse), one over the name
+   * limit or equal to the reserved `id` field, with `noAck`, or on a sharded
+   * stream; FAILED_PRECONDITION for another field or limit than the one the
+   * group's consumers on that sidecar use. Default: none (no per-key limit).
+   */
+  keyField?: string;
+  /**
+   * The most entries of one key held at once in the group
+   * (`Subscribe.max_in_flight_per_key`, entries), with `keyField`; 1 handles
+   * each key's entries one at a time, in order. Required with `keyField`
+   * (unset is sent as 0, which the sidecar refuses then).
+   */
+  maxInFlightPerKey?: number;
+  /**
    * Reconnect delays: the n-th consecutive failed attempt waits a random time
    * between half and all of `min(maxMs, initialMs × 2^(n-1))`. Defaults: 100 ms
    * and 5,000 ms.
@@ -1458,6 +1482,12 @@ function subscribeOf(options: ConsumerOptions): Subscribe {
   if (options.noAck !== undefined && typeof options.noAck !== 'boolean') {
     throw new TypeError(`ConsumerOptions.noAck must be a boolean, got ${typeof options.noAck}`);
   }
+  if (options.maxInFlightPerKey !== undefined && !(Number.isInteger(options.maxInFlightPerKey) && options.maxInFlightPerKey >= 0)) {
+    throw new RangeError(`ConsumerOptions.maxInFlightPerKey must be an integer >= 0, got ${options.maxInFlightPerKey}`);
+  }
+  if (options.keyField !== undefined && typeof options.keyField !== 'string') {
+    throw new TypeError(`ConsumerOptions.keyField must be a string, got ${typeof options.keyField}`);
+  }
   for (const name of ['maxBatch', 'ackBatch'] as const) {
     const value = options[name];
     if (value !== undefined && !(Number.isInteger(value) && value >= 1)) {
@@ -1472,6 +1502,8 @@ function subscribeOf(options: ConsumerOptions): Subscribe {
     deadLetterStream: options.deadLetterStream ?? '',
     maxDeliveries: options.maxDeliveries ?? 0,
     noAck: options.noAck ?? false,
+    keyField: options.keyField ?? '',
+    maxInFlightPerKey: options.maxInFlightPerKey ?? 0,
   };
   const start = options.start;
   if (start === 'new') subscribe.groupStart = 'GROUP_START_NEW';

@@ -70,6 +70,7 @@ export {
 export type { Entry } from './entry.js';
 export {
   Admin,
+  type BusyKey,
   type ConsumerInfo,
   type DeadLetter,
   type DeadLetterPage,

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { InterceptingCall, status, type Interceptor } from '@grpc/grpc-js';
-import { AckEmitError, Consumer, LeaseLostError, NotScheduledError, PoisonError, Streams, TransientError, type AppendResult, type Delivery, type EmittedEntry, type FailKind, type VerdictError } from '@echomq/client';
+import { AckEmitError, Consumer, EchoMQError, LeaseLostError, NotScheduledError, PoisonError, Streams, TransientError, type AppendResult, type Delivery, type EmittedEntry, type FailKind, type VerdictError } from '@echomq/client';
 import { eventually, Fixture, REPO_ROOT } from './support/fixture.js';
 
 const LANGUAGE = 'typescript';
@@ -40,7 +40,7 @@ interface Scenario {
   append_after_restart?: { fields: Record<string, FieldSpec> }[];
   append_generated?: { count: number; field: string };
   append_calls?: AppendCall[];
-  consumer: { max_in_flight?: number; concurrency?: number; max_deliveries?: number };
+  consumer: { max_in_flight?: number; concurrency?: number; max_deliveries?: number; key_field?: string; max_in_flight_per_key?: number };
   handler: { default?: Action; by_attempt?: Record<string, Action>; by_call?: Record<string, Action> };
   steps?: string[];
   expect: Record<string, unknown>;
@@ -87,6 +87,7 @@ const KNOWN_EXPECT_KEYS = new Set([
   'verdict_errors', 'max_concurrent_handlers', 'stop_returned_within_ms', 'lease_lost_signalled', 'stream_length',
   'handled_ids_equal_appended', 'sent_max_in_flight', 'subscribed_max_in_flight', 'peak_unsettled_at_least', 'released',
   'sink_length', 'sink_sources_equal_appended', 'emitted_equal_sink', 'ack_emit_refusals', 'ack_emits_sent', 'acks_sent',
+  'per_key_serial', 'max_concurrent_keys_at_least', 'consumer_error',
 ]);
 
 /** The parts of a ConsumeResponse the interceptor reads. */
@@ -116,7 +117,9 @@ interface Call {
   streamId: string;
   attempts: number;
   payload: Readonly<Record<string, Buffer>>;
+  /** When it started and finished (its action returned or threw, or a hang began): `performance.now()`, ms. */
   startedAt: number;
+  finishedAt?: number;
 }
 
 /** Everything one scenario run observes. */
@@ -139,6 +142,8 @@ class Run {
   readonly releasedSent = new Map<string, number>();
   subscribedCalls = 0;
   stopMs: number | undefined;
+  /** What a consumer's `run()` rejected with (`wait_consumer_error`). */
+  consumerError: unknown;
   /** Handler calls that saw their delivery's signal abort with a LeaseLostError. */
   leaseLostSignalled = 0;
   /** Appended entries by branded id. */
@@ -216,8 +221,9 @@ class Run {
       streamId: delivery.streamId,
       attempts: delivery.attempts,
       payload: delivery.payload,
-      startedAt: Date.now(),
+      startedAt: performance.now(),
     });
+    const call = this.calls[this.calls.length - 1]!;
     this.callsById.set(delivery.id, (this.callsById.get(delivery.id) ?? 0) + 1);
     this.running += 1;
     this.maxRunning = Math.max(this.maxRunning, this.running);
@@ -283,6 +289,7 @@ class Run {
         case 'hang': {
           hung = true;
           this.finished += 1;
+          call.finishedAt = performance.now();
           const signal = AbortSignal.any([delivery.signal, this.over.signal]);
           await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
           throw new Error('hung handler released');
@@ -292,7 +299,10 @@ class Run {
       }
     } finally {
       this.running -= 1;
-      if (!hung) this.finished += 1;
+      if (!hung) {
+        this.finished += 1;
+        call.finishedAt = performance.now();
+      }
     }
   };
 }
@@ -386,7 +396,7 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
   const stream = `conf:${LANGUAGE}:${scenario.name}`;
   const run = new Run(scenario);
   const producer = new Streams({ target: fixture.target });
-  const consumers: { consumer: Consumer; done: Promise<unknown> }[] = [];
+  const consumers: { consumer: Consumer; done: Promise<unknown>; ended?: boolean }[] = [];
 
   const startConsumer = () => {
     const consumer = new Consumer({
@@ -396,6 +406,8 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
       start: 'beginning',
       flowControl: { maxInFlight: scenario.consumer.max_in_flight, concurrency: scenario.consumer.concurrency },
       ...(scenario.consumer.max_deliveries === undefined ? {} : { maxDeliveries: scenario.consumer.max_deliveries }),
+      ...(scenario.consumer.key_field === undefined ? {} : { keyField: scenario.consumer.key_field }),
+      ...(scenario.consumer.max_in_flight_per_key === undefined ? {} : { maxInFlightPerKey: scenario.consumer.max_in_flight_per_key }),
       interceptors: [run.interceptor],
       onVerdictError: (error) => run.verdictErrors.push(error),
       onSubscribed: () => {
@@ -486,6 +498,15 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
           await waitFor('the consumer to subscribe', () => run.subscribedCalls > 0);
           assert.ok(consumers[0]!.consumer.rawAck([arg]), 'rawAck found no open call');
           break;
+        case 'wait_consumer_error': {
+          const current = consumers[consumers.length - 1]!;
+          const outcome = await Promise.race([current.done, sleep(WAIT_MS).then(() => 'timed out')]);
+          assert.notEqual(outcome, 'timed out', `the consumer's run() did not end by itself within ${WAIT_MS} ms`);
+          assert.notEqual(outcome, undefined, "the consumer's run() resolved, want a rejection");
+          run.consumerError = outcome;
+          current.ended = true;
+          break;
+        }
         case 'wait_verdict_error':
           await waitFor(`a verdict error ${arg}`, () => run.verdictErrors.some((e) => e.code === arg));
           break;
@@ -526,8 +547,9 @@ async function runScenario(fixture: Fixture, scenario: Scenario): Promise<void> 
     }
 
     // A graceful stop of whatever still runs, then the checks.
-    for (const { consumer } of consumers) await consumer.stop({ deadlineMs: 10_000 });
-    for (const { done } of consumers) {
+    const live = consumers.filter((c) => !c.ended);
+    for (const { consumer } of live) await consumer.stop({ deadlineMs: 10_000 });
+    for (const { done } of live) {
       const outcome = await done;
       assert.equal(outcome, undefined, `a consumer's run() rejected: ${String(outcome)}`);
     }
@@ -654,8 +676,53 @@ async function check(fixture: Fixture, scenario: Scenario, stream: string, run: 
     const want = expect.peak_unsettled_at_least as number;
     assert.ok(run.peakUnsettled >= want, `at most ${run.peakUnsettled} deliveries were un-settled at once, want at least ${want}`);
   }
+  if (expect.per_key_serial !== undefined) {
+    const { key_field: keyField, seq_field: seqField } = expect.per_key_serial as { key_field: string; seq_field: string };
+    const byKey = keyedCalls(run.calls, keyField);
+    assert.ok(byKey.size > 0, `per_key_serial: no handler call had the field ${keyField}`);
+    for (const [key, calls] of byKey) {
+      calls.forEach((call, i) => {
+        const before = calls[i - 1];
+        if (!before) return;
+        assert.ok(before.finishedAt !== undefined && call.startedAt >= before.finishedAt,
+          `key ${key}: ${call.streamId} started ${(before.finishedAt ?? 0) - call.startedAt} ms before ${before.streamId} finished`);
+      });
+      const seqs = calls.map((call) => Number(call.payload[seqField]!.toString('utf8')));
+      assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b), `key ${key}: seq in start order ${seqs}`);
+    }
+  }
+  if (expect.max_concurrent_keys_at_least !== undefined) {
+    const { key_field: keyField } = expect.per_key_serial as { key_field: string };
+    const keyed = run.calls.filter((call) => call.payload[keyField] !== undefined && call.finishedAt !== undefined);
+    const most = Math.max(0, ...keyed.map((call) => new Set(
+      keyed.filter((o) => o.startedAt <= call.startedAt && call.startedAt < o.finishedAt!).map((o) => o.payload[keyField]!.toString('latin1')),
+    ).size));
+    const want = expect.max_concurrent_keys_at_least as number;
+    assert.ok(most >= want, `calls of at most ${most} keys ran at once, want at least ${want}`);
+  }
+  if (expect.consumer_error !== undefined) {
+    const want = expect.consumer_error as { code: string; message_contains: string };
+    const error = run.consumerError;
+    assert.ok(error instanceof EchoMQError, `the consumer's run() rejected with ${String(error)}, want an EchoMQError`);
+    assert.ok(error.permanent, `${error.message}: not permanent`);
+    assert.equal(error.codeName, want.code, error.message);
+    assert.ok(error.message.includes(want.message_contains) && error.details.includes(want.message_contains),
+      `${JSON.stringify(error.message)} does not name ${want.message_contains}`);
+  }
   if (expect.stop_returned_within_ms !== undefined) {
     assert.ok(run.stopMs !== undefined, 'stop_returned_within_ms without a stop step');
     assert.ok(run.stopMs <= (expect.stop_returned_within_ms as number), `stop took ${run.stopMs} ms`);
   }
+}
+
+/** The calls of entries with `keyField`, by its value (latin1), in the order they started. */
+function keyedCalls(calls: readonly Call[], keyField: string): Map<string, Call[]> {
+  const byKey = new Map<string, Call[]>();
+  for (const call of [...calls].sort((a, b) => a.startedAt - b.startedAt)) {
+    const key = call.payload[keyField];
+    if (key === undefined) continue;
+    const name = key.toString('latin1');
+    byKey.set(name, [...(byKey.get(name) ?? []), call]);
+  }
+  return byKey;
 }

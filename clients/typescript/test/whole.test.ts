@@ -14,6 +14,7 @@ import {
   Streams,
   type ConsumerOptions,
   type Delivery,
+  type GroupInfo,
   type VerdictError,
 } from '@echomq/client';
 import { eventually, Fixture } from './support/fixture.js';
@@ -200,6 +201,30 @@ describe('the whole client: read, trim, admin, settings, LEASE_LOST', () => {
     await done;
 
     await assert.rejects(admin.describeGroup(stream, 'no-such-group'), (e: unknown) => e instanceof EchoMQError && e.code === status.NOT_FOUND && e.permanent);
+  });
+
+  test('describeGroup reports the keyed entries and busy keys of a group with per-key limits', async () => {
+    const stream = streamName('busy-keys');
+    const appended = await streams.appendBatch(stream, ['c0', 'c0', 'c1', 'c0'].map((customer) => ({ customer })));
+    const hold = new AbortController();
+    const consumer = consumerOf(stream, { flowControl: { maxInFlight: 8 }, keyField: 'customer', maxInFlightPerKey: 1 });
+    const done = consumer.run(async () => {
+      await new Promise((resolve) => hold.signal.addEventListener('abort', resolve, { once: true }));
+    });
+    let info: GroupInfo | undefined;
+    assert.ok(
+      await eventually(async () => {
+        info = await admin.describeGroup(stream, GROUP).catch(() => undefined); // NOT_FOUND until subscribed
+        return info?.keyedEntries === 4 && info.busyKeys.length === 2;
+      }),
+      `4 keyed entries over 2 busy keys: ${JSON.stringify(info)}`,
+    );
+    const [c0, c1] = info!.busyKeys;
+    assert.deepEqual({ ...c0!, key: c0!.key.toString() }, { key: 'c0', entries: 3, headId: appended[0]!.streamId, headConsumer: CONSUMER_NAME });
+    assert.deepEqual({ ...c1!, key: c1!.key.toString() }, { key: 'c1', entries: 1, headId: appended[2]!.streamId, headConsumer: CONSUMER_NAME });
+    hold.abort();
+    await consumer.stop({ deadlineMs: 5_000 });
+    await done;
   });
 
   test('dead letters: listed page by page with their metadata, then replayed to the stream with their branded ids', async () => {

@@ -907,7 +907,7 @@ fn a_release_frees_the_slot_at_once_and_queues_the_entry_for_release_lua() {
     assert!(ledger.take_due(now + Duration::from_secs(3600), 10).is_empty(), "not claimed before it is given back");
     let orders = ledger.take_orders();
     assert_eq!(orders.releases.len(), 1);
-    assert_eq!((orders.releases[0].stream_id, orders.releases[0].session), (sid(2), 1));
+    assert_eq!((orders.releases[0].stream_id, orders.releases[0].answer.as_ref().map(|(s, _)| *s)), (sid(2), Some(1)));
     assert!(orders.retry_writes.is_empty() && orders.acks.is_empty(), "a release writes no retry state, acks nothing");
     assert_eq!(ledger.tally().fails, 0, "a release is no Fail");
     assert!(ledger.tally().handler_seconds.is_empty(), "no handler ran it: no handler time");
@@ -980,7 +980,7 @@ fn a_release_that_failed_answers_unavailable_and_its_entry_waits() {
     hand_out(&mut ledger, 1..=1, now);
     ledger.release(1, release_of(&[1]), now);
     let orders = ledger.take_orders().releases;
-    let entries = orders.into_iter().map(|o| (o.stream_id, Some((o.session, o.text))));
+    let entries = orders.into_iter().map(|o| (o.stream_id, o.answer));
     ledger.not_written(entries, "releasing failed", now + Duration::from_secs(1));
     assert_eq!(ledger.answers(1), vec![(branded(1).to_string(), VerdictErrorCode::Unavailable)]);
     assert_eq!(ledger.next_due(), Some(now + Duration::from_secs(1)));
@@ -1024,7 +1024,7 @@ fn entries_waiting_for_their_key_take_no_credit_stay_leased_and_go_out_when_the_
         panic!("the freed key is checked at once")
     };
     assert_eq!(candidates.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [sid(2)]);
-    ledger.key_gated(candidates, &[true], now);
+    ledger.key_gated(candidates, &[keyed::Checked::Admitted], now);
     assert_eq!(ledger.deliveries(1), vec![2]);
     assert_eq!(ledger.key_waiting(), 1);
 }
@@ -1046,6 +1046,39 @@ fn waiting_entries_stop_the_reads_at_their_bound_and_wait_in_the_pel_when_the_la
     assert_eq!(ledger.key_waiting(), 0);
     assert!(ledger.leased().is_empty(), "no call: they wait in the PEL, for a peer's reclaim");
     assert!(ledger.tracks(sid(1)));
+    // No handler saw them: each goes back with its count restored, so a
+    // reconnect costs no attempt (the trial saw entries that only waited
+    // dead-lettered after two reconnects).
+    let releases = ledger.take_orders().releases;
+    assert_eq!(releases.len(), bound + 1);
+    assert!(releases.iter().all(|order| order.answer.is_none()), "nobody asked: nobody is answered");
+}
+
+#[test]
+fn ready_entries_go_back_uncounted_when_the_last_call_leaves() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    ledger.attach(1, 0, policy(1), settings()).expect("attach");
+    ledger.offer(entry(1, 1), now);
+    ledger.offer(entry(2, 1), now);
+    assert_eq!(ledger.deliveries(1), vec![1], "entry 2 is ready, never handed out");
+    ledger.detach(1, now);
+    let releases = ledger.take_orders().releases;
+    assert_eq!(
+        releases.iter().map(|order| order.stream_id).collect::<Vec<_>>(),
+        [sid(2)],
+        "the held one counts, as a Fail"
+    );
+}
+
+#[test]
+fn a_waiting_entry_a_peer_took_is_forgotten_never_handed_out() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    ledger.attach(1, 0, policy(2), keyed_settings()).expect("attach");
+    ledger.key_wait(keyed_entry(2, b"a"), now);
+    let candidates = vec![(sid(2), keyed::member(b"a", sid(2)))];
+    ledger.key_gated(candidates, &[keyed::Checked::Gone], now);
+    assert!(ledger.deliveries(1).is_empty(), "a paused sidecar must not run what a peer ran");
+    assert!(!ledger.tracks(sid(2)) && ledger.key_waiting() == 0 && ledger.leased().is_empty());
 }
 
 #[test]

@@ -62,6 +62,7 @@ from .idempotency import MemorySeenStore, MemoryVersionStore, NewerWins, SeenSet
 from .options import Backoff, FlowControl, Start, StartKind
 from ._appends import AppendResult, BatchEntry
 from .records import (
+    BusyKey,
     ConsumerInfo,
     DeadLetterEntry,
     DeadLetterPage,
@@ -85,6 +86,7 @@ __all__ = [
     "Backoff",
     "BatchEntry",
     "BatchHandler",
+    "BusyKey",
     "Consumer",
     "ConsumerInfo",
     "DeadLetter",

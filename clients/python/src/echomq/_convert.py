@@ -11,6 +11,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from .records import (
+    BusyKey,
     ConsumerInfo,
     DeadLetterEntry,
     DeadLetterPage,
@@ -151,6 +152,8 @@ def group_info(message: admin_pb.DescribeGroupResponse) -> GroupInfo:
         max_delivery_count=message.max_delivery_count,
         stream_length=message.stream_length,
         shards=[group_info(s) for s in message.shards],
+        keyed_entries=message.keyed_entries,
+        busy_keys=[BusyKey(k.key, k.entries, k.head_id, k.head_consumer) for k in message.busy_keys],
     )
 
 

@@ -395,8 +395,25 @@ class Consumer:
     many deliveries) are the subscription's policy; None leaves the sidecar's
     default. `no_ack=True` is the AT-MOST-ONCE mode: entries are never pending,
     so one whose handler fails, raises or never finishes is LOST (no retry, no
-    dead letter); ask for it only when losing entries is acceptable. `reconnect` is the
-    backoff between reconnect attempts. `on_verdict_error` observes verdicts the
+    dead letter); ask for it only when losing entries is acceptable.
+
+    `key_field` and `max_in_flight_per_key` are per-key limits (ordering by
+    key): `key_field` names the payload field whose value is an entry's key
+    (an order's `customer`, an account), and at most `max_in_flight_per_key`
+    entries (a count) of one key are held at once anywhere in the group,
+    across every sidecar; a key's entries start in stream order (a failed
+    entry is retried before its key's later ones; an ack or a dead letter
+    frees the key). Entries without the field are not limited, and other keys
+    never wait behind a busy one; 1 handles each key's entries one at a time,
+    in order. A group setting, like `dead_letter_stream`: every consumer of
+    the group should name the same field and limit. The sidecar checks them
+    and refuses a bad combination at subscribe (a key field without a limit
+    or a limit without a key field, the reserved `id` field, with `no_ack`,
+    on a sharded stream: INVALID_ARGUMENT; another field or limit than the
+    group's other consumers on that sidecar: FAILED_PRECONDITION), raised as
+    `PermanentError` with its message. None (both): no per-key limit.
+
+    `reconnect` is the backoff between reconnect attempts. `on_verdict_error` observes verdicts the
     sidecar did not apply (default: a warning on the `echomq` logger).
     `channel_options` and `interceptors` apply when the consumer creates the
     channel itself.
@@ -432,6 +449,8 @@ class Consumer:
         dead_letter_stream: str | None = None,
         max_deliveries: int | None = None,
         no_ack: bool = False,
+        key_field: str | None = None,
+        max_in_flight_per_key: int | None = None,
         reconnect: Backoff = Backoff(),
         on_verdict_error: VerdictErrorHook | None = None,
         channel_options: ChannelOptions = (),
@@ -483,11 +502,10 @@ class Consumer:
             subscribe.retry_backoff_max.CopyFrom(to_duration(retry_backoff_max))
         if dead_letter_stream:
             subscribe.dead_letter_stream = dead_letter_stream
-        if max_deliveries is not None:
-            if max_deliveries < 0:
-                raise ValueError("max_deliveries must not be negative")
-            subscribe.max_deliveries = max_deliveries
+        subscribe.max_deliveries = _uint("max_deliveries", max_deliveries)
         subscribe.no_ack = no_ack
+        subscribe.key_field = key_field or ""
+        subscribe.max_in_flight_per_key = _uint("max_in_flight_per_key", max_in_flight_per_key)
         self.stream = stream
         self.group = group
         #: The handler pool's size; None until the first subscribe when it is
@@ -1092,6 +1110,16 @@ async def _apply(delivery: Delivery, verdict: Verdict) -> None:
         reason = f"the batch handler answered {verdict!r}, not a verdict"
         log.error("%s for %s; failing it", reason, delivery.id)
         await delivery.fail(reason)
+
+
+def _uint(name: str, value: int | None) -> int:
+    """A count setting as Subscribe carries it (a uint32): None is 0, the
+    sidecar's default or "unset"; the sidecar checks everything else."""
+    if value is None:
+        return 0
+    if value < 0:
+        raise ValueError(f"{name} must not be negative")
+    return value
 
 
 def _worker_cancelled(worker: asyncio.Task[None], stopping: asyncio.Event) -> bool:

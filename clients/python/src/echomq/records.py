@@ -75,6 +75,21 @@ class ConsumerInfo:
 
 
 @dataclass(frozen=True)
+class BusyKey:
+    """A key of a group with per-key limits (`Consumer(key_field=...)`)
+    that has entries pending (`GroupInfo.busy_keys`)."""
+
+    #: The key: the value of the group's key field, as stored (bytes).
+    key: bytes
+    #: Its entries pending in the group, held or waiting for the key.
+    entries: int
+    #: The stream id of its oldest pending entry: the one that runs first.
+    head_id: str
+    #: The consumer whose PEL holds that entry.
+    head_consumer: str
+
+
+@dataclass(frozen=True)
 class GroupInfo:
     """A consumer group's state (`Admin.describe_group`)."""
 
@@ -99,6 +114,12 @@ class GroupInfo:
     #: For a sharded stream, each shard's state (the fields above are the
     #: sums); empty for a plain stream.
     shards: list[GroupInfo] = field(default_factory=list)
+    #: Per-key limits (`Consumer(key_field=...)`): the group's pending entries
+    #: that hold or wait for their key; 0 when the group has no key field.
+    keyed_entries: int = 0
+    #: The keys with entries held or waiting, the busiest first: at most 100,
+    #: from the first 10,000 keyed entries.
+    busy_keys: list[BusyKey] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ import io.grpc.Channel;
 import io.grpc.ManagedChannel;
 import java.time.Duration;
 import java.time.Instant;
+import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Collections;
 import java.util.List;
 import java.util.Objects;
@@ -210,23 +212,84 @@ public final class EchoMqAdmin implements AutoCloseable {
    * @param streamLength entries in the stream (XLEN)
    * @param shards for a sharded stream, each shard's state in shard order (the fields above then
    *     add them up); empty for a plain stream
+   * @param keyedEntries per-key limits ({@link EchoMqConsumer.Builder#keyField}): the group's
+   *     pending entries that hold or wait for their key; 0 when the group has no key field
+   * @param busyKeys the keys with entries held or waiting, the busiest first: at most 100, from
+   *     the first 10,000 keyed entries
    */
   public record GroupDescription(
       String stream, String group, long pending, OptionalLong lag, String lastDeliveredId,
       List<ConsumerDescription> consumers, Optional<String> oldestPendingId, Optional<Duration> oldestPendingAge,
-      long maxDeliveryCount, long streamLength, List<GroupDescription> shards) {
+      long maxDeliveryCount, long streamLength, List<GroupDescription> shards, long keyedEntries,
+      List<BusyKey> busyKeys) {
+
+    /** The description without per-key limits, as it was before {@code keyedEntries} and {@code busyKeys}. */
+    public GroupDescription(
+        String stream, String group, long pending, OptionalLong lag, String lastDeliveredId,
+        List<ConsumerDescription> consumers, Optional<String> oldestPendingId, Optional<Duration> oldestPendingAge,
+        long maxDeliveryCount, long streamLength, List<GroupDescription> shards) {
+      this(stream, group, pending, lag, lastDeliveredId, consumers, oldestPendingId, oldestPendingAge,
+          maxDeliveryCount, streamLength, shards, 0, List.of());
+    }
 
     static GroupDescription of(DescribeGroupResponse r) {
       List<ConsumerDescription> consumers = new ArrayList<>(r.getConsumersCount());
       r.getConsumersList().forEach(c -> consumers.add(new ConsumerDescription(c.getName(), c.getPending(), Rpc.toJava(c.getIdle()))));
       List<GroupDescription> shards = new ArrayList<>(r.getShardsCount());
       r.getShardsList().forEach(s -> shards.add(of(s)));
+      List<BusyKey> busyKeys = new ArrayList<>(r.getBusyKeysCount());
+      r.getBusyKeysList().forEach(k ->
+          busyKeys.add(new BusyKey(k.getKey().toByteArray(), k.getEntries(), k.getHeadId(), k.getHeadConsumer())));
       return new GroupDescription(
           r.getStream(), r.getGroup(), r.getPending(), r.hasLag() ? OptionalLong.of(r.getLag()) : OptionalLong.empty(),
           r.getLastDeliveredId(), Collections.unmodifiableList(consumers),
           r.getOldestPendingId().isEmpty() ? Optional.empty() : Optional.of(r.getOldestPendingId()),
           r.hasOldestPendingAge() ? Optional.of(Rpc.toJava(r.getOldestPendingAge())) : Optional.empty(),
-          r.getMaxDeliveryCount(), r.getStreamLength(), Collections.unmodifiableList(shards));
+          r.getMaxDeliveryCount(), r.getStreamLength(), Collections.unmodifiableList(shards),
+          r.getKeyedEntries(), Collections.unmodifiableList(busyKeys));
+    }
+  }
+
+  /**
+   * A key of a group with per-key limits that has entries pending ({@link
+   * GroupDescription#busyKeys}).
+   *
+   * @param key the key: the value of the group's key field, as stored
+   * @param entries its entries pending in the group, held or waiting for the key
+   * @param headId the stream id of its oldest pending entry: the one that runs first
+   * @param headConsumer the consumer whose PEL holds that entry
+   */
+  public record BusyKey(byte[] key, long entries, String headId, String headConsumer) {
+    public BusyKey {
+      key = key.clone();
+    }
+
+    /** A copy of the key's bytes. */
+    @Override
+    public byte[] key() {
+      return key.clone();
+    }
+
+    /** The key decoded as UTF-8 (keys usually are text: a customer, an account). */
+    public String keyUtf8() {
+      return new String(key, StandardCharsets.UTF_8);
+    }
+
+    @Override
+    public boolean equals(Object other) {
+      return other instanceof BusyKey k && Arrays.equals(key, k.key) && entries == k.entries
+          && headId.equals(k.headId) && headConsumer.equals(k.headConsumer);
+    }
+
+    @Override
+    public int hashCode() {
+      return Objects.hash(Arrays.hashCode(key), entries, headId, headConsumer);
+    }
+
+    @Override
+    public String toString() {
+      return "BusyKey[key=" + keyUtf8() + ", entries=" + entries + ", headId=" + headId + ", headConsumer="
+          + headConsumer + "]";
     }
   }
 

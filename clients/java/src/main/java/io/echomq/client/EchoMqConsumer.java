@@ -173,6 +173,10 @@ public final class EchoMqConsumer implements AutoCloseable {
     }
     sub.setMaxDeliveries(b.maxDeliveries);
     sub.setNoAck(b.noAck);
+    if (b.keyField != null) {
+      sub.setKeyField(b.keyField);
+    }
+    sub.setMaxInFlightPerKey(b.maxInFlightPerKey);
     this.subscribe = ConsumeRequest.newBuilder().setSubscribe(sub).build();
 
     Channel channel;
@@ -705,6 +709,8 @@ public final class EchoMqConsumer implements AutoCloseable {
     private String deadLetterStream;
     private int maxDeliveries;
     private boolean noAck;
+    private String keyField;
+    private int maxInFlightPerKey;
     private Duration reconnectBackoffInitial = Duration.ofMillis(100);
     private Duration reconnectBackoffMax = Duration.ofSeconds(5);
     private Duration closeTimeout = Duration.ofSeconds(30);
@@ -928,6 +934,39 @@ public final class EchoMqConsumer implements AutoCloseable {
       return this;
     }
 
+    /**
+     * Per-key limits (ordering by key): the payload field whose value is an entry's key (an
+     * order's {@code customer}, an account). At most {@link #maxInFlightPerKey} entries of one
+     * key are then held at once anywhere in the group, across every sidecar, and a key's entries
+     * start in stream order: a failed entry is retried before its key's later ones, and an ack or
+     * a dead letter frees the key. Entries without the field are not limited; other keys never
+     * wait behind a busy one. Default: unset, no per-key limit. A group setting, like {@link
+     * #deadLetterStream}: every subscription of the group should name the same field and limit.
+     *
+     * <p>The sidecar checks both at subscribe, and the consumer stops with its permanent {@link
+     * EchoMqException} (from {@link EchoMqConsumer#terminated()}), carrying its status and
+     * message: INVALID_ARGUMENT for a key field without {@link #maxInFlightPerKey} (or the
+     * reverse), one over the name limit or equal to the reserved {@code id} field, with {@link
+     * #noAck}, or on a sharded stream; FAILED_PRECONDITION for another field or limit than the
+     * group's subscriptions on that sidecar use.
+     */
+    public Builder keyField(String keyField) {
+      this.keyField = keyField;
+      return this;
+    }
+
+    /**
+     * The most entries of one key held at once in the group (entries), with {@link #keyField}; 1
+     * handles each key's entries one at a time, in order. Required with {@link #keyField}: the
+     * default, 0, is sent as 0, which the sidecar refuses then.
+     *
+     * @throws IllegalArgumentException from {@link #build()} when negative
+     */
+    public Builder maxInFlightPerKey(int maxInFlightPerKey) {
+      this.maxInFlightPerKey = maxInFlightPerKey;
+      return this;
+    }
+
     /** Reconnect backoff: first delay (default 100 ms) and cap (default 5 s), jittered, doubling. */
     public Builder reconnectBackoff(Duration initial, Duration max) {
       this.reconnectBackoffInitial = Objects.requireNonNull(initial, "initial");
@@ -1008,6 +1047,9 @@ public final class EchoMqConsumer implements AutoCloseable {
       }
       if (maxDeliveries < 0) {
         throw new IllegalArgumentException("maxDeliveries must be 0 (the sidecar's default) or more, got " + maxDeliveries);
+      }
+      if (maxInFlightPerKey < 0) {
+        throw new IllegalArgumentException("maxInFlightPerKey must be 0 (unset) or more, got " + maxInFlightPerKey);
       }
       if (ackLinger.isNegative()) {
         throw new IllegalArgumentException("ackLinger must not be negative, got " + ackLinger);

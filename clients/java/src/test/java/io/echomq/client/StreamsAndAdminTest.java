@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.echomq.client.EchoMqAdmin.BusyKey;
 import io.echomq.client.EchoMqAdmin.DeadLetter;
 import io.echomq.client.EchoMqAdmin.DeadLetterPage;
 import io.echomq.client.EchoMqAdmin.GroupDescription;
@@ -20,6 +21,7 @@ import java.time.Instant;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Collectors;
 import org.junit.jupiter.api.AfterAll;
@@ -166,6 +168,45 @@ class StreamsAndAdminTest extends LiveSidecar {
     EchoMqException missing = assertThrows(EchoMqException.class, () -> admin.describeGroup(stream, "no-such-group"));
     assertEquals(Status.Code.NOT_FOUND, missing.code());
     assertTrue(missing.isPermanent());
+  }
+
+  @Test
+  void describe_group_reports_busy_keys_with_per_key_limits() throws Exception {
+    String stream = "admin:busy-keys";
+    List<AppendResult> written = new ArrayList<>();
+    for (String key : List.of("c0", "c0", "c1", "c0")) {
+      written.add(producer.append(stream, Fields.of("customer", key)));
+    }
+    CountDownLatch release = new CountDownLatch(1);
+    try (EchoMqConsumer consumer =
+        EchoMqConsumer.builder().target(fixture.target()).stream(stream).group("g")
+            .startPosition(StartPosition.beginning())
+            .flowControl(FlowControl.builder().maxInFlight(8).build())
+            .keyField("customer")
+            .maxInFlightPerKey(1)
+            .handler(d -> release.await())
+            .build()) {
+      try {
+        consumer.start().get(10, TimeUnit.SECONDS);
+        waitUntil(() -> {
+          GroupDescription g = admin.describeGroup(stream, "g");
+          return g.keyedEntries() == 4 && g.busyKeys().size() == 2;
+        }, "4 keyed entries over 2 busy keys");
+        GroupDescription g = admin.describeGroup(stream, "g");
+        BusyKey c0 = g.busyKeys().get(0);
+        BusyKey c1 = g.busyKeys().get(1);
+        assertEquals("c0", c0.keyUtf8());
+        assertEquals(3, c0.entries());
+        assertEquals(written.get(0).streamId(), c0.headId());
+        assertFalse(c0.headConsumer().isEmpty());
+        assertEquals("c1", c1.keyUtf8());
+        assertEquals(1, c1.entries());
+        assertEquals(written.get(2).streamId(), c1.headId());
+        assertEquals(c0.headConsumer(), c1.headConsumer());
+      } finally {
+        release.countDown(); // else closing waits for the held handlers
+      }
+    }
   }
 
   @Test

@@ -37,6 +37,7 @@ import java.util.Arrays;
 import java.util.Base64;
 import java.util.Collections;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -47,6 +48,7 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.IntSupplier;
 import java.util.function.Supplier;
 
@@ -63,8 +65,11 @@ final class ScenarioRun {
           "name", "description", "append", "append_after_restart", "append_generated", "append_calls", "consumer", "handler",
           "steps", "expect");
 
-  /** One handler call, as recorded when it started. */
-  record Call(String id, String streamId, int attempts, Map<String, byte[]> payload, long startedNanos) {}
+  /**
+   * One handler call, as recorded when it started; {@code finishedNanos} is set when its action
+   * returned or threw (or a hang began), 0 until then.
+   */
+  record Call(String id, String streamId, int attempts, Map<String, byte[]> payload, long startedNanos, AtomicLong finishedNanos) {}
 
   private final JsonObject scenario;
   private final SidecarFixture fixture;
@@ -115,6 +120,10 @@ final class ScenarioRun {
   private final List<EchoMqConsumer> consumers = new ArrayList<>();
   private final List<String> problems = Collections.synchronizedList(new ArrayList<>());
   private Long stopMillis;
+  /** Consumers that ended by themselves (wait_consumer_error): no final stop. */
+  private final Set<EchoMqConsumer> ended = new HashSet<>();
+  /** What such a consumer's terminated() failed with. */
+  private Throwable consumerError;
 
   ScenarioRun(JsonObject scenario, SidecarFixture fixture, EchoMqStreams producer, String language) {
     this.scenario = scenario;
@@ -138,7 +147,9 @@ final class ScenarioRun {
         runStep(step);
       }
       for (EchoMqConsumer consumer : consumers) {
-        consumer.stop(FINAL_STOP).get(FINAL_STOP.toSeconds() + 5, TimeUnit.SECONDS);
+        if (!ended.contains(consumer)) {
+          consumer.stop(FINAL_STOP).get(FINAL_STOP.toSeconds() + 5, TimeUnit.SECONDS);
+        }
       }
       scenarioOver.countDown();
       check(redis);
@@ -348,7 +359,7 @@ final class ScenarioRun {
   private EchoMqConsumer startConsumer() {
     JsonObject spec = scenario.getAsJsonObject("consumer");
     for (String key : spec.keySet()) {
-      if (!Set.of("max_in_flight", "concurrency", "max_deliveries").contains(key)) {
+      if (!Set.of("max_in_flight", "concurrency", "max_deliveries", "key_field", "max_in_flight_per_key").contains(key)) {
         problems.add("unknown consumer key `" + key + "`");
       }
     }
@@ -371,6 +382,12 @@ final class ScenarioRun {
     if (spec.has("max_deliveries")) {
       builder.maxDeliveries(spec.get("max_deliveries").getAsInt());
     }
+    if (spec.has("key_field")) {
+      builder.keyField(spec.get("key_field").getAsString());
+    }
+    if (spec.has("max_in_flight_per_key")) {
+      builder.maxInFlightPerKey(spec.get("max_in_flight_per_key").getAsInt());
+    }
     EchoMqConsumer consumer = builder.build();
     consumers.add(consumer);
     consumer.start();
@@ -380,7 +397,8 @@ final class ScenarioRun {
   private DeliveryHandler handler() {
     JsonObject spec = scenario.getAsJsonObject("handler");
     return delivery -> {
-      calls.add(new Call(delivery.id(), delivery.streamId(), delivery.attempts(), delivery.payload(), System.nanoTime()));
+      Call recorded = new Call(delivery.id(), delivery.streamId(), delivery.attempts(), delivery.payload(), System.nanoTime(), new AtomicLong());
+      calls.add(recorded);
       int call = callsById.merge(delivery.id(), 1, Integer::sum);
       started.incrementAndGet();
       maxRunning.accumulateAndGet(running.incrementAndGet(), Math::max);
@@ -445,6 +463,7 @@ final class ScenarioRun {
             // A hanging call counts as handled once it hangs: it never finishes on its own,
             // and the scenarios wait for it (wait_handled) before dropping the connection.
             hang = true;
+            recorded.finishedNanos().set(System.nanoTime());
             finishedIds.add(delivery.id());
             finished.incrementAndGet();
             scenarioOver.await();
@@ -457,6 +476,7 @@ final class ScenarioRun {
       } finally {
         running.decrementAndGet();
         if (!hang) {
+          recorded.finishedNanos().set(System.nanoTime());
           finishedIds.add(delivery.id());
           finished.incrementAndGet();
         }
@@ -604,6 +624,18 @@ final class ScenarioRun {
             problems.add("steal: XCLAIM of " + last.streamId() + " claimed " + claimed.size() + " entries");
           }
         }
+      }
+      case "wait_consumer_error" -> {
+        EchoMqConsumer consumer = consumers.get(consumers.size() - 1);
+        try {
+          consumer.terminated().get(WAIT.toMillis(), TimeUnit.MILLISECONDS);
+          fail("scenario " + name + ": the consumer terminated without an error");
+        } catch (java.util.concurrent.ExecutionException e) {
+          consumerError = e.getCause();
+        } catch (java.util.concurrent.TimeoutException e) {
+          fail("scenario " + name + ": the consumer did not end by itself within " + WAIT.toSeconds() + " s");
+        }
+        ended.add(consumer);
       }
       case "wait_verdict_error" -> waitFor(step, () -> verdictErrors.contains(arg) ? 1 : 0, 1);
       case "sleep" -> Thread.sleep(Long.parseLong(arg));
@@ -820,6 +852,25 @@ final class ScenarioRun {
             problems.add("stop returned after " + stopMillis + " ms > " + want.getAsLong() + " ms");
           }
         }
+        case "per_key_serial" -> checkPerKeySerial(calls, want.getAsJsonObject().get("key_field").getAsString(),
+            want.getAsJsonObject().get("seq_field").getAsString());
+        case "max_concurrent_keys_at_least" -> {
+          int most = maxConcurrentKeys(calls, expect.getAsJsonObject("per_key_serial").get("key_field").getAsString());
+          if (most < want.getAsInt()) {
+            problems.add("max_concurrent_keys_at_least: calls of at most " + most + " keys ran at once, want at least " + want.getAsInt());
+          }
+        }
+        case "consumer_error" -> {
+          String code = want.getAsJsonObject().get("code").getAsString();
+          String contains = want.getAsJsonObject().get("message_contains").getAsString();
+          if (!(consumerError instanceof EchoMqException refused)) {
+            problems.add("consumer_error: terminated() failed with " + consumerError + ", want an EchoMqException");
+          } else if (!refused.isPermanent() || !refused.code().name().equals(code)) {
+            problems.add("consumer_error: " + refused + " (permanent " + refused.isPermanent() + "), want permanent " + code);
+          } else if (!refused.getMessage().contains(contains) || !refused.details().contains(contains)) {
+            problems.add("consumer_error: " + refused.getMessage() + " does not name " + contains);
+          }
+        }
         default -> problems.add("unknown expectation `" + e.getKey() + "` (this runner must be taught it)");
       }
     }
@@ -834,6 +885,57 @@ final class ScenarioRun {
     }
     return out + "; handler calls (stream id, attempts): "
         + calls.stream().map(c -> c.streamId() + "/" + c.attempts()).toList() + "; acks sent: " + acksSent;
+  }
+
+  /** The calls of entries with {@code keyField}, by its value, in the order they started. */
+  private static Map<String, List<Call>> keyedCalls(List<Call> calls, String keyField) {
+    Map<String, List<Call>> byKey = new TreeMap<>();
+    calls.stream()
+        .filter(c -> c.payload().containsKey(keyField))
+        .sorted(java.util.Comparator.comparingLong(Call::startedNanos))
+        .forEach(c -> byKey.computeIfAbsent(new String(c.payload().get(keyField), StandardCharsets.ISO_8859_1), k -> new ArrayList<>()).add(c));
+    return byKey;
+  }
+
+  /** Within a key no two calls overlap, and their {@code seqField} values never decrease. */
+  private void checkPerKeySerial(List<Call> calls, String keyField, String seqField) {
+    Map<String, List<Call>> byKey = keyedCalls(calls, keyField);
+    if (byKey.isEmpty()) {
+      problems.add("per_key_serial: no handler call had the field " + keyField);
+    }
+    byKey.forEach((key, runs) -> {
+      List<Integer> seqs = new ArrayList<>();
+      for (int i = 0; i < runs.size(); i++) {
+        Call c = runs.get(i);
+        seqs.add(Integer.parseInt(new String(c.payload().get(seqField), StandardCharsets.UTF_8)));
+        if (i > 0) {
+          long finishedBefore = runs.get(i - 1).finishedNanos().get();
+          if (finishedBefore == 0 || c.startedNanos() < finishedBefore) {
+            problems.add("per_key_serial: key " + key + ": " + c.streamId() + " started "
+                + TimeUnit.NANOSECONDS.toMicros(finishedBefore - c.startedNanos()) + " us before " + runs.get(i - 1).streamId() + " finished");
+          }
+        }
+      }
+      if (!seqs.equals(seqs.stream().sorted().toList())) {
+        problems.add("per_key_serial: key " + key + ": seq in start order " + seqs);
+      }
+    });
+  }
+
+  /** The most distinct keys with calls running at the start of some call. */
+  private static int maxConcurrentKeys(List<Call> calls, String keyField) {
+    List<Call> keyed = calls.stream().filter(c -> c.payload().containsKey(keyField) && c.finishedNanos().get() != 0).toList();
+    int most = 0;
+    for (Call c : keyed) {
+      Set<String> keys = new HashSet<>();
+      for (Call o : keyed) {
+        if (o.startedNanos() <= c.startedNanos() && c.startedNanos() < o.finishedNanos().get()) {
+          keys.add(new String(o.payload().get(keyField), StandardCharsets.ISO_8859_1));
+        }
+      }
+      most = Math.max(most, keys.size());
+    }
+    return most;
   }
 
   private Map<String, String> firstDeadLetter(Resp redis) throws Exception {
