@@ -5,8 +5,8 @@
 //! dead connection is replaced; a reader cut off mid-read never hands its
 //! connection on; the pool shows on `/metrics`. Against a real redis-server
 //! and the real sidecar binary. These are the blocking readers'
-//! (`--shared-readers off`, and what a cluster gets); shared readers, the
-//! default on a single server, are `tests/shared_readers.rs`'.
+//! (`--shared-readers off`, the default, and what a cluster gets); shared readers,
+//! opt-in, are `tests/shared_readers.rs`'.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

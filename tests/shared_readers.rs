@@ -1,4 +1,4 @@
-//! Shared readers (`--shared-readers`, auto by default on a single server):
+//! Shared readers (`--shared-readers auto`, opt-in; shared on a single server):
 //! many groups on one sidecar cost a few Redis connections (the shared one,
 //! the `echomq-wake` connection that tracks the streams read, two reader
 //! connections), none is refused, an idle group sends no reads, and entries
@@ -23,6 +23,12 @@ const WAKE_NAME: &str = "echomq-wake";
 const READER_NAME: &str = "echomq-reader";
 /// The name of the test's own connections, so they are not counted.
 const TEST_NAME: &str = "echomq-test";
+
+/// A sidecar with shared readers where the server allows them (`auto`; the
+/// default is `off`).
+fn shared() -> SidecarOptions {
+    SidecarOptions::default().arg("--shared-readers").arg("auto")
+}
 
 /// A connection of the test's own, named [`TEST_NAME`].
 async fn test_conn(redis: &RedisServer) -> MultiplexedConnection {
@@ -118,7 +124,7 @@ fn streams(prefix: &str, n: usize) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_groups_subscribe_on_four_connections_and_get_their_entries() {
     let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let sidecar = Sidecar::start(&redis, shared()).await;
     let mut con = test_conn(&redis).await;
     let streams = streams("many", 200);
 
@@ -142,7 +148,7 @@ async fn two_hundred_groups_subscribe_on_four_connections_and_get_their_entries(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_groups_send_no_reads() {
     let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--read-block-ms").arg("500")).await;
+    let sidecar = Sidecar::start(&redis, shared().arg("--read-block-ms").arg("500")).await;
     let mut con = test_conn(&redis).await;
     let streams = streams("idle", 50);
     let mut consumers = subscribe_all(&sidecar, &streams).await;
@@ -167,7 +173,7 @@ async fn idle_groups_send_no_reads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_wake_connection_loses_no_entry() {
     let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let sidecar = Sidecar::start(&redis, shared()).await;
     let mut con = test_conn(&redis).await;
     let streams = streams("wake", 20);
     let mut consumers = subscribe_all(&sidecar, &streams).await;
@@ -200,7 +206,7 @@ async fn killing_the_wake_connection_loses_no_entry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destroyed_groups_and_deleted_streams_among_many_recover() {
     let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(30_000, 500)).await;
+    let sidecar = Sidecar::start(&redis, shared().reclaim(30_000, 500)).await;
     let mut con = test_conn(&redis).await;
     let streams = streams("gone", 40);
     let mut consumers = subscribe_all(&sidecar, &streams).await;
@@ -233,7 +239,7 @@ async fn destroyed_groups_and_deleted_streams_among_many_recover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_peers_entries_are_reclaimed_among_many_groups() {
     let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().reclaim(500, 200)).await;
+    let sidecar = Sidecar::start(&redis, shared().reclaim(500, 200)).await;
     let mut con = test_conn(&redis).await;
     let streams = streams("reclaim", 30);
     for stream in &streams {
@@ -277,7 +283,7 @@ async fn a_dead_peers_entries_are_reclaimed_among_many_groups() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_groups_than_reader_connections_are_all_served() {
     let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--reader-connections").arg("1")).await;
+    let sidecar = Sidecar::start(&redis, shared().arg("--reader-connections").arg("1")).await;
     let mut con = test_conn(&redis).await;
     let streams = streams("turns", 30);
     let mut consumers = subscribe_all(&sidecar, &streams).await;
@@ -301,7 +307,7 @@ async fn without_client_tracking_auto_falls_back_to_blocking_readers_and_on_refu
     let mut con = test_conn(&redis).await;
     let url = acl_user(&redis, &mut con, "notrack", "-client|tracking").await;
 
-    let sidecar = Sidecar::start_with_url(&url, SidecarOptions::default()).await;
+    let sidecar = Sidecar::start_with_url(&url, shared()).await;
     let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
     xadd_raw(&mut con, "s", &[(b"k", b"v")]).await;
     assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.payload["k"], b"v");
@@ -342,7 +348,7 @@ async fn shared_readers_off_keeps_a_blocking_reader_per_group() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_groups_wait_on_the_wake_connection() {
     let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--read-block-ms").arg("500")).await;
+    let sidecar = Sidecar::start(&redis, shared().arg("--read-block-ms").arg("500")).await;
     let mut con = test_conn(&redis).await;
     let streams = streams("keyed", 20);
     let mut consumers = Vec::new();
@@ -421,7 +427,7 @@ async fn without_xlen_readers_poll_and_say_so_once() {
     let redis = RedisServer::start().await;
     let mut con = test_conn(&redis).await;
     let url = acl_user(&redis, &mut con, "noxlen", "-xlen").await;
-    let options = SidecarOptions::default().arg("--read-block-ms").arg("300");
+    let options = shared().arg("--read-block-ms").arg("300");
     let sidecar = Sidecar::start_with_url(&url, options).await;
     let streams = streams("noxlen", 3);
     let mut consumers = subscribe_all(&sidecar, &streams).await;

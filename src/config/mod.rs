@@ -334,7 +334,11 @@ mod tests {
         let redis = parse(&[]).unwrap().redis;
         assert_eq!(redis.reader_connections(false), DEFAULT_READER_CONNECTIONS);
         assert_eq!(redis.reader_connections(true), DEFAULT_SHARED_READER_CONNECTIONS);
-        assert_eq!(redis.shared_readers, SharedReaders::Auto);
+        assert_eq!(
+            redis.shared_readers,
+            SharedReaders::Off,
+            "opt-in: shared readers cost more where many sidecars share a group"
+        );
         let redis = parse(&["--reader-connections", "5"]).unwrap().redis;
         assert_eq!((redis.reader_connections(false), redis.reader_connections(true)), (5, 5));
         for (flag, mode) in [("on", SharedReaders::On), ("off", SharedReaders::Off), ("auto", SharedReaders::Auto)] {

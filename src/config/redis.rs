@@ -97,13 +97,15 @@ pub struct RedisConfig {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub reader_connections_set: Option<usize>,
 
-    /// How the groups' readers wait for new entries. `auto`: shared on a single server (one
+    /// How the groups' readers wait for new entries; `off` unless asked: shared readers save
+    /// connections where one sidecar serves many groups, but cost more Redis work where many sidecars
+    /// share a group (each new entry wakes every one of them). `auto`: shared on a single server (one
     /// connection, `echomq-wake`, tracks the streams read with CLIENT TRACKING, and each group reads
     /// with a short non-blocking XREADGROUP when Redis says its stream changed, on a small pool of
     /// --reader-connections), blocking readers on a cluster or where the server refuses RESP3 (HELLO 3)
     /// or CLIENT TRACKING (logged as a warning). `on`: shared, or refuse to start. `off`: blocking
     /// readers, one connection per (stream, group) with calls, each blocked in XREADGROUP BLOCK.
-    #[arg(long, env = "ECHOMQ_SHARED_READERS", value_enum, default_value_t = SharedReaders::Auto)]
+    #[arg(long, env = "ECHOMQ_SHARED_READERS", value_enum, default_value_t = SharedReaders::Off)]
     pub shared_readers: SharedReaders,
 }
 
