@@ -37,7 +37,8 @@ use tokio::time::Instant;
 
 use super::{
     delivery::Outgoing,
-    keyed::{self, Checked, KeyWaits},
+    key_waits::KeyWaits,
+    keyed::{self, Checked},
     orders::{
         Backoff, DeadLetterOrder, DeadLettered, Emission, EmitOrder, FailKind, GroupPolicy, KeyLimit, NewEmit,
         PendingAck, Redelivery, ReleaseOrder, Released, RetryWrite, SessionId, Unrefreshed, ACK_CHUNK,

@@ -17,6 +17,7 @@ mod delivery;
 mod emits;
 mod gauges;
 mod hygiene;
+mod key_waits;
 pub(crate) mod keyed;
 mod lease;
 mod ledger;
