@@ -68,9 +68,8 @@ const KEY_WAITING_PER_CREDIT: usize = 4;
 /// before it stops reading new ones (see [`Ledger::key_waiting_bound`]).
 const KEY_WAITING_MIN: usize = 64;
 pub(crate) const KEY_WAITING_MAX: usize = 10_000;
-/// How often entries waiting for their key are put through the gate again
-/// when nothing this sidecar settled freed their key (`--key-wait-poll-ms`).
-pub(crate) const DEFAULT_KEY_WAIT_POLL: Duration = Duration::from_millis(20);
+/// `--key-wait-poll-ms`'s default, until the worker sets the configured one.
+pub(crate) use crate::config::consume::DEFAULT_KEY_WAIT_POLL;
 
 /// What the ledger asks the worker to do outside it, in order.
 #[derive(Debug)]
