@@ -76,18 +76,6 @@ async fn sample(sidecar: &Sidecar, series: &str) -> f64 {
     metrics.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0.0)
 }
 
-async fn wait_value(sidecar: &Sidecar, name: &str, expected: f64) {
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    loop {
-        let last = sidecar.counter(name).await;
-        if last == expected {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} stayed {last}, want {expected}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Subscribes, retrying while the sidecar answers RESOURCE_EXHAUSTED (a
 /// connection given back a moment ago), for at most `timeout`.
 async fn subscribe_when_free(sidecar: &Sidecar, stream: &str, group: &str, timeout: Duration) -> Consumer {
@@ -170,7 +158,7 @@ async fn an_idle_reader_connection_that_died_fails_its_health_check_and_is_repla
     sidecar.append("s1", &[("k", b"v")]).await;
     first.next_delivery(EVENT_TIMEOUT).await;
     drop(first);
-    wait_value(&sidecar, "echomq_reader_connections_in_use", 0.0).await;
+    sidecar.wait_counter("echomq_reader_connections_in_use", 0.0).await;
     assert_eq!(sidecar.counter("echomq_reader_connections").await, 1.0, "kept open in the pool");
     assert_eq!(closed(&sidecar, "stopped_mid_read").await, 0.0);
     let idle = readers(&mut con).await;
@@ -238,7 +226,7 @@ async fn the_reader_pool_shows_its_size_use_and_waits_on_metrics() {
     assert_eq!(sidecar.counter("echomq_reader_connection_wait_seconds_count").await, 2.0, "one wait per group");
 
     drop(a);
-    wait_value(&sidecar, "echomq_reader_connections_in_use", 1.0).await;
+    sidecar.wait_counter("echomq_reader_connections_in_use", 1.0).await;
     assert_eq!(sidecar.counter("echomq_reader_connection_refusals_total").await, 0.0);
 }
 

@@ -1,10 +1,11 @@
-//! Shared readers (`--shared-readers auto`, opt-in; shared on a single server):
-//! many groups on one sidecar cost a few Redis connections (the shared one,
-//! the `echomq-wake` connection that tracks the streams read, two reader
-//! connections), none is refused, an idle group sends no reads, and entries
-//! are delivered through the wake connection's loss, group and stream
-//! deletions and reclaims. Against a real redis-server and the real sidecar
-//! binary.
+//! Shared readers (`--shared-readers auto`, the default; shared on a single
+//! server while few sidecars serve a group): many groups on one sidecar cost
+//! a few Redis connections (the shared one, the `echomq-wake` connection that
+//! tracks the streams read, two reader connections), none is refused, an idle
+//! group sends no reads, and entries are delivered through the wake
+//! connection's loss, group and stream deletions and reclaims; a group that
+//! many sidecars serve blocks instead, and shares again when few are left.
+//! Against a real redis-server and the real sidecar binary.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -24,8 +25,8 @@ const READER_NAME: &str = "echomq-reader";
 /// The name of the test's own connections, so they are not counted.
 const TEST_NAME: &str = "echomq-test";
 
-/// A sidecar with shared readers where the server allows them (`auto`; the
-/// default is `off`).
+/// A sidecar with shared readers where the server allows them (`auto`, the
+/// default, named so that `ECHOMQ_TEST_SHARED_READERS` does not change it).
 fn shared() -> SidecarOptions {
     SidecarOptions::default().arg("--shared-readers").arg("auto")
 }
@@ -278,12 +279,14 @@ async fn a_dead_peers_entries_are_reclaimed_among_many_groups() {
     expect_each(&mut consumers, &[0, 29], "new", Duration::from_secs(3)).await;
 }
 
-/// More groups than `--reader-connections`: none is refused (reads take
-/// turns), and each gets its entries.
+/// More groups than `--shared-reader-connections` (and than
+/// `--reader-connections`): none is refused (reads take turns), and each gets
+/// its entries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_groups_than_reader_connections_are_all_served() {
     let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, shared().arg("--reader-connections").arg("1")).await;
+    let options = shared().arg("--shared-reader-connections").arg("1").arg("--reader-connections").arg("2");
+    let sidecar = Sidecar::start(&redis, options).await;
     let mut con = test_conn(&redis).await;
     let streams = streams("turns", 30);
     let mut consumers = subscribe_all(&sidecar, &streams).await;
@@ -295,8 +298,80 @@ async fn more_groups_than_reader_connections_are_all_served() {
     }
     let clients = sidecar_clients(&mut con).await;
     assert_eq!(clients.iter().filter(|(_, name)| name == READER_NAME).count(), 1, "{clients:?}");
-    assert_eq!(sidecar.counter("echomq_reader_connections_max").await, 1.0);
+    assert_eq!(sidecar.counter("echomq_reader_connections_max").await, 3.0, "both pools' bounds");
     assert_eq!(sidecar.counter("echomq_reader_connection_refusals_total").await, 0.0);
+}
+
+/// Reader connections blocked in a command now (`flags` has `b`).
+async fn blocked_readers(con: &mut MultiplexedConnection) -> usize {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query_async(con).await.expect("CLIENT LIST");
+    list.lines()
+        .filter(|line| line.contains(&format!(" name={READER_NAME} ")))
+        .filter(|line| line.split(' ').any(|kv| kv.strip_prefix("flags=").is_some_and(|flags| flags.contains('b'))))
+        .count()
+}
+
+/// Appends `n` entries (`k` = `<tag>-<i>`) to `stream` and takes them from
+/// `consumers`, acking each: each must come exactly once. Other entries
+/// (left pending by a killed sidecar, reclaimed) are acked and not counted.
+async fn deliver_once(con: &mut MultiplexedConnection, consumers: &mut [Consumer], stream: &str, tag: &str, n: usize) {
+    for i in 0..n {
+        xadd_raw(con, stream, &[(b"k", format!("{tag}-{i}").as_bytes())]).await;
+    }
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    while seen.len() < n {
+        assert!(Instant::now() < deadline, "{} of {n} `{tag}` entries came within {EVENT_TIMEOUT:?}", seen.len());
+        for consumer in consumers.iter_mut() {
+            if let Event::Delivery(delivery) = consumer.next_event(Duration::from_millis(20)).await {
+                consumer.ack_one(&delivery.id).await;
+                let value = String::from_utf8_lossy(&delivery.payload["k"]).into_owned();
+                if value.starts_with(&format!("{tag}-")) {
+                    *seen.entry(value).or_default() += 1;
+                }
+            }
+        }
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, times)| **times > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+}
+
+/// `auto` chooses per group: five sidecars serving one group each block in
+/// XREADGROUP (a shared reader would be woken by every entry on each of
+/// them); when three are killed, the two left share again. Every entry comes
+/// once before and after each switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_many_sidecars_serve_blocks_and_shares_again_when_few_are_left() {
+    let redis = RedisServer::start().await;
+    let mut con = test_conn(&redis).await;
+    // Beats every 250 ms, so the count of sidecars follows within a second.
+    let options = || shared().arg("--consumer-idle-limit-ms").arg("1000");
+    let mut sidecars = Vec::new();
+    let mut consumers = Vec::new();
+    for _ in 0..5 {
+        let sidecar = Sidecar::start(&redis, options()).await;
+        consumers.push(Consumer::start(&sidecar, "busy", "g", GroupStart::New, 0).await);
+        sidecars.push(sidecar);
+    }
+    for sidecar in &sidecars {
+        sidecar.wait_counter("echomq_group_sidecars", 5.0).await;
+        sidecar.wait_counter("echomq_reader_blocking", 1.0).await;
+    }
+    let blocked = blocked_readers(&mut con).await;
+    assert!(blocked >= 4, "each sidecar's reader blocks in XREADGROUP (one may be between reads): {blocked}");
+    deliver_once(&mut con, &mut consumers, "busy", "a", 200).await;
+
+    consumers.truncate(2);
+    for sidecar in sidecars.iter_mut().skip(2) {
+        sidecar.kill9();
+    }
+    for sidecar in &sidecars[..2] {
+        sidecar.wait_counter("echomq_group_sidecars", 2.0).await;
+        sidecar.wait_counter("echomq_reader_blocking", 0.0).await;
+    }
+    assert_eq!(blocked_readers(&mut con).await, 0, "the two left share: none blocks");
+    deliver_once(&mut con, &mut consumers, "busy", "b", 200).await;
+    assert!(sidecars[0].log().contains("shares again"), "the switch is logged");
 }
 
 /// A server whose ACL refuses CLIENT TRACKING: `auto` warns once, naming the

@@ -52,7 +52,7 @@ pub use self::{
     },
     redis::{
         RedisConfig, SharedReaders, DEFAULT_READER_CONNECTIONS, DEFAULT_REDIS_TIMEOUT, DEFAULT_REDIS_URL,
-        DEFAULT_SHARED_READER_CONNECTIONS,
+        DEFAULT_SHARED_READER_CONNECTIONS, SHARED_MOST_SIDECARS,
     },
     security::SecurityConfig,
     server::{
@@ -332,20 +332,17 @@ mod tests {
     #[test]
     fn reader_connections_default_and_bounds() {
         let redis = parse(&[]).unwrap().redis;
-        assert_eq!(redis.reader_connections(false), DEFAULT_READER_CONNECTIONS);
-        assert_eq!(redis.reader_connections(true), DEFAULT_SHARED_READER_CONNECTIONS);
-        assert_eq!(
-            redis.shared_readers,
-            SharedReaders::Off,
-            "opt-in: shared readers cost more where many sidecars share a group"
-        );
-        let redis = parse(&["--reader-connections", "5"]).unwrap().redis;
-        assert_eq!((redis.reader_connections(false), redis.reader_connections(true)), (5, 5));
+        assert_eq!(redis.reader_connections, DEFAULT_READER_CONNECTIONS);
+        assert_eq!(redis.shared_reader_connections, DEFAULT_SHARED_READER_CONNECTIONS);
+        assert_eq!(redis.shared_readers, SharedReaders::Auto, "chosen per group");
+        let redis = parse(&["--reader-connections", "5", "--shared-reader-connections", "3"]).unwrap().redis;
+        assert_eq!((redis.reader_connections, redis.shared_reader_connections), (5, 3));
         for (flag, mode) in [("on", SharedReaders::On), ("off", SharedReaders::Off), ("auto", SharedReaders::Auto)] {
             assert_eq!(parse(&["--shared-readers", flag]).unwrap().redis.shared_readers, mode);
         }
         assert!(parse(&["--shared-readers", "maybe"]).is_err());
         assert!(parse(&["--reader-connections", "0"]).is_err(), "no reader could ever read");
+        assert!(parse(&["--shared-reader-connections", "0"]).is_err(), "no shared read could ever run");
     }
 
     #[test]

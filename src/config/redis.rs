@@ -11,22 +11,29 @@ use super::millis;
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// Default response timeout of a non-blocking Redis command.
 pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default most dedicated reader connections with blocking readers (`--shared-readers off`, or a
-/// cluster): one per (stream, group) with calls; a sharded stream's shards one each.
+/// Default most connections blocked in `XREADGROUP … BLOCK` (`--reader-connections`): one per
+/// (stream, group) whose reader blocks (a sharded stream's shards one each).
 pub const DEFAULT_READER_CONNECTIONS: usize = 64;
-/// Default most reader connections with shared readers: each read takes one for one non-blocking
-/// `XREADGROUP` and gives it back, so two serve any number of groups, and the sidecar holds at most
-/// four connections to Redis (the shared one, the wake connection and these two).
+/// Default size of the shared readers' pool (`--shared-reader-connections`): each read takes one
+/// for one non-blocking `XREADGROUP` and gives it back, so two serve any number of groups, and a
+/// sidecar whose groups all share holds at most four connections to Redis (the shared one, the wake
+/// connection and these two).
 pub const DEFAULT_SHARED_READER_CONNECTIONS: usize = 2;
+/// With `--shared-readers auto`, a group read by more sidecars than this (by their heartbeats)
+/// blocks: every new entry wakes each sidecar that shares a group's reads, so the work an entry
+/// costs grows with them, while Redis hands an entry to one blocked reader for free.
+pub const SHARED_MOST_SIDECARS: usize = 4;
 
 /// How the groups' readers wait for new entries (`--shared-readers`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SharedReaders {
-    /// Shared on a single server, when it accepts RESP3 and `CLIENT TRACKING`; blocking readers on a
-    /// cluster, or when the server refuses either (logged once, as a warning).
+    /// Per group, on a single server (or Sentinel) that accepts RESP3 and `CLIENT TRACKING`: shared
+    /// while at most [`SHARED_MOST_SIDECARS`] sidecars read the group, blocking beyond (while a
+    /// blocking connection is free; shared otherwise: nothing is refused). Blocking readers on a
+    /// cluster, or when the server refuses RESP3 or tracking (logged once, as a warning).
     Auto,
-    /// Shared; the sidecar refuses to start where it cannot be (a cluster, a server or ACL that
-    /// refuses RESP3 or `CLIENT TRACKING`).
+    /// Shared, whatever the group; the sidecar refuses to start where it cannot be (a cluster, a
+    /// server or ACL that refuses RESP3 or `CLIENT TRACKING`).
     On,
     /// Blocking readers: one connection per (stream, group) with calls, blocked in `XREADGROUP`.
     Off,
@@ -87,39 +94,35 @@ pub struct RedisConfig {
           default_value = default_millis!(DEFAULT_REDIS_TIMEOUT), value_parser = millis::within(1..))]
     pub redis_timeout: Duration,
 
-    /// Most Redis connections for the groups' reads of new entries. With shared readers, a pool that
-    /// every group's reads take turns on, one non-blocking XREADGROUP at a time: no subscribe is
-    /// refused for want of one (unset: 2). With blocking readers (--shared-readers off, or a
-    /// cluster), each is held by one (stream, group) while it has calls (a sharded stream: one per
-    /// shard), blocked in XREADGROUP BLOCK, and a subscribe that finds none free within a second is
-    /// refused RESOURCE_EXHAUSTED (unset: 64).
+    /// Most Redis connections blocked in XREADGROUP BLOCK for the groups' reads of new entries: each
+    /// is held by one (stream, group) whose reader blocks (a sharded stream: one per shard) while it
+    /// has calls. With --shared-readers off (or on a cluster) every group's reader blocks, and a
+    /// subscribe that finds none free within a second is refused RESOURCE_EXHAUSTED; with auto, only
+    /// groups read by many sidecars block, and one that finds none free shares instead.
     #[arg(id = "reader_connections", long = "reader-connections", value_name = "READER_CONNECTIONS", env = "ECHOMQ_READER_CONNECTIONS",
+          default_value_t = DEFAULT_READER_CONNECTIONS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub reader_connections_set: Option<usize>,
+    pub reader_connections: usize,
 
-    /// How the groups' readers wait for new entries; `off` unless asked: shared readers save
-    /// connections where one sidecar serves many groups, but cost more Redis work where many sidecars
-    /// share a group (each new entry wakes every one of them). `auto`: shared on a single server (one
-    /// connection, `echomq-wake`, tracks the streams read with CLIENT TRACKING, and each group reads
-    /// with a short non-blocking XREADGROUP when Redis says its stream changed, on a small pool of
-    /// --reader-connections), blocking readers on a cluster or where the server refuses RESP3 (HELLO 3)
-    /// or CLIENT TRACKING (logged as a warning). `on`: shared, or refuse to start. `off`: blocking
-    /// readers, one connection per (stream, group) with calls, each blocked in XREADGROUP BLOCK.
-    #[arg(long, env = "ECHOMQ_SHARED_READERS", value_enum, default_value_t = SharedReaders::Off)]
+    /// Size of the shared readers' pool: every shared group's reads take turns on these, one
+    /// non-blocking XREADGROUP at a time, so no subscribe is refused for want of one.
+    #[arg(id = "shared_reader_connections", long = "shared-reader-connections", value_name = "SHARED_READER_CONNECTIONS",
+          env = "ECHOMQ_SHARED_READER_CONNECTIONS", default_value_t = DEFAULT_SHARED_READER_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub shared_reader_connections: usize,
+
+    /// How the groups' readers wait for new entries. Shared readers: one connection per sidecar,
+    /// `echomq-wake`, tracks the streams read (CLIENT TRACKING), and a group reads with a short
+    /// non-blocking XREADGROUP when Redis says its stream changed, on a small pool
+    /// (--shared-reader-connections): a sidecar serving a thousand groups holds four connections. But
+    /// every new entry wakes each sidecar sharing the group's reads. Blocking readers: one connection
+    /// per (stream, group), blocked in XREADGROUP BLOCK, to which Redis hands an entry directly.
+    /// `auto` chooses per group: shared while at most 4 sidecars read it (their heartbeats say),
+    /// blocking beyond; blocking on a cluster or where the server refuses RESP3 (HELLO 3) or CLIENT
+    /// TRACKING (logged as a warning). `on`: shared for every group, or refuse to start. `off`:
+    /// blocking for every group.
+    #[arg(long, env = "ECHOMQ_SHARED_READERS", value_enum, default_value_t = SharedReaders::Auto)]
     pub shared_readers: SharedReaders,
-}
-
-impl RedisConfig {
-    /// The reader pool's bound: `--reader-connections`, else
-    /// [`DEFAULT_SHARED_READER_CONNECTIONS`] with shared readers (`shared`)
-    /// and [`DEFAULT_READER_CONNECTIONS`] with blocking ones.
-    pub fn reader_connections(&self, shared: bool) -> usize {
-        self.reader_connections_set.unwrap_or(if shared {
-            DEFAULT_SHARED_READER_CONNECTIONS
-        } else {
-            DEFAULT_READER_CONNECTIONS
-        })
-    }
 }
 
 impl RedisConfig {

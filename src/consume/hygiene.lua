@@ -32,8 +32,10 @@
 -- ARGV[1]  the group
 -- ARGV[2]  this sidecar's consumer (never removed)
 -- ARGV[3]  the idle limit, milliseconds; 0: only record the heartbeat
--- Returns the names removed; false (nil) when the stream does not exist; the
--- number of the group's keys removed (an integer) when the stream exists
+-- ARGV[4]  how recent a heartbeat is to count its sidecar as serving the group, milliseconds
+-- Returns {the sidecars serving the group (fresh heartbeats, this one's
+-- included), the names removed}; false (nil) when the stream does not exist;
+-- the number of the group's keys removed (an integer) when the stream exists
 -- without the group.
 
 local stream, beats, group, me = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
@@ -60,6 +62,15 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('HSET', beats, me, now)
 -- The hash outlives no group for long: a day, or twice the limit if longer.
 redis.call('PEXPIRE', beats, math.max(86400000, 2 * limit))
+-- How many sidecars serve the group: with `--shared-readers auto` each
+-- chooses by it whether its reader shares or blocks.
+local fresh, sidecars = tonumber(ARGV[4]), 0
+for _, beat in ipairs(redis.call('HVALS', beats)) do
+  local at = tonumber(beat)
+  if at and now - at <= fresh then
+    sidecars = sidecars + 1
+  end
+end
 -- A random sample: no cursor to keep, and every stale member is met within
 -- a few beats for sets of hundreds; a member not shaped as the sidecars
 -- write them (by hand) is left alone.
@@ -76,7 +87,7 @@ if keyed and redis.call('TYPE', keyed).ok == 'zset' then
 end
 local removed = {}
 if limit == 0 then
-  return removed
+  return {sidecars, removed}
 end
 local present = {}
 for _, consumer in ipairs(consumers) do
@@ -101,4 +112,4 @@ for i = 1, #fields, 2 do
     redis.call('HDEL', beats, fields[i])
   end
 end
-return removed
+return {sidecars, removed}

@@ -25,10 +25,19 @@ use std::time::Duration;
 use redis::{RedisResult, Value};
 
 use super::GroupKeys;
-use crate::redis::{array, bytes};
+use crate::redis::{array, bytes, int};
 
 /// The longest time between two heartbeats of a sidecar.
 const MAX_BEAT: Duration = Duration::from_secs(10);
+
+/// A sidecar whose last heartbeat for a group is at most this old serves it,
+/// as a sidecar beating every `beat` counts: three beats, so one late or lost
+/// beat does not drop a peer. A peer that beats less often (a longer
+/// `--consumer-idle-limit-ms`) may be missed between its beats; a group then
+/// shares where it could block, which costs work, never an entry.
+pub(crate) fn serving_beat_age(beat: Duration) -> Duration {
+    3 * beat
+}
 
 /// How often a worker beats: a quarter of its idle limit (so a peer with the
 /// same limit sees at least three beats within it), at most [`MAX_BEAT`], at
@@ -45,6 +54,9 @@ pub(crate) enum Beat {
     Done {
         /// The consumers removed, by name.
         removed: Vec<String>,
+        /// The sidecars serving the group: heartbeats younger than
+        /// [`serving_beat_age`], this one's included; 0 when the group is gone.
+        sidecars: usize,
     },
     /// The stream does not exist: nothing was recorded or removed.
     StreamGone,
@@ -63,6 +75,7 @@ pub(crate) async fn beat(keys: &GroupKeys, idle_limit: Option<Duration>) -> Redi
     // The heartbeat hash comes first among the group's own keys, as the script expects.
     script.key(&keys.stream).key(keys.own_keys.as_slice());
     script.arg(&keys.group).arg(&keys.consumer).arg(idle_limit.map_or(0, |limit| limit.as_millis().max(1) as u64));
+    script.arg(serving_beat_age(beat_interval(idle_limit)).as_millis() as u64);
     let reply: Value = script.invoke_async(&mut conn).await?;
     match reply {
         Value::Nil => Ok(Beat::StreamGone),
@@ -70,11 +83,22 @@ pub(crate) async fn beat(keys: &GroupKeys, idle_limit: Option<Duration>) -> Redi
             if removed > 0 {
                 tracing::info!(stream = %keys.stream, group = %keys.group, keys = removed, "the group no longer exists (destroyed behind the sidecar's back): removed the keys it left behind, and no heartbeat is recorded for it");
             }
-            Ok(Beat::Done { removed: Vec::new() })
+            Ok(Beat::Done { removed: Vec::new(), sidecars: 0 })
         }
-        names => {
-            let removed = array(&names).iter().map(|name| Ok(String::from_utf8_lossy(&bytes(name)?).into_owned()));
-            Ok(Beat::Done { removed: removed.collect::<RedisResult<_>>()? })
-        }
+        reply => parse_done(&reply),
     }
+}
+
+/// `{sidecars, {names removed…}}`.
+fn parse_done(reply: &Value) -> RedisResult<Beat> {
+    let parts = array(reply);
+    let (Some(sidecars), Some(names)) = (parts.first(), parts.get(1)) else {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "unexpected reply from Redis",
+            format!("hygiene.lua: {reply:?}"),
+        )));
+    };
+    let removed = array(names).iter().map(|name| Ok(String::from_utf8_lossy(&bytes(name)?).into_owned()));
+    Ok(Beat::Done { removed: removed.collect::<RedisResult<_>>()?, sidecars: int(sidecars)?.max(0) as usize })
 }

@@ -55,7 +55,7 @@ use tokio_stream::{wrappers::ReceiverStream, Stream};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    config::{Config, SharedReaders},
+    config::{Config, SharedReaders, SHARED_MOST_SIDECARS},
     durable::DurableWriter,
     error::Error,
     metrics::Metrics,
@@ -66,6 +66,7 @@ use crate::{
 use commands::{Command, Event};
 use ledger::Policy;
 use orders::{Backoff, SessionId};
+use reader::{ReaderPools, SharedReads};
 use subscribe::Subscription;
 use worker::Worker;
 
@@ -90,12 +91,10 @@ pub(crate) struct Shared {
     pub(crate) consumer: String,
     pub(crate) id_field: String,
     pub(crate) read_block: Duration,
-    /// The group readers' connections (`--reader-connections`): with
-    /// blocking readers a worker takes one for its first call and gives it
-    /// back when its last leaves; with shared readers each read takes one.
-    pub(crate) readers: ReaderPool,
-    /// The wake hub of shared readers; `None`: blocking readers.
-    pub(crate) wake: Option<Arc<WakeHub>>,
+    /// The group readers' connections: a blocking reader takes one for its
+    /// group's first call (or when its group turns to blocking) and gives it
+    /// back when its last call leaves; a shared reader takes one per read.
+    pub(crate) readers: ReaderPools,
     pub(crate) reclaim_min_idle: Duration,
     pub(crate) reclaim_interval: Duration,
     pub(crate) lease_refresh: Duration,
@@ -202,7 +201,12 @@ pub async fn wake_hub(redis: &Redis, config: &Config) -> Result<Option<Arc<WakeH
     };
     match WakeHub::start(primary.clone(), config.redis.redis_timeout).await {
         Ok(hub) => {
-            tracing::info!("readers are shared: a wake connection tracks the streams read (CLIENT TRACKING), and reads take turns on at most {} connections (--reader-connections)", config.redis.reader_connections(true));
+            let which = if mode == SharedReaders::On {
+                "every group's reads are shared".to_owned()
+            } else {
+                format!("a group's reads are shared while at most {SHARED_MOST_SIDECARS} sidecars read it, and block beyond")
+            };
+            tracing::info!("{which}: a wake connection tracks the streams read (CLIENT TRACKING), and shared reads take turns on at most {} connections (--shared-reader-connections)", config.redis.shared_reader_connections);
             Ok(Some(hub))
         }
         Err(e) if mode == SharedReaders::On => Err(format!(
@@ -254,16 +258,17 @@ impl Consumers {
     ) -> Consumers {
         let Signals { draining, closing, redis_up } = signals;
         let redis_timeout = config.redis.redis_timeout;
+        let pool = |max, shared| {
+            ReaderPool::new(redis.clone(), max, redis_timeout, config.consume.read_block, shared, &metrics)
+        };
+        // `on` never blocks; without a hub (`off`, a cluster, a server that refused tracking) nothing shares.
+        let readers = ReaderPools {
+            blocking: (wake.is_none() || config.redis.shared_readers != SharedReaders::On)
+                .then(|| pool(config.redis.reader_connections, false)),
+            shared: wake.map(|hub| SharedReads { hub, pool: pool(config.redis.shared_reader_connections, true) }),
+        };
         let shared = Shared {
-            readers: ReaderPool::new(
-                redis.clone(),
-                config.redis.reader_connections(wake.is_some()),
-                redis_timeout,
-                config.consume.read_block,
-                wake.is_some(),
-                &metrics,
-            ),
-            wake,
+            readers,
             redis,
             consumer,
             id_field: config.appends.id_field.clone(),
@@ -411,20 +416,22 @@ impl ConsumerService for Consumers {
             None => return Err(Error::invalid("subscribe", "the call closed before its subscribe").into()),
         };
         let (sub, policy) = self.validate(caller.as_ref(), subscribe)?;
-        // One blocking reader per shard: a subscription that needs more than
-        // the pool holds can never be served, so it is refused at once, not
-        // after a wait. Shared readers take turns: any count will do.
-        let max_readers = self.shared.readers.max();
-        if self.shared.wake.is_none() && sub.shards.len() > max_readers {
-            return Err(Error::ResourceExhausted {
-                reason: format!(
-                    "subscribing to `{}` needs {} reader connections (one per shard), more than this sidecar's \
+        // Blocking readers only: one per shard, so a subscription that needs
+        // more than the pool holds can never be served, and is refused at
+        // once, not after a wait. Shared readers take turns: any count will do.
+        if let (Some(pool), None) = (&self.shared.readers.blocking, &self.shared.readers.shared) {
+            let max_readers = pool.max();
+            if sub.shards.len() > max_readers {
+                return Err(Error::ResourceExhausted {
+                    reason: format!(
+                        "subscribing to `{}` needs {} reader connections (one per shard), more than this sidecar's \
                      --reader-connections / ECHOMQ_READER_CONNECTIONS ({max_readers}); raise the setting",
-                    sub.stream,
-                    sub.shards.len()
-                ),
+                        sub.stream,
+                        sub.shards.len()
+                    ),
+                }
+                .into());
             }
-            .into());
         }
         // Held for the life of the call.
         let permit = self.calls.clone().try_acquire_owned().map_err(|_| Error::ResourceExhausted {

@@ -41,10 +41,11 @@ use tokio::{
 
 use super::{keyed::Gate, orders::KeyLimit, Shared};
 use crate::{
+    config::SHARED_MOST_SIDECARS,
     id::StreamId,
     redis::{
         array, bytes, int, parse_entries, parse_stream_id,
-        readers::ReaderConnection,
+        readers::{ReaderConnection, ReaderPool},
         wake::{Ticket, WakeHub},
         RawEntry,
     },
@@ -62,7 +63,44 @@ pub(crate) enum Mode {
     /// Blocked in `XREADGROUP … BLOCK` on the group's own connection.
     Blocking(Box<ReaderConnection>),
     /// Woken by the hub, reading on the shared pool.
-    Shared(Arc<WakeHub>),
+    Shared(SharedReads),
+}
+
+/// The connections this sidecar's group readers use, as `--shared-readers`
+/// set them up: with `off` (or on a cluster, or where the server refuses
+/// tracking) only `blocking`; with `on` only `shared`; with `auto` both, and
+/// each group chooses ([`wants_blocking`]).
+pub(crate) struct ReaderPools {
+    /// The blocking readers' connections (`--reader-connections`).
+    pub(crate) blocking: Option<ReaderPool>,
+    /// The wake hub and the shared readers' pool (`--shared-reader-connections`).
+    pub(crate) shared: Option<SharedReads>,
+}
+
+/// What a shared reader needs: the hub that says when its stream changed,
+/// and the pool its reads take turns on. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct SharedReads {
+    pub(crate) hub: Arc<WakeHub>,
+    pub(crate) pool: ReaderPool,
+}
+
+/// With `--shared-readers auto`, a group stops sharing and blocks once more
+/// than [`SHARED_MOST_SIDECARS`] sidecars read it, and shares again once at
+/// most this many do: between the two it keeps what it has, so a fleet whose
+/// size hovers at the bound does not switch its readers back and forth.
+pub(crate) const SHARED_AGAIN_SIDECARS: usize = 2;
+const _: () = assert!(SHARED_AGAIN_SIDECARS < SHARED_MOST_SIDECARS, "a band between the two bounds");
+
+/// Whether a group read by `sidecars` sidecars (their fresh heartbeats, this
+/// one's included; 0 before the first beat) should have a blocking reader,
+/// given whether it has one now (`blocking`). See [`SHARED_MOST_SIDECARS`].
+pub(crate) fn wants_blocking(sidecars: usize, blocking: bool) -> bool {
+    if blocking {
+        sidecars > SHARED_AGAIN_SIDECARS
+    } else {
+        sidecars > SHARED_MOST_SIDECARS
+    }
 }
 
 /// What one read returned: the entries, and for a group with per-key
@@ -90,6 +128,8 @@ pub(crate) struct Reader {
     results: mpsc::Receiver<RedisResult<Read>>,
     /// Ends a shared reader's wait: read now.
     kick: Arc<Notify>,
+    /// Blocked on a connection of its own, not shared.
+    blocking: bool,
     task: JoinHandle<()>,
 }
 
@@ -109,11 +149,19 @@ impl Reader {
         let (results_tx, results) = mpsc::channel(1);
         let kick = Arc::new(Notify::new());
         let target = Target { stream, group, no_ack, keyed };
+        let blocking = matches!(mode, Mode::Blocking(_));
         let task = match mode {
             Mode::Blocking(conn) => tokio::spawn(read_loop(shared, *conn, target, requests_rx, results_tx)),
-            Mode::Shared(hub) => tokio::spawn(shared_loop(shared, hub, target, requests_rx, results_tx, kick.clone())),
+            Mode::Shared(reads) => {
+                tokio::spawn(shared_loop(shared, reads, target, requests_rx, results_tx, kick.clone()))
+            }
         };
-        Reader { requests, results, kick, task }
+        Reader { requests, results, kick, blocking, task }
+    }
+
+    /// Whether it blocks on a connection of its own (else it shares).
+    pub(crate) fn is_blocking(&self) -> bool {
+        self.blocking
     }
 
     /// Asks for up to `count` new entries; false when a read is still under way.
@@ -196,16 +244,16 @@ impl Target {
         read
     }
 
-    /// One non-blocking read of a shared reader: `XREADGROUP` on a pooled
-    /// connection taken for it, or `keyed_read.lua` on the shared one.
-    async fn read_once(&self, shared: &Shared, count: usize) -> RedisResult<Read> {
+    /// One non-blocking read of a shared reader: `XREADGROUP` on a
+    /// connection of `pool` taken for it, or `keyed_read.lua` on the shared one.
+    async fn read_once(&self, shared: &Shared, pool: &ReaderPool, count: usize) -> RedisResult<Read> {
         if let Some(keyed) = &self.keyed {
             return match run_keyed_read(shared, &self.stream, &self.group, keyed, count).await? {
                 KeyedReply::Entries(read) => Ok(read),
                 KeyedReply::None { .. } => Ok(Read::default()),
             };
         }
-        let mut conn = shared.readers.acquire_for_read().await?;
+        let mut conn = pool.acquire_for_read().await?;
         let entries = conn.read(&self.read(&shared.consumer, count, None)).await?;
         Ok(Read { entries, gates: Vec::new() })
     }
@@ -215,7 +263,7 @@ impl Target {
 /// an empty read.
 async fn shared_loop(
     shared: Arc<Shared>,
-    hub: Arc<WakeHub>,
+    SharedReads { hub, pool }: SharedReads,
     target: Target,
     mut requests: mpsc::Receiver<usize>,
     results: mpsc::Sender<RedisResult<Read>>,
@@ -230,7 +278,7 @@ async fn shared_loop(
         let result = loop {
             // Armed before the read: an XADD after it is sure to wake us.
             let ticket = hub.arm(&target.stream).await;
-            match (target.read_once(&shared, count).await, ticket) {
+            match (target.read_once(&shared, &pool, count).await, ticket) {
                 (Ok(read), Ok(ticket)) if read.entries.is_empty() => wait(&ticket, &kick, SAFETY_REREAD).await,
                 // No wake connection: poll.
                 (Ok(read), Err(_)) if read.entries.is_empty() => {
@@ -364,6 +412,16 @@ mod tests {
 
     fn bulk(text: &str) -> Value {
         Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_group_blocks_past_the_bound_and_shares_again_only_well_below_it() {
+        assert!(!wants_blocking(0, false), "before the first beat: shared");
+        assert!(!wants_blocking(SHARED_MOST_SIDECARS, false));
+        assert!(wants_blocking(SHARED_MOST_SIDECARS + 1, false));
+        assert!(wants_blocking(SHARED_MOST_SIDECARS, true), "between the bounds it keeps blocking");
+        assert!(wants_blocking(SHARED_AGAIN_SIDECARS + 1, true));
+        assert!(!wants_blocking(SHARED_AGAIN_SIDECARS, true));
     }
 
     #[test]

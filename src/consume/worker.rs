@@ -81,10 +81,13 @@ pub(crate) struct Worker {
     no_ack: bool,
     /// Calls waiting for the next flush before they end.
     flushed: Vec<oneshot::Sender<()>>,
-    /// The blocking reader and its pool connection, while there are calls to
-    /// read for: started by the first call's Attach, stopped when the last
+    /// The reader (and a blocking one's connection), while there are calls
+    /// to read for: started by the first call's Attach, stopped when the last
     /// call leaves or the sidecar drains.
     reader: Option<Reader>,
+    /// The sidecars serving the group, by their heartbeats at the last
+    /// hygiene beat (this one included); 0 before the first.
+    group_sidecars: usize,
     reclaim_cursor: StreamId,
     /// The group is gone (NOGROUP): re-create it before anything else.
     group_lost: bool,
@@ -119,6 +122,7 @@ impl Worker {
             no_ack,
             flushed: Vec::new(),
             reader: None,
+            group_sidecars: 0,
             reclaim_cursor: StreamId::ZERO,
             group_lost: false,
             stream_gone: false,
@@ -331,6 +335,7 @@ impl Worker {
     fn stop_reading(&mut self) {
         if let Some(reader) = self.reader.take() {
             reader.stop();
+            self.outlet.metrics.reader_blocking.set(0);
             if self.ledger.is_reading() {
                 self.recover_after_lost_read();
             }
@@ -338,11 +343,14 @@ impl Worker {
         self.ledger.read_done();
     }
 
-    /// Starts the reader, for the group's first call. A blocking reader takes
-    /// its connection from the pool here, at subscribe, so a group that
-    /// cannot have one is refused there (RESOURCE_EXHAUSTED, naming
+    /// Starts the reader, for the group's first call. A reader that is to
+    /// block on a connection of its own (`--shared-readers off`, a cluster)
+    /// takes it from the pool here, at subscribe, so a group that cannot have
+    /// one is refused there (RESOURCE_EXHAUSTED, naming
     /// `--reader-connections`) instead of leaving its call waiting; a shared
-    /// reader takes one per read, and is never refused. While draining
+    /// reader takes one per read, and is never refused. With `auto`, a group
+    /// that many sidecars serve ([`reader::wants_blocking`]) blocks if a
+    /// connection is free at once, and shares otherwise. While draining
     /// nothing is read: no reader.
     ///
     /// Errors: as [`ReaderPool::acquire`](crate::redis::readers::ReaderPool::acquire).
@@ -350,23 +358,77 @@ impl Worker {
         if self.reader.is_some() || self.ledger.draining() {
             return Ok(());
         }
-        let mode = match &self.shared.wake {
-            // Shared readers take a connection per read: nothing to refuse.
-            Some(hub) => reader::Mode::Shared(hub.clone()),
-            None => {
+        let shared = self.shared.clone();
+        let mode = match (&shared.readers.blocking, &shared.readers.shared) {
+            (Some(pool), Some(shared)) => match self.blocking_connection(pool, false).await {
+                Some(conn) => reader::Mode::Blocking(Box::new(conn)),
+                None => reader::Mode::Shared(shared.clone()),
+            },
+            (None, Some(shared)) => reader::Mode::Shared(shared.clone()),
+            (Some(pool), None) => {
                 self.act();
-                reader::Mode::Blocking(Box::new(
-                    self.shared.readers.acquire(&self.keys.stream, &self.keys.group).await?,
-                ))
+                reader::Mode::Blocking(Box::new(pool.acquire(&self.keys.stream, &self.keys.group).await?))
             }
+            (None, None) => unreachable!("a sidecar has blocking readers, shared ones, or both"),
         };
+        self.spawn_reader(mode);
+        Ok(())
+    }
+
+    /// With both ways to read (`--shared-readers auto`): a connection for a
+    /// blocking reader when the group's sidecars call for one
+    /// ([`reader::wants_blocking`], given whether it blocks now) and one is
+    /// free at once; `None`: it shares.
+    async fn blocking_connection(
+        &mut self,
+        pool: &crate::redis::readers::ReaderPool,
+        blocking: bool,
+    ) -> Option<crate::redis::readers::ReaderConnection> {
+        if !reader::wants_blocking(self.group_sidecars, blocking) {
+            return None;
+        }
+        self.act();
+        pool.try_acquire().await
+    }
+
+    fn spawn_reader(&mut self, mode: reader::Mode) {
         let (stream, group) = (self.keys.stream.clone(), self.keys.group.clone());
         // The group's settings are the first call's: a group with per-key
         // limits registers and gates what it reads in one script.
         let keyed =
             self.ledger.key_limit().map(|limit| KeyedRead { zset: self.keys.keyed.clone(), limit: limit.clone() });
-        self.reader = Some(Reader::spawn(self.shared.clone(), mode, stream, group, self.no_ack, keyed));
-        Ok(())
+        let reader = Reader::spawn(self.shared.clone(), mode, stream, group, self.no_ack, keyed);
+        self.outlet.metrics.reader_blocking.set(i64::from(reader.is_blocking()));
+        self.reader = Some(reader);
+    }
+
+    /// With `--shared-readers auto`, after a hygiene beat counted the group's
+    /// sidecars: a shared reader turns blocking once more than
+    /// [`SHARED_MOST_SIDECARS`](crate::config::SHARED_MOST_SIDECARS) serve
+    /// the group (if a connection is free; else it tries again next beat),
+    /// and a blocking one turns shared once few do. The old reader is stopped
+    /// as when the last call leaves (a read cut off is recovered from the own
+    /// PEL before the next), so no entry is lost in the switch.
+    async fn reconsider_reader(&mut self) {
+        let (Some(pool), Some(shared)) = (self.shared.readers.blocking.clone(), self.shared.readers.shared.clone())
+        else {
+            return;
+        };
+        let Some(blocking) = self.reader.as_ref().map(Reader::is_blocking) else { return };
+        let mode = if blocking {
+            if reader::wants_blocking(self.group_sidecars, true) {
+                return;
+            }
+            reader::Mode::Shared(shared)
+        } else {
+            match self.blocking_connection(&pool, false).await {
+                Some(conn) => reader::Mode::Blocking(Box::new(conn)),
+                None => return,
+            }
+        };
+        info!(stream = %self.keys.stream, group = %self.keys.group, sidecars = self.group_sidecars, blocking = !blocking, "{} sidecars serve the group: its reader {}", self.group_sidecars, if blocking { "shares again (--shared-readers auto)" } else { "blocks on a connection of its own now (--shared-readers auto)" });
+        self.stop_reading();
+        self.spawn_reader(mode);
     }
 
     /// Asks the reader for `count` new entries. There is one whenever there
@@ -846,13 +908,16 @@ impl Worker {
                     self.stream_gone = true;
                 }
             }
-            Ok(hygiene::Beat::Done { removed }) => {
+            Ok(hygiene::Beat::Done { removed, sidecars }) => {
                 if std::mem::take(&mut self.stream_gone) {
                     info!(%stream, %group, "stream `{stream}` exists again; consumer hygiene resumes");
                 }
                 if !removed.is_empty() {
                     info!(%stream, %group, ?removed, "removed dead consumers that held nothing")
                 }
+                self.group_sidecars = sidecars;
+                self.outlet.metrics.group_sidecars.set(sidecars as i64);
+                self.reconsider_reader().await;
             }
             Err(e) => self.redis_failed(Step::Hygiene, &e),
         }

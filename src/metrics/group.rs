@@ -77,6 +77,8 @@ pub(super) struct GroupFamilies {
     consume_calls: GroupGauge,
     in_flight: GroupGauge,
     key_waiting_entries: GroupGauge,
+    group_sidecars: GroupGauge,
+    reader_blocking: GroupGauge,
     handler_seconds: Family<GroupLabels, Histogram>,
     pending: GroupGauge,
     lag: GroupGauge,
@@ -197,6 +199,18 @@ impl GroupFamilies {
                 "Entries this sidecar holds pending for the group that wait for their key (per-key limits), handed to no call",
                 Family::default(),
             ),
+            group_sidecars: registered(
+                r,
+                "group_sidecars",
+                "Sidecars serving the group, by their heartbeats within three of this sidecar's hygiene beats (30 s unless --consumer-idle-limit-ms is short; this one included), at its last beat",
+                Family::default(),
+            ),
+            reader_blocking: registered(
+                r,
+                "reader_blocking",
+                "1 while this sidecar's reader of the group blocks on a connection of its own (XREADGROUP BLOCK), 0 while it shares or there is none (--shared-readers)",
+                Family::default(),
+            ),
             handler_seconds: registered(
                 r,
                 "handler_duration_seconds",
@@ -267,6 +281,8 @@ impl GroupFamilies {
             consume_calls: self.consume_calls.get_or_create(&labels).clone(),
             in_flight: self.in_flight.get_or_create(&labels).clone(),
             key_waiting_entries: self.key_waiting_entries.get_or_create(&labels).clone(),
+            group_sidecars: self.group_sidecars.get_or_create(&labels).clone(),
+            reader_blocking: self.reader_blocking.get_or_create(&labels).clone(),
             handler_seconds: self.handler_seconds.get_or_create(&labels).clone(),
             pending: self.pending.get_or_create(&labels).clone(),
             oldest_pending_age_seconds: self.oldest_pending_age_seconds.get_or_create(&labels).clone(),
@@ -330,6 +346,12 @@ pub struct GroupMetrics {
     /// `echomq_key_waiting_entries`: entries this sidecar holds waiting for
     /// their key (per-key limits), handed to no call (entries).
     pub key_waiting_entries: Gauge,
+    /// `echomq_group_sidecars`: sidecars serving the group by their fresh
+    /// heartbeats (this one included), at the last hygiene beat.
+    pub group_sidecars: Gauge,
+    /// `echomq_reader_blocking`: 1 while this sidecar's reader of the group
+    /// blocks on a connection of its own, 0 while it shares or there is none.
+    pub reader_blocking: Gauge,
     /// `echomq_handler_duration_seconds`: hand-over to verdict (seconds).
     pub handler_seconds: Histogram,
     /// `echomq_group_pending` (polled): the PEL's size (entries).

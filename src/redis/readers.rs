@@ -13,24 +13,28 @@
 //! tells readers apart) and health-checked with `PING` before an idle one is
 //! handed out again.
 //!
-//! It serves the readers in one of two ways, fixed at start
+//! A sidecar has up to two such pools, one per way a group's reader waits
 //! (`--shared-readers`, see [`super::wake`]):
 //!
-//! - **Blocking readers** (`off`, and on a cluster): one connection per
-//!   (stream, group) that has calls on this sidecar (a sharded stream: one
-//!   per shard), taken when its first call subscribes ([`ReaderPool::acquire`])
-//!   and given back when its last call leaves, at most `--reader-connections`
-//!   of them (64 unless set). A subscribe that finds none free within
-//!   [`READER_WAIT`] is refused RESOURCE_EXHAUSTED, naming the setting: more
-//!   groups than connections is a refusal the client sees at once, never a
-//!   call that waits for ever.
-//! - **Shared readers**: a connection is taken for one non-blocking
-//!   `XREADGROUP` and given back at once ([`ReaderPool::acquire_for_read`]),
-//!   so a few (`--reader-connections`, 2 unless set) serve any number of
+//! - **Blocking readers** (`--reader-connections`, 64 unless set): one
+//!   connection per (stream, group) whose reader blocks (a sharded stream:
+//!   one per shard), held while the group has calls on this sidecar. With
+//!   `off` (and on a cluster) every group's reader blocks and takes its
+//!   connection when its first call subscribes ([`ReaderPool::acquire`]): a
+//!   subscribe that finds none free within [`READER_WAIT`] is refused
+//!   RESOURCE_EXHAUSTED, naming the setting (more groups than connections is
+//!   a refusal the client sees at once, never a call that waits for ever).
+//!   With `auto`, a group read by many sidecars takes one only if one is free
+//!   at once ([`ReaderPool::try_acquire`]), and shares otherwise.
+//! - **Shared readers** (`--shared-reader-connections`, 2 unless set): a
+//!   connection is taken for one non-blocking `XREADGROUP` and given back at
+//!   once ([`ReaderPool::acquire_for_read`]), so a few serve any number of
 //!   groups: a read waits for a free one, nothing is refused. Each reply is
 //!   awaited for at most `--redis-timeout-ms` (nothing blocks), and an idle
 //!   connection is checked with `PING` only when it was idle longer than
 //!   [`SHARED_PING_IDLE`] (a `PING` per read would double the commands).
+//!
+//! The `echomq_reader_connection*` gauges are both pools' counts summed.
 //!
 //! A connection is handed back to the pool only between reads. A reader cut
 //! off during a read (its last call left) has a reply still in flight: that
@@ -127,8 +131,9 @@ pub struct ReaderPoolMetrics {
     refusals: Counter,
     /// `echomq_reader_connections_closed_total{reason}`.
     closed: Family<ReasonLabels, Counter>,
-    /// Reads the pool's state at each scrape (kept by the pool, never copied by hand).
-    source: Arc<Mutex<Option<ReaderPoolSource>>>,
+    /// Read at each scrape, one per pool (blocking and shared), summed: the
+    /// pools' own counts, never copied by hand.
+    sources: Arc<Mutex<Vec<ReaderPoolSource>>>,
 }
 
 impl ReaderPoolMetrics {
@@ -142,7 +147,7 @@ impl ReaderPoolMetrics {
             wait_seconds: super::timed::latency_histogram(),
             refusals: Counter::default(),
             closed: Family::default(),
-            source: Arc::default(),
+            sources: Arc::default(),
         };
         registry.register(
             "reader_connections_max",
@@ -186,21 +191,27 @@ impl ReaderPoolMetrics {
         metrics
     }
 
-    /// Reads the pool's gauges from `source` at each scrape, so they are the
-    /// pool's own counts, never a copy kept in step by hand.
+    /// Adds a pool's state, read from `source` at each scrape, to the gauges,
+    /// so they are the pools' own counts, never a copy kept in step by hand.
     fn watch(&self, source: impl Fn() -> ReaderPoolStatus + Send + Sync + 'static) {
-        *self.source.lock().expect("reader pool source lock") = Some(Box::new(source));
+        self.sources.lock().expect("reader pool source lock").push(Box::new(source));
     }
 
-    /// Sets the gauges from the pool's state now; called before each scrape.
+    /// Sets the gauges from the pools' state now (the blocking and the shared
+    /// pool summed); called before each scrape.
     pub fn refresh(&self) {
-        if let Some(source) = self.source.lock().expect("reader pool source lock").as_ref() {
-            let status = source();
-            self.max.set(status.max as i64);
-            self.open.set(status.open as i64);
-            self.in_use.set(status.in_use as i64);
-            self.waiting.set(status.waiting as i64);
-        }
+        let sources = self.sources.lock().expect("reader pool source lock");
+        let status =
+            sources.iter().map(|source| source()).fold(ReaderPoolStatus::default(), |sum, one| ReaderPoolStatus {
+                max: sum.max + one.max,
+                open: sum.open + one.open,
+                in_use: sum.in_use + one.in_use,
+                waiting: sum.waiting + one.waiting,
+            });
+        self.max.set(status.max as i64);
+        self.open.set(status.open as i64);
+        self.in_use.set(status.in_use as i64);
+        self.waiting.set(status.waiting as i64);
     }
 
     /// Counts a reader connection closed for `reason` (see [`ReasonLabels`]).
@@ -278,6 +289,23 @@ impl ReaderPool {
             Ok(object) => Ok(ReaderConnection { object: Some(object), state: State::Ready, pool: self.clone() }),
             Err(PoolError::Backend(source)) => Err(source),
             Err(other) => Err(RedisError::from((redis::ErrorKind::Io, "the reader pool failed", other.to_string()))),
+        }
+    }
+
+    /// A connection for a group reader that would rather block, if one can be
+    /// had at once (an idle one, after a `PING`, or a new one while the pool
+    /// has room); `None` when all are in use, without a wait, a refusal or a
+    /// count: the group reads shared instead. Also `None` when a new one
+    /// cannot be made (logged at debug): the group goes on sharing.
+    pub async fn try_acquire(&self) -> Option<ReaderConnection> {
+        let now = managed::Timeouts { wait: Some(Duration::ZERO), ..managed::Timeouts::default() };
+        match self.pool.timeout_get(&now).await {
+            Ok(object) => Some(ReaderConnection { object: Some(object), state: State::Ready, pool: self.clone() }),
+            Err(PoolError::Timeout(TimeoutType::Wait) | PoolError::Closed) => None,
+            Err(e) => {
+                debug!("no blocking reader connection could be made ({e}); the group's reads stay shared");
+                None
+            }
         }
     }
 

@@ -379,6 +379,20 @@ impl Sidecar {
             .sum()
     }
 
+    /// Waits up to `EVENT_TIMEOUT` for [`Sidecar::counter`]`(name)` to be
+    /// `expected`; panics with the last value otherwise.
+    pub async fn wait_counter(&self, name: &str, expected: f64) {
+        let deadline = Instant::now() + super::process::EVENT_TIMEOUT;
+        loop {
+            let last = self.counter(name).await;
+            if last == expected {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{name} stayed {last}, want {expected}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// A new HTTP/2 channel to the gRPC port.
     pub async fn channel(&self) -> Channel {
         tonic::transport::Endpoint::from_shared(self.endpoint())

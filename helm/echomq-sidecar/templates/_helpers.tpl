@@ -442,6 +442,10 @@ another pod, so the scaler's own port listens where the admin port does
     - name: ECHOMQ_READER_CONNECTIONS
       value: {{ . | int64 | quote }}
     {{- end }}
+    {{- with $c.sharedReaderConnections }}
+    - name: ECHOMQ_SHARED_READER_CONNECTIONS
+      value: {{ . | int64 | quote }}
+    {{- end }}
     - name: ECHOMQ_SHARED_READERS
       value: {{ $c.sharedReaders | quote }}
     - name: ECHOMQ_WAIT_REPLICAS
