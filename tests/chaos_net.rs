@@ -33,13 +33,24 @@ const READINESS_INTERVAL_MS: u64 = 1_000;
 /// schedules late, and `/readyz` is polled every 50 ms.
 const SLACK: Duration = Duration::from_millis(1_500);
 
-/// A sidecar that reaches Redis at `redis_url` with the tests' short timeouts.
-async fn sidecar_via(redis: &RedisServer, redis_url: String) -> Sidecar {
+/// How the group's reader waits in the silent-Redis tests.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Readers {
+    /// Blocked in `XREADGROUP` (`--shared-readers off`): it must give up on the silent Redis in time.
+    Blocking,
+    /// Woken by the wake connection (`--shared-readers on`): renewed when Redis answers again.
+    Shared,
+}
+
+/// A sidecar that reaches Redis at `redis_url` with the tests' short
+/// timeouts, its readers waiting as `readers` says.
+async fn sidecar_with(redis: &RedisServer, redis_url: String, readers: Readers) -> Sidecar {
     let mut options = SidecarOptions::named(&unique("net"))
         .arg("--redis-timeout-ms")
         .arg(&REDIS_TIMEOUT_MS.to_string())
         .arg("--read-block-ms")
         .arg(&READ_BLOCK_MS.to_string());
+    options = options.arg("--shared-readers").arg(if readers == Readers::Blocking { "off" } else { "on" });
     options.redis_url = Some(redis_url);
     Sidecar::start(redis, options).await
 }
@@ -64,13 +75,15 @@ async fn reader_read_errors(sidecar: &Sidecar) -> f64 {
 }
 
 /// The shared part of the silent-Redis tests: a subscribed call holds the
-/// group's blocked reader; `silence` makes Redis go silent, `speak` ends it.
-/// Checks that readiness and the reader notice within the documented bounds,
-/// that the sidecar is ready again after `speak` by itself, and that an entry
-/// appended during the silence is delivered, acked, and leaves no PEL.
+/// group's reader, which waits as `readers` says; `silence` makes Redis go
+/// silent, `speak` ends it. Checks that readiness (and a blocked reader)
+/// notice within the documented bounds, that the sidecar is ready again after
+/// `speak` by itself (a shared reader's wake connection renewed), and that an
+/// entry appended during the silence is delivered, acked, and leaves no PEL.
 async fn silent_redis_is_noticed_and_outlived<S, SF, P, PF>(
     redis: &RedisServer,
     sidecar: &Sidecar,
+    readers: Readers,
     silence: S,
     speak: P,
 ) where
@@ -103,18 +116,23 @@ async fn silent_redis_is_noticed_and_outlived<S, SF, P, PF>(
             xadd_raw(&mut direct, &stream, &[(b"k", b"during")]).await
         })
     };
-    let reader_bound = Duration::from_millis(READ_BLOCK_MS + REDIS_TIMEOUT_MS) + SLACK;
-    let reader_gave_up = eventually(reader_bound.saturating_sub(silenced.elapsed()), || async {
-        reader_read_errors(sidecar).await > read_errors_before
-    })
-    .await;
-    assert!(
-        reader_gave_up,
-        "the group's blocked reader did not give up on the silent Redis within {reader_bound:?} \
-         (echomq_reader_connections_closed_total{{reason=\"read_error\"}} unchanged)\n----- sidecar log -----\n{}",
-        sidecar.log()
-    );
-    println!("the blocked reader gave up {:?} after Redis went silent (bound {reader_bound:?})", silenced.elapsed());
+    if readers == Readers::Blocking {
+        let reader_bound = Duration::from_millis(READ_BLOCK_MS + REDIS_TIMEOUT_MS) + SLACK;
+        let reader_gave_up = eventually(reader_bound.saturating_sub(silenced.elapsed()), || async {
+            reader_read_errors(sidecar).await > read_errors_before
+        })
+        .await;
+        assert!(
+            reader_gave_up,
+            "the group's blocked reader did not give up on the silent Redis within {reader_bound:?} \
+             (echomq_reader_connections_closed_total{{reason=\"read_error\"}} unchanged)\n----- sidecar log -----\n{}",
+            sidecar.log()
+        );
+        println!(
+            "the blocked reader gave up {:?} after Redis went silent (bound {reader_bound:?})",
+            silenced.elapsed()
+        );
+    }
     assert!(
         sidecar.log().contains("the shared connection is replaced"),
         "no shared connection was retired after its response timeout\n----- sidecar log -----\n{}",
@@ -124,6 +142,14 @@ async fn silent_redis_is_noticed_and_outlived<S, SF, P, PF>(
     speak().await;
     let recovered = readyz_becomes(sidecar, 200, Duration::from_secs(15), "Redis answers again").await;
     println!("ready {recovered:?} after Redis answered again");
+    if readers == Readers::Shared {
+        assert!(
+            // Lost with the outage (the black hole closed it), or renewed once Redis answered again (a stall).
+            eventually(EVENT_TIMEOUT, || async { sidecar.log().contains("the wake connection is gone") }).await,
+            "the wake connection outlived the outage\n----- sidecar log -----\n{}",
+            sidecar.log()
+        );
+    }
     let during = appending.await.expect("append during the silence");
     let second = consumer.next_delivery(Duration::from_secs(15)).await;
     assert_eq!(second.stream_id, during, "the entry appended during the silence");
@@ -132,19 +158,29 @@ async fn silent_redis_is_noticed_and_outlived<S, SF, P, PF>(
     assert!(!sidecar.log().contains("panicked"), "the sidecar panicked\n{}", sidecar.log());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_redis_is_noticed_within_the_bound_and_outlived() {
+async fn black_holed_redis(readers: Readers) {
     let redis = RedisServer::start().await;
     let toxiproxy = Toxiproxy::start().await;
     let proxy = toxiproxy.proxy("redis", redis.port()).await;
-    let sidecar = sidecar_via(&redis, proxy.redis_url()).await;
+    let sidecar = sidecar_with(&redis, proxy.redis_url(), readers).await;
     silent_redis_is_noticed_and_outlived(
         &redis,
         &sidecar,
+        readers,
         || proxy.add_both("black-hole", Toxic::BlackHole),
         || proxy.remove_both("black-hole"),
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_redis_is_noticed_within_the_bound_and_outlived() {
+    black_holed_redis(Readers::Blocking).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_redis_is_outlived_by_shared_readers() {
+    black_holed_redis(Readers::Shared).await;
 }
 
 /// SIGSTOP or SIGCONT to a process.
@@ -153,19 +189,29 @@ fn signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill -{signal} {pid} failed: {status}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_redis_is_noticed_within_the_bound_and_outlived() {
+async fn stalled_redis(readers: Readers) {
     let redis = RedisServer::start().await;
     let pid = redis.pid().expect("redis-server runs");
-    let sidecar = sidecar_via(&redis, redis.url()).await;
+    let sidecar = sidecar_with(&redis, redis.url(), readers).await;
     // If the test fails while Redis is stopped, its fixture's SIGKILL still ends it.
     silent_redis_is_noticed_and_outlived(
         &redis,
         &sidecar,
+        readers,
         || async move { signal(pid, "STOP") },
         || async move { signal(pid, "CONT") },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_redis_is_noticed_within_the_bound_and_outlived() {
+    stalled_redis(Readers::Blocking).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_redis_is_outlived_by_shared_readers() {
+    stalled_redis(Readers::Shared).await;
 }
 
 // ---------------------------------------------------------------------------

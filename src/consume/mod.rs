@@ -223,6 +223,22 @@ pub async fn wake_hub(redis: &Redis, config: &Config) -> Result<Option<Arc<WakeH
     }
 }
 
+/// Renews the wake connection each time the readiness check finds Redis
+/// usable again after it was not ([`WakeHub::renew`]): whatever the outage
+/// did to that connection, the shared readers read once and wait on a fresh
+/// one. Ends with the hub.
+async fn renew_wake_after_outages(hub: std::sync::Weak<WakeHub>, mut redis_up: watch::Receiver<bool>) {
+    let mut was_up = *redis_up.borrow_and_update();
+    while redis_up.changed().await.is_ok() {
+        let up = *redis_up.borrow_and_update();
+        if up && !was_up {
+            let Some(hub) = hub.upgrade() else { return };
+            hub.renew("Redis answers the readiness check again after it did not");
+        }
+        was_up = up;
+    }
+}
+
 /// The worker of each (stream, group) this sidecar serves.
 type WorkerMap = HashMap<(String, String, bool), mpsc::Sender<Command>>;
 
@@ -267,6 +283,9 @@ impl Consumers {
                 .then(|| pool(config.redis.reader_connections, false)),
             shared: wake.map(|hub| SharedReads { hub, pool: pool(config.redis.shared_reader_connections, true) }),
         };
+        if let Some(shared) = &readers.shared {
+            tokio::spawn(renew_wake_after_outages(Arc::downgrade(&shared.hub), redis_up.clone()));
+        }
         let shared = Shared {
             readers,
             redis,

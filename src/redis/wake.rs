@@ -351,6 +351,19 @@ impl WakeHub {
         info!("the wake connection is gone ({why}); every reader reads again, and it reconnects on the next read");
     }
 
+    /// Drops the tracking connection, if up, as if it were lost (`why` is
+    /// logged): every waiter reads again, and the next arm connects anew.
+    /// For after Redis went silent: TCP keeps a push sent into a stall or a
+    /// black hole, but a connection that silently died meanwhile (a
+    /// half-open one) would never deliver another, and the readers of armed
+    /// keys would wait for the safety re-read.
+    pub fn renew(&self, why: &str) {
+        let current = self.state.lock().expect("wake state lock").link.as_ref().map(|link| link.id);
+        if let Some(id) = current {
+            self.lost(id, why);
+        }
+    }
+
     /// Gives a ticket's hold on its key back.
     fn release(&self, key: &str) {
         let mut state = self.state.lock().expect("wake state lock");
