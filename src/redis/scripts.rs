@@ -92,6 +92,8 @@ impl Scripts {
         let script = |body: &str| Script::new(&format!("{LUA_PRELUDE}\n{body}"));
         // The per-key gate's functions, for the scripts that build or check keyed members.
         let keyed = |body: &str| script(&format!("{}\n{body}", include_str!("../consume/key_gate.lua")));
+        // The lag rule, for the scripts that report a group's lag.
+        let lag = |body: &str| script(&format!("{}\n{body}", include_str!("lua/lag.lua")));
         Scripts {
             append: script(include_str!("lua/append.lua")),
             redeliver: script(include_str!("../consume/redeliver.lua")),
@@ -105,7 +107,7 @@ impl Scripts {
             ack_emit: script(include_str!("../consume/ack_emit.lua")),
             hygiene: keyed(include_str!("../consume/hygiene.lua")),
             replay: script(include_str!("lua/replay.lua")),
-            group_lag: script(include_str!("lua/group_lag.lua")),
+            group_lag: lag(include_str!("lua/group_lag.lua")),
             lease_renew: script(include_str!("lua/lease_renew.lua")),
             lease_release: script(include_str!("lua/lease_release.lua")),
             destroy_group: script(include_str!("lua/destroy_group.lua")),
