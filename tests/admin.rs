@@ -57,6 +57,62 @@ async fn describe_missing_group_is_not_found() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_of_a_missing_stream_is_not_found() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+
+    let err = sidecar
+        .admin_client()
+        .await
+        .describe_group(DescribeGroupRequest { stream: "nothing".into(), group: "g".into() })
+        .await
+        .expect_err("no such stream");
+
+    assert_code(&err, Code::NotFound);
+}
+
+/// The group's state and the stream's schedule are one round trip to Redis
+/// (the gauges' poll reads them the same way: tests/metrics.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_reads_the_group_state_in_one_round_trip() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    sidecar.append_numbered("s", 3).await;
+    // No Consume call: no polled gauges read the group meanwhile.
+    create_group(&mut redis.conn().await, "s", "g", "0").await;
+    let mut admin = sidecar.admin_client().await;
+    let describe = || DescribeGroupRequest { stream: "s".into(), group: "g".into() };
+    // The first run of a script costs a NOSCRIPT and a SCRIPT LOAD more.
+    admin.describe_group(describe()).await.expect("describe");
+
+    let monitor = Monitor::start(&redis).await;
+    let described = admin.describe_group(describe()).await.expect("describe").into_inner();
+    let commands = monitor.commands_for(Duration::from_millis(200)).await;
+
+    assert_eq!((described.stream_length, described.lag), (3, Some(3)));
+    let round_trips: Vec<&Monitored> = commands.iter().filter(|c| reads_group_state(c, "s")).collect();
+    assert_eq!(round_trips.len(), 1, "one script: {round_trips:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_with_a_schedule_key_of_another_type_is_failed_precondition() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut con = redis.conn().await;
+    create_group(&mut con, "s", "g", "$").await;
+    let _: () = redis::cmd("SET").arg("s:scheduled").arg("v").query_async(&mut con).await.unwrap();
+
+    let err = sidecar
+        .admin_client()
+        .await
+        .describe_group(DescribeGroupRequest { stream: "s".into(), group: "g".into() })
+        .await
+        .expect_err("a string is not a schedule");
+
+    assert_code(&err, Code::FailedPrecondition);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_listed_with_their_origin() {
     let redis = RedisServer::start().await;
     let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;

@@ -660,6 +660,35 @@ async fn polled_gauges_follow_the_group_state() {
     wait_eq(&sidecar, "echomq_stream_length", &labels, 5.0).await;
 }
 
+/// The gauges cost Redis one round trip per poll, whatever the server: the
+/// idle budget of a subscription (the scale benchmark's) leaves no room for
+/// the seven a poll once took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_reads_the_group_state_in_one_round_trip() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--metrics-poll-interval-ms").arg("100")).await;
+    let labels = group("s", "g");
+    sidecar.append_numbered("s", 3).await;
+    let _call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    // A poll has run: its script is in Redis' cache (the first run of a
+    // script costs a NOSCRIPT and a SCRIPT LOAD more).
+    wait_eq(&sidecar, "echomq_stream_length", &labels, 3.0).await;
+
+    let commands = Monitor::start(&redis).await.commands_for(Duration::from_millis(1_500)).await;
+
+    // Every poll reads the consumers once, in a script or not.
+    let polls = commands.iter().filter(|c| c.is("XINFO") && c.names("CONSUMERS") && c.names("s")).count();
+    let round_trips: Vec<&Monitored> = commands.iter().filter(|c| reads_group_state(c, "s")).collect();
+    assert!(polls >= 5, "a poll every 100 ms, {polls} in 1.5 s: {commands:#?}");
+    // A poll cut by the window's start or end shows its round trip without
+    // its script's commands, or the other way round: one more or one less.
+    assert!(
+        round_trips.len() <= polls + 1,
+        "{polls} polls took {} round trips, one each at the most:\n{round_trips:#?}",
+        round_trips.len()
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Redis latency
 // ---------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-//! DescribeGroup: validate → one pipeline (XINFO GROUPS, XINFO CONSUMERS,
-//! XPENDING summary, the oldest pending entries, XLEN), the schedule's size
-//! and first due time (ZCARD, ZRANGE), the keyed entries of per-key limits
-//! (ZCARD, ZRANGEBYLEX, an XPENDING per busy key's head) → the group's
-//! state.
+//! DescribeGroup: validate → one script (`group_state.lua`: XINFO GROUPS,
+//! XINFO CONSUMERS, XPENDING summary, the oldest pending entries, XLEN, the
+//! lag; the schedule's size and first due time, ZCARD, ZRANGE), the keyed
+//! entries of per-key limits (ZCARD, ZRANGEBYLEX, an XPENDING per busy key's
+//! head) → the group's state.
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use crate::{
     error::Error,
     id::StreamId,
     proto::{ArchiveInfo, BusyKey, ConsumerInfo, DescribeGroupRequest, DescribeGroupResponse},
-    redis::{group::group_state, Redis},
+    redis::Redis,
     security::Caller,
 };
 
@@ -113,8 +113,9 @@ fn sum_shards(stream: &str, group: &str, shards: Vec<DescribeGroupResponse>) -> 
 
 /// One stream key's group state, as the wire shows it.
 async fn describe(redis: &Redis, stream: &str, group: &str) -> Result<DescribeGroupResponse, Error> {
-    let state = group_state(redis, stream, group, DELIVERY_COUNT_SCAN).await?;
-    let (scheduled, oldest_scheduled_due) = crate::stream::scheduled::summary(redis, stream).await?;
+    let read = crate::redis::group::state(redis, stream, group, DELIVERY_COUNT_SCAN).await?;
+    let state = read.group?;
+    let scheduled = read.scheduled?;
     let (keyed_entries, busy_keys) = busy_keys(redis, stream, group).await?;
     let duration = |d: Duration| prost_types::Duration::try_from(d).unwrap_or_default();
     Ok(DescribeGroupResponse {
@@ -132,8 +133,8 @@ async fn describe(redis: &Redis, stream: &str, group: &str) -> Result<DescribeGr
         oldest_pending_age: state.oldest_pending_age.map(duration),
         max_delivery_count: state.max_delivery_count,
         stream_length: state.stream_length,
-        scheduled,
-        oldest_scheduled_due: oldest_scheduled_due.map(crate::entry::timestamp),
+        scheduled: scheduled.count,
+        oldest_scheduled_due: scheduled.first_due_ms.map(crate::entry::timestamp),
         shards: Vec::new(),
         archive: None,
         keyed_entries,

@@ -1,4 +1,5 @@
-//! Metrics polling: the group's state, read as DescribeGroup reads it, into
+//! Metrics polling: the group's state and its stream's schedule, read as
+//! DescribeGroup reads them (one script round trip a poll), into
 //! the polled gauges (`echomq_group_pending`, lag, the oldest pending entry's
 //! age, the highest delivery count, consumers, stream length, scheduled
 //! entries and the earliest one's due time).
@@ -9,10 +10,20 @@ use crate::metrics::GroupMetrics;
 /// Pending entries scanned for the highest delivery count.
 const PENDING_SCAN: usize = 1_000;
 
-/// Reads the group's state and sets the gauges; a failure is logged at debug
-/// and leaves them as they were (the next poll tries again).
+/// Reads the group's state and the stream's schedule (one script round trip:
+/// [`crate::redis::group::state`]) and sets the gauges; a failure is logged
+/// at debug and leaves the gauges of the part that failed (the group's, the
+/// schedule's, or both) as they were: the next poll tries again.
 pub(crate) async fn poll(keys: &GroupKeys, metrics: &GroupMetrics) {
-    match crate::redis::group::group_state(&keys.redis, &keys.stream, &keys.group, PENDING_SCAN).await {
+    let (group, scheduled) =
+        match crate::redis::group::state(&keys.redis, &keys.stream, &keys.group, PENDING_SCAN).await {
+            Ok(state) => (state.group, state.scheduled),
+            Err(e) => {
+                tracing::debug!(stream = %keys.stream, group = %keys.group, "polling the group's state failed: {e}");
+                return;
+            }
+        };
+    match group {
         Ok(state) => {
             metrics.pending.set(state.pending as i64);
             metrics.set_lag(state.lag);
@@ -23,10 +34,10 @@ pub(crate) async fn poll(keys: &GroupKeys, metrics: &GroupMetrics) {
         }
         Err(e) => tracing::debug!(stream = %keys.stream, group = %keys.group, "polling the group's state failed: {e}"),
     }
-    match crate::stream::scheduled::summary(&keys.redis, &keys.stream).await {
-        Ok((count, due)) => {
-            metrics.scheduled.set(count as i64);
-            metrics.scheduled_oldest_due.set(due.map_or(0.0, |ms| ms as f64 / 1000.0));
+    match scheduled {
+        Ok(scheduled) => {
+            metrics.scheduled.set(scheduled.count as i64);
+            metrics.scheduled_oldest_due.set(scheduled.first_due_ms.map_or(0.0, |ms| ms as f64 / 1000.0));
         }
         Err(e) => tracing::debug!(stream = %keys.stream, "polling the stream's schedule failed: {e}"),
     }

@@ -1,5 +1,6 @@
-//! A consumer group's state as Redis reports it, read in one pipeline:
-//! DescribeGroup and the consume path's polled gauges both read it here.
+//! A consumer group's state as Redis reports it, and its stream's schedule,
+//! read in one script round trip: DescribeGroup and the consume path's polled
+//! gauges both read them here.
 //! And a group's backlog, the work no call is doing (the KEDA scaler's metric).
 
 use std::{collections::HashMap, time::Duration};
@@ -18,9 +19,9 @@ use crate::{error::Error, id::StreamId};
 pub struct GroupState {
     /// Entries in the PEL (XPENDING summary).
     pub pending: u64,
-    /// Entries in the stream after the group's last-delivered id
-    /// (`group_lag.lua`); `None` where that cannot be known cheaply (see
-    /// [`group_lag`]). Never XINFO's figure where Redis miscounts it.
+    /// Entries in the stream after the group's last-delivered id, as
+    /// [`group_lag`] counts them (`lag.lua`); `None` where that cannot be
+    /// known cheaply. Never XINFO's figure where Redis miscounts it.
     pub lag: Option<u64>,
     /// The group's last-delivered id (empty on a server that does not say).
     pub last_delivered_id: String,
@@ -47,33 +48,82 @@ pub struct ConsumerState {
     pub idle: Duration,
 }
 
-/// `group`'s state on `stream`, the highest delivery count taken over the
-/// oldest `scan` pending entries: one pipeline of XINFO GROUPS, XINFO
-/// CONSUMERS, XPENDING (summary and the oldest `scan`), XLEN.
-///
-/// Errors: [`Error::NotFound`] when the stream or group is missing;
-/// [`Error::WrongType`]; [`Error::Unavailable`].
-pub async fn group_state(redis: &Redis, stream: &str, group: &str, scan: usize) -> Result<GroupState, Error> {
-    let mut pipe = redis::pipe();
-    pipe.cmd("XINFO").arg("GROUPS").arg(stream);
-    pipe.cmd("XINFO").arg("CONSUMERS").arg(stream).arg(group);
-    pipe.cmd("XPENDING").arg(stream).arg(group);
-    pipe.cmd("XPENDING").arg(stream).arg(group).arg("-").arg("+").arg(scan);
-    pipe.cmd("XLEN").arg(stream);
-    let mut conn = redis.conn.clone();
-    let not_found = || Error::NotFound { what: format!("group `{group}` of stream `{stream}`") };
-    let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(|e| match fault(&e) {
-        Fault::NoGroup | Fault::NoSuchKey => not_found(),
-        _ => Error::from_redis(e, "describing the group", stream),
-    })?;
-    let [groups, consumers, summary, oldest, length] =
-        <[Value; 5]>::try_from(replies).map_err(|_| Error::invalid("group", "unexpected reply from Redis"))?;
+/// A stream's schedule (its scheduled entries, Append's `deliver_at`/`delay`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scheduled {
+    /// Entries in the schedule (`ZCARD <stream>:scheduled`).
+    pub count: u64,
+    /// When its first entry is due, unix ms; `None` when it has none.
+    pub first_due_ms: Option<u64>,
+}
 
-    let info = array(&groups)
-        .iter()
-        .map(flat_map)
-        .find(|info| info.get("name").and_then(text).as_deref() == Some(group))
-        .ok_or_else(not_found)?;
+/// What [`state`] read: a group's state and its stream's schedule, each
+/// read or failed on its own, as they would as separate commands (a missing
+/// group leaves the schedule readable, for the gauges).
+#[derive(Debug)]
+pub struct State {
+    /// The group's state. Errors: [`Error::NotFound`] when the stream or the
+    /// group is missing; [`Error::WrongType`] when the stream key holds
+    /// another type.
+    pub group: Result<GroupState, Error>,
+    /// The stream's schedule. Errors: [`Error::WrongType`] (naming the
+    /// stream) when the schedule key holds another type.
+    pub scheduled: Result<Scheduled, Error>,
+}
+
+/// `group`'s state on `stream`, the highest delivery count taken over the
+/// oldest `scan` pending entries, and the stream's schedule: one round trip,
+/// `group_state.lua` (XINFO GROUPS, XINFO CONSUMERS, XPENDING summary and the
+/// oldest `scan`, XLEN, the lag as [`group_lag`] counts it; ZCARD and ZRANGE
+/// of the schedule). DescribeGroup's and the polled gauges' one read of it.
+///
+/// Errors: [`Error::Unavailable`] (or [`Error::Timeout`]) when Redis is not
+/// reached; those of each part in [`State`].
+pub async fn state(redis: &Redis, stream: &str, group: &str, scan: usize) -> Result<State, Error> {
+    let mut conn = redis.conn.clone();
+    let reply: Value = redis
+        .scripts
+        .group_state
+        .key(stream)
+        .key(redis.keys.scheduled(stream))
+        .arg(group)
+        .arg(scan)
+        .arg(LAG_COUNT_LIMIT)
+        .invoke_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(e, "reading the group's state", stream))?;
+    let unexpected = || Error::invalid("group", "unexpected reply from Redis");
+    let Value::Array(parts) = reply else { return Err(unexpected()) };
+    let [group_part, schedule_part] = <[Value; 2]>::try_from(parts).map_err(|_| unexpected())?;
+    let group = part(group_part).map_err(|e| match fault(&e) {
+        Fault::NoGroup | Fault::NoSuchKey => Error::NotFound { what: format!("group `{group}` of stream `{stream}`") },
+        _ => Error::from_redis(e, "describing the group", stream),
+    });
+    let scheduled = part(schedule_part).map_err(|e| Error::from_redis(e, "counting a schedule (ZCARD)", stream));
+    Ok(State {
+        group: group.and_then(|parts| parse_group_state(parts).ok_or_else(unexpected)),
+        scheduled: scheduled.and_then(|parts| parse_scheduled(&parts).ok_or_else(unexpected)),
+    })
+}
+
+/// A part of `group_state.lua`'s reply: its list, or the error Redis raised
+/// for it (given as its text, `<CODE> <message>`), as the command would have
+/// raised it, so that [`fault`] classifies it alike.
+fn part(value: Value) -> Result<Vec<Value>, redis::RedisError> {
+    match value {
+        Value::Array(items) => Ok(items),
+        other => {
+            let text = text(&other).unwrap_or_default();
+            let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
+            Err(redis::make_extension_error(code.to_owned(), Some(detail.to_owned())))
+        }
+    }
+}
+
+/// The group part of `group_state.lua`'s reply; `None` when not so shaped.
+fn parse_group_state(parts: Vec<Value>) -> Option<GroupState> {
+    let [info, consumers, summary, oldest, length, lag] = <[Value; 6]>::try_from(parts).ok()?;
+    let info = flat_map(&info);
     let consumers = array(&consumers)
         .iter()
         .map(flat_map)
@@ -85,9 +135,9 @@ pub async fn group_state(redis: &Redis, stream: &str, group: &str, scan: usize) 
         .collect();
     let summary = array(&summary);
     let oldest_pending_id = summary.get(1).and_then(|v| parse_stream_id(v).ok());
-    Ok(GroupState {
+    Some(GroupState {
         pending: summary.first().and_then(int).unwrap_or(0),
-        lag: group_lag(redis, stream, group, LAG_COUNT_LIMIT).await?,
+        lag: int(&lag),
         last_delivered_id: info.get("last-delivered-id").and_then(text).unwrap_or_default(),
         consumers,
         oldest_pending_id,
@@ -98,11 +148,23 @@ pub async fn group_state(redis: &Redis, stream: &str, group: &str, scan: usize) 
     })
 }
 
-/// The most entries [`group_state`]'s lag counts one by one (XRANGE) where
+/// The schedule part of `group_state.lua`'s reply: the count, and the first
+/// entry's score (a double's text, as ZRANGE WITHSCORES gives it) or nil.
+fn parse_scheduled(parts: &[Value]) -> Option<Scheduled> {
+    let count = int(parts.first()?)?;
+    let first_due_ms = match parts.get(1) {
+        None | Some(Value::Nil) => None,
+        Some(score) => Some(text(score)?.parse::<f64>().ok()? as u64),
+    };
+    Some(Scheduled { count, first_due_ms })
+}
+
+/// The most entries [`state`]'s lag counts one by one (XRANGE) where
 /// Redis' own figure cannot be trusted.
 const LAG_COUNT_LIMIT: usize = 100;
 
-/// `group`'s lag on `stream` (`group_lag.lua`): the entries after its
+/// `group`'s lag on `stream` (`group_lag.lua`, the rule in `lag.lua` that
+/// [`state`] also runs): the entries after its
 /// last-delivered id. Exact when the group has read everything (0) or
 /// nothing still in the stream (the length); Redis' XINFO `lag` on 7.2 and
 /// later, and on 7.0/7.1 while nothing was ever removed from the stream;
@@ -211,5 +273,27 @@ fn int(value: &Value) -> Option<u64> {
     match value {
         Value::Int(n) => u64::try_from(*n).ok(),
         other => text(other)?.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_part_is_classified_as_the_command_error_it_stands_for() {
+        let fault_of = |text: &str| fault(&part(Value::BulkString(text.as_bytes().to_vec())).unwrap_err());
+        assert_eq!(fault_of("NOGROUP no group g on s"), Fault::NoGroup);
+        assert_eq!(fault_of("ERR no such key"), Fault::NoSuchKey);
+        assert_eq!(fault_of("WRONGTYPE Operation against a key holding the wrong kind of value"), Fault::WrongType);
+        assert_eq!(part(Value::Array(vec![Value::Int(1)])).unwrap(), vec![Value::Int(1)]);
+    }
+
+    #[test]
+    fn a_schedule_part_is_its_count_and_first_due_time() {
+        let empty = parse_scheduled(&[Value::Int(0), Value::Nil]);
+        assert_eq!(empty, Some(Scheduled { count: 0, first_due_ms: None }));
+        let due = parse_scheduled(&[Value::Int(2), Value::BulkString(b"1765000000123".to_vec())]);
+        assert_eq!(due, Some(Scheduled { count: 2, first_due_ms: Some(1_765_000_000_123) }));
     }
 }

@@ -42,6 +42,9 @@ pub struct Scripts {
     pub replay: Script,
     /// `group_lag.lua`: a group's lag, exact or nil, never Redis 7.0's miscount.
     pub group_lag: Script,
+    /// `group_state.lua`: a group's state, its lag as `group_lag`'s, and its
+    /// stream's schedule, in one step.
+    pub group_state: Script,
     /// `lease_renew.lua`: extend the archive's fold lease while this sidecar holds it.
     pub lease_renew: Script,
     /// `lease_release.lua`: give the archive's fold lease up while this sidecar holds it.
@@ -75,6 +78,7 @@ impl Scripts {
             (&self.hygiene, "hygiene"),
             (&self.replay, "replay"),
             (&self.group_lag, "group_lag"),
+            (&self.group_state, "group_state"),
             (&self.lease_renew, "lease_renew"),
             (&self.lease_release, "lease_release"),
             (&self.destroy_group, "destroy_group"),
@@ -92,6 +96,8 @@ impl Scripts {
         let script = |body: &str| Script::new(&format!("{LUA_PRELUDE}\n{body}"));
         // The per-key gate's functions, for the scripts that build or check keyed members.
         let keyed = |body: &str| script(&format!("{}\n{body}", include_str!("../consume/key_gate.lua")));
+        // The lag rule, for the scripts that report a group's lag.
+        let lag = |body: &str| script(&format!("{}\n{body}", include_str!("lua/lag.lua")));
         Scripts {
             append: script(include_str!("lua/append.lua")),
             redeliver: script(include_str!("../consume/redeliver.lua")),
@@ -105,7 +111,8 @@ impl Scripts {
             ack_emit: script(include_str!("../consume/ack_emit.lua")),
             hygiene: keyed(include_str!("../consume/hygiene.lua")),
             replay: script(include_str!("lua/replay.lua")),
-            group_lag: script(include_str!("lua/group_lag.lua")),
+            group_lag: lag(include_str!("lua/group_lag.lua")),
+            group_state: lag(include_str!("lua/group_state.lua")),
             lease_renew: script(include_str!("lua/lease_renew.lua")),
             lease_release: script(include_str!("lua/lease_release.lua")),
             destroy_group: script(include_str!("lua/destroy_group.lua")),

@@ -179,23 +179,6 @@ pub(crate) async fn first_due(redis: &Redis, stream: &str) -> Result<Option<u64>
     Ok(first.first().map(|(_, score)| *score as u64))
 }
 
-/// How many entries `stream` has scheduled, and when the first is due (unix
-/// ms): Describe's and the gauges' figures (`ZCARD`, `ZRANGE 0 0 WITHSCORES`).
-///
-/// Errors: as [`Error::from_redis`].
-pub(crate) async fn summary(redis: &Redis, stream: &str) -> Result<(u64, Option<u64>), Error> {
-    let mut conn = redis.conn.clone();
-    let count: u64 = redis::cmd("ZCARD")
-        .arg(redis.keys.scheduled(stream))
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| Error::from_redis(e, "counting a schedule (ZCARD)", stream))?;
-    if count == 0 {
-        return Ok((0, None));
-    }
-    Ok((count, first_due(redis, stream).await?))
-}
-
 /// The stream key a CancelScheduled or ListScheduled names: checked like a
 /// Read's (the allow-list, a sharded stream's name refused).
 async fn stream_key<'a>(streams: &Streams, caller: Option<&Caller>, name: &'a str) -> Result<&'a str, Error> {

@@ -264,3 +264,108 @@ pub async fn read_and_ack(con: &mut MultiplexedConnection, stream: &str, group: 
     assert_eq!(ids.len(), count, "read {count}");
     let _: i64 = redis::cmd("XACK").arg(stream).arg(group).arg(&ids).query_async(con).await.expect("XACK");
 }
+
+/// One command as Redis' `MONITOR` showed it.
+#[derive(Clone, Debug)]
+pub struct Monitored {
+    /// Run by a script (`MONITOR` says `lua` where a client's address would
+    /// be): part of its script's round trip, not one of its own.
+    pub in_script: bool,
+    /// The command and its arguments, as text (`MONITOR`'s escapes undone,
+    /// bytes that are not UTF-8 replaced).
+    pub args: Vec<String>,
+}
+
+impl Monitored {
+    /// Whether its command is `name` (any case).
+    pub fn is(&self, name: &str) -> bool {
+        self.args.first().is_some_and(|c| c.eq_ignore_ascii_case(name))
+    }
+
+    /// Whether any of its arguments after the command is `arg`.
+    pub fn names(&self, arg: &str) -> bool {
+        self.args.iter().skip(1).any(|a| a == arg)
+    }
+}
+
+/// Whether `command` is a round trip reading the state of a group of
+/// `stream` or of its schedule (`<stream>:scheduled`), as DescribeGroup and
+/// the polled gauges read them: one of the commands that state is made of
+/// sent on its own, or a script naming the schedule (while nothing is
+/// scheduled or due, no other script does).
+pub fn reads_group_state(command: &Monitored, stream: &str) -> bool {
+    let schedule = format!("{stream}:scheduled");
+    let alone = ["XINFO", "XPENDING", "XLEN", "ZCARD", "ZRANGE"].iter().any(|name| command.is(name))
+        && (command.names(stream) || command.names(&schedule));
+    let script = (command.is("EVALSHA") || command.is("EVAL")) && command.names(&schedule);
+    !command.in_script && (alone || script)
+}
+
+/// Redis' `MONITOR` feed on a connection of its own: what Redis ran, the
+/// commands scripts ran included (tagged), in order. What a test counts
+/// round trips with: Redis' side of them, whoever sent them.
+pub struct Monitor {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>>,
+}
+
+impl Monitor {
+    /// Starts monitoring `redis`; returns once Redis confirmed (`+OK`), so
+    /// every command after this call is seen.
+    pub async fn start(redis: &super::RedisServer) -> Monitor {
+        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+        let mut socket =
+            tokio::net::TcpStream::connect(("127.0.0.1", redis.port())).await.expect("connect for MONITOR");
+        socket.write_all(b"MONITOR\r\n").await.expect("send MONITOR");
+        let mut lines = tokio::io::BufReader::new(socket).lines();
+        let ok = tokio::time::timeout(EVENT_TIMEOUT, lines.next_line()).await;
+        assert!(matches!(&ok, Ok(Ok(Some(line))) if line == "+OK"), "MONITOR's answer: {ok:?}");
+        Monitor { lines }
+    }
+
+    /// The commands Redis runs during the next `window`.
+    pub async fn commands_for(mut self, window: Duration) -> Vec<Monitored> {
+        let deadline = tokio::time::Instant::now() + window;
+        let mut seen = Vec::new();
+        while let Ok(line) = tokio::time::timeout_at(deadline, self.lines.next_line()).await {
+            let line = line.expect("MONITOR's feed").expect("MONITOR's connection stays open");
+            seen.extend(parse_monitored(&line));
+        }
+        seen
+    }
+}
+
+/// One `MONITOR` line, `+<unix s.µs> [<db> <client address>|lua] "<command>" "<arg>" …`
+/// (each quoted as Redis' `sdscatrepr` quotes it); `None` for other lines.
+fn parse_monitored(line: &str) -> Option<Monitored> {
+    let rest = line.strip_prefix('+')?;
+    let (source, quoted) = rest.split_once("] ")?;
+    let in_script = source.ends_with(" lua");
+    let mut args = Vec::new();
+    let mut bytes = quoted.bytes().peekable();
+    while let Some(b) = bytes.next() {
+        if b != b'"' {
+            continue;
+        }
+        let mut arg = Vec::new();
+        while let Some(b) = bytes.next() {
+            match b {
+                b'"' => break,
+                b'\\' => match bytes.next()? {
+                    b'n' => arg.push(b'\n'),
+                    b'r' => arg.push(b'\r'),
+                    b't' => arg.push(b'\t'),
+                    b'a' => arg.push(7),
+                    b'b' => arg.push(8),
+                    b'x' => {
+                        let hex = [bytes.next()?, bytes.next()?];
+                        arg.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+                    }
+                    other => arg.push(other),
+                },
+                other => arg.push(other),
+            }
+        }
+        args.push(String::from_utf8_lossy(&arg).into_owned());
+    }
+    (!args.is_empty()).then_some(Monitored { in_script, args })
+}
