@@ -169,6 +169,50 @@ async fn idle_groups_send_no_reads() {
     expect_each(&mut consumers, &[7, 49], "later", Duration::from_secs(2)).await;
 }
 
+/// The reclaim beat is one probe for all of a sidecar's groups
+/// (`reclaim_probe.lua`): 30 idle groups over about ten beats send no
+/// `XAUTOCLAIM` (each group's own beat would send 300), while the probe
+/// looks at every group each beat; an entry left idle by a dead consumer is
+/// still reclaimed (see also `a_dead_peers_entries_are_reclaimed_among_many_groups`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_groups_share_one_reclaim_probe_per_beat() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, shared().reclaim(300, 100)).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("probe", 30);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let (claims, probes) = (calls(&mut con, "xautoclaim").await, calls(&mut con, "xpending").await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(calls(&mut con, "xautoclaim").await - claims, 0, "idle groups sent XAUTOCLAIM");
+    let probed = calls(&mut con, "xpending").await - probes;
+    assert!(probed >= 30, "the probe looked at every group at least once: {probed} XPENDING");
+
+    // A consumer that died holding an entry (appended and read in one
+    // MULTI, so the sidecar's reader cannot take it first): the probe finds
+    // it, and its group reclaims it.
+    let _: redis::Value = redis::pipe()
+        .atomic()
+        .cmd("XADD")
+        .arg(&streams[7])
+        .arg("*")
+        .arg("k")
+        .arg("orphan")
+        .cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("g")
+        .arg("dead-peer")
+        .arg("STREAMS")
+        .arg(&streams[7])
+        .arg(">")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    expect_each(&mut consumers, &[7], "orphan", EVENT_TIMEOUT).await;
+    assert!(calls(&mut con, "xautoclaim").await > claims, "reclaimed with XAUTOCLAIM");
+}
+
 /// The wake connection killed: every reader reads again, a new one is made,
 /// and entries appended after the kill are delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -68,4 +68,7 @@ pub(crate) enum Command {
     /// `flushed` is answered once the call's verdicts have reached Redis, so
     /// a call that ends OK has had its acks applied.
     Detach { session: SessionId, flushed: oneshot::Sender<()> },
+    /// The batched reclaim probe found entries to reclaim in the group (or
+    /// could not tell): run the reclaim beat now (see [`super::reclaim_probe`]).
+    Reclaim,
 }

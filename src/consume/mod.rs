@@ -25,6 +25,7 @@ mod orders;
 mod outlet;
 mod pacing;
 mod reader;
+mod reclaim_probe;
 mod recovery;
 mod release;
 mod retry;
@@ -97,6 +98,8 @@ pub(crate) struct Shared {
     pub(crate) readers: ReaderPools,
     pub(crate) reclaim_min_idle: Duration,
     pub(crate) reclaim_interval: Duration,
+    /// The reclaim beat is batched across groups ([`reclaim_probe`]); else each worker beats.
+    pub(crate) batched_reclaim: bool,
     pub(crate) lease_refresh: Duration,
     /// `--key-wait-poll-ms`: how often entries waiting for their key are
     /// put through the gate again.
@@ -240,7 +243,7 @@ async fn renew_wake_after_outages(hub: std::sync::Weak<WakeHub>, mut redis_up: w
 }
 
 /// The worker of each (stream, group) this sidecar serves.
-type WorkerMap = HashMap<(String, String, bool), mpsc::Sender<Command>>;
+pub(crate) type WorkerMap = HashMap<(String, String, bool), mpsc::Sender<Command>>;
 
 /// The hot path's maps keyed by entry (held deliveries, routes, tracked
 /// entries): several lookups per delivery, where std's SipHash showed in
@@ -294,6 +297,7 @@ impl Consumers {
             read_block: config.consume.read_block,
             reclaim_min_idle: config.consume.reclaim_min_idle,
             reclaim_interval: config.consume.reclaim_interval,
+            batched_reclaim: false,
             lease_refresh: config.consume.lease_refresh_interval(),
             key_wait_poll: config.consume.key_wait_poll,
             max_message_bytes: config.server.max_message_bytes,
@@ -312,10 +316,18 @@ impl Consumers {
             max_in_flight_limit: config.consume.max_in_flight_limit,
             backoff: Backoff { initial: config.consume.retry_backoff_initial, max: config.consume.retry_backoff_max },
         };
+        let mut shared = shared;
+        shared.batched_reclaim = reclaim_probe::batched(&shared);
+        let shared = Arc::new(shared);
+        let workers: Arc<Mutex<WorkerMap>> = Arc::default();
+        if shared.batched_reclaim {
+            let every = shared.reclaim_interval;
+            tokio::spawn(reclaim_probe::run(Arc::downgrade(&shared), Arc::downgrade(&workers), every));
+        }
         Consumers {
-            shared: Arc::new(shared),
+            shared,
             defaults: Arc::new(defaults),
-            workers: Arc::default(),
+            workers,
             tasks: Arc::default(),
             next_session: Arc::default(),
             closing,

@@ -176,7 +176,7 @@ impl Worker {
                 }
                 _ = sleep_until(wake) => {}
                 _ = refresh.tick() => self.refresh_leases().await,
-                _ = reclaim.tick() => self.reclaim().await,
+                _ = reclaim.tick(), if !shared.batched_reclaim => self.reclaim().await,
                 _ = deadlines.tick(), if self.ledger.has_deadlines() => {
                     let now = Instant::now();
                     self.ledger.set_wall_clock(now, crate::entry::now_unix_ms());
@@ -277,6 +277,7 @@ impl Worker {
                 }
                 self.flushed.push(flushed);
             }
+            Command::Reclaim => self.reclaim().await,
         }
     }
 

@@ -32,6 +32,8 @@ pub struct Scripts {
     /// `consume/hygiene.lua`: record this sidecar's heartbeat, remove dead consumers that hold nothing,
     /// sweep a sample of the keyed entries whose entry left the PEL unseen.
     pub hygiene: Script,
+    /// `reclaim_probe.lua`: which of many groups have entries to reclaim.
+    pub reclaim_probe: Script,
     /// `consume/settle.lua`: a batch of XACKs and retry-state writes in one command.
     pub settle: Script,
     /// `consume/ack_emit.lua`: append a delivery's emits and XACK it, only while it is this consumer's.
@@ -76,6 +78,7 @@ impl Scripts {
             (&self.settle, "settle"),
             (&self.ack_emit, "ack_emit"),
             (&self.hygiene, "hygiene"),
+            (&self.reclaim_probe, "reclaim_probe"),
             (&self.replay, "replay"),
             (&self.group_lag, "group_lag"),
             (&self.group_state, "group_state"),
@@ -110,6 +113,7 @@ impl Scripts {
             settle: script(include_str!("../consume/settle.lua")),
             ack_emit: script(include_str!("../consume/ack_emit.lua")),
             hygiene: keyed(include_str!("../consume/hygiene.lua")),
+            reclaim_probe: script(include_str!("../consume/reclaim_probe.lua")),
             replay: script(include_str!("lua/replay.lua")),
             group_lag: lag(include_str!("lua/group_lag.lua")),
             group_state: lag(include_str!("lua/group_state.lua")),
