@@ -169,6 +169,61 @@ async fn idle_groups_send_no_reads() {
     expect_each(&mut consumers, &[7, 49], "later", Duration::from_secs(2)).await;
 }
 
+/// `auto` blocks for a busy group: a group on one sidecar whose reads find
+/// entries more than 10 times a second gets a blocking reader, while a group
+/// at a trickle beside it keeps sharing; once quiet (judged over a hygiene
+/// beat, 250 ms here), the busy one shares again. Every entry comes once
+/// across both switches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_group_blocks_and_shares_again_when_quiet() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, shared().arg("--consumer-idle-limit-ms").arg("1000")).await;
+    let mut con = test_conn(&redis).await;
+    let (busy, quiet) = (unique("busy"), unique("quiet"));
+    let mut consumers = [
+        Consumer::start(&sidecar, &busy, "g", GroupStart::New, 0).await,
+        Consumer::start(&sidecar, &quiet, "g", GroupStart::New, 0).await,
+    ];
+    let appending = {
+        let (url, busy, quiet) = (redis.url(), busy.clone(), quiet.clone());
+        tokio::spawn(async move {
+            let mut con = support::chaos::redis_conn(&url).await;
+            for i in 0..400 {
+                xadd_raw(&mut con, &busy, &[(b"k", format!("a-{i}").as_bytes())]).await;
+                if i % 100 == 0 {
+                    xadd_raw(&mut con, &quiet, &[(b"k", b"trickle")]).await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    while seen.len() < 400 {
+        assert!(Instant::now() < deadline, "{} of 400 busy entries came within {EVENT_TIMEOUT:?}", seen.len());
+        for consumer in consumers.iter_mut() {
+            if let Event::Delivery(delivery) = consumer.next_event(Duration::from_millis(5)).await {
+                consumer.ack_one(&delivery.id).await;
+                let value = String::from_utf8_lossy(&delivery.payload["k"]).into_owned();
+                if value.starts_with("a-") {
+                    *seen.entry(value).or_default() += 1;
+                }
+            }
+        }
+    }
+    appending.await.unwrap();
+    let twice: Vec<_> = seen.iter().filter(|(_, times)| **times > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+    let switched = |now: &str, stream: &str| {
+        sidecar.log().lines().any(|line| line.contains(now) && line.contains(&format!("stream={stream}")))
+    };
+    assert!(switched("blocks on a connection of its own now", &busy), "the busy group blocked\n{}", sidecar.log());
+    assert!(!switched("blocks on a connection of its own now", &quiet), "the quiet group kept sharing");
+    sidecar.wait_counter("echomq_reader_blocking", 0.0).await;
+    assert!(switched("shares again", &busy), "the busy group shares again once quiet");
+    deliver_once(&mut con, &mut consumers[..1], &busy, "b", 50).await;
+}
+
 /// The reclaim beat is one probe for all of a sidecar's groups
 /// (`reclaim_probe.lua`): 30 idle groups over about ten beats send no
 /// `XAUTOCLAIM` (each group's own beat would send 300), while the probe

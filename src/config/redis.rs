@@ -28,8 +28,8 @@ pub const SHARED_MOST_SIDECARS: usize = 4;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SharedReaders {
     /// Per group, on a single server (or Sentinel) that accepts RESP3 and `CLIENT TRACKING`: shared
-    /// while at most [`SHARED_MOST_SIDECARS`] sidecars read the group, blocking beyond (while a
-    /// blocking connection is free; shared otherwise: nothing is refused). Blocking readers on a
+    /// while at most [`SHARED_MOST_SIDECARS`] sidecars read the group and it is quiet, blocking
+    /// beyond (while a blocking connection is free; shared otherwise: nothing is refused). Blocking readers on a
     /// cluster, or when the server refuses RESP3 or tracking (logged once, as a warning).
     Auto,
     /// Shared, whatever the group; the sidecar refuses to start where it cannot be (a cluster, a
@@ -117,9 +117,10 @@ pub struct RedisConfig {
     /// (--shared-reader-connections): a sidecar serving a thousand groups holds four connections. But
     /// every new entry wakes each sidecar sharing the group's reads. Blocking readers: one connection
     /// per (stream, group), blocked in XREADGROUP BLOCK, to which Redis hands an entry directly.
-    /// `auto` chooses per group: shared while at most 4 sidecars read it (their heartbeats say),
-    /// blocking beyond; blocking on a cluster or where the server refuses RESP3 (HELLO 3) or CLIENT
-    /// TRACKING (logged as a warning). `on`: shared for every group, or refuse to start. `off`:
+    /// `auto` chooses per group: shared while at most 4 sidecars read it (their heartbeats say) and
+    /// its reads find entries at most 10 times a second, blocking beyond (a busy group gets its
+    /// entries sooner on a connection of its own); blocking on a cluster or where the server refuses
+    /// RESP3 (HELLO 3) or CLIENT TRACKING (logged as a warning). `on`: shared for every group, or refuse to start. `off`:
     /// blocking for every group.
     #[arg(long, env = "ECHOMQ_SHARED_READERS", value_enum, default_value_t = SharedReaders::Auto)]
     pub shared_readers: SharedReaders,

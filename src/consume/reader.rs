@@ -92,14 +92,38 @@ pub(crate) struct SharedReads {
 pub(crate) const SHARED_AGAIN_SIDECARS: usize = 2;
 const _: () = assert!(SHARED_AGAIN_SIDECARS < SHARED_MOST_SIDECARS, "a band between the two bounds");
 
-/// Whether a group read by `sidecars` sidecars (their fresh heartbeats, this
-/// one's included; 0 before the first beat) should have a blocking reader,
-/// given whether it has one now (`blocking`). See [`SHARED_MOST_SIDECARS`].
-pub(crate) fn wants_blocking(sidecars: usize, blocking: bool) -> bool {
+/// With `--shared-readers auto`, a group whose reads find entries more often
+/// than this (reads per second) blocks: each wake of a shared reader costs two
+/// round trips (`XLEN` to arm, then the read) where a blocked read costs none
+/// until Redis answers it, so a busy group gets its entries sooner and for
+/// less on a connection of its own, and a connection is cheap beside its
+/// traffic. A quiet group (a trickle: one entry now and then) shares.
+pub(crate) const BUSY_READS_PER_SECOND: f64 = 10.0;
+/// A blocking group shares again once its reads find entries less often than
+/// this (reads per second, over a hygiene beat).
+pub(crate) const QUIET_READS_PER_SECOND: f64 = 2.0;
+const _: () = assert!(QUIET_READS_PER_SECOND < BUSY_READS_PER_SECOND, "a band between the two bounds");
+
+/// What a group's reader choice rests on, with `--shared-readers auto`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Demand {
+    /// The sidecars serving the group (their fresh heartbeats, this one's
+    /// included); 0 before the first beat.
+    pub(crate) sidecars: usize,
+    /// This sidecar's reads of the group that found entries, per second,
+    /// lately; 0 before the first measure.
+    pub(crate) reads_per_second: f64,
+}
+
+/// Whether a group with `demand` should have a blocking reader, given
+/// whether it has one now (`blocking`): many sidecars serve it
+/// ([`SHARED_MOST_SIDECARS`]) or it is busy ([`BUSY_READS_PER_SECOND`]),
+/// with a band below each bound where a blocking reader stays.
+pub(crate) fn wants_blocking(demand: Demand, blocking: bool) -> bool {
     if blocking {
-        sidecars > SHARED_AGAIN_SIDECARS
+        demand.sidecars > SHARED_AGAIN_SIDECARS || demand.reads_per_second >= QUIET_READS_PER_SECOND
     } else {
-        sidecars > SHARED_MOST_SIDECARS
+        demand.sidecars > SHARED_MOST_SIDECARS || demand.reads_per_second > BUSY_READS_PER_SECOND
     }
 }
 
@@ -415,13 +439,20 @@ mod tests {
     }
 
     #[test]
-    fn a_group_blocks_past_the_bound_and_shares_again_only_well_below_it() {
-        assert!(!wants_blocking(0, false), "before the first beat: shared");
-        assert!(!wants_blocking(SHARED_MOST_SIDECARS, false));
-        assert!(wants_blocking(SHARED_MOST_SIDECARS + 1, false));
-        assert!(wants_blocking(SHARED_MOST_SIDECARS, true), "between the bounds it keeps blocking");
-        assert!(wants_blocking(SHARED_AGAIN_SIDECARS + 1, true));
-        assert!(!wants_blocking(SHARED_AGAIN_SIDECARS, true));
+    fn a_group_blocks_past_the_bounds_and_shares_again_only_well_below_them() {
+        let of = |sidecars, reads_per_second| Demand { sidecars, reads_per_second };
+        assert!(!wants_blocking(Demand::default(), false), "before the first beat: shared");
+        assert!(!wants_blocking(of(SHARED_MOST_SIDECARS, 0.0), false));
+        assert!(wants_blocking(of(SHARED_MOST_SIDECARS + 1, 0.0), false));
+        assert!(wants_blocking(of(SHARED_MOST_SIDECARS, 0.0), true), "between the bounds it keeps blocking");
+        assert!(wants_blocking(of(SHARED_AGAIN_SIDECARS + 1, 0.0), true));
+        assert!(!wants_blocking(of(SHARED_AGAIN_SIDECARS, 0.0), true));
+
+        assert!(!wants_blocking(of(1, BUSY_READS_PER_SECOND), false), "a trickle shares");
+        assert!(wants_blocking(of(1, BUSY_READS_PER_SECOND + 1.0), false), "a busy group blocks");
+        assert!(wants_blocking(of(1, QUIET_READS_PER_SECOND), true), "between the bounds it keeps blocking");
+        assert!(!wants_blocking(of(1, QUIET_READS_PER_SECOND - 0.5), true));
+        assert!(wants_blocking(of(SHARED_MOST_SIDECARS + 1, 0.0), true), "quiet, but many sidecars");
     }
 
     #[test]

@@ -66,6 +66,9 @@ const FRAME_OVERHEAD: usize = 16;
 const DEADLINE_CHECK: Duration = Duration::from_millis(100);
 /// How many XAUTOCLAIM pages one reclaim beat may walk.
 const RECLAIM_PAGES_PER_BEAT: usize = 8;
+/// How long a shared reader's reads are counted before the group is judged
+/// busy or not (`--shared-readers auto`).
+const BUSY_MEASURE: Duration = Duration::from_secs(1);
 /// Commands taken in one go, so that their acks reach Redis as one script run.
 const COMMANDS_PER_TURN: usize = 1024;
 
@@ -85,9 +88,13 @@ pub(crate) struct Worker {
     /// to read for: started by the first call's Attach, stopped when the last
     /// call leaves or the sidecar drains.
     reader: Option<Reader>,
-    /// The sidecars serving the group, by their heartbeats at the last
-    /// hygiene beat (this one included); 0 before the first.
-    group_sidecars: usize,
+    /// What `--shared-readers auto` chooses the reader by: the sidecars
+    /// serving the group at the last hygiene beat, and how often reads found
+    /// entries lately.
+    demand: reader::Demand,
+    /// Reads that found entries since `found_since`.
+    found_reads: u32,
+    found_since: Instant,
     reclaim_cursor: StreamId,
     /// The group is gone (NOGROUP): re-create it before anything else.
     group_lost: bool,
@@ -122,7 +129,9 @@ impl Worker {
             no_ack,
             flushed: Vec::new(),
             reader: None,
-            group_sidecars: 0,
+            demand: reader::Demand::default(),
+            found_reads: 0,
+            found_since: Instant::now(),
             reclaim_cursor: StreamId::ZERO,
             group_lost: false,
             stream_gone: false,
@@ -350,8 +359,8 @@ impl Worker {
     /// one is refused there (RESOURCE_EXHAUSTED, naming
     /// `--reader-connections`) instead of leaving its call waiting; a shared
     /// reader takes one per read, and is never refused. With `auto`, a group
-    /// that many sidecars serve ([`reader::wants_blocking`]) blocks if a
-    /// connection is free at once, and shares otherwise. While draining
+    /// that many sidecars serve, or a busy one ([`reader::wants_blocking`]),
+    /// blocks if a connection is free at once, and shares otherwise. While draining
     /// nothing is read: no reader.
     ///
     /// Errors: as [`ReaderPool::acquire`](crate::redis::readers::ReaderPool::acquire).
@@ -377,7 +386,7 @@ impl Worker {
     }
 
     /// With both ways to read (`--shared-readers auto`): a connection for a
-    /// blocking reader when the group's sidecars call for one
+    /// blocking reader when the group's demand calls for one
     /// ([`reader::wants_blocking`], given whether it blocks now) and one is
     /// free at once; `None`: it shares.
     async fn blocking_connection(
@@ -385,7 +394,7 @@ impl Worker {
         pool: &crate::redis::readers::ReaderPool,
         blocking: bool,
     ) -> Option<crate::redis::readers::ReaderConnection> {
-        if !reader::wants_blocking(self.group_sidecars, blocking) {
+        if !reader::wants_blocking(self.demand, blocking) {
             return None;
         }
         self.act();
@@ -403,13 +412,14 @@ impl Worker {
         self.reader = Some(reader);
     }
 
-    /// With `--shared-readers auto`, after a hygiene beat counted the group's
-    /// sidecars: a shared reader turns blocking once more than
+    /// With `--shared-readers auto`, after the group's demand was measured
+    /// again: a shared reader turns blocking once more than
     /// [`SHARED_MOST_SIDECARS`](crate::config::SHARED_MOST_SIDECARS) serve
-    /// the group (if a connection is free; else it tries again next beat),
-    /// and a blocking one turns shared once few do. The old reader is stopped
-    /// as when the last call leaves (a read cut off is recovered from the own
-    /// PEL before the next), so no entry is lost in the switch.
+    /// the group or it is busy (if a connection is free; else it tries again
+    /// at the next measure), and a blocking one turns shared once few serve
+    /// it and it is quiet. The old reader is stopped as when the last call
+    /// leaves (a read cut off is recovered from the own PEL before the next),
+    /// so no entry is lost in the switch.
     async fn reconsider_reader(&mut self) {
         let (Some(pool), Some(shared)) = (self.shared.readers.blocking.clone(), self.shared.readers.shared.clone())
         else {
@@ -417,7 +427,7 @@ impl Worker {
         };
         let Some(blocking) = self.reader.as_ref().map(Reader::is_blocking) else { return };
         let mode = if blocking {
-            if reader::wants_blocking(self.group_sidecars, true) {
+            if reader::wants_blocking(self.demand, true) {
                 return;
             }
             reader::Mode::Shared(shared)
@@ -427,7 +437,9 @@ impl Worker {
                 None => return,
             }
         };
-        info!(stream = %self.keys.stream, group = %self.keys.group, sidecars = self.group_sidecars, blocking = !blocking, "{} sidecars serve the group: its reader {}", self.group_sidecars, if blocking { "shares again (--shared-readers auto)" } else { "blocks on a connection of its own now (--shared-readers auto)" });
+        let reader::Demand { sidecars, reads_per_second } = self.demand;
+        let now = if blocking { "shares again" } else { "blocks on a connection of its own now" };
+        info!(stream = %self.keys.stream, group = %self.keys.group, sidecars, reads_per_second, blocking = !blocking, "its reader {now} (--shared-readers auto): {sidecars} sidecars serve the group, and its reads found entries {reads_per_second:.1} times a second");
         self.stop_reading();
         self.spawn_reader(mode);
     }
@@ -614,6 +626,9 @@ impl Worker {
         self.pacing.succeeded(Step::Read);
         self.ledger.key_gate_checked(gates.iter().filter(|gate| **gate != Gate::Unkeyed).count());
         let now = Instant::now();
+        if !entries.is_empty() {
+            self.found_reads += 1;
+        }
         let mut oversized = Vec::new();
         // A `>` read hands each entry over for the first time: attempts 1.
         // With per-key limits, `keyed_read.lua` gated each keyed entry as it read it.
@@ -628,6 +643,25 @@ impl Worker {
         if !oversized.is_empty() {
             self.dead_letter(oversized).await;
         }
+        // A shared reader that turns busy blocks within a second; a blocking
+        // one is judged quiet over a whole beat, so a pause does not cost it
+        // its connection.
+        if self.reader.as_ref().is_some_and(|reader| !reader.is_blocking())
+            && now.duration_since(self.found_since) >= BUSY_MEASURE
+        {
+            self.measure_reads(now);
+            self.reconsider_reader().await;
+        }
+    }
+
+    /// Sets the demand's reads per second from the reads that found entries
+    /// since the last measure, and starts counting anew.
+    fn measure_reads(&mut self, now: Instant) {
+        let seconds = now.duration_since(self.found_since).as_secs_f64();
+        if seconds > 0.0 {
+            self.demand.reads_per_second = f64::from(self.found_reads) / seconds;
+        }
+        (self.found_reads, self.found_since) = (0, now);
     }
 }
 
@@ -916,8 +950,9 @@ impl Worker {
                 if !removed.is_empty() {
                     info!(%stream, %group, ?removed, "removed dead consumers that held nothing")
                 }
-                self.group_sidecars = sidecars;
+                self.demand.sidecars = sidecars;
                 self.outlet.metrics.group_sidecars.set(sidecars as i64);
+                self.measure_reads(Instant::now());
                 self.reconsider_reader().await;
             }
             Err(e) => self.redis_failed(Step::Hygiene, &e),
