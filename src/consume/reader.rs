@@ -31,7 +31,13 @@
 //! shared reader arms its ticket before the script and waits on it as after
 //! an empty `XREADGROUP`.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use redis::{Cmd, RedisError, RedisResult, Value};
 use tokio::{
@@ -152,6 +158,8 @@ pub(crate) struct Reader {
     results: mpsc::Receiver<RedisResult<Read>>,
     /// Ends a shared reader's wait: read now.
     kick: Arc<Notify>,
+    /// With `kick`: end the wait and report an empty read instead of reading.
+    yield_empty: Arc<AtomicBool>,
     /// Blocked on a connection of its own, not shared.
     blocking: bool,
     task: JoinHandle<()>,
@@ -172,15 +180,17 @@ impl Reader {
         let (requests, requests_rx) = mpsc::channel(1);
         let (results_tx, results) = mpsc::channel(1);
         let kick = Arc::new(Notify::new());
+        let yield_empty = Arc::new(AtomicBool::new(false));
         let target = Target { stream, group, no_ack, keyed };
         let blocking = matches!(mode, Mode::Blocking(_));
         let task = match mode {
             Mode::Blocking(conn) => tokio::spawn(read_loop(shared, *conn, target, requests_rx, results_tx)),
             Mode::Shared(reads) => {
-                tokio::spawn(shared_loop(shared, reads, target, requests_rx, results_tx, kick.clone()))
+                let wake = Wake { kick: kick.clone(), yield_empty: yield_empty.clone() };
+                tokio::spawn(shared_loop(shared, reads, target, requests_rx, results_tx, wake))
             }
         };
-        Reader { requests, results, kick, blocking, task }
+        Reader { requests, results, kick, yield_empty, blocking, task }
     }
 
     /// Whether it blocks on a connection of its own (else it shares).
@@ -198,6 +208,18 @@ impl Reader {
     /// change of the stream announces. Nothing for a blocking reader.
     pub(crate) fn kick(&self) {
         self.kick.notify_one();
+    }
+
+    /// A shared reader waiting for a wake-up stops waiting and reports an
+    /// empty read (one reading reports what it read), so the worker gets a
+    /// moment with no read under way, where it can replace the reader without
+    /// cutting a read off. Nothing for a blocking reader: its read ends by
+    /// itself within `--read-block-ms`.
+    pub(crate) fn yield_now(&self) {
+        if !self.blocking {
+            self.yield_empty.store(true, Ordering::Release);
+            self.kick.notify_one();
+        }
     }
 
     /// Cuts off the read under way (its connection is closed), so no entry
@@ -283,30 +305,46 @@ impl Target {
     }
 }
 
-/// The shared reader (see the module doc): reports entries and errors, never
-/// an empty read.
+/// How the worker ends a shared reader's wait ([`Reader::kick`], [`Reader::yield_now`]).
+struct Wake {
+    kick: Arc<Notify>,
+    yield_empty: Arc<AtomicBool>,
+}
+
+impl Wake {
+    /// Whether the worker asked for an empty read back ([`Reader::yield_now`]).
+    fn yielding(&self) -> bool {
+        self.yield_empty.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// The shared reader (see the module doc): reports entries and errors, and
+/// an empty read only when the worker asks ([`Reader::yield_now`]).
 async fn shared_loop(
     shared: Arc<Shared>,
     SharedReads { hub, pool }: SharedReads,
     target: Target,
     mut requests: mpsc::Receiver<usize>,
     results: mpsc::Sender<RedisResult<Read>>,
-    kick: Arc<Notify>,
+    wake: Wake,
 ) {
     // Taken before a read that left the group at the stream's end.
     let mut at_end: Option<Ticket> = None;
     while let Some(count) = requests.recv().await {
         if let Some(ticket) = at_end.take() {
-            wait(&ticket, &kick, SAFETY_REREAD).await;
+            wait(&ticket, &wake.kick, SAFETY_REREAD).await;
         }
         let result = loop {
+            if wake.yielding() {
+                break Ok(Read::default());
+            }
             // Armed before the read: an XADD after it is sure to wake us.
             let ticket = hub.arm(&target.stream).await;
             match (target.read_once(&shared, &pool, count).await, ticket) {
-                (Ok(read), Ok(ticket)) if read.entries.is_empty() => wait(&ticket, &kick, SAFETY_REREAD).await,
+                (Ok(read), Ok(ticket)) if read.entries.is_empty() => wait(&ticket, &wake.kick, SAFETY_REREAD).await,
                 // No wake connection: poll.
                 (Ok(read), Err(_)) if read.entries.is_empty() => {
-                    let _ = tokio::time::timeout(shared.read_block, kick.notified()).await;
+                    let _ = tokio::time::timeout(shared.read_block, wake.kick.notified()).await;
                 }
                 (Ok(read), ticket) => {
                     if read.entries.len() < count {

@@ -95,6 +95,9 @@ pub(crate) struct Worker {
     /// Reads that found entries since `found_since`.
     found_reads: u32,
     found_since: Instant,
+    /// The demand calls for the other kind of reader: switch at the next
+    /// read's end, when no read is under way.
+    reader_switch_due: bool,
     reclaim_cursor: StreamId,
     /// The group is gone (NOGROUP): re-create it before anything else.
     group_lost: bool,
@@ -132,6 +135,7 @@ impl Worker {
             demand: reader::Demand::default(),
             found_reads: 0,
             found_since: Instant::now(),
+            reader_switch_due: false,
             reclaim_cursor: StreamId::ZERO,
             group_lost: false,
             stream_gone: false,
@@ -412,15 +416,32 @@ impl Worker {
         self.reader = Some(reader);
     }
 
-    /// With `--shared-readers auto`, after the group's demand was measured
-    /// again: a shared reader turns blocking once more than
+    /// With `--shared-readers auto`, after a hygiene beat measured the
+    /// group's demand: when it calls for the other kind of reader, the switch
+    /// is made at the end of the read under way ([`Worker::reconsider_reader`]).
+    /// A shared reader waiting for a wake-up is asked to end its wait with an
+    /// empty read; a blocking one ends its read within `--read-block-ms`.
+    fn switch_reader_soon(&mut self) {
+        let Some(reader) = &self.reader else { return };
+        if self.shared.readers.blocking.is_none() || self.shared.readers.shared.is_none() {
+            return;
+        }
+        let blocking = reader.is_blocking();
+        if reader::wants_blocking(self.demand, blocking) != blocking {
+            self.reader_switch_due = true;
+            reader.yield_now();
+        }
+    }
+
+    /// With `--shared-readers auto`, at the end of a read (none is under
+    /// way, so none is cut off, and no entry read costs an attempt): a shared
+    /// reader turns blocking once more than
     /// [`SHARED_MOST_SIDECARS`](crate::config::SHARED_MOST_SIDECARS) serve
     /// the group or it is busy (if a connection is free; else it tries again
     /// at the next measure), and a blocking one turns shared once few serve
-    /// it and it is quiet. The old reader is stopped as when the last call
-    /// leaves (a read cut off is recovered from the own PEL before the next),
-    /// so no entry is lost in the switch.
+    /// it and it is quiet.
     async fn reconsider_reader(&mut self) {
+        self.reader_switch_due = false;
         let (Some(pool), Some(shared)) = (self.shared.readers.blocking.clone(), self.shared.readers.shared.clone())
         else {
             return;
@@ -646,10 +667,12 @@ impl Worker {
         // A shared reader that turns busy blocks within a second; a blocking
         // one is judged quiet over a whole beat, so a pause does not cost it
         // its connection.
-        if self.reader.as_ref().is_some_and(|reader| !reader.is_blocking())
-            && now.duration_since(self.found_since) >= BUSY_MEASURE
-        {
+        let sharing = self.reader.as_ref().is_some_and(|reader| !reader.is_blocking());
+        if sharing && now.duration_since(self.found_since) >= BUSY_MEASURE {
             self.measure_reads(now);
+            self.reader_switch_due = true;
+        }
+        if self.reader_switch_due {
             self.reconsider_reader().await;
         }
     }
@@ -953,7 +976,7 @@ impl Worker {
                 self.demand.sidecars = sidecars;
                 self.outlet.metrics.group_sidecars.set(sidecars as i64);
                 self.measure_reads(Instant::now());
-                self.reconsider_reader().await;
+                self.switch_reader_soon();
             }
             Err(e) => self.redis_failed(Step::Hygiene, &e),
         }
