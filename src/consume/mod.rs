@@ -491,22 +491,24 @@ impl ConsumerService for Consumers {
             id_field: self.shared.id_field.clone(),
             max_message_bytes: self.shared.max_message_bytes,
         };
+        // Should the relay ever panic, its call's entries must not stay
+        // held: the worker is told the call ended, as on any other end.
+        let detach = workers.clone();
+        let shards = session::Shards::new(workers, streams);
+        let relay = tokio::spawn(session::relay(
+            session,
+            inbound,
+            events,
+            outbound,
+            shards,
+            framing,
+            closing,
+            verdict_errors,
+            emit_rules,
+        ));
+        // Spawned after the relay, so that this task, which lives as long
+        // as the call, does not hold room for the relay's arguments.
         tokio::spawn(async move {
-            // Should the relay ever panic, its call's entries must not stay
-            // held: the worker is told the call ended, as on any other end.
-            let detach = workers.clone();
-            let shards = session::Shards::new(workers, streams);
-            let relay = tokio::spawn(session::relay(
-                session,
-                inbound,
-                events,
-                outbound,
-                shards,
-                framing,
-                closing,
-                verdict_errors,
-                emit_rules,
-            ));
             if let Err(e) = relay.await {
                 tracing::error!(session, "a call's relay failed: {e}; its entries go back to the PEL");
                 for worker in detach {

@@ -269,7 +269,9 @@ pub(super) async fn relay(
         tokio::select! {
             message = inbound.message(), if events.len() < EVENT_BACKLOG => match message {
                 Ok(Some(request)) => {
-                    if let Err(status) = forward(session, request, &outbound, &mut shards, &verdict_errors, &emit_rules).await {
+                    // Boxed, so that an idle call's relay does not keep room for it.
+                    let forwarded = Box::pin(forward(session, request, &outbound, &mut shards, &verdict_errors, &emit_rules));
+                    if let Err(status) = forwarded.await {
                         break Some(status);
                     }
                 }
