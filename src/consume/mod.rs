@@ -51,7 +51,7 @@ use tokio::{
     sync::{mpsc, oneshot, watch, Semaphore},
     task::JoinSet,
 };
-use tokio_stream::{wrappers::ReceiverStream, Stream};
+use tokio_stream::{wrappers::ReceiverStream, Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
@@ -384,14 +384,14 @@ impl Consumers {
             let share = ledger::shard_share(policy.max_in_flight, shard_count, shard as u32);
             let worker = self.worker(stream, &sub.group, sub.no_ack);
             let (reply, attached) = oneshot::channel();
-            let attach = Command::Attach {
+            let attach = Command::Attach(Box::new(commands::Attach {
                 session,
                 shard,
                 policy: Policy { max_in_flight: share, ..policy.clone() },
                 group: group_policy.clone(),
                 events: events.clone(),
                 reply,
-            };
+            }));
             let result = match worker.send(attach).await {
                 Ok(()) => attached.await.unwrap_or(Err(Error::ShuttingDown)),
                 Err(_) => Err(Error::ShuttingDown),
@@ -518,6 +518,6 @@ impl ConsumerService for Consumers {
             }
             drop(permit);
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(outbound_rx))))
+        Ok(Response::new(Box::pin(ReceiverStream::new(outbound_rx).map(|frame| frame.map(|response| *response)))))
     }
 }

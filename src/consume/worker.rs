@@ -285,7 +285,8 @@ impl Worker {
             self.ledger.set_wall_clock(now, crate::entry::now_unix_ms());
         }
         match command {
-            Command::Attach { session, shard, policy, group, events, reply } => {
+            Command::Attach(attach) => {
+                let super::commands::Attach { session, shard, policy, group, events, reply } = *attach;
                 let mut attached = self.ledger.attach(session, shard, policy, group);
                 if attached.is_ok() {
                     self.outlet.link(session, events);
@@ -302,7 +303,7 @@ impl Worker {
                     self.ledger.ack(session, text, id, now);
                 }
             }
-            Command::Fail { session, fail } => self.ledger.fail(session, fail, now),
+            Command::Fail { session, fail } => self.ledger.fail(session, *fail, now),
             Command::Release { session, ids } => self.ledger.release(session, ids, now),
             Command::AckEmit { session, text, id, emits } => self.ledger.ack_emit(session, text, id, emits, now),
             Command::Extend { session, ids, by } => self.ledger.extend(session, ids, by, now),
