@@ -18,7 +18,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(files, ["proto"])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out.join("echomq_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    // Smaller per-call buffers than tonic's 8 KiB each (see `src/codec.rs`).
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .codec_path("crate::codec::LeanCodec")
+        .compile_fds(fds)?;
 
     let keda = "proto/externalscaler/externalscaler.proto";
     println!("cargo:rerun-if-changed={keda}");

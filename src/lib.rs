@@ -89,7 +89,8 @@
 //!   trigger's metadata.
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
-//! - [`proto`]: the generated wire types, services and clients (`echomq.v1`).
+//! - [`proto`]: the generated wire types, services and clients (`echomq.v1`);
+//!   [`codec`], their gRPC codec (prost's, with smaller per-call buffers).
 //!
 //! Two binaries stand on this library: `echomq-sidecar` (`src/main.rs`, thin:
 //! configuration, telemetry, [`app::run`], exit codes) and `echomqctl`, the
@@ -100,6 +101,7 @@ pub mod admin;
 pub mod admin_http;
 pub mod app;
 pub mod archive;
+pub mod codec;
 pub mod config;
 pub mod consume;
 pub mod deferred;

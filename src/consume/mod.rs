@@ -52,7 +52,7 @@ use tokio::{
     sync::{mpsc, oneshot, watch, Semaphore},
     task::JoinSet,
 };
-use tokio_stream::{wrappers::ReceiverStream, Stream};
+use tokio_stream::{wrappers::ReceiverStream, Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
@@ -396,14 +396,14 @@ impl Consumers {
             let share = ledger::shard_share(policy.max_in_flight, shard_count, shard as u32);
             let worker = self.worker(stream, &sub.group, sub.no_ack);
             let (reply, attached) = oneshot::channel();
-            let attach = Command::Attach {
+            let attach = Command::Attach(Box::new(commands::Attach {
                 session,
                 shard,
                 policy: Policy { max_in_flight: share, ..policy.clone() },
                 group: group_policy.clone(),
                 events: events.clone(),
                 reply,
-            };
+            }));
             let result = match worker.send(attach).await {
                 Ok(()) => attached.await.unwrap_or(Err(Error::ShuttingDown)),
                 Err(_) => Err(Error::ShuttingDown),
@@ -503,22 +503,24 @@ impl ConsumerService for Consumers {
             id_field: self.shared.id_field.clone(),
             max_message_bytes: self.shared.max_message_bytes,
         };
+        // Should the relay ever panic, its call's entries must not stay
+        // held: the worker is told the call ended, as on any other end.
+        let detach = workers.clone();
+        let shards = session::Shards::new(workers, streams);
+        let relay = tokio::spawn(session::relay(
+            session,
+            inbound,
+            events,
+            outbound,
+            shards,
+            framing,
+            closing,
+            verdict_errors,
+            emit_rules,
+        ));
+        // Spawned after the relay, so that this task, which lives as long
+        // as the call, does not hold room for the relay's arguments.
         tokio::spawn(async move {
-            // Should the relay ever panic, its call's entries must not stay
-            // held: the worker is told the call ended, as on any other end.
-            let detach = workers.clone();
-            let shards = session::Shards::new(workers, streams);
-            let relay = tokio::spawn(session::relay(
-                session,
-                inbound,
-                events,
-                outbound,
-                shards,
-                framing,
-                closing,
-                verdict_errors,
-                emit_rules,
-            ));
             if let Err(e) = relay.await {
                 tracing::error!(session, "a call's relay failed: {e}; its entries go back to the PEL");
                 for worker in detach {
@@ -528,6 +530,6 @@ impl ConsumerService for Consumers {
             }
             drop(permit);
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(outbound_rx))))
+        Ok(Response::new(Box::pin(ReceiverStream::new(outbound_rx).map(|frame| frame.map(|response| *response)))))
     }
 }

@@ -136,7 +136,7 @@ impl Outlet {
             Effect::Deliver { session, shard, out } => {
                 let Outgoing { stream_id, branded, attempts, member, mut body } = out;
                 let span = self.traced.then(|| delivery::span(&self.stream, &self.group, stream_id, &mut body));
-                let event = Event::Delivery { shard, id: branded, delivery: body };
+                let event = Event::Delivery { shard, id: branded, delivery: Box::new(body) };
                 let unsent = match self.links.get(&session) {
                     Some(link) => link.send(event).err().map(|unsent| unsent.0),
                     None => Some(event),
@@ -147,9 +147,9 @@ impl Outlet {
                             self.spans.insert(stream_id, span);
                         }
                     }
-                    Some(Event::Delivery { delivery: body, .. }) => ledger.undelivered(
+                    Some(Event::Delivery { delivery, .. }) => ledger.undelivered(
                         session,
-                        Outgoing { stream_id, branded, attempts, member, body },
+                        Outgoing { stream_id, branded, attempts, member, body: *delivery },
                         Instant::now(),
                     ),
                     Some(_) => {}
@@ -159,7 +159,7 @@ impl Outlet {
                 let error = refusal.error(&text);
                 self.metrics.verdict_errors.count(error.code);
                 if let Some(link) = self.links.get(&session) {
-                    let _ = link.send(Event::VerdictError(error));
+                    let _ = link.send(Event::VerdictError(Box::new(error)));
                 }
             }
             Effect::Emitted { session, text, emitted } => {
@@ -172,7 +172,7 @@ impl Outlet {
                     })
                     .collect();
                 if let Some(link) = self.links.get(&session) {
-                    let _ = link.send(Event::Emitted(Emitted { id: text, entries }));
+                    let _ = link.send(Event::Emitted(Box::new(Emitted { id: text, entries })));
                 }
             }
             Effect::Left { session, shard, id, settled } => {

@@ -339,8 +339,15 @@ async fn shared_loop(
                 break Ok(Read::default());
             }
             // Armed before the read: an XADD after it is sure to wake us.
-            let ticket = hub.arm(&target.stream).await;
-            match (target.read_once(&shared, &pool, count).await, ticket) {
+            // Boxed, so that a reader waiting for a wake-up (most of an
+            // idle group's life) does not keep the room of a read: inline,
+            // that made each reader's task 9 KB (heap profile, 1,000 idle groups).
+            let (read, ticket) = Box::pin(async {
+                let ticket = hub.arm(&target.stream).await;
+                (target.read_once(&shared, &pool, count).await, ticket)
+            })
+            .await;
+            match (read, ticket) {
                 (Ok(read), Ok(ticket)) if read.entries.is_empty() => wait(&ticket, &wake.kick, SAFETY_REREAD).await,
                 // No wake connection: poll.
                 (Ok(read), Err(_)) if read.entries.is_empty() => {

@@ -54,7 +54,12 @@ const LEFT_REMEMBERED: usize = 4096;
 /// grow this queue without bound.
 const EVENT_BACKLOG: usize = 1024;
 
-type Outbound = mpsc::Sender<Result<ConsumeResponse, Status>>;
+/// What goes to the client. Boxed: tokio's channel allocates room for 32
+/// items when it is made, and an unboxed `ConsumeResponse` (224 bytes) made
+/// that 7 KB per call, idle or not.
+pub(super) type Frame = Result<Box<ConsumeResponse>, Status>;
+
+type Outbound = mpsc::Sender<Frame>;
 
 /// Room in a batch frame for the ConsumeResponse and DeliveryBatch wrappers (bytes).
 const BATCH_OVERHEAD: usize = 16;
@@ -84,7 +89,7 @@ fn delivery_frame(
     shards: &mut Shards,
     framing: Framing,
     next: &mut Option<Next>,
-) -> ConsumeResponse {
+) -> Box<ConsumeResponse> {
     if framing.max_batch <= 1 {
         return response(consume_response::Kind::Delivery(first));
     }
@@ -100,7 +105,7 @@ fn delivery_frame(
             *next = Some(Next::Event(event));
             break;
         };
-        let Some(delivery) = shards.deliver(shard, id, delivery) else { continue };
+        let Some(delivery) = shards.deliver(shard, id, *delivery) else { continue };
         size += framed(&delivery);
         if size > framing.max_bytes {
             *next = Some(Next::Routed(delivery));
@@ -120,19 +125,19 @@ fn event_frame(
     shards: &mut Shards,
     framing: Framing,
     next: &mut Option<Next>,
-) -> Option<ConsumeResponse> {
+) -> Option<Box<ConsumeResponse>> {
     let delivery = match event {
-        Event::Delivery { shard, id, delivery } => shards.deliver(shard, id, delivery)?,
-        Event::VerdictError(error) => return Some(response(consume_response::Kind::VerdictError(error))),
-        Event::Emitted(emitted) => return Some(response(consume_response::Kind::Emitted(emitted))),
+        Event::Delivery { shard, id, delivery } => shards.deliver(shard, id, *delivery)?,
+        Event::VerdictError(error) => return Some(response(consume_response::Kind::VerdictError(*error))),
+        Event::Emitted(emitted) => return Some(response(consume_response::Kind::Emitted(*emitted))),
         Event::Left { shard, id, settled } => shards.left(shard, &id, settled)?,
     };
     Some(delivery_frame(delivery, events, shards, framing, next))
 }
 
 /// Wraps a server message.
-pub(super) fn response(kind: consume_response::Kind) -> ConsumeResponse {
-    ConsumeResponse { kind: Some(kind) }
+pub(super) fn response(kind: consume_response::Kind) -> Box<ConsumeResponse> {
+    Box::new(ConsumeResponse { kind: Some(kind) })
 }
 
 /// The workers behind one call, one per shard of its stream (one for a plain
@@ -269,7 +274,9 @@ pub(super) async fn relay(
         tokio::select! {
             message = inbound.message(), if events.len() < EVENT_BACKLOG => match message {
                 Ok(Some(request)) => {
-                    if let Err(status) = forward(session, request, &outbound, &mut shards, &verdict_errors, &emit_rules).await {
+                    // Boxed, so that an idle call's relay does not keep room for it.
+                    let forwarded = Box::pin(forward(session, request, &outbound, &mut shards, &verdict_errors, &emit_rules));
+                    if let Err(status) = forwarded.await {
                         break Some(status);
                     }
                 }
@@ -323,8 +330,8 @@ pub(super) async fn relay(
         let mut queued = stashed.into_iter().chain(std::iter::from_fn(|| events.try_recv().ok()));
         while let (true, Some(event)) = (listening, queued.next()) {
             let frame = match event {
-                Event::VerdictError(error) => consume_response::Kind::VerdictError(error),
-                Event::Emitted(emitted) => consume_response::Kind::Emitted(emitted),
+                Event::VerdictError(error) => consume_response::Kind::VerdictError(*error),
+                Event::Emitted(emitted) => consume_response::Kind::Emitted(*emitted),
                 Event::Left { shard, id, settled } => {
                     shards.left(shard, &id, settled);
                     continue;
@@ -391,7 +398,7 @@ async fn forward(
             truncate_utf8(&mut reason, MAX_REASON_BYTES);
             let kind = fail_kind(fail.kind, fail.dead_letter);
             let fail = FailVerdict { text: fail.id, id, retry_after, kind, reason };
-            shards.send(shard, Command::Fail { session, fail }).await?;
+            shards.send(shard, Command::Fail { session, fail: Box::new(fail) }).await?;
             Ok(())
         }
         Some(Kind::Drain(_)) => {

@@ -148,7 +148,9 @@ pub struct Redis {
     /// command's latency observed.
     pub conn: TimedConnection<Connection>,
     /// The loaded scripts (EVALSHA, falling back to EVAL after a Redis restart).
-    pub scripts: Scripts,
+    /// Shared: each script holds its Lua source, about 200 KB in all, and
+    /// every group worker keeps a clone of these handles.
+    pub scripts: Arc<Scripts>,
     /// Key names: derived keys, shard keys.
     pub keys: Arc<Keyspace>,
     /// What the server said it is at start ([`Redis::check_server_version`]),
@@ -177,7 +179,7 @@ impl Redis {
         let password_file = || {
             password_file.zip(password).map(|(path, password)| PasswordFile::new(path.to_owned(), password.to_owned()))
         };
-        let scripts = Scripts::new();
+        let scripts = Arc::new(Scripts::new());
         let manager_config = || {
             ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
@@ -236,7 +238,7 @@ impl Redis {
         primary: Arc<primary::Primary>,
         config: ConnectionManagerConfig,
         timeout: Duration,
-        scripts: Scripts,
+        scripts: Arc<Scripts>,
         metrics: RedisMetrics,
         sharded: std::collections::BTreeMap<String, u32>,
     ) -> RedisResult<Redis> {

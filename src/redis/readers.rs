@@ -281,9 +281,13 @@ impl ReaderPool {
     ///
     /// Errors: a new connection cannot be made (the cause, as from
     /// [`Redis::dedicated`]); the pool was closed.
+    ///
+    /// Each of these acquisitions boxes the pool's wait: it holds the making
+    /// of a connection (about 8 KB of future), which inline would be room
+    /// kept in every group worker's and reader's task for as long as it lives.
     pub async fn acquire_for_read(&self) -> RedisResult<ReaderConnection> {
         let started = Instant::now();
-        let got = self.pool.get().await;
+        let got = Box::pin(self.pool.get()).await;
         self.metrics.wait_seconds.observe(started.elapsed().as_secs_f64());
         match got {
             Ok(object) => Ok(ReaderConnection { object: Some(object), state: State::Ready, pool: self.clone() }),
@@ -299,7 +303,7 @@ impl ReaderPool {
     /// cannot be made (logged at debug): the group goes on sharing.
     pub async fn try_acquire(&self) -> Option<ReaderConnection> {
         let now = managed::Timeouts { wait: Some(Duration::ZERO), ..managed::Timeouts::default() };
-        match self.pool.timeout_get(&now).await {
+        match Box::pin(self.pool.timeout_get(&now)).await {
             Ok(object) => Some(ReaderConnection { object: Some(object), state: State::Ready, pool: self.clone() }),
             Err(PoolError::Timeout(TimeoutType::Wait) | PoolError::Closed) => None,
             Err(e) => {
@@ -319,7 +323,7 @@ impl ReaderPool {
     /// ([`Error::Unavailable`]) when a new connection cannot be made.
     pub async fn acquire(&self, stream: &str, group: &str) -> Result<ReaderConnection, Error> {
         let started = Instant::now();
-        let got = self.pool.get().await;
+        let got = Box::pin(self.pool.get()).await;
         self.metrics.wait_seconds.observe(started.elapsed().as_secs_f64());
         let context = || format!("connecting the reader of group `{group}` on stream `{stream}`");
         match got {

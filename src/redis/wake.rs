@@ -248,7 +248,9 @@ impl WakeHub {
                 return Err(RedisError::from((redis::ErrorKind::Io, "the wake connection is down", last.clone())));
             }
         }
-        match self.connect().await {
+        // Boxed: connecting is rare, and inline its state would be room
+        // kept in every shared reader's task (through `arm`).
+        match Box::pin(self.connect()).await {
             Ok(link) => {
                 *backoff = Backoff::default();
                 Ok(link)
