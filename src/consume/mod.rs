@@ -289,6 +289,7 @@ impl Consumers {
         if let Some(shared) = &readers.shared {
             tokio::spawn(renew_wake_after_outages(Arc::downgrade(&shared.hub), redis_up.clone()));
         }
+        let batched_reclaim = reclaim_probe::batched(&redis);
         let shared = Shared {
             readers,
             redis,
@@ -297,7 +298,7 @@ impl Consumers {
             read_block: config.consume.read_block,
             reclaim_min_idle: config.consume.reclaim_min_idle,
             reclaim_interval: config.consume.reclaim_interval,
-            batched_reclaim: false,
+            batched_reclaim,
             lease_refresh: config.consume.lease_refresh_interval(),
             key_wait_poll: config.consume.key_wait_poll,
             max_message_bytes: config.server.max_message_bytes,
@@ -316,8 +317,6 @@ impl Consumers {
             max_in_flight_limit: config.consume.max_in_flight_limit,
             backoff: Backoff { initial: config.consume.retry_backoff_initial, max: config.consume.retry_backoff_max },
         };
-        let mut shared = shared;
-        shared.batched_reclaim = reclaim_probe::batched(&shared);
         let shared = Arc::new(shared);
         let workers: Arc<Mutex<WorkerMap>> = Arc::default();
         if shared.batched_reclaim {

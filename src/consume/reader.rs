@@ -43,6 +43,7 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 use tokio::{
     sync::{mpsc, Notify},
     task::JoinHandle,
+    time::Instant,
 };
 
 use super::{keyed::Gate, orders::KeyLimit, Shared};
@@ -83,6 +84,14 @@ pub(crate) struct ReaderPools {
     pub(crate) shared: Option<SharedReads>,
 }
 
+impl ReaderPools {
+    /// Both pools, when each group chooses its reader (`auto` where it can
+    /// share); `None` when every reader waits one way.
+    pub(crate) fn per_group(&self) -> Option<(&ReaderPool, &SharedReads)> {
+        self.blocking.as_ref().zip(self.shared.as_ref())
+    }
+}
+
 /// What a shared reader needs: the hub that says when its stream changed,
 /// and the pool its reads take turns on. Cheap to clone.
 #[derive(Clone)]
@@ -119,6 +128,41 @@ pub(crate) struct Demand {
     /// This sidecar's reads of the group that found entries, per second,
     /// lately; 0 before the first measure.
     pub(crate) reads_per_second: f64,
+}
+
+/// How often a group's reads find entries: counted read by read, turned
+/// into [`Demand::reads_per_second`] at each measure.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadRate {
+    /// Reads that found entries since `since`.
+    found: u32,
+    since: Instant,
+}
+
+impl ReadRate {
+    /// Counting from `now`.
+    pub(crate) fn new(now: Instant) -> ReadRate {
+        ReadRate { found: 0, since: now }
+    }
+
+    /// A read found entries.
+    pub(crate) fn found(&mut self) {
+        self.found += 1;
+    }
+
+    /// How long it has counted by `now`.
+    pub(crate) fn counted(&self, now: Instant) -> Duration {
+        now.duration_since(self.since)
+    }
+
+    /// Reads that found entries per second since the last measure (`None`
+    /// when no time passed), and counting anew from `now`.
+    pub(crate) fn measure(&mut self, now: Instant) -> Option<f64> {
+        let seconds = self.counted(now).as_secs_f64();
+        let rate = (seconds > 0.0).then(|| f64::from(self.found) / seconds);
+        *self = ReadRate::new(now);
+        rate
+    }
 }
 
 /// Whether a group with `demand` should have a blocking reader, given
@@ -498,6 +542,19 @@ mod tests {
         assert!(wants_blocking(of(1, QUIET_READS_PER_SECOND), true), "between the bounds it keeps blocking");
         assert!(!wants_blocking(of(1, QUIET_READS_PER_SECOND - 0.5), true));
         assert!(wants_blocking(of(SHARED_MOST_SIDECARS + 1, 0.0), true), "quiet, but many sidecars");
+    }
+
+    #[test]
+    fn a_read_rate_counts_reads_with_entries_per_second_and_starts_anew() {
+        let start = Instant::now();
+        let mut rate = ReadRate::new(start);
+        assert_eq!(rate.measure(start), None, "no time passed");
+        for _ in 0..30 {
+            rate.found();
+        }
+        assert_eq!(rate.measure(start + Duration::from_secs(2)), Some(15.0));
+        assert_eq!(rate.counted(start + Duration::from_secs(3)), Duration::from_secs(1), "counting from the measure");
+        assert_eq!(rate.measure(start + Duration::from_secs(4)), Some(0.0));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use redis::RedisResult;
 use tokio::time::{interval, MissedTickBehavior};
 
 use super::{commands::Command, Shared, WorkerMap};
+use crate::redis::Redis;
 
 /// The most groups one probe run covers: a run is one `XPENDING … IDLE` per
 /// group, about a microsecond each, so Redis is never held long.
@@ -27,8 +28,8 @@ pub(crate) const PROBE_CHUNK: usize = 500;
 
 /// Whether reclaims are probed in batches here: on a single server or
 /// Sentinel, not on a cluster.
-pub(crate) fn batched(shared: &Shared) -> bool {
-    shared.redis.primary().is_some()
+pub(crate) fn batched(redis: &Redis) -> bool {
+    redis.primary().is_some()
 }
 
 /// Probes every `--reclaim-interval-ms` while Redis is up; ends with the

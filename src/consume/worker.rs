@@ -110,9 +110,9 @@ pub(crate) struct Worker {
     /// serving the group at the last hygiene beat, and how often reads found
     /// entries lately.
     demand: reader::Demand,
-    /// Reads that found entries since `found_since`.
-    found_reads: u32,
-    found_since: Instant,
+    /// How often this sidecar's reads of the group found entries since the
+    /// last measure.
+    read_rate: reader::ReadRate,
     /// The demand calls for the other kind of reader: switch at the next
     /// read's end, when no read is under way.
     reader_switch_due: bool,
@@ -151,8 +151,7 @@ impl Worker {
             flushed: Vec::new(),
             reader: None,
             demand: reader::Demand::default(),
-            found_reads: 0,
-            found_since: Instant::now(),
+            read_rate: reader::ReadRate::new(Instant::now()),
             reader_switch_due: false,
             reclaim_cursor: StreamId::ZERO,
             group_lost: false,
@@ -429,7 +428,7 @@ impl Worker {
         }
         let shared = self.shared.clone();
         let mode = match (&shared.readers.blocking, &shared.readers.shared) {
-            (Some(pool), Some(shared)) => match self.blocking_connection(pool, false).await {
+            (Some(pool), Some(shared)) => match self.blocking_connection(pool).await {
                 Some(conn) => reader::Mode::Blocking(Box::new(conn)),
                 None => reader::Mode::Shared(shared.clone()),
             },
@@ -444,16 +443,15 @@ impl Worker {
         Ok(())
     }
 
-    /// With both ways to read (`--shared-readers auto`): a connection for a
-    /// blocking reader when the group's demand calls for one
-    /// ([`reader::wants_blocking`], given whether it blocks now) and one is
-    /// free at once; `None`: it shares.
+    /// With both ways to read (`--shared-readers auto`), for a group that
+    /// shares now or has no reader yet: a connection for a blocking reader
+    /// when the group's demand calls for one ([`reader::wants_blocking`]) and
+    /// one is free at once; `None`: it shares.
     async fn blocking_connection(
         &mut self,
         pool: &crate::redis::readers::ReaderPool,
-        blocking: bool,
     ) -> Option<crate::redis::readers::ReaderConnection> {
-        if !reader::wants_blocking(self.demand, blocking) {
+        if !reader::wants_blocking(self.demand, false) {
             return None;
         }
         self.act();
@@ -478,7 +476,7 @@ impl Worker {
     /// empty read; a blocking one ends its read within `--read-block-ms`.
     fn switch_reader_soon(&mut self) {
         let Some(reader) = &self.reader else { return };
-        if self.shared.readers.blocking.is_none() || self.shared.readers.shared.is_none() {
+        if self.shared.readers.per_group().is_none() {
             return;
         }
         let blocking = reader.is_blocking();
@@ -497,18 +495,16 @@ impl Worker {
     /// it and it is quiet.
     async fn reconsider_reader(&mut self) {
         self.reader_switch_due = false;
-        let (Some(pool), Some(shared)) = (self.shared.readers.blocking.clone(), self.shared.readers.shared.clone())
-        else {
-            return;
-        };
+        let all = self.shared.clone();
+        let Some((pool, shared)) = all.readers.per_group() else { return };
         let Some(blocking) = self.reader.as_ref().map(Reader::is_blocking) else { return };
         let mode = if blocking {
             if reader::wants_blocking(self.demand, true) {
                 return;
             }
-            reader::Mode::Shared(shared)
+            reader::Mode::Shared(shared.clone())
         } else {
-            match self.blocking_connection(&pool, false).await {
+            match self.blocking_connection(pool).await {
                 Some(conn) => reader::Mode::Blocking(Box::new(conn)),
                 None => return,
             }
@@ -703,7 +699,7 @@ impl Worker {
         self.ledger.key_gate_checked(gates.iter().filter(|gate| **gate != Gate::Unkeyed).count());
         let now = Instant::now();
         if !entries.is_empty() {
-            self.found_reads += 1;
+            self.read_rate.found();
         }
         let mut oversized = Vec::new();
         // A `>` read hands each entry over for the first time: attempts 1.
@@ -723,7 +719,7 @@ impl Worker {
         // one is judged quiet over a whole beat, so a pause does not cost it
         // its connection.
         let sharing = self.reader.as_ref().is_some_and(|reader| !reader.is_blocking());
-        if sharing && now.duration_since(self.found_since) >= BUSY_MEASURE {
+        if sharing && self.read_rate.counted(now) >= BUSY_MEASURE {
             self.measure_reads(now);
             self.reader_switch_due = true;
         }
@@ -735,11 +731,9 @@ impl Worker {
     /// Sets the demand's reads per second from the reads that found entries
     /// since the last measure, and starts counting anew.
     fn measure_reads(&mut self, now: Instant) {
-        let seconds = now.duration_since(self.found_since).as_secs_f64();
-        if seconds > 0.0 {
-            self.demand.reads_per_second = f64::from(self.found_reads) / seconds;
+        if let Some(rate) = self.read_rate.measure(now) {
+            self.demand.reads_per_second = rate;
         }
-        (self.found_reads, self.found_since) = (0, now);
     }
 }
 
