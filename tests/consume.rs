@@ -1339,42 +1339,6 @@ async fn dead_lettering_an_entry_deleted_while_held_is_answered_not_pending() {
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0);
 }
 
-/// A new entry of `stream`, pending for a consumer `dead-peer` of `group` and
-/// idle for 700 s (appended and read in one MULTI, so no sidecar takes it
-/// first; then `XCLAIM … IDLE`): what a dead peer leaves behind.
-async fn dead_peers_idle_entry(con: &mut redis::aio::MultiplexedConnection, stream: &str, group: &str) -> String {
-    let (id, _): (String, redis::Value) = redis::pipe()
-        .atomic()
-        .cmd("XADD")
-        .arg(stream)
-        .arg("*")
-        .arg("k")
-        .arg("dead")
-        .cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(group)
-        .arg("dead-peer")
-        .arg("STREAMS")
-        .arg(stream)
-        .arg(">")
-        .query_async(con)
-        .await
-        .unwrap();
-    let _: redis::Value = redis::cmd("XCLAIM")
-        .arg(stream)
-        .arg(group)
-        .arg("dead-peer")
-        .arg(0)
-        .arg(&id)
-        .arg("IDLE")
-        .arg(700_000)
-        .arg("JUSTID")
-        .query_async(con)
-        .await
-        .unwrap();
-    id
-}
-
 /// The reclaim beat (XAUTOCLAIM) and the lease refresh (XCLAIM JUSTID) each
 /// drop a deleted entry from the PEL while a call still holds it: the call's
 /// later Ack and Fail are answered NOT_PENDING saying why (not LEASE_LOST),
@@ -1402,7 +1366,7 @@ async fn verdicts_on_an_entry_a_beat_found_deleted_say_so() {
         let held = consumer.deliveries(2, EVENT_TIMEOUT).await;
         let mut ids = vec![first.stream_id.clone(), second.stream_id.clone()];
         if beat == "reclaim beat" {
-            ids.push(dead_peers_idle_entry(&mut con, "s", "g").await);
+            ids.push(dead_peers_entry(&mut con, "s", "g", b"dead", Some(Duration::from_secs(700))).await);
         }
         // One XDEL, so that one pass of the beat finds them all.
         let _: i64 = redis::cmd("XDEL").arg("s").arg(&ids).query_async(&mut con).await.unwrap();

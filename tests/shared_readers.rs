@@ -247,23 +247,7 @@ async fn idle_groups_share_one_reclaim_probe_per_beat() {
     // A consumer that died holding an entry (appended and read in one
     // MULTI, so the sidecar's reader cannot take it first): the probe finds
     // it, and its group reclaims it.
-    let _: redis::Value = redis::pipe()
-        .atomic()
-        .cmd("XADD")
-        .arg(&streams[7])
-        .arg("*")
-        .arg("k")
-        .arg("orphan")
-        .cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg("g")
-        .arg("dead-peer")
-        .arg("STREAMS")
-        .arg(&streams[7])
-        .arg(">")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    dead_peers_entry(&mut con, &streams[7], "g", b"orphan", None).await;
     expect_each(&mut consumers, &[7], "orphan", EVENT_TIMEOUT).await;
     assert!(calls(&mut con, "xautoclaim").await > claims, "reclaimed with XAUTOCLAIM");
 }

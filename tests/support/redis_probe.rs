@@ -119,6 +119,51 @@ pub async fn xadd_raw_at(con: &mut MultiplexedConnection, stream: &str, id: &str
 }
 
 /// The pending count of a group (`XPENDING stream group` summary); errors (NOGROUP) as `Err`.
+/// A new entry of `stream` (`k` = `value`), pending for a consumer
+/// `dead-peer` of `group`: what a dead peer leaves behind. Appended and read
+/// in one MULTI, so no sidecar's reader takes it first; with `idle`, its idle
+/// time is then set to that (`XCLAIM … IDLE … JUSTID`). Returns its id.
+pub async fn dead_peers_entry(
+    con: &mut MultiplexedConnection,
+    stream: &str,
+    group: &str,
+    value: &[u8],
+    idle: Option<Duration>,
+) -> String {
+    let (id, _): (String, Value) = redis::pipe()
+        .atomic()
+        .cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("k")
+        .arg(value)
+        .cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg("dead-peer")
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(">")
+        .query_async(con)
+        .await
+        .expect("XADD and XREADGROUP in one MULTI");
+    if let Some(idle) = idle {
+        let _: Value = redis::cmd("XCLAIM")
+            .arg(stream)
+            .arg(group)
+            .arg("dead-peer")
+            .arg(0)
+            .arg(&id)
+            .arg("IDLE")
+            .arg(idle.as_millis() as u64)
+            .arg("JUSTID")
+            .query_async(con)
+            .await
+            .expect("XCLAIM IDLE");
+    }
+    id
+}
+
 pub async fn try_pending_count(con: &mut MultiplexedConnection, stream: &str, group: &str) -> redis::RedisResult<i64> {
     let v: Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(con).await?;
     Ok(as_int(&as_array(&v)[0]))
