@@ -138,7 +138,36 @@ impl RedisCluster {
                 }
             })
             .await;
+        if replicas_per_primary > 0 {
+            cluster.wait_replicas_acknowledge().await;
+        }
         cluster
+    }
+
+    /// Waits until every primary's replicas acknowledge a write (`SET` then
+    /// `WAIT`). A replica whose link is up may not take the replication stream
+    /// yet: after a diskless full sync its primary feeds it only once the
+    /// replica's first `REPLCONF ACK` arrives, up to a second later, so a test's
+    /// first `WAIT` could time out on a healthy cluster.
+    async fn wait_replicas_acknowledge(&self) {
+        let want = self.replicas_per_primary as i64;
+        let topology = self.topology().await;
+        for key in self.key_per_primary("ready").await {
+            let port = topology.primary_of_slot(key_slot(&key));
+            let mut probe = redis::pipe();
+            probe.cmd("SET").arg(&key).arg(1).ignore().cmd("WAIT").arg(want).arg(200).cmd("DEL").arg(&key).ignore();
+            let deadline = Instant::now() + START_TIMEOUT;
+            loop {
+                match ask_pipe::<(i64,)>(port, &probe).await {
+                    Ok((acknowledged,)) if acknowledged >= want => break,
+                    outcome => assert!(
+                        Instant::now() < deadline,
+                        "the replicas of :{port} did not acknowledge a write within {START_TIMEOUT:?} ({outcome:?})\n{}",
+                        self.log_tails()
+                    ),
+                }
+            }
+        }
     }
 
     /// `redis-cli --cluster create` on all nodes (off the runtime's threads: it
