@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench scale
 //! ECHOMQ_SCALE_STAGES=1,10,100 ECHOMQ_SCALE_FLEET=20 cargo bench --bench scale
-//! ECHOMQ_SCALE_SIDECAR_ARGS="--shared-readers auto" cargo bench --bench scale   # shared readers (opt-in)
+//! ECHOMQ_SCALE_SIDECAR_ARGS="--shared-readers off" cargo bench --bench scale    # every reader blocks
 //! ```
 //!
 //! It starts its own `redis-server` (free loopback port, no persistence) and,

@@ -62,6 +62,7 @@ async fn primary_with_replica() -> (RedisServer, RedisServer) {
     .await;
     assert!(up, "the replica's link did not come up; its log:\n{}", replica.log());
     let _: String = redis::cmd("PING").query_async(&mut con).await.unwrap();
+    wait_replicas_acknowledge(&mut primary.conn().await, "ready", 1).await;
     (primary, replica)
 }
 

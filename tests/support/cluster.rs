@@ -20,7 +20,7 @@ use redis::cluster_routing::Slot;
 use redis::Value;
 
 use super::process::{tail, unique, EVENT_TIMEOUT, START_TIMEOUT};
-use super::redis_probe::{as_array, as_int};
+use super::redis_probe::{as_array, as_int, wait_replicas_acknowledge};
 use super::redis_server::{RedisOptions, RedisServer};
 
 /// Redis Cluster's hash slots: 0..16384.
@@ -144,29 +144,14 @@ impl RedisCluster {
         cluster
     }
 
-    /// Waits until every primary's replicas acknowledge a write (`SET` then
-    /// `WAIT`). A replica whose link is up may not take the replication stream
-    /// yet: after a diskless full sync its primary feeds it only once the
-    /// replica's first `REPLCONF ACK` arrives, up to a second later, so a test's
-    /// first `WAIT` could time out on a healthy cluster.
+    /// Waits until every primary's replicas acknowledge a write (see
+    /// [`wait_replicas_acknowledge`]).
     async fn wait_replicas_acknowledge(&self) {
-        let want = self.replicas_per_primary as i64;
         let topology = self.topology().await;
         for key in self.key_per_primary("ready").await {
             let port = topology.primary_of_slot(key_slot(&key));
-            let mut probe = redis::pipe();
-            probe.cmd("SET").arg(&key).arg(1).ignore().cmd("WAIT").arg(want).arg(200).cmd("DEL").arg(&key).ignore();
-            let deadline = Instant::now() + START_TIMEOUT;
-            loop {
-                match ask_pipe::<(i64,)>(port, &probe).await {
-                    Ok((acknowledged,)) if acknowledged >= want => break,
-                    outcome => assert!(
-                        Instant::now() < deadline,
-                        "the replicas of :{port} did not acknowledge a write within {START_TIMEOUT:?} ({outcome:?})\n{}",
-                        self.log_tails()
-                    ),
-                }
-            }
+            let mut con = self.nodes.iter().find(|n| n.port() == port).expect("the primary's node").conn().await;
+            wait_replicas_acknowledge(&mut con, &key, self.replicas_per_primary as i64).await;
         }
     }
 

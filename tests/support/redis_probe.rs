@@ -94,6 +94,29 @@ pub async fn wait_no_blocked_readers(con: &mut MultiplexedConnection) {
     assert!(stopped, "a client is still blocked in Redis after {EVENT_TIMEOUT:?}");
 }
 
+/// Waits (up to 30 s) until `replicas` replicas of the primary behind `con`
+/// acknowledge a write (`SET key`, `WAIT replicas 200`, `DEL key`). A replica
+/// whose link is up may not take the replication stream yet: after a diskless
+/// full sync its primary feeds it only once the replica's first `REPLCONF
+/// ACK` arrives, up to a second later (the primary logs "Waiting for REPLCONF
+/// ACK from replica to enable streaming"), so a test's first `WAIT` could
+/// time out on a healthy deployment of a loaded machine.
+pub async fn wait_replicas_acknowledge(con: &mut MultiplexedConnection, key: &str, replicas: i64) {
+    let mut probe = redis::pipe();
+    probe.cmd("SET").arg(key).arg(1).ignore().cmd("WAIT").arg(replicas).arg(200).cmd("DEL").arg(key).ignore();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let outcome: redis::RedisResult<(i64,)> = probe.query_async(con).await;
+        match outcome {
+            Ok((acknowledged,)) if acknowledged >= replicas => return,
+            outcome => assert!(
+                Instant::now() < deadline,
+                "{replicas} replicas did not acknowledge a write within 30 s ({outcome:?})"
+            ),
+        }
+    }
+}
+
 pub async fn xlen(con: &mut MultiplexedConnection, stream: &str) -> i64 {
     redis::cmd("XLEN").arg(stream).query_async(con).await.expect("XLEN")
 }

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::process::{free_port, kill_child, print_logs_requested, read_log, tail, tcp_accepts, TempDir};
+use super::redis_probe::wait_replicas_acknowledge;
 use super::redis_server::{RedisOptions, RedisServer};
 
 /// The master name the Sentinels monitor.
@@ -133,7 +134,7 @@ impl SentinelDeployment {
             let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap_or_default();
             let online = info.lines().filter(|line| line.starts_with("slave") && line.contains("state=online")).count();
             if online >= replicas {
-                return;
+                return wait_replicas_acknowledge(&mut conn, "ready", replicas as i64).await;
             }
             assert!(Instant::now() < deadline, "the replicas did not sync within 30 s:\n{info}");
             tokio::time::sleep(Duration::from_millis(50)).await;
