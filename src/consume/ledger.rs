@@ -273,7 +273,9 @@ pub(crate) struct Ledger<D> {
     draining: bool,
     /// The group's settings, set by the first call and shared by the others.
     settings: Option<GroupPolicy>,
-    calls: HashMap<SessionId, Call>,
+    /// Boxed: a map's first allocation holds room for four values, and most
+    /// groups have one call.
+    calls: HashMap<SessionId, Box<Call>>,
     entries: IdMap<StreamId, Track>,
     waiting: BTreeSet<(Instant, StreamId)>,
     ready: VecDeque<Outgoing<D>>,
@@ -367,7 +369,7 @@ impl<D> Ledger<D> {
         let window =
             if policy.adaptive { Window::adaptive(policy.max_in_flight) } else { Window::fixed(policy.max_in_flight) };
         let call = Call { shard, policy, window, held: IdMap::default(), gone: IdMap::default(), closed: false };
-        self.calls.insert(session, call);
+        self.calls.insert(session, Box::new(call));
         Ok(())
     }
 
@@ -424,7 +426,7 @@ impl<D> Ledger<D> {
 
     /// Free slots of the calls (entries).
     fn slots(&self) -> usize {
-        self.calls.values().map(Call::free).sum()
+        self.calls.values().map(|call| call.free()).sum()
     }
 
     /// Credit for due re-deliveries: the blocking read's share is not counted,

@@ -506,7 +506,7 @@ impl ConsumerService for Consumers {
         // held: the worker is told the call ended, as on any other end.
         let detach = workers.clone();
         let shards = session::Shards::new(workers, streams);
-        let relay = tokio::spawn(session::relay(
+        let relay = tokio::spawn(session::relay(Box::new(session::Relay {
             session,
             inbound,
             events,
@@ -516,7 +516,7 @@ impl ConsumerService for Consumers {
             closing,
             verdict_errors,
             emit_rules,
-        ));
+        })));
         // Spawned after the relay, so that this task, which lives as long
         // as the call, does not hold room for the relay's arguments.
         tokio::spawn(async move {

@@ -199,7 +199,9 @@ pub(crate) struct KeyedRead {
 /// reads goes back to the pool.
 pub(crate) struct Reader {
     requests: mpsc::Sender<usize>,
-    results: mpsc::Receiver<RedisResult<Read>>,
+    /// Boxed: a channel allocates room for 32 messages when it is made, and
+    /// each group holds this one for as long as it is served.
+    results: mpsc::Receiver<Box<RedisResult<Read>>>,
     /// Ends a shared reader's wait: read now.
     kick: Arc<Notify>,
     /// With `kick`: end the wait and report an empty read instead of reading.
@@ -286,7 +288,7 @@ impl Drop for Reader {
 pub(crate) async fn next_read(reader: &mut Option<Reader>) -> RedisResult<Read> {
     if let Some(reader) = reader {
         if let Some(result) = reader.results.recv().await {
-            return result;
+            return *result;
         }
     }
     std::future::pending().await
@@ -297,7 +299,7 @@ async fn read_loop(
     mut conn: ReaderConnection,
     target: Target,
     mut requests: mpsc::Receiver<usize>,
-    results: mpsc::Sender<RedisResult<Read>>,
+    results: mpsc::Sender<Box<RedisResult<Read>>>,
 ) {
     while let Some(count) = requests.recv().await {
         let result = match &target.keyed {
@@ -308,7 +310,7 @@ async fn read_loop(
                 conn.read(&read).await.map(|entries| Read { entries, gates: Vec::new() })
             }
         };
-        if results.send(result).await.is_err() {
+        if results.send(Box::new(result)).await.is_err() {
             return;
         }
     }
@@ -369,7 +371,7 @@ async fn shared_loop(
     SharedReads { hub, pool }: SharedReads,
     target: Target,
     mut requests: mpsc::Receiver<usize>,
-    results: mpsc::Sender<RedisResult<Read>>,
+    results: mpsc::Sender<Box<RedisResult<Read>>>,
     wake: Wake,
 ) {
     // Taken before a read that left the group at the stream's end.
@@ -406,7 +408,7 @@ async fn shared_loop(
                 (Err(e), _) => break Err(e),
             }
         };
-        if results.send(result).await.is_err() {
+        if results.send(Box::new(result)).await.is_err() {
             return;
         }
     }

@@ -234,24 +234,41 @@ impl Shards {
     }
 }
 
+/// What a call's relay works with: the call's two directions and where its
+/// verdicts go.
+pub(super) struct Relay {
+    pub(super) session: SessionId,
+    pub(super) inbound: Streaming<ConsumeRequest>,
+    pub(super) events: mpsc::UnboundedReceiver<Event>,
+    pub(super) outbound: Outbound,
+    pub(super) shards: Shards,
+    pub(super) framing: Framing,
+    pub(super) closing: watch::Receiver<bool>,
+    /// The verdict errors the relay answers itself are counted here (the
+    /// call's first shard's: such a verdict names no shard).
+    pub(super) verdict_errors: VerdictErrors,
+    pub(super) emit_rules: EmitRules,
+}
+
 /// Runs until the client closes its side, the call breaks, a second subscribe
 /// arrives, or the sidecar closes calls on shutdown; then detaches the call
 /// from its workers, which return what the call held to the PEL's waiting set.
 ///
-/// The verdict errors the relay answers itself are counted in
-/// `verdict_errors` (the call's first shard's: such a verdict names no shard).
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn relay(
-    session: SessionId,
-    mut inbound: Streaming<ConsumeRequest>,
-    mut events: mpsc::UnboundedReceiver<Event>,
-    outbound: Outbound,
-    mut shards: Shards,
-    framing: Framing,
-    mut closing: watch::Receiver<bool>,
-    verdict_errors: VerdictErrors,
-    emit_rules: EmitRules,
-) {
+/// `relay` comes boxed, and the ending runs boxed too: the task lives as long
+/// as the call, and an async fn keeps room for its arguments beside the
+/// locals they move into, and for its largest step, for its whole life.
+pub(super) async fn relay(relay: Box<Relay>) {
+    let Relay {
+        session,
+        mut inbound,
+        mut events,
+        outbound,
+        mut shards,
+        framing,
+        mut closing,
+        verdict_errors,
+        emit_rules,
+    } = *relay;
     // Whether the client still reads: after it closes its side, the errors
     // of its last verdicts are still sent before the call ends.
     let mut listening = true;
@@ -304,6 +321,21 @@ pub(super) async fn relay(
             true = async { closing.wait_for(|closing| *closing).await.is_ok() } => break Some(Error::ShuttingDown.into()),
         }
     };
+    Box::pin(end(session, ending, listening, next, events, outbound, shards)).await;
+}
+
+/// The end of a call: detaches it from its workers, waits (bounded) until
+/// its verdicts have reached Redis, sends the answers still queued and the
+/// ending status.
+async fn end(
+    session: SessionId,
+    ending: Option<Status>,
+    mut listening: bool,
+    next: Option<Next>,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    outbound: Outbound,
+    mut shards: Shards,
+) {
     // The call ends only once its verdicts have reached Redis (bounded, should
     // Redis be down), so a client that sees it end can count on its acks.
     let mut applied = Vec::with_capacity(shards.workers.len());
