@@ -25,7 +25,7 @@ use tonic::{Status, Streaming};
 use tracing::debug;
 
 use super::{
-    commands::{Command, Event},
+    commands::{AckEmit, Command, Event, Extend},
     emits::EmitRules,
     ledger::FailVerdict,
     orders::{FailKind, SessionId},
@@ -404,7 +404,7 @@ async fn forward(
             let Some(id) = parse_id(&ack_emit.id, outbound, counted).await else { return Ok(()) };
             let shard = shards.route(&id);
             match emit_rules.check(&shards.streams[shard], ack_emit.emits) {
-                Ok(emits) => shards.send(shard, Command::AckEmit { session, text: ack_emit.id, id, emits }).await?,
+                Ok(emits) => shards.send(shard, Command::AckEmit { session, ack_emit: Box::new(AckEmit { text: ack_emit.id, id, emits }) }).await?,
                 Err(refusal) => reject(outbound, counted, refusal.error(&ack_emit.id)).await,
             }
             Ok(())
@@ -450,7 +450,7 @@ async fn forward(
                 }
             };
             for (shard, ids) in by_shard(extend.ids, outbound, shards, counted).await {
-                shards.send(shard, Command::Extend { session, ids, by }).await?;
+                shards.send(shard, Command::Extend { session, extend: Box::new(Extend { ids, by }) }).await?;
             }
             Ok(())
         }

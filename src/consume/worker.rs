@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     ack_emit,
-    commands::Command,
+    commands::{AckEmit, Command},
     dead_letter,
     delivery::{self, Outgoing},
     gauges, hygiene,
@@ -317,8 +317,11 @@ impl Worker {
             }
             Command::Fail { session, fail } => self.ledger.fail(session, *fail, now),
             Command::Release { session, ids } => self.ledger.release(session, ids, now),
-            Command::AckEmit { session, text, id, emits } => self.ledger.ack_emit(session, text, id, emits, now),
-            Command::Extend { session, ids, by } => self.ledger.extend(session, ids, by, now),
+            Command::AckEmit { session, ack_emit } => {
+                let AckEmit { text, id, emits } = *ack_emit;
+                self.ledger.ack_emit(session, text, id, emits, now)
+            }
+            Command::Extend { session, extend } => self.ledger.extend(session, extend.ids, extend.by, now),
             Command::Drain { session } => {
                 self.ledger.drain_call(session);
                 // A read blocked for the drained calls would take entries
