@@ -143,6 +143,35 @@ async fn two_hundred_groups_subscribe_on_four_connections_and_get_their_entries(
     drop(consumers);
 }
 
+/// Groups that find entries waiting when they subscribe keep sharing: the
+/// first reads, done within milliseconds of the workers' start, are no read
+/// rate. (Measured from the first beat, one read found 3 ms in was "333
+/// reads a second" and the group blocked for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_waiting_at_subscribe_do_not_make_a_group_busy() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, shared()).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("waiting", 30);
+    let all: Vec<usize> = (0..streams.len()).collect();
+    for n in 0..3 {
+        xadd_each(&mut con, &streams, &all, &format!("early-{n}")).await;
+    }
+
+    let mut consumers = Vec::with_capacity(streams.len());
+    for stream in &streams {
+        consumers.push(Consumer::start(&sidecar, stream, "g", GroupStart::Beginning, 0).await);
+    }
+    expect_each(&mut consumers, &all, "early-2", EVENT_TIMEOUT).await;
+    // Past the read rate's span and the first beats.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    assert_eq!(sidecar.counter("echomq_reader_blocking").await, 0.0, "no group blocks");
+    let clients = sidecar_clients(&mut con).await;
+    assert!(clients.len() <= 4, "the sidecar holds {} Redis connections: {clients:?}", clients.len());
+    drop(consumers);
+}
+
 /// Idle groups send no reads: no XREADGROUP and no XLEN over three
 /// `--read-block-ms` periods (blocking readers would time out and read again
 /// three times each).

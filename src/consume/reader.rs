@@ -130,6 +130,11 @@ pub(crate) struct Demand {
     pub(crate) reads_per_second: f64,
 }
 
+/// The shortest span a group's read rate is measured over
+/// (`--shared-readers auto`): a shared reader that turns busy blocks within
+/// about this long.
+pub(crate) const READ_RATE_SPAN: Duration = Duration::from_secs(1);
+
 /// How often a group's reads find entries: counted read by read, turned
 /// into [`Demand::reads_per_second`] at each measure.
 #[derive(Clone, Copy, Debug)]
@@ -155,13 +160,18 @@ impl ReadRate {
         now.duration_since(self.since)
     }
 
-    /// Reads that found entries per second since the last measure (`None`
-    /// when no time passed), and counting anew from `now`.
+    /// Reads that found entries per second since the last measure, and
+    /// counting anew from `now`; `None`, counting on, before
+    /// [`READ_RATE_SPAN`] has passed: one read that found the entries already
+    /// waiting 3 ms after a group's worker started is not 300 a second.
     pub(crate) fn measure(&mut self, now: Instant) -> Option<f64> {
-        let seconds = self.counted(now).as_secs_f64();
-        let rate = (seconds > 0.0).then(|| f64::from(self.found) / seconds);
+        let counted = self.counted(now);
+        if counted < READ_RATE_SPAN {
+            return None;
+        }
+        let rate = f64::from(self.found) / counted.as_secs_f64();
         *self = ReadRate::new(now);
-        rate
+        Some(rate)
     }
 }
 
@@ -551,10 +561,12 @@ mod tests {
         let start = Instant::now();
         let mut rate = ReadRate::new(start);
         assert_eq!(rate.measure(start), None, "no time passed");
-        for _ in 0..30 {
+        rate.found();
+        assert_eq!(rate.measure(start + Duration::from_millis(3)), None, "one read in 3 ms is no rate");
+        for _ in 0..29 {
             rate.found();
         }
-        assert_eq!(rate.measure(start + Duration::from_secs(2)), Some(15.0));
+        assert_eq!(rate.measure(start + Duration::from_secs(2)), Some(15.0), "the early read still counts");
         assert_eq!(rate.counted(start + Duration::from_secs(3)), Duration::from_secs(1), "counting from the measure");
         assert_eq!(rate.measure(start + Duration::from_secs(4)), Some(0.0));
     }

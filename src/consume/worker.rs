@@ -84,9 +84,6 @@ const FRAME_OVERHEAD: usize = 16;
 const DEADLINE_CHECK: Duration = Duration::from_millis(100);
 /// How many XAUTOCLAIM pages one reclaim beat may walk.
 const RECLAIM_PAGES_PER_BEAT: usize = 8;
-/// How long a shared reader's reads are counted before the group is judged
-/// busy or not (`--shared-readers auto`).
-const BUSY_MEASURE: Duration = Duration::from_secs(1);
 /// Commands taken in one go, so that their acks reach Redis as one script run.
 const COMMANDS_PER_TURN: usize = 1024;
 
@@ -722,8 +719,7 @@ impl Worker {
         // one is judged quiet over a whole beat, so a pause does not cost it
         // its connection.
         let sharing = self.reader.as_ref().is_some_and(|reader| !reader.is_blocking());
-        if sharing && self.read_rate.counted(now) >= BUSY_MEASURE {
-            self.measure_reads(now);
+        if sharing && self.measure_reads(now) {
             self.reader_switch_due = true;
         }
         if self.reader_switch_due {
@@ -732,11 +728,12 @@ impl Worker {
     }
 
     /// Sets the demand's reads per second from the reads that found entries
-    /// since the last measure, and starts counting anew.
-    fn measure_reads(&mut self, now: Instant) {
-        if let Some(rate) = self.read_rate.measure(now) {
-            self.demand.reads_per_second = rate;
-        }
+    /// since the last measure, and starts counting anew; false, leaving the
+    /// demand as it was, until a rate can be told (see [`reader::ReadRate::measure`]).
+    fn measure_reads(&mut self, now: Instant) -> bool {
+        let Some(rate) = self.read_rate.measure(now) else { return false };
+        self.demand.reads_per_second = rate;
+        true
     }
 }
 
