@@ -31,6 +31,9 @@ pub const DEFAULT_READ_BLOCK: Duration = Duration::from_secs(2);
 pub const DEFAULT_KEY_WAIT_POLL: Duration = Duration::from_millis(20);
 /// Default most Consume calls open at once.
 pub const DEFAULT_MAX_CONSUME_CALLS: usize = 1_024;
+/// Highest `--max-consume-calls`: far above what one sidecar serves (each
+/// call holds a subscription), and within what its call counter can hold.
+pub const MAX_CONSUME_CALLS: u64 = 1_000_000;
 
 /// How Consume calls are served.
 #[derive(Clone, Debug, Args)]
@@ -59,8 +62,8 @@ pub struct ConsumeConfig {
     /// keeps up and shrinks (by a quarter, down to 8) when it falls behind,
     /// judged by the time from delivery to verdict. A subscription that sets
     /// `max_in_flight` gets exactly that, fixed.
-    /// Unset: 1024, or `--max-in-flight-limit` if that is lower (see
-    /// [`Consume::default_max_in_flight`]).
+    /// Unset: 1024, or `--max-in-flight-limit` if that is lower (docs:
+    /// How Consume behaves, "Flow control").
     #[arg(id = "default_max_in_flight", long = "default-max-in-flight", value_name = "DEFAULT_MAX_IN_FLIGHT", env = "ECHOMQ_DEFAULT_MAX_IN_FLIGHT",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub default_max_in_flight_set: Option<u32>,
@@ -114,8 +117,9 @@ pub struct ConsumeConfig {
           default_value = default_millis!(DEFAULT_KEY_WAIT_POLL), value_parser = millis::within(1..))]
     pub key_wait_poll: Duration,
 
-    /// Most Consume calls open at once (RESOURCE_EXHAUSTED above).
-    #[arg(long, env = "ECHOMQ_MAX_CONSUME_CALLS", default_value_t = DEFAULT_MAX_CONSUME_CALLS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    /// Most Consume calls open at once (RESOURCE_EXHAUSTED above); 1 to 1,000,000.
+    #[arg(long, env = "ECHOMQ_MAX_CONSUME_CALLS", default_value_t = DEFAULT_MAX_CONSUME_CALLS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_CONSUME_CALLS))]
     pub max_consume_calls: usize,
 }
 

@@ -343,6 +343,13 @@ mod tests {
         assert!(parse(&["--shared-readers", "maybe"]).is_err());
         assert!(parse(&["--reader-connections", "0"]).is_err(), "no reader could ever read");
         assert!(parse(&["--shared-reader-connections", "0"]).is_err(), "no shared read could ever run");
+        for flag in ["--reader-connections", "--shared-reader-connections"] {
+            assert!(parse(&[flag, "10000"]).is_ok());
+            assert!(parse(&[flag, "10001"]).is_err(), "{flag}: past Redis' default maxclients");
+            assert!(parse(&[flag, "18446744073709551615"]).is_err(), "{flag}: refused, not a failed allocation");
+        }
+        assert!(parse(&["--max-consume-calls", "1000000"]).is_ok());
+        assert!(parse(&["--max-consume-calls", "18446744073709551615"]).is_err(), "past the call counter");
     }
 
     #[test]

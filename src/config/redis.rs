@@ -19,6 +19,11 @@ pub const DEFAULT_READER_CONNECTIONS: usize = 64;
 /// sidecar whose groups all share holds at most four connections to Redis (the shared one, the wake
 /// connection and these two).
 pub const DEFAULT_SHARED_READER_CONNECTIONS: usize = 2;
+/// Most connections either reader pool may be given (`--reader-connections`,
+/// `--shared-reader-connections`): Redis' default `maxclients`. A pool keeps a
+/// slot for each connection it may hold, made at start, so an unbounded value
+/// would fail the start on memory rather than on a message.
+pub const MAX_READER_CONNECTIONS: u64 = 10_000;
 /// With `--shared-readers auto`, a group read by more sidecars than this (by their heartbeats)
 /// blocks: every new entry wakes each sidecar that shares a group's reads, so the work an entry
 /// costs grows with them, while Redis hands an entry to one blocked reader for free.
@@ -28,9 +33,10 @@ pub const SHARED_MOST_SIDECARS: usize = 4;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SharedReaders {
     /// Per group, on a single server (or Sentinel) that accepts RESP3 and `CLIENT TRACKING`: shared
-    /// while at most [`SHARED_MOST_SIDECARS`] sidecars read the group and it is quiet, blocking
-    /// beyond (while a blocking connection is free; shared otherwise: nothing is refused). Blocking readers on a
-    /// cluster, or when the server refuses RESP3 or tracking (logged once, as a warning).
+    /// while at most 4 sidecars read the group and it is quiet, blocking beyond (while a blocking
+    /// connection is free; shared otherwise: nothing is refused), shared again at 2 sidecars or fewer
+    /// once quiet. Blocking readers on a cluster, or when the server refuses RESP3 or tracking
+    /// (logged once, as a warning).
     Auto,
     /// Shared, whatever the group; the sidecar refuses to start where it cannot be (a cluster, a
     /// server or ACL that refuses RESP3 or `CLIENT TRACKING`).
@@ -98,30 +104,32 @@ pub struct RedisConfig {
     /// is held by one (stream, group) whose reader blocks (a sharded stream: one per shard) while it
     /// has calls. With --shared-readers off (or on a cluster) every group's reader blocks, and a
     /// subscribe that finds none free within a second is refused RESOURCE_EXHAUSTED; with auto, only
-    /// groups read by many sidecars block, and one that finds none free shares instead.
+    /// groups read by many sidecars block, and one that finds none free shares instead. 1 to 10,000.
     #[arg(id = "reader_connections", long = "reader-connections", value_name = "READER_CONNECTIONS", env = "ECHOMQ_READER_CONNECTIONS",
           default_value_t = DEFAULT_READER_CONNECTIONS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_READER_CONNECTIONS))]
     pub reader_connections: usize,
 
     /// Size of the shared readers' pool: every shared group's reads take turns on these, one
-    /// non-blocking XREADGROUP at a time, so no subscribe is refused for want of one.
+    /// non-blocking XREADGROUP at a time, so no subscribe is refused for want of one. 1 to 10,000.
     #[arg(id = "shared_reader_connections", long = "shared-reader-connections", value_name = "SHARED_READER_CONNECTIONS",
           env = "ECHOMQ_SHARED_READER_CONNECTIONS", default_value_t = DEFAULT_SHARED_READER_CONNECTIONS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_READER_CONNECTIONS))]
     pub shared_reader_connections: usize,
 
     /// How the groups' readers wait for new entries. Shared readers: one connection per sidecar,
     /// `echomq-wake`, tracks the streams read (CLIENT TRACKING), and a group reads with a short
     /// non-blocking XREADGROUP when Redis says its stream changed, on a small pool
-    /// (--shared-reader-connections): a sidecar serving a thousand groups holds four connections. But
-    /// every new entry wakes each sidecar sharing the group's reads. Blocking readers: one connection
-    /// per (stream, group), blocked in XREADGROUP BLOCK, to which Redis hands an entry directly.
-    /// `auto` chooses per group: shared while at most 4 sidecars read it (their heartbeats say) and
-    /// its reads find entries at most 10 times a second, blocking beyond (a busy group gets its
-    /// entries sooner on a connection of its own); blocking on a cluster or where the server refuses
-    /// RESP3 (HELLO 3) or CLIENT TRACKING (logged as a warning). `on`: shared for every group, or refuse to start. `off`:
-    /// blocking for every group.
+    /// (--shared-reader-connections): a sidecar serving a thousand quiet groups holds four
+    /// connections. But every new entry wakes each sidecar sharing the group's reads. Blocking
+    /// readers: one connection per (stream, group), blocked in XREADGROUP BLOCK, to which Redis hands
+    /// an entry directly. `auto` chooses per group: shared while at most 4 sidecars read it (their
+    /// heartbeats say) and its reads find entries at most 10 times a second (over a second at
+    /// least), blocking beyond (a busy group gets its entries sooner on a connection of its own);
+    /// a blocking group shares again once at most 2 sidecars read it and its reads find entries
+    /// under 2 times a second over a hygiene beat, so neither a fleet of 3 or 4 nor a pause flaps it.
+    /// Blocking on a cluster or where the server refuses RESP3 (HELLO 3) or CLIENT TRACKING (logged as
+    /// a warning). `on`: shared for every group, or refuse to start. `off`: blocking for every group.
     #[arg(long, env = "ECHOMQ_SHARED_READERS", value_enum, default_value_t = SharedReaders::Auto)]
     pub shared_readers: SharedReaders,
 }

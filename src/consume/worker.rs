@@ -511,7 +511,8 @@ impl Worker {
         };
         let reader::Demand { sidecars, reads_per_second } = self.demand;
         let now = if blocking { "shares again" } else { "blocks on a connection of its own now" };
-        info!(stream = %self.keys.stream, group = %self.keys.group, sidecars, reads_per_second, blocking = !blocking, "its reader {now} (--shared-readers auto): {sidecars} sidecars serve the group, and its reads found entries {reads_per_second:.1} times a second");
+        let serve = if sidecars == 1 { "1 sidecar serves" } else { &format!("{sidecars} sidecars serve") };
+        info!(stream = %self.keys.stream, group = %self.keys.group, sidecars, reads_per_second, blocking = !blocking, "its reader {now} (--shared-readers auto): {serve} the group, and its reads found entries {reads_per_second:.1} times a second");
         self.stop_reading();
         self.spawn_reader(mode);
     }
