@@ -404,7 +404,14 @@ async fn forward(
             let Some(id) = parse_id(&ack_emit.id, outbound, counted).await else { return Ok(()) };
             let shard = shards.route(&id);
             match emit_rules.check(&shards.streams[shard], ack_emit.emits) {
-                Ok(emits) => shards.send(shard, Command::AckEmit { session, ack_emit: Box::new(AckEmit { text: ack_emit.id, id, emits }) }).await?,
+                Ok(emits) => {
+                    shards
+                        .send(
+                            shard,
+                            Command::AckEmit { session, ack_emit: Box::new(AckEmit { text: ack_emit.id, id, emits }) },
+                        )
+                        .await?
+                }
                 Err(refusal) => reject(outbound, counted, refusal.error(&ack_emit.id)).await,
             }
             Ok(())
