@@ -50,7 +50,7 @@ where
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstDecoder::new(BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD_BYTES))
+        ProstDecoder::new(settings())
     }
 }
 
@@ -77,6 +77,12 @@ impl<T: prost::Message> Encoder for ReservingEncoder<T> {
     }
 
     fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD_BYTES)
+        settings()
     }
+}
+
+/// Both directions' buffer settings: [`BUFFER_BYTES`] first, writes gathered
+/// up to [`YIELD_THRESHOLD_BYTES`].
+fn settings() -> BufferSettings {
+    BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD_BYTES)
 }

@@ -156,7 +156,7 @@ impl ReadRate {
     }
 
     /// How long it has counted by `now`.
-    pub(crate) fn counted(&self, now: Instant) -> Duration {
+    fn counted(&self, now: Instant) -> Duration {
         now.duration_since(self.since)
     }
 
