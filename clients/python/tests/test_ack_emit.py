@@ -103,10 +103,17 @@ async def test_an_entry_a_peer_took_gets_no_emits_and_no_verdict(
         await until("the refusal", lambda: len(outcome) == 1)
 
     [refused] = outcome
-    assert refused.code is VerdictErrorCode.LEASE_LOST and not refused.held
+    # The sidecar's lease refresh may notice the steal before the handler answers: then the call
+    # was told LEASE_LOST first and the AckEmit is never sent.
+    told_first = refused.code is None
+    if told_first:
+        assert "not sent: the lease was lost" in str(refused)
+    else:
+        assert refused.code is VerdictErrorCode.LEASE_LOST
+    assert not refused.held
     assert delivery.settled, "a refusal other than a bad emit settles the delivery"
     assert redis_client.xlen(sink) == 0, "a call that lost its entry never writes its emits"
-    assert sum(wire.ack_emits.values()) == 1 and not wire.acks, "one AckEmit, and no Ack"
+    assert sum(wire.ack_emits.values()) == (0 if told_first else 1) and not wire.acks, "at most one AckEmit, no Ack"
     assert wire.fails == 0, "no Fail follows the refusal: the entry is the peer's"
     [(_, owner, _, _)] = [
         (e["message_id"], e["consumer"], e["time_since_delivered"], e["times_delivered"])

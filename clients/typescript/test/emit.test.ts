@@ -104,11 +104,15 @@ describe('ackEmit against a real sidecar', () => {
     await done;
     const refused = outcome[0];
     assert.ok(refused instanceof AckEmitError, `rejected with ${String(refused)}`);
-    assert.equal(refused.code, 'LEASE_LOST');
+    // The sidecar's lease refresh may notice the steal before the handler answers: then the call
+    // was told LEASE_LOST first and the AckEmit is never sent.
+    const toldFirst = refused.code === undefined;
+    if (toldFirst) assert.match(refused.message, /not sent: the lease was lost/);
+    else assert.equal(refused.code, 'LEASE_LOST');
     assert.equal(refused.held, false);
     assert.equal(started[0]!.settled, true, 'a refusal other than a bad emit settles the delivery');
     assert.equal(await fixture.xlen(sink), 0, 'a call that lost its entry never writes its emits');
-    assert.deepEqual(recorder.sent, { acks: 0, fails: 0, ackEmits: 1 });
+    assert.deepEqual(recorder.sent, { acks: 0, fails: 0, ackEmits: toldFirst ? 0 : 1 });
     const pending = (await fixture.redis.command('XPENDING', source, GROUP, '-', '+', '10')) as [Buffer, Buffer][];
     assert.deepEqual(pending.map((row) => row[1]!.toString('utf8')), ['thief']);
   });

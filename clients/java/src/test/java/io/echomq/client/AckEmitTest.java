@@ -151,11 +151,21 @@ class AckEmitTest {
       Object result = outcome.get(30, TimeUnit.SECONDS);
       assertTrue(result instanceof AckEmitException, "ackEmit of a stolen entry: " + result);
       AckEmitException refused = (AckEmitException) result;
-      assertEquals(VerdictError.Code.LEASE_LOST, refused.code());
+      // The sidecar's lease refresh may notice the steal before the handler answers: then the
+      // call was told LEASE_LOST first and the AckEmit is never sent.
+      boolean toldFirst = refused.code() == null;
+      if (toldFirst) {
+        assertTrue(refused.getMessage().contains("not sent: the lease was lost"), refused.getMessage());
+      } else {
+        assertEquals(VerdictError.Code.LEASE_LOST, refused.code());
+      }
       assertFalse(refused.isHeld());
       assertTrue(started.get(0).isSettled(), "a refusal other than a bad emit settles the delivery");
+      assertEquals(
+          toldFirst ? List.of() : List.of("ackEmit " + appended.id()),
+          List.copyOf(sent),
+          "at most one AckEmit, no Ack or Fail");
     }
-    assertEquals(List.of("ackEmit " + appended.id()), List.copyOf(sent), "one AckEmit, no Ack or Fail");
     try (Resp redis = fixture.redis()) {
       assertEquals(0L, redis.callLong("XLEN", sink), "a call that lost its entry never writes its emits");
       List<?> pending = (List<?>) redis.call("XPENDING", source, "g", "-", "+", "10");
