@@ -67,6 +67,8 @@ pub use self::{
 #[command(
     name = "echomq-sidecar",
     version,
+    // `--reader-connections -1` is a bad value, said as such, not an unknown flag.
+    allow_negative_numbers = true,
     about = "Owns Redis Streams consumer groups and hands deliveries to services in any language over gRPC.",
     after_help = "Log verbosity follows ECHOMQ_LOG (tracing filter syntax, e.g. `info,echomq=debug`; default `info`).\nTraces are exported over OTLP gRPC when OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set; the other standard OTEL_* variables apply."
 )]
@@ -347,6 +349,9 @@ mod tests {
             assert!(parse(&[flag, "10000"]).is_ok());
             assert!(parse(&[flag, "10001"]).is_err(), "{flag}: past Redis' default maxclients");
             assert!(parse(&[flag, "18446744073709551615"]).is_err(), "{flag}: refused, not a failed allocation");
+            let negative = parse(&[flag, "-1"]).unwrap_err();
+            assert_eq!(negative.kind(), clap::error::ErrorKind::ValueValidation, "{flag} -1: {negative}");
+            assert!(negative.to_string().contains("'-1'"), "{flag} -1 names the value: {negative}");
         }
         assert!(parse(&["--max-consume-calls", "1000000"]).is_ok());
         assert!(parse(&["--max-consume-calls", "18446744073709551615"]).is_err(), "past the call counter");
