@@ -32,6 +32,8 @@
 //! an empty `XREADGROUP`.
 
 use std::{
+    future::Future,
+    pin::Pin,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -40,11 +42,7 @@ use std::{
 };
 
 use redis::{Cmd, RedisError, RedisResult, Value};
-use tokio::{
-    sync::{mpsc, Notify},
-    task::JoinHandle,
-    time::Instant,
-};
+use tokio::{sync::Notify, time::Instant};
 
 use super::{keyed::Gate, orders::KeyLimit, Shared};
 use crate::{
@@ -204,28 +202,42 @@ pub(crate) struct KeyedRead {
     pub(crate) limit: KeyLimit,
 }
 
-/// The reader task and its channels. Dropping it (or [`Reader::stop`]) cuts
-/// off a blocked read; a connection cut off mid-read is closed, one between
-/// reads goes back to the pool.
+/// A read that has not ended, polled by the worker's own loop
+/// ([`next_read`]): its result, and what the next read starts from.
+type ReadUnderWay = Pin<Box<dyn Future<Output = (RedisResult<Read>, Between)> + Send>>;
+
+/// What a reader keeps between reads.
+enum Between {
+    /// The group's own connection.
+    Blocking(Box<ReaderConnection>),
+    /// The shared pool, and the ticket of a read that left the group at the
+    /// stream's end: the next read waits on it before reading.
+    Shared { reads: SharedReads, at_end: Option<Ticket> },
+}
+
+/// The group's reader: no task of its own (a task and the two channels to
+/// it cost each group about 2 KB: heap profile, 1,000 idle groups), but a
+/// read the worker polls in its loop, one at a time. Dropping it (or
+/// [`Reader::stop`]) cuts off the read under way; a connection cut off
+/// mid-read is closed, one between reads goes back to the pool.
 pub(crate) struct Reader {
-    requests: mpsc::Sender<usize>,
-    /// Boxed: a channel allocates room for 32 messages when it is made, and
-    /// each group holds this one for as long as it is served.
-    results: mpsc::Receiver<Box<RedisResult<Read>>>,
-    /// Ends a shared reader's wait: read now.
-    kick: Arc<Notify>,
-    /// With `kick`: end the wait and report an empty read instead of reading.
-    yield_empty: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+    target: Arc<Target>,
+    /// `None` while a read is under way: the read holds it.
+    between: Option<Between>,
+    under_way: Option<ReadUnderWay>,
+    /// How the worker ends a shared read's wait.
+    wake: Arc<Wake>,
     /// Blocked on a connection of its own, not shared.
     blocking: bool,
-    task: JoinHandle<()>,
 }
 
 impl Reader {
-    /// Starts the reader of `group` on `stream`, waiting as `mode` says
-    /// (`no_ack`: reads with NOACK, at-most-once; `keyed`: the group has
-    /// per-key limits, and reads with `keyed_read.lua`).
-    pub(crate) fn spawn(
+    /// The reader of `group` on `stream`, waiting as `mode` says (`no_ack`:
+    /// reads with NOACK, at-most-once; `keyed`: the group has per-key limits,
+    /// and reads with `keyed_read.lua`). It reads nothing until asked
+    /// ([`Reader::request`]).
+    pub(crate) fn new(
         shared: Arc<Shared>,
         mode: Mode,
         stream: String,
@@ -233,20 +245,19 @@ impl Reader {
         no_ack: bool,
         keyed: Option<KeyedRead>,
     ) -> Reader {
-        let (requests, requests_rx) = mpsc::channel(1);
-        let (results_tx, results) = mpsc::channel(1);
-        let kick = Arc::new(Notify::new());
-        let yield_empty = Arc::new(AtomicBool::new(false));
-        let target = Target { stream, group, no_ack, keyed };
         let blocking = matches!(mode, Mode::Blocking(_));
-        let task = match mode {
-            Mode::Blocking(conn) => tokio::spawn(read_loop(shared, *conn, target, requests_rx, results_tx)),
-            Mode::Shared(reads) => {
-                let wake = Wake { kick: kick.clone(), yield_empty: yield_empty.clone() };
-                tokio::spawn(shared_loop(shared, reads, target, requests_rx, results_tx, wake))
-            }
+        let between = match mode {
+            Mode::Blocking(conn) => Between::Blocking(conn),
+            Mode::Shared(reads) => Between::Shared { reads, at_end: None },
         };
-        Reader { requests, results, kick, yield_empty, blocking, task }
+        Reader {
+            shared,
+            target: Arc::new(Target { stream, group, no_ack, keyed }),
+            between: Some(between),
+            under_way: None,
+            wake: Arc::new(Wake { kick: Notify::new(), yield_empty: AtomicBool::new(false) }),
+            blocking,
+        }
     }
 
     /// Whether it blocks on a connection of its own (else it shares).
@@ -254,16 +265,25 @@ impl Reader {
         self.blocking
     }
 
-    /// Asks for up to `count` new entries; false when a read is still under way.
-    pub(crate) fn request(&self, count: usize) -> bool {
-        self.requests.try_send(count).is_ok()
+    /// Asks for up to `count` new entries: the read starts when the worker
+    /// next waits ([`next_read`]). False when a read is still under way.
+    pub(crate) fn request(&mut self, count: usize) -> bool {
+        let Some(between) = self.between.take() else { return false };
+        let (shared, target) = (self.shared.clone(), self.target.clone());
+        self.under_way = Some(match between {
+            Between::Blocking(conn) => Box::pin(blocking_read(shared, conn, target, count)),
+            Between::Shared { reads, at_end } => {
+                Box::pin(shared_read(shared, reads, at_end, target, self.wake.clone(), count))
+            }
+        });
+        true
     }
 
     /// A shared reader waiting for a wake-up reads now (the next one, if it
     /// is reading): the worker re-created the group, whose entries no
     /// change of the stream announces. Nothing for a blocking reader.
     pub(crate) fn kick(&self) {
-        self.kick.notify_one();
+        self.wake.kick.notify_one();
     }
 
     /// A shared reader waiting for a wake-up stops waiting and reports an
@@ -273,8 +293,8 @@ impl Reader {
     /// itself within `--read-block-ms`.
     pub(crate) fn yield_now(&self) {
         if !self.blocking {
-            self.yield_empty.store(true, Ordering::Release);
-            self.kick.notify_one();
+            self.wake.yield_empty.store(true, Ordering::Release);
+            self.wake.kick.notify_one();
         }
     }
 
@@ -285,45 +305,34 @@ impl Reader {
     }
 }
 
-impl Drop for Reader {
-    /// Also when the worker itself is dropped (aborted on shutdown): a reader
-    /// task outliving its worker would hold its connection for nothing.
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The next entries of the reader (or its error); never resolves while there
-/// is no reader or no reply.
+/// The end of the reader's read under way (its entries, or its error);
+/// never resolves while there is no reader or no read. Cancel-safe: the read
+/// is the reader's, and goes on at the next call.
 pub(crate) async fn next_read(reader: &mut Option<Reader>) -> RedisResult<Read> {
-    if let Some(reader) = reader {
-        if let Some(result) = reader.results.recv().await {
-            return *result;
-        }
-    }
-    std::future::pending().await
+    let Some(reader) = reader else { return std::future::pending().await };
+    let Some(under_way) = reader.under_way.as_mut() else { return std::future::pending().await };
+    let (result, between) = under_way.await;
+    reader.under_way = None;
+    reader.between = Some(between);
+    result
 }
 
-async fn read_loop(
+/// One read of a blocking reader, on its own connection.
+async fn blocking_read(
     shared: Arc<Shared>,
-    mut conn: ReaderConnection,
-    target: Target,
-    mut requests: mpsc::Receiver<usize>,
-    results: mpsc::Sender<Box<RedisResult<Read>>>,
-) {
-    while let Some(count) = requests.recv().await {
-        let result = match &target.keyed {
-            Some(keyed) => keyed_read(&shared, &mut conn, &target.stream, &target.group, keyed, count).await,
-            None => {
-                let read = target.read(&shared.consumer, count, Some(shared.read_block));
-                // A connection error leaves `conn` to reconnect before the next read.
-                conn.read(&read).await.map(|entries| Read { entries, gates: Vec::new() })
-            }
-        };
-        if results.send(Box::new(result)).await.is_err() {
-            return;
+    mut conn: Box<ReaderConnection>,
+    target: Arc<Target>,
+    count: usize,
+) -> (RedisResult<Read>, Between) {
+    let result = match &target.keyed {
+        Some(keyed) => keyed_read(&shared, &mut conn, &target.stream, &target.group, keyed, count).await,
+        None => {
+            let read = target.read(&shared.consumer, count, Some(shared.read_block));
+            // A connection error leaves `conn` to reconnect before the next read.
+            conn.read(&read).await.map(|entries| Read { entries, gates: Vec::new() })
         }
-    }
+    };
+    (result, Between::Blocking(conn))
 }
 
 /// What a reader reads.
@@ -363,8 +372,8 @@ impl Target {
 
 /// How the worker ends a shared reader's wait ([`Reader::kick`], [`Reader::yield_now`]).
 struct Wake {
-    kick: Arc<Notify>,
-    yield_empty: Arc<AtomicBool>,
+    kick: Notify,
+    yield_empty: AtomicBool,
 }
 
 impl Wake {
@@ -374,54 +383,50 @@ impl Wake {
     }
 }
 
-/// The shared reader (see the module doc): reports entries and errors, and
-/// an empty read only when the worker asks ([`Reader::yield_now`]).
-async fn shared_loop(
+/// One read of a shared reader (see the module doc): ends with entries or an
+/// error, and empty only when the worker asks ([`Reader::yield_now`]).
+async fn shared_read(
     shared: Arc<Shared>,
-    SharedReads { hub, pool }: SharedReads,
-    target: Target,
-    mut requests: mpsc::Receiver<usize>,
-    results: mpsc::Sender<Box<RedisResult<Read>>>,
-    wake: Wake,
-) {
-    // Taken before a read that left the group at the stream's end.
-    let mut at_end: Option<Ticket> = None;
-    while let Some(count) = requests.recv().await {
-        if let Some(ticket) = at_end.take() {
-            wait(&ticket, &wake.kick, SAFETY_REREAD).await;
-        }
-        let result = loop {
-            if wake.yielding() {
-                break Ok(Read::default());
-            }
-            // Armed before the read: an XADD after it is sure to wake us.
-            // Boxed, so that a reader waiting for a wake-up (most of an
-            // idle group's life) does not keep the room of a read: inline,
-            // that made each reader's task 9 KB (heap profile, 1,000 idle groups).
-            let (read, ticket) = Box::pin(async {
-                let ticket = hub.arm(&target.stream).await;
-                (target.read_once(&shared, &pool, count).await, ticket)
-            })
-            .await;
-            match (read, ticket) {
-                (Ok(read), Ok(ticket)) if read.entries.is_empty() => wait(&ticket, &wake.kick, SAFETY_REREAD).await,
-                // No wake connection: poll.
-                (Ok(read), Err(_)) if read.entries.is_empty() => {
-                    let _ = tokio::time::timeout(shared.read_block, wake.kick.notified()).await;
-                }
-                (Ok(read), ticket) => {
-                    if read.entries.len() < count {
-                        at_end = ticket.ok();
-                    }
-                    break Ok(read);
-                }
-                (Err(e), _) => break Err(e),
-            }
-        };
-        if results.send(Box::new(result)).await.is_err() {
-            return;
-        }
+    reads: SharedReads,
+    at_end: Option<Ticket>,
+    target: Arc<Target>,
+    wake: Arc<Wake>,
+    count: usize,
+) -> (RedisResult<Read>, Between) {
+    if let Some(ticket) = at_end {
+        wait(&ticket, &wake.kick, SAFETY_REREAD).await;
     }
+    let SharedReads { hub, pool } = &reads;
+    let mut at_end = None;
+    let result = loop {
+        if wake.yielding() {
+            break Ok(Read::default());
+        }
+        // Armed before the read: an XADD after it is sure to wake us.
+        // Boxed, so that a reader waiting for a wake-up (most of an idle
+        // group's life) does not keep the room of a read: inline, that made
+        // each reader 9 KB (heap profile, 1,000 idle groups).
+        let (read, ticket) = Box::pin(async {
+            let ticket = hub.arm(&target.stream).await;
+            (target.read_once(&shared, pool, count).await, ticket)
+        })
+        .await;
+        match (read, ticket) {
+            (Ok(read), Ok(ticket)) if read.entries.is_empty() => wait(&ticket, &wake.kick, SAFETY_REREAD).await,
+            // No wake connection: poll.
+            (Ok(read), Err(_)) if read.entries.is_empty() => {
+                let _ = tokio::time::timeout(shared.read_block, wake.kick.notified()).await;
+            }
+            (Ok(read), ticket) => {
+                if read.entries.len() < count {
+                    at_end = ticket.ok();
+                }
+                break Ok(read);
+            }
+            (Err(e), _) => break Err(e),
+        }
+    };
+    (result, Between::Shared { reads, at_end })
 }
 
 /// Waits until `ticket` fires, the worker kicks, or `longest` passed.

@@ -439,7 +439,7 @@ impl Worker {
             }
             (None, None) => unreachable!("a sidecar has blocking readers, shared ones, or both"),
         };
-        self.spawn_reader(mode);
+        self.set_reader(mode);
         Ok(())
     }
 
@@ -458,13 +458,13 @@ impl Worker {
         pool.try_acquire().await
     }
 
-    fn spawn_reader(&mut self, mode: reader::Mode) {
+    fn set_reader(&mut self, mode: reader::Mode) {
         let (stream, group) = (self.keys.stream.clone(), self.keys.group.clone());
         // The group's settings are the first call's: a group with per-key
         // limits registers and gates what it reads in one script.
         let keyed =
             self.ledger.key_limit().map(|limit| KeyedRead { zset: self.keys.keyed.clone(), limit: limit.clone() });
-        let reader = Reader::spawn(self.shared.clone(), mode, stream, group, self.no_ack, keyed);
+        let reader = Reader::new(self.shared.clone(), mode, stream, group, self.no_ack, keyed);
         self.outlet.metrics.reader_blocking.set(i64::from(reader.is_blocking()));
         self.reader = Some(reader);
     }
@@ -514,13 +514,13 @@ impl Worker {
         let serve = if sidecars == 1 { "1 sidecar serves" } else { &format!("{sidecars} sidecars serve") };
         info!(stream = %self.keys.stream, group = %self.keys.group, sidecars, reads_per_second, blocking = !blocking, "its reader {now} (--shared-readers auto): {serve} the group, and its reads found entries {reads_per_second:.1} times a second");
         self.stop_reading();
-        self.spawn_reader(mode);
+        self.set_reader(mode);
     }
 
     /// Asks the reader for `count` new entries. There is one whenever there
     /// are calls to read for and no drain.
     fn read(&mut self, count: usize) {
-        if self.reader.as_ref().is_some_and(|reader| reader.request(count)) {
+        if self.reader.as_mut().is_some_and(|reader| reader.request(count)) {
             self.ledger.reading(count);
         }
     }

@@ -284,7 +284,7 @@ impl ReaderPool {
     ///
     /// Each of these acquisitions boxes the pool's wait: it holds the making
     /// of a connection (about 8 KB of future), which inline would be room
-    /// kept in every group worker's and reader's task for as long as it lives.
+    /// kept in every group worker's task and waiting read for as long as it lives.
     pub async fn acquire_for_read(&self) -> RedisResult<ReaderConnection> {
         let started = Instant::now();
         let got = Box::pin(self.pool.get()).await;

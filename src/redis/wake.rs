@@ -249,7 +249,7 @@ impl WakeHub {
             }
         }
         // Boxed: connecting is rare, and inline its state would be room
-        // kept in every shared reader's task (through `arm`).
+        // kept in every shared read waiting for a wake-up (through `arm`).
         match Box::pin(self.connect()).await {
             Ok(link) => {
                 *backoff = Backoff::default();
