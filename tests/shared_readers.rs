@@ -626,3 +626,103 @@ async fn without_xlen_readers_poll_and_say_so_once() {
     let log = sidecar.log();
     assert_eq!(log.lines().filter(|line| line.contains("may not run XLEN")).count(), 1, "{log}");
 }
+
+/// `HGETALL` of a group's heartbeats (`<stream>:heartbeats:<group>`): each sidecar's last beat.
+async fn heartbeats(con: &mut MultiplexedConnection, stream: &str) -> HashMap<String, String> {
+    redis::cmd("HGETALL").arg(format!("{stream}:heartbeats:g")).query_async(con).await.unwrap()
+}
+
+/// Groups whose calls all left retire after two hygiene beats (250 ms each
+/// here): their series leave `/metrics` (no gauge frozen at its last value),
+/// their heartbeats stop, and an entry a call held unanswered when it left
+/// comes back to the next call, with its attempts counted, from a new worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_whose_calls_left_retire_and_come_back_when_called() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, shared().arg("--consumer-idle-limit-ms").arg("1000")).await;
+    let mut con = test_conn(&redis).await;
+    let streams = streams("retire", 20);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    let all: Vec<usize> = (0..streams.len()).collect();
+    xadd_each(&mut con, &streams, &all, "first").await;
+    expect_each(&mut consumers, &all, "first", EVENT_TIMEOUT).await;
+    // Call 3 takes an entry and leaves without a verdict.
+    xadd_each(&mut con, &streams, &[3], "held").await;
+    let held = consumers[3].next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!((held.payload["k"].as_slice(), held.attempts), (b"held".as_slice(), 1));
+    let series = |stream: &str| format!("echomq_consume_calls{{stream=\"{stream}\"");
+    let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("GET /metrics").body;
+    assert!(metrics.contains(&series(&streams[3])), "a served group has its series");
+    let beating = heartbeats(&mut con, &streams[3]).await;
+    assert_eq!(beating.len(), 1, "this sidecar beats for the group: {beating:?}");
+
+    drop(consumers);
+    let retired = eventually(Duration::from_secs(10), || {
+        let port = sidecar.admin_port();
+        let streams = streams.clone();
+        async move {
+            let metrics = http_get(port, "/metrics").await.expect("GET /metrics").body;
+            streams.iter().all(|stream| !metrics.contains(&series(stream)))
+        }
+    })
+    .await;
+    assert!(retired, "every group's series left /metrics once its worker retired");
+    let last = heartbeats(&mut con, &streams[3]).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(heartbeats(&mut con, &streams[3]).await, last, "no heartbeat from a retired worker (4 beats' time)");
+    assert_eq!(pending_count(&mut con, &streams[3], "g").await, 1, "the unanswered entry is still pending");
+
+    // A new call is served by a new worker: the held entry first, then new ones.
+    let mut again = Consumer::start(&sidecar, &streams[3], "g", GroupStart::New, 0).await;
+    let back = again.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!((back.id.as_str(), back.attempts), (held.id.as_str(), 2), "the held entry comes back, attempts counted");
+    again.ack_one(&back.id).await;
+    xadd_each(&mut con, &streams, &[3], "after").await;
+    expect_each(std::slice::from_mut(&mut again), &[0], "after", EVENT_TIMEOUT).await;
+    let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("GET /metrics").body;
+    assert!(metrics.contains(&series(&streams[3])), "the group's series are back with its worker");
+    assert!(!metrics.contains(&series(&streams[4])), "a group still without calls stays retired");
+}
+
+/// A Redis outage under 50 groups: every group's steps fail, but the log
+/// gets about one WARN line a second for all of them (saying how many more
+/// failed), not one per group and step; `echomq_redis_errors_total` counts
+/// each. The groups are served again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_under_many_groups_is_logged_a_line_a_second() {
+    let mut redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, shared()).await;
+    let streams = streams("outage", 50);
+    let mut consumers = subscribe_all(&sidecar, &streams).await;
+    let all: Vec<usize> = (0..streams.len()).collect();
+    {
+        let mut con = test_conn(&redis).await;
+        xadd_each(&mut con, &streams, &all, "before").await;
+    }
+    expect_each(&mut consumers, &all, "before", EVENT_TIMEOUT).await;
+
+    redis.kill9();
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    redis.restart().await;
+    let outage = down.elapsed();
+    let mut con = test_conn(&redis).await;
+    xadd_each(&mut con, &streams, &all, "after").await;
+    expect_each(&mut consumers, &all, "after", Duration::from_secs(30)).await;
+
+    let log = sidecar.log();
+    let warned = log.lines().filter(|l| l.contains("WARN") && l.contains("failed, retrying in")).count();
+    let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("GET /metrics").body;
+    let counted: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("echomq_redis_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(counted >= 50.0, "each group's failed steps are counted: {counted}");
+    let most = outage.as_secs() as usize + 3;
+    assert!(
+        warned <= most,
+        "{warned} WARN lines of failed steps over a {outage:?} outage, want at most {most}:\n{log}"
+    );
+    assert!(log.contains("more failed steps of group workers since the last such line"), "{log}");
+}

@@ -399,6 +399,11 @@ impl<D> Ledger<D> {
         }
     }
 
+    /// Whether any call is attached (open, or drained and not yet ended).
+    pub(crate) fn has_calls(&self) -> bool {
+        !self.calls.is_empty()
+    }
+
     /// Whether any call still takes deliveries (attached, not drained, not closed).
     pub(crate) fn has_open_calls(&self) -> bool {
         self.calls.values().any(|call| !call.closed)

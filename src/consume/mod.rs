@@ -123,6 +123,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     /// How often each group's state is polled into gauges; `None`: never.
     pub(crate) metrics_poll: Option<Duration>,
+    /// Which of the workers' failed steps are logged at WARN.
+    pub(crate) failure_log: pacing::FailureLog,
 }
 
 /// One group's names, as every Redis step of its worker needs them.
@@ -243,7 +245,7 @@ async fn renew_wake_after_outages(hub: std::sync::Weak<WakeHub>, mut redis_up: w
 }
 
 /// The worker of each (stream, group) this sidecar serves.
-pub(crate) type WorkerMap = HashMap<(String, String, bool), mpsc::Sender<Command>>;
+pub(crate) type WorkerMap = HashMap<(String, String, bool), mpsc::WeakSender<Command>>;
 
 /// The hot path's maps keyed by entry (held deliveries, routes, tracked
 /// entries): several lookups per delivery, where std's SipHash showed in
@@ -310,6 +312,7 @@ impl Consumers {
             returned_while_draining: AtomicUsize::new(0),
             metrics,
             metrics_poll: config.admin.metrics_poll(),
+            failure_log: pacing::FailureLog::new(tokio::time::Instant::now()),
         };
         let defaults = Defaults {
             max_deliveries: config.consume.default_max_deliveries,
@@ -361,20 +364,27 @@ impl Consumers {
         }
     }
 
-    /// The worker of `stream` and `group` (and mode), started on first use. One
-    /// per pair: two workers under one consumer name would hand one entry to
-    /// two calls.
+    /// The worker of `stream` and `group` (and mode), started on first use,
+    /// and again once the last one retired. One per pair: two workers under
+    /// one consumer name would hand one entry to two calls. The map holds a
+    /// weak sender: a worker whose channel has closed is past serving (it
+    /// only finishes its last flush), and the new one takes its place.
     fn worker(&self, stream: &str, group: &str, no_ack: bool) -> mpsc::Sender<Command> {
         let mut workers = self.workers.lock().expect("workers lock");
         let key = (stream.to_owned(), group.to_owned(), no_ack);
-        if let Some(worker) = workers.get(&key) {
-            return worker.clone();
+        if let Some(worker) = workers.get(&key).and_then(mpsc::WeakSender::upgrade) {
+            return worker;
         }
         let (sender, task) = Worker::spawn(self.shared.clone(), key.0.clone(), key.1.clone(), no_ack);
+        let (map, shared) = (Arc::downgrade(&self.workers), Arc::downgrade(&self.shared));
+        let retired = key.clone();
         self.tasks.lock().expect("tasks lock").spawn(async move {
             let _ = task.await;
+            if let (Some(map), Some(shared)) = (map.upgrade(), shared.upgrade()) {
+                forget_retired(&map, &shared, retired);
+            }
         });
-        workers.insert(key, sender.clone());
+        workers.insert(key, sender.downgrade());
         sender
     }
 
@@ -530,5 +540,23 @@ impl ConsumerService for Consumers {
             drop(permit);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(outbound_rx).map(|frame| frame.map(|response| *response)))))
+    }
+}
+
+/// A worker ended: its entry leaves the map (unless a new worker has taken
+/// its place), and, when no worker of the group is left here (a NOACK one
+/// shares its series), so do the group's series. Under the map's lock, as
+/// a new worker makes its series there: none is removed from under it.
+fn forget_retired(map: &Mutex<WorkerMap>, shared: &Shared, key: (String, String, bool)) {
+    let mut workers = map.lock().expect("workers lock");
+    if workers.get(&key).is_some_and(|worker| worker.strong_count() == 0) {
+        workers.remove(&key);
+    }
+    let (stream, group, no_ack) = key;
+    let serving =
+        |no_ack| workers.get(&(stream.clone(), group.clone(), no_ack)).is_some_and(|worker| worker.strong_count() > 0);
+    if !serving(no_ack) && !serving(!no_ack) {
+        let operations = pacing::Step::ALL.map(pacing::Step::label);
+        shared.metrics.forget_group(&stream, shared.redis.keys.sharded_stream_of(&stream), &group, &operations);
     }
 }

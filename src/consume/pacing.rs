@@ -9,9 +9,51 @@
 //! backoff, each good page reset it and the failing read was logged ~7 times
 //! a second). Pure: the worker passes the clock in.
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
 
 use tokio::time::Instant;
+
+/// The shortest time between two WARN lines of failed worker steps,
+/// sidecar-wide ([`FailureLog`]).
+pub(super) const FAILURE_WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps the log readable through a Redis outage: each group's worker fails
+/// each of its steps there (200 groups wrote 1,400 WARN lines over an 8 s
+/// restart, burying the one that said Redis was down). One failure a second,
+/// sidecar-wide, is logged at WARN, saying how many were held back since
+/// the last line; the rest go to DEBUG. `echomq_redis_errors_total` counts
+/// every one.
+pub(crate) struct FailureLog {
+    start: Instant,
+    /// When the next WARN line may be written, in ms since `start`.
+    next_warn_ms: AtomicU64,
+    /// Failures logged at DEBUG since the last WARN line.
+    held_back: AtomicU64,
+}
+
+impl FailureLog {
+    pub(crate) fn new(now: Instant) -> FailureLog {
+        FailureLog { start: now, next_warn_ms: AtomicU64::new(0), held_back: AtomicU64::new(0) }
+    }
+
+    /// Whether a failure at `now` gets a WARN line: `Some(held back since
+    /// the last one)`, or `None` (log it at DEBUG).
+    pub(super) fn warn_now(&self, now: Instant) -> Option<u64> {
+        let at = now.saturating_duration_since(self.start).as_millis() as u64;
+        let next = self.next_warn_ms.load(Ordering::Relaxed);
+        let every = FAILURE_WARN_EVERY.as_millis() as u64;
+        if at >= next
+            && self.next_warn_ms.compare_exchange(next, at + every, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            return Some(self.held_back.swap(0, Ordering::Relaxed));
+        }
+        self.held_back.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
 
 /// The first pause after a step fails.
 pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -140,6 +182,19 @@ impl Pacing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_failure_a_second_is_warned_and_says_how_many_were_held_back() {
+        let start = Instant::now();
+        let log = FailureLog::new(start);
+        assert_eq!(log.warn_now(start), Some(0), "the first failure is warned");
+        for n in 1..=199 {
+            assert_eq!(log.warn_now(start + Duration::from_millis(n)), None, "failure {n} within the second");
+        }
+        assert_eq!(log.warn_now(start + FAILURE_WARN_EVERY), Some(199), "the next second's first, with the count");
+        assert_eq!(log.warn_now(start + FAILURE_WARN_EVERY + Duration::from_millis(1)), None);
+        assert_eq!(log.warn_now(start + 5 * FAILURE_WARN_EVERY), Some(1), "after a quiet spell, at once");
+    }
 
     #[test]
     fn a_failing_step_backs_off_doubling_up_to_the_maximum() {

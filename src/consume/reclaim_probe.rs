@@ -49,7 +49,7 @@ pub(crate) async fn run(shared: Weak<Shared>, workers: Weak<Mutex<WorkerMap>>, e
             .expect("workers lock")
             .iter()
             .filter(|((_, _, no_ack), _)| !no_ack)
-            .map(|((stream, group, _), worker)| (stream.clone(), group.clone(), worker.clone()))
+            .filter_map(|((stream, group, _), worker)| Some((stream.clone(), group.clone(), worker.upgrade()?)))
             .collect();
         for chunk in groups.chunks(PROBE_CHUNK) {
             let due =

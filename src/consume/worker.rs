@@ -86,6 +86,10 @@ const DEADLINE_CHECK: Duration = Duration::from_millis(100);
 const RECLAIM_PAGES_PER_BEAT: usize = 8;
 /// Commands taken in one go, so that their acks reach Redis as one script run.
 const COMMANDS_PER_TURN: usize = 1024;
+/// Hygiene beats a worker stays with no call before it retires (10 to 20 s
+/// at the default beat): long enough that a client reconnecting finds it,
+/// short enough that groups clients came and went from cost nothing.
+const RETIRE_AFTER_BEATS: u32 = 2;
 
 /// One group's worker. Built by [`Worker::spawn`].
 pub(crate) struct Worker {
@@ -119,11 +123,23 @@ pub(crate) struct Worker {
     /// The hygiene beat found the stream deleted and said so; cleared (and
     /// said) when a beat finds it again, so the log has one line per loss.
     stream_gone: bool,
+    /// Keeps the worker running while no call holds a sender to it. Dropped
+    /// when it retires (no call for [`RETIRE_AFTER_BEATS`] hygiene beats, or
+    /// none left while draining): it then ends once the last sender is gone.
+    /// The worker map holds only a weak sender, so a call that subscribes
+    /// meanwhile either reaches this worker (which then stays) or, once the
+    /// worker's channel is closed, starts a new one.
+    keepalive: Option<mpsc::Sender<Command>>,
+    /// To take `keepalive` back when a call attaches while retiring.
+    own: mpsc::WeakSender<Command>,
+    /// Hygiene beats in a row that found no call.
+    beats_without_calls: u32,
 }
 
 impl Worker {
-    /// Starts the worker and its reader for `stream` and `group`, and returns
-    /// the sender of its commands. The worker ends when every sender is dropped.
+    /// Starts the worker for `stream` and `group`, and returns the sender of
+    /// its commands. The worker ends when it has retired (see
+    /// [`Worker::keepalive`]) and every sender is dropped.
     pub(crate) fn spawn(
         shared: Arc<Shared>,
         stream: String,
@@ -153,6 +169,9 @@ impl Worker {
             reclaim_cursor: StreamId::ZERO,
             group_lost: false,
             stream_gone: false,
+            keepalive: Some(commands_tx.clone()),
+            own: commands_tx.downgrade(),
+            beats_without_calls: 0,
             shared,
         };
         // Boxed: an async fn keeps its arguments in its state beside the
@@ -254,14 +273,30 @@ impl Worker {
                     gauges::poll(&self.keys, &self.outlet.metrics).await;
                 }
             }
-            Woke::Hygiene => self.hygiene().await,
+            Woke::Hygiene => {
+                self.hygiene().await;
+                self.beats_without_calls = if self.ledger.has_calls() { 0 } else { self.beats_without_calls + 1 };
+            }
             Woke::Check => {}
+        }
+        if self.beats_without_calls >= RETIRE_AFTER_BEATS || (self.ledger.draining() && !self.ledger.has_calls()) {
+            self.retire();
         }
         // What the beat just found (entries deleted while pending) is
         // counted as its effects are carried out: before the log line.
         self.act();
         self.outlet.log_trimmed();
         self.advance().await;
+    }
+
+    /// No call has needed this worker for a while (or the sidecar drains):
+    /// it lets go of its own sender and ends once no other is left. What its
+    /// calls held is pending in Redis: the next worker here recovers it, or a
+    /// peer reclaims it.
+    fn retire(&mut self) {
+        if self.keepalive.take().is_some() && !self.ledger.draining() {
+            info!(stream = %self.keys.stream, group = %self.keys.group, beats = self.beats_without_calls, "no call for {} hygiene beats: the group's worker retires", self.beats_without_calls);
+        }
     }
 
     /// Moves work forward (unless draining) and carries out what the ledger
@@ -296,6 +331,12 @@ impl Worker {
         match command {
             Command::Attach(attach) => {
                 let super::commands::Attach { session, shard, policy, group, events, reply } = *attach;
+                self.beats_without_calls = 0;
+                if self.keepalive.is_none() {
+                    // The call holds a sender: this cannot fail.
+                    self.keepalive = self.own.upgrade();
+                    info!(stream = %self.keys.stream, group = %self.keys.group, "a call subscribed while the group's worker was retiring: it stays");
+                }
                 let mut attached = self.ledger.attach(session, shard, policy, group);
                 if attached.is_ok() {
                     self.outlet.link(session, events);
@@ -569,7 +610,14 @@ impl Worker {
         } else {
             self.outlet.metrics.redis_errors(step.label()).inc();
             let redis = self.keys.redis.target();
-            warn!(%stream, %group, %redis, "{} failed, retrying in {pause:?}: {error}", step.doing());
+            let doing = step.doing();
+            match self.shared.failure_log.warn_now(Instant::now()) {
+                Some(0) => warn!(%stream, %group, %redis, "{doing} failed, retrying in {pause:?}: {error}"),
+                Some(held_back) => {
+                    warn!(%stream, %group, %redis, held_back, "{doing} failed, retrying in {pause:?}: {error} (and {held_back} more failed steps of group workers since the last such line, logged at DEBUG; echomq_redis_errors_total counts each)")
+                }
+                None => debug!(%stream, %group, %redis, "{doing} failed, retrying in {pause:?}: {error}"),
+            }
         }
     }
 

@@ -305,6 +305,56 @@ impl GroupFamilies {
     }
 
     /// `labels`' verdict error counters, every code's created (at zero) now.
+    /// Removes every series of `labels` (with `operations`, the
+    /// `redis_errors` operations its handles created): the group's worker
+    /// retired, and a series it no longer updates would be a stale gauge
+    /// (a lag that alerts forever) and memory kept for a group gone.
+    pub(super) fn remove(&self, labels: &GroupLabels, operations: &[&'static str]) {
+        for family in [
+            &self.deliveries,
+            &self.acks,
+            &self.fails,
+            &self.transient_fails,
+            &self.poison_fails,
+            &self.releases,
+            &self.dead_letters,
+            &self.reclaimed,
+            &self.lease_refreshes,
+            &self.leases_lost,
+            &self.acks_not_pending,
+            &self.emits,
+            &self.trimmed_while_pending,
+            &self.group_recreations,
+            &self.key_gate_checks,
+        ] {
+            family.remove(labels);
+        }
+        for family in [
+            &self.consume_calls,
+            &self.in_flight,
+            &self.key_waiting_entries,
+            &self.group_sidecars,
+            &self.reader_blocking,
+            &self.pending,
+            &self.lag,
+            &self.max_delivery_count,
+            &self.consumers,
+            &self.stream_length,
+            &self.scheduled,
+        ] {
+            family.remove(labels);
+        }
+        self.oldest_pending_age_seconds.remove(labels);
+        self.scheduled_oldest_due.remove(labels);
+        self.handler_seconds.remove(labels);
+        for (_, code) in VerdictErrors::CODES {
+            self.verdict_errors.remove(&CodeLabels { group: labels.clone(), code });
+        }
+        for &operation in operations {
+            self.redis_errors.remove(&OperationLabels { group: labels.clone(), operation });
+        }
+    }
+
     pub(super) fn verdict_errors(&self, labels: &GroupLabels) -> VerdictErrors {
         VerdictErrors::new(&self.verdict_errors, labels)
     }

@@ -120,6 +120,14 @@ impl Metrics {
         self.groups.handles(labels)
     }
 
+    /// Removes the series [`Metrics::group`] made for this group (and
+    /// `operations`' `echomq_redis_errors_total` series), once no worker
+    /// serves it here: each is then absent from the exposition rather than
+    /// frozen at its last value. The group's stream's series stay.
+    pub fn forget_group(&self, stream: &str, sharded_stream: &str, group: &str, operations: &[&'static str]) {
+        self.groups.remove(&GroupLabels::new(stream, sharded_stream, group), operations);
+    }
+
     /// One group's verdict error counters (as in [`Metrics::group`]), for the
     /// answers a call's relay gives itself.
     pub fn verdict_errors(&self, stream: &str, sharded_stream: &str, group: &str) -> VerdictErrors {
