@@ -353,6 +353,11 @@ mod tests {
             assert_eq!(negative.kind(), clap::error::ErrorKind::ValueValidation, "{flag} -1: {negative}");
             assert!(negative.to_string().contains("'-1'"), "{flag} -1 names the value: {negative}");
         }
+        for flag in ["--read-block-ms", "--reclaim-min-idle-ms", "--consumer-idle-limit-ms", "--shutdown-grace-ms"] {
+            assert!(parse(&[flag, "31536000000"]).is_ok(), "{flag}: a year is taken");
+            let huge = parse(&[flag, "18446744073709551615"]).unwrap_err();
+            assert_eq!(huge.kind(), clap::error::ErrorKind::ValueValidation, "{flag}: refused at start: {huge}");
+        }
         assert!(parse(&["--max-consume-calls", "1000000"]).is_ok());
         assert!(parse(&["--max-consume-calls", "18446744073709551615"]).is_err(), "past the call counter");
     }
