@@ -557,6 +557,8 @@ fn forget_retired(map: &Mutex<WorkerMap>, shared: &Shared, key: (String, String,
         |no_ack| workers.get(&(stream.clone(), group.clone(), no_ack)).is_some_and(|worker| worker.strong_count() > 0);
     if !serving(no_ack) && !serving(!no_ack) {
         let operations = pacing::Step::ALL.map(pacing::Step::label);
-        shared.metrics.forget_group(&stream, shared.redis.keys.sharded_stream_of(&stream), &group, &operations);
+        let stream_served = workers.iter().any(|((other, _, _), worker)| *other == stream && worker.strong_count() > 0);
+        let sharded_stream = shared.redis.keys.sharded_stream_of(&stream);
+        shared.metrics.forget_group(&stream, sharded_stream, &group, &operations, stream_served);
     }
 }

@@ -601,23 +601,30 @@ impl Worker {
     /// `echomq_group_recreations_total`, not as an error.
     fn redis_failed(&mut self, step: Step, error: &RedisError) {
         let pause = self.pacing.failed(step, Instant::now());
-        let (stream, group) = (&self.keys.stream, &self.keys.group);
         if reader::is_group_lost(error) {
             if !self.group_lost {
-                warn!(%stream, %group, "the group is gone ({error}); re-creating it");
+                // Redis restarted empty, or streams were deleted: every group at once.
+                self.warn_limited(&format!("the group is gone ({error}); re-creating it"));
             }
             self.group_lost = true;
         } else {
             self.outlet.metrics.redis_errors(step.label()).inc();
             let redis = self.keys.redis.target();
-            let doing = step.doing();
-            match self.shared.failure_log.warn_now(Instant::now()) {
-                Some(0) => warn!(%stream, %group, %redis, "{doing} failed, retrying in {pause:?}: {error}"),
-                Some(held_back) => {
-                    warn!(%stream, %group, %redis, held_back, "{doing} failed, retrying in {pause:?}: {error} (and {held_back} more failed steps of group workers since the last such line, logged at DEBUG; echomq_redis_errors_total counts each)")
-                }
-                None => debug!(%stream, %group, %redis, "{doing} failed, retrying in {pause:?}: {error}"),
+            self.warn_limited(&format!("{} failed, retrying in {pause:?}: {error} (Redis at {redis})", step.doing()));
+        }
+    }
+
+    /// `line` at WARN, or at DEBUG while the sidecar-wide limit of one such
+    /// line a second holds it back ([`super::pacing::FailureLog`]): through an
+    /// outage every group's worker fails at once.
+    fn warn_limited(&self, line: &str) {
+        let (stream, group) = (&self.keys.stream, &self.keys.group);
+        match self.shared.failure_log.warn_now(Instant::now()) {
+            Some(0) => warn!(%stream, %group, "{line}"),
+            Some(held_back) => {
+                warn!(%stream, %group, held_back, "{line} (and {held_back} more failed steps or lost groups of group workers since the last such line, logged at DEBUG; echomq_redis_errors_total counts each failed step)")
             }
+            None => debug!(%stream, %group, "{line}"),
         }
     }
 

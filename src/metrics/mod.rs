@@ -123,9 +123,20 @@ impl Metrics {
     /// Removes the series [`Metrics::group`] made for this group (and
     /// `operations`' `echomq_redis_errors_total` series), once no worker
     /// serves it here: each is then absent from the exposition rather than
-    /// frozen at its last value. The group's stream's series stay.
-    pub fn forget_group(&self, stream: &str, sharded_stream: &str, group: &str, operations: &[&'static str]) {
-        self.groups.remove(&GroupLabels::new(stream, sharded_stream, group), operations);
+    /// frozen at its last value. Its stream's series (appends, trimmed
+    /// unread) go only while still at zero, the appends only when no other
+    /// group of the stream is served here (`stream_served` false).
+    pub fn forget_group(
+        &self,
+        stream: &str,
+        sharded_stream: &str,
+        group: &str,
+        operations: &[&'static str],
+        stream_served: bool,
+    ) {
+        let labels = GroupLabels::new(stream, sharded_stream, group);
+        self.groups.remove(&labels, operations);
+        self.streams.unsubscribed(&labels, stream_served);
     }
 
     /// One group's verdict error counters (as in [`Metrics::group`]), for the

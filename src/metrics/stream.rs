@@ -60,6 +60,17 @@ impl StreamMetrics {
         let _ = self.appends.get_or_create(&StreamLabels::new(&group.stream, &group.sharded_stream));
     }
 
+    /// Undoes [`StreamMetrics::subscribed`] for a group no worker here
+    /// serves any more: its series still at zero go (one with a value stays,
+    /// as an unsubscribed stream's do), the stream's only when `stream_served`
+    /// is false (no other group of it is served here).
+    pub(super) fn unsubscribed(&self, group: &GroupLabels, stream_served: bool) {
+        remove_if_zero(&self.trimmed_unread, group);
+        if !stream_served {
+            remove_if_zero(&self.appends, &StreamLabels::new(&group.stream, &group.sharded_stream));
+        }
+    }
+
     /// Counts `entries` appended to `stream` (a sharded stream's shard key:
     /// `sharded_stream` names the sharded stream), once Redis confirmed them.
     pub fn appended(&self, stream: &str, sharded_stream: &str, entries: usize) {
@@ -70,5 +81,15 @@ impl StreamMetrics {
     /// delivered them (`echomq_trimmed_unread_total`).
     pub fn trimmed_unread(&self, stream: &str, sharded_stream: &str, group: &str, entries: u64) {
         self.trimmed_unread.get_or_create(&GroupLabels::new(stream, sharded_stream, group)).inc_by(entries);
+    }
+}
+
+/// Removes the series of `labels` if it is at zero. A count landing between
+/// the look and the removal is lost with it: only at a group's retirement,
+/// and only for a series that had counted nothing.
+fn remove_if_zero<S: Clone + std::hash::Hash + Eq>(family: &Family<S, Counter>, labels: &S) {
+    let zero = family.get(labels).is_some_and(|counter| counter.get() == 0);
+    if zero {
+        family.remove(labels);
     }
 }
