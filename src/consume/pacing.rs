@@ -35,6 +35,8 @@ pub(crate) struct FailureLog {
 }
 
 impl FailureLog {
+    /// A limit whose first WARN line may be written at once (`now` is the
+    /// start its clock counts from, in ms).
     pub(crate) fn new(now: Instant) -> FailureLog {
         FailureLog { start: now, next_warn_ms: AtomicU64::new(0), held_back: AtomicU64::new(0) }
     }
