@@ -685,6 +685,12 @@ async fn groups_whose_calls_left_retire_and_come_back_when_called() {
     assert!(!metrics.contains(&series(&streams[4])), "a group still without calls stays retired");
 }
 
+/// The sum of every series of the metric family `name` in a /metrics text.
+fn summed(metrics: &str, name: &str) -> f64 {
+    let series = format!("{name}{{");
+    metrics.lines().filter(|l| l.starts_with(&series)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
 /// A Redis outage under 50 groups: every group's steps fail, but the log
 /// gets about one WARN line a second for all of them (saying how many more
 /// failed), not one per group and step; `echomq_redis_errors_total` counts
@@ -714,11 +720,7 @@ async fn an_outage_under_many_groups_is_logged_a_line_a_second() {
     let log = sidecar.log();
     let warned = log.lines().filter(|l| l.contains("WARN") && l.contains("failed, retrying in")).count();
     let metrics = http_get(sidecar.admin_port(), "/metrics").await.expect("GET /metrics").body;
-    let counted: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("echomq_redis_errors_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let counted = summed(&metrics, "echomq_redis_errors_total");
     assert!(counted >= 50.0, "each group's failed steps are counted: {counted}");
     let most = outage.as_secs() as usize + 3;
     assert!(
@@ -726,4 +728,11 @@ async fn an_outage_under_many_groups_is_logged_a_line_a_second() {
         "{warned} WARN lines of failed steps over a {outage:?} outage, want at most {most}:\n{log}"
     );
     assert!(log.contains("since the last such line, logged at DEBUG"), "{log}");
+
+    // Redis came back empty: every group was re-created, a line a second.
+    let recreated = summed(&metrics, "echomq_group_recreations_total");
+    assert!(recreated >= 50.0, "each re-created group is counted: {recreated}");
+    let told = log.lines().filter(|l| l.contains("INFO") && l.contains("group re-created from the start")).count();
+    assert!(told <= most, "{told} INFO lines of re-created groups, want at most {most}:\n{log}");
+    assert!(told >= 1, "a re-created group is told at INFO:\n{log}");
 }

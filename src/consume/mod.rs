@@ -124,7 +124,10 @@ pub(crate) struct Shared {
     /// How often each group's state is polled into gauges; `None`: never.
     pub(crate) metrics_poll: Option<Duration>,
     /// Which of the workers' failed steps are logged at WARN.
-    pub(crate) failure_log: pacing::FailureLog,
+    pub(crate) failure_log: pacing::LogLimit,
+    /// Which re-created groups are logged at INFO: a Redis that restarted
+    /// empty loses every group at once.
+    pub(crate) recreation_log: pacing::LogLimit,
 }
 
 /// One group's names, as every Redis step of its worker needs them.
@@ -312,7 +315,8 @@ impl Consumers {
             returned_while_draining: AtomicUsize::new(0),
             metrics,
             metrics_poll: config.admin.metrics_poll(),
-            failure_log: pacing::FailureLog::new(tokio::time::Instant::now()),
+            failure_log: pacing::LogLimit::new(tokio::time::Instant::now()),
+            recreation_log: pacing::LogLimit::new(tokio::time::Instant::now()),
         };
         let defaults = Defaults {
             max_deliveries: config.consume.default_max_deliveries,
@@ -552,12 +556,16 @@ fn forget_retired(map: &Mutex<WorkerMap>, shared: &Shared, key: (String, String,
     if workers.get(&key).is_some_and(|worker| worker.strong_count() == 0) {
         workers.remove(&key);
     }
-    let (stream, group, no_ack) = key;
-    let serving =
-        |no_ack| workers.get(&(stream.clone(), group.clone(), no_ack)).is_some_and(|worker| worker.strong_count() > 0);
-    if !serving(no_ack) && !serving(!no_ack) {
+    let (stream, group, _) = key;
+    let (mut group_served, mut stream_served) = (false, false);
+    for ((other_stream, other_group, _), worker) in workers.iter() {
+        if *other_stream == stream && worker.strong_count() > 0 {
+            stream_served = true;
+            group_served |= *other_group == group;
+        }
+    }
+    if !group_served {
         let operations = pacing::Step::ALL.map(pacing::Step::label);
-        let stream_served = workers.iter().any(|((other, _, _), worker)| *other == stream && worker.strong_count() > 0);
         let sharded_stream = shared.redis.keys.sharded_stream_of(&stream);
         shared.metrics.forget_group(&stream, sharded_stream, &group, &operations, stream_served);
     }

@@ -16,39 +16,40 @@ use std::{
 
 use tokio::time::Instant;
 
-/// The shortest time between two WARN lines of failed worker steps,
-/// sidecar-wide ([`FailureLog`]).
-pub(super) const FAILURE_WARN_EVERY: Duration = Duration::from_secs(1);
+/// The shortest time between two lines of one [`LogLimit`], sidecar-wide.
+pub(super) const LOG_LINE_EVERY: Duration = Duration::from_secs(1);
 
 /// Keeps the log readable through a Redis outage: each group's worker fails
 /// each of its steps there (200 groups wrote 1,400 WARN lines over an 8 s
-/// restart, burying the one that said Redis was down). One failure a second,
-/// sidecar-wide, is logged at WARN, saying how many were held back since
-/// the last line; the rest go to DEBUG. `echomq_redis_errors_total` counts
+/// restart, burying the one that said Redis was down), and a Redis that
+/// restarted empty has every group re-created at once. One line a second
+/// per limit, sidecar-wide, is logged at its level, saying how many were
+/// held back since the last line; the rest go to DEBUG. The metrics
+/// (`echomq_redis_errors_total`, `echomq_group_recreations_total`) count
 /// every one.
-pub(crate) struct FailureLog {
+pub(crate) struct LogLimit {
     start: Instant,
-    /// When the next WARN line may be written, in ms since `start`.
-    next_warn_ms: AtomicU64,
-    /// Failures logged at DEBUG since the last WARN line.
+    /// When the next line may be written, in ms since `start`.
+    next_line_ms: AtomicU64,
+    /// Lines logged at DEBUG since the last one let through.
     held_back: AtomicU64,
 }
 
-impl FailureLog {
-    /// A limit whose first WARN line may be written at once (`now` is the
-    /// start its clock counts from, in ms).
-    pub(crate) fn new(now: Instant) -> FailureLog {
-        FailureLog { start: now, next_warn_ms: AtomicU64::new(0), held_back: AtomicU64::new(0) }
+impl LogLimit {
+    /// A limit whose first line may be written at once (`now` is the start
+    /// its clock counts from, in ms).
+    pub(crate) fn new(now: Instant) -> LogLimit {
+        LogLimit { start: now, next_line_ms: AtomicU64::new(0), held_back: AtomicU64::new(0) }
     }
 
-    /// Whether a failure at `now` gets a WARN line: `Some(held back since
-    /// the last one)`, or `None` (log it at DEBUG).
-    pub(super) fn warn_now(&self, now: Instant) -> Option<u64> {
+    /// Whether a line at `now` is let through: `Some(held back since the
+    /// last one)`, or `None` (log it at DEBUG).
+    pub(super) fn line_now(&self, now: Instant) -> Option<u64> {
         let at = now.saturating_duration_since(self.start).as_millis() as u64;
-        let next = self.next_warn_ms.load(Ordering::Relaxed);
-        let every = FAILURE_WARN_EVERY.as_millis() as u64;
+        let next = self.next_line_ms.load(Ordering::Relaxed);
+        let every = LOG_LINE_EVERY.as_millis() as u64;
         if at >= next
-            && self.next_warn_ms.compare_exchange(next, at + every, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+            && self.next_line_ms.compare_exchange(next, at + every, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
             return Some(self.held_back.swap(0, Ordering::Relaxed));
         }
@@ -188,14 +189,14 @@ mod tests {
     #[test]
     fn one_failure_a_second_is_warned_and_says_how_many_were_held_back() {
         let start = Instant::now();
-        let log = FailureLog::new(start);
-        assert_eq!(log.warn_now(start), Some(0), "the first failure is warned");
+        let log = LogLimit::new(start);
+        assert_eq!(log.line_now(start), Some(0), "the first failure is warned");
         for n in 1..=199 {
-            assert_eq!(log.warn_now(start + Duration::from_millis(n)), None, "failure {n} within the second");
+            assert_eq!(log.line_now(start + Duration::from_millis(n)), None, "failure {n} within the second");
         }
-        assert_eq!(log.warn_now(start + FAILURE_WARN_EVERY), Some(199), "the next second's first, with the count");
-        assert_eq!(log.warn_now(start + FAILURE_WARN_EVERY + Duration::from_millis(1)), None);
-        assert_eq!(log.warn_now(start + 5 * FAILURE_WARN_EVERY), Some(1), "after a quiet spell, at once");
+        assert_eq!(log.line_now(start + LOG_LINE_EVERY), Some(199), "the next second's first, with the count");
+        assert_eq!(log.line_now(start + LOG_LINE_EVERY + Duration::from_millis(1)), None);
+        assert_eq!(log.line_now(start + 5 * LOG_LINE_EVERY), Some(1), "after a quiet spell, at once");
     }
 
     #[test]

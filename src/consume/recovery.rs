@@ -44,8 +44,10 @@ pub(crate) async fn own_pending_page(
 /// everything in the stream arrived after the group was lost, and skipping
 /// it would lose entries; re-delivering is the at-least-once side.
 ///
+/// Returns whether it created the group (false: BUSYGROUP, it exists again).
+///
 /// Errors: Redis' other than BUSYGROUP.
-pub(crate) async fn recreate_group(keys: &GroupKeys) -> RedisResult<()> {
+pub(crate) async fn recreate_group(keys: &GroupKeys) -> RedisResult<bool> {
     let mut conn = keys.redis.conn.clone();
     let created: RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
@@ -56,15 +58,10 @@ pub(crate) async fn recreate_group(keys: &GroupKeys) -> RedisResult<()> {
         .query_async(&mut conn)
         .await;
     match created {
-        Ok(()) => {
-            tracing::info!(stream = %keys.stream, group = %keys.group, "group re-created from the start of the stream")
-        }
-        Err(e) if crate::redis::fault(&e) == crate::redis::Fault::BusyGroup => {
-            tracing::info!(stream = %keys.stream, group = %keys.group, "group exists again")
-        }
-        Err(e) => return Err(e),
+        Ok(()) => Ok(true),
+        Err(e) if crate::redis::fault(&e) == crate::redis::Fault::BusyGroup => Ok(false),
+        Err(e) => Err(e),
     }
-    Ok(())
 }
 
 /// Resolves when a switch of primary has ended (a new primary found, see

@@ -615,11 +615,11 @@ impl Worker {
     }
 
     /// `line` at WARN, or at DEBUG while the sidecar-wide limit of one such
-    /// line a second holds it back ([`super::pacing::FailureLog`]): through an
+    /// line a second holds it back ([`super::pacing::LogLimit`]): through an
     /// outage every group's worker fails at once.
     fn warn_limited(&self, line: &str) {
         let (stream, group) = (&self.keys.stream, &self.keys.group);
-        match self.shared.failure_log.warn_now(Instant::now()) {
+        match self.shared.failure_log.line_now(Instant::now()) {
             Some(0) => warn!(%stream, %group, "{line}"),
             Some(held_back) => {
                 warn!(%stream, %group, held_back, "{line} (and {held_back} more failed steps or lost groups of group workers since the last such line, logged at DEBUG; echomq_redis_errors_total counts each failed step)")
@@ -1002,9 +1002,21 @@ impl Worker {
 
     async fn recreate_group(&mut self) -> bool {
         self.act();
-        if let Err(e) = recovery::recreate_group(&self.keys).await {
-            self.redis_failed(Step::RecreateGroup, &e);
-            return false;
+        let created = match recovery::recreate_group(&self.keys).await {
+            Ok(created) => created,
+            Err(e) => {
+                self.redis_failed(Step::RecreateGroup, &e);
+                return false;
+            }
+        };
+        let (stream, group) = (&self.keys.stream, &self.keys.group);
+        let line = if created { "group re-created from the start of the stream" } else { "group exists again" };
+        match self.shared.recreation_log.line_now(Instant::now()) {
+            Some(0) => info!(%stream, %group, "{line}"),
+            Some(held_back) => {
+                info!(%stream, %group, held_back, "{line} (and {held_back} more groups since the last such line, logged at DEBUG; echomq_group_recreations_total counts each)")
+            }
+            None => debug!(%stream, %group, "{line}"),
         }
         self.pacing.succeeded(Step::RecreateGroup);
         self.outlet.metrics.group_recreations.inc();
