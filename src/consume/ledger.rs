@@ -891,6 +891,18 @@ impl<D> Ledger<D> {
         self.effects.push(Effect::Answer { session, text, refusal });
     }
 
+    /// The Acks of one message: see [`Ledger::ack`].
+    pub(crate) fn ack_all(&mut self, session: SessionId, ids: Vec<(String, BrandedId)>, now: Instant) {
+        // Room for all at once: grown one ack at a time, the queue of a
+        // flush reallocated at every power of two.
+        if !self.no_ack {
+            self.orders.acks.reserve(ids.len());
+        }
+        for (text, id) in ids {
+            self.ack(session, text, id, now);
+        }
+    }
+
     /// An Ack: queues the XACK (none in at-most-once mode, where the entry is
     /// not pending); UNKNOWN_ID or NOT_PENDING when the call does not hold `id`.
     pub(crate) fn ack(&mut self, session: SessionId, text: String, id: BrandedId, now: Instant) {

@@ -348,11 +348,7 @@ impl Worker {
                 }
                 let _ = reply.send(attached);
             }
-            Command::Ack { session, ids } => {
-                for (text, id) in ids {
-                    self.ledger.ack(session, text, id, now);
-                }
-            }
+            Command::Ack { session, ids } => self.ledger.ack_all(session, ids, now),
             Command::Fail { session, fail } => self.ledger.fail(session, *fail, now),
             Command::Release { session, ids } => self.ledger.release(session, ids, now),
             Command::AckEmit { session, ack_emit } => {
