@@ -86,6 +86,14 @@ const DEADLINE_CHECK: Duration = Duration::from_millis(100);
 const RECLAIM_PAGES_PER_BEAT: usize = 8;
 /// Commands taken in one go, so that their acks reach Redis as one script run.
 const COMMANDS_PER_TURN: usize = 1024;
+/// Commands a group's channel holds before its calls' relays wait. A relay
+/// stops reading its client while the worker's answers pile up, but only
+/// once they exist: every command queued ahead of them may still make one
+/// answer per id (an Ack of a thousand unknown ids makes a thousand), so
+/// this bounds what a client that sends without reading can make the
+/// sidecar hold. At 1,024 a test run under load took 300 such Acks and
+/// grew by over 40 MiB.
+const COMMANDS_QUEUED: usize = 64;
 /// Hygiene beats a worker stays with no call before it retires (10 to 20 s
 /// at the default beat): long enough that a client reconnecting finds it,
 /// short enough that groups clients came and went from cost nothing.
@@ -146,7 +154,7 @@ impl Worker {
         group: String,
         no_ack: bool,
     ) -> (mpsc::Sender<Command>, JoinHandle<()>) {
-        let (commands_tx, commands) = mpsc::channel(COMMANDS_PER_TURN);
+        let (commands_tx, commands) = mpsc::channel(COMMANDS_QUEUED);
         let metrics = shared.metrics.group(&stream, shared.redis.keys.sharded_stream_of(&stream), &group);
         for step in Step::ALL {
             let _ = metrics.redis_errors(step.label());
