@@ -53,6 +53,14 @@ async fn subscribe_without_group_start_is_invalid_argument() {
         .expect("GROUP_START_UNSPECIFIED must be refused");
 
     assert_code(&err, Code::InvalidArgument);
+    assert!(err.message().contains("required: GROUP_START_NEW"), "{err:?}");
+
+    // A number no GroupStart has is named as such, not taken for a missing one.
+    let unknown = echomq::proto::Subscribe { group_start: 99, ..subscribe_msg("s", "g", GroupStart::New) };
+    let err = Consumer::try_subscribe(&sidecar, unknown).await.err().expect("group_start 99 must be refused");
+    assert_code(&err, Code::InvalidArgument);
+    assert!(err.message().contains("99 is not a GroupStart"), "{err:?}");
+
     let mut con = redis.conn().await;
     assert!(!exists(&mut con, "s").await, "a refused subscribe must not create the stream or group");
 }

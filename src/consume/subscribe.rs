@@ -53,10 +53,19 @@ impl Consumers {
                 // The group's last-delivered id is exclusive: the last id before `ms`.
                 StreamId { ms, seq: 0 }.predecessor().map_or_else(|| "0".to_owned(), |id| id.to_string())
             }
-            Ok(GroupStart::Unspecified) | Err(_) => {
+            Ok(GroupStart::Unspecified) => {
                 return Err(Error::invalid(
                     "subscribe.group_start",
                     "required: GROUP_START_NEW (only new entries), GROUP_START_BEGINNING (everything the stream holds), GROUP_START_ID or GROUP_START_INSTANT",
+                ))
+            }
+            Err(_) => {
+                return Err(Error::invalid(
+                    "subscribe.group_start",
+                    format!(
+                        "{} is not a GroupStart: GROUP_START_NEW (1), GROUP_START_BEGINNING (2), GROUP_START_ID (3) or GROUP_START_INSTANT (4)",
+                        subscribe.group_start
+                    ),
                 ))
             }
         };
