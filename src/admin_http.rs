@@ -5,7 +5,7 @@
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
-    Arc,
+    Arc, Mutex,
 };
 
 use axum::{extract::State, http::StatusCode, routing::get, Router};
@@ -19,12 +19,24 @@ use tokio::net::TcpListener;
 pub struct Readiness {
     redis_up: Arc<AtomicBool>,
     draining: Arc<AtomicBool>,
+    /// Why Redis did not serve at the last check, for `/readyz`'s body.
+    unready: Arc<Mutex<String>>,
 }
 
 impl Readiness {
-    /// Records whether Redis answered the last PING.
+    /// Records whether Redis served at the last check.
     pub fn set_redis_up(&self, up: bool) {
         self.redis_up.store(up, Ordering::Relaxed);
+    }
+
+    /// Records the last check: `None` when Redis serves, else why not (as
+    /// [`crate::redis::Redis::unready`] says it), shown by `/readyz`.
+    pub fn set_redis_unready(&self, why: Option<&str>) {
+        if let Some(why) = why {
+            let mut unready = self.unready.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            why.clone_into(&mut unready);
+        }
+        self.set_redis_up(why.is_none());
     }
 
     /// Records that shutdown has begun.
@@ -41,7 +53,9 @@ impl Readiness {
 /// Serves the admin port on `listener` until `shutdown` resolves.
 ///
 /// `GET /livez`: 200 while the process serves. `GET /readyz`: 200 when ready
-/// (see [`Readiness::is_ready`]), 503 otherwise.
+/// (see [`Readiness::is_ready`]), 503 otherwise, with a body that says why
+/// (`not ready: shutting down`, or `not ready: ` and what the last Redis
+/// check found).
 ///
 /// `GET /metrics`: the Prometheus text exposition of [`Metrics`].
 pub async fn serve(
@@ -65,10 +79,13 @@ fn exposition(metrics: &Metrics) -> ([(axum::http::HeaderName, &'static str); 1]
     )
 }
 
-async fn ready(State(readiness): State<Readiness>) -> (StatusCode, &'static str) {
-    if readiness.is_ready() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+async fn ready(State(readiness): State<Readiness>) -> (StatusCode, String) {
+    if readiness.draining.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down\n".to_owned());
     }
+    if !readiness.redis_up.load(Ordering::Relaxed) {
+        let why = readiness.unready.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n"));
+    }
+    (StatusCode::OK, "ready\n".to_owned())
 }

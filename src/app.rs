@@ -803,7 +803,7 @@ async fn ping_loop(
                 error!("{e}");
             }
         }
-        readiness.set_redis_up(up);
+        readiness.set_redis_unready(unready.as_deref());
         redis_up.send_if_modified(|was| std::mem::replace(was, up) != up);
         if let Some(why) = &unready {
             let cause = why.split(" (").next().unwrap_or(why);

@@ -35,6 +35,8 @@ async fn readyz_is_503_while_redis_is_down_and_200_again_after() {
 
     let not_ready = eventually(Duration::from_secs(15), || async { sidecar.readyz().await == Some(503) }).await;
     assert!(not_ready, "/readyz must turn 503 while Redis is unreachable (last: {:?})", sidecar.readyz().await);
+    let body = http_get(sidecar.admin_port(), "/readyz").await.expect("GET /readyz").body;
+    assert!(body.starts_with("not ready: ") && body.contains("Redis"), "the body says why: {body:?}");
     assert_eq!(sidecar.livez().await, Some(200), "liveness does not depend on Redis");
     redis.restart().await;
     let ready = eventually(Duration::from_secs(15), || async { sidecar.readyz().await == Some(200) }).await;
@@ -74,6 +76,8 @@ async fn sigterm_lets_calls_settle_then_exits_0_keeping_unacked_pending() {
 
     let not_ready = eventually(EVENT_TIMEOUT, || async { sidecar.readyz().await == Some(503) }).await;
     assert!(not_ready, "/readyz must answer 503 during the grace period (last: {:?})", sidecar.readyz().await);
+    let body = http_get(sidecar.admin_port(), "/readyz").await.expect("GET /readyz").body;
+    assert_eq!(body, "not ready: shutting down\n");
     let left_serving = eventually(Duration::from_secs(2), || {
         let mut health = health.clone();
         async move {
