@@ -1,8 +1,17 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { status as Status, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import type { BrandedId } from './branded-id.js';
-import type { Delivery, Emit, EmittedEntry, FailKind, FailOptions, RawField } from './delivery.js';
-import { AckEmitError, CallEndedError, EchoMQError, LeaseLostError, PoisonError, TransientError } from './errors.js';
+import type { Delivery, Emit, EmittedEntry, FailKind, FailOptions } from './delivery.js';
+import type { RawField } from './fields.js';
+import {
+  AckEmitError,
+  CallEndedError,
+  EchoMQError,
+  LeaseLostError,
+  PoisonError,
+  TransientError,
+  type VerdictErrorCode,
+} from './errors.js';
 import { encodeFields } from './producer.js';
 import { consumerClient, dateOf, durationOf, timestampOf, type ConnectionOptions } from './grpc.js';
 import type { ConsumeRequest } from './gen/echomq/v1/ConsumeRequest.js';
@@ -29,16 +38,6 @@ export type Start = 'new' | 'beginning' | { readonly afterId: string } | { reado
  * @deprecated Use {@link Start}, the name every client gives it; goes away in the next release.
  */
 export type GroupStart = Start;
-
-/** Codes of a {@link VerdictError}. */
-export type VerdictErrorCode =
-  | 'UNKNOWN_ID'
-  | 'NOT_PENDING'
-  | 'INVALID_ARGUMENT'
-  | 'UNAVAILABLE'
-  | 'LEASE_LOST'
-  | 'PERMISSION_DENIED'
-  | 'UNSPECIFIED';
 
 /** A verdict or extension the sidecar did not apply. The call goes on. */
 export interface VerdictError {

@@ -1,12 +1,6 @@
 import type { BrandedId } from './branded-id.js';
 import type { AckEmitError, CallEndedError, LeaseLostError } from './errors.js';
-import type { Fields } from './producer.js';
-
-/** A field whose name is not valid UTF-8 (a proto map key must be), byte for byte. */
-export interface RawField {
-  readonly name: Buffer;
-  readonly value: Buffer;
-}
+import type { Fields, RawField } from './fields.js';
 
 /**
  * Whose fault a failure was, which decides whether it counts as an attempt

@@ -1,5 +1,5 @@
 import type { BrandedId } from './branded-id.js';
-import type { RawField } from './delivery.js';
+import type { RawField } from './fields.js';
 import { dateOf } from './grpc.js';
 import type { Entry__Output } from './gen/echomq/v1/Entry.js';
 

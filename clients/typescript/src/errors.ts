@@ -1,5 +1,14 @@
 import { status as Status, type ServiceError } from '@grpc/grpc-js';
-import type { VerdictErrorCode } from './consumer.js';
+
+/** Codes of a {@link VerdictError}. */
+export type VerdictErrorCode =
+  | 'UNKNOWN_ID'
+  | 'NOT_PENDING'
+  | 'INVALID_ARGUMENT'
+  | 'UNAVAILABLE'
+  | 'LEASE_LOST'
+  | 'PERMISSION_DENIED'
+  | 'UNSPECIFIED';
 
 /**
  * gRPC status codes that retrying cannot fix, the same in every EchoMQ client

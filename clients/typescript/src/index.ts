@@ -43,9 +43,9 @@ export {
   type Subscribed,
   type Verdict,
   type VerdictError,
-  type VerdictErrorCode,
 } from './consumer.js';
-export type { Delivery, Emit, EmittedEntry, FailKind, FailOptions, RawField } from './delivery.js';
+export type { Delivery, Emit, EmittedEntry, FailKind, FailOptions } from './delivery.js';
+export type { FieldValue, Fields, RawField } from './fields.js';
 export {
   Producer,
   Streams,
@@ -53,8 +53,6 @@ export {
   type AppendOptions,
   type AppendResult,
   type BatchEntry,
-  type FieldValue,
-  type Fields,
   type ListScheduledOptions,
   type ReadAllOptions,
   type ReadBound,
@@ -100,5 +98,15 @@ export {
   /** @deprecated Use `VersionStore`. */
   type NewerWinsStore,
 } from './idempotency.js';
-export { AckEmitError, CallEndedError, EchoMQError, LeaseLostError, NotScheduledError, PERMANENT_CODES, PoisonError, TransientError } from './errors.js';
+export {
+  AckEmitError,
+  CallEndedError,
+  EchoMQError,
+  LeaseLostError,
+  NotScheduledError,
+  PERMANENT_CODES,
+  PoisonError,
+  TransientError,
+  type VerdictErrorCode,
+} from './errors.js';
 export { DEFAULT_TARGET, type CallOptions, type ConnectionOptions } from './grpc.js';

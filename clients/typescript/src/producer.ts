@@ -2,6 +2,7 @@ import { parseBrandedId, type BrandedId } from './branded-id.js';
 import { entryOf, type Entry } from './entry.js';
 import { status as Status } from '@grpc/grpc-js';
 import { EchoMQError, NotScheduledError } from './errors.js';
+import type { Fields } from './fields.js';
 import { countOf, dateOf, streamClient, timestampOf, unary, type CallOptions, type ConnectionOptions } from './grpc.js';
 import type { CancelScheduledResponse__Output } from './gen/echomq/v1/CancelScheduledResponse.js';
 import type { ListScheduledResponse__Output } from './gen/echomq/v1/ListScheduledResponse.js';
@@ -12,12 +13,6 @@ import type { TrimResponse__Output } from './gen/echomq/v1/TrimResponse.js';
 import type { ReadRequest } from './gen/echomq/v1/ReadRequest.js';
 import type { StreamServiceClient } from './gen/echomq/v1/StreamService.js';
 import type { TrimRequest } from './gen/echomq/v1/TrimRequest.js';
-/** A field value: bytes, or text (written as UTF-8). */
-export type FieldValue = Uint8Array | string;
-
-/** An entry's fields, name → value. A field may not be named like the sidecar's reserved branded-id field (`id`). */
-export type Fields = Readonly<Record<string, FieldValue>> | ReadonlyMap<string, FieldValue>;
-
 /** What an append wrote. */
 export interface AppendResult {
   /** The entry's branded id: its idempotency key, kept by every copy. */
