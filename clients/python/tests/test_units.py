@@ -411,6 +411,21 @@ async def test_a_full_ack_window_goes_out_at_once() -> None:
     assert [list(m.ack.ids) for m in rest] == [[f"{8:028x}", f"{9:028x}"]], "finish flushes the partial window"
 
 
+async def test_ack_messages_queued_back_to_back_travel_as_one() -> None:
+    call = _Call(ack_linger=60, max_ack_ids=4)
+    ids = [f"{i:028x}" for i in range(7)]
+    for window in (ids[0:2], ids[2:3], ids[3:5]):  # three windows queued before the writer runs
+        for id in window:
+            await _delivery(call, id).ack()
+        call.flush_acks()
+    await _delivery(call, ids[5]).fail("no")
+    await _delivery(call, ids[6]).ack()
+    sent = await _drain(call)
+    assert [m.WhichOneof("kind") for m in sent] == ["ack", "ack", "fail", "ack"]
+    acked = [list(m.ack.ids) for m in sent if m.WhichOneof("kind") == "ack"]
+    assert acked == [ids[0:3], ids[3:5], ids[6:7]], "merged up to max_ack_ids, never past a fail"
+
+
 async def test_a_fail_flushes_the_acks_given_before_it() -> None:
     call = _Call(ack_linger=60)
     a, b, c = (_delivery(call, f"{i:028x}") for i in range(3))

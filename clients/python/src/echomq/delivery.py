@@ -215,9 +215,9 @@ class Outbox(Protocol):
         the call has ended."""
         ...
 
-    def ack(self, id: str) -> bool:
-        """Queues the id for the call's next (coalesced) Ack message; False
-        when the call has ended."""
+    def ack(self, delivery: Delivery) -> bool:
+        """The delivery is acked: the call stops tracking it and queues its id
+        for the next (coalesced) Ack message; False when the call has ended."""
         ...
 
     def release(self, delivery: Delivery) -> None:
@@ -450,11 +450,11 @@ class Delivery:
     def _ack(self) -> bool:
         """`ack()` without the coroutine, for the consumer's own settling
         (after every handler that returns: no coroutine object per delivery)."""
-        if self._closed("ack"):
+        if self._settled or self._lost:  # rare: tested inline, `_closed` logs why
+            self._closed("ack")
             return False
         self._settled = True
-        self._call.release(self)
-        if not self._call.ack(self.id):
+        if not self._call.ack(self):
             self._dropped("ack")
             return False
         return True
