@@ -22,9 +22,9 @@
 //! 3. idle, nothing appended: the CPU time Redis (`INFO cpu`) and the sidecar
 //!    (`/proc/<pid>/stat`) spend per second over 20 s (2 s in the smoke run);
 //!    then, over as long, the commands the sidecar sends, from Redis'
-//!    `MONITOR` (round trips: the commands a script runs inside Redis are not
-//!    counted, `MONITOR` tags them `lua`), per subscription per second; the
-//!    sidecar's resident set;
+//!    `MONITOR` (round trips: the commands a script runs inside Redis, which
+//!    `MONITOR` tags `lua`, are counted apart and printed beside them), per
+//!    subscription per second; the sidecar's resident set;
 //! 4. latency: a producer appends to every stream once a second, spread evenly
 //!    (N entries/s in all; a plain `XADD` writing the send time, unix µs), for
 //!    20 s (2 s), while each call acks what it gets; latency is the receive time
@@ -106,6 +106,8 @@ struct Costs {
     connections: usize,
     /// Round trips per second, all sidecars together, with nothing to deliver.
     idle_commands: f64,
+    /// Commands run inside scripts per second, beside `idle_commands`.
+    idle_script_commands: f64,
     /// CPU time per second of Redis and of the sidecars together, with
     /// nothing to deliver (ms/s).
     idle_cpu: Cpu,
@@ -209,7 +211,7 @@ async fn stage(
     let before = cpu_now(redis, &[&sidecar]).await?;
     tokio::time::sleep(window).await;
     let idle_cpu = cpu_since(redis, &[&sidecar], before, window.as_secs_f64() / 1e3).await?;
-    let idle_commands = monitor_round_trips(redis_server.port(), window).await?;
+    let (idle_commands, idle_script_commands) = monitor_round_trips(redis_server.port(), window).await?;
     let rss = sidecar.memory().0;
     let before = cpu_now(redis, &[&sidecar]).await?;
     let latency = measure_latency(redis, calls, &streams, streams.len() as f64, window).await?;
@@ -222,6 +224,7 @@ async fn stage(
         refused_by_default: refused,
         connections,
         idle_commands,
+        idle_script_commands,
         idle_cpu,
         trickle_cpu,
         rss,
@@ -268,7 +271,7 @@ async fn fleet_stage(
     let before = cpu_now(redis, &all).await?;
     tokio::time::sleep(window).await;
     let idle_cpu = cpu_since(redis, &all, before, window.as_secs_f64() / 1e3).await?;
-    let idle_commands = monitor_round_trips(redis_server.port(), window).await?;
+    let (idle_commands, idle_script_commands) = monitor_round_trips(redis_server.port(), window).await?;
     let rss = sidecars.iter().map(|s| s.memory().0).sum::<u64>() / fleet as u64;
     let before = cpu_now(redis, &all).await?;
     let latency = measure_latency(redis, calls, std::slice::from_ref(&stream), fleet as f64, window).await?;
@@ -281,6 +284,7 @@ async fn fleet_stage(
         refused_by_default: refused,
         connections,
         idle_commands,
+        idle_script_commands,
         idle_cpu,
         trickle_cpu,
         rss,
@@ -353,25 +357,28 @@ async fn sidecar_connections(redis: &mut MultiplexedConnection) -> Result<usize,
 /// Round trips per second Redis got from clients other than the bench over
 /// `window`, from `MONITOR` (whose lines for commands run inside a script
 /// say `lua` where the client's address would be).
-async fn monitor_round_trips(port: u16, window: Duration) -> Result<f64, Error> {
+async fn monitor_round_trips(port: u16, window: Duration) -> Result<(f64, f64), Error> {
     let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     socket.write_all(format!("CLIENT SETNAME {BENCH_CLIENT}\r\nMONITOR\r\n").as_bytes()).await?;
     let mut lines = BufReader::new(socket).lines();
     let deadline = tokio::time::Instant::now() + window;
-    let mut commands = 0usize;
+    let (mut commands, mut in_scripts) = (0usize, 0usize);
     loop {
         match tokio::time::timeout_at(deadline, lines.next_line()).await {
             Err(_) => break,
             Ok(line) => {
                 let Some(line) = line? else { return Err("MONITOR's connection closed".into()) };
                 // `+<unix s.µs> [<db> <addr>|lua] "<command>" …`; the replies to SETNAME and MONITOR are `+OK`.
-                if line.starts_with('+') && line.contains(" [") && !line.contains(" lua]") {
+                if line.starts_with('+') && line.contains(" lua]") {
+                    in_scripts += 1;
+                } else if line.starts_with('+') && line.contains(" [") {
                     commands += 1;
                 }
             }
         }
     }
-    Ok(commands as f64 / window.as_secs_f64())
+    let seconds = window.as_secs_f64();
+    Ok((commands as f64 / seconds, in_scripts as f64 / seconds))
 }
 
 /// CPU time of Redis and of the sidecars, in the unit its use says.
@@ -522,13 +529,14 @@ fn unix_micros() -> u64 {
 fn print_costs(costs: &Costs) {
     let per_sidecar = costs.connections as f64 / costs.sidecars as f64;
     println!(
-        "{:<26} refused by default {:>4} | Redis connections {:>5} ({:.1} per sidecar) | idle {:>8.1} commands/s ({:.2} per subscription) | RSS {:>6.1} MB{} | latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} of {} delivered)",
+        "{:<26} refused by default {:>4} | Redis connections {:>5} ({:.1} per sidecar) | idle {:>8.1} commands/s ({:.2} per subscription; {:.2} more run inside scripts) | RSS {:>6.1} MB{} | latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} of {} delivered)",
         costs.label,
         costs.refused_by_default,
         costs.connections,
         per_sidecar,
         costs.idle_commands,
         costs.idle_commands / costs.subscriptions as f64,
+        costs.idle_script_commands / costs.subscriptions as f64,
         costs.rss as f64 / 1e6,
         if costs.sidecars > 1 { " per sidecar" } else { "" },
         costs.latency.p50,
@@ -624,9 +632,11 @@ fn print_targets(all: &[Costs]) {
             let added =
                 (large.idle_commands - small.idle_commands) / (large.subscriptions - small.subscriptions) as f64;
             let floor = small.idle_commands - added * small.subscriptions as f64;
+            let inside = (large.idle_script_commands - small.idle_script_commands)
+                / (large.subscriptions - small.subscriptions) as f64;
             println!(
                 "  ≤ {TARGET_IDLE_COMMANDS} idle commands/s per subscription: {added:.2} each from {} to {} subscriptions on one sidecar, \
-                 beside {floor:.1}/s per sidecar whatever it serves — {}",
+                 beside {floor:.1}/s per sidecar whatever it serves — {} (round trips; the scripts among them run {inside:.2} more each inside Redis)",
                 small.subscriptions,
                 large.subscriptions,
                 verdict(added <= TARGET_IDLE_COMMANDS)

@@ -558,6 +558,36 @@ async fn hygiene_keeps_a_live_quiet_sidecar_and_removes_it_once_dead() {
     assert_eq!(beats, vec!["cleaner".to_owned()], "the dead consumer's heartbeat goes with it");
 }
 
+/// At the default idle limit (an hour) only every 45th hygiene beat lists
+/// the group's consumers (XINFO CONSUMERS and an HGET each, which every
+/// sidecar of a group of a thousand consumers ran every 10 s); the beats in
+/// between record the heartbeat alone. The first beat is thorough.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn light_hygiene_beats_record_the_heartbeat_without_listing_consumers() {
+    let redis = RedisServer::start().await;
+    // No gauge polls: they would list consumers too.
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--metrics-poll-interval-ms").arg("0")).await;
+    let mut con = redis.conn().await;
+    let _call = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let beat = || async {
+        let mut con = redis.conn().await;
+        let at: Option<u64> =
+            redis::cmd("HGET").arg("s:heartbeats:g").arg(sidecar.consumer_name()).query_async(&mut con).await.unwrap();
+        at
+    };
+    assert!(eventually(EVENT_TIMEOUT, || async { beat().await.is_some() }).await, "the first beat");
+    let first = beat().await;
+    let listed = command_calls(&mut con, "xinfo|consumers").await;
+    assert!(listed >= 1, "the first beat is thorough");
+
+    // The next beat, 10 s later at this limit.
+    let second = eventually(Duration::from_secs(15), || async { beat().await != first }).await;
+    assert!(second, "the heartbeat was recorded again:\n{}", sidecar.log());
+    assert_eq!(command_calls(&mut con, "xinfo|consumers").await, listed, "a light beat lists no consumers");
+    let ttl: i64 = redis::cmd("PTTL").arg("s:heartbeats:g").query_async(&mut con).await.unwrap();
+    assert!(ttl > 0, "the hash keeps the expiry the thorough beat gave it: {ttl}");
+}
+
 /// A stream deleted (DEL, FLUSHALL, a restart without persistence) after
 /// its last call left, while the group's worker lingers (two hygiene beats,
 /// 1 s each here): the beat that finds no stream says so once, in words,

@@ -51,13 +51,6 @@ async fn sidecar_clients(con: &mut MultiplexedConnection) -> Vec<(String, String
         .collect()
 }
 
-/// The calls of one command so far (`INFO commandstats`), 0 before its first.
-async fn calls(con: &mut MultiplexedConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(con).await.unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines().find_map(|line| line.strip_prefix(&prefix)?.split(',').next()?.parse().ok()).unwrap_or(0)
-}
-
 /// The wake connection's client id, waiting for it to be there.
 async fn wake_client(con: &mut MultiplexedConnection) -> String {
     let deadline = Instant::now() + EVENT_TIMEOUT;
@@ -187,9 +180,9 @@ async fn idle_groups_send_no_reads() {
     expect_each(&mut consumers, &[0], "warm", EVENT_TIMEOUT).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let (reads, xlens) = (calls(&mut con, "xreadgroup").await, calls(&mut con, "xlen").await);
+    let (reads, xlens) = (command_calls(&mut con, "xreadgroup").await, command_calls(&mut con, "xlen").await);
     tokio::time::sleep(Duration::from_millis(1_600)).await;
-    let (read_after, xlen_after) = (calls(&mut con, "xreadgroup").await, calls(&mut con, "xlen").await);
+    let (read_after, xlen_after) = (command_calls(&mut con, "xreadgroup").await, command_calls(&mut con, "xlen").await);
 
     assert_eq!(read_after - reads, 0, "XREADGROUPs while 50 groups were idle");
     assert_eq!(xlen_after - xlens, 0, "XLENs while 50 groups were idle");
@@ -267,10 +260,10 @@ async fn idle_groups_share_one_reclaim_probe_per_beat() {
     let mut consumers = subscribe_all(&sidecar, &streams).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let (claims, probes) = (calls(&mut con, "xautoclaim").await, calls(&mut con, "xpending").await);
+    let (claims, probes) = (command_calls(&mut con, "xautoclaim").await, command_calls(&mut con, "xpending").await);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(calls(&mut con, "xautoclaim").await - claims, 0, "idle groups sent XAUTOCLAIM");
-    let probed = calls(&mut con, "xpending").await - probes;
+    assert_eq!(command_calls(&mut con, "xautoclaim").await - claims, 0, "idle groups sent XAUTOCLAIM");
+    let probed = command_calls(&mut con, "xpending").await - probes;
     assert!(probed >= 30, "the probe looked at every group at least once: {probed} XPENDING");
 
     // A consumer that died holding an entry (appended and read in one
@@ -278,7 +271,7 @@ async fn idle_groups_share_one_reclaim_probe_per_beat() {
     // it, and its group reclaims it.
     dead_peers_entry(&mut con, &streams[7], "g", b"orphan", None).await;
     expect_each(&mut consumers, &[7], "orphan", EVENT_TIMEOUT).await;
-    assert!(calls(&mut con, "xautoclaim").await > claims, "reclaimed with XAUTOCLAIM");
+    assert!(command_calls(&mut con, "xautoclaim").await > claims, "reclaimed with XAUTOCLAIM");
 }
 
 /// The wake connection killed: every reader reads again, a new one is made,
@@ -554,15 +547,15 @@ async fn keyed_groups_wait_on_the_wake_connection() {
     expect_each(&mut consumers, &[0], "warm", EVENT_TIMEOUT).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let scripts = calls(&mut con, "evalsha").await + calls(&mut con, "eval").await;
-    let (xreads, xreadgroups) = (calls(&mut con, "xread").await, calls(&mut con, "xreadgroup").await);
+    let scripts = command_calls(&mut con, "evalsha").await + command_calls(&mut con, "eval").await;
+    let (xreads, xreadgroups) = (command_calls(&mut con, "xread").await, command_calls(&mut con, "xreadgroup").await);
     tokio::time::sleep(Duration::from_millis(1_600)).await;
     // The heartbeat is a script too, every 10 s per group: at most one round
     // of those (a keyed read every --read-block-ms would be 60).
-    let scripts_after = calls(&mut con, "evalsha").await + calls(&mut con, "eval").await;
+    let scripts_after = command_calls(&mut con, "evalsha").await + command_calls(&mut con, "eval").await;
     assert!(scripts_after - scripts <= streams.len() as u64, "{} scripts while idle", scripts_after - scripts);
-    assert_eq!(calls(&mut con, "xread").await - xreads, 0, "no XREAD BLOCK waits");
-    assert_eq!(calls(&mut con, "xreadgroup").await - xreadgroups, 0, "no reads while idle");
+    assert_eq!(command_calls(&mut con, "xread").await - xreads, 0, "no XREAD BLOCK waits");
+    assert_eq!(command_calls(&mut con, "xreadgroup").await - xreadgroups, 0, "no reads while idle");
     let clients = sidecar_clients(&mut con).await;
     assert!(clients.len() <= 4, "{clients:?}");
 

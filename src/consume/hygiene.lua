@@ -1,6 +1,12 @@
 -- Consumer hygiene, one run per beat of every sidecar serving the group:
--- records this sidecar's heartbeat, then (when a limit is set) removes the
--- group's consumers that are dead and hold nothing.
+-- records this sidecar's heartbeat, then, on a thorough beat and when a
+-- limit is set, removes the group's consumers that are dead and hold nothing.
+--
+-- Most beats are light: the heartbeat alone (XPENDING of no entries to see
+-- that the group exists, TIME, HSET, HVALS). Only a thorough beat, every
+-- eighth of the limit or so (hygiene.rs), lists the consumers: XINFO
+-- CONSUMERS and an HGET per consumer, which every sidecar of a group of a
+-- thousand consumers ran every 10 s, a thousand commands each.
 --
 -- Liveness comes from the heartbeat, not from XINFO's idle time: Redis 7.0
 -- does not refresh a consumer's idle time on an empty XREADGROUP nor on an
@@ -33,6 +39,8 @@
 -- ARGV[2]  this sidecar's consumer (never removed)
 -- ARGV[3]  the idle limit, milliseconds; 0: only record the heartbeat
 -- ARGV[4]  how recent a heartbeat is to count its sidecar as serving the group, milliseconds
+-- ARGV[5]  1: a thorough beat (dead consumers removed, stale heartbeats dropped,
+--          the hash's expiry renewed); 0: a light one
 -- Returns {the sidecars serving the group (fresh heartbeats, this one's
 -- included), the names removed}; false (nil) when the stream does not exist;
 -- the number of the group's keys removed (an integer) when the stream exists
@@ -43,15 +51,23 @@ local limit = tonumber(ARGV[3])
 local function remove_own_keys()
   return redis.call('DEL', unpack(KEYS, 2))
 end
--- A stream deleted (DEL, FLUSHALL, a restart without persistence) took its
--- group and consumers with it: nothing to beat for, and XINFO would fail with
--- `no such key`. Say so, and record no heartbeat that would outlive it.
-if redis.call('EXISTS', stream) == 0 then
-  remove_own_keys()
-  return false
+local thorough = ARGV[5] == '1'
+-- XINFO CONSUMERS on a thorough beat, else XPENDING of no entries: either
+-- fails when the group or its stream is gone. A stream deleted (DEL,
+-- FLUSHALL, a restart without persistence) took its group and consumers
+-- with it: nothing to beat for. Say so, and record no heartbeat that would
+-- outlive it.
+local consumers
+if thorough then
+  consumers = redis.pcall('XINFO', 'CONSUMERS', stream, group)
+else
+  consumers = redis.pcall('XPENDING', stream, group, '-', '+', 0)
 end
-local consumers = redis.pcall('XINFO', 'CONSUMERS', stream, group)
 if type(consumers) == 'table' and consumers.err then
+  if redis.call('EXISTS', stream) == 0 then
+    remove_own_keys()
+    return false
+  end
   if string.find(consumers.err, 'NOGROUP', 1, true) then
     return remove_own_keys()
   end
@@ -60,8 +76,10 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('HSET', beats, me, now)
--- The hash outlives no group for long: a day, or twice the limit if longer.
-redis.call('PEXPIRE', beats, math.max(86400000, 2 * limit))
+if thorough then
+  -- The hash outlives no group for long: a day, or twice the limit if longer.
+  redis.call('PEXPIRE', beats, math.max(86400000, 2 * limit))
+end
 -- How many sidecars serve the group: with `--shared-readers auto` each
 -- chooses by it whether its reader shares or blocks.
 local fresh, sidecars = tonumber(ARGV[4]), 0
@@ -86,7 +104,7 @@ if keyed and redis.call('TYPE', keyed).ok == 'zset' then
   end
 end
 local removed = {}
-if limit == 0 then
+if limit == 0 or not thorough then
   return {sidecars, removed}
 end
 local present = {}

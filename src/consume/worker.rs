@@ -142,6 +142,9 @@ pub(crate) struct Worker {
     own: mpsc::WeakSender<Command>,
     /// Hygiene beats in a row that found no call.
     beats_without_calls: u32,
+    /// Hygiene beats that reached Redis, for which are thorough
+    /// ([`hygiene::thorough_every`]): the first is.
+    hygiene_beats: u64,
 }
 
 impl Worker {
@@ -180,6 +183,7 @@ impl Worker {
             keepalive: Some(commands_tx.clone()),
             own: commands_tx.downgrade(),
             beats_without_calls: 0,
+            hygiene_beats: 0,
             shared,
         };
         // Boxed: an async fn keeps its arguments in its state beside the
@@ -1076,9 +1080,12 @@ impl Worker {
         }
         self.act();
         let (stream, group) = (&self.keys.stream, &self.keys.group);
-        let beat = hygiene::beat(&self.keys, self.shared.consumer_idle_limit).await;
+        let limit = self.shared.consumer_idle_limit;
+        let thorough = self.hygiene_beats.is_multiple_of(hygiene::thorough_every(limit));
+        let beat = hygiene::beat(&self.keys, limit, thorough).await;
         if beat.is_ok() {
             self.pacing.succeeded(Step::Hygiene);
+            self.hygiene_beats += 1;
         }
         match beat {
             Ok(hygiene::Beat::StreamGone) => {

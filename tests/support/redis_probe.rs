@@ -437,3 +437,11 @@ fn parse_monitored(line: &str) -> Option<Monitored> {
     }
     (!args.is_empty()).then_some(Monitored { in_script, args })
 }
+
+/// How many times Redis ran `command` (`INFO commandstats`; a subcommand as
+/// `xinfo|consumers`), calls from scripts included.
+pub async fn command_calls(con: &mut MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(con).await.unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines().find_map(|line| line.strip_prefix(&prefix)?.split(',').next()?.parse().ok()).unwrap_or(0)
+}
