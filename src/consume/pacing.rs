@@ -56,6 +56,25 @@ impl LogLimit {
         self.held_back.fetch_add(1, Ordering::Relaxed);
         None
     }
+
+    /// Lines held back that no line let through has counted yet, once one
+    /// would be let through at `now`: `Some(count)`, for a line of their
+    /// own (the clock moves on as for any line), else `None`. Without it a
+    /// burst's count would wait for the next burst's first line.
+    pub(super) fn overdue(&self, now: Instant) -> Option<u64> {
+        if self.held_back.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let at = now.saturating_duration_since(self.start).as_millis() as u64;
+        let next = self.next_line_ms.load(Ordering::Relaxed);
+        let every = LOG_LINE_EVERY.as_millis() as u64;
+        if at >= next
+            && self.next_line_ms.compare_exchange(next, at + every, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            return Some(self.held_back.swap(0, Ordering::Relaxed)).filter(|&held_back| held_back > 0);
+        }
+        None
+    }
 }
 
 /// The first pause after a step fails.
@@ -197,6 +216,16 @@ mod tests {
         assert_eq!(log.line_now(start + LOG_LINE_EVERY), Some(199), "the next second's first, with the count");
         assert_eq!(log.line_now(start + LOG_LINE_EVERY + Duration::from_millis(1)), None);
         assert_eq!(log.line_now(start + 5 * LOG_LINE_EVERY), Some(1), "after a quiet spell, at once");
+
+        let log = LogLimit::new(start);
+        assert_eq!(log.overdue(start), None, "nothing held back");
+        assert_eq!(log.line_now(start), Some(0));
+        assert_eq!(log.line_now(start + Duration::from_millis(10)), None);
+        assert_eq!(log.line_now(start + Duration::from_millis(20)), None);
+        assert_eq!(log.overdue(start + Duration::from_millis(500)), None, "within the second");
+        assert_eq!(log.overdue(start + LOG_LINE_EVERY), Some(2), "the burst's count, once the second is over");
+        assert_eq!(log.overdue(start + 3 * LOG_LINE_EVERY), None, "counted once");
+        assert_eq!(log.line_now(start + 3 * LOG_LINE_EVERY), Some(0), "the next line starts afresh");
     }
 
     #[test]

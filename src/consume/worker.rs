@@ -298,7 +298,20 @@ impl Worker {
         // counted as its effects are carried out: before the log line.
         self.act();
         self.outlet.log_trimmed();
+        self.log_held_back();
         self.advance().await;
+    }
+
+    /// The count of a burst's lines held back by the sidecar-wide limits
+    /// (see [`super::pacing::LogLimit::overdue`]), once the burst is over.
+    fn log_held_back(&self) {
+        let now = Instant::now();
+        if let Some(held_back) = self.shared.failure_log.overdue(now) {
+            warn!(held_back, "{held_back} more failed steps or lost groups of group workers since the last such line, logged at DEBUG (echomq_redis_errors_total counts each failed step)");
+        }
+        if let Some(held_back) = self.shared.recreation_log.overdue(now) {
+            info!(held_back, "{held_back} more groups re-created or found again since the last such line, logged at DEBUG (echomq_group_recreations_total counts each)");
+        }
     }
 
     /// No call has needed this worker for a while (or the sidecar drains):
