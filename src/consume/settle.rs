@@ -19,8 +19,8 @@ use crate::telemetry;
 /// <group> <id> …`, [`ACK_CHUNK`] ids per command), drops the retry state
 /// of the re-delivered ones and the keyed members of those with a key
 /// (`ZREM`, per-key limits), all in one `settle.lua` run; a batch of acks
-/// alone, of first deliveries without a key, is a pipeline of XACKs instead
-/// (see [`plain_xack`]). Returns, per chunk
+/// alone, of first deliveries without a key, is plain XACKs instead (one
+/// command, or a pipeline of one per chunk; see [`xack`]). Returns, per chunk
 /// of `acks` in order (`acks.chunks(ACK_CHUNK)`), how many of its ids Redis
 /// still had pending: XACK counts, it does not say which.
 ///
@@ -37,7 +37,16 @@ pub(crate) async fn settle(
     let span = settle_span(keys, acks, writes, links);
     let mut conn = keys.redis.conn.clone();
     if writes.is_empty() && !acks.is_empty() && acks.iter().all(|ack| !ack.redelivered && ack.member.is_none()) {
-        return plain_xack(keys, acks).query_async(&mut conn).instrument(span).await;
+        if acks.len() <= ACK_CHUNK {
+            // One command, not a pipeline of one: its metrics and span say XACK.
+            let pending: usize = xack(keys, acks).query_async(&mut conn).instrument(span).await?;
+            return Ok(vec![pending]);
+        }
+        let mut pipe = redis::pipe();
+        for chunk in acks.chunks(ACK_CHUNK) {
+            pipe.add_command(xack(keys, chunk));
+        }
+        return pipe.query_async(&mut conn).instrument(span).await;
     }
     let mut script = keys.redis.scripts.settle.prepare_invoke();
     script.key(&keys.stream).key(&keys.retries).key(&keys.keyed).arg(&keys.group).arg(ACK_CHUNK).arg(acks.len());
@@ -59,21 +68,18 @@ pub(crate) async fn settle(
     script.invoke_async(&mut conn).instrument(span).await
 }
 
-/// The acks of a batch with nothing else to settle (no retry state to write
-/// or drop, no keyed member): `XACK <stream> <group> <id> …` per
-/// [`ACK_CHUNK`] ids, as one pipeline. Most batches at full rate are these,
-/// and Redis runs a plain XACK for about half of what the script costs it
-/// (its EVALSHA added ~20 µs per run on 7.0.15); the replies are the same
-/// per-chunk counts.
-fn plain_xack(keys: &GroupKeys, acks: &[PendingAck]) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    for chunk in acks.chunks(ACK_CHUNK) {
-        pipe.cmd("XACK").arg(&keys.stream).arg(&keys.group);
-        for ack in chunk {
-            pipe.arg(ack.stream_id);
-        }
+/// `XACK <stream> <group> <id> …` of `acks` (at most [`ACK_CHUNK`]), for a
+/// batch with nothing else to settle (no retry state to write or drop, no
+/// keyed member). Most batches at full rate are these, and Redis runs a
+/// plain XACK for about half of what the script costs it (its EVALSHA added
+/// ~20 µs per run on 7.0.15); the reply is the same count.
+fn xack(keys: &GroupKeys, acks: &[PendingAck]) -> redis::Cmd {
+    let mut xack = redis::cmd("XACK");
+    xack.arg(&keys.stream).arg(&keys.group);
+    for ack in acks {
+        xack.arg(ack.stream_id);
     }
-    pipe
+    xack
 }
 
 /// The span of one settle run (while traces are exported): kind CLIENT and
