@@ -1,6 +1,7 @@
 package echomq
 
 import (
+	"strings"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/encoding"
@@ -22,7 +23,7 @@ import (
 // the client per delivery, with its garbage the next (see BenchmarkConsume).
 // The hand decoder fills the same *pb.ConsumeResponse (interceptors and stats
 // handlers see what they always saw) with a handful of allocations per
-// delivery: the deliveries and timestamps of a frame in one slab each, one
+// delivery: the deliveries and timestamps of a frame in one slab, one
 // string block holding a delivery's id, stream id and traceparent, one byte
 // block holding its payload values, and its map; stream, group and field names
 // are interned (they repeat on every delivery). Each delivery owns its blocks,
@@ -41,8 +42,13 @@ type consumeCodec struct {
 	intern interner
 	// spans is scratch for one delivery's payload entries, reused.
 	spans []entrySpan
-	// text is scratch for one delivery's string block, reused.
-	text []byte
+	// last holds the stream, the group and the field names of the last
+	// delivery decoded, by place (see recall).
+	last lastNames
+	// parts is scratch for the bytes of one frame's deliveries, reused:
+	// grown anew for every frame, it cost as many bytes per delivery as the
+	// delivery's own strings.
+	parts [][]byte
 }
 
 func newConsumeCodec() *consumeCodec {
@@ -117,20 +123,12 @@ func (c *consumeCodec) decodeResponse(b []byte, m *pb.ConsumeResponse) bool {
 		m.Kind = &pb.ConsumeResponse_Delivery{Delivery: ds[0]}
 		return true
 	case fieldResponseBatch:
-		var parts [][]byte
-		for len(body) > 0 {
-			num, typ, n := protowire.ConsumeTag(body)
-			if n < 0 || num != fieldBatchDeliveries || typ != protowire.BytesType {
-				return false
-			}
-			part, l := protowire.ConsumeBytes(body[n:])
-			if l < 0 {
-				return false
-			}
-			parts = append(parts, part)
-			body = body[n+l:]
+		parts, ok := c.splitBatch(body)
+		if !ok {
+			return false
 		}
 		ds, ok := c.decodeDeliveries(parts)
+		clear(parts) // they point into grpc's buffer, which goes back to its pool
 		if !ok {
 			return false
 		}
@@ -141,28 +139,53 @@ func (c *consumeCodec) decodeResponse(b []byte, m *pb.ConsumeResponse) bool {
 	}
 }
 
+// splitBatch returns the bytes of each Delivery of a DeliveryBatch's body, in
+// c.parts.
+func (c *consumeCodec) splitBatch(body []byte) ([][]byte, bool) {
+	parts := c.parts[:0]
+	for len(body) > 0 {
+		num, typ, n := protowire.ConsumeTag(body)
+		if n < 0 || num != fieldBatchDeliveries || typ != protowire.BytesType {
+			return nil, false
+		}
+		part, l := protowire.ConsumeBytes(body[n:])
+		if l < 0 {
+			return nil, false
+		}
+		parts = append(parts, part)
+		body = body[n+l:]
+	}
+	c.parts = parts
+	return parts, true
+}
+
 // decodeDeliveries decodes each part, a Delivery's bytes.
 func (c *consumeCodec) decodeDeliveries(parts [][]byte) ([]*pb.Delivery, bool) {
-	slab := make([]pb.Delivery, len(parts))
+	slots := make([]deliverySlot, len(parts))
 	out := make([]*pb.Delivery, len(parts))
-	var stamps []timestamppb.Timestamp
 	for i, part := range parts {
-		d := &slab[i]
-		out[i] = d
+		s := &slots[i]
+		out[i] = &s.msg
 		var stamp stampValue
-		if !c.decodeDelivery(part, d, &stamp) {
+		if !c.decodeDelivery(part, &s.msg, &stamp) {
 			return nil, false
 		}
 		if stamp.set {
-			if stamps == nil {
-				stamps = make([]timestamppb.Timestamp, len(parts))
-			}
-			s := &stamps[i]
-			s.Seconds, s.Nanos = stamp.seconds, stamp.nanos
-			d.MintedAt = s
+			s.stamp.Seconds, s.stamp.Nanos = stamp.seconds, stamp.nanos
+			s.msg.MintedAt = &s.stamp
 		}
 	}
 	return out, true
+}
+
+// deliverySlot is a decoded Delivery with room for its minted_at, which the
+// sidecar always sets. A frame's slots are one allocation: a slab of
+// Deliveries and one of Timestamps cost an allocation more and, in a full
+// frame of 256, 24 bytes more per delivery (the Delivery slab is rounded up
+// to whole pages; 256 slots fill theirs).
+type deliverySlot struct {
+	msg   pb.Delivery
+	stamp timestamppb.Timestamp
 }
 
 // span is a field's bytes within a delivery: b[start:end].
@@ -253,30 +276,32 @@ func (c *consumeCodec) decodeDelivery(b []byte, d *pb.Delivery, stamp *stampValu
 		}
 	}
 
-	// One string for the delivery's own strings, sliced.
-	c.text = c.text[:0]
+	// One string for the delivery's own strings, sliced. (A Builder's String
+	// is its buffer, so the bytes are copied once.)
+	var sb strings.Builder
+	sb.Grow(id.len() + streamID.len() + traceparent.len())
 	for _, s := range [...]span{id, streamID, traceparent} {
-		c.text = append(c.text, b[s.start:s.end]...)
+		sb.Write(b[s.start:s.end])
 	}
-	if !utf8.Valid(c.text) {
+	text := sb.String()
+	if !utf8.ValidString(text) {
 		return false
 	}
-	text := string(c.text)
 	d.Id, text = text[:id.len()], text[id.len():]
 	d.StreamId, d.Traceparent = text[:streamID.len()], text[streamID.len():]
 	var ok bool
-	if d.Stream, ok = c.intern.get(b[stream.start:stream.end]); !ok {
+	if d.Stream, ok = c.recall(&c.last.stream, b[stream.start:stream.end]); !ok {
 		return false
 	}
-	if d.Group, ok = c.intern.get(b[group.start:group.end]); !ok {
+	if d.Group, ok = c.recall(&c.last.group, b[group.start:group.end]); !ok {
 		return false
 	}
 
 	if len(c.spans) > 0 {
 		block := make([]byte, 0, values)
 		d.Payload = make(map[string][]byte, len(c.spans))
-		for _, e := range c.spans {
-			key, ok := c.intern.get(b[e.key.start:e.key.end])
+		for i, e := range c.spans {
+			key, ok := c.recallKey(i, b[e.key.start:e.key.end])
 			if !ok {
 				return false
 			}
@@ -287,6 +312,44 @@ func (c *consumeCodec) decodeDelivery(b []byte, d *pb.Delivery, stamp *stampValu
 		}
 	}
 	return true
+}
+
+// lastNames is what recall compares with.
+type lastNames struct {
+	stream, group string
+	// keys[i] is the name of the last delivery's i-th payload field, for
+	// the first maxLastKeys fields.
+	keys []string
+}
+
+// maxLastKeys bounds lastNames.keys: an entry with more fields than that
+// interns the others.
+const maxLastKeys = 16
+
+// recall returns b as a string: *last if b spells it, else the interned b,
+// which becomes *last. A frame's deliveries repeat their stream, group and
+// field names in the same places, and comparing with the last one costs less
+// than hashing b into the intern table (four lookups per delivery).
+func (c *consumeCodec) recall(last *string, b []byte) (string, bool) {
+	if string(b) == *last { // no allocation: a comparison
+		return *last, true
+	}
+	s, ok := c.intern.get(b)
+	if ok {
+		*last = s
+	}
+	return s, ok
+}
+
+// recallKey is recall for the name of a delivery's i-th payload field.
+func (c *consumeCodec) recallKey(i int, b []byte) (string, bool) {
+	if i >= maxLastKeys {
+		return c.intern.get(b)
+	}
+	if i >= len(c.last.keys) {
+		c.last.keys = append(c.last.keys, make([]string, i+1-len(c.last.keys))...)
+	}
+	return c.recall(&c.last.keys[i], b)
 }
 
 // decodeEntry decodes the payload map entry at b[at]; as proto.Unmarshal
