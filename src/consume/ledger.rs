@@ -224,6 +224,19 @@ enum Track {
     KeyWaiting,
 }
 
+/// Acks of one settle that Redis found partly not pending (another client
+/// acknowledged some): XACK counts them, it does not say which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shortfall {
+    /// The acks in the chunks that fell short.
+    pub(crate) acked: usize,
+    /// How many of those were no longer pending.
+    pub(crate) not_pending: usize,
+    /// The lowest and highest stream id among them.
+    pub(crate) first: StreamId,
+    pub(crate) last: StreamId,
+}
+
 /// The Redis writes the ledger's transitions call for, carried out by the
 /// worker after each batch of commands.
 #[derive(Debug, Default)]
@@ -1287,17 +1300,18 @@ impl<D> Ledger<D> {
         }
     }
 
-    /// One `settle.lua` run's reply: per chunk of `acks`
-    /// ([`ACK_CHUNK`] ids), how many of its ids Redis still had pending.
-    /// All or none is exact: the ones not pending are answered NOT_PENDING.
-    /// In between (another client acknowledged some of them: an operator, or
-    /// a peer past a lost lease) XACK cannot say which, so none is answered:
-    /// the shortfall is counted and logged. Every id of the chunk is settled
+    /// One settle's reply: per chunk of `acks` ([`ACK_CHUNK`] ids), how
+    /// many of its ids Redis still had pending. All or none is exact: the
+    /// ones not pending are answered NOT_PENDING. In between (another client
+    /// acknowledged some of them: an operator, or a peer past a lost lease)
+    /// XACK cannot say which, so none is answered: the shortfall is counted
+    /// and returned, for the worker to log. Every id of the chunk is settled
     /// for the group either way.
-    pub(crate) fn acked(&mut self, acks: Vec<PendingAck>, pending: &[usize]) {
+    pub(crate) fn acked(&mut self, acks: Vec<PendingAck>, pending: &[usize]) -> Option<Shortfall> {
         for member in acks.iter().filter_map(|ack| ack.member.as_deref()) {
             self.key_freed(member);
         }
+        let mut shortfall: Option<Shortfall> = None;
         let mut acks = acks.into_iter();
         for &pending in pending {
             let chunk: Vec<PendingAck> = acks.by_ref().take(ACK_CHUNK).collect();
@@ -1309,17 +1323,22 @@ impl<D> Ledger<D> {
                     self.answer(ack.session, ack.text, Refusal::NotPendingInGroup);
                 }
             } else if pending < chunk.len() {
-                tracing::warn!(
-                    stream = %self.stream,
-                    group = %self.group,
-                    acked = chunk.len(),
-                    not_pending = chunk.len() - pending,
-                    first = %chunk[0].stream_id,
-                    last = %chunk[chunk.len() - 1].stream_id,
-                    "some acknowledged entries were no longer pending for the group (another client acknowledged them); XACK does not say which, so none is answered NOT_PENDING"
-                );
+                let (first, last) = chunk.iter().fold((StreamId::MAX, StreamId::ZERO), |(first, last), ack| {
+                    (first.min(ack.stream_id), last.max(ack.stream_id))
+                });
+                let this = Shortfall { acked: chunk.len(), not_pending: chunk.len() - pending, first, last };
+                shortfall = Some(match shortfall {
+                    None => this,
+                    Some(so_far) => Shortfall {
+                        acked: so_far.acked + this.acked,
+                        not_pending: so_far.not_pending + this.not_pending,
+                        first: so_far.first.min(this.first),
+                        last: so_far.last.max(this.last),
+                    },
+                });
             }
         }
+        shortfall
     }
 
     /// A Redis write of these entries failed (`message` says what happened

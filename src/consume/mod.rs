@@ -128,6 +128,8 @@ pub(crate) struct Shared {
     /// Which re-created groups are logged at INFO: a Redis that restarted
     /// empty loses every group at once.
     pub(crate) recreation_log: pacing::LogLimit,
+    /// Which batches of acks found partly not pending are logged at WARN.
+    pub(crate) shortfall_log: pacing::LogLimit,
 }
 
 /// One group's names, as every Redis step of its worker needs them.
@@ -317,6 +319,7 @@ impl Consumers {
             metrics_poll: config.admin.metrics_poll(),
             failure_log: pacing::LogLimit::new(tokio::time::Instant::now()),
             recreation_log: pacing::LogLimit::new(tokio::time::Instant::now()),
+            shortfall_log: pacing::LogLimit::new(tokio::time::Instant::now()),
         };
         let defaults = Defaults {
             max_deliveries: config.consume.default_max_deliveries,

@@ -34,7 +34,7 @@ use super::{
     gauges, hygiene,
     keyed::{self, Checked, Gate},
     lease,
-    ledger::{Ledger, Work},
+    ledger::{Ledger, Shortfall, Work},
     orders::{DeadLetterOrder, EmitOrder, PendingAck, Redelivery, ReleaseOrder, RetryWrite, SessionId},
     outlet::Outlet,
     pacing::{Pacing, Step},
@@ -302,12 +302,32 @@ impl Worker {
         self.advance().await;
     }
 
+    /// Acks Redis found partly not pending, at WARN a line a second
+    /// sidecar-wide (a client acking what others acknowledged does it with
+    /// every batch), the rest at DEBUG; `echomq_acks_not_pending_total`
+    /// counts each.
+    fn log_shortfall(&self, shortfall: Shortfall) {
+        let (stream, group) = (&self.keys.stream, &self.keys.group);
+        let Shortfall { acked, not_pending, first, last } = shortfall;
+        let line = "some acknowledged entries were no longer pending for the group (another client acknowledged them); XACK does not say which, so none is answered NOT_PENDING";
+        match self.shared.shortfall_log.line_now(Instant::now()) {
+            Some(0) => warn!(%stream, %group, acked, not_pending, %first, %last, "{line}"),
+            Some(held_back) => {
+                warn!(%stream, %group, acked, not_pending, %first, %last, held_back, "{line} (and {held_back} more such batches since the last such line, logged at DEBUG; echomq_acks_not_pending_total counts each ack)")
+            }
+            None => debug!(%stream, %group, acked, not_pending, %first, %last, "{line}"),
+        }
+    }
+
     /// The count of a burst's lines held back by the sidecar-wide limits
     /// (see [`super::pacing::LogLimit::overdue`]), once the burst is over.
     fn log_held_back(&self) {
         let now = Instant::now();
         if let Some(held_back) = self.shared.failure_log.overdue(now) {
             warn!(held_back, "{held_back} more failed steps or lost groups of group workers since the last such line, logged at DEBUG (echomq_redis_errors_total counts each failed step)");
+        }
+        if let Some(held_back) = self.shared.shortfall_log.overdue(now) {
+            warn!(held_back, "{held_back} more batches of acks partly no longer pending since the last such line, logged at DEBUG (echomq_acks_not_pending_total counts each ack)");
         }
         if let Some(held_back) = self.shared.recreation_log.overdue(now) {
             info!(held_back, "{held_back} more groups re-created or found again since the last such line, logged at DEBUG (echomq_group_recreations_total counts each)");
@@ -905,7 +925,9 @@ impl Worker {
         match settle::settle(&self.keys, &acks, &writes, links).await {
             Ok(pending) => {
                 self.pacing.succeeded(Step::Settle);
-                self.ledger.acked(acks, &pending);
+                if let Some(shortfall) = self.ledger.acked(acks, &pending) {
+                    self.log_shortfall(shortfall);
+                }
             }
             Err(e) => {
                 // The retry delays stay local.

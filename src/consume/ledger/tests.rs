@@ -683,14 +683,16 @@ fn an_xack_that_finds_none_pending_answers_each_and_one_that_finds_some_answers_
     let (mut ledger, now) = (ledger(), Instant::now());
     let acks = acks_of(&mut ledger, 3, now);
     let _ = ledger.deliveries(1);
-    ledger.acked(acks, &[0]);
+    assert_eq!(ledger.acked(acks, &[0]), None, "each not pending is answered: no shortfall to log");
     let codes: Vec<VerdictErrorCode> = ledger.answers(1).into_iter().map(|(_, code)| code).collect();
     assert_eq!(codes, vec![VerdictErrorCode::NotPending; 3]);
     assert_eq!((ledger.tally().acks, ledger.tally().acks_not_pending), (0, 3));
 
     let (mut ledger, now) = (self::ledger(), Instant::now());
     let acks = acks_of(&mut ledger, 3, now);
-    ledger.acked(acks, &[2]);
+    let shortfall = ledger.acked(acks, &[2]).expect("a shortfall");
+    assert_eq!((shortfall.acked, shortfall.not_pending), (3, 1));
+    assert!(shortfall.first < shortfall.last, "in stream order: {shortfall:?}");
     assert!(ledger.answers(1).is_empty(), "XACK does not say which one was not pending");
     assert_eq!((ledger.tally().acks, ledger.tally().acks_not_pending), (2, 1));
 }
@@ -1019,7 +1021,7 @@ fn entries_waiting_for_their_key_take_no_credit_stay_leased_and_go_out_when_the_
     ledger.ack(1, branded(1).to_string(), branded(1), now);
     let orders = ledger.take_orders();
     assert_eq!(orders.acks[0].member, Some(keyed::member(b"a", sid(1))), "the ack carries the member to remove");
-    ledger.acked(orders.acks, &[1]);
+    let _ = ledger.acked(orders.acks, &[1]);
     let Some(Work::KeyGate(candidates)) = ledger.next_work(now, 100) else {
         panic!("the freed key is checked at once")
     };
