@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -86,12 +87,17 @@ func readJSON(path string, into any) error {
 }
 
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
+	// From 10000-31999, below the kernel's ephemeral range (32768 up): a
+	// port the kernel handed out as free could be some outgoing
+	// connection's before the sidecar binds it (CI saw EADDRINUSE).
+	for {
+		port := 10000 + rand.IntN(22000)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			l.Close()
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // cluster is one redis-server and one sidecar in a temporary directory.

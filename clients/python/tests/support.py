@@ -8,6 +8,7 @@ On a failure the tail of the sidecar's log is attached to the test report
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,14 +36,22 @@ _handed_out: set[int] = set()
 
 
 def free_port() -> int:
-    """A loopback port that was free a moment ago, never the same one twice."""
+    """A loopback port that was free a moment ago, never the same one twice.
+
+    From 10000-31999, below the kernel's ephemeral range (32768 up): a port
+    the kernel hands out as free may be some outgoing connection's before
+    the sidecar binds it."""
     while True:
+        port = random.randrange(10000, 32000)
+        if port in _handed_out:
+            continue
         with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 def sidecar_binary() -> Path:

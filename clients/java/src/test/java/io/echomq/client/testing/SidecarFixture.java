@@ -1,7 +1,6 @@
 package io.echomq.client.testing;
 
 import java.io.IOException;
-import java.io.UncheckedIOException;
 import java.net.ServerSocket;
 import java.net.URI;
 import java.net.http.HttpClient;
@@ -170,12 +169,19 @@ public final class SidecarFixture implements AutoCloseable {
     return (prop != null ? Paths.get(prop) : Paths.get("../..")).toAbsolutePath().normalize();
   }
 
+  /**
+   * A loopback port that was free a moment ago, from 10000-31999: below the kernel's ephemeral
+   * range (32768 up), where a port the kernel hands out as free may be some outgoing connection's
+   * before the sidecar binds it.
+   */
   public static int freePort() {
-    try (ServerSocket socket = new ServerSocket(0)) {
-      socket.setReuseAddress(true);
-      return socket.getLocalPort();
-    } catch (IOException e) {
-      throw new UncheckedIOException(e);
+    while (true) {
+      int port = 10000 + java.util.concurrent.ThreadLocalRandom.current().nextInt(22000);
+      try (ServerSocket socket = new ServerSocket(port, 1, java.net.InetAddress.getLoopbackAddress())) {
+        return port;
+      } catch (IOException e) {
+        // taken: try another
+      }
     }
   }
 
