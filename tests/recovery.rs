@@ -782,6 +782,11 @@ async fn entry_of_a_cut_off_read_goes_to_the_next_call(how: Leave, shared: bool)
         held_back_at.elapsed() < Duration::from_millis(HOLD_REPLIES_MS),
         "the reader stopped only after the held-back reply could have reached it: the race was not set up"
     );
+    // Let the held replies out before removing the toxic: toxiproxy flushes
+    // what a removed toxic holds into writers that may be closing (the cut-off
+    // read's connection), waiting 5 s on each such chunk. The entry stays in
+    // this consumer's PEL meanwhile, which is what the next call must find.
+    tokio::time::sleep(Duration::from_millis(HOLD_REPLIES_MS + 200).saturating_sub(held_back_at.elapsed())).await;
     proxy.remove("hold-replies").await;
 
     let mut next = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;

@@ -55,9 +55,20 @@ pub async fn http_get(port: u16, path: &str) -> Option<HttpResponse> {
 /// `<method> <path>` on a loopback port with a plain HTTP/1.0 request over TCP
 /// (a JSON `body` with its `Content-Length` when given), read until the
 /// server closes the connection, which HTTP/1.0 has it do after one response.
-/// `None` when nothing answers within 5 s. For the admin port and
-/// toxiproxy's API (`support::toxiproxy`).
+/// `None` when nothing answers within 5 s. For the admin port.
 pub async fn http_request(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<HttpResponse> {
+    http_request_within(Duration::from_secs(5), port, method, path, body).await
+}
+
+/// [`http_request`], waiting up to `timeout` for the answer: for toxiproxy's
+/// API (`support::toxiproxy`), whose toxic removal may wait 5 s per held chunk.
+pub async fn http_request_within(
+    timeout: Duration,
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Option<HttpResponse> {
     let fetch = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
         let mut request = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n");
@@ -75,5 +86,5 @@ pub async fn http_request(port: u16, method: &str, path: &str, body: Option<&str
         let status = status_line.split_whitespace().nth(1)?.parse::<u16>().ok()?;
         Some(HttpResponse { status, headers: headers.replace("\r\n", "\n"), body: body.to_owned() })
     };
-    tokio::time::timeout(Duration::from_secs(5), fetch).await.ok().flatten()
+    tokio::time::timeout(timeout, fetch).await.ok().flatten()
 }

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::http::{http_request, HttpResponse};
+use super::http::{http_request, http_request_within, HttpResponse};
 use super::process::{free_port, kill_child, print_logs_requested, read_log, tail, TempDir, START_TIMEOUT};
 
 /// The binary's name on PATH (what `scripts/install-deps` links into `.tmp/bin`).
@@ -148,11 +148,16 @@ impl Toxiproxy {
     }
 }
 
+/// How long one API call may take. Removing a toxic flushes the chunks it
+/// holds, waiting up to 5 s for each one whose connection's writer is busy
+/// (closing after its client left), so a removal can take several of those.
+const API_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// One API call; panics unless toxiproxy answers with status `want`.
 async fn call(api_port: u16, method: &str, path: &str, body: Option<&str>, want: u16) -> HttpResponse {
-    let response = http_request(api_port, method, path, body)
+    let response = http_request_within(API_TIMEOUT, api_port, method, path, body)
         .await
-        .unwrap_or_else(|| panic!("toxiproxy :{api_port} did not answer {method} {path}"));
+        .unwrap_or_else(|| panic!("toxiproxy :{api_port} did not answer {method} {path} within {API_TIMEOUT:?}"));
     assert_eq!(response.status, want, "toxiproxy: {method} {path} {body:?} answered {response:?}");
     response
 }
