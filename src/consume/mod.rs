@@ -317,9 +317,24 @@ impl Consumers {
             returned_while_draining: AtomicUsize::new(0),
             metrics,
             metrics_poll: config.admin.metrics_poll(),
-            failure_log: pacing::LogLimit::new(tokio::time::Instant::now()),
-            recreation_log: pacing::LogLimit::new(tokio::time::Instant::now()),
-            shortfall_log: pacing::LogLimit::new(tokio::time::Instant::now()),
+            failure_log: pacing::LogLimit::new(
+                tokio::time::Instant::now(),
+                pacing::LineLevel::Warn,
+                "failed steps or lost groups of group workers",
+                "echomq_redis_errors_total counts each failed step",
+            ),
+            recreation_log: pacing::LogLimit::new(
+                tokio::time::Instant::now(),
+                pacing::LineLevel::Info,
+                "groups re-created or found again",
+                "echomq_group_recreations_total counts each",
+            ),
+            shortfall_log: pacing::LogLimit::new(
+                tokio::time::Instant::now(),
+                pacing::LineLevel::Warn,
+                "batches of acks partly no longer pending",
+                "echomq_acks_not_pending_total counts each ack",
+            ),
         };
         let defaults = Defaults {
             max_deliveries: config.consume.default_max_deliveries,

@@ -33,13 +33,68 @@ pub(crate) struct LogLimit {
     next_line_ms: AtomicU64,
     /// Lines logged at DEBUG since the last one let through.
     held_back: AtomicU64,
+    /// The level of the lines let through.
+    pub(super) level: LineLevel,
+    /// What the lines are about, counted ("failed steps of group workers").
+    what: &'static str,
+    /// The metric that counts every one ("echomq_redis_errors_total counts each").
+    counted_by: &'static str,
 }
+
+/// The level of the lines a [`LogLimit`] lets through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LineLevel {
+    Warn,
+    Info,
+}
+
+/// Logs `$line` (a `&str`) with tracing fields `$field…` through the
+/// [`LogLimit`] `$limit`: at its level when it lets the line through, with
+/// how many it held back since the last one; else at DEBUG.
+macro_rules! log_limited {
+    ($limit:expr, $line:expr; $($field:tt)*) => {{
+        use $crate::consume::pacing::LineLevel;
+        let limit: &$crate::consume::pacing::LogLimit = &$limit;
+        let line: &str = $line;
+        match (limit.line_now(tokio::time::Instant::now()), limit.level) {
+            (Some(0), LineLevel::Warn) => tracing::warn!($($field)*, "{line}"),
+            (Some(0), LineLevel::Info) => tracing::info!($($field)*, "{line}"),
+            (Some(held_back), LineLevel::Warn) => {
+                tracing::warn!($($field)*, held_back, "{line} ({})", limit.held_back_note(held_back))
+            }
+            (Some(held_back), LineLevel::Info) => {
+                tracing::info!($($field)*, held_back, "{line} ({})", limit.held_back_note(held_back))
+            }
+            (None, _) => tracing::debug!($($field)*, "{line}"),
+        }
+    }};
+}
+pub(super) use log_limited;
 
 impl LogLimit {
     /// A limit whose first line may be written at once (`now` is the start
-    /// its clock counts from, in ms).
-    pub(crate) fn new(now: Instant) -> LogLimit {
-        LogLimit { start: now, next_line_ms: AtomicU64::new(0), held_back: AtomicU64::new(0) }
+    /// its clock counts from, in ms), for lines at `level` about `what`
+    /// (plural), each of which the metric named in `counted_by` counts.
+    pub(crate) fn new(now: Instant, level: LineLevel, what: &'static str, counted_by: &'static str) -> LogLimit {
+        LogLimit { start: now, next_line_ms: AtomicU64::new(0), held_back: AtomicU64::new(0), level, what, counted_by }
+    }
+
+    /// "and 7 more failed steps … since the last such line, logged at DEBUG; … counts each".
+    pub(super) fn held_back_note(&self, held_back: u64) -> String {
+        let LogLimit { what, counted_by, .. } = self;
+        format!("and {held_back} more {what} since the last such line, logged at DEBUG; {counted_by}")
+    }
+
+    /// Logs, at the limit's level, the count of a burst's lines held back,
+    /// once the burst is over (see [`LogLimit::overdue`]).
+    pub(super) fn log_overdue(&self, now: Instant) {
+        let Some(held_back) = self.overdue(now) else { return };
+        let LogLimit { what, counted_by, .. } = self;
+        let line = format!("{held_back} more {what} since the last such line, logged at DEBUG ({counted_by})");
+        match self.level {
+            LineLevel::Warn => tracing::warn!(held_back, "{line}"),
+            LineLevel::Info => tracing::info!(held_back, "{line}"),
+        }
     }
 
     /// Whether a line at `now` is let through: `Some(held back since the
@@ -208,7 +263,7 @@ mod tests {
     #[test]
     fn one_failure_a_second_is_warned_and_says_how_many_were_held_back() {
         let start = Instant::now();
-        let log = LogLimit::new(start);
+        let log = LogLimit::new(start, LineLevel::Warn, "failures", "a metric counts each");
         assert_eq!(log.line_now(start), Some(0), "the first failure is warned");
         for n in 1..=199 {
             assert_eq!(log.line_now(start + Duration::from_millis(n)), None, "failure {n} within the second");
@@ -217,7 +272,7 @@ mod tests {
         assert_eq!(log.line_now(start + LOG_LINE_EVERY + Duration::from_millis(1)), None);
         assert_eq!(log.line_now(start + 5 * LOG_LINE_EVERY), Some(1), "after a quiet spell, at once");
 
-        let log = LogLimit::new(start);
+        let log = LogLimit::new(start, LineLevel::Warn, "failures", "a metric counts each");
         assert_eq!(log.overdue(start), None, "nothing held back");
         assert_eq!(log.line_now(start), Some(0));
         assert_eq!(log.line_now(start + Duration::from_millis(10)), None);

@@ -37,7 +37,7 @@ use super::{
     ledger::{Ledger, Shortfall, Work},
     orders::{DeadLetterOrder, EmitOrder, PendingAck, Redelivery, ReleaseOrder, RetryWrite, SessionId},
     outlet::Outlet,
-    pacing::{Pacing, Step},
+    pacing::{log_limited, Pacing, Step},
     reader::{self, KeyedRead, Read, Reader},
     recovery, release, retry, settle,
     verdicts::Gone,
@@ -310,27 +310,15 @@ impl Worker {
         let (stream, group) = (&self.keys.stream, &self.keys.group);
         let Shortfall { acked, not_pending, first, last } = shortfall;
         let line = "some acknowledged entries were no longer pending for the group (another client acknowledged them); XACK does not say which, so none is answered NOT_PENDING";
-        match self.shared.shortfall_log.line_now(Instant::now()) {
-            Some(0) => warn!(%stream, %group, acked, not_pending, %first, %last, "{line}"),
-            Some(held_back) => {
-                warn!(%stream, %group, acked, not_pending, %first, %last, held_back, "{line} (and {held_back} more such batches since the last such line, logged at DEBUG; echomq_acks_not_pending_total counts each ack)")
-            }
-            None => debug!(%stream, %group, acked, not_pending, %first, %last, "{line}"),
-        }
+        log_limited!(self.shared.shortfall_log, line; %stream, %group, acked, not_pending, %first, %last);
     }
 
     /// The count of a burst's lines held back by the sidecar-wide limits
     /// (see [`super::pacing::LogLimit::overdue`]), once the burst is over.
     fn log_held_back(&self) {
         let now = Instant::now();
-        if let Some(held_back) = self.shared.failure_log.overdue(now) {
-            warn!(held_back, "{held_back} more failed steps or lost groups of group workers since the last such line, logged at DEBUG (echomq_redis_errors_total counts each failed step)");
-        }
-        if let Some(held_back) = self.shared.shortfall_log.overdue(now) {
-            warn!(held_back, "{held_back} more batches of acks partly no longer pending since the last such line, logged at DEBUG (echomq_acks_not_pending_total counts each ack)");
-        }
-        if let Some(held_back) = self.shared.recreation_log.overdue(now) {
-            info!(held_back, "{held_back} more groups re-created or found again since the last such line, logged at DEBUG (echomq_group_recreations_total counts each)");
+        for limit in [&self.shared.failure_log, &self.shared.shortfall_log, &self.shared.recreation_log] {
+            limit.log_overdue(now);
         }
     }
 
@@ -660,13 +648,7 @@ impl Worker {
     /// outage every group's worker fails at once.
     fn warn_limited(&self, line: &str) {
         let (stream, group) = (&self.keys.stream, &self.keys.group);
-        match self.shared.failure_log.line_now(Instant::now()) {
-            Some(0) => warn!(%stream, %group, "{line}"),
-            Some(held_back) => {
-                warn!(%stream, %group, held_back, "{line} (and {held_back} more failed steps or lost groups of group workers since the last such line, logged at DEBUG; echomq_redis_errors_total counts each failed step)")
-            }
-            None => debug!(%stream, %group, "{line}"),
-        }
+        log_limited!(self.shared.failure_log, line; %stream, %group);
     }
 
     /// Moves work forward while Redis may be used and there is credit: the
@@ -1054,13 +1036,7 @@ impl Worker {
         };
         let (stream, group) = (&self.keys.stream, &self.keys.group);
         let line = if created { "group re-created from the start of the stream" } else { "group exists again" };
-        match self.shared.recreation_log.line_now(Instant::now()) {
-            Some(0) => info!(%stream, %group, "{line}"),
-            Some(held_back) => {
-                info!(%stream, %group, held_back, "{line} (and {held_back} more groups since the last such line, logged at DEBUG; echomq_group_recreations_total counts each)")
-            }
-            None => debug!(%stream, %group, "{line}"),
-        }
+        log_limited!(self.shared.recreation_log, line; %stream, %group);
         self.pacing.succeeded(Step::RecreateGroup);
         self.outlet.metrics.group_recreations.inc();
         self.group_lost = false;
