@@ -1509,6 +1509,39 @@ async fn a_client_that_sends_without_reading_is_held_back() {
     }
 }
 
+/// One Ack naming 100,000 unknown ids, from a client that does not read the
+/// answers: the sidecar hands the ids to the worker in pieces, each once the
+/// answers before it are read, so it grows by the message, not by 100,000
+/// answers. Once the client reads, every answer is there, in order, and its
+/// next Ack is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_ack_of_many_unknown_ids_is_answered_as_the_client_reads() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let pid = sidecar.pid().expect("running");
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let held = consumer.next_delivery(EVENT_TIMEOUT).await;
+    let ids: Vec<String> = (1..=100_000u64).map(|n| format!("{n:028x}")).collect();
+    let before = resident_bytes(pid);
+
+    consumer.send(req(Kind::Ack(Ack { ids: ids.clone() }))).await;
+    consumer.ack_one(&held.id).await;
+    // Time for the whole message's answers to be made, were they all made at once.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let grown = resident_bytes(pid).saturating_sub(before);
+
+    // 13 MiB here (the message, parsed); 58 MiB when the whole message went at once.
+    assert!(grown < 30 << 20, "the sidecar grew by {} MiB holding answers nobody read", grown >> 20);
+    assert_eq!(pending_count(&mut con, "s", "g").await, 1, "the Ack behind the large one waits its turn");
+    for (n, id) in ids.iter().enumerate() {
+        let error = consumer.next_verdict_error(EVENT_TIMEOUT).await;
+        assert_eq!((error.code, error.id.as_str()), (VerdictErrorCode::UnknownId as i32, id.as_str()), "answer {n}");
+    }
+    assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "the next Ack is applied");
+}
+
 /// A client that sends its last verdicts and closes its side at once still
 /// hears how they went before the call ends OK: the answers of the final
 /// flush are sent, not dropped.

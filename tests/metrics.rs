@@ -500,6 +500,44 @@ async fn an_ack_of_more_ids_than_one_xack_takes_settles_every_chunk() {
     assert_eq!(pending_count(&redis).await, Value::Int(0));
 }
 
+/// Plain acks (first deliveries, no key) of more ids than one XACK takes,
+/// settled together: they go as one pipeline of an XACK per 1,024, and every
+/// one is applied and counted. Redis holds back the worker's XACK of a first
+/// ack (CLIENT PAUSE WRITE), so the pieces of the large Ack behind it wait in
+/// the worker's queue and are settled in one batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_acks_of_more_ids_than_one_xack_takes_go_as_one_pipeline() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let (call, deliveries) = holding(&sidecar, 3_001, 4_000).await;
+    let pipelines = |scrape: &Scrape| {
+        scrape.value("echomq_redis_command_duration_seconds_count", &[("command", "pipeline")]).unwrap_or(0.0)
+    };
+    let before = pipelines(&Scrape::fetch(&sidecar).await);
+
+    let mut con = redis.conn().await;
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(1_000).arg("WRITE").query_async(&mut con).await.unwrap();
+    call.ack_one(&deliveries[0].id).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rest: Vec<&str> = deliveries[1..].iter().map(|d| d.id.as_str()).collect();
+    call.ack(&rest).await;
+
+    wait_eq(&sidecar, "echomq_acks_total", &labels, 3_001.0).await;
+    assert_eq!(pending_count(&redis).await, Value::Int(0));
+    let scrape = Scrape::fetch(&sidecar).await;
+    assert_eq!(
+        scrape.value("echomq_redis_command_duration_seconds_count", &[("command", "script:settle")]).unwrap_or(0.0),
+        0.0,
+        "plain acks run no script"
+    );
+    assert!(
+        pipelines(&scrape) > before,
+        "the 3,000 acks queued behind the paused XACK were not settled as one pipeline:\n{}",
+        scrape.lines_of("echomq_redis_command_duration_seconds_count")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_deliveries_count_in_flight_until_their_verdict() {
     let OneCall { redis: _redis, sidecar, mut call } = one_call(SidecarOptions::default()).await;

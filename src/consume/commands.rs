@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use super::{
     ledger::{FailVerdict, Policy},
@@ -39,22 +39,29 @@ pub(crate) enum Event {
     Left { shard: usize, id: BrandedId, settled: bool },
 }
 
+/// Room for `n` ids among the ids a call has in flight to its workers, taken
+/// by the call's relay and given back once the worker has handled them and
+/// handed out their answers: one Ack can name 100,000 ids, each of which may
+/// be answered, and a client that does not read must not grow those answers
+/// without bound (see `session::IDS_IN_FLIGHT`).
+pub(crate) type InFlight = OwnedSemaphorePermit;
+
 /// What a call tells its worker.
 ///
 /// The rare large variants are boxed: tokio's channel allocates room for 32
 /// commands when it is made, and with them inline (152 bytes a command) each
 /// group's channel took 4.9 KB, idle or not; 2.3 KB with AckEmit and Extend
-/// still inline (72 bytes), 1.3 KB now (40).
+/// still inline (72 bytes), 1.8 KB now (56).
 #[derive(Debug)]
 pub(crate) enum Command {
     /// A new call subscribed.
     Attach(Box<Attach>),
     /// Acknowledge these deliveries (the client's text and the parsed id).
-    Ack { session: SessionId, ids: Vec<(String, BrandedId)> },
+    Ack { session: SessionId, ids: Vec<(String, BrandedId)>, in_flight: InFlight },
     /// A delivery failed.
     Fail { session: SessionId, fail: Box<FailVerdict> },
     /// Give these deliveries back to the group: the client never started them.
-    Release { session: SessionId, ids: Vec<(String, BrandedId)> },
+    Release { session: SessionId, ids: Vec<(String, BrandedId)>, in_flight: InFlight },
     /// Acknowledge delivery `id` (`text` as the client sent it) and append
     /// `emits` (validated), in one step fenced on the entry (see
     /// [`super::ack_emit`]).
@@ -90,6 +97,7 @@ pub(crate) struct AckEmit {
 pub(crate) struct Extend {
     pub(crate) ids: Vec<(String, BrandedId)>,
     pub(crate) by: Duration,
+    pub(crate) in_flight: InFlight,
 }
 
 #[derive(Debug)]

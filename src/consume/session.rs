@@ -15,17 +15,21 @@
 //! deadline, taken by a peer, deleted), never by guessing which verdicts
 //! the worker will apply. While the client does not read, the relay waits on the
 //! outbound channel and reads no new verdicts either, nor while the
-//! worker's answers pile up (one Ack can name thousands of ids), so gRPC
-//! flow control pushes back on the client and nothing grows without bound.
+//! worker's answers pile up, so gRPC flow control pushes back on the client
+//! and nothing grows without bound. One Ack can name 100,000 ids, each of
+//! which may be answered: the ids of an Ack, a Release or an Extend go to the
+//! workers in pieces, each only once there is room for it among the call's
+//! ids in flight ([`IDS_IN_FLIGHT`]), so the answers are bounded by ids, not
+//! by messages.
 
-use std::time::Duration;
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tonic::{Status, Streaming};
 use tracing::debug;
 
 use super::{
-    commands::{AckEmit, Command, Event, Extend},
+    commands::{AckEmit, Command, Event, Extend, InFlight},
     emits::EmitRules,
     ledger::FailVerdict,
     orders::{FailKind, SessionId},
@@ -53,6 +57,14 @@ const LEFT_REMEMBERED: usize = 4096;
 /// as many answers, and a client that sends without reading would otherwise
 /// grow this queue without bound.
 const EVENT_BACKLOG: usize = 1024;
+/// Ids of a call's Acks, Releases and Extends sent to its workers and not yet
+/// handled, at most. With [`EVENT_BACKLOG`], this bounds the answers a client
+/// that does not read can pile up (some 400 bytes each) to about 9,000,
+/// whatever it sends. Room enough that a call acking a 10,000 window in
+/// large messages does not wait on its worker's Redis round trips.
+const IDS_IN_FLIGHT: usize = 8192;
+/// A message naming more ids goes to its worker in pieces of at most this many.
+const IDS_PER_PIECE: usize = 1024;
 
 /// What goes to the client. Boxed: tokio's channel allocates room for 32
 /// items when it is made, and an unboxed `ConsumeResponse` (224 bytes) made
@@ -236,6 +248,54 @@ impl Shards {
     }
 }
 
+/// The ids of an Ack, a Release or an Extend bound for one worker, at most
+/// [`IDS_PER_PIECE`], waiting for room among the call's ids in flight.
+struct Piece {
+    shard: usize,
+    ids: Vec<(String, BrandedId)>,
+    verdict: Verdict,
+}
+
+#[derive(Clone, Copy)]
+enum Verdict {
+    Ack,
+    Release,
+    Extend(Duration),
+}
+
+impl Piece {
+    /// The room this piece takes among the call's ids in flight.
+    fn room(&self) -> u32 {
+        self.ids.len() as u32
+    }
+
+    fn command(self, session: SessionId, in_flight: InFlight) -> Command {
+        let Piece { ids, verdict, .. } = self;
+        match verdict {
+            Verdict::Ack => Command::Ack { session, ids, in_flight },
+            Verdict::Release => Command::Release { session, ids, in_flight },
+            Verdict::Extend(by) => Command::Extend { session, extend: Box::new(Extend { ids, by, in_flight }) },
+        }
+    }
+}
+
+/// Queues `ids` for `shard` in pieces of at most [`IDS_PER_PIECE`] (one
+/// piece, not copied, when they fit).
+fn queue_pieces(pieces: &mut VecDeque<Piece>, shard: usize, ids: Vec<(String, BrandedId)>, verdict: Verdict) {
+    if ids.len() <= IDS_PER_PIECE {
+        pieces.push_back(Piece { shard, ids, verdict });
+        return;
+    }
+    let mut rest = ids.into_iter();
+    loop {
+        let ids: Vec<_> = rest.by_ref().take(IDS_PER_PIECE).collect();
+        if ids.is_empty() {
+            return;
+        }
+        pieces.push_back(Piece { shard, ids, verdict });
+    }
+}
+
 /// What a call's relay works with: the call's two directions and where its
 /// verdicts go.
 pub(super) struct Relay {
@@ -276,6 +336,10 @@ pub(super) async fn relay(relay: Box<Relay>) {
     let mut listening = true;
     // What the last batch left for the next frame.
     let mut next: Option<Next> = None;
+    // Verdict ids not yet sent to the workers, in the order the client sent
+    // them; no new message is read until they are all sent.
+    let mut pieces: VecDeque<Piece> = VecDeque::new();
+    let room = Arc::new(Semaphore::new(IDS_IN_FLIGHT));
     let ending = loop {
         if let Some(left) = next.take() {
             let frame = match left {
@@ -290,11 +354,32 @@ pub(super) async fn relay(relay: Box<Relay>) {
             }
             continue;
         }
+        let answers_room = events.len() < EVENT_BACKLOG;
+        if let (true, Some(piece)) = (answers_room, pieces.front()) {
+            if let Ok(in_flight) = room.clone().try_acquire_many_owned(piece.room()) {
+                let piece = pieces.pop_front().expect("a piece is queued");
+                if let Err(status) = shards.send(piece.shard, piece.command(session, in_flight)).await {
+                    break Some(status);
+                }
+                continue;
+            }
+        }
+        let wanted = pieces.front().map_or(1, Piece::room);
         tokio::select! {
-            message = inbound.message(), if events.len() < EVENT_BACKLOG => match message {
+            // Room for the next piece came back: the top of the loop sends it.
+            _ = room.acquire_many(wanted), if answers_room && !pieces.is_empty() => {}
+            message = inbound.message(), if answers_room && pieces.is_empty() => match message {
                 Ok(Some(request)) => {
                     // Boxed, so that an idle call's relay does not keep room for it.
-                    let forwarded = Box::pin(forward(session, request, &outbound, &mut shards, &verdict_errors, &emit_rules));
+                    let forwarded = Box::pin(forward(
+                        session,
+                        request,
+                        &outbound,
+                        &mut shards,
+                        &mut pieces,
+                        &verdict_errors,
+                        &emit_rules,
+                    ));
                     if let Err(status) = forwarded.await {
                         break Some(status);
                     }
@@ -323,12 +408,33 @@ pub(super) async fn relay(relay: Box<Relay>) {
             true = async { closing.wait_for(|closing| *closing).await.is_ok() } => break Some(Error::ShuttingDown.into()),
         }
     };
-    Box::pin(end(session, ending, listening, next, events, outbound, shards)).await;
+    Box::pin(end(session, ending, listening, next, events, outbound, shards, Unsent { pieces, room })).await;
+}
+
+/// The verdict ids a call had not sent to its workers when it ended, and the
+/// room they wait for.
+struct Unsent {
+    pieces: VecDeque<Piece>,
+    room: Arc<Semaphore>,
+}
+
+impl Unsent {
+    /// Sends the pieces, each once there is room for it: the worker handles
+    /// them whether or not the client reads their answers.
+    async fn send(self, session: SessionId, shards: &Shards) {
+        for piece in self.pieces {
+            let Ok(in_flight) = self.room.clone().acquire_many_owned(piece.room()).await else { return };
+            if shards.send(piece.shard, piece.command(session, in_flight)).await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// The end of a call: detaches it from its workers, waits (bounded) until
 /// its verdicts have reached Redis, sends the answers still queued and the
 /// ending status.
+#[allow(clippy::too_many_arguments)]
 async fn end(
     session: SessionId,
     ending: Option<Status>,
@@ -337,7 +443,11 @@ async fn end(
     mut events: mpsc::UnboundedReceiver<Event>,
     outbound: Outbound,
     mut shards: Shards,
+    unsent: Unsent,
 ) {
+    // Verdicts the client sent still reach the workers when the call breaks
+    // or the sidecar shuts down mid-message (bounded, should a worker stall).
+    let _ = tokio::time::timeout(DETACH_FLUSH_TIMEOUT, unsent.send(session, &shards)).await;
     // The call ends only once its verdicts have reached Redis (bounded, should
     // Redis be down), so a client that sees it end can count on its acks.
     let mut applied = Vec::with_capacity(shards.workers.len());
@@ -383,12 +493,15 @@ async fn end(
 }
 
 /// Validates one client message and passes it to the worker that holds its
-/// entry. An error status ends the call; a bad verdict only gets a verdict error.
+/// entry; the ids of an Ack, a Release or an Extend are queued in `pieces`
+/// for the relay to send as room allows. An error status ends the call; a bad
+/// verdict only gets a verdict error.
 async fn forward(
     session: SessionId,
     request: ConsumeRequest,
     outbound: &Outbound,
     shards: &mut Shards,
+    pieces: &mut VecDeque<Piece>,
     counted: &VerdictErrors,
     emit_rules: &EmitRules,
 ) -> Result<(), Status> {
@@ -420,13 +533,13 @@ async fn forward(
         }
         Some(Kind::Ack(ack)) => {
             for (shard, ids) in by_shard(ack.ids, outbound, shards, counted).await {
-                shards.send(shard, Command::Ack { session, ids }).await?;
+                queue_pieces(pieces, shard, ids, Verdict::Ack);
             }
             Ok(())
         }
         Some(Kind::Release(release)) => {
             for (shard, ids) in by_shard(release.ids, outbound, shards, counted).await {
-                shards.send(shard, Command::Release { session, ids }).await?;
+                queue_pieces(pieces, shard, ids, Verdict::Release);
             }
             Ok(())
         }
@@ -459,7 +572,7 @@ async fn forward(
                 }
             };
             for (shard, ids) in by_shard(extend.ids, outbound, shards, counted).await {
-                shards.send(shard, Command::Extend { session, extend: Box::new(Extend { ids, by }) }).await?;
+                queue_pieces(pieces, shard, ids, Verdict::Extend(by));
             }
             Ok(())
         }
@@ -548,6 +661,25 @@ mod tests {
 
     fn shards(count: usize) -> Shards {
         Shards::new((0..count).map(|_| mpsc::channel(1).0).collect(), (0..count).map(|k| format!("s{k}")).collect())
+    }
+
+    #[test]
+    fn a_large_verdict_goes_in_pieces_in_the_order_sent() {
+        let ids: Vec<(String, BrandedId)> = (1..=2500u64)
+            .map(|n| {
+                let text = format!("{n:028x}");
+                let id = id(&text);
+                (text, id)
+            })
+            .collect();
+        let mut pieces = VecDeque::new();
+        queue_pieces(&mut pieces, 1, ids[..3].to_vec(), Verdict::Release);
+        queue_pieces(&mut pieces, 2, ids.clone(), Verdict::Ack);
+
+        let sizes: Vec<_> = pieces.iter().map(|p| (p.shard, p.room())).collect();
+        assert_eq!(sizes, [(1, 3), (2, 1024), (2, 1024), (2, 452)]);
+        let acked: Vec<_> = pieces.iter().skip(1).flat_map(|p| p.ids.iter().cloned()).collect();
+        assert_eq!(acked, ids, "every id once, in order");
     }
 
     #[test]

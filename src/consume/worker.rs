@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     ack_emit,
-    commands::{AckEmit, Command},
+    commands::{AckEmit, Command, Extend, InFlight},
     dead_letter,
     delivery::{self, Outgoing},
     gauges, hygiene,
@@ -353,6 +353,15 @@ impl Worker {
         self.outlet.metrics.key_waiting_entries.set(self.ledger.key_waiting() as i64);
     }
 
+    /// Hands out the answers a call's verdicts made, then gives their room
+    /// among the call's ids in flight back to its relay. Given back before,
+    /// it would let the relay send more ids while those answers still sat in
+    /// the ledger, unbounded by what the client reads.
+    fn answered(&mut self, in_flight: InFlight) {
+        self.act();
+        drop(in_flight);
+    }
+
     async fn handle(&mut self, command: Command) {
         let now = Instant::now();
         // Only a Fail or a call's end writes retry states (due times in unix
@@ -381,14 +390,24 @@ impl Worker {
                 }
                 let _ = reply.send(attached);
             }
-            Command::Ack { session, ids } => self.ledger.ack_all(session, ids, now),
+            Command::Ack { session, ids, in_flight } => {
+                self.ledger.ack_all(session, ids, now);
+                self.answered(in_flight);
+            }
             Command::Fail { session, fail } => self.ledger.fail(session, *fail, now),
-            Command::Release { session, ids } => self.ledger.release(session, ids, now),
+            Command::Release { session, ids, in_flight } => {
+                self.ledger.release(session, ids, now);
+                self.answered(in_flight);
+            }
             Command::AckEmit { session, ack_emit } => {
                 let AckEmit { text, id, emits } = *ack_emit;
                 self.ledger.ack_emit(session, text, id, emits, now)
             }
-            Command::Extend { session, extend } => self.ledger.extend(session, extend.ids, extend.by, now),
+            Command::Extend { session, extend } => {
+                let Extend { ids, by, in_flight } = *extend;
+                self.ledger.extend(session, ids, by, now);
+                self.answered(in_flight);
+            }
             Command::Drain { session } => {
                 self.ledger.drain_call(session);
                 // A read blocked for the drained calls would take entries
