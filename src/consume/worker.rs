@@ -145,6 +145,11 @@ pub(crate) struct Worker {
     /// Hygiene beats that reached Redis, for which are thorough
     /// ([`hygiene::thorough_every`]): the first is.
     hygiene_beats: u64,
+    /// The room among their calls' ids in flight of the verdicts handled
+    /// since the last [`Worker::act`], given back there, once their answers
+    /// are handed out: given back before, it would let a relay send more
+    /// ids while those answers still sat in the ledger.
+    answered: Vec<InFlight>,
 }
 
 impl Worker {
@@ -184,6 +189,7 @@ impl Worker {
             own: commands_tx.downgrade(),
             beats_without_calls: 0,
             hygiene_beats: 0,
+            answered: Vec::new(),
             shared,
         };
         // Boxed: an async fn keeps its arguments in its state beside the
@@ -346,20 +352,12 @@ impl Worker {
     /// before every await, so nothing the ledger decided waits on Redis.
     fn act(&mut self) {
         self.outlet.act(&mut self.ledger);
+        self.answered.clear();
     }
 
     fn publish_held(&mut self) {
         self.outlet.publish_held(self.ledger.held(), &self.shared.held);
         self.outlet.metrics.key_waiting_entries.set(self.ledger.key_waiting() as i64);
-    }
-
-    /// Hands out the answers a call's verdicts made, then gives their room
-    /// among the call's ids in flight back to its relay. Given back before,
-    /// it would let the relay send more ids while those answers still sat in
-    /// the ledger, unbounded by what the client reads.
-    fn answered(&mut self, in_flight: InFlight) {
-        self.act();
-        drop(in_flight);
     }
 
     async fn handle(&mut self, command: Command) {
@@ -392,12 +390,12 @@ impl Worker {
             }
             Command::Ack { session, ids, in_flight } => {
                 self.ledger.ack_all(session, ids, now);
-                self.answered(in_flight);
+                self.answered.push(in_flight);
             }
             Command::Fail { session, fail } => self.ledger.fail(session, *fail, now),
             Command::Release { session, ids, in_flight } => {
                 self.ledger.release(session, ids, now);
-                self.answered(in_flight);
+                self.answered.push(in_flight);
             }
             Command::AckEmit { session, ack_emit } => {
                 let AckEmit { text, id, emits } = *ack_emit;
@@ -406,7 +404,7 @@ impl Worker {
             Command::Extend { session, extend } => {
                 let Extend { ids, by, in_flight } = *extend;
                 self.ledger.extend(session, ids, by, now);
-                self.answered(in_flight);
+                self.answered.push(in_flight);
             }
             Command::Drain { session } => {
                 self.ledger.drain_call(session);
