@@ -29,7 +29,7 @@ use tonic::{Status, Streaming};
 use tracing::debug;
 
 use super::{
-    commands::{AckEmit, Command, Event, Extend, InFlight},
+    commands::{AckEmit, Command, Event, Extend, InFlight, Verdicts},
     emits::EmitRules,
     ledger::FailVerdict,
     orders::{FailKind, SessionId},
@@ -272,8 +272,8 @@ impl Piece {
     fn command(self, session: SessionId, in_flight: InFlight) -> Command {
         let Piece { ids, verdict, .. } = self;
         match verdict {
-            Verdict::Ack => Command::Ack { session, ids, in_flight },
-            Verdict::Release => Command::Release { session, ids, in_flight },
+            Verdict::Ack => Command::Ack(Box::new(Verdicts { session, ids, in_flight })),
+            Verdict::Release => Command::Release(Box::new(Verdicts { session, ids, in_flight })),
             Verdict::Extend(by) => Command::Extend { session, extend: Box::new(Extend { ids, by, in_flight }) },
         }
     }

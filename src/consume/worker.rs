@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     ack_emit,
-    commands::{AckEmit, Command, Extend, InFlight},
+    commands::{AckEmit, Command, Extend, InFlight, Verdicts},
     dead_letter,
     delivery::{self, Outgoing},
     gauges, hygiene,
@@ -388,12 +388,14 @@ impl Worker {
                 }
                 let _ = reply.send(attached);
             }
-            Command::Ack { session, ids, in_flight } => {
+            Command::Ack(verdicts) => {
+                let Verdicts { session, ids, in_flight } = *verdicts;
                 self.ledger.ack_all(session, ids, now);
                 self.answered.push(in_flight);
             }
             Command::Fail { session, fail } => self.ledger.fail(session, *fail, now),
-            Command::Release { session, ids, in_flight } => {
+            Command::Release(verdicts) => {
+                let Verdicts { session, ids, in_flight } = *verdicts;
                 self.ledger.release(session, ids, now);
                 self.answered.push(in_flight);
             }
