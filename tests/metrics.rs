@@ -477,6 +477,42 @@ async fn an_ack_partly_not_pending_counts_the_shortfall_and_answers_no_id() {
     assert!(log.contains("no longer pending") && log.contains("not_pending=1"), "{log}");
 }
 
+/// A client that acks, batch after batch, entries others acknowledged in part
+/// (as after a lost lease): the shortfall WARN goes out once a second
+/// sidecar-wide, the rest at DEBUG, and once the burst is over one line says
+/// how many were held back; the metric counts every ack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_acks_partly_not_pending_warns_once_a_second() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let labels = group("s", "g");
+    let (call, deliveries) = holding(&sidecar, 40, 0).await;
+    let elsewhere: Vec<&Delivery> = deliveries.iter().skip(1).step_by(2).collect();
+    ack_elsewhere(&redis, &elsewhere).await;
+
+    // Twenty batches of two, one of each acknowledged elsewhere, one at a time.
+    for (n, pair) in deliveries.chunks(2).enumerate() {
+        call.ack(&[&pair[0].id, &pair[1].id]).await;
+        wait_eq(&sidecar, "echomq_acks_total", &labels, (n + 1) as f64).await;
+    }
+    wait_eq(&sidecar, "echomq_acks_not_pending_total", &labels, 20.0).await;
+
+    let line = "some acknowledged entries were no longer pending";
+    let held_back = "more batches of acks partly no longer pending since the last such line";
+    // The worker's next turn after the second is out counts the held-back
+    // lines: an Ack of an id the call does not hold makes one.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    call.ack_one(&format!("{:028x}", 7)).await;
+    let counted = || async { sidecar.log().contains(held_back) };
+    assert!(eventually(Duration::from_secs(3), counted).await, "the held-back lines are counted:\n{}", sidecar.log());
+    let log = sidecar.log();
+    let at = |level: &str| log.lines().filter(|l| l.contains(level) && l.contains(line)).count();
+    let (warned, debugged) = (at(" WARN "), at(" DEBUG "));
+    assert_eq!(warned + debugged, 20, "one line per batch:\n{log}");
+    assert!(warned <= 4, "{warned} WARN lines for a burst of 20 batches:\n{log}");
+    assert_eq!(pending_count(&redis).await, Value::Int(0));
+}
+
 /// One Ack of more ids than one XACK of settle.lua takes (1,024): every
 /// chunk is acknowledged and counted, and only the chunk that found nothing
 /// pending is answered NOT_PENDING, each of its ids.
