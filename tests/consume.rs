@@ -1509,15 +1509,17 @@ async fn a_client_that_sends_without_reading_is_held_back() {
     }
 }
 
-/// One Ack naming 100,000 unknown ids, from a client that does not read the
-/// answers: the sidecar hands the ids to the worker in pieces, each once the
-/// answers before it are read, so it grows by the message, not by 100,000
-/// answers. Once the client reads, every answer is there, in order, and its
-/// next Ack is applied.
+/// One Ack naming 100,000 unknown ids (on a sidecar whose
+/// `--max-in-flight-limit` lets a call hold that many), from a client that
+/// does not read the answers: the sidecar hands the ids to the worker in
+/// pieces, each once the answers before it are read, so it grows by the
+/// message, not by 100,000 answers. Once the client reads, every answer is
+/// there, in order, and its next Ack is applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_ack_of_many_unknown_ids_is_answered_as_the_client_reads() {
     let redis = RedisServer::start().await;
-    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let options = SidecarOptions::default().arg("--max-in-flight-limit").arg("100000");
+    let sidecar = Sidecar::start(&redis, options).await;
     let pid = sidecar.pid().expect("running");
     let mut con = redis.conn().await;
     let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
@@ -1540,6 +1542,36 @@ async fn one_ack_of_many_unknown_ids_is_answered_as_the_client_reads() {
         assert_eq!((error.code, error.id.as_str()), (VerdictErrorCode::UnknownId as i32, id.as_str()), "answer {n}");
     }
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "the next Ack is applied");
+}
+
+/// An Ack naming more ids than any call may hold (`--max-in-flight-limit`)
+/// ends the call with INVALID_ARGUMENT saying so, rather than sit decoded in
+/// the sidecar; what the call held stays pending and comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_of_more_ids_than_a_call_may_hold_ends_the_call() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--max-in-flight-limit").arg("100")).await;
+    let mut con = redis.conn().await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    sidecar.append("s", &[("k", b"v")]).await;
+    let held = consumer.next_delivery(EVENT_TIMEOUT).await;
+    let mut ids: Vec<String> = (1..=100u64).map(|n| format!("{n:028x}")).collect();
+    ids.push(held.id.clone());
+
+    consumer.send(req(Kind::Ack(Ack { ids }))).await;
+
+    match consumer.next_event(EVENT_TIMEOUT).await {
+        Event::Ended(Some(status)) => {
+            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+            assert!(status.message().contains("101 ids in one message, where at most 100"), "{status:?}");
+            assert!(status.message().contains("--max-in-flight-limit"), "{status:?}");
+        }
+        other => panic!("expected the call to end INVALID_ARGUMENT, got {other:?}"),
+    }
+    assert_eq!(pending_count(&mut con, "s", "g").await, 1, "nothing of the refused Ack was applied");
+    let mut next = Consumer::start(&sidecar, "s", "g", GroupStart::New, 0).await;
+    let again = next.next_delivery(EVENT_TIMEOUT).await;
+    assert_eq!((again.id.as_str(), again.attempts), (held.id.as_str(), 2));
 }
 
 /// A client that sends its last verdicts and closes its side at once still

@@ -548,6 +548,7 @@ impl ConsumerService for Consumers {
             closing,
             verdict_errors,
             emit_rules,
+            max_ids: self.defaults.max_in_flight_limit as usize,
         })));
         // Spawned after the relay, so that this task, which lives as long
         // as the call, does not hold room for the relay's arguments.

@@ -310,6 +310,11 @@ pub(super) struct Relay {
     /// call's first shard's: such a verdict names no shard).
     pub(super) verdict_errors: VerdictErrors,
     pub(super) emit_rules: EmitRules,
+    /// The most ids one Ack, Release or Extend may name: no call holds more
+    /// than `--max-in-flight-limit` deliveries. A message naming more ends
+    /// the call (INVALID_ARGUMENT) rather than sit decoded in the sidecar
+    /// while its pieces wait for a client that does not read.
+    pub(super) max_ids: usize,
 }
 
 /// Runs until the client closes its side, the call breaks, a second subscribe
@@ -330,6 +335,7 @@ pub(super) async fn relay(relay: Box<Relay>) {
         mut closing,
         verdict_errors,
         emit_rules,
+        max_ids,
     } = *relay;
     // Whether the client still reads: after it closes its side, the errors
     // of its last verdicts are still sent before the call ends.
@@ -379,6 +385,7 @@ pub(super) async fn relay(relay: Box<Relay>) {
                         &mut pieces,
                         &verdict_errors,
                         &emit_rules,
+                        max_ids,
                     ));
                     if let Err(status) = forwarded.await {
                         break Some(status);
@@ -494,8 +501,11 @@ async fn end(
 
 /// Validates one client message and passes it to the worker that holds its
 /// entry; the ids of an Ack, a Release or an Extend are queued in `pieces`
-/// for the relay to send as room allows. An error status ends the call; a bad
-/// verdict only gets a verdict error.
+/// for the relay to send as room allows. An error status ends the call: a
+/// second subscribe, an empty message, or an Ack, a Release or an Extend of
+/// more than `max_ids` ids (INVALID_ARGUMENT); a bad verdict only gets a
+/// verdict error.
+#[allow(clippy::too_many_arguments)]
 async fn forward(
     session: SessionId,
     request: ConsumeRequest,
@@ -504,7 +514,20 @@ async fn forward(
     pieces: &mut VecDeque<Piece>,
     counted: &VerdictErrors,
     emit_rules: &EmitRules,
+    max_ids: usize,
 ) -> Result<(), Status> {
+    let named = match &request.kind {
+        Some(Kind::Ack(ack)) => Some(("ack.ids", ack.ids.len())),
+        Some(Kind::Release(release)) => Some(("release.ids", release.ids.len())),
+        Some(Kind::Extend(extend)) => Some(("extend.ids", extend.ids.len())),
+        _ => None,
+    };
+    if let Some((field, named)) = named.filter(|&(_, named)| named > max_ids) {
+        let reason = format!(
+            "{named} ids in one message, where at most {max_ids} may be (no call holds more deliveries: the sidecar's --max-in-flight-limit); send them in several messages"
+        );
+        return Err(Error::invalid(field, reason).into());
+    }
     match request.kind {
         Some(Kind::Subscribe(_)) => Err(Error::invalid(
             "subscribe",
