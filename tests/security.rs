@@ -656,6 +656,11 @@ async fn consume_calls_over_max_consume_calls_are_resource_exhausted() {
 
     assert_code(&err, Code::ResourceExhausted);
     assert!(err.message().contains("--max-consume-calls"), "the message names the setting: {err:?}");
+    // The operator sees it too, at WARN (a line a second at most).
+    let log = sidecar.log();
+    let warned =
+        log.lines().any(|l| l.contains(" WARN ") && l.contains("a Consume call was refused") && l.contains("g3"));
+    assert!(warned, "the refusal is logged:\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

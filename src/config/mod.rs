@@ -289,6 +289,8 @@ mod tests {
         ] {
             assert!(parse(args).is_err(), "{args:?}");
         }
+        let too_small = parse(&["--max-message-bytes", "0"]).unwrap_err().to_string();
+        assert!(too_small.contains("1024..=4294967295"), "the range a person can act on: {too_small}");
         for url in ["http://x", "redis://u:s3cret@h:99999", "redis+sentinel://u:s3cret@h:1", ""] {
             let refused = parse(&["--redis-url", url]).unwrap().validate().unwrap_err();
             assert!(refused.starts_with("--redis-url (ECHOMQ_REDIS_URL): "), "{refused}");

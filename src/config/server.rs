@@ -17,6 +17,9 @@ use super::millis;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 /// Default largest gRPC message, either way (bytes): 4 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// The largest `--max-message-bytes` (bytes): HTTP/2 frames a gRPC message
+/// with a 4-byte length, and a bound makes a bad value's error name one.
+pub const MAX_MESSAGE_BYTES_LIMIT: u64 = u32::MAX as u64;
 /// Default most fields in one appended entry.
 pub const DEFAULT_MAX_FIELDS_PER_ENTRY: usize = 1_000;
 /// Default longest stream or group name (bytes).
@@ -35,7 +38,7 @@ pub struct ServerConfig {
 
     /// Largest gRPC message accepted or sent (bytes). A bigger request gets
     /// RESOURCE_EXHAUSTED.
-    #[arg(long, env = "ECHOMQ_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
+    #[arg(long, env = "ECHOMQ_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..=MAX_MESSAGE_BYTES_LIMIT))]
     pub max_message_bytes: usize,
 
     /// Most fields in one appended entry (INVALID_ARGUMENT above).

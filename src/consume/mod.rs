@@ -130,6 +130,9 @@ pub(crate) struct Shared {
     pub(crate) recreation_log: pacing::LogLimit,
     /// Which batches of acks found partly not pending are logged at WARN.
     pub(crate) shortfall_log: pacing::LogLimit,
+    /// Which Consume calls refused at `--max-consume-calls` are logged at
+    /// WARN: a fleet that outgrew the setting retries them all at once.
+    pub(crate) refusal_log: pacing::LogLimit,
 }
 
 /// One group's names, as every Redis step of its worker needs them.
@@ -335,6 +338,12 @@ impl Consumers {
                 "batches of acks partly no longer pending",
                 "echomq_acks_not_pending_total counts each ack",
             ),
+            refusal_log: pacing::LogLimit::new(
+                tokio::time::Instant::now(),
+                pacing::LineLevel::Warn,
+                "Consume calls refused at --max-consume-calls",
+                "grpc_server_handled_total counts each, code RESOURCE_EXHAUSTED",
+            ),
         };
         let defaults = Defaults {
             max_deliveries: config.consume.default_max_deliveries,
@@ -496,11 +505,12 @@ impl ConsumerService for Consumers {
             }
         }
         // Held for the life of the call.
-        let permit = self.calls.clone().try_acquire_owned().map_err(|_| Error::ResourceExhausted {
-            reason: format!(
-                "this sidecar already serves its limit of {} Consume calls (--max-consume-calls)",
-                self.max_calls
-            ),
+        let permit = self.calls.clone().try_acquire_owned().map_err(|_| {
+            let reason =
+                format!("this sidecar already serves its limit of {} Consume calls (--max-consume-calls)", self.max_calls);
+            let (stream, group) = (&sub.stream, &sub.group);
+            pacing::log_limited!(self.shared.refusal_log, &format!("a Consume call was refused: {reason}"); %stream, %group);
+            Error::ResourceExhausted { reason }
         })?;
         self.open_groups(&sub).await?;
 
