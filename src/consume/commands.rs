@@ -96,8 +96,11 @@ pub(crate) struct AckEmit {
 /// The ids of an Ack or a Release (the client's text and the parsed id).
 #[derive(Debug)]
 pub(crate) struct Verdicts {
+    /// The call that sent them.
     pub(crate) session: SessionId,
+    /// At most `session::IDS_PER_PIECE` (1,024) of the message's ids.
     pub(crate) ids: Vec<(String, BrandedId)>,
+    /// Their room among the call's ids in flight, given back once handled.
     pub(crate) in_flight: InFlight,
 }
 
@@ -106,6 +109,7 @@ pub(crate) struct Verdicts {
 pub(crate) struct Extend {
     pub(crate) ids: Vec<(String, BrandedId)>,
     pub(crate) by: Duration,
+    /// Their room among the call's ids in flight, given back once handled.
     pub(crate) in_flight: InFlight,
 }
 

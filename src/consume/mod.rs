@@ -135,6 +135,14 @@ pub(crate) struct Shared {
     pub(crate) refusal_log: pacing::LogLimit,
 }
 
+impl Shared {
+    /// Every sidecar-wide log limit, for the held-back counts of a burst
+    /// once it is over ([`pacing::LogLimit::log_overdue`]).
+    pub(crate) fn log_limits(&self) -> [&pacing::LogLimit; 4] {
+        [&self.failure_log, &self.recreation_log, &self.shortfall_log, &self.refusal_log]
+    }
+}
+
 /// One group's names, as every Redis step of its worker needs them.
 pub(crate) struct GroupKeys {
     pub(crate) redis: Redis,
@@ -300,6 +308,8 @@ impl Consumers {
             tokio::spawn(renew_wake_after_outages(Arc::downgrade(&shared.hub), redis_up.clone()));
         }
         let batched_reclaim = reclaim_probe::batched(&redis);
+        let log_limit =
+            |level, what, counted_by| pacing::LogLimit::new(tokio::time::Instant::now(), level, what, counted_by);
         let shared = Shared {
             readers,
             redis,
@@ -320,26 +330,22 @@ impl Consumers {
             returned_while_draining: AtomicUsize::new(0),
             metrics,
             metrics_poll: config.admin.metrics_poll(),
-            failure_log: pacing::LogLimit::new(
-                tokio::time::Instant::now(),
+            failure_log: log_limit(
                 pacing::LineLevel::Warn,
                 "failed steps or lost groups of group workers",
                 "echomq_redis_errors_total counts each failed step",
             ),
-            recreation_log: pacing::LogLimit::new(
-                tokio::time::Instant::now(),
+            recreation_log: log_limit(
                 pacing::LineLevel::Info,
                 "groups re-created or found again",
                 "echomq_group_recreations_total counts each",
             ),
-            shortfall_log: pacing::LogLimit::new(
-                tokio::time::Instant::now(),
+            shortfall_log: log_limit(
                 pacing::LineLevel::Warn,
                 "batches of acks partly no longer pending",
                 "echomq_acks_not_pending_total counts each ack",
             ),
-            refusal_log: pacing::LogLimit::new(
-                tokio::time::Instant::now(),
+            refusal_log: log_limit(
                 pacing::LineLevel::Warn,
                 "Consume calls refused at --max-consume-calls",
                 "grpc_server_handled_total counts each, code RESOURCE_EXHAUSTED",

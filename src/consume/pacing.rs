@@ -60,10 +60,10 @@ macro_rules! log_limited {
             (Some(0), LineLevel::Warn) => tracing::warn!($($field)*, "{line}"),
             (Some(0), LineLevel::Info) => tracing::info!($($field)*, "{line}"),
             (Some(held_back), LineLevel::Warn) => {
-                tracing::warn!($($field)*, held_back, "{line} ({})", limit.held_back_note(held_back))
+                tracing::warn!($($field)*, held_back, "{line} (and {})", limit.held_back_note(held_back))
             }
             (Some(held_back), LineLevel::Info) => {
-                tracing::info!($($field)*, held_back, "{line} ({})", limit.held_back_note(held_back))
+                tracing::info!($($field)*, held_back, "{line} (and {})", limit.held_back_note(held_back))
             }
             (None, _) => tracing::debug!($($field)*, "{line}"),
         }
@@ -79,18 +79,18 @@ impl LogLimit {
         LogLimit { start: now, next_line_ms: AtomicU64::new(0), held_back: AtomicU64::new(0), level, what, counted_by }
     }
 
-    /// "and 7 more failed steps … since the last such line, logged at DEBUG; … counts each".
+    /// "7 more failed steps … since the last such line, logged at DEBUG; … counts each":
+    /// said after a line let through, and on its own once a burst is over.
     pub(super) fn held_back_note(&self, held_back: u64) -> String {
         let LogLimit { what, counted_by, .. } = self;
-        format!("and {held_back} more {what} since the last such line, logged at DEBUG; {counted_by}")
+        format!("{held_back} more {what} since the last such line, logged at DEBUG; {counted_by}")
     }
 
     /// Logs, at the limit's level, the count of a burst's lines held back,
     /// once the burst is over (see [`LogLimit::overdue`]).
     pub(super) fn log_overdue(&self, now: Instant) {
         let Some(held_back) = self.overdue(now) else { return };
-        let LogLimit { what, counted_by, .. } = self;
-        let line = format!("{held_back} more {what} since the last such line, logged at DEBUG ({counted_by})");
+        let line = self.held_back_note(held_back);
         match self.level {
             LineLevel::Warn => tracing::warn!(held_back, "{line}"),
             LineLevel::Info => tracing::info!(held_back, "{line}"),

@@ -323,7 +323,7 @@ impl Worker {
     /// (see [`super::pacing::LogLimit::overdue`]), once the burst is over.
     fn log_held_back(&self) {
         let now = Instant::now();
-        for limit in [&self.shared.failure_log, &self.shared.shortfall_log, &self.shared.recreation_log] {
+        for limit in self.shared.log_limits() {
             limit.log_overdue(now);
         }
     }
