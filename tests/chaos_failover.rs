@@ -9,8 +9,10 @@
 //! chaos suite's appender: a batch whose outcome is unknown is looked up on
 //! the primary of the moment before it is sent again), the injector fails
 //! the primary over again and again, alternating a `kill -9` of the primary
-//! (restarted afterwards, so Sentinel turns it into a replica) and a planned
-//! `SENTINEL FAILOVER`, and makes clients drop their calls mid-handler.
+//! (restarted afterwards as a replica of the new one) and a planned
+//! failover (writes paused, `SENTINEL FAILOVER`, the old primary demoted:
+//! see `SentinelDeployment::planned_failover`), each once every replica is
+//! in sync, and makes clients drop their calls mid-handler.
 //!
 //! At the end, read from the primary of the moment, every appended entry
 //! must be there once, under the branded id its append was confirmed with,
@@ -39,7 +41,7 @@ const SIDECARS: usize = 2;
 
 /// Fails the primary over `count` times, spread over the append window,
 /// alternating kill -9 (then a restart of the killed node) and a planned
-/// `SENTINEL FAILOVER`; drops calls in between. Returns the deployment, the
+/// failover; drops calls in between. Returns the deployment, the
 /// sidecars and the failovers done.
 async fn injector(
     mut deployment: SentinelDeployment,
@@ -62,18 +64,25 @@ async fn injector(
             ledger.drop_requests[rng.usize(..clients)].store(true, Relaxed);
         }
         let Some(old) = deployment.primary_port().await else { continue };
+        // As a planned failover would: no replica is promoted mid-sync (which
+        // loses what the primary had, confirmed or not, and lets a retried
+        // append find no dedup record: one append under two branded ids).
+        deployment.until_replicas_synced(old).await;
         let at = started.elapsed().as_secs_f64();
         if i % 2 == 0 {
             eprintln!("chaos failover: kill -9 of the primary :{old} at {at:.1}s");
             deployment.node_mut(old).kill9();
             let new = deployment.until_failed_over(old, Duration::from_secs(30)).await;
             eprintln!("chaos failover: :{new} promoted after {:.1}s", started.elapsed().as_secs_f64() - at);
-            // Back empty; Sentinel turns it into a replica of the new primary.
+            // Back empty, as a replica of the new primary, as an operator
+            // brings a node back. Left to Sentinel, it would stay an empty
+            // primary for 8 s (four publish periods), and a planned failover
+            // meanwhile may "promote" it: all would be lost.
             deployment.node_mut(old).restart().await;
+            deployment.replicate(old, new).await;
         } else {
-            eprintln!("chaos failover: SENTINEL FAILOVER away from :{old} at {at:.1}s");
-            deployment.sentinel_failover().await;
-            let new = deployment.until_failed_over(old, Duration::from_secs(30)).await;
+            eprintln!("chaos failover: planned failover (SENTINEL FAILOVER) away from :{old} at {at:.1}s");
+            let new = deployment.planned_failover(old).await;
             eprintln!("chaos failover: :{new} promoted after {:.1}s", started.elapsed().as_secs_f64() - at);
         }
         done += 1;

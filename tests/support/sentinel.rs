@@ -59,7 +59,7 @@ impl SentinelDeployment {
             .await
             .unwrap();
         let mut deployment = SentinelDeployment { nodes, sentinels: Vec::new() };
-        deployment.until_replicas_synced(replicas).await;
+        deployment.until_replicas_synced(deployment.nodes[0].port()).await;
         for _ in 0..3 {
             deployment.sentinels.push(SentinelProcess::start(deployment.nodes[0].port(), password).await);
         }
@@ -127,16 +127,21 @@ impl SentinelDeployment {
         }
     }
 
-    async fn until_replicas_synced(&self, replicas: usize) {
+    /// Waits until every other data node is an online replica of the primary
+    /// on `primary` (its `INFO replication`) and has acknowledged a write
+    /// there (`WAIT`): what a planned failover waits for, so that no replica
+    /// still in its full sync is promoted. Panics after 30 s.
+    pub async fn until_replicas_synced(&self, primary: u16) {
+        let replicas = self.nodes.len() - 1;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let mut conn = self.nodes[0].conn().await;
+            let mut conn = self.node(primary).conn().await;
             let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap_or_default();
             let online = info.lines().filter(|line| line.starts_with("slave") && line.contains("state=online")).count();
             if online >= replicas {
                 return wait_replicas_acknowledge(&mut conn, "ready", replicas as i64).await;
             }
-            assert!(Instant::now() < deadline, "the replicas did not sync within 30 s:\n{info}");
+            assert!(Instant::now() < deadline, "the replicas of :{primary} did not sync within 30 s:\n{info}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -153,6 +158,47 @@ impl SentinelDeployment {
             }
         }
         panic!("no Sentinel took SENTINEL FAILOVER");
+    }
+
+    /// A planned failover from the primary on `old`, made as Redis'
+    /// `FAILOVER` command and managed services make one: writes paused on
+    /// it (`CLIENT PAUSE WRITE`) until every replica has all it wrote, then
+    /// `SENTINEL FAILOVER`, then `old` made a replica of the new primary
+    /// and unpaused. Nothing written on `old` is lost, and nobody reads from
+    /// it what the new primary lacks (`SENTINEL FAILOVER` alone leaves `old`
+    /// a writable primary until Sentinel turns it, 8 s later). Returns the
+    /// new primary's port.
+    pub async fn planned_failover(&self, old: u16) -> u16 {
+        let mut conn = self.node(old).conn().await;
+        let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(10_000).arg("WRITE").query_async(&mut conn).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
+            let primary_offset = info.lines().find_map(|line| line.strip_prefix("master_repl_offset:"));
+            // `slave0:ip=127.0.0.1,port=6380,state=online,offset=123,lag=0`
+            let caught_up = info
+                .lines()
+                .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+                .filter(|line| line.split(',').find_map(|part| part.strip_prefix("offset=")) == primary_offset)
+                .count();
+            if caught_up >= self.nodes.len() - 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the replicas of :{old} did not catch up while paused:\n{info}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.sentinel_failover().await;
+        let new = self.until_failed_over(old, Duration::from_secs(30)).await;
+        self.replicate(old, new).await;
+        let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query_async(&mut conn).await.unwrap();
+        new
+    }
+
+    /// Makes the data node on `port` a replica of the one on `primary`
+    /// (`REPLICAOF`), as an operator does with a node it brings back.
+    pub async fn replicate(&self, port: u16, primary: u16) {
+        let mut conn = self.node(port).conn().await;
+        let _: () = redis::cmd("REPLICAOF").arg("127.0.0.1").arg(primary).query_async(&mut conn).await.unwrap();
     }
 
     /// SIGSTOPs (`stop`) or SIGCONTs the data node on `port`.
