@@ -332,6 +332,52 @@ async fn without_max_in_flight_a_client_that_falls_behind_gets_a_smaller_window(
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_max_in_flight_a_client_that_collects_a_batch_before_settling_is_not_stalled() {
+    // A client that settles nothing until it holds 100, while a producer
+    // appends 500 a second for 14 s: past the window's start of 64, and past
+    // its first probe (after 10 s), where the window drops to 8.
+    const BATCH: usize = 100;
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default()).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    let mut producer = redis.conn().await;
+    let appended = 7000;
+    let producing = tokio::spawn(async move {
+        for tick in 0..appended / 50 {
+            let mut batch = redis::pipe();
+            for i in 0..50 {
+                batch.cmd("XADD").arg("s").arg("*").arg("n").arg(tick * 50 + i).ignore();
+            }
+            let _: () = batch.query_async(&mut producer).await.expect("XADD");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+
+    let (mut acked, mut waits) = (0, Vec::new());
+    while acked < appended {
+        let (started, mut batch) = (Instant::now(), Vec::new());
+        while batch.len() < BATCH.min(appended - acked) {
+            match consumer.next_event(Duration::from_secs(10)).await {
+                Event::Delivery(delivery) => batch.push(delivery.id),
+                other => panic!("a collecting client got stuck holding {} (acked {acked}): {other:?}", batch.len()),
+            }
+        }
+        waits.push(started.elapsed());
+        consumer.ack(&batch.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        acked += batch.len();
+    }
+    producing.await.unwrap();
+    let stalls = waits.iter().filter(|wait| **wait > Duration::from_millis(900)).count();
+    let longest = waits.iter().max().copied().unwrap_or_default();
+    println!("{} batches; {stalls} waited over 0.9 s; the longest {longest:?}", waits.len());
+    assert!(longest < Duration::from_millis(2500), "a stall opens the window at once, not step by step: {waits:?}");
+    assert!(
+        stalls <= 2,
+        "the window opens once at the start and once at the probe; {stalls} batches waited over 0.9 s: {waits:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Deliveries
 // ---------------------------------------------------------------------------

@@ -771,12 +771,34 @@ impl<D> Ledger<D> {
 
     /// Hands ready entries to calls with free credit, in arrival order.
     pub(crate) fn hand_out_ready(&mut self, now: Instant) {
+        self.unstall(now);
         while let Some(out) = self.ready.pop_front() {
             if let Some(out) = self.hand_out(out, now) {
                 self.ready.push_front(out);
                 break;
             }
         }
+    }
+
+    /// Calls out of credit that sent no verdict for their window's patience
+    /// wait for more than it allows (see [`Window::stalled`]): their windows
+    /// open up.
+    fn unstall(&mut self, now: Instant) {
+        for call in self.calls.values_mut() {
+            if call.free() == 0 && !call.closed && call.window.stall_due().is_some_and(|due| due <= now) {
+                call.window.stalled(call.held.len() as u32, now);
+            }
+        }
+    }
+
+    /// The earliest instant a call out of credit counts as stalled (see
+    /// [`Ledger::hand_out_ready`]), if any is.
+    pub(crate) fn stall_due(&self) -> Option<Instant> {
+        self.calls
+            .values()
+            .filter(|call| call.free() == 0 && !call.closed)
+            .filter_map(|call| call.window.stall_due())
+            .min()
     }
 
     /// With no call left, entries read for a call that went away stop being
@@ -828,7 +850,7 @@ impl<D> Ledger<D> {
         let member = out.member.clone();
         call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now, member });
         if call.free() == 0 {
-            call.window.ran_out();
+            call.window.ran_out(now);
         }
         self.entries.insert(stream_id, Track::Held(session, branded));
         self.tally.deliveries += 1;

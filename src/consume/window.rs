@@ -21,6 +21,18 @@
 //! it had. A handler that became slower for good is then judged by its new
 //! speed, and one that fell behind cannot pass its queue off as its speed.
 //!
+//! Both rules need verdicts, and a client that collects a batch before it
+//! settles any sends none while its window is smaller than its batch: it
+//! would wait for ever. So a call out of credit that sends no verdict for
+//! [`STALL`] (or four times its mean verdict time, if longer) is taken to
+//! wait for more: the window doubles, or a probe ends, and twice the
+//! entries it held without settling become the window's floor, under which
+//! it never shrinks or probes again. Once a client has settled anything, a
+//! stall grows the window only if it settled something since the last one,
+//! so a handler stuck with what it holds gets one doubling, not the cap.
+//! Before its first verdict nothing tells a slow or stuck handler from a
+//! collecting client: its window doubles at each stall, up to the cap.
+//!
 //! A call that sets `max_in_flight` gets exactly that, fixed.
 
 use std::time::Duration;
@@ -37,6 +49,10 @@ pub(crate) const WINDOW_MIN: u32 = 8;
 pub(crate) const QUEUE_SLACK: Duration = Duration::from_millis(5);
 /// How long a base stands before the window probes for it again.
 pub(crate) const REBASE: Duration = Duration::from_secs(10);
+/// How long a call out of credit may send no verdict before it is taken to
+/// wait for more entries than its window (at least; four times its mean
+/// verdict time when that is longer).
+pub(crate) const STALL: Duration = Duration::from_secs(1);
 
 /// A call's window (entries it may hold un-settled).
 #[derive(Debug)]
@@ -50,6 +66,15 @@ pub(crate) struct Window {
     /// A probe under way: since when, and the size to return to.
     probe: Option<(Instant, u32)>,
     epoch: Epoch,
+    /// When the call last ran out of credit (its last slot taken).
+    ran_out_at: Option<Instant>,
+    /// The mean delivery-to-verdict time of the last window judged.
+    last_mean: Option<Duration>,
+    /// The smallest the window may be: twice what a collecting client was
+    /// seen to hold without settling any (0 until one stalls).
+    floor: u32,
+    /// A stall since the last verdict (see [`Window::stalled`]).
+    stalled_since_verdict: bool,
 }
 
 /// The verdicts since the window last changed, held or probed.
@@ -72,6 +97,10 @@ impl Window {
             base: None,
             probe: None,
             epoch: Epoch::default(),
+            ran_out_at: None,
+            last_mean: None,
+            floor: 0,
+            stalled_since_verdict: false,
         }
     }
 
@@ -86,9 +115,56 @@ impl Window {
         self.size
     }
 
-    /// The call holds as many entries as the window allows.
-    pub(crate) fn ran_out(&mut self) {
+    /// The call holds as many entries as the window allows, since `now`.
+    pub(crate) fn ran_out(&mut self, now: Instant) {
         self.epoch.limited = true;
+        self.ran_out_at = Some(now);
+    }
+
+    /// When a call that is out of credit (it holds the window) and sends no
+    /// verdict counts as stalled: [`STALL`] or four times its mean verdict
+    /// time, whichever is longer, after it ran out. `None` for a fixed window.
+    pub(crate) fn stall_due(&self) -> Option<Instant> {
+        if !self.adaptive || (self.size >= self.cap && self.probe.is_none()) {
+            return None;
+        }
+        let mean = match self.epoch.verdicts {
+            0 => self.last_mean,
+            verdicts => Some(self.epoch.total / verdicts),
+        };
+        let patience = mean.map_or(STALL, |mean| STALL.max(mean * 4));
+        self.ran_out_at.map(|at| at + patience)
+    }
+
+    /// The call held `held` entries, its whole window, and sent no verdict
+    /// until [`Window::stall_due`]: it waits for more. A probe ends (the
+    /// size it had returns; its base stands another [`REBASE`]). Else the
+    /// window doubles (up to the cap) if the client never settled anything
+    /// yet or settled something since the last stall: a client stuck with
+    /// what it holds gets no more after one doubling. Once verdicts were
+    /// seen, so the client is known to settle when it has what it waits
+    /// for, twice `held` becomes the floor: doubling, not creeping up one
+    /// stall at a time.
+    pub(crate) fn stalled(&mut self, held: u32, now: Instant) {
+        let settled_before = self.epoch.verdicts > 0 || self.last_mean.is_some();
+        let grow = !settled_before || !self.stalled_since_verdict;
+        self.stalled_since_verdict = true;
+        self.ran_out_at = Some(now);
+        if settled_before && (grow || self.probe.is_some()) {
+            self.floor = self.floor.max(held.saturating_mul(2)).min(self.cap);
+        }
+        if let Some((_, restore)) = self.probe.take() {
+            self.epoch = Epoch::default();
+            self.base = self.base.map(|(base, _)| (base, now));
+            self.size = restore.max(self.floor);
+        } else if grow {
+            self.size = self.size.saturating_mul(2).min(self.cap).max(self.floor);
+        }
+    }
+
+    /// The least the window may shrink or probe to.
+    fn least(&self) -> u32 {
+        WINDOW_MIN.max(self.floor).min(self.cap)
     }
 
     /// A verdict came back at `now` on a delivery made at `delivered_at`.
@@ -98,6 +174,7 @@ impl Window {
         if !self.adaptive {
             return;
         }
+        self.stalled_since_verdict = false;
         if let Some((since, _)) = self.probe {
             // Only deliveries made after the drop met no queue of the old size.
             if delivered_at < since {
@@ -131,16 +208,17 @@ impl Window {
             }
         };
         let mean = epoch.total / epoch.verdicts;
+        self.last_mean = Some(mean);
         if mean <= base * 2 + QUEUE_SLACK {
             if epoch.limited {
                 self.size = self.size.saturating_mul(2).min(self.cap);
             }
         } else if mean > base * 4 + QUEUE_SLACK * 4 {
-            self.size = (self.size - self.size / 4).max(WINDOW_MIN.min(self.cap));
+            self.size = (self.size - self.size / 4).max(self.least());
         }
         if self.base.is_some_and(|(_, since)| now >= since + REBASE) {
             self.probe = Some((now, self.size));
-            self.size = WINDOW_MIN.min(self.cap);
+            self.size = self.least();
         }
     }
 }
@@ -155,7 +233,7 @@ mod tests {
     /// at `now`, the window used up (`limited`) or not.
     fn turn(window: &mut Window, latency: Duration, limited: bool, now: Instant) {
         if limited {
-            window.ran_out();
+            window.ran_out(now);
         }
         for _ in 0..window.size() {
             window.verdict(now - latency, now);
@@ -274,5 +352,88 @@ mod tests {
         turn(&mut small, MS, false, now);
         turn(&mut small, 500 * MS, true, now);
         assert_eq!(small.size(), 4);
+    }
+
+    #[test]
+    fn a_call_out_of_credit_that_settles_nothing_opens_its_window_after_the_stall_time() {
+        let (mut window, now) = (Window::adaptive(1000), Instant::now());
+        assert_eq!(Window::fixed(64).stall_due(), None, "a fixed window is what the client asked for");
+        window.ran_out(now);
+        assert_eq!(window.stall_due(), Some(now + STALL));
+        window.stalled(64, now + STALL);
+        assert_eq!(window.size(), 128, "a client collecting more than 64 gets them");
+        assert_eq!(window.stall_due(), Some(now + 2 * STALL), "and another stall time to settle");
+        turn(&mut window, MS / 2, true, now + 3 * STALL);
+        for _ in 0..20 {
+            turn(&mut window, 500 * MS, true, now + 3 * STALL);
+        }
+        assert_eq!(window.size(), WINDOW_MIN, "no verdict was seen before the stall: no floor, it shrinks as before");
+    }
+
+    #[test]
+    fn a_probe_that_stalls_ends_and_what_the_client_held_becomes_the_floor() {
+        let (mut window, now) = (Window::adaptive(1000), Instant::now());
+        turn(&mut window, MS, true, now);
+        assert_eq!(window.size(), 128);
+        let later = now + REBASE;
+        turn(&mut window, MS, true, later);
+        assert_eq!(window.size(), WINDOW_MIN, "probing");
+        // The client holds 40 and waits for 100 before it settles any.
+        window.ran_out(later);
+        let due = window.stall_due().expect("a probe out of credit can stall");
+        assert_eq!(due, later + STALL);
+        window.stalled(40, due);
+        assert_eq!(window.size(), 256, "the probe ended: the size it had returns");
+        assert_eq!(window.least(), 80, "twice what it held is the floor");
+        for _ in 0..12 {
+            turn(&mut window, 500 * MS, true, due);
+        }
+        assert_eq!(window.size(), 80, "it shrinks no further than the client was seen to need");
+        turn(&mut window, 500 * MS, true, due + REBASE);
+        assert_eq!(window.size(), 80, "and probes at its floor, which it can fill");
+    }
+
+    #[test]
+    fn a_slow_handler_gets_four_times_its_mean_verdict_time_before_it_counts_as_stalled() {
+        let (mut window, now) = (Window::adaptive(1000), Instant::now());
+        turn(&mut window, 2000 * MS, true, now);
+        let at = now + Duration::from_secs(100);
+        window.ran_out(at);
+        assert_eq!(window.stall_due(), Some(at + 8000 * MS), "a verdict every 2 s is no stall");
+        window.verdict(at - 3000 * MS, at);
+        assert_eq!(window.stall_due(), Some(at + 12_000 * MS), "the window being judged counts first");
+    }
+
+    #[test]
+    fn a_client_that_settled_before_and_then_nothing_gets_one_doubling() {
+        let (mut window, now) = (Window::adaptive(1000), Instant::now());
+        turn(&mut window, MS, true, now);
+        assert_eq!(window.size(), 128);
+        // Its handler is stuck: it holds all 128 and settles nothing.
+        let mut at = now + MS;
+        window.ran_out(at);
+        for _ in 0..5 {
+            at = window.stall_due().expect("out of credit");
+            window.stalled(window.size(), at);
+        }
+        assert_eq!(window.size(), 256, "one doubling, not the cap");
+        window.verdict(at - MS, at);
+        window.ran_out(at);
+        window.stalled(256, window.stall_due().expect("out of credit"));
+        assert_eq!(window.size(), 512, "a verdict since the last stall: it may grow again");
+    }
+
+    #[test]
+    fn a_client_that_never_settled_grows_at_each_stall_up_to_the_cap() {
+        let (mut window, now) = (Window::adaptive(300), Instant::now());
+        window.ran_out(now);
+        let mut sizes = Vec::new();
+        for _ in 0..4 {
+            let due = window.stall_due().unwrap_or(now);
+            window.stalled(window.size(), due);
+            sizes.push(window.size());
+        }
+        assert_eq!(sizes, [128, 256, 300, 300], "a batch of any size within the cap is reached");
+        assert_eq!(window.least(), WINDOW_MIN, "no verdict seen: no floor");
     }
 }

@@ -623,12 +623,15 @@ impl Worker {
         if self.paused() && (self.ledger.free() > 0 || self.group_lost) {
             return self.pacing.paused_until();
         }
+        // Both concern calls out of credit: a read held back for too little
+        // of it, and a call whose window may open up.
         let read_due = self.ledger.read_due().map_or(far, |at| at.min(far));
+        let credit_due = self.ledger.stall_due().map_or(read_due, |at| at.min(read_due));
         if self.ledger.free_for_due() == 0 {
-            return read_due.min(far);
+            return credit_due;
         }
         let key_poll = self.ledger.key_poll_due().unwrap_or(far);
-        self.ledger.next_due().map_or(far, |at| at.min(far)).min(read_due).min(key_poll)
+        self.ledger.next_due().map_or(far, |at| at.min(far)).min(credit_due).min(key_poll)
     }
 
     fn paused(&self) -> bool {
