@@ -31,7 +31,10 @@
 //! stall grows the window only if it settled something since the last one,
 //! so a handler stuck with what it holds gets one doubling, not the cap.
 //! Before its first verdict nothing tells a slow or stuck handler from a
-//! collecting client: its window doubles at each stall, up to the cap.
+//! collecting client: its window doubles at each stall, up to the cap, but
+//! each stall without a verdict since waits twice as long as the one before
+//! (1, 2, 4, 8 s...): a handler 3 s an entry is handed 256 before its first
+//! verdict, a client collecting 1,000 waits 15 s once.
 //!
 //! A call that sets `max_in_flight` gets exactly that, fixed.
 
@@ -73,8 +76,8 @@ pub(crate) struct Window {
     /// The smallest the window may be: twice what a collecting client was
     /// seen to hold without settling any (0 until one stalls).
     floor: u32,
-    /// A stall since the last verdict (see [`Window::stalled`]).
-    stalled_since_verdict: bool,
+    /// Stalls since the last verdict (see [`Window::stalled`]).
+    stalls_unanswered: u32,
 }
 
 /// The verdicts since the window last changed, held or probed.
@@ -100,7 +103,7 @@ impl Window {
             ran_out_at: None,
             last_mean: None,
             floor: 0,
-            stalled_since_verdict: false,
+            stalls_unanswered: 0,
         }
     }
 
@@ -123,7 +126,8 @@ impl Window {
 
     /// When a call that is out of credit (it holds the window) and sends no
     /// verdict counts as stalled: [`STALL`] or four times its mean verdict
-    /// time, whichever is longer, after it ran out. `None` for a fixed window.
+    /// time, whichever is longer, after it ran out, twice that after each
+    /// stall with no verdict since. `None` for a fixed window.
     pub(crate) fn stall_due(&self) -> Option<Instant> {
         if !self.adaptive || (self.size >= self.cap && self.probe.is_none()) {
             return None;
@@ -132,7 +136,7 @@ impl Window {
             0 => self.last_mean,
             verdicts => Some(self.epoch.total / verdicts),
         };
-        let patience = mean.map_or(STALL, |mean| STALL.max(mean * 4));
+        let patience = mean.map_or(STALL, |mean| STALL.max(mean * 4)) * (1 << self.stalls_unanswered.min(8));
         self.ran_out_at.map(|at| at + patience)
     }
 
@@ -147,8 +151,8 @@ impl Window {
     /// stall at a time.
     pub(crate) fn stalled(&mut self, held: u32, now: Instant) {
         let settled_before = self.epoch.verdicts > 0 || self.last_mean.is_some();
-        let grow = !settled_before || !self.stalled_since_verdict;
-        self.stalled_since_verdict = true;
+        let grow = !settled_before || self.stalls_unanswered == 0;
+        self.stalls_unanswered += 1;
         self.ran_out_at = Some(now);
         if settled_before && (grow || self.probe.is_some()) {
             self.floor = self.floor.max(held.saturating_mul(2)).min(self.cap);
@@ -174,7 +178,7 @@ impl Window {
         if !self.adaptive {
             return;
         }
-        self.stalled_since_verdict = false;
+        self.stalls_unanswered = 0;
         if let Some((since, _)) = self.probe {
             // Only deliveries made after the drop met no queue of the old size.
             if delivered_at < since {
@@ -362,7 +366,7 @@ mod tests {
         assert_eq!(window.stall_due(), Some(now + STALL));
         window.stalled(64, now + STALL);
         assert_eq!(window.size(), 128, "a client collecting more than 64 gets them");
-        assert_eq!(window.stall_due(), Some(now + 2 * STALL), "and another stall time to settle");
+        assert_eq!(window.stall_due(), Some(now + 3 * STALL), "and twice the stall time to settle");
         turn(&mut window, MS / 2, true, now + 3 * STALL);
         for _ in 0..20 {
             turn(&mut window, 500 * MS, true, now + 3 * STALL);
@@ -427,13 +431,15 @@ mod tests {
     fn a_client_that_never_settled_grows_at_each_stall_up_to_the_cap() {
         let (mut window, now) = (Window::adaptive(300), Instant::now());
         window.ran_out(now);
-        let mut sizes = Vec::new();
-        for _ in 0..4 {
-            let due = window.stall_due().unwrap_or(now);
+        let (mut sizes, mut stalls) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let due = window.stall_due().expect("below its cap");
             window.stalled(window.size(), due);
             sizes.push(window.size());
+            stalls.push(due - now);
         }
-        assert_eq!(sizes, [128, 256, 300, 300], "a batch of any size within the cap is reached");
+        assert_eq!(sizes, [128, 256, 300], "a batch of any size within the cap is reached");
+        assert_eq!(stalls, [STALL, 3 * STALL, 7 * STALL], "each unanswered stall waits twice as long");
         assert_eq!(window.least(), WINDOW_MIN, "no verdict seen: no floor");
     }
 }
