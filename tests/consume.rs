@@ -378,6 +378,21 @@ async fn without_max_in_flight_a_client_that_collects_a_batch_before_settling_is
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_max_in_flight_a_client_waiting_for_more_than_the_cap_is_warned_about_once() {
+    let redis = RedisServer::start().await;
+    let sidecar = Sidecar::start(&redis, SidecarOptions::default().arg("--default-max-in-flight").arg("16")).await;
+    sidecar.append_numbered("s", 40).await;
+    let mut consumer = Consumer::start(&sidecar, "s", "g", GroupStart::Beginning, 0).await;
+    // It waits for 20 before settling any; the cap is 16.
+    let held = take_until_quiet(&mut consumer, Duration::from_millis(3500)).await;
+    assert_eq!(held.len(), 16, "a window never grows past its cap");
+    let warned = || sidecar.log().matches("holds all the entries its window's cap allows").count();
+    assert_eq!(warned(), 1, "one WARN names the call that waits at its cap:\n{}", sidecar.log());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(warned(), 1, "and only one");
+}
+
 // ---------------------------------------------------------------------------
 // Deliveries
 // ---------------------------------------------------------------------------

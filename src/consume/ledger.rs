@@ -44,7 +44,7 @@ use super::{
         PendingAck, Redelivery, ReleaseOrder, Released, RetryWrite, SessionId, Unrefreshed, ACK_CHUNK,
     },
     verdicts::{Gone, Refusal},
-    window::Window,
+    window::{Stall, Window},
     IdMap,
 };
 use crate::{
@@ -784,9 +784,18 @@ impl<D> Ledger<D> {
     /// wait for more than it allows (see [`Window::stalled`]): their windows
     /// open up.
     fn unstall(&mut self, now: Instant) {
-        for call in self.calls.values_mut() {
+        for (session, call) in self.calls.iter_mut() {
             if call.free() == 0 && !call.closed && call.window.stall_due().is_some_and(|due| due <= now) {
-                call.window.stalled(call.held.len() as u32, now);
+                let held = call.held.len();
+                if call.window.stalled(held as u32, now) == Stall::AtCap {
+                    tracing::warn!(
+                        stream = %self.stream, %session, held,
+                        "a call holds all the entries its window's cap allows and settles none: its handler may be stuck, \
+                         or it waits for more deliveries than the cap before settling, which it will never get; \
+                         such a client must subscribe with max_in_flight of at least its batch (or the sidecar raise \
+                         --default-max-in-flight)"
+                    );
+                }
             }
         }
     }

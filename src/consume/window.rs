@@ -78,6 +78,22 @@ pub(crate) struct Window {
     floor: u32,
     /// Stalls since the last verdict (see [`Window::stalled`]).
     stalls_unanswered: u32,
+    /// A floor a stall proposed, and by when a verdict must confirm it.
+    floor_claim: Option<(u32, Instant)>,
+    /// A stall at the cap was reported (once a call).
+    cap_stall_reported: bool,
+}
+
+/// What a stall did to the window (see [`Window::stalled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stall {
+    /// It grew, or a probe ended.
+    Opened,
+    /// It held: the client settled nothing since the last stall.
+    Held,
+    /// It is at its cap: a client waiting for more than the cap waits for
+    /// ever (reported once a call).
+    AtCap,
 }
 
 /// The verdicts since the window last changed, held or probed.
@@ -104,6 +120,8 @@ impl Window {
             last_mean: None,
             floor: 0,
             stalls_unanswered: 0,
+            floor_claim: None,
+            cap_stall_reported: false,
         }
     }
 
@@ -127,17 +145,23 @@ impl Window {
     /// When a call that is out of credit (it holds the window) and sends no
     /// verdict counts as stalled: [`STALL`] or four times its mean verdict
     /// time, whichever is longer, after it ran out, twice that after each
-    /// stall with no verdict since. `None` for a fixed window.
+    /// stall with no verdict since. `None` for a fixed window, and at the
+    /// cap once its stall was reported.
     pub(crate) fn stall_due(&self) -> Option<Instant> {
-        if !self.adaptive || (self.size >= self.cap && self.probe.is_none()) {
+        let at_cap = self.size >= self.cap && self.probe.is_none();
+        if !self.adaptive || (at_cap && self.cap_stall_reported) {
             return None;
         }
+        self.ran_out_at.map(|at| at + self.patience())
+    }
+
+    /// How long a call out of credit may send no verdict (see [`Window::stall_due`]).
+    fn patience(&self) -> Duration {
         let mean = match self.epoch.verdicts {
             0 => self.last_mean,
             verdicts => Some(self.epoch.total / verdicts),
         };
-        let patience = mean.map_or(STALL, |mean| STALL.max(mean * 4)) * (1 << self.stalls_unanswered.min(8));
-        self.ran_out_at.map(|at| at + patience)
+        mean.map_or(STALL, |mean| STALL.max(mean * 4)) * (1 << self.stalls_unanswered.min(8))
     }
 
     /// The call held `held` entries, its whole window, and sent no verdict
@@ -146,24 +170,33 @@ impl Window {
     /// window doubles (up to the cap) if the client never settled anything
     /// yet or settled something since the last stall: a client stuck with
     /// what it holds gets no more after one doubling. Once verdicts were
-    /// seen, so the client is known to settle when it has what it waits
-    /// for, twice `held` becomes the floor: doubling, not creeping up one
-    /// stall at a time.
-    pub(crate) fn stalled(&mut self, held: u32, now: Instant) {
+    /// seen, twice `held` becomes the floor if the client settles something
+    /// before its next stall would be due: it waited for more and settles
+    /// once it has it (a handler stuck for longer proposes no floor).
+    /// Twice, so the floor doubles rather than creeping up a stall at a time.
+    pub(crate) fn stalled(&mut self, held: u32, now: Instant) -> Stall {
         let settled_before = self.epoch.verdicts > 0 || self.last_mean.is_some();
         let grow = !settled_before || self.stalls_unanswered == 0;
+        let at_cap = self.size >= self.cap && self.probe.is_none();
         self.stalls_unanswered += 1;
         self.ran_out_at = Some(now);
+        if at_cap {
+            self.cap_stall_reported = true;
+            return Stall::AtCap;
+        }
         if settled_before && (grow || self.probe.is_some()) {
-            self.floor = self.floor.max(held.saturating_mul(2)).min(self.cap);
+            self.floor_claim = Some((held.saturating_mul(2).min(self.cap), now + self.patience()));
         }
         if let Some((_, restore)) = self.probe.take() {
             self.epoch = Epoch::default();
             self.base = self.base.map(|(base, _)| (base, now));
-            self.size = restore.max(self.floor);
+            self.size = restore;
         } else if grow {
-            self.size = self.size.saturating_mul(2).min(self.cap).max(self.floor);
+            self.size = self.size.saturating_mul(2).min(self.cap);
+        } else {
+            return Stall::Held;
         }
+        Stall::Opened
     }
 
     /// The least the window may shrink or probe to.
@@ -179,6 +212,12 @@ impl Window {
             return;
         }
         self.stalls_unanswered = 0;
+        if let Some((claim, by)) = self.floor_claim.take() {
+            if now <= by {
+                self.floor = self.floor.max(claim);
+                self.size = self.size.max(claim);
+            }
+        }
         if let Some((since, _)) = self.probe {
             // Only deliveries made after the drop met no queue of the old size.
             if delivered_at < since {
@@ -386,9 +425,11 @@ mod tests {
         window.ran_out(later);
         let due = window.stall_due().expect("a probe out of credit can stall");
         assert_eq!(due, later + STALL);
-        window.stalled(40, due);
+        assert_eq!(window.stalled(40, due), Stall::Opened);
         assert_eq!(window.size(), 256, "the probe ended: the size it had returns");
-        assert_eq!(window.least(), 80, "twice what it held is the floor");
+        assert_eq!(window.least(), WINDOW_MIN, "a floor once the client settles");
+        window.verdict(due, due + 10 * MS);
+        assert_eq!(window.least(), 80, "it settled at once: twice what it held is the floor");
         for _ in 0..12 {
             turn(&mut window, 500 * MS, true, due);
         }
@@ -422,6 +463,7 @@ mod tests {
         }
         assert_eq!(window.size(), 256, "one doubling, not the cap");
         window.verdict(at - MS, at);
+        assert_eq!(window.least(), WINDOW_MIN, "it settled long after its stall: no floor from it");
         window.ran_out(at);
         window.stalled(256, window.stall_due().expect("out of credit"));
         assert_eq!(window.size(), 512, "a verdict since the last stall: it may grow again");
@@ -441,5 +483,18 @@ mod tests {
         assert_eq!(sizes, [128, 256, 300], "a batch of any size within the cap is reached");
         assert_eq!(stalls, [STALL, 3 * STALL, 7 * STALL], "each unanswered stall waits twice as long");
         assert_eq!(window.least(), WINDOW_MIN, "no verdict seen: no floor");
+    }
+
+    #[test]
+    fn a_stall_at_the_cap_is_reported_once() {
+        let (mut window, now) = (Window::adaptive(128), Instant::now());
+        window.ran_out(now);
+        let due = window.stall_due().expect("below its cap");
+        assert_eq!(window.stalled(64, due), Stall::Opened);
+        window.ran_out(due);
+        let due = window.stall_due().expect("at its cap, not yet reported");
+        assert_eq!(window.stalled(128, due), Stall::AtCap);
+        assert_eq!(window.size(), 128);
+        assert_eq!(window.stall_due(), None, "reported once");
     }
 }
