@@ -69,7 +69,8 @@ pub(crate) struct Window {
     /// A probe under way: since when, and the size to return to.
     probe: Option<(Instant, u32)>,
     epoch: Epoch,
-    /// When the call last ran out of credit (its last slot taken).
+    /// When the call last ran out of credit (its last slot taken) or, since,
+    /// sent a verdict: the start of its silence while out of credit.
     ran_out_at: Option<Instant>,
     /// The mean delivery-to-verdict time of the last window judged.
     last_mean: Option<Duration>,
@@ -212,6 +213,11 @@ impl Window {
             return;
         }
         self.stalls_unanswered = 0;
+        // Progress: a call the window shrank under stays out of credit while
+        // its verdicts come back, and is not silent.
+        if self.ran_out_at.is_some() {
+            self.ran_out_at = Some(now);
+        }
         if let Some((claim, by)) = self.floor_claim.take() {
             if now <= by {
                 self.floor = self.floor.max(claim);
@@ -496,5 +502,21 @@ mod tests {
         assert_eq!(window.stalled(128, due), Stall::AtCap);
         assert_eq!(window.size(), 128);
         assert_eq!(window.stall_due(), None, "reported once");
+    }
+
+    #[test]
+    fn a_call_whose_window_shrank_under_it_is_not_silent_while_verdicts_come() {
+        let (mut window, now) = (Window::adaptive(1000), Instant::now());
+        turn(&mut window, MS, true, now);
+        assert_eq!(window.size(), 128);
+        // It holds 128 and slows down: verdicts every 50 ms, 500 ms each.
+        window.ran_out(now);
+        let mut at = now;
+        for _ in 0..128 {
+            at += 50 * MS;
+            window.verdict(at - 500 * MS, at);
+        }
+        assert!(window.size() < 128, "it shrank");
+        assert_eq!(window.stall_due(), Some(at + 2000 * MS), "silent only from its last verdict, four times its mean");
     }
 }
