@@ -63,11 +63,10 @@ async fn injector(
             }
             ledger.drop_requests[rng.usize(..clients)].store(true, Relaxed);
         }
-        let Some(old) = deployment.primary_port().await else { continue };
         // As a planned failover would: no replica is promoted mid-sync (which
         // loses what the primary had, confirmed or not, and lets a retried
         // append find no dedup record: one append under two branded ids).
-        deployment.until_replicas_synced(old).await;
+        let old = deployment.until_replicas_synced().await;
         let at = started.elapsed().as_secs_f64();
         if i % 2 == 0 {
             eprintln!("chaos failover: kill -9 of the primary :{old} at {at:.1}s");

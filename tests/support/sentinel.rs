@@ -9,7 +9,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::process::{free_port, kill_child, print_logs_requested, read_log, tail, tcp_accepts, TempDir};
-use super::redis_probe::wait_replicas_acknowledge;
 use super::redis_server::{RedisOptions, RedisServer};
 
 /// The master name the Sentinels monitor.
@@ -59,7 +58,11 @@ impl SentinelDeployment {
             .await
             .unwrap();
         let mut deployment = SentinelDeployment { nodes, sentinels: Vec::new() };
-        deployment.until_replicas_synced(deployment.nodes[0].port()).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Err(info) = deployment.replicas_synced(deployment.nodes[0].port()).await {
+            assert!(Instant::now() < deadline, "the replicas did not sync within 30 s:\n{info}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         for _ in 0..3 {
             deployment.sentinels.push(SentinelProcess::start(deployment.nodes[0].port(), password).await);
         }
@@ -127,21 +130,52 @@ impl SentinelDeployment {
         }
     }
 
-    /// Waits until every other data node is an online replica of the primary
-    /// on `primary` (its `INFO replication`) and has acknowledged a write
-    /// there (`WAIT`): what a planned failover waits for, so that no replica
-    /// still in its full sync is promoted. Panics after 30 s.
-    pub async fn until_replicas_synced(&self, primary: u16) {
+    /// Whether every other data node is an online replica of the primary on
+    /// `primary` (its `INFO replication`) that acknowledges a write there
+    /// (`WAIT`, 200 ms); else the `INFO` seen.
+    async fn replicas_synced(&self, primary: u16) -> Result<(), String> {
         let replicas = self.nodes.len() - 1;
+        let mut conn = self.node(primary).conn().await;
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap_or_default();
+        let online = info.lines().filter(|line| line.starts_with("slave") && line.contains("state=online")).count();
+        if !info.contains("role:master") || online < replicas {
+            return Err(info);
+        }
+        let mut probe = redis::pipe();
+        probe
+            .cmd("SET")
+            .arg("ready")
+            .arg(1)
+            .ignore()
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(200)
+            .cmd("DEL")
+            .arg("ready")
+            .ignore();
+        match probe.query_async::<(i64,)>(&mut conn).await {
+            Ok((acknowledged,)) if acknowledged >= replicas as i64 => Ok(()),
+            _ => Err(info),
+        }
+    }
+
+    /// Waits until the primary the Sentinels name has every other data node
+    /// as an online replica that acknowledges a write (what a planned
+    /// failover waits for, so that no replica still in its full sync is
+    /// promoted), and returns its port. It follows the primary if the
+    /// Sentinels fail over meanwhile: with `down-after` at 1 s, a loaded
+    /// machine makes them do so now and then. Panics after 30 s.
+    pub async fn until_replicas_synced(&self) -> u16 {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let mut conn = self.node(primary).conn().await;
-            let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap_or_default();
-            let online = info.lines().filter(|line| line.starts_with("slave") && line.contains("state=online")).count();
-            if online >= replicas {
-                return wait_replicas_acknowledge(&mut conn, "ready", replicas as i64).await;
-            }
-            assert!(Instant::now() < deadline, "the replicas of :{primary} did not sync within 30 s:\n{info}");
+            let seen = match self.primary_port().await {
+                Some(primary) => match self.replicas_synced(primary).await {
+                    Ok(()) => return primary,
+                    Err(info) => format!(":{primary} says\n{info}"),
+                },
+                None => "no Sentinel names a primary".to_owned(),
+            };
+            assert!(Instant::now() < deadline, "the replicas did not sync within 30 s: {seen}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -183,6 +217,11 @@ impl SentinelDeployment {
                 .count();
             if caught_up >= self.nodes.len() - 1 {
                 break;
+            }
+            if info.contains("role:slave") {
+                // The Sentinels failed over by themselves meanwhile.
+                let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query_async(&mut conn).await.unwrap();
+                return self.until_failed_over(old, Duration::from_secs(30)).await;
             }
             assert!(Instant::now() < deadline, "the replicas of :{old} did not catch up while paused:\n{info}");
             tokio::time::sleep(Duration::from_millis(10)).await;
