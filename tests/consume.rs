@@ -368,6 +368,7 @@ async fn without_max_in_flight_a_client_that_collects_a_batch_before_settling_is
         acked += batch.len();
     }
     producing.await.unwrap();
+    assert!(sidecar.counter("echomq_window_stalls_total").await >= 1.0, "the stalls are counted");
     let stalls = waits.iter().filter(|wait| **wait > Duration::from_millis(900)).count();
     let longest = waits.iter().max().copied().unwrap_or_default();
     println!("{} batches; {stalls} waited over 0.9 s; the longest {longest:?}", waits.len());

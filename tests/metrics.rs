@@ -261,6 +261,7 @@ async fn metric_families_have_prometheus_types_and_names() {
         "leases_lost",
         "acks_not_pending",
         "emits",
+        "window_stalls",
         "trimmed_while_pending",
         "group_recreations",
         "verdict_errors",

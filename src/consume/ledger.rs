@@ -110,6 +110,8 @@ pub(crate) struct Tally {
     pub(crate) transient_fails: u64,
     /// Of those, poison Fails, dead-lettered at once (`echomq_poison_fails_total`).
     pub(crate) poison_fails: u64,
+    /// Calls' adaptive windows that stalled (`echomq_window_stalls_total`).
+    pub(crate) window_stalls: u64,
     /// Deliveries given back to the group by a Release, as Redis confirmed
     /// (`echomq_releases_total`).
     pub(crate) releases: u64,
@@ -787,6 +789,7 @@ impl<D> Ledger<D> {
         for (session, call) in self.calls.iter_mut() {
             if call.free() == 0 && !call.closed && call.window.stall_due().is_some_and(|due| due <= now) {
                 let held = call.held.len();
+                self.tally.window_stalls += 1;
                 if call.window.stalled(held as u32, now) == Stall::AtCap {
                     tracing::warn!(
                         stream = %self.stream, %session, held,

@@ -108,6 +108,7 @@ impl Outlet {
             (&mut tally.fails, &metrics.fails),
             (&mut tally.transient_fails, &metrics.transient_fails),
             (&mut tally.poison_fails, &metrics.poison_fails),
+            (&mut tally.window_stalls, &metrics.window_stalls),
             (&mut tally.releases, &metrics.releases),
             (&mut tally.leases_lost, &metrics.leases_lost),
             (&mut tally.acks, &metrics.acks),

@@ -70,6 +70,7 @@ pub(super) struct GroupFamilies {
     fails: GroupCounter,
     transient_fails: GroupCounter,
     poison_fails: GroupCounter,
+    window_stalls: GroupCounter,
     releases: GroupCounter,
     dead_letters: GroupCounter,
     reclaimed: GroupCounter,
@@ -119,6 +120,13 @@ impl GroupFamilies {
                 r,
                 "transient_fails",
                 "Fail verdicts of kind TRANSIENT, re-delivered without counting an attempt (also in fails)",
+                Family::default(),
+            ),
+            window_stalls: registered(
+                r,
+                "window_stalls",
+                "calls of an adaptive window that held all of it and settled nothing for its stall time: \
+                 the window opened, held, or was at its cap",
                 Family::default(),
             ),
             poison_fails: registered(
@@ -274,6 +282,7 @@ impl GroupFamilies {
             fails: self.fails.get_or_create(&labels).clone(),
             transient_fails: self.transient_fails.get_or_create(&labels).clone(),
             poison_fails: self.poison_fails.get_or_create(&labels).clone(),
+            window_stalls: self.window_stalls.get_or_create(&labels).clone(),
             releases: self.releases.get_or_create(&labels).clone(),
             dead_letters: self.dead_letters.get_or_create(&labels).clone(),
             reclaimed: self.reclaimed.get_or_create(&labels).clone(),
@@ -316,6 +325,7 @@ impl GroupFamilies {
             &self.fails,
             &self.transient_fails,
             &self.poison_fails,
+            &self.window_stalls,
             &self.releases,
             &self.dead_letters,
             &self.reclaimed,
@@ -374,6 +384,9 @@ pub struct GroupMetrics {
     pub transient_fails: Counter,
     /// `echomq_poison_fails_total`: the Fails of kind POISON among those.
     pub poison_fails: Counter,
+    /// `echomq_window_stalls_total`: stalls of calls' adaptive windows
+    /// (see `consume::window`).
+    pub window_stalls: Counter,
     /// `echomq_releases_total`: deliveries released unstarted, as Redis confirmed (entries).
     pub releases: Counter,
     /// `echomq_dead_letters_total`: entries moved to the dead-letter stream.
