@@ -25,9 +25,11 @@
 //! settles any sends none while its window is smaller than its batch: it
 //! would wait for ever. So a call out of credit that sends no verdict for
 //! [`STALL`] (or four times its mean verdict time, if longer) is taken to
-//! wait for more: the window doubles, or a probe ends, and twice the
-//! entries it held without settling become the window's floor, under which
-//! it never shrinks or probes again. Once a client has settled anything, a
+//! wait for more: the window doubles, or a probe ends. A client that had
+//! settled before and settles again before its next stall would be due
+//! waited for its batch: twice what it held becomes the window's floor,
+//! under which it never shrinks or probes again. Any verdict restarts the
+//! stall clock. Once a client has settled anything, a
 //! stall grows the window only if it settled something since the last one,
 //! so a handler stuck with what it holds gets one doubling, not the cap.
 //! Before its first verdict nothing tells a slow or stuck handler from a
