@@ -44,7 +44,7 @@ use super::{
         PendingAck, Redelivery, ReleaseOrder, Released, RetryWrite, SessionId, Unrefreshed, ACK_CHUNK,
     },
     verdicts::{Gone, Refusal},
-    window::{Stall, Window},
+    window::{Stall, Window, STALL},
     IdMap,
 };
 use crate::{
@@ -112,6 +112,9 @@ pub(crate) struct Tally {
     pub(crate) poison_fails: u64,
     /// Calls' adaptive windows that stalled (`echomq_window_stalls_total`).
     pub(crate) window_stalls: u64,
+    /// Calls that stalled at their window's cap, each once, and the
+    /// entries each held: the worker logs them.
+    pub(crate) capped_calls: Vec<(SessionId, usize)>,
     /// Deliveries given back to the group by a Release, as Redis confirmed
     /// (`echomq_releases_total`).
     pub(crate) releases: u64,
@@ -308,6 +311,11 @@ pub(crate) struct Ledger<D> {
     read_outstanding: usize,
     /// Since when free credit has been too little to be worth a read.
     short_of_credit: Option<Instant>,
+    /// No call out of credit stalls before this (see [`Window::stall_due`]);
+    /// `None`: none can. A bound, not the instant: a call that runs out or
+    /// sends a verdict out of credit moves it to at most [`STALL`] ahead,
+    /// and [`Ledger::unstall`] puts it right once it passes.
+    stall_check: Option<Instant>,
     /// While this consumer's own PEL is walked: the last id seen (`None`:
     /// from the start). New entries are read only after the walk.
     recovering: Option<Option<StreamId>>,
@@ -345,6 +353,7 @@ impl<D> Ledger<D> {
             key_wait_poll: DEFAULT_KEY_WAIT_POLL,
             read_outstanding: 0,
             short_of_credit: None,
+            stall_check: None,
             // Nothing of an at-most-once reader is ever pending: nothing to recover.
             recovering: if no_ack { None } else { Some(None) },
             recovered: 0,
@@ -784,33 +793,45 @@ impl<D> Ledger<D> {
 
     /// Calls out of credit that sent no verdict for their window's patience
     /// wait for more than it allows (see [`Window::stalled`]): their windows
-    /// open up.
+    /// open up. A call stalled at its cap is told to the worker
+    /// ([`Tally::capped_calls`]), which logs it.
     fn unstall(&mut self, now: Instant) {
+        if self.stall_check.is_none_or(|at| at > now) {
+            return;
+        }
+        let mut next = None;
         for (session, call) in self.calls.iter_mut() {
-            if call.free() == 0 && !call.closed && call.window.stall_due().is_some_and(|due| due <= now) {
+            if call.free() > 0 || call.closed {
+                continue;
+            }
+            let Some(mut due) = call.window.stall_due() else { continue };
+            if due <= now {
                 let held = call.held.len();
                 self.tally.window_stalls += 1;
                 if call.window.stalled(held as u32, now) == Stall::AtCap {
-                    tracing::warn!(
-                        stream = %self.stream, %session, held,
-                        "a call holds all the entries its window's cap allows and settles none: its handler may be stuck, \
-                         or it waits for more deliveries than the cap before settling, which it will never get; \
-                         such a client must subscribe with max_in_flight of at least its batch (or the sidecar raise \
-                         --default-max-in-flight)"
-                    );
+                    self.tally.capped_calls.push((*session, held));
+                }
+                match call.window.stall_due() {
+                    Some(later) if call.free() == 0 => due = later,
+                    _ => continue,
                 }
             }
+            next = Some(next.map_or(due, |next: Instant| next.min(due)));
         }
+        self.stall_check = next;
     }
 
-    /// The earliest instant a call out of credit counts as stalled (see
-    /// [`Ledger::hand_out_ready`]), if any is.
+    /// A call out of credit at `now` may stall from [`STALL`] on.
+    fn may_stall(&mut self, now: Instant) {
+        let at = now + STALL;
+        self.stall_check = Some(self.stall_check.map_or(at, |check| check.min(at)));
+    }
+
+    /// When a call out of credit may count as stalled (see
+    /// [`Ledger::hand_out_ready`]), if any can: never later than the
+    /// earliest, perhaps sooner.
     pub(crate) fn stall_due(&self) -> Option<Instant> {
-        self.calls
-            .values()
-            .filter(|call| call.free() == 0 && !call.closed)
-            .filter_map(|call| call.window.stall_due())
-            .min()
+        self.stall_check
     }
 
     /// With no call left, entries read for a call that went away stop being
@@ -861,12 +882,17 @@ impl<D> Ledger<D> {
         let deadline = call.policy.ack_deadline.map(|d| now + d);
         let member = out.member.clone();
         call.held.insert(branded, Held { stream_id, attempts, deadline, delivered_at: now, member });
-        if call.free() == 0 {
+        let ran_out = call.free() == 0;
+        if ran_out {
             call.window.ran_out(now);
         }
+        let can_stall = ran_out && call.window.is_adaptive();
+        self.effects.push(Effect::Deliver { session, shard: call.shard, out });
         self.entries.insert(stream_id, Track::Held(session, branded));
         self.tally.deliveries += 1;
-        self.effects.push(Effect::Deliver { session, shard: call.shard, out });
+        if can_stall {
+            self.may_stall(now);
+        }
         None
     }
 
@@ -920,7 +946,12 @@ impl<D> Ledger<D> {
         if handled {
             let latency = now.saturating_duration_since(held.delivered_at);
             call.window.verdict(held.delivered_at, now);
+            // A window that shrank under the call leaves it out of credit.
+            let can_stall = call.free() == 0 && call.window.is_adaptive();
             self.tally.handler_seconds.push(latency.as_secs_f64());
+            if can_stall {
+                self.may_stall(now);
+            }
         }
         self.entries.remove(&held.stream_id);
         Some(held)
@@ -1485,6 +1516,10 @@ impl<D> Ledger<D> {
             }
             assert!(call.held.len() <= call.policy.max_in_flight as usize, "call {session} holds over its credit");
             assert!(call.window.size() <= call.policy.max_in_flight, "call {session}'s window is over its cap");
+            if let Some(due) = call.window.stall_due().filter(|_| call.free() == 0 && !call.closed) {
+                let check = self.stall_check;
+                assert!(check.is_some_and(|at| at <= due), "call {session} stalls at {due:?}, looked at {check:?}");
+            }
         }
         for out in &self.ready {
             assert_eq!(self.entries.get(&out.stream_id), Some(&Track::Ready), "ready {} unrecorded", out.stream_id);

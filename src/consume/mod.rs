@@ -133,13 +133,16 @@ pub(crate) struct Shared {
     /// Which Consume calls refused at `--max-consume-calls` are logged at
     /// WARN: a fleet that outgrew the setting retries them all at once.
     pub(crate) refusal_log: pacing::LogLimit,
+    /// Which calls stalled at their window's cap are logged at WARN: a
+    /// fleet of collecting clients whose batch is over the cap stalls at once.
+    pub(crate) window_cap_log: pacing::LogLimit,
 }
 
 impl Shared {
     /// Every sidecar-wide log limit, for the held-back counts of a burst
     /// once it is over ([`pacing::LogLimit::log_overdue`]).
-    pub(crate) fn log_limits(&self) -> [&pacing::LogLimit; 4] {
-        [&self.failure_log, &self.recreation_log, &self.shortfall_log, &self.refusal_log]
+    pub(crate) fn log_limits(&self) -> [&pacing::LogLimit; 5] {
+        [&self.failure_log, &self.recreation_log, &self.shortfall_log, &self.refusal_log, &self.window_cap_log]
     }
 }
 
@@ -349,6 +352,11 @@ impl Consumers {
                 pacing::LineLevel::Warn,
                 "Consume calls refused at --max-consume-calls",
                 "grpc_server_handled_total counts each, code RESOURCE_EXHAUSTED",
+            ),
+            window_cap_log: log_limit(
+                pacing::LineLevel::Warn,
+                "calls stalled at their window's cap",
+                "echomq_window_stalls_total counts every stall",
             ),
         };
         let defaults = Defaults {

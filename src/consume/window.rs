@@ -73,7 +73,7 @@ pub(crate) struct Window {
     epoch: Epoch,
     /// When the call last ran out of credit (its last slot taken) or, since,
     /// sent a verdict: the start of its silence while out of credit.
-    ran_out_at: Option<Instant>,
+    silent_since: Option<Instant>,
     /// The mean delivery-to-verdict time of the last window judged.
     last_mean: Option<Duration>,
     /// The smallest the window may be: twice what a collecting client was
@@ -87,15 +87,14 @@ pub(crate) struct Window {
     cap_stall_reported: bool,
 }
 
-/// What a stall did to the window (see [`Window::stalled`]).
+/// Where a stall found the window (see [`Window::stalled`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stall {
-    /// It grew, or a probe ended.
-    Opened,
-    /// It held: the client settled nothing since the last stall.
-    Held,
-    /// It is at its cap: a client waiting for more than the cap waits for
-    /// ever (reported once a call).
+    /// Below its cap: it grew, a probe ended, or it held (the client
+    /// settled nothing since the last stall).
+    BelowCap,
+    /// At its cap: a client waiting for more than the cap waits for ever
+    /// (reported once a call).
     AtCap,
 }
 
@@ -119,7 +118,7 @@ impl Window {
             base: None,
             probe: None,
             epoch: Epoch::default(),
-            ran_out_at: None,
+            silent_since: None,
             last_mean: None,
             floor: 0,
             stalls_unanswered: 0,
@@ -134,6 +133,11 @@ impl Window {
         Window { size: WINDOW_START.min(cap), adaptive: true, ..Window::fixed(cap) }
     }
 
+    /// Whether it adapts (the call set no `max_in_flight`): only then can it stall.
+    pub(crate) fn is_adaptive(&self) -> bool {
+        self.adaptive
+    }
+
     /// The entries the call may hold now.
     pub(crate) fn size(&self) -> u32 {
         self.size
@@ -142,20 +146,22 @@ impl Window {
     /// The call holds as many entries as the window allows, since `now`.
     pub(crate) fn ran_out(&mut self, now: Instant) {
         self.epoch.limited = true;
-        self.ran_out_at = Some(now);
+        self.silent_since = Some(now);
     }
 
     /// When a call that is out of credit (it holds the window) and sends no
     /// verdict counts as stalled: [`STALL`] or four times its mean verdict
     /// time, whichever is longer, after it ran out, twice that after each
     /// stall with no verdict since. `None` for a fixed window, and at the
-    /// cap once its stall was reported.
+    /// cap once its stall was reported. Never sooner than [`STALL`] after
+    /// the call last ran out, stalled or sent a verdict, which is what lets
+    /// the ledger keep a bound instead of asking every call every turn.
     pub(crate) fn stall_due(&self) -> Option<Instant> {
         let at_cap = self.size >= self.cap && self.probe.is_none();
         if !self.adaptive || (at_cap && self.cap_stall_reported) {
             return None;
         }
-        self.ran_out_at.map(|at| at + self.patience())
+        self.silent_since.map(|at| at + self.patience())
     }
 
     /// How long a call out of credit may send no verdict (see [`Window::stall_due`]).
@@ -182,7 +188,7 @@ impl Window {
         let grow = !settled_before || self.stalls_unanswered == 0;
         let at_cap = self.size >= self.cap && self.probe.is_none();
         self.stalls_unanswered += 1;
-        self.ran_out_at = Some(now);
+        self.silent_since = Some(now);
         if at_cap {
             self.cap_stall_reported = true;
             return Stall::AtCap;
@@ -196,10 +202,8 @@ impl Window {
             self.size = restore;
         } else if grow {
             self.size = self.size.saturating_mul(2).min(self.cap);
-        } else {
-            return Stall::Held;
         }
-        Stall::Opened
+        Stall::BelowCap
     }
 
     /// The least the window may shrink or probe to.
@@ -217,8 +221,8 @@ impl Window {
         self.stalls_unanswered = 0;
         // Progress: a call the window shrank under stays out of credit while
         // its verdicts come back, and is not silent.
-        if self.ran_out_at.is_some() {
-            self.ran_out_at = Some(now);
+        if self.silent_since.is_some() {
+            self.silent_since = Some(now);
         }
         if let Some((claim, by)) = self.floor_claim.take() {
             if now <= by {
@@ -433,7 +437,7 @@ mod tests {
         window.ran_out(later);
         let due = window.stall_due().expect("a probe out of credit can stall");
         assert_eq!(due, later + STALL);
-        assert_eq!(window.stalled(40, due), Stall::Opened);
+        assert_eq!(window.stalled(40, due), Stall::BelowCap);
         assert_eq!(window.size(), 256, "the probe ended: the size it had returns");
         assert_eq!(window.least(), WINDOW_MIN, "a floor once the client settles");
         window.verdict(due, due + 10 * MS);
@@ -498,7 +502,7 @@ mod tests {
         let (mut window, now) = (Window::adaptive(128), Instant::now());
         window.ran_out(now);
         let due = window.stall_due().expect("below its cap");
-        assert_eq!(window.stalled(64, due), Stall::Opened);
+        assert_eq!(window.stalled(64, due), Stall::BelowCap);
         window.ran_out(due);
         let due = window.stall_due().expect("at its cap, not yet reported");
         assert_eq!(window.stalled(128, due), Stall::AtCap);

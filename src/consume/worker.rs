@@ -353,6 +353,15 @@ impl Worker {
     fn act(&mut self) {
         self.outlet.act(&mut self.ledger);
         self.answered.clear();
+        let (stream, group) = (&self.keys.stream, &self.keys.group);
+        for (session, held) in self.ledger.tally().capped_calls.drain(..) {
+            let line =
+                "a call holds all the entries its window's cap allows and settles none: its handler may be stuck, \
+                        or it waits for more deliveries than the cap before settling, which it will never get; such a \
+                        client must subscribe with max_in_flight of at least its batch (or the sidecar raise \
+                        --default-max-in-flight)";
+            log_limited!(self.shared.window_cap_log, line; %stream, %group, %session, held);
+        }
     }
 
     fn publish_held(&mut self) {

@@ -102,18 +102,27 @@ pub async fn wait_no_blocked_readers(con: &mut MultiplexedConnection) {
 /// ACK from replica to enable streaming"), so a test's first `WAIT` could
 /// time out on a healthy deployment of a loaded machine.
 pub async fn wait_replicas_acknowledge(con: &mut MultiplexedConnection, key: &str, replicas: i64) {
-    let mut probe = redis::pipe();
-    probe.cmd("SET").arg(key).arg(1).ignore().cmd("WAIT").arg(replicas).arg(200).cmd("DEL").arg(key).ignore();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let outcome: redis::RedisResult<(i64,)> = probe.query_async(con).await;
-        match outcome {
-            Ok((acknowledged,)) if acknowledged >= replicas => return,
+        match replicas_acknowledge(con, key, replicas).await {
+            Ok(()) => return,
             outcome => assert!(
                 Instant::now() < deadline,
                 "{replicas} replicas did not acknowledge a write within 30 s ({outcome:?})"
             ),
         }
+    }
+}
+
+/// One try of [`wait_replicas_acknowledge`]: `Err` with what `WAIT` said
+/// (the replicas that acknowledged) or the error.
+pub async fn replicas_acknowledge(con: &mut MultiplexedConnection, key: &str, replicas: i64) -> Result<(), String> {
+    let mut probe = redis::pipe();
+    probe.cmd("SET").arg(key).arg(1).ignore().cmd("WAIT").arg(replicas).arg(200).cmd("DEL").arg(key).ignore();
+    match probe.query_async::<(i64,)>(con).await {
+        Ok((acknowledged,)) if acknowledged >= replicas => Ok(()),
+        Ok((acknowledged,)) => Err(format!("{acknowledged} acknowledged")),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::process::{free_port, kill_child, print_logs_requested, read_log, tail, tcp_accepts, TempDir};
+use super::redis_probe;
 use super::redis_server::{RedisOptions, RedisServer};
 
 /// The master name the Sentinels monitor.
@@ -141,22 +142,7 @@ impl SentinelDeployment {
         if !info.contains("role:master") || online < replicas {
             return Err(info);
         }
-        let mut probe = redis::pipe();
-        probe
-            .cmd("SET")
-            .arg("ready")
-            .arg(1)
-            .ignore()
-            .cmd("WAIT")
-            .arg(replicas)
-            .arg(200)
-            .cmd("DEL")
-            .arg("ready")
-            .ignore();
-        match probe.query_async::<(i64,)>(&mut conn).await {
-            Ok((acknowledged,)) if acknowledged >= replicas as i64 => Ok(()),
-            _ => Err(info),
-        }
+        redis_probe::replicas_acknowledge(&mut conn, "ready", replicas as i64).await.map_err(|_| info)
     }
 
     /// Waits until the primary the Sentinels name has every other data node

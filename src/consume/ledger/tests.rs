@@ -867,6 +867,31 @@ fn a_call_without_max_in_flight_that_falls_behind_gets_a_smaller_window() {
 }
 
 #[test]
+fn a_call_without_max_in_flight_that_settles_nothing_out_of_credit_gets_more_after_the_stall_time() {
+    let (mut ledger, now) = (ledger(), Instant::now());
+    call(&mut ledger, 1, Policy { adaptive: true, ..policy(128) });
+    hand_out(&mut ledger, 1..=64, now);
+    assert_eq!(ledger.stall_due(), Some(now + STALL));
+    ledger.hand_out_ready(now + STALL - MS);
+    assert_eq!(ledger.free(), 0, "not yet stalled");
+    ledger.hand_out_ready(now + STALL);
+    assert_eq!((ledger.free(), ledger.tally().window_stalls), (64, 1), "it waits for more: the window doubled");
+    hand_out(&mut ledger, 65..=128, now + STALL);
+    // Twice the patience: the last stall had no verdict since.
+    let due = now + STALL * 3;
+    assert!(ledger.stall_due().is_some_and(|at| at <= due), "looked at by then");
+    ledger.hand_out_ready(due - MS);
+    assert!(ledger.tally().capped_calls.is_empty(), "not yet stalled");
+    ledger.hand_out_ready(due);
+    assert_eq!(ledger.tally().capped_calls, [(1, 128)], "a call stalled at its cap is told once");
+    assert_eq!(ledger.stall_due(), None, "and never looked at again");
+    ledger.ack(1, branded(1).to_string(), branded(1), due + MS);
+    hand_out(&mut ledger, 129..=129, due + MS);
+    ledger.hand_out_ready(due + STALL * 100);
+    assert_eq!(ledger.tally().capped_calls.len(), 1, "not even when it settles and runs out again");
+}
+
+#[test]
 fn a_transient_fail_waits_for_its_delay_and_records_that_it_does_not_count() {
     let (mut ledger, now) = (ledger(), Instant::now());
     call(&mut ledger, 1, policy(4));
