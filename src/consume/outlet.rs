@@ -33,7 +33,7 @@ pub(super) struct Outlet {
     /// Each attached call's channel, where the ledger's effects for it go.
     links: HashMap<SessionId, mpsc::UnboundedSender<Event>>,
     /// The effects being carried out (kept for its allocation).
-    effects: Vec<Effect<Delivery>>,
+    effects: Vec<Effect<Box<Delivery>>>,
     /// Traces are exported: each held delivery has a span, here until its
     /// verdict (or its leaving) ends it.
     traced: bool,
@@ -79,7 +79,7 @@ impl Outlet {
     }
 
     /// Forgets an ended call's channel, after carrying out what is queued for it.
-    pub(super) fn unlink(&mut self, session: SessionId, ledger: &mut Ledger<Delivery>) {
+    pub(super) fn unlink(&mut self, session: SessionId, ledger: &mut Ledger<Box<Delivery>>) {
         self.act(ledger);
         if self.links.remove(&session).is_some() {
             self.metrics.consume_calls.dec();
@@ -89,7 +89,7 @@ impl Outlet {
     /// Carries out what the ledger queued, in order: frames to calls
     /// (giving back a delivery whose call is gone), span ends, then the
     /// metrics it counted.
-    pub(super) fn act(&mut self, ledger: &mut Ledger<Delivery>) {
+    pub(super) fn act(&mut self, ledger: &mut Ledger<Box<Delivery>>) {
         loop {
             ledger.take_effects(&mut self.effects);
             if self.effects.is_empty() {
@@ -132,12 +132,12 @@ impl Outlet {
         }
     }
 
-    fn carry_out(&mut self, effect: Effect<Delivery>, ledger: &mut Ledger<Delivery>) {
+    fn carry_out(&mut self, effect: Effect<Box<Delivery>>, ledger: &mut Ledger<Box<Delivery>>) {
         match effect {
             Effect::Deliver { session, shard, out } => {
                 let Outgoing { stream_id, branded, attempts, member, mut body } = out;
                 let span = self.traced.then(|| delivery::span(&self.stream, &self.group, stream_id, &mut body));
-                let event = Event::Delivery { shard, id: branded, delivery: Box::new(body) };
+                let event = Event::Delivery { shard, id: branded, delivery: body };
                 let unsent = match self.links.get(&session) {
                     Some(link) => link.send(event).err().map(|unsent| unsent.0),
                     None => Some(event),
@@ -150,7 +150,7 @@ impl Outlet {
                     }
                     Some(Event::Delivery { delivery, .. }) => ledger.undelivered(
                         session,
-                        Outgoing { stream_id, branded, attempts, member, body: *delivery },
+                        Outgoing { stream_id, branded, attempts, member, body: delivery },
                         Instant::now(),
                     ),
                     Some(_) => {}

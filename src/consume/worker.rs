@@ -103,7 +103,7 @@ const RETIRE_AFTER_BEATS: u32 = 2;
 pub(crate) struct Worker {
     keys: GroupKeys,
     shared: Arc<Shared>,
-    ledger: Ledger<Delivery>,
+    ledger: Ledger<Box<Delivery>>,
     /// Calls' channels, delivery spans, metrics: where the ledger's effects go.
     outlet: Outlet,
     pacing: Pacing,
