@@ -23,6 +23,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .codec_path("crate::codec::LeanCodec")
+        // A delivery's payload values are slices of the Redis reply they
+        // were read in (see `src/redis/resp.rs`), not a copy each.
+        .bytes(".echomq.v1.Delivery")
         .compile_fds(fds)?;
 
     let keda = "proto/externalscaler/externalscaler.proto";

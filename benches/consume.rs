@@ -529,7 +529,7 @@ async fn direct_throughput(
     while got < entries {
         let read = read_group(&mut conn, stream, group, "direct", WINDOW).await?;
         for entry in &read {
-            if entry.fields.as_ref().is_none_or(|fields| !fields.iter().any(|(name, _)| name == b"n")) {
+            if entry.fields.as_ref().is_none_or(|fields| !fields.iter().any(|(name, _)| &name[..] == b"n")) {
                 return Err(format!("entry {} has no field `n`", entry.id).into());
             }
         }
@@ -566,7 +566,7 @@ fn spawn_producer(
     })
 }
 
-fn latency_of(sent: Option<&Vec<u8>>, received: u64) -> Result<u64, Error> {
+fn latency_of(sent: Option<&[u8]>, received: u64) -> Result<u64, Error> {
     let sent: u64 = std::str::from_utf8(sent.ok_or("an entry without its send time")?)?.parse()?;
     Ok(received.saturating_sub(sent))
 }
@@ -602,7 +602,7 @@ async fn sidecar_latency(
         };
         let mut ids = Vec::with_capacity(deliveries.len());
         for delivery in deliveries {
-            latencies.push(latency_of(delivery.payload.get("t"), received)?);
+            latencies.push(latency_of(delivery.payload.get("t").map(|v| &v[..]), received)?);
             ids.push(delivery.id);
         }
         call.verdicts.send(ack_ids(ids)).await?;
@@ -624,7 +624,8 @@ async fn direct_latency(redis_server: &RedisServer, stream: &str, samples: usize
         let read = read_group(&mut conn, stream, group, "direct", WINDOW).await?;
         let received = now_us();
         for entry in &read {
-            let sent = entry.fields.as_ref().and_then(|f| f.iter().find(|(name, _)| name == b"t").map(|(_, v)| v));
+            let sent =
+                entry.fields.as_ref().and_then(|f| f.iter().find(|(name, _)| &name[..] == b"t").map(|(_, v)| &v[..]));
             latencies.push(latency_of(sent, received)?);
         }
         ack_all(&mut conn, stream, group, &read).await?;

@@ -145,8 +145,8 @@ fn call_failed(what: &str, endpoint: &str, status: &tonic::Status) -> Error {
 }
 
 /// A payload map as `name="value" …`, names sorted, values as lossy UTF-8.
-fn show(payload: &HashMap<String, Vec<u8>>) -> String {
-    let mut fields: Vec<_> = payload.iter().collect();
+fn show(payload: &HashMap<String, impl AsRef<[u8]>>) -> String {
+    let mut fields: Vec<_> = payload.iter().map(|(k, v)| (k, v.as_ref())).collect();
     fields.sort();
     fields.iter().map(|(k, v)| format!("{k}={:?}", String::from_utf8_lossy(v))).collect::<Vec<_>>().join(" ")
 }
@@ -452,7 +452,7 @@ impl Tally {
             d.attempts,
             show(&d.payload)
         );
-        if d.payload.get("order").map(Vec::as_slice) != Some(order.as_bytes()) {
+        if d.payload.get("order").map(|v| &v[..]) != Some(order.as_bytes()) {
             return Err(format!("delivery {} carries {}, expected order {order}", d.id, show(&d.payload)).into());
         }
         if again {

@@ -3,6 +3,7 @@
 
 use std::collections::{hash_map, HashMap};
 
+use bytes::Bytes;
 use prost_types::Timestamp;
 
 use crate::{
@@ -13,13 +14,15 @@ use crate::{
     telemetry::TRACE_FIELD,
 };
 
-/// An entry's fields split for the wire.
-#[derive(Debug, Default, PartialEq)]
-pub struct Fields {
+/// An entry's fields split for the wire, payload values as `V`: `Bytes` for
+/// a delivery (slices of the reply they were read in), `Vec<u8>` for Read's
+/// entries.
+#[derive(Debug, PartialEq)]
+pub struct Fields<V> {
     /// The branded id from the reserved field, when it holds a valid one.
     pub branded: Option<BrandedId>,
     /// Fields with UTF-8 names, first occurrence of each name.
-    pub payload: HashMap<String, Vec<u8>>,
+    pub payload: HashMap<String, V>,
     /// Fields whose names are not valid UTF-8, and repeated names (Redis allows
     /// them; a map cannot hold both), byte for byte, in stream order.
     pub raw_fields: Vec<RawField>,
@@ -31,8 +34,13 @@ pub struct Fields {
 /// becomes `branded`; the first [`TRACE_FIELD`] becomes `traceparent`; fields for which `skip` is true are dropped (dead-letter
 /// metadata); everything else lands in `payload` or `raw_fields`, so no field
 /// is ever silently lost.
-pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8]) -> bool) -> Fields {
-    let mut out = Fields { payload: HashMap::with_capacity(fields.len()), ..Fields::default() };
+pub fn split<V: From<Bytes>>(fields: Vec<(Bytes, Bytes)>, id_field: &str, skip: impl Fn(&[u8]) -> bool) -> Fields<V> {
+    let mut out = Fields {
+        branded: None,
+        payload: HashMap::with_capacity(fields.len()),
+        raw_fields: Vec::new(),
+        traceparent: None,
+    };
     for (name, value) in fields {
         if out.branded.is_none() {
             if let Some(id) = reserved_branded(&name, &value, id_field) {
@@ -41,24 +49,24 @@ pub fn split(fields: Vec<(Vec<u8>, Vec<u8>)>, id_field: &str, skip: impl Fn(&[u8
             }
         }
         if out.traceparent.is_none() && name == TRACE_FIELD.as_bytes() {
-            if let Ok(text) = String::from_utf8(value.clone()) {
-                out.traceparent = Some(text);
+            if let Ok(text) = std::str::from_utf8(&value) {
+                out.traceparent = Some(text.to_owned());
                 continue;
             }
         }
         if skip(&name) {
             continue;
         }
-        match String::from_utf8(name) {
-            Ok(name) => match out.payload.entry(name) {
+        match std::str::from_utf8(&name) {
+            Ok(text) => match out.payload.entry(text.to_owned()) {
                 hash_map::Entry::Vacant(slot) => {
-                    slot.insert(value);
+                    slot.insert(V::from(value));
                 }
-                hash_map::Entry::Occupied(taken) => {
-                    out.raw_fields.push(RawField { name: taken.key().clone().into_bytes(), value })
+                hash_map::Entry::Occupied(_) => {
+                    out.raw_fields.push(RawField { name: name.into(), value: value.into() })
                 }
             },
-            Err(name) => out.raw_fields.push(RawField { name: name.into_bytes(), value }),
+            Err(_) => out.raw_fields.push(RawField { name: name.into(), value: value.into() }),
         }
     }
     out
@@ -70,14 +78,14 @@ fn reserved_branded(name: &[u8], value: &[u8], id_field: &str) -> Option<Branded
     if name != id_field.as_bytes() {
         return None;
     }
-    std::str::from_utf8(value).ok()?.parse().ok()
+    BrandedId::parse_ascii(value)
 }
 
 /// The branded id of an entry with stream id `id` and these fields, by the
 /// rule [`split`] and [`to_entry`] apply: the first reserved-name field holding
 /// a valid branded id, else the one derived from the stream id; `None` only
 /// when there is no such field and the milliseconds do not fit in 6 bytes.
-pub fn branded_id(id: StreamId, fields: &[(Vec<u8>, Vec<u8>)], id_field: &str) -> Option<BrandedId> {
+pub fn branded_id(id: StreamId, fields: &[(Bytes, Bytes)], id_field: &str) -> Option<BrandedId> {
     fields
         .iter()
         .find_map(|(name, value)| reserved_branded(name, value, id_field))
@@ -112,7 +120,7 @@ pub fn timestamp(unix_ms: u64) -> Timestamp {
 /// one without a branded id (milliseconds past 6 bytes and no reserved field).
 pub fn to_entry(entry: RawEntry, id_field: &str, skip: impl Fn(&[u8]) -> bool) -> Option<Entry> {
     let stream_id: StreamId = entry.id;
-    let fields = split(entry.fields?, id_field, skip);
+    let fields = split::<Vec<u8>>(entry.fields?, id_field, skip);
     let branded = fields.branded.or_else(|| BrandedId::from_stream_id(stream_id))?;
     Some(Entry {
         id: branded.to_string(),

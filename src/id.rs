@@ -97,25 +97,42 @@ impl redis::ToSingleRedisArg for StreamId {}
 #[error("{0}")]
 pub struct IdParseError(String);
 
+impl StreamId {
+    /// Parses `<ms>-<seq>`, or `<ms>` alone (sequence 0), as Redis accepts
+    /// them, from bytes: `None` unless both are unsigned 64-bit decimals.
+    /// (Ids in Redis replies are parsed here without a UTF-8 check or a
+    /// `str::parse` each: they were a visible share of the delivery path.)
+    pub fn parse_ascii(text: &[u8]) -> Option<StreamId> {
+        let (ms, seq) = match text.iter().position(|&b| b == b'-') {
+            Some(dash) => (&text[..dash], &text[dash + 1..]),
+            None => (text, &b"0"[..]),
+        };
+        Some(StreamId { ms: decimal(ms)?, seq: decimal(seq)? })
+    }
+}
+
+/// An unsigned 64-bit decimal of ASCII digits only (no sign, not empty).
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &b| {
+        let digit = b.wrapping_sub(b'0');
+        (digit < 10).then_some(())?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
 impl FromStr for StreamId {
     type Err = IdParseError;
 
     /// Parses `<ms>-<seq>`, or `<ms>` alone (sequence 0), as Redis accepts them.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = || {
+        StreamId::parse_ascii(text.as_bytes()).ok_or_else(|| {
             IdParseError(format!(
                 "`{text}` is not a stream id: expected `<ms>-<seq>` with two unsigned 64-bit integers"
             ))
-        };
-        let (ms, seq) = match text.split_once('-') {
-            Some((ms, seq)) => (ms, seq),
-            None => (text, "0"),
-        };
-        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-        if !digits(ms) || !digits(seq) {
-            return Err(bad());
-        }
-        Ok(StreamId { ms: ms.parse().map_err(|_| bad())?, seq: seq.parse().map_err(|_| bad())? })
+        })
     }
 }
 
@@ -167,16 +184,34 @@ impl FromStr for BrandedId {
     /// Parses exactly 28 lowercase hex characters. Uppercase is refused so that
     /// one entry has one text form (the key a client deduplicates on).
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let valid =
-            text.len() == BRANDED_ID_LEN && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if !valid {
-            return Err(IdParseError(format!(
+        BrandedId::parse_ascii(text.as_bytes()).ok_or_else(|| {
+            IdParseError(format!(
                 "`{}` is not a branded id: expected 28 lowercase hex characters",
                 text.chars().take(64).collect::<String>()
-            )));
+            ))
+        })
+    }
+}
+
+impl BrandedId {
+    /// Parses exactly 28 lowercase hex characters from bytes (see
+    /// [`FromStr`]); `None` for anything else. Every Ack's ids and every
+    /// entry's reserved field are parsed here.
+    pub fn parse_ascii(text: &[u8]) -> Option<BrandedId> {
+        if text.len() != BRANDED_ID_LEN {
+            return None;
         }
-        let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|e| IdParseError(e.to_string()));
-        Ok(BrandedId(StreamId { ms: hex(&text[..12])?, seq: hex(&text[12..])? }))
+        let hex = |digits: &[u8]| {
+            digits.iter().try_fold(0u64, |n, &b| {
+                let nibble = match b {
+                    b'0'..=b'9' => b - b'0',
+                    b'a'..=b'f' => b - b'a' + 10,
+                    _ => return None,
+                };
+                Some(n << 4 | u64::from(nibble))
+            })
+        };
+        Some(BrandedId(StreamId { ms: hex(&text[..12])?, seq: hex(&text[12..])? }))
     }
 }
 
@@ -243,9 +278,13 @@ mod tests {
     fn stream_id_parses_redis_forms() {
         assert_eq!("5-3".parse::<StreamId>().unwrap(), StreamId { ms: 5, seq: 3 });
         assert_eq!("5".parse::<StreamId>().unwrap(), StreamId { ms: 5, seq: 0 });
-        for bad in ["", "-", "5-", "a-1", "1-2-3", "+", "$", "18446744073709551616-0"] {
+        assert_eq!("007-08".parse::<StreamId>().unwrap(), StreamId { ms: 7, seq: 8 });
+        for bad in
+            ["", "-", "5-", "-5", "5--3", "a-1", "1-2-3", "+", "+5-3", " 5-3", "5-3 ", "$", "18446744073709551616-0"]
+        {
             assert!(bad.parse::<StreamId>().is_err(), "{bad}");
         }
+        assert_eq!(StreamId::parse_ascii(b"5-18446744073709551616"), None, "past u64");
         assert_eq!(StreamId { ms: 5, seq: 0 }.predecessor(), Some(StreamId { ms: 4, seq: u64::MAX }));
     }
 

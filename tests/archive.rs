@@ -683,8 +683,8 @@ async fn a_dead_letter_stream_is_archived_like_any_other() {
     assert_eq!(letters.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), branded);
     assert_eq!(letters.iter().map(|e| e.archived).collect::<Vec<_>>(), [true, true, false]);
     for (k, letter) in letters.iter().enumerate() {
-        assert_eq!(letter.payload.get("k").map(Vec::as_slice), Some(k.to_string().as_bytes()), "{letter:?}");
-        assert_eq!(letter.payload.get("echomq.reason").map(Vec::as_slice), Some(&b"poison"[..]), "{letter:?}");
+        assert_eq!(letter.payload.get("k").map(|v| &v[..]), Some(k.to_string().as_bytes()), "{letter:?}");
+        assert_eq!(letter.payload.get("echomq.reason").map(|v| &v[..]), Some(&b"poison"[..]), "{letter:?}");
     }
 }
 

@@ -13,6 +13,7 @@
 
 mod support;
 
+use bytes::Bytes;
 use std::{path::Path, time::Duration};
 
 use echomq::{
@@ -29,8 +30,8 @@ fn id(ms: u64, seq: u64) -> StreamId {
     StreamId { ms, seq }
 }
 
-fn field(name: &[u8], value: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    (name.to_vec(), value.to_vec())
+fn field(name: &[u8], value: &[u8]) -> (Bytes, Bytes) {
+    (Bytes::copy_from_slice(name), Bytes::copy_from_slice(value))
 }
 
 /// Entries whose fields exercise everything Redis can hold: non-UTF-8 names

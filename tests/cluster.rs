@@ -234,8 +234,8 @@ async fn per_key_limits_keep_their_state_in_the_streams_slot_on_a_cluster() {
         let pair = consumer.deliveries(2, Duration::from_secs(10)).await;
         consumer.assert_quiet(Duration::from_millis(300), "each key holds one entry").await;
         for d in &pair {
-            let key = String::from_utf8(d.payload["acct"].clone()).unwrap();
-            seen.entry(key).or_default().push(String::from_utf8(d.payload["n"].clone()).unwrap());
+            let key = String::from_utf8(d.payload["acct"].to_vec()).unwrap();
+            seen.entry(key).or_default().push(String::from_utf8(d.payload["n"].to_vec()).unwrap());
             consumer.ack_one(&d.id).await;
         }
     }
@@ -489,7 +489,7 @@ async fn a_reader_reconnects_after_its_seed_node_dies() {
     assert!(appended, "appends work again once a replica is promoted");
     let mut consumer = Consumer::start(&sidecar, &stream, "g", GroupStart::New, 8).await;
     match consumer.next_event(Duration::from_secs(30)).await {
-        Event::Delivery(d) => assert_eq!(d.payload.get("n").map(Vec::as_slice), Some(&b"2"[..])),
+        Event::Delivery(d) => assert_eq!(d.payload.get("n").map(|v| &v[..]), Some(&b"2"[..])),
         other => panic!("the reader must reconnect without its seed node: {other:?}\n{}", sidecar.log()),
     }
 }

@@ -143,7 +143,7 @@ async fn group_start_new_skips_earlier_entries() {
 
     let d = consumer.next_delivery(EVENT_TIMEOUT).await;
     assert_eq!(d.id, after.id);
-    assert_eq!(d.payload.get("k").map(Vec::as_slice), Some(&b"after"[..]));
+    assert_eq!(d.payload.get("k").map(|v| &v[..]), Some(&b"after"[..]));
     consumer.assert_quiet(SHORT, "nothing else").await;
 }
 
@@ -411,8 +411,8 @@ async fn delivery_carries_id_stream_id_payload_attempts_and_minted_at() {
     assert_eq!(d.stream_id, appended.stream_id);
     assert_eq!(d.stream, "orders");
     assert_eq!(d.group, "billing");
-    let expected: HashMap<String, Vec<u8>> =
-        [("k".to_owned(), b"v".to_vec()), ("bin".to_owned(), vec![0u8, 159, 146, 150])].into_iter().collect();
+    let expected: HashMap<String, bytes::Bytes> =
+        [("k".to_owned(), "v".into()), ("bin".to_owned(), vec![0u8, 159, 146, 150].into())].into_iter().collect();
     assert_eq!(d.payload, expected, "payload is the fields without the reserved `id`");
     assert!(d.raw_fields.is_empty());
     assert_eq!(d.attempts, 1);
@@ -436,7 +436,7 @@ async fn foreign_entry_is_delivered_with_derived_id() {
         branded_from_stream_id(&stream_id),
         "the branded id of a plain XADD entry is derived from its stream id"
     );
-    assert_eq!(d.payload, [("k".to_owned(), b"v".to_vec())].into_iter().collect::<HashMap<_, _>>());
+    assert_eq!(d.payload, [("k".to_owned(), bytes::Bytes::from_static(b"v"))].into_iter().collect::<HashMap<_, _>>());
     assert_eq!(d.attempts, 1);
     assert_eq!(d.minted_at, Some(timestamp_of_ms(parse_stream_id(&stream_id).0)));
 }
@@ -453,7 +453,7 @@ async fn reserved_field_that_is_not_a_branded_id_is_payload() {
 
     assert_eq!(d.id, branded_from_stream_id(&stream_id));
     assert_eq!(
-        d.payload.get("id").map(Vec::as_slice),
+        d.payload.get("id").map(|v| &v[..]),
         Some(&b"order-17"[..]),
         "DESIGN: an invalid `id` value is ordinary payload"
     );
@@ -471,7 +471,10 @@ async fn non_utf8_field_name_arrives_in_raw_fields() {
     xadd_raw(&mut con, "s", &[(b"ok", b"fine"), (bad_name, value), (&[0xc3, 0x28], b"v2")]).await;
     let d = consumer.next_delivery(EVENT_TIMEOUT).await;
 
-    assert_eq!(d.payload, [("ok".to_owned(), b"fine".to_vec())].into_iter().collect::<HashMap<_, _>>());
+    assert_eq!(
+        d.payload,
+        [("ok".to_owned(), bytes::Bytes::from_static(b"fine"))].into_iter().collect::<HashMap<_, _>>()
+    );
     assert_eq!(
         d.raw_fields,
         vec![
@@ -1014,7 +1017,10 @@ async fn custom_id_field_carries_the_branded_id() {
 
     assert_eq!(xrange(&mut con, "s").await[0].field("_eid"), Some(e.id.as_bytes()));
     assert_eq!(d.id, e.id);
-    assert_eq!(d.payload, [("id".to_owned(), b"order-1".to_vec())].into_iter().collect::<HashMap<_, _>>());
+    assert_eq!(
+        d.payload,
+        [("id".to_owned(), bytes::Bytes::from_static(b"order-1"))].into_iter().collect::<HashMap<_, _>>()
+    );
 }
 
 // ---------------------------------------------------------------------------

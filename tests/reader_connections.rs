@@ -117,14 +117,14 @@ async fn more_groups_than_reader_connections_is_refused_resource_exhausted_namin
         delivery = first.next_delivery(EVENT_TIMEOUT) => delivery,
         delivery = same_group.next_delivery(EVENT_TIMEOUT) => delivery,
     };
-    assert_eq!(delivery.payload["k"], b"v1");
+    assert_eq!(delivery.payload["k"], &b"v1"[..]);
 
     // Once the first group's calls have ended, its connection serves the second group.
     drop(first);
     drop(same_group);
     let mut second = subscribe_when_free(&sidecar, "s2", "g2", EVENT_TIMEOUT).await;
     sidecar.append("s2", &[("k", b"v2")]).await;
-    assert_eq!(second.next_delivery(EVENT_TIMEOUT).await.payload["k"], b"v2");
+    assert_eq!(second.next_delivery(EVENT_TIMEOUT).await.payload["k"], &b"v2"[..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,7 +140,7 @@ async fn a_reader_connection_killed_under_its_read_is_replaced_in_place_and_read
     let replacement = blocked_reader(&mut con).await;
     assert_ne!(replacement, killed, "a new connection reads");
     sidecar.append("s", &[("k", b"after")]).await;
-    assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.payload["k"], b"after");
+    assert_eq!(consumer.next_delivery(EVENT_TIMEOUT).await.payload["k"], &b"after"[..]);
     assert_eq!(closed(&sidecar, "read_error").await, 1.0);
     // Replaced in place: the group kept its place in the pool.
     let other = Consumer::try_subscribe(&sidecar, subscribe_msg("s2", "g2", GroupStart::New)).await;
@@ -168,7 +168,7 @@ async fn an_idle_reader_connection_that_died_fails_its_health_check_and_is_repla
     let mut second = Consumer::start(&sidecar, "s2", "g2", GroupStart::New, 0).await;
 
     sidecar.append("s2", &[("k", b"w")]).await;
-    assert_eq!(second.next_delivery(EVENT_TIMEOUT).await.payload["k"], b"w");
+    assert_eq!(second.next_delivery(EVENT_TIMEOUT).await.payload["k"], &b"w"[..]);
     assert_eq!(closed(&sidecar, "health_check").await, 1.0, "the PING before reuse found it dead");
     assert_eq!(
         sample(&sidecar, r#"echomq_redis_errors_total{stream="s2",sharded_stream="s2",group="g2",operation="read"}"#)
@@ -202,7 +202,7 @@ async fn a_reader_cut_off_mid_read_closes_its_connection_instead_of_handing_it_o
     let started = Instant::now();
     let mut second = subscribe_when_free(&sidecar, "s2", "g2", EVENT_TIMEOUT).await;
     sidecar.append("s2", &[("k", b"v")]).await;
-    assert_eq!(second.next_delivery(EVENT_TIMEOUT).await.payload["k"], b"v");
+    assert_eq!(second.next_delivery(EVENT_TIMEOUT).await.payload["k"], &b"v"[..]);
     let took = started.elapsed();
 
     assert!(took < Duration::from_secs(4), "the second group's read waited {took:?} behind the old one");

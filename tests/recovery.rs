@@ -254,7 +254,7 @@ async fn destroyed_group_is_recreated_under_a_live_subscription() {
 
     // The group comes back from `0`, so `first` may be delivered again (at-least-once).
     let d = ack_until(&mut call, &after.id, Duration::from_secs(20)).await;
-    assert_eq!(d.payload.get("k").map(Vec::as_slice), Some(&b"after"[..]));
+    assert_eq!(d.payload.get("k").map(|v| &v[..]), Some(&b"after"[..]));
     assert!(groups(&mut con, "s").await.contains_key("g"), "the sidecar re-created the group");
     assert_eq!(wait_pending(&mut con, "s", "g", 0, EVENT_TIMEOUT).await, 0, "acks apply to the new group");
 }

@@ -121,7 +121,7 @@ async fn a_scheduled_entry_is_invisible_before_its_time_and_consumed_once_after(
     let delivered = consumer.next_delivery(Duration::from_secs(5)).await;
     let entered = now_ms();
     assert_eq!(delivered.id, scheduled.id, "delivered with the branded id Append answered");
-    assert_eq!(delivered.payload.get("v").map(Vec::as_slice), Some(&b"later"[..]));
+    assert_eq!(delivered.payload.get("v").map(|v| &v[..]), Some(&b"later"[..]));
     assert!(entered >= before + 1_500, "not before its time: {} ms", entered - before);
     assert!(entered <= before + 1_500 + 1_000, "within a second of its time: {} ms", entered - before);
     consumer.ack_one(&delivered.id).await;

@@ -929,7 +929,7 @@ async fn a_reader_reads_the_database_and_as_the_user_the_url_names() {
     let delivery = consumer.next_delivery(EVENT_TIMEOUT).await;
 
     assert_eq!(delivery.stream_id, appended.stream_id);
-    assert_eq!(delivery.payload["k"], b"in database 3");
+    assert_eq!(delivery.payload["k"], &b"in database 3"[..]);
     let clients: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut admin).await.expect("CLIENT LIST");
     let reader = clients.lines().find(|line| line.contains("name=echomq-reader")).expect("a reader");
     assert!(reader.contains(" db=3 ") && reader.contains(" user=reader "), "{reader}");

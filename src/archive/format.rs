@@ -127,8 +127,8 @@ pub(super) fn encode(stream: &str, id_field: &str, entries: &[RawEntry]) -> Resu
         minted.push(id.map(|id| id.minted_at_ms() as i64));
         for (name, value) in fields {
             bytes += name.len() + value.len();
-            names.push(name.as_slice());
-            values.push(value.as_slice());
+            names.push(&name[..]);
+            values.push(&value[..]);
         }
         let count = i32::try_from(names.len()).ok().filter(|_| bytes <= i32::MAX as usize).ok_or_else(|| {
             ArchiveError::Input(format!(
@@ -234,7 +234,9 @@ pub(super) fn decode(path: &str, bytes: Bytes, want: Want, out: &mut Vec<RawEntr
                 return Ok(rows);
             }
             let span = offsets[row] as usize..offsets[row + 1] as usize;
-            let fields = span.map(|k| (names.value(k).to_vec(), values.value(k).to_vec())).collect();
+            let fields = span
+                .map(|k| (Bytes::copy_from_slice(names.value(k)), Bytes::copy_from_slice(values.value(k))))
+                .collect();
             out.push(RawEntry { id, fields: Some(fields) });
         }
     }
@@ -263,7 +265,7 @@ mod tests {
         (0..count)
             .map(|seq| RawEntry {
                 id: StreamId { ms: 7, seq },
-                fields: Some(vec![(b"n".to_vec(), seq.to_string().into())]),
+                fields: Some(vec![(Bytes::from_static(b"n"), seq.to_string().into())]),
             })
             .collect()
     }

@@ -1,6 +1,8 @@
 //! Turning a Redis entry into a `Delivery` frame, and the span of a
 //! delivery handed over.
 
+use bytes::Bytes;
+
 use super::keyed;
 use crate::{
     entry,
@@ -38,7 +40,7 @@ pub(crate) fn build(
     id_field: &str,
     key_field: Option<&str>,
     stream_id: StreamId,
-    fields: Vec<(Vec<u8>, Vec<u8>)>,
+    fields: Vec<(Bytes, Bytes)>,
     attempts: u32,
 ) -> Option<Outgoing> {
     let member = key_field.and_then(|field| keyed::key_of(&fields, field)).map(|key| keyed::member(key, stream_id));
@@ -87,6 +89,10 @@ pub(crate) fn span(stream: &str, group: &str, stream_id: StreamId, delivery: &mu
 mod tests {
     use super::*;
 
+    fn field(name: &'static [u8], value: &'static [u8]) -> (Bytes, Bytes) {
+        (Bytes::from_static(name), Bytes::from_static(value))
+    }
+
     fn sid(ms: u64, seq: u64) -> StreamId {
         StreamId { ms, seq }
     }
@@ -94,7 +100,7 @@ mod tests {
     #[test]
     fn reserved_field_gives_the_branded_id_and_leaves_the_payload() {
         let copy_of = BrandedId::from_stream_id(sid(1_000, 7)).unwrap();
-        let fields = vec![(b"id".to_vec(), copy_of.to_string().into_bytes()), (b"k".to_vec(), b"v".to_vec())];
+        let fields = vec![(Bytes::from_static(b"id"), Bytes::from(copy_of.to_string())), field(b"k", b"v")];
         let out = build("s", "g", "id", None, sid(2_000, 0), fields, 3).unwrap();
         assert_eq!(out.branded, copy_of);
         assert_eq!(out.body.stream_id, "2000-0");
@@ -106,31 +112,27 @@ mod tests {
 
     #[test]
     fn an_entry_with_the_key_field_gets_its_member() {
-        let fields = vec![(b"acct".to_vec(), b"a:1".to_vec()), (b"v".to_vec(), b"x".to_vec())];
+        let fields = vec![field(b"acct", b"a:1"), field(b"v", b"x")];
         let out = build("s", "g", "id", Some("acct"), sid(5, 1), fields.clone(), 1).unwrap();
         assert_eq!(out.member, Some(keyed::member(b"a:1", sid(5, 1))));
-        assert_eq!(out.body.payload["acct"], b"a:1", "the key stays in the payload");
+        assert_eq!(out.body.payload["acct"], &b"a:1"[..], "the key stays in the payload");
         let out = build("s", "g", "id", Some("other"), sid(5, 1), fields, 1).unwrap();
         assert_eq!(out.member, None, "an entry without the field is not limited");
     }
 
     #[test]
     fn foreign_entries_derive_their_id_and_keep_a_bogus_id_field_as_payload() {
-        let fields = vec![(b"id".to_vec(), b"order-42".to_vec())];
+        let fields = vec![field(b"id", b"order-42")];
         let out = build("s", "g", "id", None, sid(5, 1), fields, 1).unwrap();
         assert_eq!(out.body.id, "0000000000050000000000000001");
-        assert_eq!(out.body.payload["id"], b"order-42");
+        assert_eq!(out.body.payload["id"], &b"order-42"[..]);
     }
 
     #[test]
     fn non_utf8_and_repeated_names_go_to_raw_fields() {
-        let fields = vec![
-            (b"\xffname".to_vec(), b"\x00\x01".to_vec()),
-            (b"k".to_vec(), b"1".to_vec()),
-            (b"k".to_vec(), b"2".to_vec()),
-        ];
+        let fields = vec![field(b"\xffname", b"\x00\x01"), field(b"k", b"1"), field(b"k", b"2")];
         let out = build("s", "g", "id", None, sid(5, 1), fields, 1).unwrap();
-        assert_eq!(out.body.payload["k"], b"1");
+        assert_eq!(out.body.payload["k"], &b"1"[..]);
         let raw: Vec<_> = out.body.raw_fields.iter().map(|f| (f.name.clone(), f.value.clone())).collect();
         assert_eq!(raw, vec![(b"\xffname".to_vec(), b"\x00\x01".to_vec()), (b"k".to_vec(), b"2".to_vec())]);
     }

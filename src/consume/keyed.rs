@@ -22,6 +22,7 @@
 //!   leased like a held delivery, in [`super::key_waits::KeyWaits`], until a
 //!   later gate run lets it through.
 
+use bytes::Bytes;
 use redis::{RedisResult, Value};
 
 use super::GroupKeys;
@@ -69,8 +70,8 @@ pub(crate) fn parse_member(member: &[u8]) -> Option<(&[u8], StreamId)> {
 
 /// The key of an entry: the value of its first field named `field` (as
 /// `keyed_read.lua` takes it); `None`: the entry is not limited.
-pub(crate) fn key_of<'a>(fields: &'a [(Vec<u8>, Vec<u8>)], field: &str) -> Option<&'a [u8]> {
-    fields.iter().find(|(name, _)| name == field.as_bytes()).map(|(_, value)| value.as_slice())
+pub(crate) fn key_of<'a>(fields: &'a [(Bytes, Bytes)], field: &str) -> Option<&'a [u8]> {
+    fields.iter().find(|(name, _)| name == field.as_bytes()).map(|(_, value)| &value[..])
 }
 
 /// What the gate (`keys_gate.lua`) said of an entry this sidecar held.
@@ -174,7 +175,10 @@ mod tests {
 
     #[test]
     fn the_key_is_the_first_field_of_that_name() {
-        let fields = vec![(b"k".to_vec(), b"1".to_vec()), (b"k".to_vec(), b"2".to_vec())];
+        let fields = [
+            (Bytes::from_static(b"k"), Bytes::from_static(b"1")),
+            (Bytes::from_static(b"k"), Bytes::from_static(b"2")),
+        ];
         assert_eq!(key_of(&fields, "k"), Some(&b"1"[..]));
         assert_eq!(key_of(&fields, "other"), None);
     }

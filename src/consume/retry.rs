@@ -86,7 +86,10 @@ mod tests {
         match &parsed[4] {
             (id, Redelivery::Claimed { deliveries: 2, entry }) => {
                 assert_eq!(*id, StreamId { ms: 5, seq: 0 });
-                assert_eq!(entry.fields, Some(vec![(b"k".to_vec(), b"v".to_vec())]));
+                assert_eq!(
+                    entry.fields,
+                    Some(vec![(bytes::Bytes::from_static(b"k"), bytes::Bytes::from_static(b"v"))])
+                );
             }
             other => panic!("{other:?}"),
         }

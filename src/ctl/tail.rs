@@ -182,7 +182,7 @@ fn as_entry(delivery: &Delivery) -> Entry {
     Entry {
         id: delivery.id.clone(),
         stream_id: delivery.stream_id.clone(),
-        payload: delivery.payload.clone(),
+        payload: delivery.payload.iter().map(|(name, value)| (name.clone(), value.to_vec())).collect(),
         minted_at: delivery.minted_at,
         raw_fields: delivery.raw_fields.clone(),
         traceparent: delivery.traceparent.clone(),

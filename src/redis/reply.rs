@@ -1,6 +1,7 @@
 //! Reply parsing: stream entries as XRANGE, XCLAIM and XREADGROUP return
 //! them, script replies' shapes, and the plain values inside them.
 
+use bytes::Bytes;
 use redis::{RedisResult, Value};
 
 use crate::id::StreamId;
@@ -11,8 +12,11 @@ pub struct RawEntry {
     /// The entry's stream id.
     pub id: StreamId,
     /// Field name/value pairs in stream order; `None` when Redis returned the id
-    /// with no body: the entry was deleted (trimmed) while pending.
-    pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+    /// with no body: the entry was deleted (trimmed) while pending. `Bytes`:
+    /// read by a group reader, they are slices of the reply they came in
+    /// (see [`super::resp`]), and a delivery's payload keeps its values
+    /// without a copy each.
+    pub fields: Option<Vec<(Bytes, Bytes)>>,
 }
 
 /// Parses a list of entries (`[[id, [field, value, …]], …]`, as XRANGE, XCLAIM
@@ -44,7 +48,7 @@ pub fn parse_entry(value: Value) -> RedisResult<RawEntry> {
             let mut fields = Vec::with_capacity(flat.len() / 2);
             let mut flat = flat.into_iter();
             while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
-                fields.push((into_bytes(name)?, into_bytes(value)?));
+                fields.push((Bytes::from(into_bytes(name)?), Bytes::from(into_bytes(value)?)));
             }
             Some(fields)
         }
@@ -202,7 +206,7 @@ mod tests {
         ]);
         let entries = parse_entries(reply).unwrap();
         assert_eq!(entries[0].id, StreamId { ms: 1, seq: 1 });
-        assert_eq!(entries[0].fields, Some(vec![(b"\xff\x00".to_vec(), b"v".to_vec())]));
+        assert_eq!(entries[0].fields, Some(vec![(Bytes::from_static(b"\xff\x00"), Bytes::from_static(b"v"))]));
         assert_eq!(entries[1].fields, None);
     }
 

@@ -182,13 +182,12 @@ mod tests {
     fn merge_keeps_id_order_takes_an_id_in_both_once_and_stops_at_the_limit() {
         let entry = |seq: u64, from: &[u8]| RawEntry {
             id: StreamId { ms: 1, seq },
-            fields: Some(vec![(b"from".to_vec(), from.to_vec())]),
+            fields: Some(vec![(bytes::Bytes::from_static(b"from"), bytes::Bytes::copy_from_slice(from))]),
         };
         let archived = vec![entry(1, b"a"), entry(3, b"a"), entry(4, b"a")];
         let live = vec![entry(2, b"l"), entry(4, b"l"), entry(5, b"l")];
         let merged = merge(archived.clone(), live.clone(), 10);
-        let seen: Vec<(u64, &[u8])> =
-            merged.iter().map(|e| (e.id.seq, e.fields.as_ref().unwrap()[0].1.as_slice())).collect();
+        let seen: Vec<(u64, &[u8])> = merged.iter().map(|e| (e.id.seq, &e.fields.as_ref().unwrap()[0].1[..])).collect();
         assert_eq!(seen, [(1, &b"a"[..]), (2, b"l"), (3, b"a"), (4, b"a"), (5, b"l")]);
         assert_eq!(merge(archived, live, 3).len(), 3);
         assert!(merge(Vec::new(), Vec::new(), 3).is_empty());
