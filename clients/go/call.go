@@ -95,6 +95,9 @@ type call struct {
 
 	// frame is receive's scratch for the work items of one frame.
 	frame []work
+	// codec is the call's codec, told when a frame's decoded deliveries
+	// were copied out (recycle); nil in unit tests.
+	codec *consumeCodec
 }
 
 // outbox is the sender's queue. A verdict is appended under mu, and the
@@ -299,13 +302,17 @@ func (k *call) receive() {
 		}
 		switch kind := m.GetKind().(type) {
 		case *pb.ConsumeResponse_Delivery:
-			if !k.deliver([]*pb.Delivery{kind.Delivery}) {
+			frame := []*pb.Delivery{kind.Delivery}
+			if !k.deliver(frame) {
 				return
 			}
+			k.codec.recycle(frame)
 		case *pb.ConsumeResponse_Batch:
-			if !k.deliver(kind.Batch.GetDeliveries()) {
+			frame := kind.Batch.GetDeliveries()
+			if !k.deliver(frame) {
 				return
 			}
+			k.codec.recycle(frame)
 		case *pb.ConsumeResponse_VerdictError:
 			v := kind.VerdictError
 			e := VerdictError{ID: v.GetId(), Code: v.GetCode(), Message: v.GetMessage()}

@@ -209,6 +209,68 @@ func TestCodecValuesAreOwnedByTheirDelivery(t *testing.T) {
 	}
 }
 
+// TestCodecRecycledSlabDecodesAsProtoUnmarshalDoes: once the consumer has
+// recycled a frame, the next one reuses its slab, and nothing of the earlier
+// deliveries (payload, raw fields, traceparent, minted_at, attempts) shows in
+// the later ones; a frame not recycled is never reused.
+func TestCodecRecycledSlabDecodesAsProtoUnmarshalDoes(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	c := newConsumeCodec()
+	var last []*pb.Delivery
+	reused := 0
+	for i := range 200 {
+		batch := &pb.DeliveryBatch{}
+		for range 1 + r.IntN(40) {
+			batch.Deliveries = append(batch.Deliveries, randomDelivery(r))
+		}
+		m := &pb.ConsumeResponse{Kind: &pb.ConsumeResponse_Batch{Batch: batch}}
+		if i%7 == 0 {
+			m = &pb.ConsumeResponse{Kind: &pb.ConsumeResponse_Delivery{Delivery: randomDelivery(r)}}
+		}
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kept []*pb.Delivery
+		if i%5 == 4 {
+			kept = last // not recycled: must stay as decoded
+		} else {
+			c.recycle(last)
+		}
+		var keptWant []*pb.Delivery
+		for _, d := range kept {
+			keptWant = append(keptWant, proto.Clone(d).(*pb.Delivery))
+		}
+		before := c.slots
+		var got pb.ConsumeResponse
+		if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &got); err != nil {
+			t.Fatal(err)
+		}
+		if len(before) > 0 && &c.slots[:1][0] == &before[:1][0] {
+			if kept != nil {
+				t.Fatalf("frame %d reused the slab of a frame not recycled", i)
+			}
+			reused++
+		}
+		if !proto.Equal(&got, m) {
+			t.Fatalf("frame %d decoded\n%v\nwant\n%v", i, &got, m)
+		}
+		for j, d := range kept {
+			if !proto.Equal(d, keptWant[j]) {
+				t.Fatalf("frame %d: a delivery of the frame before, not recycled, changed: %v, was %v", i, d, keptWant[j])
+			}
+		}
+		if d := got.GetDelivery(); d != nil {
+			last = []*pb.Delivery{d}
+		} else {
+			last = got.GetBatch().GetDeliveries()
+		}
+	}
+	if reused == 0 {
+		t.Fatal("no frame reused a recycled slab")
+	}
+}
+
 // TestCodecKnowsEveryField fails when the proto gains a field the hand decoder
 // does not decode: it would still be correct (such a message falls back to
 // proto.Unmarshal), but every delivery would take the slow path. Teach

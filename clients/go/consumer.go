@@ -569,7 +569,8 @@ func (c *Consumer) open(ctx context.Context, client pb.ConsumerServiceClient) (*
 
 	// The codec decodes delivery frames by hand (codec.go): the unmarshal was
 	// the client's largest cost per delivery.
-	stream, err := client.Consume(callCtx, grpc.ForceCodecV2(newConsumeCodec()))
+	codec := newConsumeCodec()
+	stream, err := client.Consume(callCtx, grpc.ForceCodecV2(codec))
 	if err != nil {
 		cancel()
 		return nil, c.callError(err)
@@ -598,7 +599,9 @@ func (c *Consumer) open(ctx context.Context, client pb.ConsumerServiceClient) (*
 		effective = DefaultMaxInFlight
 	}
 	c.log.Debug("echomq: subscribed", "consumer", subscribed.GetConsumer(), "max_in_flight", effective)
-	return newCall(c, stream, callCtx, cancel, effective), nil
+	k := newCall(c, stream, callCtx, cancel, effective)
+	k.codec = codec
+	return k, nil
 }
 
 // callError turns the end of a call into Run's error: a permanent code becomes
