@@ -49,19 +49,35 @@ impl StreamId {
     }
 }
 
+/// "00", "01", … "99": decimal digits two at a time.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
 impl StreamId {
     /// Writes `<ms>-<seq>` into `buf` (two u64 in decimal, 20 digits at most
     /// each, and the dash) and returns the text: no allocation.
     pub fn write_text(self, buf: &mut [u8; 41]) -> &str {
         let mut at = buf.len();
         for (k, mut n) in [self.seq, self.ms].into_iter().enumerate() {
-            loop {
+            // Two digits a step: every delivery's stream id and every id
+            // acknowledged are written here.
+            while n >= 100 {
+                let pair = (n % 100) as usize * 2;
+                n /= 100;
+                at -= 2;
+                buf[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+            }
+            if n >= 10 {
+                let pair = n as usize * 2;
+                at -= 2;
+                buf[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+            } else {
                 at -= 1;
-                buf[at] = b'0' + (n % 10) as u8;
-                n /= 10;
-                if n == 0 {
-                    break;
-                }
+                buf[at] = b'0' + n as u8;
             }
             if k == 0 {
                 at -= 1;
@@ -193,6 +209,20 @@ impl FromStr for BrandedId {
     }
 }
 
+/// Marks a byte that is not a lowercase hex digit in [`HEX_VALUES`].
+const NOT_HEX: u8 = 0x80;
+
+/// Each byte's value as a lowercase hex digit, or [`NOT_HEX`].
+const HEX_VALUES: [u8; 256] = {
+    let mut values = [NOT_HEX; 256];
+    let mut k = 0;
+    while k < 16 {
+        values[b"0123456789abcdef"[k] as usize] = k as u8;
+        k += 1;
+    }
+    values
+};
+
 impl BrandedId {
     /// Parses exactly 28 lowercase hex characters from bytes (see
     /// [`FromStr`]); `None` for anything else. Every Ack's ids and every
@@ -202,14 +232,15 @@ impl BrandedId {
             return None;
         }
         let hex = |digits: &[u8]| {
-            digits.iter().try_fold(0u64, |n, &b| {
-                let nibble = match b {
-                    b'0'..=b'9' => b - b'0',
-                    b'a'..=b'f' => b - b'a' + 10,
-                    _ => return None,
-                };
-                Some(n << 4 | u64::from(nibble))
-            })
+            let mut n = 0u64;
+            let mut invalid = 0u8;
+            for &b in digits {
+                let nibble = HEX_VALUES[usize::from(b)];
+                invalid |= nibble;
+                n = n << 4 | u64::from(nibble & 0xf);
+            }
+            // One check per id, not per character: NOT_HEX has the high bit.
+            (invalid & NOT_HEX == 0).then_some(n)
         };
         Some(BrandedId(StreamId { ms: hex(&text[..12])?, seq: hex(&text[12..])? }))
     }
@@ -286,6 +317,33 @@ mod tests {
         }
         assert_eq!(StreamId::parse_ascii(b"5-18446744073709551616"), None, "past u64");
         assert_eq!(StreamId { ms: 5, seq: 0 }.predecessor(), Some(StreamId { ms: 4, seq: u64::MAX }));
+    }
+
+    #[test]
+    fn ids_are_written_and_parsed_as_plain_formatting_and_parsing_do() {
+        let mut numbers: Vec<u64> = (0..=1_000).collect();
+        for shift in 0..64 {
+            numbers.extend([1u64 << shift, (1u64 << shift) - 1, (1u64 << shift) + 1]);
+        }
+        numbers.extend([u64::MAX, u64::MAX - 1, 10u64.pow(19), 10u64.pow(19) - 1, 99, 100, 101, 1_718_000_000_000]);
+        for &ms in &numbers {
+            for seq in [0, 7, 99, 100, ms] {
+                let id = StreamId { ms, seq };
+                assert_eq!(id.write_text(&mut [0u8; 41]), format!("{ms}-{seq}"));
+                assert_eq!(StreamId::parse_ascii(format!("{ms}-{seq}").as_bytes()), Some(id));
+                if let Some(branded) = BrandedId::from_stream_id(id) {
+                    assert_eq!(BrandedId::parse_ascii(format!("{ms:012x}{seq:016x}").as_bytes()), Some(branded));
+                }
+            }
+        }
+        let branded = "019000c79c000000000000000003";
+        for k in 0..branded.len() {
+            for bad in [b'A', b'g', b'/', b':', b'`', b'G', 0x80 | b'0', 0xff, b' '] {
+                let mut text = branded.as_bytes().to_vec();
+                text[k] = bad;
+                assert_eq!(BrandedId::parse_ascii(&text), None, "{:?}", String::from_utf8_lossy(&text));
+            }
+        }
     }
 
     #[test]
