@@ -34,6 +34,14 @@ pub(crate) struct Outgoing<D = Box<Delivery>> {
 /// when the group has a `key_field` and the entry holds it. `None` when the
 /// entry has no branded id: no valid reserved field and a stream id whose
 /// milliseconds do not fit 6 bytes.
+///
+/// The payload's values are the `fields`' own bytes, usually slices of the
+/// Redis reply the entry came in, which they keep allocated while the
+/// delivery lives: a delivery waits at most for its call's credit. An entry
+/// with a member may wait for its key for as long as the key's earlier
+/// entries are in flight, up to thousands per group, one per reply at
+/// worst: its values are copied out, so a waiting entry keeps its own bytes
+/// and not a reply's 64 KiB.
 pub(crate) fn build(
     stream: &str,
     group: &str,
@@ -44,7 +52,12 @@ pub(crate) fn build(
     attempts: u32,
 ) -> Option<Outgoing> {
     let member = key_field.and_then(|field| keyed::key_of(&fields, field)).map(|key| keyed::member(key, stream_id));
-    let fields = entry::split(fields, id_field, |_| false);
+    let mut fields = entry::split::<Bytes>(fields, id_field, |_| false);
+    if member.is_some() {
+        for value in fields.payload.values_mut() {
+            *value = Bytes::copy_from_slice(value);
+        }
+    }
     let branded = fields.branded.or_else(|| BrandedId::from_stream_id(stream_id))?;
     let delivery = Delivery {
         id: branded.to_string(),
@@ -108,6 +121,19 @@ mod tests {
         assert_eq!(out.body.attempts, 3);
         assert_eq!(out.body.minted_at.unwrap().seconds, 1);
         assert_eq!(out.member, None, "no key field: no member");
+    }
+
+    #[test]
+    fn an_entry_that_may_wait_for_its_key_keeps_its_own_bytes_not_the_reply() {
+        let reply = Bytes::from(b"acct a:1 v x".to_vec());
+        let fields = vec![(reply.slice(0..4), reply.slice(5..8)), (reply.slice(9..10), reply.slice(11..12))];
+        let in_reply = |value: &Bytes| reply.as_ptr_range().contains(&value.as_ptr());
+        let out = build("s", "g", "id", None, sid(5, 1), fields.clone(), 1).unwrap();
+        assert!(in_reply(&out.body.payload["v"]), "no key: the value is a slice of the reply");
+        let out = build("s", "g", "id", Some("acct"), sid(5, 1), fields, 1).unwrap();
+        assert!(out.body.payload.values().all(|value| !in_reply(value)), "a keyed entry copies its values");
+        assert_eq!(out.body.payload["acct"], &b"a:1"[..]);
+        assert_eq!(out.body.payload["v"], &b"x"[..]);
     }
 
     #[test]
