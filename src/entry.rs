@@ -31,9 +31,11 @@ pub struct Fields<V> {
 }
 
 /// Splits `fields`: the first reserved-name field holding a valid branded id
-/// becomes `branded`; the first [`TRACE_FIELD`] becomes `traceparent`; fields for which `skip` is true are dropped (dead-letter
-/// metadata); everything else lands in `payload` or `raw_fields`, so no field
-/// is ever silently lost.
+/// becomes `branded`; the first [`TRACE_FIELD`] becomes `traceparent`; fields
+/// for which `skip` is true are dropped (dead-letter metadata); everything
+/// else lands in `payload` or `raw_fields`, so no field is ever silently lost.
+/// `V` decides where a payload value's bytes live: `Bytes` keeps the slice of
+/// the reply it came from (no copy), `Vec<u8>` copies it out.
 pub fn split<V: From<Bytes>>(fields: Vec<(Bytes, Bytes)>, id_field: &str, skip: impl Fn(&[u8]) -> bool) -> Fields<V> {
     let mut out = Fields {
         branded: None,

@@ -127,8 +127,10 @@ impl StreamId {
     }
 }
 
-/// An unsigned 64-bit decimal of ASCII digits only (no sign, not empty).
-fn decimal(digits: &[u8]) -> Option<u64> {
+/// An unsigned 64-bit decimal of ASCII digits only (no sign, not empty);
+/// `None` for anything else, including a value past `u64::MAX`. Shared with
+/// the RESP parser's header numbers.
+pub(crate) fn decimal(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
         return None;
     }

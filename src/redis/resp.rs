@@ -284,15 +284,7 @@ fn number(text: &[u8]) -> RedisResult<i64> {
         Some((b'-', digits)) => (true, digits),
         _ => (false, text),
     };
-    let magnitude = (!digits.is_empty())
-        .then(|| {
-            digits.iter().try_fold(0i64, |n, &b| {
-                let digit = b.wrapping_sub(b'0');
-                (digit < 10).then_some(())?;
-                n.checked_mul(10)?.checked_add(i64::from(digit))
-            })
-        })
-        .flatten();
+    let magnitude = crate::id::decimal(digits).and_then(|n| i64::try_from(n).ok());
     match magnitude {
         Some(n) if negative => Ok(-n),
         Some(n) => Ok(n),
