@@ -26,6 +26,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A delivery's payload values are slices of the Redis reply they
         // were read in (see `src/redis/resp.rs`), not a copy each.
         .bytes(".echomq.v1.Delivery")
+        // The sidecar writes its deliveries without the generated type's
+        // allocations (see `src/wire.rs`); clients decode generated ones.
+        .extern_path(".echomq.v1.DeliveryBatch", "crate::wire::DeliveryBatch")
         .compile_fds(fds)?;
 
     let keda = "proto/externalscaler/externalscaler.proto";

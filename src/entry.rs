@@ -1,7 +1,7 @@
 //! Turning an entry's fields, as Redis stores them, into the wire's `payload`,
 //! `raw_fields` and branded id.
 
-use std::collections::{hash_map, HashMap};
+use std::collections::HashSet;
 
 use bytes::Bytes;
 use prost_types::Timestamp;
@@ -21,8 +21,9 @@ use crate::{
 pub struct Fields<V> {
     /// The branded id from the reserved field, when it holds a valid one.
     pub branded: Option<BrandedId>,
-    /// Fields with UTF-8 names, first occurrence of each name.
-    pub payload: HashMap<String, V>,
+    /// Fields whose names are valid UTF-8, the first occurrence of each name,
+    /// in stream order: a proto `map<string, bytes>` (`payload`) as pairs.
+    pub payload: Vec<(Bytes, V)>,
     /// Fields whose names are not valid UTF-8, and repeated names (Redis allows
     /// them; a map cannot hold both), byte for byte, in stream order.
     pub raw_fields: Vec<RawField>,
@@ -37,12 +38,11 @@ pub struct Fields<V> {
 /// `V` decides where a payload value's bytes live: `Bytes` keeps the slice of
 /// the reply it came from (no copy), `Vec<u8>` copies it out.
 pub fn split<V: From<Bytes>>(fields: Vec<(Bytes, Bytes)>, id_field: &str, skip: impl Fn(&[u8]) -> bool) -> Fields<V> {
-    let mut out = Fields {
-        branded: None,
-        payload: HashMap::with_capacity(fields.len()),
-        raw_fields: Vec::new(),
-        traceparent: None,
-    };
+    let mut out =
+        Fields { branded: None, payload: Vec::with_capacity(fields.len()), raw_fields: Vec::new(), traceparent: None };
+    // Repeated names are found by a scan while the entry has few fields, by
+    // a set past that (a scan of thousands of fields per field is quadratic).
+    let mut seen: Option<HashSet<Bytes>> = (fields.len() > SCANNED_NAMES).then(HashSet::new);
     for (name, value) in fields {
         if out.branded.is_none() {
             if let Some(id) = reserved_branded(&name, &value, id_field) {
@@ -59,20 +59,22 @@ pub fn split<V: From<Bytes>>(fields: Vec<(Bytes, Bytes)>, id_field: &str, skip: 
         if skip(&name) {
             continue;
         }
-        match std::str::from_utf8(&name) {
-            Ok(text) => match out.payload.entry(text.to_owned()) {
-                hash_map::Entry::Vacant(slot) => {
-                    slot.insert(V::from(value));
-                }
-                hash_map::Entry::Occupied(_) => {
-                    out.raw_fields.push(RawField { name: name.into(), value: value.into() })
-                }
-            },
-            Err(_) => out.raw_fields.push(RawField { name: name.into(), value: value.into() }),
+        let first = std::str::from_utf8(&name).is_ok()
+            && match &mut seen {
+                Some(seen) => seen.insert(name.clone()),
+                None => !out.payload.iter().any(|(earlier, _)| *earlier == name),
+            };
+        if first {
+            out.payload.push((name, V::from(value)));
+        } else {
+            out.raw_fields.push(RawField { name: name.into(), value: value.into() });
         }
     }
     out
 }
+
+/// Entries with at most this many fields find repeated names by a scan.
+const SCANNED_NAMES: usize = 16;
 
 /// The branded id a reserved-name field holds: `Some` when `name` is `id_field`
 /// and `value` is a valid branded id's text; otherwise the field is payload.
@@ -127,7 +129,11 @@ pub fn to_entry(entry: RawEntry, id_field: &str, skip: impl Fn(&[u8]) -> bool) -
     Some(Entry {
         id: branded.to_string(),
         stream_id: stream_id.to_string(),
-        payload: fields.payload,
+        payload: fields
+            .payload
+            .into_iter()
+            .map(|(name, value)| (String::from_utf8_lossy(&name).into_owned(), value))
+            .collect(),
         minted_at: Some(timestamp(branded.minted_at_ms())),
         raw_fields: fields.raw_fields,
         traceparent: fields.traceparent.unwrap_or_default(),

@@ -184,15 +184,23 @@ impl BrandedId {
     }
 }
 
-impl fmt::Display for BrandedId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl BrandedId {
+    /// Writes the 28 lowercase hex digits of [`BrandedId::to_bytes`] into
+    /// `buf` and returns the text: no allocation (every delivery carries it).
+    pub fn write_text(self, buf: &mut [u8; BRANDED_ID_LEN]) -> &str {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut buf = [0u8; BRANDED_ID_LEN];
         for (k, byte) in self.to_bytes().into_iter().enumerate() {
             buf[2 * k] = HEX[usize::from(byte >> 4)];
             buf[2 * k + 1] = HEX[usize::from(byte & 0xf)];
         }
-        f.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
+        // Only hex digits were written.
+        std::str::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for BrandedId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.write_text(&mut [0u8; BRANDED_ID_LEN]))
     }
 }
 

@@ -90,7 +90,9 @@
 //! - [`security`]: bearer token, mTLS identity, the stream allow-list, name limits.
 //! - [`telemetry`]: logs, OTLP traces, the trace context carried in entries.
 //! - [`proto`]: the generated wire types, services and clients (`echomq.v1`);
-//!   [`codec`], their gRPC codec (prost's, with smaller per-call buffers).
+//!   [`codec`], their gRPC codec (prost's, with smaller per-call buffers);
+//!   [`wire`], the delivery frames the sidecar writes without the generated
+//!   types' allocations.
 //!
 //! Two binaries stand on this library: `echomq-sidecar` (`src/main.rs`, thin:
 //! configuration, telemetry, [`app::run`], exit codes) and `echomqctl`, the
@@ -117,11 +119,13 @@ pub mod redis;
 pub mod security;
 pub mod stream;
 pub mod telemetry;
+pub mod wire;
 
 /// The generated `echomq.v1` code: messages, server traits and clients.
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 pub mod proto {
     tonic::include_proto!("echomq.v1");
+    pub use crate::wire::DeliveryBatch;
 
     /// The encoded file descriptor set of `proto/`, for server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/echomq_descriptor.bin"));

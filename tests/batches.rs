@@ -58,7 +58,7 @@ async fn a_batch_frame_never_exceeds_the_message_size_limit() {
     let frames = consumer.batches(12, WAIT).await;
     for frame in &frames {
         let encoded = ConsumeResponse {
-            kind: Some(echomq::proto::consume_response::Kind::Batch(DeliveryBatch { deliveries: frame.clone() })),
+            kind: Some(echomq::proto::consume_response::Kind::Batch(DeliveryBatch::from(frame.clone()))),
         }
         .encoded_len();
         assert!(encoded <= limit, "a frame of {} deliveries is {encoded} bytes, over {limit}", frame.len());

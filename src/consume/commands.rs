@@ -13,7 +13,8 @@ use super::{
 use crate::{
     error::Error,
     id::BrandedId,
-    proto::{Delivery, Emitted, VerdictError},
+    proto::{Emitted, VerdictError},
+    wire::OutgoingDelivery,
 };
 
 /// What the worker tells a call. The channel is unbounded, but what flows on it
@@ -27,7 +28,7 @@ use crate::{
 #[derive(Debug)]
 pub(crate) enum Event {
     /// Hand this to the client: the delivery of `id` from the call's shard `shard`.
-    Delivery { shard: usize, id: BrandedId, delivery: Box<Delivery> },
+    Delivery { shard: usize, id: BrandedId, delivery: Box<OutgoingDelivery> },
     /// The answer to a verdict that was not applied, or an unasked LEASE_LOST.
     VerdictError(Box<VerdictError>),
     /// The answer to an AckEmit that was applied.

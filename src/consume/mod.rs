@@ -63,6 +63,7 @@ use crate::{
     proto::{consume_request::Kind, consumer_service_server::ConsumerService, ConsumeRequest, ConsumeResponse},
     redis::{readers::ReaderPool, wake::WakeHub, Redis},
     security::{Caller, Guard},
+    wire::Origin,
 };
 use commands::{Command, Event};
 use ledger::Policy;
@@ -163,6 +164,8 @@ pub(crate) struct GroupKeys {
     pub(crate) own_keys: [String; 3],
     /// The reserved branded-id field.
     pub(crate) id_field: String,
+    /// `stream` and `group` again, as every delivery of the group names them.
+    pub(crate) origin: Arc<Origin>,
 }
 
 impl GroupKeys {
@@ -174,6 +177,7 @@ impl GroupKeys {
             own_keys: shared.redis.keys.group_keys(&stream, &group),
             consumer: shared.consumer.clone(),
             id_field: shared.id_field.clone(),
+            origin: Arc::new(Origin { stream: stream.clone(), group: group.clone() }),
             stream,
             group,
         }

@@ -22,7 +22,8 @@ use super::{
 use crate::{
     id::{BrandedId, StreamId},
     metrics::GroupMetrics,
-    proto::{Delivery, Emitted, EmittedEntry},
+    proto::{Emitted, EmittedEntry},
+    wire::OutgoingDelivery,
 };
 
 /// One group's links to its calls, its open delivery spans and its metrics.
@@ -33,7 +34,7 @@ pub(super) struct Outlet {
     /// Each attached call's channel, where the ledger's effects for it go.
     links: HashMap<SessionId, mpsc::UnboundedSender<Event>>,
     /// The effects being carried out (kept for its allocation).
-    effects: Vec<Effect<Box<Delivery>>>,
+    effects: Vec<Effect<Box<OutgoingDelivery>>>,
     /// Traces are exported: each held delivery has a span, here until its
     /// verdict (or its leaving) ends it.
     traced: bool,
@@ -79,7 +80,7 @@ impl Outlet {
     }
 
     /// Forgets an ended call's channel, after carrying out what is queued for it.
-    pub(super) fn unlink(&mut self, session: SessionId, ledger: &mut Ledger<Box<Delivery>>) {
+    pub(super) fn unlink(&mut self, session: SessionId, ledger: &mut Ledger<Box<OutgoingDelivery>>) {
         self.act(ledger);
         if self.links.remove(&session).is_some() {
             self.metrics.consume_calls.dec();
@@ -89,7 +90,7 @@ impl Outlet {
     /// Carries out what the ledger queued, in order: frames to calls
     /// (giving back a delivery whose call is gone), span ends, then the
     /// metrics it counted.
-    pub(super) fn act(&mut self, ledger: &mut Ledger<Box<Delivery>>) {
+    pub(super) fn act(&mut self, ledger: &mut Ledger<Box<OutgoingDelivery>>) {
         loop {
             ledger.take_effects(&mut self.effects);
             if self.effects.is_empty() {
@@ -132,7 +133,7 @@ impl Outlet {
         }
     }
 
-    fn carry_out(&mut self, effect: Effect<Box<Delivery>>, ledger: &mut Ledger<Box<Delivery>>) {
+    fn carry_out(&mut self, effect: Effect<Box<OutgoingDelivery>>, ledger: &mut Ledger<Box<OutgoingDelivery>>) {
         match effect {
             Effect::Deliver { session, shard, out } => {
                 let Outgoing { stream_id, branded, attempts, member, mut body } = out;

@@ -39,9 +39,8 @@ use crate::{
     error::Error,
     id::BrandedId,
     metrics::VerdictErrors,
-    proto::{
-        consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, Delivery, DeliveryBatch, VerdictError,
-    },
+    proto::{consume_request::Kind, consume_response, ConsumeRequest, ConsumeResponse, VerdictError},
+    wire::{DeliveryBatch, OutgoingDelivery},
 };
 
 /// How long an ending call waits for its last verdicts to reach Redis.
@@ -88,7 +87,7 @@ pub(super) struct Framing {
 /// What a batch left for the next frame: a delivery that did not fit (already
 /// routed), or the first event that was not a delivery.
 enum Next {
-    Routed(Delivery),
+    Routed(OutgoingDelivery),
     Event(Event),
 }
 
@@ -96,17 +95,17 @@ enum Next {
 /// the deliveries queued right behind it: up to `max_batch` and `max_bytes`,
 /// never waiting for more. What stops the batch is left in `next`.
 fn delivery_frame(
-    first: Delivery,
+    first: OutgoingDelivery,
     events: &mut mpsc::UnboundedReceiver<Event>,
     shards: &mut Shards,
     framing: Framing,
     next: &mut Option<Next>,
 ) -> Box<ConsumeResponse> {
     if framing.max_batch <= 1 {
-        return response(consume_response::Kind::Delivery(first));
+        return response(consume_response::Kind::Delivery(first.into_proto()));
     }
-    let framed = |d: &Delivery| {
-        let len = prost::Message::encoded_len(d);
+    let framed = |d: &OutgoingDelivery| {
+        let len = d.encoded_len();
         1 + prost::length_delimiter_len(len) + len
     };
     let mut size = BATCH_OVERHEAD + framed(&first);
@@ -127,7 +126,7 @@ fn delivery_frame(
         }
         deliveries.push(delivery);
     }
-    response(consume_response::Kind::Batch(DeliveryBatch { deliveries }))
+    response(consume_response::Kind::Batch(DeliveryBatch::outgoing(deliveries)))
 }
 
 /// The frame for one worker event, if it makes one: a delivery (gathering
@@ -169,7 +168,7 @@ pub(super) struct Shards {
     /// Deliveries whose branded id the call already holds from another shard
     /// (only entries written around Append can collide): handed over once
     /// that one is settled or left, so a verdict by branded id is never ambiguous.
-    parked: Vec<(usize, BrandedId, Delivery)>,
+    parked: Vec<(usize, BrandedId, OutgoingDelivery)>,
 }
 
 impl Shards {
@@ -183,7 +182,7 @@ impl Shards {
     }
 
     /// The delivery to send now, or `None` when it is parked.
-    fn deliver(&mut self, shard: usize, id: BrandedId, delivery: Delivery) -> Option<Delivery> {
+    fn deliver(&mut self, shard: usize, id: BrandedId, delivery: OutgoingDelivery) -> Option<OutgoingDelivery> {
         if !self.sharded() {
             return Some(delivery);
         }
@@ -213,7 +212,7 @@ impl Shards {
     /// for the delivery parked behind it, returned to send now (else its
     /// route is kept for a late verdict); parked, it is dropped rather than
     /// handed out stale.
-    fn left(&mut self, shard: usize, id: &BrandedId, settled: bool) -> Option<Delivery> {
+    fn left(&mut self, shard: usize, id: &BrandedId, settled: bool) -> Option<OutgoingDelivery> {
         if !self.sharded() {
             return None;
         }
@@ -236,7 +235,7 @@ impl Shards {
     }
 
     /// The parked delivery of `id`, if any, now that its namesake is settled.
-    fn unpark(&mut self, id: &BrandedId) -> Option<Delivery> {
+    fn unpark(&mut self, id: &BrandedId) -> Option<OutgoingDelivery> {
         let at = self.parked.iter().position(|(_, parked, _)| parked == id)?;
         let (shard, id, delivery) = self.parked.remove(at);
         self.routes.insert(id, shard);
@@ -705,11 +704,19 @@ mod tests {
         assert_eq!(acked, ids, "every id once, in order");
     }
 
+    /// A delivery whose contents these tests never look at.
+    fn blank() -> OutgoingDelivery {
+        let stream_id = crate::id::StreamId { ms: 1, seq: 1 };
+        let origin = std::sync::Arc::new(crate::wire::Origin { stream: "s".into(), group: "g".into() });
+        let branded = BrandedId::from_stream_id(stream_id).unwrap();
+        OutgoingDelivery::new(branded, stream_id, origin, Vec::new(), 1, String::new(), Vec::new())
+    }
+
     #[test]
     fn a_plain_call_routes_every_verdict_to_its_one_worker_and_keeps_nothing() {
         let mut plain = shards(1);
         let held = id("a1");
-        assert!(plain.deliver(0, held, Delivery::default()).is_some());
+        assert!(plain.deliver(0, held, blank()).is_some());
         assert_eq!(plain.route(&held), 0);
         assert_eq!(plain.left(0, &held, true), None);
         assert_eq!(plain.route(&id("b2")), 0);
@@ -720,8 +727,8 @@ mod tests {
     fn a_verdict_goes_to_the_shard_that_delivered_even_after_the_delivery_left() {
         let mut sharded = shards(3);
         let (held, gone) = (id("c3"), id("d4"));
-        assert!(sharded.deliver(2, held, Delivery::default()).is_some());
-        assert!(sharded.deliver(1, gone, Delivery::default()).is_some());
+        assert!(sharded.deliver(2, held, blank()).is_some());
+        assert!(sharded.deliver(1, gone, blank()).is_some());
         assert_eq!(sharded.left(1, &gone, false), None);
         assert_eq!(sharded.route(&gone), 1, "its worker says why the call no longer holds it");
         assert_eq!(sharded.route(&held), 2);
@@ -729,7 +736,7 @@ mod tests {
         assert_eq!(sharded.route(&held), 0, "settled: a late verdict goes to the first shard, as for any id not held");
         assert!(!sharded.left.contains_key(&held), "settled ids are not remembered, so taken ones are not pushed out");
         assert_eq!(sharded.route(&id("e5")), 0, "an id never delivered goes to the first shard, which answers it");
-        assert!(sharded.deliver(0, gone, Delivery::default()).is_some());
+        assert!(sharded.deliver(0, gone, blank()).is_some());
         assert_eq!(sharded.route(&gone), 0, "a new delivery supersedes the route");
     }
 
@@ -737,16 +744,16 @@ mod tests {
     fn a_namesake_from_another_shard_waits_until_the_first_is_settled_or_left() {
         let mut sharded = shards(2);
         let same = id("f6");
-        assert!(sharded.deliver(0, same, Delivery::default()).is_some());
-        assert!(sharded.deliver(1, same, Delivery::default()).is_none(), "parked behind shard 0's");
+        assert!(sharded.deliver(0, same, blank()).is_some());
+        assert!(sharded.deliver(1, same, blank()).is_none(), "parked behind shard 0's");
         assert_eq!(sharded.route(&same), 0, "a verdict goes to the holder, which says whether it settles");
         assert!(sharded.left(0, &same, true).is_some(), "settled on shard 0: shard 1's is handed over");
         assert_eq!(sharded.route(&same), 1);
 
-        assert!(sharded.deliver(0, same, Delivery::default()).is_none(), "parked behind shard 1's");
+        assert!(sharded.deliver(0, same, blank()).is_none(), "parked behind shard 1's");
         assert!(sharded.left(1, &same, false).is_some(), "shard 1's left: shard 0's is handed over");
         assert_eq!(sharded.route(&same), 0);
-        assert!(sharded.deliver(1, same, Delivery::default()).is_none());
+        assert!(sharded.deliver(1, same, blank()).is_none());
         assert_eq!(sharded.left(1, &same, false), None, "a parked delivery that left is dropped");
         assert!(sharded.parked.is_empty());
         assert_eq!(sharded.route(&same), 0);

@@ -17,7 +17,6 @@
 
 use std::{sync::atomic::Ordering, sync::Arc, time::Duration};
 
-use prost::Message;
 use redis::{RedisError, RedisResult};
 use tokio::{
     sync::{mpsc, oneshot},
@@ -43,7 +42,7 @@ use super::{
     verdicts::Gone,
     GroupKeys, Shared,
 };
-use crate::{error::Error, id::StreamId, proto::Delivery, redis::RawEntry};
+use crate::{error::Error, id::StreamId, redis::RawEntry, wire::OutgoingDelivery};
 
 /// What became of an entry read or claimed (see [`Worker::build`]).
 // A return value, moved at once and never stored: boxing the delivery would
@@ -103,7 +102,7 @@ const RETIRE_AFTER_BEATS: u32 = 2;
 pub(crate) struct Worker {
     keys: GroupKeys,
     shared: Arc<Shared>,
-    ledger: Ledger<Box<Delivery>>,
+    ledger: Ledger<Box<OutgoingDelivery>>,
     /// Calls' channels, delivery spans, metrics: where the ledger's effects go.
     outlet: Outlet,
     pacing: Pacing,
@@ -713,9 +712,7 @@ impl Worker {
         };
         let keys = &self.keys;
         let key_field = self.ledger.key_limit().map(|limit| limit.field.as_str());
-        let Some(out) =
-            delivery::build(&keys.stream, &keys.group, &keys.id_field, key_field, stream_id, fields, attempts)
-        else {
+        let Some(out) = delivery::build(&keys.origin, &keys.id_field, key_field, stream_id, fields, attempts) else {
             warn!(stream = %keys.stream, %stream_id, "entry has no branded id (its milliseconds exceed 6 bytes); it stays pending");
             return Built::Nothing;
         };
