@@ -59,7 +59,8 @@ pub fn split<V: From<Bytes>>(fields: Vec<(Bytes, Bytes)>, id_field: &str, skip: 
         if skip(&name) {
             continue;
         }
-        let first = std::str::from_utf8(&name).is_ok()
+        // Names are mostly ASCII: checked so before the whole UTF-8 check.
+        let first = (name.is_ascii() || std::str::from_utf8(&name).is_ok())
             && match &mut seen {
                 Some(seen) => seen.insert(name.clone()),
                 None => !out.payload.iter().any(|(earlier, _)| *earlier == name),

@@ -59,8 +59,9 @@ const DIGIT_PAIRS: &[u8; 200] = b"\
 
 impl StreamId {
     /// Writes `<ms>-<seq>` into `buf` (two u64 in decimal, 20 digits at most
-    /// each, and the dash) and returns the text: no allocation.
-    pub fn write_text(self, buf: &mut [u8; 41]) -> &str {
+    /// each, and the dash) and returns the ASCII text's bytes: no allocation,
+    /// and no UTF-8 check (a delivery's frame and a command take bytes).
+    pub fn write_ascii(self, buf: &mut [u8; 41]) -> &[u8] {
         let mut at = buf.len();
         for (k, mut n) in [self.seq, self.ms].into_iter().enumerate() {
             // Two digits a step: every delivery's stream id and every id
@@ -84,8 +85,13 @@ impl StreamId {
                 buf[at] = b'-';
             }
         }
-        // Only ASCII digits and the dash were written.
-        std::str::from_utf8(&buf[at..]).unwrap_or_default()
+        &buf[at..]
+    }
+
+    /// The decimal text's length (bytes): what [`StreamId::write_ascii`] writes.
+    pub fn text_len(self) -> usize {
+        let digits = |n: u64| n.checked_ilog10().map_or(1, |log| log as usize + 1);
+        digits(self.ms) + 1 + digits(self.seq)
     }
 }
 
@@ -94,7 +100,8 @@ impl StreamId {
 // arguments cost a visible share of the delivery path in profiles.
 impl fmt::Display for StreamId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.write_text(&mut [0u8; 41]))
+        // Only ASCII digits and the dash are written.
+        f.write_str(std::str::from_utf8(self.write_ascii(&mut [0u8; 41])).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -102,7 +109,7 @@ impl fmt::Display for StreamId {
 // allocates no string per id.
 impl redis::ToRedisArgs for StreamId {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        out.write_arg(self.write_text(&mut [0u8; 41]).as_bytes());
+        out.write_arg(self.write_ascii(&mut [0u8; 41]));
     }
 }
 
@@ -186,21 +193,21 @@ impl BrandedId {
 
 impl BrandedId {
     /// Writes the 28 lowercase hex digits of [`BrandedId::to_bytes`] into
-    /// `buf` and returns the text: no allocation (every delivery carries it).
-    pub fn write_text(self, buf: &mut [u8; BRANDED_ID_LEN]) -> &str {
+    /// `buf` and returns them: no allocation (every delivery carries them).
+    pub fn write_ascii(self, buf: &mut [u8; BRANDED_ID_LEN]) -> &[u8; BRANDED_ID_LEN] {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         for (k, byte) in self.to_bytes().into_iter().enumerate() {
             buf[2 * k] = HEX[usize::from(byte >> 4)];
             buf[2 * k + 1] = HEX[usize::from(byte & 0xf)];
         }
-        // Only hex digits were written.
-        std::str::from_utf8(buf).unwrap_or_default()
+        buf
     }
 }
 
 impl fmt::Display for BrandedId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.write_text(&mut [0u8; BRANDED_ID_LEN]))
+        // Only hex digits are written.
+        f.write_str(std::str::from_utf8(self.write_ascii(&mut [0u8; BRANDED_ID_LEN])).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -339,7 +346,8 @@ mod tests {
         for &ms in &numbers {
             for seq in [0, 7, 99, 100, ms] {
                 let id = StreamId { ms, seq };
-                assert_eq!(id.write_text(&mut [0u8; 41]), format!("{ms}-{seq}"));
+                assert_eq!(id.write_ascii(&mut [0u8; 41]), format!("{ms}-{seq}").as_bytes());
+                assert_eq!(id.text_len(), format!("{ms}-{seq}").len());
                 assert_eq!(StreamId::parse_ascii(format!("{ms}-{seq}").as_bytes()), Some(id));
                 if let Some(branded) = BrandedId::from_stream_id(id) {
                     assert_eq!(BrandedId::parse_ascii(format!("{ms:012x}{seq:016x}").as_bytes()), Some(branded));

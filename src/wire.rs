@@ -135,7 +135,7 @@ impl OutgoingDelivery {
     /// empty strings and zero numbers out, a map entry leaves out an empty
     /// key or value, a message field is always written.
     fn measure(&self) -> usize {
-        let stream_id = self.stream_id.write_text(&mut [0; 41]).len();
+        let stream_id = self.stream_id.text_len();
         let payload: usize = self.payload.iter().map(|(name, value)| nested_len(5, map_entry_len(name, value))).sum();
         string_len(1, BRANDED_ID_LEN)
             + string_len(2, stream_id)
@@ -150,8 +150,8 @@ impl OutgoingDelivery {
 
     /// Writes the fields in tag order, as prost's derive does.
     fn encode_raw(&self, buf: &mut impl BufMut) {
-        put_string(1, self.branded.write_text(&mut [0; BRANDED_ID_LEN]).as_bytes(), buf);
-        put_string(2, self.stream_id.write_text(&mut [0; 41]).as_bytes(), buf);
+        put_string(1, self.branded.write_ascii(&mut [0; BRANDED_ID_LEN]), buf);
+        put_string(2, self.stream_id.write_ascii(&mut [0; 41]), buf);
         put_string(3, self.origin.stream.as_bytes(), buf);
         put_string(4, self.origin.group.as_bytes(), buf);
         for (name, value) in &self.payload {
