@@ -919,8 +919,8 @@ class Consumer:
 
     def _dispatch(self, call: _Call, messages: Iterable[pb.Delivery]) -> None:
         assert self._stopping is not None
-        from_proto, held = Delivery.from_proto, call.held
-        deliveries = [from_proto(message, call) for message in messages]
+        held = call.held
+        deliveries = Delivery._from_frame(messages, call)
         if self._stopping.is_set():
             # On the wire when the consumer stopped: never started, so given back.
             if not self._no_ack:
