@@ -103,6 +103,22 @@ class _Finish:
 _FINISH = _Finish()
 
 
+class _Stopping(asyncio.Event):
+    """The consumer's stop flag: an `asyncio.Event` whose state is also a
+    plain attribute, `up`, which a handler worker tests once per delivery
+    (`is_set()` is a Python call)."""
+
+    up = False
+
+    def set(self) -> None:
+        self.up = True
+        super().set()
+
+    def clear(self) -> None:
+        self.up = False
+        super().clear()
+
+
 class _Ready:
     """The hand-off from the task that reads the call to the handler workers
     (or the iteration): deliveries in arrival order, and the idle workers'
@@ -139,7 +155,7 @@ class _Ready:
 
     def take(self, left: Delivery | None) -> Delivery:
         """The oldest delivery (`items` must not be empty); `left` is what
-        `wait()` returned."""
+        `wait()` returned. (`Consumer._work` has it inlined: keep the two alike.)"""
         items = self.items
         delivery = items.popleft()
         if items and self._waking == 0 and self._idle:
@@ -224,7 +240,8 @@ class _Call:
 
     def ack(self, delivery: Delivery) -> bool:
         """Forgets `delivery` (acked) and adds its id to the coalesced Ack
-        window; False when the call is closed."""
+        window; False when the call is closed. (`Consumer._work` has these
+        steps inlined: keep the two alike.)"""
         # `release` inlined, and one call from `Delivery._ack` rather than
         # two: every delivery whose handler returns takes this step.
         id = delivery.id
@@ -544,7 +561,7 @@ class Consumer:
         # Deliveries waiting for a worker or the iteration.
         self._ready = _Ready()
         # Created in start(), on the running loop.
-        self._stopping: asyncio.Event | None = None
+        self._stopping: _Stopping | None = None
         self._subscribed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._call: _Call | None = None
@@ -559,7 +576,7 @@ class Consumer:
         """Starts consuming in a background task and returns at once."""
         if self._task is not None:
             raise EchoMQError("this consumer was already started; create a new one")
-        self._stopping = asyncio.Event()
+        self._stopping = _Stopping()
         self._subscribed = asyncio.Event()
         if isinstance(self._target, str):
             self._channel = aio_channel(self._target, self._reconnect, self._channel_options, self._interceptors)
@@ -780,7 +797,7 @@ class Consumer:
         ready, stopping = self._ready, self._stopping
         left: Delivery | None = None
         while True:
-            if stopping.is_set():
+            if stopping.up:
                 self._raise_if_failed()
                 return
             if not ready.items:
@@ -954,7 +971,9 @@ class Consumer:
         """A handler worker: one delivery at a time, while there are any."""
         assert self._stopping is not None and self._handler is not None
         ready, stopping, handler, busy = self._ready, self._stopping, self._handler, self._busy
-        items = ready.items
+        items, idle = ready.items, ready._idle
+        take = items.popleft
+        call_later = asyncio.get_running_loop().call_later
         me = asyncio.current_task()
         assert me is not None
         left: Delivery | None = None
@@ -962,14 +981,18 @@ class Consumer:
             # Tested once per delivery: after a handler's call (stop() waits
             # for this worker to be done with it) as before the next one
             # (what waits is never started: the sidecar hands it out again).
-            if stopping.is_set():
+            if stopping.up:
                 return
             if not items:
                 left = await ready.wait()
                 continue
-            delivery = ready.take(left)
+            # `ready.take(left)`, inlined: every delivery takes this step.
+            delivery = take()
+            if items and ready._waking == 0 and idle:
+                ready._wake(len(items) if delivery is left else 1, items[0])
             left = None
-            if not delivery._call.open or delivery._lost:
+            call: _Call = delivery._call  # type: ignore[assignment]  # a consumer's deliveries are a _Call's
+            if not call.open or delivery._lost:
                 continue  # its call is over, or a peer has it: no handler for it
             busy.add(me)
             try:
@@ -993,7 +1016,23 @@ class Consumer:
                     await delivery.fail(reason, kind=kind)
             else:
                 if not delivery._settled:
-                    delivery._ack()
+                    if delivery._lost or not call.open:
+                        delivery._ack()  # sends nothing, and logs why
+                    else:
+                        # `delivery._ack()` and `call.ack(delivery)`, inlined
+                        # for the usual case: every delivery whose handler
+                        # returns takes this step.
+                        delivery._settled = True
+                        id = delivery.id
+                        held = call.held.pop(id, delivery)
+                        if held is not delivery:
+                            call.held[id] = held  # a later delivery of the same id holds it, and keeps it
+                        acks = call._acks
+                        acks.append(id)
+                        if len(acks) >= call.max_ack_ids:
+                            call.flush_acks()
+                        elif call._flush_timer is None:
+                            call._flush_timer = call_later(call._ack_linger, call.flush_acks)
             finally:
                 busy.discard(me)
 
