@@ -27,7 +27,7 @@ from echomq import (
     TransientError,
     VerdictErrorCode,
 )
-from echomq.consumer import _apply, _Call, _fail_unsettled, _Ready
+from echomq.consumer import _apply, _Call, _fail_unsettled, _Ready, _Stopping
 from echomq.delivery import Delivery, VerdictError, fail_kind_of
 from echomq.errors import from_rpc_error
 from echomq.options import to_duration
@@ -435,6 +435,108 @@ async def test_a_fail_flushes_the_acks_given_before_it() -> None:
     sent = _sent_now(call)
     assert [m.WhichOneof("kind") for m in sent] == ["ack", "fail"], "the fail goes out at once, after a's ack"
     assert list(sent[0].ack.ids) == [a.id] and sent[1].fail.id == b.id
+
+
+def _offline(consumer: Consumer, call: _Call) -> None:
+    """Readies `consumer` to be fed frames by hand on `call` (no channel, no run task)."""
+    consumer._stopping = _Stopping()
+    consumer._subscribed = asyncio.Event()
+    consumer._call = call
+
+
+def _frame(count: int) -> list[pb.Delivery]:
+    return [pb.Delivery(id=f"{i:028x}", stream_id=f"{i}-0", stream="s", group="g", attempts=1) for i in range(count)]
+
+
+async def _settle_down() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_acks_go_out_at_once_when_every_delivery_handed_out_was_handled() -> None:
+    call = _Call(ack_linger=60)  # the linger never ends within the test
+    consumer = Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, flow_control=FlowControl(concurrency=4))
+    _offline(consumer, call)
+    consumer._spawn_workers(4)
+    try:
+        consumer._dispatch(call, _frame(5))
+        await _settle_down()
+        [sent] = _sent_now(call)
+        assert list(sent.ack.ids) == [f"{i:028x}" for i in range(5)], "the sidecar waits for this credit: no linger"
+        consumer._dispatch(call, _frame(2))
+        await _settle_down()
+        assert [list(m.ack.ids) for m in _sent_now(call)] == [[f"{i:028x}" for i in range(2)]], "one Ack a frame"
+    finally:
+        for worker in consumer._workers:
+            worker.cancel()
+        await asyncio.gather(*consumer._workers, return_exceptions=True)
+
+
+async def test_acks_wait_for_the_linger_while_a_handler_still_runs() -> None:
+    call, release = _Call(ack_linger=60), asyncio.Event()
+    last = f"{2:028x}"
+
+    async def handle(delivery: Delivery) -> None:
+        if delivery.id == last:
+            await release.wait()
+
+    consumer = Consumer("127.0.0.1:1", "s", "g", handle, start=Start.NEW, flow_control=FlowControl(concurrency=4))
+    _offline(consumer, call)
+    consumer._spawn_workers(4)
+    try:
+        consumer._dispatch(call, _frame(3))
+        await _settle_down()
+        assert _sent_now(call) == [], "a handler still runs: its ack may share the message"
+        release.set()
+        await _settle_down()
+        [sent] = _sent_now(call)
+        assert list(sent.ack.ids) == [f"{i:028x}" for i in range(3)]
+    finally:
+        for worker in consumer._workers:
+            worker.cancel()
+        await asyncio.gather(*consumer._workers, return_exceptions=True)
+
+
+async def test_a_batch_handlers_acks_go_out_when_nothing_waits() -> None:
+    call = _Call(ack_linger=60)
+
+    async def handle(batch: list[Delivery]) -> None:
+        return None
+
+    consumer = Consumer("127.0.0.1:1", "s", "g", start=Start.NEW, batch_handler=handle)
+    _offline(consumer, call)
+    consumer._spawn_workers(1)
+    try:
+        consumer._dispatch(call, _frame(3))
+        await _settle_down()
+        [sent] = _sent_now(call)
+        assert list(sent.ack.ids) == [f"{i:028x}" for i in range(3)]
+    finally:
+        for worker in consumer._workers:
+            worker.cancel()
+        await asyncio.gather(*consumer._workers, return_exceptions=True)
+
+
+async def test_an_iterations_acks_go_out_when_it_waits_for_more() -> None:
+    call = _Call(ack_linger=60)
+    consumer = Consumer("127.0.0.1:1", "s", "g", start=Start.NEW)
+    _offline(consumer, call)
+    consumer._task = asyncio.ensure_future(asyncio.Event().wait())  # stands for the run task
+    iteration = consumer.deliveries()
+    try:
+        consumer._dispatch(call, _frame(2))
+        for _ in range(2):
+            delivery = await iteration.__anext__()
+            assert await delivery.ack()
+        assert _sent_now(call) == [], "the iteration has not asked for more yet"
+        waiting = asyncio.ensure_future(iteration.__anext__())
+        await _settle_down()
+        [sent] = _sent_now(call)
+        assert list(sent.ack.ids) == [f"{i:028x}" for i in range(2)] and not waiting.done()
+        waiting.cancel()
+    finally:
+        consumer._task.cancel()
+        await asyncio.gather(consumer._task, return_exceptions=True)
 
 
 async def test_an_ended_call_drops_its_coalesced_acks() -> None:

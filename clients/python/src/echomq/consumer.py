@@ -207,7 +207,8 @@ class _Call:
 
     Acks are coalesced: `ack()` adds the id to the current window, which goes
     out as one Ack message after `ack_linger` seconds or as soon as it holds
-    `max_ack_ids` ids. Any other message first flushes the window, so the
+    `max_ack_ids` ids (or when the consumer finds nothing left to hand out,
+    see `Consumer._flush_acks`). Any other message first flushes the window, so the
     sidecar sees verdicts in the order they were given. `finish()` flushes it
     too; `end()` (the call is over) drops it: those entries go back to the
     group with the call, and their ids are not valid on any later call.
@@ -414,7 +415,9 @@ class Consumer:
     frame the sidecar sends, and the largest list a batch handler gets; 1 asks
     for one delivery per frame. Acks are coalesced: one `Ack` message per
     `ack_linger` window (seconds, default 0.001) or per `max_ack_ids` (256, at
-    most a quarter of `max_in_flight`) ids, whichever comes first; fails and
+    most a quarter of `max_in_flight`) ids, whichever comes first, and at
+    once when every delivery handed out has been handled (no handler runs
+    and none waits; the iteration asks for more and none waits); fails and
     dead letters go out at once, after the acks given before them. `ack_deadline`, `retry_backoff_initial`,
     `retry_backoff_max` (seconds or timedelta), `dead_letter_stream` and
     `max_deliveries` (poison entries go to the dead-letter stream after that
@@ -801,6 +804,7 @@ class Consumer:
                 self._raise_if_failed()
                 return
             if not ready.items:
+                self._flush_acks()
                 left = await ready.wait()
                 continue
             delivery = ready.take(left)
@@ -984,6 +988,8 @@ class Consumer:
             if stopping.up:
                 return
             if not items:
+                if not busy:
+                    self._flush_acks()
                 left = await ready.wait()
                 continue
             # `ready.take(left)`, inlined: every delivery takes this step.
@@ -1047,6 +1053,8 @@ class Consumer:
             if stopping.is_set():
                 return
             if not ready.items:
+                if not busy:
+                    self._flush_acks()
                 left = await ready.wait()
                 continue
             taken = ready.take_many(self.max_batch, left)
@@ -1075,6 +1083,16 @@ class Consumer:
                 busy.discard(me)
             if stopping.is_set():
                 return  # stop() waits for this worker: done with its last call
+
+    def _flush_acks(self) -> None:
+        """Sends the coalesced acks now: every delivery handed out has been
+        handled (no handler runs and none waits; an iteration asks for the
+        next one and none waits). The sidecar hands out no more than the
+        window, so it may well be waiting for this credit: the linger would
+        only delay it. Coalescing stands while handlers still run."""
+        call = self._call
+        if call is not None:
+            call.flush_acks()
 
     async def _report(self, error: VerdictError) -> None:
         if self._on_verdict_error is None:

@@ -252,7 +252,8 @@ class Delivery:
 
     Acks are coalesced: `ack()` queues the id and the consumer sends one `Ack`
     message per short window (`Consumer(ack_linger=...)`, 1 ms by default, or
-    as soon as 256 ids, at most a quarter of `max_in_flight`, are queued). A fail or dead-letter goes out
+    as soon as 256 ids, at most a quarter of `max_in_flight`, are queued, or
+    as soon as every delivery handed out has been handled). A fail or dead-letter goes out
     at once, after the acks queued before it.
 
     Returning from the handler acks the delivery; raising fails it with the
