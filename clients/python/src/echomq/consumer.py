@@ -229,8 +229,11 @@ class _Call:
         self.max_ack_ids = max_ack_ids
         self._acks: list[str] = []
         self._flush_timer: asyncio.TimerHandle | None = None
-        #: Deliveries of this call not yet settled, by branded id: where a
-        #: LEASE_LOST finds the delivery to signal.
+        #: Deliveries of this call that it still holds but that neither wait
+        #: for a worker nor are in a handler's or the iteration's hands, by
+        #: branded id: those with an AckEmit in flight, and those whose
+        #: handler was cancelled by a stop. A LEASE_LOST looks here too (see
+        #: `Consumer._held`); the usual delivery is never entered here.
         self.held: dict[str, Delivery] = {}
         #: AckEmits sent and not answered yet, by branded id: where an
         #: `Emitted` or a verdict error finds its waiting `ack_emit`.
@@ -263,15 +266,20 @@ class _Call:
         if self.held.get(delivery.id) is delivery:
             del self.held[delivery.id]
 
-    def ack_emit(self, request: pb.ConsumeRequest) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
-        """Queues an AckEmit (after the coalesced acks, never among them) and
-        returns the future its answer resolves: the `Emitted`, the
-        `VerdictError`, or None when the call ends first. None when closed."""
+    def ack_emit(
+        self, request: pb.ConsumeRequest, delivery: Delivery
+    ) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
+        """Queues the AckEmit of `delivery` (after the coalesced acks, never
+        among them) and returns the future its answer resolves: the
+        `Emitted`, the `VerdictError`, or None when the call ends first.
+        None when closed. The delivery is held (`held`) until it is
+        released: a LEASE_LOST meanwhile still finds it."""
         id = request.ack_emit.id
         if not self.open or id in self.emits:
             return None
         answer: asyncio.Future[pb.Emitted | VerdictError | None] = asyncio.get_running_loop().create_future()
         self.emits[id] = answer
+        self.held[id] = delivery
         self.send(request)
         return answer
 
@@ -570,7 +578,11 @@ class Consumer:
         self._call: _Call | None = None
         # The handler workers, and those of them running a handler right now.
         self._workers: list[asyncio.Task[None]] = []
-        self._busy: set[asyncio.Task[None]] = set()
+        #: (What each busy worker holds: where a LEASE_LOST finds a running
+        #: delivery, see `_held`.)
+        self._busy: dict[asyncio.Task[None], Delivery | list[Delivery]] = {}
+        #: `_held`'s index of what a call holds, by id, until the next frame.
+        self._held_index: tuple[_Call, dict[str, list[Delivery]]] | None = None
         self._subscription: Subscription | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -911,12 +923,12 @@ class Consumer:
                         log.debug("an Emitted for %s that no ack_emit waits for", response.emitted.id)
                 elif kind == "verdict_error":
                     error = VerdictError.from_proto(response.verdict_error)
+                    lost = self._held(call, error.id) if error.code is VerdictErrorCode.LEASE_LOST else ()
                     # An AckEmit's refusal goes to its caller and to the hook.
                     call.answer_emit(error.id, error)
-                    if error.code is VerdictErrorCode.LEASE_LOST:
-                        lost = call.held.pop(error.id, None)
-                        if lost is not None:
-                            lost._lose()  # before the hook: it may look at the delivery
+                    for delivery in lost:
+                        call.release(delivery)
+                        delivery._lose()  # before the hook: it may look at the delivery
                     await self._report(error)
                 elif kind == "subscribed":
                     confirmed = response.subscribed
@@ -935,21 +947,51 @@ class Consumer:
                     )
         finally:
             call.end()
+            self._held_index = None
             if not stream.done():
                 stream.cancel()
 
     def _dispatch(self, call: _Call, messages: Iterable[pb.Delivery]) -> None:
         assert self._stopping is not None
-        held = call.held
         deliveries = Delivery._from_frame(messages, call)
+        self._held_index = None  # new deliveries: `_held` indexes again
         if self._stopping.is_set():
             # On the wire when the consumer stopped: never started, so given back.
             if not self._no_ack:
                 call.give_back(deliveries)
             return
-        for delivery in deliveries:
-            held[delivery.id] = delivery
         self._ready.put(deliveries)
+
+    def _held(self, call: _Call, id: str) -> list[Delivery]:
+        """The deliveries of `call` with the branded id `id` that it still
+        holds, for a LEASE_LOST: not settled (waiting for a worker or the
+        iteration, or in a handler's or the iteration's hands), or with an
+        AckEmit in flight. Every one: a delivery that came back to the call
+        with the same id while an earlier one was still in hand is the same
+        lease.
+
+        Found where they are when a LEASE_LOST comes (rare) rather than
+        tracked for every delivery: a dict entry made and removed per
+        delivery cost ~9% of the consumer's Python work. The places are
+        indexed by id once and the index kept until the next frame (only a
+        frame brings new deliveries), so a burst of LEASE_LOSTs (a peer
+        reclaimed a whole window) costs one pass, not one per id."""
+        index = self._held_index
+        if index is None or index[0] is not call:
+            by_id: dict[str, list[Delivery]] = {}
+            for held in (*self._ready.items, *self._busy.values(), *self._handed, *call.held.values()):
+                for delivery in held if isinstance(held, list) else (held,):
+                    if delivery._call is call:
+                        same = by_id.setdefault(delivery.id, [])
+                        if all(delivery is not other for other in same):
+                            same.append(delivery)
+            index = self._held_index = (call, by_id)
+        return [
+            delivery
+            for delivery in index[1].get(id, ())
+            if not delivery._lost
+            and (not delivery._settled or (id in call.emits and call.held.get(id) is delivery))
+        ]
 
     def _release_unstarted(self, call: _Call) -> None:
         """Gives back (one `Release`) the deliveries of `call` that wait for a
@@ -1000,11 +1042,12 @@ class Consumer:
             call: _Call = delivery._call  # type: ignore[assignment]  # a consumer's deliveries are a _Call's
             if not call.open or delivery._lost:
                 continue  # its call is over, or a peer has it: no handler for it
-            busy.add(me)
+            busy[me] = delivery
             try:
                 await handler(delivery)
             except asyncio.CancelledError:
                 if _worker_cancelled(me, stopping):
+                    _orphan((delivery,))
                     raise
                 # The handler's own cancellation (not the worker's): a failure.
                 if not delivery.settled:
@@ -1029,18 +1072,14 @@ class Consumer:
                         # for the usual case: every delivery whose handler
                         # returns takes this step.
                         delivery._settled = True
-                        id = delivery.id
-                        held = call.held.pop(id, delivery)
-                        if held is not delivery:
-                            call.held[id] = held  # a later delivery of the same id holds it, and keeps it
                         acks = call._acks
-                        acks.append(id)
+                        acks.append(delivery.id)
                         if len(acks) >= call.max_ack_ids:
                             call.flush_acks()
                         elif call._flush_timer is None:
                             call._flush_timer = call_later(call._ack_linger, call.flush_acks)
             finally:
-                busy.discard(me)
+                del busy[me]
 
     async def _work_batches(self) -> None:
         """A batch handler worker: the deliveries waiting, up to `max_batch`."""
@@ -1062,12 +1101,13 @@ class Consumer:
             batch = [d for d in taken if d._call.open and not d._lost]
             if not batch:
                 continue
-            busy.add(me)
+            busy[me] = batch
             try:
                 try:
                     verdicts = await handler(batch)
                 except (Exception, asyncio.CancelledError) as error:
                     if isinstance(error, asyncio.CancelledError) and _worker_cancelled(me, stopping):
+                        _orphan(batch)
                         raise
                     reason = str(error) or type(error).__name__
                     log.info("batch handler failed for %d deliveries: %s", len(batch), reason)
@@ -1080,7 +1120,7 @@ class Consumer:
                         log.error("%s; failing what they left unsettled", reason)
                         await _fail_unsettled(batch, reason)
             finally:
-                busy.discard(me)
+                del busy[me]
             if stopping.is_set():
                 return  # stop() waits for this worker: done with its last call
 
@@ -1187,6 +1227,16 @@ def _uint(name: str, value: int | None) -> int:
     if value < 0:
         raise ValueError(f"{name} must not be negative")
     return value
+
+
+def _orphan(deliveries: Iterable[Delivery]) -> None:
+    """A stop cancelled the handler of `deliveries`: those it left unsettled
+    stay held by their call (delivered again once it ends), so a LEASE_LOST
+    still finds them there (`_Call.held`)."""
+    for delivery in deliveries:
+        call: _Call = delivery._call  # type: ignore[assignment]  # a consumer's deliveries are a _Call's
+        if not delivery._settled and not delivery._lost and call.open:
+            call.held[delivery.id] = delivery
 
 
 def _worker_cancelled(worker: asyncio.Task[None], stopping: asyncio.Event) -> bool:

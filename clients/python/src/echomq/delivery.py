@@ -224,9 +224,12 @@ class Outbox(Protocol):
         """The delivery is settled (or lost): the call stops tracking it."""
         ...
 
-    def ack_emit(self, request: pb.ConsumeRequest) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
-        """Sends an AckEmit (never coalesced) and returns the future of its
-        answer (None: the call ended first); None when the call has ended."""
+    def ack_emit(
+        self, request: pb.ConsumeRequest, delivery: Delivery
+    ) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
+        """Sends the AckEmit of `delivery` (never coalesced) and returns the
+        future of its answer (None: the call ended first); None when the call
+        has ended."""
         ...
 
 
@@ -509,7 +512,7 @@ class Delivery:
             why = "the lease was lost" if self._lost else "the delivery is already settled"
             raise AckEmitError(self.id, None, f"not sent: {why}")
         self._settled = True
-        answer = self._call.ack_emit(request)
+        answer = self._call.ack_emit(request, self)
         if answer is None:
             self._call.release(self)
             self._dropped("ack_emit")
