@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Union
 
 import grpc
 
@@ -101,6 +102,10 @@ class _Finish:
 
 
 _FINISH = _Finish()
+
+
+#: A worker's slot (see `Consumer._running`).
+_Slot = list[Union[Delivery, list[Delivery], None]]
 
 
 class _Stopping(asyncio.Event):
@@ -576,11 +581,14 @@ class Consumer:
         self._subscribed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._call: _Call | None = None
-        # The handler workers, and those of them running a handler right now.
+        # The handler workers, and what each runs a handler for right now:
+        # its slot, set once (a one-item list) and filled while a handler
+        # runs (the delivery, or a batch handler's list), None while idle;
+        # where `stop()` finds the busy workers and a LEASE_LOST a running
+        # delivery. A slot, not a set or dict entry made and removed per
+        # delivery: those cost ~5% of the consumer's Python work.
         self._workers: list[asyncio.Task[None]] = []
-        #: (What each busy worker holds: where a LEASE_LOST finds a running
-        #: delivery, see `_held`.)
-        self._busy: dict[asyncio.Task[None], Delivery | list[Delivery]] = {}
+        self._running: dict[asyncio.Task[None], _Slot] = {}
         #: `_held`'s index of what a call holds, by id, until the next frame.
         self._held_index: tuple[_Call, dict[str, list[Delivery]]] | None = None
         self._subscription: Subscription | None = None
@@ -979,7 +987,8 @@ class Consumer:
         index = self._held_index
         if index is None or index[0] is not call:
             by_id: dict[str, list[Delivery]] = {}
-            for held in (*self._ready.items, *self._busy.values(), *self._handed, *call.held.values()):
+            running = [slot[0] for slot in self._running.values() if slot[0] is not None]
+            for held in (*self._ready.items, *running, *self._handed, *call.held.values()):
                 for delivery in held if isinstance(held, list) else (held,):
                     if delivery._call is call:
                         same = by_id.setdefault(delivery.id, [])
@@ -1008,20 +1017,33 @@ class Consumer:
         """Cancels the idle workers (no handler starts any more: `_stopping` is
         set) and returns the busy ones, which end after their current call."""
         me = asyncio.current_task()
+        busy = {w for w, slot in self._running.items() if slot[0] is not None and w is not me and not w.done()}
         for worker in self._workers:
-            if worker not in self._busy and worker is not me and not worker.done():
+            if worker not in busy and worker is not me and not worker.done():
                 worker.cancel()
-        return {w for w in self._busy if w is not me and not w.done()}
+        return busy
+
+    def _idle(self) -> bool:
+        """No other worker runs a handler (or is woken and has not run yet):
+        all are waiting in `_ready`. Asked by a worker about to wait itself."""
+        return len(self._ready._idle) >= len(self._workers) - 1
+
+    def _slot(self, worker: asyncio.Task[None]) -> _Slot:
+        """`worker`'s slot in `_running`, made now."""
+        slot: _Slot = [None]
+        self._running[worker] = slot
+        return slot
 
     async def _work(self) -> None:
         """A handler worker: one delivery at a time, while there are any."""
         assert self._stopping is not None and self._handler is not None
-        ready, stopping, handler, busy = self._ready, self._stopping, self._handler, self._busy
+        ready, stopping, handler = self._ready, self._stopping, self._handler
         items, idle = ready.items, ready._idle
         take = items.popleft
         call_later = asyncio.get_running_loop().call_later
         me = asyncio.current_task()
         assert me is not None
+        slot = self._slot(me)
         left: Delivery | None = None
         while True:
             # Tested once per delivery: after a handler's call (stop() waits
@@ -1030,7 +1052,7 @@ class Consumer:
             if stopping.up:
                 return
             if not items:
-                if not busy:
+                if self._idle():
                     self._flush_acks()
                 left = await ready.wait()
                 continue
@@ -1042,7 +1064,7 @@ class Consumer:
             call: _Call = delivery._call  # type: ignore[assignment]  # a consumer's deliveries are a _Call's
             if not call.open or delivery._lost:
                 continue  # its call is over, or a peer has it: no handler for it
-            busy[me] = delivery
+            slot[0] = delivery
             try:
                 await handler(delivery)
             except asyncio.CancelledError:
@@ -1079,20 +1101,21 @@ class Consumer:
                         elif call._flush_timer is None:
                             call._flush_timer = call_later(call._ack_linger, call.flush_acks)
             finally:
-                del busy[me]
+                slot[0] = None
 
     async def _work_batches(self) -> None:
         """A batch handler worker: the deliveries waiting, up to `max_batch`."""
         assert self._stopping is not None and self._batch_handler is not None
-        ready, stopping, handler, busy = self._ready, self._stopping, self._batch_handler, self._busy
+        ready, stopping, handler = self._ready, self._stopping, self._batch_handler
         me = asyncio.current_task()
         assert me is not None
+        slot = self._slot(me)
         left: Delivery | None = None
         while True:
             if stopping.is_set():
                 return
             if not ready.items:
-                if not busy:
+                if self._idle():
                     self._flush_acks()
                 left = await ready.wait()
                 continue
@@ -1101,7 +1124,7 @@ class Consumer:
             batch = [d for d in taken if d._call.open and not d._lost]
             if not batch:
                 continue
-            busy[me] = batch
+            slot[0] = batch
             try:
                 try:
                     verdicts = await handler(batch)
@@ -1120,7 +1143,7 @@ class Consumer:
                         log.error("%s; failing what they left unsettled", reason)
                         await _fail_unsettled(batch, reason)
             finally:
-                del busy[me]
+                slot[0] = None
             if stopping.is_set():
                 return  # stop() waits for this worker: done with its last call
 
