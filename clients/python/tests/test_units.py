@@ -27,8 +27,8 @@ from echomq import (
     TransientError,
     VerdictErrorCode,
 )
-from echomq.consumer import _apply, _Call, _fail_unsettled, _Ready
-from echomq.delivery import Delivery, VerdictError, fail_kind_of
+from echomq.consumer import _apply, _Call, _fail_unsettled, _Ready, _Stopping
+from echomq.delivery import AckEmitError, Delivery, VerdictError, fail_kind_of
 from echomq.errors import from_rpc_error
 from echomq.options import to_duration
 from echomq._appends import AppendResult, BatchEntry, append_batch_request, append_request, appended, encode_fields
@@ -437,6 +437,108 @@ async def test_a_fail_flushes_the_acks_given_before_it() -> None:
     assert list(sent[0].ack.ids) == [a.id] and sent[1].fail.id == b.id
 
 
+def _offline(consumer: Consumer, call: _Call) -> None:
+    """Readies `consumer` to be fed frames by hand on `call` (no channel, no run task)."""
+    consumer._stopping = _Stopping()
+    consumer._subscribed = asyncio.Event()
+    consumer._call = call
+
+
+def _frame(count: int) -> list[pb.Delivery]:
+    return [pb.Delivery(id=f"{i:028x}", stream_id=f"{i}-0", stream="s", group="g", attempts=1) for i in range(count)]
+
+
+async def _settle_down() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_acks_go_out_at_once_when_every_delivery_handed_out_was_handled() -> None:
+    call = _Call(ack_linger=60)  # the linger never ends within the test
+    consumer = Consumer("127.0.0.1:1", "s", "g", _noop, start=Start.NEW, flow_control=FlowControl(concurrency=4))
+    _offline(consumer, call)
+    consumer._spawn_workers(4)
+    try:
+        consumer._dispatch(call, _frame(5))
+        await _settle_down()
+        [sent] = _sent_now(call)
+        assert list(sent.ack.ids) == [f"{i:028x}" for i in range(5)], "the sidecar waits for this credit: no linger"
+        consumer._dispatch(call, _frame(2))
+        await _settle_down()
+        assert [list(m.ack.ids) for m in _sent_now(call)] == [[f"{i:028x}" for i in range(2)]], "one Ack a frame"
+    finally:
+        for worker in consumer._workers:
+            worker.cancel()
+        await asyncio.gather(*consumer._workers, return_exceptions=True)
+
+
+async def test_acks_wait_for_the_linger_while_a_handler_still_runs() -> None:
+    call, release = _Call(ack_linger=60), asyncio.Event()
+    last = f"{2:028x}"
+
+    async def handle(delivery: Delivery) -> None:
+        if delivery.id == last:
+            await release.wait()
+
+    consumer = Consumer("127.0.0.1:1", "s", "g", handle, start=Start.NEW, flow_control=FlowControl(concurrency=4))
+    _offline(consumer, call)
+    consumer._spawn_workers(4)
+    try:
+        consumer._dispatch(call, _frame(3))
+        await _settle_down()
+        assert _sent_now(call) == [], "a handler still runs: its ack may share the message"
+        release.set()
+        await _settle_down()
+        [sent] = _sent_now(call)
+        assert list(sent.ack.ids) == [f"{i:028x}" for i in range(3)]
+    finally:
+        for worker in consumer._workers:
+            worker.cancel()
+        await asyncio.gather(*consumer._workers, return_exceptions=True)
+
+
+async def test_a_batch_handlers_acks_go_out_when_nothing_waits() -> None:
+    call = _Call(ack_linger=60)
+
+    async def handle(batch: list[Delivery]) -> None:
+        return None
+
+    consumer = Consumer("127.0.0.1:1", "s", "g", start=Start.NEW, batch_handler=handle)
+    _offline(consumer, call)
+    consumer._spawn_workers(1)
+    try:
+        consumer._dispatch(call, _frame(3))
+        await _settle_down()
+        [sent] = _sent_now(call)
+        assert list(sent.ack.ids) == [f"{i:028x}" for i in range(3)]
+    finally:
+        for worker in consumer._workers:
+            worker.cancel()
+        await asyncio.gather(*consumer._workers, return_exceptions=True)
+
+
+async def test_an_iterations_acks_go_out_when_it_waits_for_more() -> None:
+    call = _Call(ack_linger=60)
+    consumer = Consumer("127.0.0.1:1", "s", "g", start=Start.NEW)
+    _offline(consumer, call)
+    consumer._task = asyncio.ensure_future(asyncio.Event().wait())  # stands for the run task
+    iteration = consumer.deliveries()
+    try:
+        consumer._dispatch(call, _frame(2))
+        for _ in range(2):
+            delivery = await iteration.__anext__()
+            assert await delivery.ack()
+        assert _sent_now(call) == [], "the iteration has not asked for more yet"
+        waiting = asyncio.ensure_future(iteration.__anext__())
+        await _settle_down()
+        [sent] = _sent_now(call)
+        assert list(sent.ack.ids) == [f"{i:028x}" for i in range(2)] and not waiting.done()
+        waiting.cancel()
+    finally:
+        consumer._task.cancel()
+        await asyncio.gather(consumer._task, return_exceptions=True)
+
+
 async def test_an_ended_call_drops_its_coalesced_acks() -> None:
     call = _Call(ack_linger=0.01)
     await _delivery(call).ack()
@@ -542,3 +644,166 @@ async def test_settling_releases_the_delivery_from_the_call() -> None:
     await acked.ack()
     await failed.fail("no")
     assert call.held == {}
+
+
+class _Sidecar:
+    """Stands for the stub: `Consume` answers with what the test puts in
+    `responses` (None ends the call), and records what the client sends."""
+
+    def __init__(self) -> None:
+        self.responses: asyncio.Queue[pb.ConsumeResponse | None] = asyncio.Queue()
+        self.sent: list[pb.ConsumeRequest] = []
+
+    def Consume(self, requests: Any) -> Any:
+        sidecar = self
+
+        async def pull() -> None:
+            async for request in requests:
+                sidecar.sent.append(request)
+
+        class Stream:
+            def __init__(self) -> None:
+                self._pull = asyncio.ensure_future(pull())
+
+            def __aiter__(self) -> Stream:
+                return self
+
+            async def __anext__(self) -> pb.ConsumeResponse:
+                response = await sidecar.responses.get()
+                if response is None:
+                    raise StopAsyncIteration
+                return response
+
+            def done(self) -> bool:
+                return self._pull.done()
+
+            def cancel(self) -> None:
+                self._pull.cancel()
+
+        return Stream()
+
+    def acked(self) -> list[str]:
+        return [id for m in self.sent if m.WhichOneof("kind") == "ack" for id in m.ack.ids]
+
+
+def _lease_lost(id: str) -> pb.ConsumeResponse:
+    return pb.ConsumeResponse(verdict_error=pb.VerdictError(id=id, code=pb.VERDICT_ERROR_CODE_LEASE_LOST))
+
+
+def _batch(ids: list[str]) -> pb.ConsumeResponse:
+    return pb.ConsumeResponse(
+        batch=pb.DeliveryBatch(deliveries=[pb.Delivery(id=id, stream_id="1-0", stream="s", group="g") for id in ids])
+    )
+
+
+async def test_a_lease_lost_finds_the_delivery_wherever_the_call_still_holds_it() -> None:
+    # One worker: `running` is in its handler, `waiting` in the ready queue,
+    # `acked` settled before the LEASE_LOST comes (nothing to signal).
+    running, waiting, acked, other = (f"{i:028x}" for i in range(4))
+    release, handled, started = asyncio.Event(), [], []
+
+    async def handle(delivery: Delivery) -> None:
+        handled.append(delivery.id)
+        started.append(delivery)
+        if delivery.id == running:
+            await release.wait()
+
+    errors: list[VerdictError] = []
+    consumer = Consumer(
+        "127.0.0.1:1", "s", "g", handle, start=Start.NEW, ack_linger=60,
+        flow_control=FlowControl(concurrency=1), on_verdict_error=errors.append,
+    )
+    call, sidecar = _Call(ack_linger=60), _Sidecar()
+    _offline(consumer, call)
+    consumer._stub = sidecar  # type: ignore[assignment]
+    consumer._spawn_workers(1)
+    serving = asyncio.ensure_future(consumer._serve(call))
+    try:
+        await sidecar.responses.put(_batch([acked]))
+        await _settle_down()
+        await sidecar.responses.put(_batch([running, waiting, other]))
+        await _settle_down()
+        assert handled == [acked, running]
+        in_hand = started[-1]
+        [queued, _] = consumer._ready.items
+        for id in (running, waiting, acked):
+            await sidecar.responses.put(_lease_lost(id))
+        await _settle_down()
+        assert in_hand.lease_lost.is_set() and queued._lost, "the running and the waiting delivery are signalled"
+        assert [e.id for e in errors] == [running, waiting, acked], "every LEASE_LOST reaches the hook"
+        release.set()
+        await _settle_down()
+        assert handled == [acked, running, other], "a lost delivery still waiting never gets a handler"
+        call.flush_acks()
+        await _settle_down()
+        assert sidecar.acked() == [acked, other], "no verdict for a lost delivery"
+    finally:
+        await sidecar.responses.put(None)
+        await asyncio.wait_for(serving, 2)
+        for worker in consumer._workers:
+            worker.cancel()
+        await asyncio.gather(*consumer._workers, return_exceptions=True)
+
+
+async def test_a_lease_lost_finds_an_iterated_delivery_and_one_with_an_ack_emit_in_flight() -> None:
+    in_hand, emitting, settled = (f"{i:028x}" for i in range(3))
+    consumer = Consumer("127.0.0.1:1", "s", "g", start=Start.NEW, ack_linger=60)
+    call, sidecar = _Call(ack_linger=60), _Sidecar()
+    _offline(consumer, call)
+    consumer._stub = sidecar  # type: ignore[assignment]
+    consumer._task = asyncio.ensure_future(asyncio.Event().wait())  # stands for the run task
+    serving = asyncio.ensure_future(consumer._serve(call))
+    iteration = consumer.deliveries()
+    try:
+        await sidecar.responses.put(_batch([in_hand, emitting, settled]))
+        kept, emitted, done = [await iteration.__anext__() for _ in range(3)]
+        assert await done.fail("no")
+        answer = asyncio.ensure_future(emitted.ack_emit([("out", {"k": b"v"})]))
+        await _settle_down()
+        assert emitted.settled
+        for id in (in_hand, emitting, settled):
+            await sidecar.responses.put(_lease_lost(id))
+        await _settle_down()
+        assert kept.lease_lost.is_set() and not await kept.ack()
+        assert emitted.lease_lost.is_set()
+        with pytest.raises(AckEmitError) as refused:
+            await answer
+        assert refused.value.code is VerdictErrorCode.LEASE_LOST
+        assert not done._lost, "settled before: nothing to signal"
+        assert call.held == {}
+    finally:
+        await sidecar.responses.put(None)
+        await asyncio.wait_for(serving, 2)
+        consumer._task.cancel()
+        await asyncio.gather(consumer._task, return_exceptions=True)
+
+
+async def test_a_lease_lost_finds_a_delivery_whose_handler_a_stop_cancelled() -> None:
+    id, started = f"{7:028x}", []
+
+    async def handle(delivery: Delivery) -> None:
+        started.append(delivery)
+        await asyncio.Event().wait()
+
+    consumer = Consumer("127.0.0.1:1", "s", "g", handle, start=Start.NEW, flow_control=FlowControl(concurrency=1))
+    call, sidecar = _Call(ack_linger=60), _Sidecar()
+    _offline(consumer, call)
+    consumer._stub = sidecar  # type: ignore[assignment]
+    consumer._spawn_workers(1)
+    serving = asyncio.ensure_future(consumer._serve(call))
+    try:
+        await sidecar.responses.put(_batch([id]))
+        await _settle_down()
+        [delivery] = started
+        assert consumer._stopping is not None
+        consumer._stopping.set()  # as stop() does, then cancels a handler still running at its deadline
+        [worker] = consumer._workers
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        assert not delivery.settled, "still held by the call: delivered again once it ends"
+        await sidecar.responses.put(_lease_lost(id))
+        await _settle_down()
+        assert delivery.lease_lost.is_set()
+    finally:
+        await sidecar.responses.put(None)
+        await asyncio.wait_for(serving, 2)

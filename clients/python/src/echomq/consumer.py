@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Union
 
 import grpc
 
@@ -103,6 +104,26 @@ class _Finish:
 _FINISH = _Finish()
 
 
+#: A worker's slot (see `Consumer._running`).
+_Slot = list[Union[Delivery, list[Delivery], None]]
+
+
+class _Stopping(asyncio.Event):
+    """The consumer's stop flag: an `asyncio.Event` whose state is also a
+    plain attribute, `up`, which a handler worker tests once per delivery
+    (`is_set()` is a Python call)."""
+
+    up = False
+
+    def set(self) -> None:
+        self.up = True
+        super().set()
+
+    def clear(self) -> None:
+        self.up = False
+        super().clear()
+
+
 class _Ready:
     """The hand-off from the task that reads the call to the handler workers
     (or the iteration): deliveries in arrival order, and the idle workers'
@@ -139,7 +160,7 @@ class _Ready:
 
     def take(self, left: Delivery | None) -> Delivery:
         """The oldest delivery (`items` must not be empty); `left` is what
-        `wait()` returned."""
+        `wait()` returned. (`Consumer._work` has it inlined: keep the two alike.)"""
         items = self.items
         delivery = items.popleft()
         if items and self._waking == 0 and self._idle:
@@ -191,7 +212,8 @@ class _Call:
 
     Acks are coalesced: `ack()` adds the id to the current window, which goes
     out as one Ack message after `ack_linger` seconds or as soon as it holds
-    `max_ack_ids` ids. Any other message first flushes the window, so the
+    `max_ack_ids` ids (or when the consumer finds nothing left to hand out,
+    see `Consumer._flush_acks`). Any other message first flushes the window, so the
     sidecar sees verdicts in the order they were given. `finish()` flushes it
     too; `end()` (the call is over) drops it: those entries go back to the
     group with the call, and their ids are not valid on any later call.
@@ -212,8 +234,11 @@ class _Call:
         self.max_ack_ids = max_ack_ids
         self._acks: list[str] = []
         self._flush_timer: asyncio.TimerHandle | None = None
-        #: Deliveries of this call not yet settled, by branded id: where a
-        #: LEASE_LOST finds the delivery to signal.
+        #: Deliveries of this call that it still holds but that neither wait
+        #: for a worker nor are in a handler's or the iteration's hands, by
+        #: branded id: those with an AckEmit in flight, and those whose
+        #: handler was cancelled by a stop. A LEASE_LOST looks here too (see
+        #: `Consumer._held`); the usual delivery is never entered here.
         self.held: dict[str, Delivery] = {}
         #: AckEmits sent and not answered yet, by branded id: where an
         #: `Emitted` or a verdict error finds its waiting `ack_emit`.
@@ -224,7 +249,8 @@ class _Call:
 
     def ack(self, delivery: Delivery) -> bool:
         """Forgets `delivery` (acked) and adds its id to the coalesced Ack
-        window; False when the call is closed."""
+        window; False when the call is closed. (`Consumer._work` has these
+        steps inlined: keep the two alike.)"""
         # `release` inlined, and one call from `Delivery._ack` rather than
         # two: every delivery whose handler returns takes this step.
         id = delivery.id
@@ -245,15 +271,20 @@ class _Call:
         if self.held.get(delivery.id) is delivery:
             del self.held[delivery.id]
 
-    def ack_emit(self, request: pb.ConsumeRequest) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
-        """Queues an AckEmit (after the coalesced acks, never among them) and
-        returns the future its answer resolves: the `Emitted`, the
-        `VerdictError`, or None when the call ends first. None when closed."""
+    def ack_emit(
+        self, request: pb.ConsumeRequest, delivery: Delivery
+    ) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
+        """Queues the AckEmit of `delivery` (after the coalesced acks, never
+        among them) and returns the future its answer resolves: the
+        `Emitted`, the `VerdictError`, or None when the call ends first.
+        None when closed. The delivery is held (`held`) until it is
+        released: a LEASE_LOST meanwhile still finds it."""
         id = request.ack_emit.id
         if not self.open or id in self.emits:
             return None
         answer: asyncio.Future[pb.Emitted | VerdictError | None] = asyncio.get_running_loop().create_future()
         self.emits[id] = answer
+        self.held[id] = delivery
         self.send(request)
         return answer
 
@@ -397,7 +428,9 @@ class Consumer:
     frame the sidecar sends, and the largest list a batch handler gets; 1 asks
     for one delivery per frame. Acks are coalesced: one `Ack` message per
     `ack_linger` window (seconds, default 0.001) or per `max_ack_ids` (256, at
-    most a quarter of `max_in_flight`) ids, whichever comes first; fails and
+    most a quarter of `max_in_flight`) ids, whichever comes first, and at
+    once when every delivery handed out has been handled (no handler runs
+    and none waits; the iteration asks for more and none waits); fails and
     dead letters go out at once, after the acks given before them. `ack_deadline`, `retry_backoff_initial`,
     `retry_backoff_max` (seconds or timedelta), `dead_letter_stream` and
     `max_deliveries` (poison entries go to the dead-letter stream after that
@@ -544,13 +577,20 @@ class Consumer:
         # Deliveries waiting for a worker or the iteration.
         self._ready = _Ready()
         # Created in start(), on the running loop.
-        self._stopping: asyncio.Event | None = None
+        self._stopping: _Stopping | None = None
         self._subscribed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._call: _Call | None = None
-        # The handler workers, and those of them running a handler right now.
+        # The handler workers, and what each runs a handler for right now:
+        # its slot, set once (a one-item list) and filled while a handler
+        # runs (the delivery, or a batch handler's list), None while idle;
+        # where `stop()` finds the busy workers and a LEASE_LOST a running
+        # delivery. A slot, not a set or dict entry made and removed per
+        # delivery: those cost ~5% of the consumer's Python work.
         self._workers: list[asyncio.Task[None]] = []
-        self._busy: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], _Slot] = {}
+        #: `_held`'s index of what a call holds, by id, until the next frame.
+        self._held_index: tuple[_Call, dict[str, list[Delivery]]] | None = None
         self._subscription: Subscription | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -559,7 +599,7 @@ class Consumer:
         """Starts consuming in a background task and returns at once."""
         if self._task is not None:
             raise EchoMQError("this consumer was already started; create a new one")
-        self._stopping = asyncio.Event()
+        self._stopping = _Stopping()
         self._subscribed = asyncio.Event()
         if isinstance(self._target, str):
             self._channel = aio_channel(self._target, self._reconnect, self._channel_options, self._interceptors)
@@ -780,10 +820,11 @@ class Consumer:
         ready, stopping = self._ready, self._stopping
         left: Delivery | None = None
         while True:
-            if stopping.is_set():
+            if stopping.up:
                 self._raise_if_failed()
                 return
             if not ready.items:
+                self._flush_acks()
                 left = await ready.wait()
                 continue
             delivery = ready.take(left)
@@ -890,12 +931,12 @@ class Consumer:
                         log.debug("an Emitted for %s that no ack_emit waits for", response.emitted.id)
                 elif kind == "verdict_error":
                     error = VerdictError.from_proto(response.verdict_error)
+                    lost = self._held(call, error.id) if error.code is VerdictErrorCode.LEASE_LOST else ()
                     # An AckEmit's refusal goes to its caller and to the hook.
                     call.answer_emit(error.id, error)
-                    if error.code is VerdictErrorCode.LEASE_LOST:
-                        lost = call.held.pop(error.id, None)
-                        if lost is not None:
-                            lost._lose()  # before the hook: it may look at the delivery
+                    for delivery in lost:
+                        call.release(delivery)
+                        delivery._lose()  # before the hook: it may look at the delivery
                     await self._report(error)
                 elif kind == "subscribed":
                     confirmed = response.subscribed
@@ -914,21 +955,52 @@ class Consumer:
                     )
         finally:
             call.end()
+            self._held_index = None
             if not stream.done():
                 stream.cancel()
 
     def _dispatch(self, call: _Call, messages: Iterable[pb.Delivery]) -> None:
         assert self._stopping is not None
-        from_proto, held = Delivery.from_proto, call.held
-        deliveries = [from_proto(message, call) for message in messages]
+        deliveries = Delivery._from_frame(messages, call)
+        self._held_index = None  # new deliveries: `_held` indexes again
         if self._stopping.is_set():
             # On the wire when the consumer stopped: never started, so given back.
             if not self._no_ack:
                 call.give_back(deliveries)
             return
-        for delivery in deliveries:
-            held[delivery.id] = delivery
         self._ready.put(deliveries)
+
+    def _held(self, call: _Call, id: str) -> list[Delivery]:
+        """The deliveries of `call` with the branded id `id` that it still
+        holds, for a LEASE_LOST: not settled (waiting for a worker or the
+        iteration, or in a handler's or the iteration's hands), or with an
+        AckEmit in flight. Every one: a delivery that came back to the call
+        with the same id while an earlier one was still in hand is the same
+        lease.
+
+        Found where they are when a LEASE_LOST comes (rare) rather than
+        tracked for every delivery: a dict entry made and removed per
+        delivery cost ~9% of the consumer's Python work. The places are
+        indexed by id once and the index kept until the next frame (only a
+        frame brings new deliveries), so a burst of LEASE_LOSTs (a peer
+        reclaimed a whole window) costs one pass, not one per id."""
+        index = self._held_index
+        if index is None or index[0] is not call:
+            by_id: dict[str, list[Delivery]] = {}
+            running = [slot[0] for slot in self._running.values() if slot[0] is not None]
+            for held in (*self._ready.items, *running, *self._handed, *call.held.values()):
+                for delivery in held if isinstance(held, list) else (held,):
+                    if delivery._call is call:
+                        same = by_id.setdefault(delivery.id, [])
+                        if all(delivery is not other for other in same):
+                            same.append(delivery)
+            index = self._held_index = (call, by_id)
+        return [
+            delivery
+            for delivery in index[1].get(id, ())
+            if not delivery._lost
+            and (not delivery._settled or (id in call.emits and call.held.get(id) is delivery))
+        ]
 
     def _release_unstarted(self, call: _Call) -> None:
         """Gives back (one `Release`) the deliveries of `call` that wait for a
@@ -945,37 +1017,59 @@ class Consumer:
         """Cancels the idle workers (no handler starts any more: `_stopping` is
         set) and returns the busy ones, which end after their current call."""
         me = asyncio.current_task()
+        busy = {w for w, slot in self._running.items() if slot[0] is not None and w is not me and not w.done()}
         for worker in self._workers:
-            if worker not in self._busy and worker is not me and not worker.done():
+            if worker not in busy and worker is not me and not worker.done():
                 worker.cancel()
-        return {w for w in self._busy if w is not me and not w.done()}
+        return busy
+
+    def _idle(self) -> bool:
+        """No other worker runs a handler (or is woken and has not run yet):
+        all are waiting in `_ready`. Asked by a worker about to wait itself."""
+        return len(self._ready._idle) >= len(self._workers) - 1
+
+    def _slot(self, worker: asyncio.Task[None]) -> _Slot:
+        """`worker`'s slot in `_running`, made now."""
+        slot: _Slot = [None]
+        self._running[worker] = slot
+        return slot
 
     async def _work(self) -> None:
         """A handler worker: one delivery at a time, while there are any."""
         assert self._stopping is not None and self._handler is not None
-        ready, stopping, handler, busy = self._ready, self._stopping, self._handler, self._busy
-        items = ready.items
+        ready, stopping, handler = self._ready, self._stopping, self._handler
+        items, idle = ready.items, ready._idle
+        take = items.popleft
+        call_later = asyncio.get_running_loop().call_later
         me = asyncio.current_task()
         assert me is not None
+        slot = self._slot(me)
         left: Delivery | None = None
         while True:
             # Tested once per delivery: after a handler's call (stop() waits
             # for this worker to be done with it) as before the next one
             # (what waits is never started: the sidecar hands it out again).
-            if stopping.is_set():
+            if stopping.up:
                 return
             if not items:
+                if self._idle():
+                    self._flush_acks()
                 left = await ready.wait()
                 continue
-            delivery = ready.take(left)
+            # `ready.take(left)`, inlined: every delivery takes this step.
+            delivery = take()
+            if items and ready._waking == 0 and idle:
+                ready._wake(len(items) if delivery is left else 1, items[0])
             left = None
-            if not delivery._call.open or delivery._lost:
+            call: _Call = delivery._call  # type: ignore[assignment]  # a consumer's deliveries are a _Call's
+            if not call.open or delivery._lost:
                 continue  # its call is over, or a peer has it: no handler for it
-            busy.add(me)
+            slot[0] = delivery
             try:
                 await handler(delivery)
             except asyncio.CancelledError:
                 if _worker_cancelled(me, stopping):
+                    _orphan((delivery,))
                     raise
                 # The handler's own cancellation (not the worker's): a failure.
                 if not delivery.settled:
@@ -993,21 +1087,36 @@ class Consumer:
                     await delivery.fail(reason, kind=kind)
             else:
                 if not delivery._settled:
-                    delivery._ack()
+                    if delivery._lost or not call.open:
+                        delivery._ack()  # sends nothing, and logs why
+                    else:
+                        # `delivery._ack()` and `call.ack(delivery)`, inlined
+                        # for the usual case: every delivery whose handler
+                        # returns takes this step.
+                        delivery._settled = True
+                        acks = call._acks
+                        acks.append(delivery.id)
+                        if len(acks) >= call.max_ack_ids:
+                            call.flush_acks()
+                        elif call._flush_timer is None:
+                            call._flush_timer = call_later(call._ack_linger, call.flush_acks)
             finally:
-                busy.discard(me)
+                slot[0] = None
 
     async def _work_batches(self) -> None:
         """A batch handler worker: the deliveries waiting, up to `max_batch`."""
         assert self._stopping is not None and self._batch_handler is not None
-        ready, stopping, handler, busy = self._ready, self._stopping, self._batch_handler, self._busy
+        ready, stopping, handler = self._ready, self._stopping, self._batch_handler
         me = asyncio.current_task()
         assert me is not None
+        slot = self._slot(me)
         left: Delivery | None = None
         while True:
             if stopping.is_set():
                 return
             if not ready.items:
+                if self._idle():
+                    self._flush_acks()
                 left = await ready.wait()
                 continue
             taken = ready.take_many(self.max_batch, left)
@@ -1015,12 +1124,13 @@ class Consumer:
             batch = [d for d in taken if d._call.open and not d._lost]
             if not batch:
                 continue
-            busy.add(me)
+            slot[0] = batch
             try:
                 try:
                     verdicts = await handler(batch)
                 except (Exception, asyncio.CancelledError) as error:
                     if isinstance(error, asyncio.CancelledError) and _worker_cancelled(me, stopping):
+                        _orphan(batch)
                         raise
                     reason = str(error) or type(error).__name__
                     log.info("batch handler failed for %d deliveries: %s", len(batch), reason)
@@ -1033,9 +1143,19 @@ class Consumer:
                         log.error("%s; failing what they left unsettled", reason)
                         await _fail_unsettled(batch, reason)
             finally:
-                busy.discard(me)
+                slot[0] = None
             if stopping.is_set():
                 return  # stop() waits for this worker: done with its last call
+
+    def _flush_acks(self) -> None:
+        """Sends the coalesced acks now: every delivery handed out has been
+        handled (no handler runs and none waits; an iteration asks for the
+        next one and none waits). The sidecar hands out no more than the
+        window, so it may well be waiting for this credit: the linger would
+        only delay it. Coalescing stands while handlers still run."""
+        call = self._call
+        if call is not None:
+            call.flush_acks()
 
     async def _report(self, error: VerdictError) -> None:
         if self._on_verdict_error is None:
@@ -1130,6 +1250,16 @@ def _uint(name: str, value: int | None) -> int:
     if value < 0:
         raise ValueError(f"{name} must not be negative")
     return value
+
+
+def _orphan(deliveries: Iterable[Delivery]) -> None:
+    """A stop cancelled the handler of `deliveries`: those it left unsettled
+    stay held by their call (delivered again once it ends), so a LEASE_LOST
+    still finds them there (`_Call.held`)."""
+    for delivery in deliveries:
+        call: _Call = delivery._call  # type: ignore[assignment]  # a consumer's deliveries are a _Call's
+        if not delivery._settled and not delivery._lost and call.open:
+            call.held[delivery.id] = delivery
 
 
 def _worker_cancelled(worker: asyncio.Task[None], stopping: asyncio.Event) -> bool:

@@ -224,9 +224,12 @@ class Outbox(Protocol):
         """The delivery is settled (or lost): the call stops tracking it."""
         ...
 
-    def ack_emit(self, request: pb.ConsumeRequest) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
-        """Sends an AckEmit (never coalesced) and returns the future of its
-        answer (None: the call ended first); None when the call has ended."""
+    def ack_emit(
+        self, request: pb.ConsumeRequest, delivery: Delivery
+    ) -> asyncio.Future[pb.Emitted | VerdictError | None] | None:
+        """Sends the AckEmit of `delivery` (never coalesced) and returns the
+        future of its answer (None: the call ended first); None when the call
+        has ended."""
         ...
 
 
@@ -252,7 +255,8 @@ class Delivery:
 
     Acks are coalesced: `ack()` queues the id and the consumer sends one `Ack`
     message per short window (`Consumer(ack_linger=...)`, 1 ms by default, or
-    as soon as 256 ids, at most a quarter of `max_in_flight`, are queued). A fail or dead-letter goes out
+    as soon as 256 ids, at most a quarter of `max_in_flight`, are queued, or
+    as soon as every delivery handed out has been handled). A fail or dead-letter goes out
     at once, after the acks queued before it.
 
     Returning from the handler acks the delivery; raising fails it with the
@@ -340,6 +344,29 @@ class Delivery:
         self._lost_event = None  # created when someone asks: most deliveries never need one
         self._lost_hooks = None
         return self
+
+    @classmethod
+    def _from_frame(cls, messages: Iterable[pb.Delivery], call: Outbox) -> list[Delivery]:
+        """`from_proto` of each message of a frame, in order: the consumer's
+        hot path, one loop with its names local rather than a call per
+        delivery (~0.05 µs a delivery less)."""
+        new = cls.__new__
+        deliveries: list[Delivery] = []
+        append = deliveries.append
+        for message in messages:
+            self = new(cls)
+            self.id = message.id
+            self._message = message
+            self._payload = None
+            self._raw_fields = None
+            self._minted_at = None
+            self._call = call
+            self._settled = False
+            self._lost = False
+            self._lost_event = None
+            self._lost_hooks = None
+            append(self)
+        return deliveries
 
     @property
     def stream_id(self) -> str:
@@ -485,7 +512,7 @@ class Delivery:
             why = "the lease was lost" if self._lost else "the delivery is already settled"
             raise AckEmitError(self.id, None, f"not sent: {why}")
         self._settled = True
-        answer = self._call.ack_emit(request)
+        answer = self._call.ack_emit(request, self)
         if answer is None:
             self._call.release(self)
             self._dropped("ack_emit")
