@@ -212,16 +212,6 @@ impl DeliveryBatch {
     pub fn outgoing(outgoing: Vec<OutgoingDelivery>) -> DeliveryBatch {
         DeliveryBatch { deliveries: Vec::new(), outgoing }
     }
-
-    /// How many deliveries it carries.
-    pub fn len(&self) -> usize {
-        self.deliveries.len() + self.outgoing.len()
-    }
-
-    /// Whether it carries none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl From<Vec<Delivery>> for DeliveryBatch {

@@ -330,20 +330,8 @@ class Delivery:
 
     @classmethod
     def from_proto(cls, message: pb.Delivery, call: Outbox) -> Delivery:
-        # The hot path: slots filled directly, only the id read now (the call
-        # keys its held deliveries by it); the rest when a handler reads it.
-        self = cls.__new__(cls)
-        self.id = message.id
-        self._message = message
-        self._payload = None
-        self._raw_fields = None
-        self._minted_at = None
-        self._call = call
-        self._settled = False
-        self._lost = False
-        self._lost_event = None  # created when someone asks: most deliveries never need one
-        self._lost_hooks = None
-        return self
+        """The delivery of one message (see `_from_frame`, the hot path's)."""
+        return cls._from_frame((message,), call)[0]
 
     @classmethod
     def _from_frame(cls, messages: Iterable[pb.Delivery], call: Outbox) -> list[Delivery]:
@@ -354,6 +342,8 @@ class Delivery:
         deliveries: list[Delivery] = []
         append = deliveries.append
         for message in messages:
+            # Slots filled directly, only the id read now; the rest when a
+            # handler reads it.
             self = new(cls)
             self.id = message.id
             self._message = message
@@ -363,7 +353,7 @@ class Delivery:
             self._call = call
             self._settled = False
             self._lost = False
-            self._lost_event = None
+            self._lost_event = None  # created when someone asks: most deliveries never need one
             self._lost_hooks = None
             append(self)
         return deliveries
